@@ -1,0 +1,22 @@
+# Decides CAIRN_HAVE_CUDA from CAIRN_WITH_CUDA (AUTO/ON/OFF).
+# Without a GPU the toolkit still compiles and links: architectures are explicit
+# because "native" fails when no device is present.
+set(CAIRN_HAVE_CUDA OFF)
+if(NOT CAIRN_WITH_CUDA STREQUAL "OFF")
+  if(NOT DEFINED CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  find_package(CUDAToolkit QUIET)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  if(CUDAToolkit_FOUND AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY AND CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    set(CAIRN_HAVE_CUDA ON)
+  elseif(CAIRN_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "CAIRN_WITH_CUDA=ON but CUDA toolkit / NCCL were not found")
+  endif()
+endif()
+message(STATUS "Cairn CUDA/NCCL support: ${CAIRN_HAVE_CUDA}")

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what Cairn needs to build and test from Debian bookworm's packages.
+# Idempotent: installs only what is missing; needs no network beyond apt.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev librocksdb-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libisal-dev libspdlog-dev libcli11-dev nlohmann-json3-dev liburing-dev
+  bazel-bootstrap bazel-rules-java
+  clang-format fio python3-grpcio
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} > 0)); then
+  echo "install_deps: installing ${missing[*]}"
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install_deps: all ${#PACKAGES[@]} packages present"
+fi
