@@ -1,0 +1,379 @@
+#!/usr/bin/python3
+"""PyTorch 1.13 distributed-checkpoint (DCP) baseline for Cairn's save/load benchmark.
+
+Scenario (issue 5 item 6), all ranks on this machine, gloo on CPU, spawned with
+torch.multiprocessing:
+
+  a) save:  --save-ranks (4) ranks save --tensors (8) 2-D fp32 ShardedTensors, each
+            row-sharded (ChunkShardingSpec dim 0) over the ranks, with
+            torch.distributed._shard.checkpoint.save_state_dict and
+            FileSystemWriter(DIR/save, sync_files=True) (one file per write item, fsync'd).
+  b) load2: drop the page cache, then --reshard-ranks (2) ranks load the checkpoint into
+            ShardedTensors sharded by the OTHER dim (dim 1): a resharding load.
+  c) load4: drop the page cache, then --save-ranks ranks load it back row-sharded.
+
+Every loaded value is checked bit-exactly against the deterministic fill
+
+    value(t, i) = float32(((i * 2654435761) + t * 40503) mod 2**24)
+
+where t is the tensor's index in the state dict and i the element's row-major index in
+the global [rows, cols] tensor (integers below 2**24 are exact in fp32). Load targets are
+pre-filled with -1.0, which the fill never produces, so an unloaded element fails the check.
+
+Timing of a phase: every rank builds its tensors, joins a barrier, then reads a
+system-wide monotonic clock (t0) and runs the save/load, then reads the clock again (t1).
+The phase time is max(t1) - min(t0): from the first rank starting to the last rank done,
+excluding process spawn, process-group set-up, tensor allocation/fill and verification.
+GB/s uses GB = 1e9 bytes of tensor payload (the "bytes" field). The *_io_bytes fields are
+the sums over ranks of /proc/self/io write_bytes (save) or read_bytes (loads) across the
+timed region: bytes that actually hit the block layer (reads served by the page cache do
+not count).
+
+Prints exactly one JSON line on stdout, e.g.
+  {"tool":"pytorch_dcp","save_s":..,"save_GBps":..,"load2_s":..,"load2_GBps":..,
+   "load4_s":..,"load4_GBps":..,"bytes":..,...}
+Diagnostics go to stderr. Exit status is non-zero if any verification fails.
+
+PyTorch 1.13's sharded_tensor/metadata.py does not import on Python 3.11
+(`field(default=TensorProperties())` is a mutable dataclass default); a sys.meta_path import
+hook below patches the source at import time to `field(default_factory=TensorProperties)`.
+System files are never edited.
+
+Run with Debian's interpreter: /usr/bin/python3 bench/baselines/dcp_bench.py --help
+"""
+
+import argparse
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+
+# --- Import fix for PyTorch 1.13 on Python 3.11 (must run before torch._shard imports). ---
+
+_PATCHED_MODULE = "torch.distributed._shard.sharded_tensor.metadata"
+_BAD = "field(default=TensorProperties())"
+_GOOD = "field(default_factory=TensorProperties)"
+
+
+class _PatchingLoader(importlib.machinery.SourceFileLoader):
+    """Compiles the module from patched source (never from, or into, the .pyc cache)."""
+
+    def get_code(self, fullname):
+        source = self.get_data(self.path).decode("utf-8")
+        source = source.replace(_BAD, _GOOD)
+        return compile(source, self.path, "exec", dont_inherit=True)
+
+
+class _MetadataFixFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _PATCHED_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
+            return spec
+        spec.loader = _PatchingLoader(fullname, spec.origin)
+        return spec
+
+
+if not any(isinstance(f, _MetadataFixFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _MetadataFixFinder())
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from torch.distributed._shard import sharded_tensor  # noqa: E402
+from torch.distributed._shard.checkpoint import (  # noqa: E402
+    FileSystemReader,
+    FileSystemWriter,
+    load_state_dict,
+    save_state_dict,
+)
+from torch.distributed._shard.sharding_spec import ChunkShardingSpec  # noqa: E402
+
+_FILL_MULT = 2654435761
+_FILL_TENSOR_STRIDE = 40503
+_FILL_MASK = (1 << 24) - 1
+_SENTINEL = -1.0
+_FILL_BLOCK_ELEMS = 1 << 22  # generate/verify in blocks of ~4M elements (bounded temp memory)
+
+
+def log(msg):
+    print(f"[dcp_bench] {msg}", file=sys.stderr, flush=True)
+
+
+def fqn(t):
+    return f"layer{t}.weight"
+
+
+def expected_block(t, row0, nrows, col0, ncols, global_cols):
+    """Expected fp32 values of global rows [row0, row0+nrows) x cols [col0, col0+ncols)."""
+    rows = torch.arange(row0, row0 + nrows, dtype=torch.int64).unsqueeze(1)
+    cols = torch.arange(col0, col0 + ncols, dtype=torch.int64).unsqueeze(0)
+    idx = rows * global_cols + cols
+    idx.mul_(_FILL_MULT).add_(t * _FILL_TENSOR_STRIDE).bitwise_and_(_FILL_MASK)
+    return idx.to(torch.float32)
+
+
+def for_each_row_block(shard_meta, cols_total, fn):
+    """Calls fn(local_row_start, nrows, global_row0, col0, ncols) over blocks of a shard."""
+    row0, col0 = shard_meta.shard_offsets
+    nrows, ncols = shard_meta.shard_sizes
+    step = max(1, _FILL_BLOCK_ELEMS // max(1, ncols))
+    for r in range(0, nrows, step):
+        n = min(step, nrows - r)
+        fn(r, n, row0 + r, col0, ncols)
+
+
+def make_state_dict(args, world, shard_dim, fill):
+    """Creates the ShardedTensors for this rank; fill=True writes the pattern, else -1.0."""
+    spec = ChunkShardingSpec(
+        dim=shard_dim, placements=[f"rank:{r}/cpu" for r in range(world)]
+    )
+    state = {}
+    for t in range(args.tensors):
+        st = sharded_tensor.empty(spec, args.rows, args.cols, dtype=torch.float32)
+        for shard in st.local_shards():
+            local = shard.tensor
+            if not fill:
+                local.fill_(_SENTINEL)
+                continue
+
+            def write(r, n, g_row0, col0, ncols, local=local, t=t):
+                local[r : r + n].copy_(
+                    expected_block(t, g_row0, n, col0, ncols, args.cols)
+                )
+
+            for_each_row_block(shard.metadata, args.cols, write)
+        state[fqn(t)] = st
+    return state
+
+
+def verify_state_dict(args, state, rank):
+    """Returns a list of error strings (empty if every local element is bit-exact)."""
+    errors = []
+    for t in range(args.tensors):
+        st = state[fqn(t)]
+        for shard in st.local_shards():
+            local = shard.tensor
+            meta = shard.metadata
+
+            def check(r, n, g_row0, col0, ncols, local=local, t=t, meta=meta):
+                got = local[r : r + n]
+                want = expected_block(t, g_row0, n, col0, ncols, args.cols)
+                if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
+                    bad = (got.view(torch.int32) != want.view(torch.int32)).nonzero()
+                    lr, lc = bad[0].tolist()
+                    errors.append(
+                        f"rank {rank} fqn {fqn(t)} shard offsets {meta.shard_offsets} "
+                        f"sizes {meta.shard_sizes}: {bad.shape[0]} mismatches in rows "
+                        f"[{g_row0},{g_row0 + n}); first at global ({g_row0 + lr},"
+                        f"{col0 + lc}) got {got[lr, lc].item()} want {want[lr, lc].item()}"
+                    )
+
+            for_each_row_block(meta, args.cols, check)
+    return errors
+
+
+def proc_io(field):
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                k, v = line.split(":")
+                if k.strip() == field:
+                    return int(v)
+    except OSError:
+        pass
+    return -1
+
+
+def rank_main(rank, world, phase, args, port, result_queue):
+    try:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
+        torch.set_num_threads(args.threads)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        ckpt = os.path.join(args.dir, "save")
+
+        if phase == "save":
+            state = make_state_dict(args, world, shard_dim=0, fill=True)
+            io_field = "write_bytes"
+        else:
+            shard_dim = 1 if phase == "load2" else 0
+            state = make_state_dict(args, world, shard_dim=shard_dim, fill=False)
+            io_field = "read_bytes"
+
+        dist.barrier()
+        io0 = proc_io(io_field)
+        t0 = time.monotonic()
+        if phase == "save":
+            save_state_dict(state, FileSystemWriter(ckpt, sync_files=True))
+        else:
+            load_state_dict(state, FileSystemReader(ckpt))
+        t1 = time.monotonic()
+        io1 = proc_io(io_field)
+
+        errors = []
+        if phase != "save" and not args.no_verify:
+            errors = verify_state_dict(args, state, rank)[:10]  # small: fits the pipe
+        dist.barrier()
+        dist.destroy_process_group()
+        result_queue.put(
+            {
+                "rank": rank,
+                "t0": t0,
+                "t1": t1,
+                "io": (io1 - io0) if io0 >= 0 and io1 >= 0 else -1,
+                "errors": errors,
+            }
+        )
+    except Exception as e:  # report to the parent, then re-raise so spawn fails loudly
+        result_queue.put({"rank": rank, "errors": [f"rank {rank} {phase}: {e!r}"]})
+        raise
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def drop_caches():
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError as e:
+        log(f"WARNING: could not drop the page cache ({e}); the load is NOT cold")
+        return False
+
+
+def run_phase(phase, world, args):
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    log(f"{phase}: spawning {world} ranks (port {port})")
+    mp.spawn(rank_main, args=(world, phase, args, port, queue), nprocs=world, join=True)
+    results = [queue.get() for _ in range(world)]
+    errors = [e for r in results for e in r["errors"]]
+    if errors:
+        for e in errors[:20]:
+            log(f"VERIFY FAILED: {e}")
+        raise SystemExit(f"{phase}: {len(errors)} errors")
+    seconds = max(r["t1"] for r in results) - min(r["t0"] for r in results)
+    io = sum(r["io"] for r in results) if all(r["io"] >= 0 for r in results) else -1
+    log(f"{phase}: {seconds:.3f} s, {args.bytes / seconds / 1e9:.3f} GB/s, io {io} bytes")
+    return seconds, io
+
+
+def choose_shape(total_bytes, tensors, world_a, world_b):
+    """Rows and cols so that tensors * rows * cols * 4 ~= total_bytes, evenly shardable."""
+    per_tensor = max(1, int(total_bytes) // 4 // tensors)
+    cols = 4096
+    while cols > 8 and per_tensor // cols < 4 * world_a * world_b:
+        cols //= 2
+    rows_unit = world_a * world_b
+    rows = max(rows_unit, (per_tensor // cols) // rows_unit * rows_unit)
+    return rows, cols
+
+
+def parse_args():
+    p = argparse.ArgumentParser(
+        description="PyTorch 1.13 DCP save / resharded load baseline (prints one JSON line)."
+    )
+    p.add_argument("--total-bytes", type=float, default=1.6e9,
+                   help="approximate fp32 payload of the state dict (default 1.6e9)")
+    p.add_argument("--dir", default=None,
+                   help="work directory; the checkpoint goes to DIR/save, which must be "
+                        "absent or empty (default: a new directory under /tmp)")
+    p.add_argument("--tensors", type=int, default=8, help="number of 2-D tensors (default 8)")
+    p.add_argument("--cols", type=int, default=0,
+                   help="columns per tensor (default: chosen from --total-bytes)")
+    p.add_argument("--save-ranks", type=int, default=4,
+                   help="ranks that save and that load back row-sharded (default 4)")
+    p.add_argument("--reshard-ranks", type=int, default=2,
+                   help="ranks of the resharded (dim 1) load (default 2)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch intra-op threads per rank (default: max(1, cpus // ranks))")
+    p.add_argument("--no-verify", action="store_true", help="skip the bit-exact check")
+    p.add_argument("--no-drop-caches", action="store_true",
+                   help="do not drop the page cache before the loads (warm loads)")
+    p.add_argument("--keep", action="store_true", help="keep DIR/save after the run")
+    return p.parse_args()
+
+
+def main():
+    args = parse_args()
+    if args.tensors < 1 or args.save_ranks < 1 or args.reshard_ranks < 1:
+        raise SystemExit("--tensors, --save-ranks and --reshard-ranks must be >= 1")
+    rows, cols = choose_shape(args.total_bytes, args.tensors, args.save_ranks, args.reshard_ranks)
+    if args.cols > 0:
+        cols = args.cols
+        unit = args.save_ranks * args.reshard_ranks
+        rows = max(unit, int(args.total_bytes) // 4 // args.tensors // cols // unit * unit)
+    args.rows, args.cols = rows, cols
+    args.bytes = args.tensors * rows * cols * 4
+    if args.threads <= 0:
+        ncpu = os.cpu_count() or 1
+        args.threads = max(1, ncpu // args.save_ranks)
+
+    own_dir = args.dir is None
+    if own_dir:
+        args.dir = tempfile.mkdtemp(prefix="cairn-dcp-bench-", dir="/tmp")
+    args.dir = os.path.abspath(args.dir)
+    ckpt = os.path.join(args.dir, "save")
+    if os.path.isdir(ckpt) and os.listdir(ckpt):
+        raise SystemExit(f"{ckpt} exists and is not empty; pass an empty --dir")
+    os.makedirs(args.dir, exist_ok=True)
+    log(f"torch {torch.__version__}; {args.tensors} tensors of [{rows}, {cols}] fp32 = "
+        f"{args.bytes} bytes; checkpoint in {ckpt}; {args.threads} thread(s)/rank")
+
+    cold = not args.no_drop_caches
+    try:
+        save_s, save_io = run_phase("save", args.save_ranks, args)
+        if cold:
+            cold = drop_caches() and cold
+        load2_s, load2_io = run_phase("load2", args.reshard_ranks, args)
+        if cold:
+            cold = drop_caches() and cold
+        load4_s, load4_io = run_phase("load4", args.save_ranks, args)
+        files = os.listdir(ckpt)
+        ckpt_bytes = sum(os.path.getsize(os.path.join(ckpt, f)) for f in files)
+    finally:
+        if not args.keep:
+            shutil.rmtree(ckpt, ignore_errors=True)
+            if own_dir:
+                shutil.rmtree(args.dir, ignore_errors=True)
+
+    gb = args.bytes / 1e9
+    print(json.dumps({
+        "tool": "pytorch_dcp",
+        "save_s": round(save_s, 4),
+        "save_GBps": round(gb / save_s, 4),
+        "load2_s": round(load2_s, 4),
+        "load2_GBps": round(gb / load2_s, 4),
+        "load4_s": round(load4_s, 4),
+        "load4_GBps": round(gb / load4_s, 4),
+        "bytes": args.bytes,
+        "tensors": args.tensors,
+        "shape": [rows, cols],
+        "save_ranks": args.save_ranks,
+        "reshard_ranks": args.reshard_ranks,
+        "checkpoint_bytes": ckpt_bytes,
+        "checkpoint_files": len(files),
+        "save_io_bytes": save_io,
+        "load2_io_bytes": load2_io,
+        "load4_io_bytes": load4_io,
+        "cold": cold,
+        "verified": not args.no_verify,
+        "torch": torch.__version__,
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
