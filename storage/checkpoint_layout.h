@@ -1,0 +1,102 @@
+// Where a checkpoint lives on a ShardStore, and the commit protocol.
+//
+// Layout:
+//   <job>/<step, 16 digits zero-padded>/<data objects...>
+//   <job>/<step, 16 digits zero-padded>/MANIFEST        (written last)
+// Object keys inside a manifest (StorageLocation.object_key, objects) are
+// relative to the step prefix. Zero padding makes List() order == step order
+// (steps go up to 10^15, which has 16 digits).
+//
+// Commit protocol (what makes a checkpoint all-or-nothing):
+//   1. every data object is written with ObjectWriter and Close()d: each is
+//      durable (fsync) and visible under its final key;
+//   2. PublishManifest checks every object the manifest references exists
+//      and is long enough, then Put()s the MANIFEST: temp name, fsync, rename,
+//      directory fsync. The rename is the commit point.
+// A step whose MANIFEST is absent is incomplete: never listed as committed,
+// never loadable, and its bytes are garbage (ListIncompleteSteps).
+// Deletion runs the protocol backwards: MANIFEST first, then the data.
+//
+// Thread-safe: these functions only call the (thread-safe) store.
+#ifndef CAIRN_STORAGE_CHECKPOINT_LAYOUT_H_
+#define CAIRN_STORAGE_CHECKPOINT_LAYOUT_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "cairn/v1/cairn.pb.h"
+#include "storage/shard_store.h"
+
+namespace cairn::storage {
+
+inline constexpr int64_t kMaxStep = 1000000000000000;  // 10^15
+inline constexpr int kStepDigits = 16;
+inline constexpr char kManifestName[] = "MANIFEST";
+
+// [A-Za-z0-9._-]{1,128}, not "." or "..": else INVALID_ARGUMENT naming it.
+absl::Status ValidateJobName(absl::string_view job);
+// 0 <= step <= 10^15: else INVALID_ARGUMENT.
+absl::Status ValidateStep(int64_t step);
+
+// "job/0000000000000123/". Arguments must be valid (not checked).
+std::string StepPrefix(absl::string_view job, int64_t step);
+// "job/0000000000000123/MANIFEST".
+std::string ManifestKey(absl::string_view job, int64_t step);
+// StepPrefix(job, step) + object_key.
+std::string ObjectKey(absl::string_view job, int64_t step,
+                      absl::string_view object_key);
+// Parses a 16-digit step directory name ("0000000000000123" or with a
+// trailing '/'); INVALID_ARGUMENT otherwise.
+absl::StatusOr<int64_t> ParseStepDir(absl::string_view name);
+
+// The commit: validates `manifest` (ValidateManifest), checks that every
+// referenced object exists and covers its locations (FAILED_PRECONDITION
+// naming the object otherwise), then atomically and durably publishes
+// <job>/<step>/MANIFEST, replacing any previous one.
+absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest);
+
+// Reads, decodes and validates <job>/<step>/MANIFEST. NOT_FOUND (the step is
+// not committed) if absent; DATA_LOSS if corrupt or if it names another
+// job/step.
+absl::StatusOr<v1::Manifest> ReadManifest(ShardStore& store,
+                                          absl::string_view job, int64_t step);
+
+// Job names at the root of the store (valid names only), sorted.
+absl::StatusOr<std::vector<std::string>> ListJobs(ShardStore& store);
+// Steps of `job` with a MANIFEST, ascending.
+absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(ShardStore& store,
+                                                        absl::string_view job);
+// Steps of `job` holding objects but no MANIFEST, ascending.
+absl::StatusOr<std::vector<int64_t>> ListIncompleteSteps(ShardStore& store,
+                                                         absl::string_view job);
+
+// Deletes MANIFEST first (the checkpoint stops being loadable atomically),
+// then every object of the step. OK if the step does not exist.
+absl::Status DeleteStep(ShardStore& store, absl::string_view job, int64_t step);
+
+// Reads location (relative to the step prefix of job/step) into `out`
+// (out.size() must be >= location.length()) and checks its crc32c.
+// DATA_LOSS naming job, step, `what` (e.g. "tensor 'x' chunk [0:4]") and the
+// object key on mismatch, or when the object is missing or too short.
+absl::Status ReadVerified(ShardStore& store, absl::string_view job,
+                          int64_t step, const v1::StorageLocation& location,
+                          uint32_t crc32c, absl::string_view what,
+                          absl::Span<char> out);
+
+// Reads every stored byte the manifest references and checks crc32c.
+// DATA_LOSS naming job, step, fqn, chunk box and object key on a mismatch or
+// a missing/short object. progress(bytes_done, bytes_total) is called after
+// each piece (from the calling thread).
+absl::Status VerifyCheckpoint(
+    ShardStore& store, const v1::Manifest& manifest,
+    std::function<void(uint64_t, uint64_t)> progress = nullptr);
+
+}  // namespace cairn::storage
+
+#endif  // CAIRN_STORAGE_CHECKPOINT_LAYOUT_H_

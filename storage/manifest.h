@@ -1,0 +1,75 @@
+// The MANIFEST: the commit record of a checkpoint (message cairn.v1.Manifest),
+// and its framing on storage.
+//
+// Framing (all integers little-endian), 32-byte header then the body:
+//   [0, 8)   magic "CAIRNMF\n"
+//   [8, 12)  format_version (uint32): kManifestFormatVersion when written
+//   [12, 16) flags (uint32): 0
+//   [16, 24) body_length (uint64)
+//   [24, 28) crc32c of the body
+//   [28, 32) crc32c of bytes [0, 28)
+//   [32, 32 + body_length)  the serialized cairn.v1.Manifest
+// Decoding is strict and bounded: the header is checked (magic, header crc,
+// version, length against max_bytes and against the bytes actually present)
+// before the body is parsed, so a truncated, oversized or hostile file is a
+// clear error and never an unbounded allocation or a crash.
+#ifndef CAIRN_STORAGE_MANIFEST_H_
+#define CAIRN_STORAGE_MANIFEST_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "cairn/v1/cairn.pb.h"
+
+namespace cairn::storage {
+
+inline constexpr uint32_t kManifestFormatVersion = 1;
+inline constexpr size_t kManifestHeaderBytes = 32;
+inline constexpr char kManifestMagic[] = "CAIRNMF\n";  // 8 bytes, no NUL
+inline constexpr size_t kMaxFqnBytes = 1024;
+inline constexpr int kMaxTensorRank = 8;
+
+// Framed bytes of `manifest` (see the top of this file). The header's
+// format_version is manifest.format_version(), or kManifestFormatVersion
+// when that is 0.
+std::string EncodeManifest(const v1::Manifest& manifest);
+
+// Strict inverse of EncodeManifest. DATA_LOSS for corruption (bad magic,
+// truncation, trailing bytes, crc mismatch, unparsable body, header/body
+// version disagreement, body longer than max_bytes); FAILED_PRECONDITION for
+// a format_version newer than this build understands. Does not run
+// ValidateManifest.
+absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view bytes,
+                                            uint64_t max_bytes = 1ull << 30);
+
+// Semantic checks (INVALID_ARGUMENT naming job, step, fqn, chunk box and
+// object key): known format version; valid job and step; world_size > 0;
+// tensors and bytes entries sorted by fqn, fqns unique, non-empty, <= 1024
+// bytes, no NUL; known dtypes; rank <= 8; every chunk box inside the global
+// shape, boxes disjoint and covering the shape exactly; location lengths ==
+// volume * dtype size; object keys valid and listed in `objects`; writer
+// ranks in [0, world_size); total_bytes == sum of lengths.
+absl::Status ValidateManifest(const v1::Manifest& manifest);
+
+// Size in bytes of one element; 0 for DTYPE_UNSPECIFIED or an unknown value.
+size_t DTypeSize(v1::DType dtype);
+// "float32", "bfloat16", ...; "unspecified" / "unknown(N)".
+std::string DTypeName(v1::DType dtype);
+
+// "[0:4096, 512:1024]" (offset:offset+size per dim; "[]" for a scalar).
+std::string BoxToString(const v1::ChunkBox& box);
+
+// A JSON view for the CLI (nlohmann_json, 2-space indent): header fields,
+// objects, tensors (dtype names, shapes, and unless include_chunks is false
+// every chunk with its box, location, crc32c as "0x%08x" and writer rank),
+// bytes entries and layouts.
+std::string ManifestToJson(const v1::Manifest& manifest,
+                           bool include_chunks = true);
+
+}  // namespace cairn::storage
+
+#endif  // CAIRN_STORAGE_MANIFEST_H_

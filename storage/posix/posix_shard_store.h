@@ -1,0 +1,42 @@
+// The posix ShardStore: objects are files under a root directory.
+//
+// Writes: an ObjectWriter writes a temp file ".cairn-tmp.<name>.<random>" in
+// the object's directory. Appends are split into io_chunk_bytes pieces and
+// written with parallel pwrite() calls on the store's I/O threads (the call
+// returns when every piece is written, so the caller may reuse its buffer).
+// With use_odirect the file is opened O_DIRECT: buffers, offsets and lengths
+// that are 4096-aligned go straight to the disk; anything else is copied into
+// aligned staging buffers which are written asynchronously while the caller
+// fills the next one; the tail is padded to 4096 and the file truncated to
+// its real size. Close(): fdatasync, rename to the final name, fsync of the
+// directory (and of the parents of directories it had to create).
+// Reads: pread() into the caller's buffers; large ranges are split across
+// the I/O threads; ReadRanges merges file-adjacent ranges into one preadv().
+// Keys are validated (ValidateKey) and every path is opened below the root
+// with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) where the kernel has it
+// (Linux >= 5.6), so neither a bad key nor a symlink planted inside the root
+// can reach a file outside it.
+// List() walks the directory tree below the prefix's directory, skipping
+// temp files. Deleting the last object of a directory removes the directory
+// (up to, not including, the root).
+#ifndef CAIRN_STORAGE_POSIX_POSIX_SHARD_STORE_H_
+#define CAIRN_STORAGE_POSIX_POSIX_SHARD_STORE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "storage/shard_store.h"
+
+namespace cairn::storage {
+
+// Opens (creating the directory and its parents if needed) a posix store
+// rooted at the absolute path `root`. INVALID_ARGUMENT for a relative path or
+// bad options; the errno-mapped status if the directory cannot be created.
+absl::StatusOr<std::unique_ptr<ShardStore>> OpenPosixShardStore(
+    absl::string_view root, const StoreOptions& options = {});
+
+}  // namespace cairn::storage
+
+#endif  // CAIRN_STORAGE_POSIX_POSIX_SHARD_STORE_H_

@@ -1,0 +1,189 @@
+// ShardStore: the only I/O interface of Cairn. Every checkpoint byte goes
+// through it: large data objects streamed from buffers (ObjectWriter), small
+// metadata published atomically (Put), ranged reads straight into caller
+// buffers (Read / ReadRanges), listing by prefix and deletion.
+//
+// Backends register by URI scheme and are opened with OpenShardStore():
+//   file:///data/ckpt   posix (storage/posix/): local disk, Lustre, GPFS
+//   mem://              memory (storage/memory/): a fresh private store
+//   mem://name          memory, shared by every opener in the process
+//   s3://bucket/prefix  (later)
+//
+// Keys are relative, '/'-separated paths (see ValidateKey). A key is an
+// object, never a "directory": List("a/") lists every key starting with
+// "a/". Every backend passes the shared conformance suite in
+// storage/testing/shard_store_conformance.h.
+//
+// Visibility and durability: an object becomes visible to readers only once
+// it is complete (ObjectWriter::Close or Put returned OK), and at that point
+// it is durable (posix: data fsync, rename from a temp name, directory fsync).
+// Replacing an existing key is atomic: readers see the old or the new bytes,
+// never a mix.
+#ifndef CAIRN_STORAGE_SHARD_STORE_H_
+#define CAIRN_STORAGE_SHARD_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace cairn::storage {
+
+// A byte range [offset, offset + length) of an object.
+struct ByteRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// Sequential writer of one (large) object. The bytes become visible under
+// its key only after Close() succeeds; destroying the writer without a
+// successful Close() aborts it and leaves nothing visible (and no temp file,
+// unless the process really crashed).
+//
+// Thread-compatible: one writer is used by one thread at a time (different
+// writers may be used concurrently).
+class ObjectWriter {
+ public:
+  virtual ~ObjectWriter() = default;
+  ObjectWriter() = default;
+  ObjectWriter(const ObjectWriter&) = delete;
+  ObjectWriter& operator=(const ObjectWriter&) = delete;
+
+  // Appends `data`. The caller may reuse `data` as soon as this returns.
+  // After an error the writer is failed: further calls return that error.
+  virtual absl::Status Append(absl::Span<const char> data) = 0;
+  // Makes the object durable and visible. FAILED_PRECONDITION if called
+  // twice or after an error.
+  virtual absl::Status Close() = 0;
+  // Bytes accepted by Append so far.
+  virtual uint64_t bytes_written() const = 0;
+
+  // Test hook (used by the fault-injection store): behaves like the process
+  // dying now. Whatever a real crash would leave (posix: the temp file) is
+  // left; nothing becomes visible; the writer is unusable afterwards.
+  virtual void SimulateCrashForTest() {}
+};
+
+// Thread-safe: every method may be called concurrently without external
+// locking.
+class ShardStore {
+ public:
+  virtual ~ShardStore() = default;
+  ShardStore() = default;
+  ShardStore(const ShardStore&) = delete;
+  ShardStore& operator=(const ShardStore&) = delete;
+
+  // The URI that opens this store again (OpenShardStore(uri())).
+  virtual std::string uri() const = 0;
+
+  // Starts writing `key` (created or replaced on Close).
+  virtual absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(
+      absl::string_view key) = 0;
+
+  // Creates or replaces `key` with `data`: durable and atomically visible on
+  // return.
+  virtual absl::Status Put(absl::string_view key,
+                           absl::Span<const char> data) = 0;
+
+  // Reads `range` of `key` into out[0, range.length). NOT_FOUND if `key` does
+  // not exist; OUT_OF_RANGE if the range exceeds the object; INVALID_ARGUMENT
+  // if out.size() < range.length. Returns the bytes read (== range.length).
+  virtual absl::StatusOr<size_t> Read(absl::string_view key, ByteRange range,
+                                      absl::Span<char> out) = 0;
+
+  // Many ranges of one object in one call (posix: preadv of adjacent ranges,
+  // parallel preads). outs.size() == ranges.size() and outs[i].size() ==
+  // ranges[i].length, else INVALID_ARGUMENT. Errors as Read(); on error the
+  // contents of `outs` are unspecified.
+  virtual absl::Status ReadRanges(absl::string_view key,
+                                  absl::Span<const ByteRange> ranges,
+                                  absl::Span<const absl::Span<char>> outs) = 0;
+
+  // Size of `key` in bytes; NOT_FOUND if missing.
+  virtual absl::StatusOr<uint64_t> Size(absl::string_view key) = 0;
+
+  // Every visible key starting with `prefix` (a plain string prefix, e.g.
+  // "job/00" matches "job/0001/x"), sorted bytewise. "" lists everything.
+  // INVALID_ARGUMENT for a prefix no valid key could have ("..", NUL, ...).
+  virtual absl::StatusOr<std::vector<std::string>> List(
+      absl::string_view prefix) = 0;
+
+  // The distinct next path segments below `dir_prefix` ("" or ending in '/'):
+  // "name" for an object dir_prefix + "name", "name/" when keys continue
+  // below dir_prefix + "name/". Sorted. Lets callers walk the tree without
+  // listing every object (S3: delimiter listing; posix: readdir).
+  // The default implementation collapses List(dir_prefix).
+  virtual absl::StatusOr<std::vector<std::string>> ListChildren(
+      absl::string_view dir_prefix);
+
+  // Removes `key`; NOT_FOUND if missing.
+  virtual absl::Status Delete(absl::string_view key) = 0;
+
+  // Removes every key starting with `prefix`; OK if there is none.
+  virtual absl::Status DeletePrefix(absl::string_view prefix) = 0;
+};
+
+// Options for OpenShardStore. Backends ignore what does not apply to them.
+struct StoreOptions {
+  // Threads a posix store uses to split large writes and reads into parallel
+  // pwrite/pread calls. Default: 4. Must be >= 1.
+  int io_threads = 4;
+  // posix: write data objects with O_DIRECT from 4096-aligned buffers
+  // (unaligned appends are staged through aligned buffers). Falls back to
+  // buffered I/O, with a log line, where the filesystem refuses O_DIRECT.
+  // Default: false (buffered writes + fdatasync before publish).
+  bool use_odirect = false;
+  // posix: granularity of the parallel pwrite/pread pieces and size of each
+  // O_DIRECT staging buffer. Rounded up to a multiple of 4096. Default: 8 MiB.
+  size_t io_chunk_bytes = 8 << 20;
+  // posix: fsync data and directories before an object becomes visible.
+  // Turning it off is for throwaway data only (it voids the crash guarantee).
+  // Default: true.
+  bool durable = true;
+};
+
+// Opens the store named by `uri` (see the table at the top). A bare absolute
+// path is taken as file://. INVALID_ARGUMENT for a malformed URI or unknown
+// scheme.
+absl::StatusOr<std::unique_ptr<ShardStore>> OpenShardStore(
+    absl::string_view uri, const StoreOptions& options = {});
+
+// Backend factory for a URI scheme ("file", "mem", "s3", ...). `rest` is the
+// URI after "scheme://".
+using ShardStoreFactory =
+    std::function<absl::StatusOr<std::unique_ptr<ShardStore>>(
+        absl::string_view rest, const StoreOptions& options)>;
+
+// Registers (or replaces) the factory for `scheme`. posix ("file") and memory
+// ("mem") are built in. Thread-safe.
+void RegisterShardStoreScheme(absl::string_view scheme,
+                              ShardStoreFactory factory);
+
+inline constexpr size_t kMaxKeyBytes = 1024;
+
+// Keys are relative, '/'-separated, with no "." or ".." segment, no empty
+// segment (so no leading, trailing or double '/'), no NUL, at most
+// kMaxKeyBytes bytes, and no segment starting with ".cairn-tmp" (reserved
+// for in-flight writes). Anything else is INVALID_ARGUMENT naming the key.
+// This is what keeps every backend's files inside its root.
+absl::Status ValidateKey(absl::string_view key);
+
+// A prefix for List/DeletePrefix: "" or a string every segment of which,
+// except a trailing partial one, obeys the ValidateKey rules.
+absl::Status ValidatePrefix(absl::string_view prefix);
+
+// Convenience: the whole object (Size then Read). Objects larger than
+// `max_bytes` are RESOURCE_EXHAUSTED (no allocation is attempted).
+absl::StatusOr<std::string> ReadObject(ShardStore& store, absl::string_view key,
+                                       uint64_t max_bytes = 1ull << 34);
+
+}  // namespace cairn::storage
+
+#endif  // CAIRN_STORAGE_SHARD_STORE_H_
