@@ -1,0 +1,116 @@
+// Plan cache: skip global save planning when no rank's plan changed.
+//
+// Each rank fingerprints the canonical form of its local plan: every item is
+// encoded field by field (kind, fqn, dtype, shape, box, length; integers as
+// fixed-width little-endian, strings length-prefixed so no two different
+// items share an encoding), the encodings are sorted (so item order does not
+// matter), and the sorted list is hashed with a 128-bit MurmurHash3-x64 style
+// hash written out in this file (stable across runs, processes and machines,
+// unlike absl::Hash which is seeded per process). The fingerprint is the
+// 32-character lower-case hex of those 128 bits.
+//
+// The coordinator keys cached global plans by (job, world size, the
+// fingerprints of all ranks in rank order, storage settings). Lookup hashes the
+// key to find a bucket but always compares the FULL key, so a cached plan is
+// never returned for a different key (PyTorch's plan cache shipped exactly
+// that bug). Eviction is LRU, bounded by the approximate bytes of the cached
+// plans plus their keys; a plan larger than the bound is not cached.
+#ifndef CAIRN_PLANNER_PLAN_CACHE_H_
+#define CAIRN_PLANNER_PLAN_CACHE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "planner/save_plan.h"
+
+namespace cairn::planner {
+
+// 32 lower-case hex chars (128 bits) of the plan's canonical form. Independent
+// of item order and of the plan's rank field; any change to any field of any
+// item changes it.
+std::string FingerprintLocalPlan(const LocalSavePlan& plan);
+
+// The 128-bit hash behind the fingerprint, as 32 lower-case hex chars.
+// Exposed for tests and for other stable content hashes.
+std::string StableHash128Hex(absl::string_view data);
+
+// Approximate heap bytes held by a plan (what PlanCache charges for it).
+size_t ApproximatePlanBytes(const GlobalSavePlan& plan);
+
+// Thread-safe: every method may be called concurrently without external
+// locking. LRU bounded by approximate bytes of cached plans.
+class PlanCache {
+ public:
+  struct Key {
+    std::string job;
+    int world_size = 0;
+    std::vector<std::string> fingerprints;  // one per rank, rank order
+    std::string storage_settings;           // e.g. StorageSettingsKey()
+
+    friend bool operator==(const Key& a, const Key& b) {
+      return a.world_size == b.world_size && a.job == b.job &&
+             a.storage_settings == b.storage_settings &&
+             a.fingerprints == b.fingerprints;
+    }
+  };
+
+  explicit PlanCache(size_t max_bytes);
+  PlanCache(const PlanCache&) = delete;
+  PlanCache& operator=(const PlanCache&) = delete;
+
+  // The plan cached under exactly `key` (marked most recently used), or
+  // nullptr on a miss.
+  std::shared_ptr<const GlobalSavePlan> Lookup(const Key& key);
+
+  // Caches `plan` under `key`, replacing any plan cached under the same key,
+  // then evicts least recently used plans until bytes() <= max_bytes. A plan
+  // whose own charge exceeds max_bytes is not cached. Null plans are ignored.
+  void Insert(const Key& key, std::shared_ptr<const GlobalSavePlan> plan);
+
+  // Drops every plan of `job` (e.g. when its checkpoints are deleted).
+  void EraseJob(absl::string_view job);
+
+  size_t size() const;
+  size_t bytes() const;
+  size_t max_bytes() const { return max_bytes_; }
+
+ private:
+  // The index stores pointers to the keys inside lru_ entries; hashing and
+  // equality dereference them, so lookups compare FULL keys.
+  struct KeyPtrHash {
+    size_t operator()(const Key* key) const;
+  };
+  struct KeyPtrEq {
+    bool operator()(const Key* a, const Key* b) const { return *a == *b; }
+  };
+  struct Entry {
+    Key key;
+    std::shared_ptr<const GlobalSavePlan> plan;
+    size_t charge = 0;
+  };
+  using LruList = std::list<Entry>;  // front = most recently used
+
+  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const size_t max_bytes_;
+
+  // State below is protected by mu_.
+  mutable absl::Mutex mu_;
+  LruList lru_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<const Key*, LruList::iterator, KeyPtrHash, KeyPtrEq> index_
+      ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace cairn::planner
+
+#endif  // CAIRN_PLANNER_PLAN_CACHE_H_

@@ -1,0 +1,123 @@
+// Save planning: every rank's local plan -> one global plan.
+//
+// Algorithm (BuildGlobalSavePlan):
+//  1. Validate each item (lengths, dtypes, boxes inside shapes) and group the
+//     items by fqn; an fqn must be the same kind, dtype and global shape on
+//     every rank.
+//  2. Per tensor, group identical boxes: a box held by several ranks is one
+//     *unit* with several candidate writers (replicas). The distinct non-empty
+//     boxes must tile the tensor exactly (CheckExactCover: an OverlapIndex
+//     finds partial overlaps, a volume sum finds gaps). Bytes entries with the
+//     same fqn are replicas of one unit.
+//  3. Dedupe with balancing: units held by one rank are assigned to it; the
+//     replicated units are then assigned in decreasing size (ties by fqn, box)
+//     to their least-loaded holder (ties: lowest rank) — LPT scheduling over
+//     the bytes each rank writes. This beats PyTorch's greedy-by-arrival
+//     dedupe, which hands every replicated item to the first rank that lists
+//     it, and it is deterministic: the result depends only on the canonical
+//     (sorted) content of the local plans, never on item order.
+//  4. Each writer gets one object (prefix + 5-digit rank + ".bin"); its items,
+//     sorted by (fqn, box), are laid out back to back, each offset rounded up
+//     to `alignment` for O_DIRECT.
+// Cost: O(N log N) for N items in total.
+#ifndef CAIRN_PLANNER_SAVE_PLAN_H_
+#define CAIRN_PLANNER_SAVE_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "planner/box.h"
+#include "planner/dtype.h"
+
+namespace cairn::planner {
+
+// What a rank holds and could write: a chunk of a tensor or a bytes entry.
+struct WriteItem {
+  enum class Kind { kTensorChunk, kBytes };
+  Kind kind = Kind::kTensorChunk;
+  std::string fqn;
+  DType dtype = DType::kUnspecified;  // kTensorChunk only
+  Shape global_shape;                 // kTensorChunk only
+  ChunkBox box;                       // kTensorChunk only
+  uint64_t length = 0;  // bytes: Volume(box) * DTypeSize(dtype), or blob size
+};
+
+struct LocalSavePlan {
+  int rank = 0;
+  std::vector<WriteItem> items;
+};
+
+// [offset, offset + length) of object_key (relative to the step's prefix).
+struct StorageLocation {
+  std::string object_key;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+
+  friend bool operator==(const StorageLocation& a, const StorageLocation& b) {
+    return a.object_key == b.object_key && a.offset == b.offset &&
+           a.length == b.length;
+  }
+};
+
+struct PlannedWrite {
+  WriteItem item;
+  StorageLocation location;
+};
+
+// The items one rank must write, sorted by (fqn, box).
+struct RankSavePlan {
+  int rank = 0;
+  std::vector<PlannedWrite> writes;
+  uint64_t object_bytes = 0;  // size of the rank's object (0: no object)
+};
+
+// Every entry of the checkpoint, including tensors with no elements (which
+// have no writes) — what the manifest lists.
+struct PlannedEntry {
+  WriteItem::Kind kind = WriteItem::Kind::kTensorChunk;
+  std::string fqn;
+  DType dtype = DType::kUnspecified;  // kTensorChunk only
+  Shape global_shape;                 // kTensorChunk only
+};
+
+struct GlobalSavePlan {
+  int world_size = 0;
+  std::vector<RankSavePlan> ranks;    // ranks[r].rank == r
+  std::vector<PlannedEntry> entries;  // sorted by fqn
+  uint64_t total_bytes = 0;           // sum of write lengths (no padding)
+};
+
+struct SavePlanOptions {
+  // Byte alignment of every write's offset within its object (>= 1).
+  // Default: 4096 (O_DIRECT).
+  uint64_t alignment = 4096;
+  // Object key = object_prefix + 5-digit zero-padded rank + ".bin".
+  // Default: "data/rank-" (rank 3 -> "data/rank-00003.bin").
+  std::string object_prefix = "data/rank-";
+};
+
+// The object key rank `rank` writes under `options`.
+std::string ObjectKeyForRank(const SavePlanOptions& options, int rank);
+
+// A canonical string of the options, for PlanCache::Key::storage_settings.
+std::string StorageSettingsKey(const SavePlanOptions& options);
+
+// Validates (every error is INVALID_ARGUMENT and names job, step, rank and
+// fqn): plans.size() >= 1 and plans[r].rank == r; non-empty fqns; tensor
+// items have a known dtype, a valid shape, a box inside it and length ==
+// Volume * DTypeSize; an fqn has the same kind, dtype and shape on every rank;
+// the chunks of each tensor cover it exactly once up to replication
+// (identical boxes on several ranks are replicas; partial overlaps or gaps are
+// errors); bytes entries with the same fqn are replicas and must have the same
+// length. Then dedupes replicas deterministically, balancing bytes across
+// writers, and assigns aligned storage locations. Empty boxes are dropped.
+absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
+    absl::string_view job, int64_t step,
+    const std::vector<LocalSavePlan>& plans, const SavePlanOptions& options);
+
+}  // namespace cairn::planner
+
+#endif  // CAIRN_PLANNER_SAVE_PLAN_H_
