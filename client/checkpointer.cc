@@ -1,0 +1,426 @@
+#include "client/checkpointer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "planner/plan_cache.h"
+#include "proto/convert/plan_convert.h"
+#include "storage/checkpoint_layout.h"
+#include "storage/checksum.h"
+
+namespace cairn::client {
+namespace {
+
+constexpr size_t kZeroPadBytes = 1 << 16;  // alignment padding is < 4096
+
+std::string SourceKey(absl::string_view fqn, const planner::ChunkBox& box) {
+  return absl::StrCat(fqn, "\n", planner::BoxToString(box));
+}
+
+// Runs `fns` on `pool` and returns the first error (all of them run).
+absl::Status RunAll(ThreadPool& pool,
+                    std::vector<std::function<absl::Status()>> fns) {
+  if (fns.size() == 1) return fns[0]();
+  std::vector<absl::Status> results(fns.size());
+  absl::BlockingCounter pending(static_cast<int>(fns.size()));
+  for (size_t i = 0; i < fns.size(); ++i) {
+    pool.Schedule([&, i] {
+      results[i] = fns[i]();
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  for (absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const CheckpointerOptions& options)
+    : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
+    const CheckpointerOptions& options) {
+  CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(options.job));
+  if (options.world_size < 1 || options.rank < 0 ||
+      options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", options.job, "': rank ", options.rank,
+                     " is out of range for world_size ", options.world_size));
+  }
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("cairnd address is required");
+  }
+  std::unique_ptr<Checkpointer> c(new Checkpointer(options));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(1 << 30);
+  args.SetMaxSendMessageSize(1 << 30);
+  c->channel_ = grpc::CreateCustomChannel(
+      options.coordinator, grpc::InsecureChannelCredentials(), args);
+  c->stub_ = v1::Coordinator::NewStub(c->channel_);
+  c->io_pool_ = std::make_unique<ThreadPool>(std::max(1, options.io_threads));
+  return c;
+}
+
+namespace {
+
+// One unary call with retries on UNAVAILABLE (cairnd restarting or
+// unreachable), exponential backoff from 100 ms.
+template <typename Req, typename Resp>
+absl::StatusOr<Resp> CallWithRetry(
+    grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                  const Req&, Resp*),
+    v1::Coordinator::Stub& stub, const Req& request, absl::Duration timeout,
+    int max_retries) {
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    ctx.set_wait_for_ready(attempt > 0);
+    Resp response;
+    absl::Status s = FromGrpcStatus((stub.*method)(&ctx, request, &response));
+    if (s.ok()) return response;
+    if (!absl::IsUnavailable(s) || attempt >= max_retries) return s;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<storage::ShardStore*> Checkpointer::StoreFor(
+    const std::string& uri) {
+  if (store_ == nullptr || store_uri_ != uri) {
+    CAIRN_ASSIGN_OR_RETURN(store_,
+                           storage::OpenShardStore(uri, options_.store));
+    store_uri_ = uri;
+  }
+  return store_.get();
+}
+
+absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
+    int64_t step, const StateDict& state) {
+  stats_ = TransferStats();
+  const std::string where = absl::StrCat(
+      "rank ", options_.rank, " saving job '", options_.job, "' step ", step);
+  CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
+  const absl::Time t0 = absl::Now();
+  planner::LocalSavePlan local = state.ToLocalPlan(options_.rank);
+  const std::string fingerprint = planner::FingerprintLocalPlan(local);
+
+  v1::BeginSaveRequest begin;
+  begin.set_job(options_.job);
+  begin.set_step(step);
+  begin.set_rank(options_.rank);
+  begin.set_world_size(options_.world_size);
+  if (fingerprint == last_fingerprint_) {
+    begin.set_plan_fingerprint(fingerprint);
+    stats_.sent_fingerprint_only = true;
+  } else {
+    convert::LocalPlanToProto(local, begin.mutable_local_plan());
+  }
+  CAIRN_ASSIGN_OR_RETURN(
+      v1::BeginSaveResponse plan,
+      CallWithRetry(&v1::Coordinator::Stub::BeginSave, *stub_, begin,
+                    options_.collective_timeout, options_.max_retries));
+  if (plan.resend_plan()) {
+    stats_.sent_fingerprint_only = false;
+    convert::LocalPlanToProto(local, begin.mutable_local_plan());
+    CAIRN_ASSIGN_OR_RETURN(
+        plan, CallWithRetry(&v1::Coordinator::Stub::BeginSave, *stub_, begin,
+                            options_.collective_timeout, options_.max_retries));
+  }
+  last_fingerprint_ = fingerprint;
+  stats_.plan_from_cache = plan.plan_from_cache();
+  const absl::Time t1 = absl::Now();
+  stats_.plan_time = t1 - t0;
+
+  v1::CommitSaveRequest commit;
+  commit.set_job(options_.job);
+  commit.set_step(step);
+  commit.set_rank(options_.rank);
+  absl::Status written = WriteItems(step, state, plan, &commit);
+  const absl::Time t2 = absl::Now();
+  stats_.io_time = t2 - t1;
+  if (!written.ok()) {
+    v1::AbortSaveRequest abort;
+    abort.set_job(options_.job);
+    abort.set_step(step);
+    abort.set_rank(options_.rank);
+    abort.set_reason(std::string(written.message()));
+    (void)CallWithRetry(&v1::Coordinator::Stub::AbortSave, *stub_, abort,
+                        options_.rpc_timeout, 1);
+    return absl::Status(written.code(),
+                        absl::StrCat(where, ": ", written.message()));
+  }
+  CAIRN_ASSIGN_OR_RETURN(
+      v1::CommitSaveResponse done,
+      CallWithRetry(&v1::Coordinator::Stub::CommitSave, *stub_, commit,
+                    options_.collective_timeout, options_.max_retries));
+  stats_.commit_time = absl::Now() - t2;
+  return done.checkpoint();
+}
+
+absl::Status Checkpointer::WriteItems(int64_t step, const StateDict& state,
+                                      const v1::BeginSaveResponse& plan,
+                                      v1::CommitSaveRequest* commit) {
+  CAIRN_ASSIGN_OR_RETURN(storage::ShardStore * store,
+                         StoreFor(plan.storage_uri()));
+  (void)step;
+  // Where each planned item's bytes are in this process.
+  absl::flat_hash_map<std::string, absl::Span<const char>> sources;
+  for (const TensorShard& t : state.tensors()) {
+    const size_t elem = planner::DTypeSize(t.dtype);
+    for (const TensorChunk& c : t.chunks) {
+      sources[SourceKey(t.fqn, c.box)] = absl::Span<const char>(
+          static_cast<const char*>(c.data),
+          static_cast<size_t>(planner::Volume(c.box)) * elem);
+    }
+  }
+  for (const BytesEntry& b : state.bytes()) {
+    sources[SourceKey(b.fqn, planner::ChunkBox())] =
+        absl::Span<const char>(b.blob->data(), b.blob->size());
+  }
+
+  const auto& writes = plan.rank_plan().writes();
+  commit->mutable_results()->Reserve(writes.size());
+  std::map<std::string, std::vector<int>> by_object;
+  for (int i = 0; i < writes.size(); ++i) {
+    *commit->add_results()->mutable_location() = writes[i].location();
+    by_object[writes[i].location().object_key()].push_back(i);
+  }
+
+  std::vector<std::function<absl::Status()>> jobs;
+  for (auto& [object, indexes] : by_object) {
+    std::sort(indexes.begin(), indexes.end(), [&](int a, int b) {
+      return writes[a].location().offset() < writes[b].location().offset();
+    });
+    jobs.push_back([&, object = object, indexes = indexes]() -> absl::Status {
+      const std::string key = absl::StrCat(plan.step_prefix(), object);
+      CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectWriter> writer,
+                             store->NewWriter(key));
+      static const std::string* zeros = new std::string(kZeroPadBytes, '\0');
+      uint64_t cursor = 0;
+      for (int i : indexes) {
+        const v1::PlannedWrite& w = writes[i];
+        const bool is_bytes = w.item().kind() == v1::WriteItem::KIND_BYTES;
+        const std::string fqn =
+            is_bytes ? w.item().bytes_fqn() : w.item().tensor().fqn();
+        planner::ChunkBox box;
+        if (!is_bytes) {
+          CAIRN_ASSIGN_OR_RETURN(box,
+                                 convert::BoxFromProto(w.item().chunk(), fqn));
+        }
+        auto src = sources.find(SourceKey(fqn, box));
+        if (src == sources.end() ||
+            src->second.size() != w.location().length()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "cairnd planned '", fqn, "' ", planner::BoxToString(box),
+              " for this rank, which does not hold it with that length"));
+        }
+        if (w.location().offset() < cursor) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "cairnd planned overlapping writes in object ", key));
+        }
+        while (cursor < w.location().offset()) {
+          const uint64_t n =
+              std::min<uint64_t>(w.location().offset() - cursor, zeros->size());
+          CAIRN_RETURN_IF_ERROR(writer->Append(
+              absl::MakeConstSpan(zeros->data(), static_cast<size_t>(n))));
+          cursor += n;
+        }
+        commit->mutable_results(i)->set_crc32c(
+            storage::Crc32c(src->second.data(), src->second.size()));
+        CAIRN_RETURN_IF_ERROR(writer->Append(src->second));
+        cursor += src->second.size();
+      }
+      return writer->Close();
+    });
+  }
+  for (const v1::PlannedWrite& w : writes) {
+    stats_.bytes += w.location().length();
+    ++stats_.items;
+  }
+  stats_.bytes_storage = stats_.bytes;
+  return RunAll(*io_pool_, std::move(jobs));
+}
+
+absl::StatusOr<int64_t> Checkpointer::Load(LoadRef ref, StateDict& state) {
+  stats_ = TransferStats();
+  const absl::Time t0 = absl::Now();
+  v1::PlanLoadRequest request;
+  request.set_job(options_.job);
+  request.set_rank(options_.rank);
+  if (ref.latest()) {
+    request.set_latest(true);
+  } else {
+    request.set_step(ref.step());
+  }
+  std::vector<TensorChunk*> dests;
+  std::vector<const TensorShard*> dest_tensors;
+  for (const TensorShard& t : state.tensors()) {
+    for (const TensorChunk& c : t.chunks) {
+      if (planner::Volume(c.box) == 0) continue;
+      v1::WantedChunk* w = request.add_wanted();
+      w->mutable_tensor()->set_fqn(t.fqn);
+      w->mutable_tensor()->set_dtype(convert::DTypeToProto(t.dtype));
+      w->mutable_tensor()->mutable_global_shape()->Assign(
+          t.global_shape.begin(), t.global_shape.end());
+      convert::BoxToProto(c.box, w->mutable_box());
+      dests.push_back(const_cast<TensorChunk*>(&c));
+      dest_tensors.push_back(&t);
+    }
+  }
+  for (const BytesEntry& b : state.bytes()) request.add_wanted_bytes(b.fqn);
+
+  CAIRN_ASSIGN_OR_RETURN(
+      v1::PlanLoadResponse plan,
+      CallWithRetry(&v1::Coordinator::Stub::PlanLoad, *stub_, request,
+                    options_.rpc_timeout, options_.max_retries));
+  const absl::Time t1 = absl::Now();
+  stats_.plan_time = t1 - t0;
+  absl::Status read = ReadItems(plan, dests, dest_tensors);
+  if (!read.ok()) {
+    return absl::Status(
+        read.code(),
+        absl::StrCat("rank ", options_.rank, " loading job '", options_.job,
+                     "' step ", plan.step(), ": ", read.message()));
+  }
+  // Bytes entries come back in request order.
+  if (plan.bytes_entries_size() != static_cast<int>(state.bytes().size())) {
+    return absl::InternalError(absl::StrCat(
+        "cairnd returned ", plan.bytes_entries_size(), " bytes entries for ",
+        state.bytes().size(), " requested"));
+  }
+  CAIRN_ASSIGN_OR_RETURN(storage::ShardStore * store,
+                         StoreFor(plan.storage_uri()));
+  for (int i = 0; i < plan.bytes_entries_size(); ++i) {
+    const v1::ManifestBytes& e = plan.bytes_entries(i);
+    const std::string key =
+        absl::StrCat(plan.step_prefix(), e.location().object_key());
+    std::string blob(e.location().length(), '\0');
+    CAIRN_RETURN_IF_ERROR(
+        store
+            ->Read(key, {e.location().offset(), e.location().length()},
+                   absl::MakeSpan(blob))
+            .status());
+    const uint32_t crc = storage::Crc32c(blob.data(), blob.size());
+    if (crc != e.crc32c()) {
+      return absl::DataLossError(absl::StrFormat(
+          "rank %d loading job '%s' step %d: checksum mismatch in bytes entry "
+          "'%s' at %s: crc32c 0x%08x, manifest says 0x%08x",
+          options_.rank, options_.job, plan.step(), e.fqn(), key, crc,
+          e.crc32c()));
+    }
+    stats_.bytes += blob.size();
+    stats_.bytes_storage += blob.size();
+    *state.bytes()[i].blob = std::move(blob);
+  }
+  stats_.io_time = absl::Now() - t1;
+  return plan.step();
+}
+
+absl::Status Checkpointer::ReadItems(
+    const v1::PlanLoadResponse& plan, const std::vector<TensorChunk*>& dests,
+    const std::vector<const TensorShard*>& tensors) {
+  CAIRN_ASSIGN_OR_RETURN(storage::ShardStore * store,
+                         StoreFor(plan.storage_uri()));
+  std::vector<std::function<absl::Status()>> jobs;
+  std::atomic<uint64_t> storage_bytes{0};
+  for (const v1::ReadItem& item : plan.reads()) {
+    if (item.dest_index() < 0 ||
+        item.dest_index() >= static_cast<int>(dests.size())) {
+      return absl::InternalError(absl::StrCat(
+          "cairnd returned a read for '", item.fqn(), "' with destination ",
+          item.dest_index(), " of ", dests.size()));
+    }
+    stats_.bytes += static_cast<uint64_t>([&] {
+      uint64_t n = 0;
+      for (const auto& s : item.segments()) n += s.length();
+      return n;
+    }());
+    ++stats_.items;
+    jobs.push_back([&, store, item_ptr = &item]() -> absl::Status {
+      const v1::ReadItem& it = *item_ptr;
+      char* dst = static_cast<char*>(dests[it.dest_index()]->data);
+      const uint64_t dst_size =
+          static_cast<uint64_t>(planner::Volume(dests[it.dest_index()]->box)) *
+          planner::DTypeSize(tensors[it.dest_index()]->dtype);
+      const std::string key =
+          absl::StrCat(plan.step_prefix(), it.source().object_key());
+      uint64_t needed = 0;
+      for (const auto& s : it.segments()) {
+        if (s.dst_offset() + s.length() > dst_size ||
+            s.src_offset() + s.length() > it.source().length()) {
+          return absl::InternalError(absl::StrCat(
+              "cairnd returned an out-of-bounds segment for '", it.fqn(), "'"));
+        }
+        needed += s.length();
+      }
+      auto data_loss = [&](uint32_t got) {
+        return absl::DataLossError(absl::StrFormat(
+            "checksum mismatch in '%s' stored chunk at %s@%d+%d: crc32c "
+            "0x%08x, manifest says 0x%08x",
+            it.fqn(), key, it.source().offset(), it.source().length(), got,
+            it.source_crc32c()));
+      };
+      const bool whole = needed == it.source().length();
+      if (whole || !options_.verify_partial_chunks) {
+        std::vector<storage::ByteRange> ranges;
+        std::vector<absl::Span<char>> outs;
+        ranges.reserve(it.segments_size());
+        outs.reserve(it.segments_size());
+        for (const auto& s : it.segments()) {
+          ranges.push_back({it.source().offset() + s.src_offset(), s.length()});
+          outs.push_back(absl::MakeSpan(dst + s.dst_offset(), s.length()));
+        }
+        CAIRN_RETURN_IF_ERROR(store->ReadRanges(key, ranges, outs));
+        storage_bytes += needed;
+        if (whole) {
+          // Segments are sorted by source offset and tile the chunk.
+          uint32_t crc = 0;
+          for (const auto& out : outs) {
+            crc = storage::Crc32cExtend(crc, out.data(), out.size());
+          }
+          if (crc != it.source_crc32c()) return data_loss(crc);
+        }
+        return absl::OkStatus();
+      }
+      // Partly needed: read the whole chunk once to verify it.
+      std::string scratch(it.source().length(), '\0');
+      CAIRN_RETURN_IF_ERROR(
+          store
+              ->Read(key, {it.source().offset(), it.source().length()},
+                     absl::MakeSpan(scratch))
+              .status());
+      storage_bytes += scratch.size();
+      const uint32_t crc = storage::Crc32c(scratch.data(), scratch.size());
+      if (crc != it.source_crc32c()) return data_loss(crc);
+      for (const auto& s : it.segments()) {
+        std::memcpy(dst + s.dst_offset(), scratch.data() + s.src_offset(),
+                    s.length());
+      }
+      return absl::OkStatus();
+    });
+  }
+  CAIRN_RETURN_IF_ERROR(RunAll(*io_pool_, std::move(jobs)));
+  stats_.bytes_storage = storage_bytes.load();
+  return absl::OkStatus();
+}
+
+}  // namespace cairn::client

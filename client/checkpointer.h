@@ -1,0 +1,133 @@
+// libcairn: the API a training process calls to save and load its shards.
+//
+// Direct mode: every rank writes its own bytes to the checkpoint storage,
+// planned by cairnd:
+//   Save:  BeginSave (only a fingerprint when the rank's plan is unchanged)
+//          -> write the items cairnd assigned to this rank, crc32c computed
+//          while writing -> CommitSave. Returns once the checkpoint is
+//          COMMITTED (every rank's bytes durable, MANIFEST published).
+//   Load:  PlanLoad for this rank's chunks, whatever layout saved them ->
+//          read exactly the planned byte ranges -> verify crc32c -> fill the
+//          caller's buffers.
+//
+// Thread-compatible: one Checkpointer per rank, used by one thread at a time.
+//
+// Example:
+//   CheckpointerOptions opts{.coordinator = "cairnd:7070", .job = "llama",
+//                            .rank = rank, .world_size = world};
+//   CAIRN_ASSIGN_OR_RETURN(auto ckpt, Checkpointer::Connect(opts));
+//   CAIRN_RETURN_IF_ERROR(ckpt->Save(step, state).status());
+//   CAIRN_ASSIGN_OR_RETURN(int64_t loaded, ckpt->Load(LoadRef::Latest(),
+//   state));
+#ifndef CAIRN_CLIENT_CHECKPOINTER_H_
+#define CAIRN_CLIENT_CHECKPOINTER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cairn/v1/cairn.grpc.pb.h"
+#include "cairn/v1/cairn.pb.h"
+#include "client/state_dict.h"
+#include "common/thread_pool.h"
+#include "storage/shard_store.h"
+
+namespace cairn::client {
+
+struct CheckpointerOptions {
+  // cairnd's address, host:port. Required.
+  std::string coordinator;
+  // The training job's name ([A-Za-z0-9._-]{1,128}). Required.
+  std::string job;
+  int rank = 0;
+  int world_size = 1;
+  // Parallel reads/writes this rank issues to storage. Default: 4.
+  int io_threads = 4;
+  // How long a BeginSave/CommitSave may wait for the other ranks. Should
+  // exceed cairnd's deadlines. Default: 2 hours.
+  absl::Duration collective_timeout = absl::Hours(2);
+  // Timeout of every other RPC. Default: 5 minutes.
+  absl::Duration rpc_timeout = absl::Minutes(5);
+  // Retries of a call that failed UNAVAILABLE (cairnd restarting), with
+  // exponential backoff from 100 ms. Default: 8.
+  int max_retries = 8;
+  // On load, a stored chunk only partly needed by this rank is still read
+  // whole so its crc32c can be verified (bytes read > bytes needed). When
+  // false, only the needed bytes are read and such chunks are unverified.
+  // Chunks read whole are always verified. Default: true.
+  bool verify_partial_chunks = true;
+  // Storage options for the URI cairnd hands out (posix threads, O_DIRECT).
+  storage::StoreOptions store;
+};
+
+class LoadRef {
+ public:
+  static LoadRef Latest() { return LoadRef(-1); }
+  static LoadRef Step(int64_t step) { return LoadRef(step); }
+  bool latest() const { return step_ < 0; }
+  int64_t step() const { return step_; }
+
+ private:
+  explicit LoadRef(int64_t step) : step_(step) {}
+  int64_t step_;
+};
+
+// What one Save or Load did, for logs and benchmarks.
+struct TransferStats {
+  uint64_t bytes = 0;          // payload bytes written or delivered
+  uint64_t bytes_storage = 0;  // bytes moved to/from storage
+  int64_t items = 0;
+  bool plan_from_cache = false;
+  bool sent_fingerprint_only = false;
+  absl::Duration plan_time;
+  absl::Duration io_time;
+  absl::Duration commit_time;
+};
+
+class Checkpointer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Checkpointer>> Connect(
+      const CheckpointerOptions& options);
+
+  // Saves `state` as `step` and returns the committed record. On a local
+  // failure the save is aborted for every rank (AbortSave) and the error is
+  // returned; a committed checkpoint is never affected.
+  absl::StatusOr<v1::CheckpointRecord> Save(int64_t step,
+                                            const StateDict& state);
+
+  // Fills every chunk and bytes entry of `state` from checkpoint `ref`,
+  // resharding from whatever layout saved it. Returns the step loaded.
+  absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
+
+  const TransferStats& last_stats() const { return stats_; }
+  const CheckpointerOptions& options() const { return options_; }
+  v1::Coordinator::Stub& stub() { return *stub_; }
+
+ private:
+  explicit Checkpointer(const CheckpointerOptions& options);
+
+  absl::StatusOr<storage::ShardStore*> StoreFor(const std::string& uri);
+  absl::Status WriteItems(int64_t step, const StateDict& state,
+                          const v1::BeginSaveResponse& plan,
+                          v1::CommitSaveRequest* commit);
+  absl::Status ReadItems(const v1::PlanLoadResponse& plan,
+                         const std::vector<TensorChunk*>& dests,
+                         const std::vector<const TensorShard*>& tensors);
+
+  // Constant after construction.
+  const CheckpointerOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<ThreadPool> io_pool_;
+
+  std::string store_uri_;
+  std::unique_ptr<storage::ShardStore> store_;
+  std::string last_fingerprint_;
+  TransferStats stats_;
+};
+
+}  // namespace cairn::client
+
+#endif  // CAIRN_CLIENT_CHECKPOINTER_H_

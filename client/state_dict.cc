@@ -1,0 +1,105 @@
+#include "client/state_dict.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace cairn::client {
+
+absl::Status StateDict::CheckNewName(const std::string& fqn) const {
+  if (fqn.empty() || fqn.size() > 1024 || fqn.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state dict entry name '", fqn, "' must be 1..1024 bytes without NUL"));
+  }
+  if (names_.contains(fqn)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("state dict already has an entry '", fqn, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateDict::AddDTensor(std::string fqn, planner::DType dtype,
+                                   planner::Shape global_shape,
+                                   const planner::DTensorLayout& layout,
+                                   int rank, void* data) {
+  absl::Status valid = planner::ValidateLayout(layout, global_shape);
+  if (!valid.ok()) {
+    return absl::Status(valid.code(),
+                        absl::StrCat("tensor '", fqn, "': ", valid.message()));
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::vector<planner::ChunkBox> boxes,
+                         planner::LocalChunks(layout, global_shape, rank));
+  std::vector<TensorChunk> chunks;
+  for (planner::ChunkBox& b : boxes) {
+    chunks.push_back(TensorChunk{std::move(b), data});
+  }
+  return AddChunks(std::move(fqn), dtype, std::move(global_shape),
+                   std::move(chunks));
+}
+
+absl::Status StateDict::AddChunks(std::string fqn, planner::DType dtype,
+                                  planner::Shape global_shape,
+                                  std::vector<TensorChunk> chunks) {
+  CAIRN_RETURN_IF_ERROR(CheckNewName(fqn));
+  if (planner::DTypeSize(dtype) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", fqn, "' has no valid dtype"));
+  }
+  for (const TensorChunk& c : chunks) {
+    absl::Status s = planner::ValidateBoxInShape(c.box, global_shape);
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("tensor '", fqn, "': ", s.message()));
+    }
+    if (c.data == nullptr && planner::Volume(c.box) > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", fqn, "' chunk ", planner::BoxToString(c.box),
+                       " has no data buffer"));
+    }
+  }
+  names_[fqn] = static_cast<int>(tensors_.size());
+  tensors_.push_back(TensorShard{std::move(fqn), dtype, std::move(global_shape),
+                                 std::move(chunks)});
+  return absl::OkStatus();
+}
+
+absl::Status StateDict::AddBytes(std::string fqn, std::string* blob) {
+  CAIRN_RETURN_IF_ERROR(CheckNewName(fqn));
+  if (blob == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bytes entry '", fqn, "' has no blob"));
+  }
+  names_[fqn] = -1;
+  bytes_.push_back(BytesEntry{std::move(fqn), blob});
+  return absl::OkStatus();
+}
+
+planner::LocalSavePlan StateDict::ToLocalPlan(int rank) const {
+  planner::LocalSavePlan plan;
+  plan.rank = rank;
+  for (const TensorShard& t : tensors_) {
+    const uint64_t elem = planner::DTypeSize(t.dtype);
+    for (const TensorChunk& c : t.chunks) {
+      planner::WriteItem item;
+      item.kind = planner::WriteItem::Kind::kTensorChunk;
+      item.fqn = t.fqn;
+      item.dtype = t.dtype;
+      item.global_shape = t.global_shape;
+      item.box = c.box;
+      item.length = static_cast<uint64_t>(planner::Volume(c.box)) * elem;
+      plan.items.push_back(std::move(item));
+    }
+  }
+  for (const BytesEntry& b : bytes_) {
+    planner::WriteItem item;
+    item.kind = planner::WriteItem::Kind::kBytes;
+    item.fqn = b.fqn;
+    item.dtype = planner::DType::kUInt8;
+    item.length = b.blob->size();
+    plan.items.push_back(std::move(item));
+  }
+  return plan;
+}
+
+}  // namespace cairn::client

@@ -1,0 +1,305 @@
+#include "proto/convert/plan_convert.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace cairn::convert {
+namespace {
+
+std::string Quoted(absl::string_view fqn) {
+  return absl::StrCat("'", fqn, "'");
+}
+
+}  // namespace
+
+absl::StatusOr<planner::DType> DTypeFromProto(v1::DType dtype,
+                                              absl::string_view fqn) {
+  const auto d = static_cast<planner::DType>(static_cast<int>(dtype));
+  if (dtype == v1::DTYPE_UNSPECIFIED || planner::DTypeSize(d) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", Quoted(fqn),
+                                                   " has unknown dtype ",
+                                                   static_cast<int>(dtype)));
+  }
+  return d;
+}
+
+v1::DType DTypeToProto(planner::DType dtype) {
+  return static_cast<v1::DType>(static_cast<int>(dtype));
+}
+
+absl::StatusOr<planner::ChunkBox> BoxFromProto(const v1::ChunkBox& box,
+                                               absl::string_view fqn) {
+  if (box.offsets_size() != box.sizes_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk of ", Quoted(fqn), " has ", box.offsets_size(),
+                     " offsets but ", box.sizes_size(), " sizes"));
+  }
+  if (box.offsets_size() > planner::kMaxDims) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk of ", Quoted(fqn), " has ", box.offsets_size(),
+                     " dims; at most ", planner::kMaxDims, " are supported"));
+  }
+  planner::ChunkBox out;
+  out.offsets.assign(box.offsets().begin(), box.offsets().end());
+  out.sizes.assign(box.sizes().begin(), box.sizes().end());
+  for (size_t d = 0; d < out.sizes.size(); ++d) {
+    if (out.offsets[d] < 0 || out.sizes[d] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk of ", Quoted(fqn),
+                       " has a negative offset or size in dim ", d));
+    }
+  }
+  return out;
+}
+
+void BoxToProto(const planner::ChunkBox& box, v1::ChunkBox* out) {
+  out->mutable_offsets()->Assign(box.offsets.begin(), box.offsets.end());
+  out->mutable_sizes()->Assign(box.sizes.begin(), box.sizes.end());
+}
+
+absl::StatusOr<planner::Shape> ShapeFromProto(
+    const google::protobuf::RepeatedField<int64_t>& shape,
+    absl::string_view fqn) {
+  if (shape.size() > planner::kMaxDims) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", Quoted(fqn), " has ", shape.size(),
+                     " dims; at most ", planner::kMaxDims, " are supported"));
+  }
+  planner::Shape out(shape.begin(), shape.end());
+  for (int64_t n : out) {
+    if (n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", Quoted(fqn), " has a negative dim in its global shape"));
+    }
+  }
+  return out;
+}
+
+planner::StorageLocation LocationFromProto(const v1::StorageLocation& loc) {
+  return planner::StorageLocation{loc.object_key(), loc.offset(), loc.length()};
+}
+
+void LocationToProto(const planner::StorageLocation& loc,
+                     v1::StorageLocation* out) {
+  out->set_object_key(loc.object_key);
+  out->set_offset(loc.offset);
+  out->set_length(loc.length);
+}
+
+absl::StatusOr<planner::WriteItem> WriteItemFromProto(
+    const v1::WriteItem& item) {
+  planner::WriteItem out;
+  out.length = item.length();
+  switch (item.kind()) {
+    case v1::WriteItem::KIND_TENSOR_CHUNK: {
+      out.kind = planner::WriteItem::Kind::kTensorChunk;
+      out.fqn = item.tensor().fqn();
+      CAIRN_ASSIGN_OR_RETURN(out.dtype,
+                             DTypeFromProto(item.tensor().dtype(), out.fqn));
+      CAIRN_ASSIGN_OR_RETURN(
+          out.global_shape,
+          ShapeFromProto(item.tensor().global_shape(), out.fqn));
+      CAIRN_ASSIGN_OR_RETURN(out.box, BoxFromProto(item.chunk(), out.fqn));
+      return out;
+    }
+    case v1::WriteItem::KIND_BYTES:
+      out.kind = planner::WriteItem::Kind::kBytes;
+      out.fqn = item.bytes_fqn();
+      out.dtype = planner::DType::kUInt8;
+      return out;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("write item for ",
+                       Quoted(item.kind() == v1::WriteItem::KIND_BYTES
+                                  ? item.bytes_fqn()
+                                  : item.tensor().fqn()),
+                       " has no kind (tensor chunk or bytes)"));
+  }
+}
+
+void WriteItemToProto(const planner::WriteItem& item, v1::WriteItem* out) {
+  out->set_length(item.length);
+  if (item.kind == planner::WriteItem::Kind::kBytes) {
+    out->set_kind(v1::WriteItem::KIND_BYTES);
+    out->set_bytes_fqn(item.fqn);
+    return;
+  }
+  out->set_kind(v1::WriteItem::KIND_TENSOR_CHUNK);
+  v1::TensorEntry* t = out->mutable_tensor();
+  t->set_fqn(item.fqn);
+  t->set_dtype(DTypeToProto(item.dtype));
+  t->mutable_global_shape()->Assign(item.global_shape.begin(),
+                                    item.global_shape.end());
+  BoxToProto(item.box, out->mutable_chunk());
+}
+
+absl::StatusOr<planner::LocalSavePlan> LocalPlanFromProto(
+    const v1::LocalSavePlan& plan) {
+  planner::LocalSavePlan out;
+  out.rank = plan.rank();
+  out.items.reserve(plan.items_size());
+  for (const v1::WriteItem& item : plan.items()) {
+    CAIRN_ASSIGN_OR_RETURN(planner::WriteItem w, WriteItemFromProto(item));
+    out.items.push_back(std::move(w));
+  }
+  return out;
+}
+
+void LocalPlanToProto(const planner::LocalSavePlan& plan,
+                      v1::LocalSavePlan* out) {
+  out->set_rank(plan.rank);
+  out->mutable_items()->Reserve(static_cast<int>(plan.items.size()));
+  for (const planner::WriteItem& item : plan.items) {
+    WriteItemToProto(item, out->add_items());
+  }
+}
+
+absl::StatusOr<planner::RankSavePlan> RankPlanFromProto(
+    const v1::RankSavePlan& plan) {
+  planner::RankSavePlan out;
+  out.rank = plan.rank();
+  out.writes.reserve(plan.writes_size());
+  for (const v1::PlannedWrite& w : plan.writes()) {
+    planner::PlannedWrite pw;
+    CAIRN_ASSIGN_OR_RETURN(pw.item, WriteItemFromProto(w.item()));
+    pw.location = LocationFromProto(w.location());
+    out.writes.push_back(std::move(pw));
+  }
+  return out;
+}
+
+void RankPlanToProto(const planner::RankSavePlan& plan, v1::RankSavePlan* out) {
+  out->set_rank(plan.rank);
+  out->mutable_writes()->Reserve(static_cast<int>(plan.writes.size()));
+  for (const planner::PlannedWrite& w : plan.writes) {
+    v1::PlannedWrite* pw = out->add_writes();
+    WriteItemToProto(w.item, pw->mutable_item());
+    LocationToProto(w.location, pw->mutable_location());
+  }
+}
+
+absl::StatusOr<planner::DTensorLayout> LayoutFromProto(
+    const v1::DTensorLayout& layout, absl::string_view fqn) {
+  planner::DTensorLayout out;
+  out.mesh.shape.assign(layout.mesh().shape().begin(),
+                        layout.mesh().shape().end());
+  out.mesh.ranks.assign(layout.mesh().ranks().begin(),
+                        layout.mesh().ranks().end());
+  for (const v1::Placement& p : layout.placements()) {
+    switch (p.kind_case()) {
+      case v1::Placement::kShardDim:
+        out.placements.push_back(planner::Placement::Shard(p.shard_dim()));
+        break;
+      case v1::Placement::kReplicate:
+        out.placements.push_back(planner::Placement::Replicate());
+        break;
+      case v1::Placement::kPartial:
+        out.placements.push_back(planner::Placement::Partial());
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layout of ", Quoted(fqn), " has a placement with no kind"));
+    }
+  }
+  return out;
+}
+
+void LayoutToProto(const planner::DTensorLayout& layout,
+                   v1::DTensorLayout* out) {
+  out->mutable_mesh()->mutable_shape()->Assign(layout.mesh.shape.begin(),
+                                               layout.mesh.shape.end());
+  out->mutable_mesh()->mutable_ranks()->Assign(layout.mesh.ranks.begin(),
+                                               layout.mesh.ranks.end());
+  for (const planner::Placement& p : layout.placements) {
+    v1::Placement* q = out->add_placements();
+    switch (p.kind) {
+      case planner::Placement::Kind::kShard:
+        q->set_shard_dim(p.dim);
+        break;
+      case planner::Placement::Kind::kReplicate:
+        q->set_replicate(true);
+        break;
+      case planner::Placement::Kind::kPartial:
+        q->set_partial(true);
+        break;
+    }
+  }
+}
+
+absl::StatusOr<std::vector<planner::StoredTensor>> StoredTensorsFromManifest(
+    const v1::Manifest& manifest) {
+  std::vector<planner::StoredTensor> out;
+  out.reserve(manifest.tensors_size());
+  for (const v1::ManifestTensor& t : manifest.tensors()) {
+    planner::StoredTensor st;
+    st.fqn = t.entry().fqn();
+    CAIRN_ASSIGN_OR_RETURN(st.dtype, DTypeFromProto(t.entry().dtype(), st.fqn));
+    CAIRN_ASSIGN_OR_RETURN(st.global_shape,
+                           ShapeFromProto(t.entry().global_shape(), st.fqn));
+    st.chunks.reserve(t.chunks_size());
+    for (const v1::StoredChunk& c : t.chunks()) {
+      planner::StoredChunk sc;
+      CAIRN_ASSIGN_OR_RETURN(sc.box, BoxFromProto(c.box(), st.fqn));
+      sc.location = LocationFromProto(c.location());
+      sc.crc32c = c.crc32c();
+      st.chunks.push_back(std::move(sc));
+    }
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+absl::StatusOr<planner::WantedChunk> WantedFromProto(const v1::WantedChunk& w) {
+  planner::WantedChunk out;
+  out.fqn = w.tensor().fqn();
+  CAIRN_ASSIGN_OR_RETURN(out.dtype,
+                         DTypeFromProto(w.tensor().dtype(), out.fqn));
+  CAIRN_ASSIGN_OR_RETURN(out.global_shape,
+                         ShapeFromProto(w.tensor().global_shape(), out.fqn));
+  CAIRN_ASSIGN_OR_RETURN(out.box, BoxFromProto(w.box(), out.fqn));
+  return out;
+}
+
+void WantedToProto(const planner::WantedChunk& w, v1::WantedChunk* out) {
+  out->mutable_tensor()->set_fqn(w.fqn);
+  out->mutable_tensor()->set_dtype(DTypeToProto(w.dtype));
+  out->mutable_tensor()->mutable_global_shape()->Assign(w.global_shape.begin(),
+                                                        w.global_shape.end());
+  BoxToProto(w.box, out->mutable_box());
+}
+
+void ReadItemToProto(const planner::ReadItem& item, v1::ReadItem* out) {
+  out->set_fqn(item.fqn);
+  out->set_dest_index(item.dest_index);
+  BoxToProto(item.overlap, out->mutable_overlap());
+  LocationToProto(item.source, out->mutable_source());
+  out->set_source_crc32c(item.source_crc32c);
+  out->mutable_segments()->Reserve(static_cast<int>(item.segments.size()));
+  for (const planner::CopySegment& s : item.segments) {
+    v1::CopySegment* seg = out->add_segments();
+    seg->set_src_offset(s.src_offset);
+    seg->set_dst_offset(s.dst_offset);
+    seg->set_length(s.length);
+  }
+}
+
+absl::StatusOr<planner::ReadItem> ReadItemFromProto(const v1::ReadItem& item) {
+  planner::ReadItem out;
+  out.fqn = item.fqn();
+  out.dest_index = item.dest_index();
+  CAIRN_ASSIGN_OR_RETURN(out.overlap, BoxFromProto(item.overlap(), out.fqn));
+  out.source_chunk = -1;
+  out.source = LocationFromProto(item.source());
+  out.source_crc32c = item.source_crc32c();
+  out.segments.reserve(item.segments_size());
+  for (const v1::CopySegment& s : item.segments()) {
+    out.segments.push_back(
+        planner::CopySegment{s.src_offset(), s.dst_offset(), s.length()});
+  }
+  return out;
+}
+
+}  // namespace cairn::convert

@@ -1,0 +1,69 @@
+// Conversions between cairn.v1 wire messages and the planner's C++ types.
+//
+// The planner is a pure library with its own structs; the coordinator and the
+// client speak cairn.v1. Every *FromProto function validates what the wire
+// can get wrong (unknown dtype, offsets/sizes of different rank, too many
+// dims, negative sizes) and names the fqn in its error; deeper semantic checks
+// (coverage, bounds against the global shape) stay in the planner.
+#ifndef CAIRN_PROTO_CONVERT_PLAN_CONVERT_H_
+#define CAIRN_PROTO_CONVERT_PLAN_CONVERT_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cairn/v1/cairn.pb.h"
+#include "planner/box.h"
+#include "planner/dtype.h"
+#include "planner/layout.h"
+#include "planner/load_plan.h"
+#include "planner/save_plan.h"
+
+namespace cairn::convert {
+
+absl::StatusOr<planner::DType> DTypeFromProto(v1::DType dtype,
+                                              absl::string_view fqn);
+v1::DType DTypeToProto(planner::DType dtype);
+
+absl::StatusOr<planner::ChunkBox> BoxFromProto(const v1::ChunkBox& box,
+                                               absl::string_view fqn);
+void BoxToProto(const planner::ChunkBox& box, v1::ChunkBox* out);
+
+absl::StatusOr<planner::Shape> ShapeFromProto(
+    const google::protobuf::RepeatedField<int64_t>& shape,
+    absl::string_view fqn);
+
+planner::StorageLocation LocationFromProto(const v1::StorageLocation& loc);
+void LocationToProto(const planner::StorageLocation& loc,
+                     v1::StorageLocation* out);
+
+absl::StatusOr<planner::WriteItem> WriteItemFromProto(
+    const v1::WriteItem& item);
+void WriteItemToProto(const planner::WriteItem& item, v1::WriteItem* out);
+
+absl::StatusOr<planner::LocalSavePlan> LocalPlanFromProto(
+    const v1::LocalSavePlan& plan);
+void LocalPlanToProto(const planner::LocalSavePlan& plan,
+                      v1::LocalSavePlan* out);
+
+absl::StatusOr<planner::RankSavePlan> RankPlanFromProto(
+    const v1::RankSavePlan& plan);
+void RankPlanToProto(const planner::RankSavePlan& plan, v1::RankSavePlan* out);
+
+absl::StatusOr<planner::DTensorLayout> LayoutFromProto(
+    const v1::DTensorLayout& layout, absl::string_view fqn);
+void LayoutToProto(const planner::DTensorLayout& layout,
+                   v1::DTensorLayout* out);
+
+// Every tensor of a manifest with its stored chunks, for a LoadPlanner.
+absl::StatusOr<std::vector<planner::StoredTensor>> StoredTensorsFromManifest(
+    const v1::Manifest& manifest);
+
+absl::StatusOr<planner::WantedChunk> WantedFromProto(const v1::WantedChunk& w);
+void WantedToProto(const planner::WantedChunk& w, v1::WantedChunk* out);
+
+void ReadItemToProto(const planner::ReadItem& item, v1::ReadItem* out);
+absl::StatusOr<planner::ReadItem> ReadItemFromProto(const v1::ReadItem& item);
+
+}  // namespace cairn::convert
+
+#endif  // CAIRN_PROTO_CONVERT_PLAN_CONVERT_H_

@@ -1,0 +1,1037 @@
+#include "server/coordinator/coordinator.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "planner/box.h"
+#include "proto/convert/plan_convert.h"
+#include "storage/checkpoint_layout.h"
+#include "storage/manifest.h"
+
+namespace cairn::coordinator {
+namespace {
+
+int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+std::string SaveName(absl::string_view job, int64_t step) {
+  return absl::StrCat("job '", job, "' step ", step);
+}
+
+// Validates the (job, step) every RPC names.
+absl::Status ValidateJobStep(absl::string_view job, int64_t step) {
+  CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(job));
+  return storage::ValidateStep(step);
+}
+
+// A short random name for one save attempt's directory.
+std::string NewAttemptName() {
+  static absl::Mutex* mu = new absl::Mutex;
+  static absl::BitGen* gen = new absl::BitGen;
+  absl::MutexLock lock(mu);
+  return absl::StrFormat("attempt-%012x",
+                         absl::Uniform<uint64_t>(*gen) & 0xffffffffffffULL);
+}
+
+// Summarises a list of ranks for an error message: "[3, 5, 9] (3 of 8)".
+std::string RankList(const std::vector<int>& ranks, int world_size) {
+  std::vector<int> shown(ranks.begin(),
+                         ranks.begin() + std::min<size_t>(ranks.size(), 16));
+  return absl::StrCat("[", absl::StrJoin(shown, ", "),
+                      ranks.size() > shown.size() ? ", ..." : "", "] (",
+                      ranks.size(), " of ", world_size, ")");
+}
+
+}  // namespace
+
+enum class Phase { kGathering, kPlanning, kWriting, kCommitting, kAborted };
+
+struct Coordinator::SaveSession {
+  std::string job;
+  int64_t step = 0;
+  int world_size = 0;
+  std::string attempt;      // directory of this attempt's objects
+  std::string step_prefix;  // "<job>/<step>/"
+  absl::Time created;
+  absl::Time deadline;
+  Phase phase = Phase::kGathering;
+
+  // Gathering.
+  std::vector<std::shared_ptr<const planner::LocalSavePlan>> plans;
+  std::vector<std::string> fingerprints;
+  int arrived = 0;
+  std::vector<std::vector<Done<v1::BeginSaveResponse>>> begin_waiters;
+
+  // Planned.
+  std::shared_ptr<const planner::GlobalSavePlan> plan;
+  uint64_t plan_version = 0;
+  bool plan_from_cache = false;
+
+  // Committing.
+  std::vector<std::optional<std::vector<v1::WriteResult>>> results;
+  int committed = 0;
+  std::vector<Done<v1::CommitSaveResponse>> commit_waiters;
+
+  absl::Status abort_status;
+};
+
+struct Coordinator::LoadedCheckpoint {
+  v1::Manifest manifest;
+  std::unique_ptr<planner::LoadPlanner> planner;
+  absl::flat_hash_map<std::string, int> bytes_index;  // fqn -> bytes_entries
+};
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
+    const CoordinatorOptions& options) {
+  if (options.storage_uri.empty()) {
+    return absl::InvalidArgumentError("coordinator: storage URI is required");
+  }
+  if (options.catalog_path.empty()) {
+    return absl::InvalidArgumentError("coordinator: catalog path is required");
+  }
+  if (options.keep_last < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "coordinator: keep_last must be >= 0, got ", options.keep_last));
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardStore> store,
+                         storage::OpenShardStore(options.storage_uri));
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<storage::Catalog> catalog,
+                         storage::Catalog::Open(options.catalog_path));
+  std::unique_ptr<Coordinator> c(
+      new Coordinator(options, std::move(store), std::move(catalog)));
+  CAIRN_RETURN_IF_ERROR(c->Recover());
+  return c;
+}
+
+Coordinator::Coordinator(const CoordinatorOptions& options,
+                         std::unique_ptr<storage::ShardStore> store,
+                         std::unique_ptr<storage::Catalog> catalog)
+    : options_(options),
+      store_(std::move(store)),
+      catalog_(std::move(catalog)),
+      storage_settings_(
+          absl::StrCat(store_->uri(), "|align=", options.save_plan.alignment,
+                       "|prefix=", options.save_plan.object_prefix)),
+      plan_cache_(options.plan_cache_bytes),
+      manifests_(options.manifest_cache_entries),
+      load_plans_(options.load_plan_cache_entries),
+      workers_(std::make_unique<ThreadPool>(options.worker_threads)) {
+  reaper_ = std::thread([this] { ReaperLoop(); });
+}
+
+Coordinator::~Coordinator() {
+  Shutdown();
+  if (reaper_.joinable()) reaper_.join();
+  workers_.reset();  // drains pending work while members are alive
+}
+
+absl::Status Coordinator::Recover() {
+  if (catalog_->empty()) {
+    CAIRN_ASSIGN_OR_RETURN(int n, catalog_->RebuildFromStore(*store_));
+    if (n > 0) {
+      CAIRN_LOG(info, "catalog rebuilt from {}: {} committed checkpoints",
+                store_->uri(), n);
+    }
+  }
+  if (!options_.clean_incomplete_on_start) return absl::OkStatus();
+  // Saves in flight when the previous process stopped can never finish:
+  // their ranks were answered UNAVAILABLE and will restart the save.
+  CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> records,
+                         catalog_->ListCheckpoints("", true));
+  for (v1::CheckpointRecord& r : records) {
+    if (r.state() != v1::CHECKPOINT_STATE_WRITING) continue;
+    r.set_state(v1::CHECKPOINT_STATE_ABORTED);
+    r.set_abort_reason("cairnd restarted during the save");
+    CAIRN_RETURN_IF_ERROR(catalog_->PutCheckpoint(r));
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> jobs,
+                         storage::ListJobs(*store_));
+  for (const std::string& job : jobs) {
+    CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                           storage::ListIncompleteSteps(*store_, job));
+    for (int64_t step : steps) {
+      CAIRN_LOG(info, "removing incomplete {} left by a crash",
+                SaveName(job, step));
+      CAIRN_RETURN_IF_ERROR(storage::DeleteStep(*store_, job, step));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::Shutdown() {
+  std::vector<std::function<void()>> answers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    std::vector<std::shared_ptr<SaveSession>> live;
+    for (auto& [key, s] : sessions_) live.push_back(s);
+    for (auto& s : live) {
+      AbortSessionLocked(s,
+                         absl::UnavailableError(absl::StrCat(
+                             "cairnd is shutting down; restart the save of ",
+                             SaveName(s->job, s->step))),
+                         &answers);
+    }
+  }
+  for (auto& a : answers) a();
+}
+
+Coordinator::Stats Coordinator::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void Coordinator::ReaperLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!shutting_down_) {
+    mu_.AwaitWithTimeout(absl::Condition(&shutting_down_),
+                         absl::Milliseconds(50));
+    if (shutting_down_) break;
+    const absl::Time now = absl::Now();
+    std::vector<std::shared_ptr<SaveSession>> expired;
+    for (auto& [key, s] : sessions_) {
+      if ((s->phase == Phase::kGathering || s->phase == Phase::kWriting) &&
+          now > s->deadline) {
+        expired.push_back(s);
+      }
+    }
+    std::vector<std::function<void()>> answers;
+    for (auto& s : expired) {
+      std::vector<int> missing;
+      if (s->phase == Phase::kGathering) {
+        for (int r = 0; r < s->world_size; ++r) {
+          if (s->plans[r] == nullptr) missing.push_back(r);
+        }
+        AbortSessionLocked(
+            s,
+            absl::DeadlineExceededError(absl::StrCat(
+                "save of ", SaveName(s->job, s->step), " aborted: ranks ",
+                RankList(missing, s->world_size),
+                " never called BeginSave within ",
+                absl::FormatDuration(options_.begin_deadline))),
+            &answers);
+      } else {
+        for (int r = 0; r < s->world_size; ++r) {
+          if (!s->results[r].has_value()) missing.push_back(r);
+        }
+        AbortSessionLocked(
+            s,
+            absl::DeadlineExceededError(absl::StrCat(
+                "save of ", SaveName(s->job, s->step), " aborted: ranks ",
+                RankList(missing, s->world_size),
+                " never called CommitSave within ",
+                absl::FormatDuration(options_.commit_deadline))),
+            &answers);
+      }
+    }
+    if (!answers.empty()) {
+      mu_.Unlock();
+      for (auto& a : answers) a();
+      mu_.Lock();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// BeginSave
+
+void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
+                            Done<v1::BeginSaveResponse> done) {
+  const std::string& job = request.job();
+  const int64_t step = request.step();
+  const int rank = request.rank();
+  const int world = request.world_size();
+  if (absl::Status s = ValidateJobStep(job, step); !s.ok()) return done(s);
+  if (world <= 0 || world > options_.max_world_size) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " of ", SaveName(job, step), ": world_size ", world,
+        " is not in [1, ", options_.max_world_size, "]")));
+  }
+  if (rank < 0 || rank >= world) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " of ", SaveName(job, step),
+                     " is out of range for world_size ", world)));
+  }
+
+  // Resolve the rank's plan outside the lock: decode + fingerprint.
+  std::shared_ptr<const planner::LocalSavePlan> plan;
+  std::string fingerprint;
+  if (request.has_local_plan()) {
+    if (request.local_plan().rank() != rank) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, " of ", SaveName(job, step),
+          " sent a local plan for rank ", request.local_plan().rank())));
+    }
+    absl::StatusOr<planner::LocalSavePlan> p =
+        convert::LocalPlanFromProto(request.local_plan());
+    if (!p.ok()) {
+      return done(
+          absl::Status(p.status().code(),
+                       absl::StrCat("rank ", rank, " of ", SaveName(job, step),
+                                    ": ", p.status().message())));
+    }
+    fingerprint = planner::FingerprintLocalPlan(*p);
+    plan = std::make_shared<const planner::LocalSavePlan>(std::move(*p));
+  } else if (request.plan_case() == v1::BeginSaveRequest::kPlanFingerprint) {
+    fingerprint = request.plan_fingerprint();
+  } else {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " of ", SaveName(job, step),
+                     " sent neither a local plan nor a plan fingerprint")));
+  }
+
+  // A committed step is never overwritten.
+  absl::StatusOr<v1::CheckpointRecord> existing =
+      catalog_->GetCheckpoint(job, step);
+  if (existing.ok() && existing->state() == v1::CHECKPOINT_STATE_COMMITTED) {
+    return done(absl::AlreadyExistsError(absl::StrCat(
+        SaveName(job, step), " is already committed; save a new step")));
+  }
+
+  // Join (or create) the session. Either `done` is parked until the plan is
+  // built, or `reply` holds the immediate answer, given after the lock.
+  using Reply = std::optional<absl::StatusOr<v1::BeginSaveResponse>>;
+  std::shared_ptr<SaveSession> to_plan;
+  Reply reply;
+  {
+    absl::MutexLock lock(&mu_);
+    reply = [&]() -> Reply {
+      if (shutting_down_) {
+        return absl::UnavailableError("cairnd is shutting down");
+      }
+      if (plan == nullptr) {
+        auto known = known_plans_.find({job, rank});
+        if (known == known_plans_.end() ||
+            known->second.fingerprint != fingerprint) {
+          v1::BeginSaveResponse resend;
+          resend.set_resend_plan(true);
+          return resend;
+        }
+        plan = known->second.plan;
+      } else {
+        known_plans_[{job, rank}] = KnownPlan{fingerprint, plan};
+      }
+
+      const SaveKey key{job, step};
+      auto it = sessions_.find(key);
+      if (it != sessions_.end() && it->second->phase == Phase::kAborted) {
+        sessions_.erase(it);  // a new attempt after an abort
+        it = sessions_.end();
+      }
+      if (it == sessions_.end()) {
+        auto fresh = std::make_shared<SaveSession>();
+        fresh->job = job;
+        fresh->step = step;
+        fresh->world_size = world;
+        fresh->attempt = NewAttemptName();
+        fresh->step_prefix = storage::StepPrefix(job, step);
+        fresh->created = absl::Now();
+        fresh->deadline = fresh->created + options_.begin_deadline;
+        fresh->plans.resize(world);
+        fresh->fingerprints.resize(world);
+        fresh->begin_waiters.resize(world);
+        fresh->results.resize(world);
+        it = sessions_.emplace(key, std::move(fresh)).first;
+      }
+      SaveSession& s = *it->second;
+      if (s.world_size != world) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank, " of ", SaveName(job, step), " says world_size ",
+            world, " but other ranks said ", s.world_size));
+      }
+      if (s.plans[rank] != nullptr) {
+        // A retry (or a duplicate rank): same plan, same answer.
+        if (s.fingerprints[rank] != fingerprint) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "rank ", rank, " of ", SaveName(job, step),
+              " called BeginSave twice with different plans (duplicate "
+              "rank?)"));
+        }
+        if (s.phase == Phase::kGathering || s.phase == Phase::kPlanning) {
+          s.begin_waiters[rank].push_back(std::move(done));
+          return std::nullopt;
+        }
+        return RankResponse(s, rank);
+      }
+      if (s.phase != Phase::kGathering) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("rank ", rank, " of ", SaveName(job, step),
+                         " arrived after the plan was built"));
+      }
+      s.plans[rank] = plan;
+      s.fingerprints[rank] = fingerprint;
+      s.begin_waiters[rank].push_back(std::move(done));
+      if (++s.arrived == s.world_size) {
+        s.phase = Phase::kPlanning;
+        to_plan = it->second;
+      }
+      return std::nullopt;
+    }();
+  }
+  if (reply.has_value()) return done(std::move(*reply));
+  if (to_plan != nullptr) {
+    workers_->Schedule([this, to_plan] { PlanSession(to_plan); });
+  }
+}
+
+void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
+  // Plans are immutable once every rank arrived; read them without the lock.
+  planner::PlanCache::Key key{session->job, session->world_size,
+                              session->fingerprints, storage_settings_};
+  std::shared_ptr<const planner::GlobalSavePlan> plan = plan_cache_.Lookup(key);
+  const bool from_cache = plan != nullptr;
+  if (plan == nullptr) {
+    std::vector<planner::LocalSavePlan> locals;
+    locals.reserve(session->world_size);
+    for (const auto& p : session->plans) locals.push_back(*p);
+    absl::StatusOr<planner::GlobalSavePlan> built =
+        planner::BuildGlobalSavePlan(session->job, session->step, locals,
+                                     options_.save_plan);
+    if (!built.ok()) {
+      AbortSession(session, built.status());
+      return;
+    }
+    plan = std::make_shared<const planner::GlobalSavePlan>(std::move(*built));
+    plan_cache_.Insert(key, plan);
+  }
+
+  v1::CheckpointRecord record;
+  record.set_job(session->job);
+  record.set_step(session->step);
+  record.set_state(v1::CHECKPOINT_STATE_WRITING);
+  record.set_world_size(session->world_size);
+  record.set_created_unix_micros(absl::ToUnixMicros(session->created));
+  record.set_storage_uri(store_->uri());
+  if (absl::Status s = catalog_->PutCheckpoint(record); !s.ok()) {
+    AbortSession(session, s);
+    return;
+  }
+
+  std::vector<std::function<void()>> answers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (session->phase != Phase::kPlanning) return;  // aborted meanwhile
+    session->plan = plan;
+    session->plan_from_cache = from_cache;
+    uint64_t& version = plan_versions_[session->job];
+    if (!from_cache) ++version;
+    session->plan_version = version;
+    session->phase = Phase::kWriting;
+    session->deadline = absl::Now() + options_.commit_deadline;
+    if (from_cache) {
+      ++stats_.plans_from_cache;
+    } else {
+      ++stats_.plans_built;
+    }
+    for (int r = 0; r < session->world_size; ++r) {
+      for (auto& done : session->begin_waiters[r]) {
+        answers.push_back([this, session, r, done = std::move(done)] {
+          done(RankResponse(*session, r));
+        });
+      }
+      session->begin_waiters[r].clear();
+    }
+  }
+  CAIRN_LOG(info, "{}: plan v{} for {} ranks ({})",
+            SaveName(session->job, session->step), session->plan_version,
+            session->world_size, from_cache ? "cached" : "built");
+  for (auto& a : answers) a();
+}
+
+absl::StatusOr<v1::BeginSaveResponse> Coordinator::RankResponse(
+    const SaveSession& session, int rank) const {
+  v1::BeginSaveResponse r;
+  r.set_plan_version(session.plan_version);
+  r.set_plan_from_cache(session.plan_from_cache);
+  r.set_plan_fingerprint(session.fingerprints[rank]);
+  r.set_storage_uri(store_->uri());
+  r.set_step_prefix(session.step_prefix);
+  convert::RankPlanToProto(session.plan->ranks[rank], r.mutable_rank_plan());
+  // Object keys of this attempt live in its own directory.
+  for (v1::PlannedWrite& w : *r.mutable_rank_plan()->mutable_writes()) {
+    w.mutable_location()->set_object_key(
+        absl::StrCat(session.attempt, "/", w.location().object_key()));
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// CommitSave / AbortSave
+
+void Coordinator::CommitSave(const v1::CommitSaveRequest& request,
+                             Done<v1::CommitSaveResponse> done) {
+  const std::string& job = request.job();
+  const int64_t step = request.step();
+  const int rank = request.rank();
+  if (absl::Status s = ValidateJobStep(job, step); !s.ok()) return done(s);
+
+  std::shared_ptr<SaveSession> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(SaveKey{job, step});
+    if (it != sessions_.end()) session = it->second;
+  }
+  if (session == nullptr) {
+    // Maybe a retry after the commit finished: answer from the catalog.
+    absl::StatusOr<v1::CheckpointRecord> rec =
+        catalog_->GetCheckpoint(job, step);
+    if (rec.ok() && rec->state() == v1::CHECKPOINT_STATE_COMMITTED) {
+      v1::CommitSaveResponse resp;
+      *resp.mutable_checkpoint() = *rec;
+      return done(std::move(resp));
+    }
+    if (rec.ok() && rec->state() == v1::CHECKPOINT_STATE_ABORTED) {
+      return done(absl::AbortedError(
+          absl::StrCat("save of ", SaveName(job, step), " was aborted (",
+                       rec->abort_reason(), "); restart it")));
+    }
+    return done(absl::NotFoundError(
+        absl::StrCat("rank ", rank, ": no save of ", SaveName(job, step),
+                     " is in progress; call BeginSave first")));
+  }
+
+  // Validate results against the rank's plan (immutable once planned).
+  std::shared_ptr<const planner::GlobalSavePlan> plan;
+  std::string attempt;
+  {
+    absl::MutexLock lock(&mu_);
+    if (session->phase == Phase::kAborted) {
+      return done(session->abort_status);
+    }
+    if (session->phase == Phase::kGathering ||
+        session->phase == Phase::kPlanning) {
+      return done(absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank, " of ", SaveName(job, step),
+                       " called CommitSave before the plan was built")));
+    }
+    plan = session->plan;
+    attempt = session->attempt;
+  }
+  if (rank < 0 || rank >= session->world_size) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " of ", SaveName(job, step),
+                     " is out of range for world_size ", session->world_size)));
+  }
+  const planner::RankSavePlan& mine = plan->ranks[rank];
+  if (request.results_size() != static_cast<int>(mine.writes.size())) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " of ", SaveName(job, step), " reported ",
+                     request.results_size(), " write results but its plan has ",
+                     mine.writes.size(), " writes")));
+  }
+  for (int i = 0; i < request.results_size(); ++i) {
+    const v1::StorageLocation& got = request.results(i).location();
+    const planner::StorageLocation& want = mine.writes[i].location;
+    const std::string want_key = absl::StrCat(attempt, "/", want.object_key);
+    if (got.object_key() != want_key || got.offset() != want.offset ||
+        got.length() != want.length) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, " of ", SaveName(job, step), " result ", i, " for '",
+          mine.writes[i].item.fqn, "' is at ", got.object_key(), "@",
+          got.offset(), "+", got.length(), " but the plan says ", want_key, "@",
+          want.offset, "+", want.length)));
+    }
+  }
+
+  bool commit_now = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (session->phase == Phase::kAborted) return done(session->abort_status);
+    auto& slot = session->results[rank];
+    std::vector<v1::WriteResult> results(request.results().begin(),
+                                         request.results().end());
+    if (slot.has_value()) {
+      bool same = slot->size() == results.size();
+      for (size_t i = 0; same && i < results.size(); ++i) {
+        same = (*slot)[i].crc32c() == results[i].crc32c();
+      }
+      if (!same) {
+        return done(absl::InvalidArgumentError(
+            absl::StrCat("rank ", rank, " of ", SaveName(job, step),
+                         " committed twice with different checksums")));
+      }
+    } else {
+      slot = std::move(results);
+      ++session->committed;
+    }
+    session->commit_waiters.push_back(std::move(done));
+    if (session->committed == session->world_size &&
+        session->phase == Phase::kWriting) {
+      session->phase = Phase::kCommitting;
+      commit_now = true;
+    }
+  }
+  if (commit_now) {
+    workers_->Schedule([this, session] { CommitSession(session); });
+  }
+}
+
+absl::StatusOr<v1::Manifest> Coordinator::BuildManifest(
+    const SaveSession& session) const {
+  v1::Manifest m;
+  m.set_format_version(storage::kManifestFormatVersion);
+  m.set_job(session.job);
+  m.set_step(session.step);
+  m.set_world_size(session.world_size);
+  m.set_created_unix_micros(absl::ToUnixMicros(session.created));
+
+  // Every tensor any rank declared appears, even one with no bytes.
+  std::map<std::string, v1::ManifestTensor> tensors;
+  std::map<std::string, v1::ManifestBytes> bytes;
+  for (const auto& local : session.plans) {
+    for (const planner::WriteItem& item : local->items) {
+      if (item.kind != planner::WriteItem::Kind::kTensorChunk) continue;
+      auto [it, inserted] = tensors.try_emplace(item.fqn);
+      if (!inserted) continue;
+      v1::TensorEntry* e = it->second.mutable_entry();
+      e->set_fqn(item.fqn);
+      e->set_dtype(convert::DTypeToProto(item.dtype));
+      e->mutable_global_shape()->Assign(item.global_shape.begin(),
+                                        item.global_shape.end());
+    }
+  }
+  std::set<std::string> objects;
+  uint64_t total = 0;
+  for (int r = 0; r < session.world_size; ++r) {
+    const planner::RankSavePlan& rp = session.plan->ranks[r];
+    const std::vector<v1::WriteResult>& results = *session.results[r];
+    for (size_t i = 0; i < rp.writes.size(); ++i) {
+      const planner::PlannedWrite& w = rp.writes[i];
+      const v1::WriteResult& res = results[i];
+      objects.insert(res.location().object_key());
+      total += w.location.length;
+      if (w.item.kind == planner::WriteItem::Kind::kBytes) {
+        v1::ManifestBytes& b = bytes[w.item.fqn];
+        b.set_fqn(w.item.fqn);
+        *b.mutable_location() = res.location();
+        b.set_crc32c(res.crc32c());
+        b.set_writer_rank(r);
+        continue;
+      }
+      v1::StoredChunk* c = tensors[w.item.fqn].add_chunks();
+      convert::BoxToProto(w.item.box, c->mutable_box());
+      *c->mutable_location() = res.location();
+      c->set_crc32c(res.crc32c());
+      c->set_writer_rank(r);
+    }
+  }
+  for (auto& [fqn, t] : tensors) {
+    std::sort(t.mutable_chunks()->begin(), t.mutable_chunks()->end(),
+              [](const v1::StoredChunk& a, const v1::StoredChunk& b) {
+                return std::lexicographical_compare(
+                    a.box().offsets().begin(), a.box().offsets().end(),
+                    b.box().offsets().begin(), b.box().offsets().end());
+              });
+    *m.add_tensors() = std::move(t);
+  }
+  for (auto& [fqn, b] : bytes) *m.add_bytes_entries() = std::move(b);
+  for (const std::string& o : objects) m.add_objects(o);
+  m.set_total_bytes(total);
+  CAIRN_RETURN_IF_ERROR(storage::ValidateManifest(m));
+  return m;
+}
+
+void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
+  const std::string name = SaveName(session->job, session->step);
+  absl::StatusOr<v1::Manifest> manifest = BuildManifest(*session);
+  if (!manifest.ok()) return AbortSession(session, manifest.status());
+
+  // Every object must hold every planned byte before the manifest names it.
+  std::map<std::string, uint64_t> needed;
+  auto need = [&](const v1::StorageLocation& l) {
+    uint64_t& n = needed[l.object_key()];
+    n = std::max<uint64_t>(n, l.offset() + l.length());
+  };
+  for (const auto& t : manifest->tensors()) {
+    for (const auto& c : t.chunks()) need(c.location());
+  }
+  for (const auto& b : manifest->bytes_entries()) need(b.location());
+  for (const auto& [key, size] : needed) {
+    absl::StatusOr<uint64_t> got =
+        store_->Size(absl::StrCat(session->step_prefix, key));
+    if (!got.ok() || *got < size) {
+      return AbortSession(
+          session,
+          absl::DataLossError(absl::StrCat(
+              "save of ", name, " aborted: object ", session->step_prefix, key,
+              got.ok()
+                  ? absl::StrCat(" holds ", *got, " bytes, expected >= ", size)
+                  : absl::StrCat(" is unreadable: ",
+                                 got.status().ToString()))));
+    }
+  }
+
+  if (absl::Status s = storage::PublishManifest(*store_, *manifest); !s.ok()) {
+    return AbortSession(session, s);
+  }
+  v1::CheckpointRecord record;
+  record.set_job(session->job);
+  record.set_step(session->step);
+  record.set_state(v1::CHECKPOINT_STATE_COMMITTED);
+  record.set_world_size(session->world_size);
+  record.set_total_bytes(manifest->total_bytes());
+  record.set_num_tensors(manifest->tensors_size());
+  record.set_num_bytes_entries(manifest->bytes_entries_size());
+  record.set_created_unix_micros(absl::ToUnixMicros(session->created));
+  record.set_committed_unix_micros(NowMicros());
+  record.set_storage_uri(store_->uri());
+  // The manifest is durable: the checkpoint is committed whatever happens to
+  // the catalog write (a restart rebuilds it from storage).
+  if (absl::Status s = catalog_->PutCheckpoint(record); !s.ok()) {
+    CAIRN_LOG(error, "{}: committed on storage but catalog write failed: {}",
+              name, s.ToString());
+  }
+  CAIRN_LOG(info, "{}: committed ({} bytes, {} tensors, {} ranks)", name,
+            record.total_bytes(), record.num_tensors(), session->world_size);
+
+  std::vector<Done<v1::CommitSaveResponse>> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.commits;
+    waiters = std::move(session->commit_waiters);
+    session->commit_waiters.clear();
+    auto it = sessions_.find(SaveKey{session->job, session->step});
+    if (it != sessions_.end() && it->second == session) sessions_.erase(it);
+  }
+  manifests_.Erase(SaveKey{session->job, session->step});
+  if (options_.keep_last > 0) {
+    absl::StatusOr<v1::GarbageCollectResponse> gc =
+        ApplyRetention(session->job, options_.keep_last, false);
+    if (!gc.ok()) {
+      CAIRN_LOG(warn, "retention for job '{}' failed: {}", session->job,
+                gc.status().ToString());
+    }
+  }
+  for (auto& done : waiters) {
+    v1::CommitSaveResponse resp;
+    *resp.mutable_checkpoint() = record;
+    done(std::move(resp));
+  }
+}
+
+void Coordinator::AbortSessionLocked(
+    const std::shared_ptr<SaveSession>& session, absl::Status status,
+    std::vector<std::function<void()>>* answers) {
+  if (session->phase == Phase::kAborted) return;
+  session->phase = Phase::kAborted;
+  session->abort_status = status;
+  ++stats_.aborts;
+  for (auto& waiters : session->begin_waiters) {
+    for (auto& done : waiters) {
+      answers->push_back([done = std::move(done), status] { done(status); });
+    }
+    waiters.clear();
+  }
+  for (auto& done : session->commit_waiters) {
+    answers->push_back([done = std::move(done), status] { done(status); });
+  }
+  session->commit_waiters.clear();
+  // Record the abort and delete this attempt's objects off the lock.
+  answers->push_back([this, session, status] {
+    CAIRN_LOG(warn, "save of {} aborted: {}",
+              SaveName(session->job, session->step), status.ToString());
+    v1::CheckpointRecord record;
+    record.set_job(session->job);
+    record.set_step(session->step);
+    record.set_state(v1::CHECKPOINT_STATE_ABORTED);
+    record.set_world_size(session->world_size);
+    record.set_created_unix_micros(absl::ToUnixMicros(session->created));
+    record.set_storage_uri(store_->uri());
+    record.set_abort_reason(std::string(status.message()));
+    absl::StatusOr<v1::CheckpointRecord> prev =
+        catalog_->GetCheckpoint(session->job, session->step);
+    if (!prev.ok() || prev->state() != v1::CHECKPOINT_STATE_COMMITTED) {
+      (void)catalog_->PutCheckpoint(record);
+    }
+    absl::Status del = store_->DeletePrefix(
+        absl::StrCat(session->step_prefix, session->attempt, "/"));
+    if (!del.ok()) {
+      CAIRN_LOG(warn, "cleanup of aborted save of {} failed: {}",
+                SaveName(session->job, session->step), del.ToString());
+    }
+  });
+}
+
+void Coordinator::AbortSession(const std::shared_ptr<SaveSession>& session,
+                               absl::Status status) {
+  std::vector<std::function<void()>> answers;
+  {
+    absl::MutexLock lock(&mu_);
+    AbortSessionLocked(session, std::move(status), &answers);
+  }
+  for (auto& a : answers) a();
+}
+
+absl::Status Coordinator::AbortSave(const v1::AbortSaveRequest& request) {
+  CAIRN_RETURN_IF_ERROR(ValidateJobStep(request.job(), request.step()));
+  std::shared_ptr<SaveSession> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(SaveKey{request.job(), request.step()});
+    if (it != sessions_.end()) session = it->second;
+  }
+  if (session == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("no save of ", SaveName(request.job(), request.step()),
+                     " is in progress"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (session->phase == Phase::kCommitting) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("save of ", SaveName(request.job(), request.step()),
+                       " is already being committed"));
+    }
+  }
+  AbortSession(session, absl::AbortedError(absl::StrCat(
+                            "save of ", SaveName(request.job(), request.step()),
+                            " aborted by rank ", request.rank(), ": ",
+                            request.reason().empty() ? "no reason given"
+                                                     : request.reason())));
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Load and catalog queries
+
+absl::StatusOr<std::shared_ptr<const Coordinator::LoadedCheckpoint>>
+Coordinator::LoadCheckpoint(const std::string& job, int64_t step) {
+  const SaveKey key{job, step};
+  if (auto hit = manifests_.Lookup(key)) return hit;
+  CAIRN_ASSIGN_OR_RETURN(v1::Manifest manifest,
+                         storage::ReadManifest(*store_, job, step));
+  auto loaded = std::make_shared<LoadedCheckpoint>();
+  CAIRN_ASSIGN_OR_RETURN(std::vector<planner::StoredTensor> tensors,
+                         convert::StoredTensorsFromManifest(manifest));
+  CAIRN_ASSIGN_OR_RETURN(loaded->planner,
+                         planner::LoadPlanner::Create(std::move(tensors)));
+  for (int i = 0; i < manifest.bytes_entries_size(); ++i) {
+    loaded->bytes_index[manifest.bytes_entries(i).fqn()] = i;
+  }
+  loaded->manifest = std::move(manifest);
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.manifests_loaded;
+  }
+  manifests_.Insert(key, loaded, 1);
+  return std::shared_ptr<const LoadedCheckpoint>(std::move(loaded));
+}
+
+absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
+    const v1::PlanLoadRequest& request) {
+  const std::string& job = request.job();
+  CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(job));
+  int64_t step;
+  if (request.ref_case() == v1::PlanLoadRequest::kStep) {
+    step = request.step();
+    CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
+    absl::StatusOr<v1::CheckpointRecord> rec =
+        catalog_->GetCheckpoint(job, step);
+    if (!rec.ok()) {
+      if (absl::IsNotFound(rec.status())) {
+        return absl::NotFoundError(
+            absl::StrCat("no checkpoint ", SaveName(job, step)));
+      }
+      return rec.status();
+    }
+    if (rec->state() != v1::CHECKPOINT_STATE_COMMITTED) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(SaveName(job, step), " is not committed (state ",
+                       v1::CheckpointState_Name(rec->state()), ")"));
+    }
+  } else {
+    absl::StatusOr<v1::CheckpointRecord> latest =
+        catalog_->LatestCommitted(job);
+    if (!latest.ok()) {
+      if (absl::IsNotFound(latest.status())) {
+        return absl::NotFoundError(
+            absl::StrCat("job '", job, "' has no committed checkpoint"));
+      }
+      return latest.status();
+    }
+    step = latest->step();
+  }
+
+  // Identical requests (same rank layout) are answered from the cache.
+  v1::PlanLoadRequest canonical = request;
+  canonical.set_step(step);
+  canonical.set_rank(0);
+  std::string cache_key;
+  canonical.SerializeToString(&cache_key);
+  cache_key =
+      absl::StrCat(job, "\n", step, "\n", planner::StableHash128Hex(cache_key));
+  if (auto hit = load_plans_.Lookup(cache_key)) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.load_plans_from_cache;
+    return *hit;
+  }
+
+  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedCheckpoint> ckpt,
+                         LoadCheckpoint(job, step));
+  std::vector<planner::WantedChunk> wanted;
+  wanted.reserve(request.wanted_size());
+  for (const v1::WantedChunk& w : request.wanted()) {
+    absl::StatusOr<planner::WantedChunk> c = convert::WantedFromProto(w);
+    if (!c.ok()) {
+      return absl::Status(
+          c.status().code(),
+          absl::StrCat("rank ", request.rank(), " loading ",
+                       SaveName(job, step), ": ", c.status().message()));
+    }
+    wanted.push_back(std::move(*c));
+  }
+  absl::StatusOr<std::vector<planner::ReadItem>> reads =
+      ckpt->planner->Plan(wanted);
+  if (!reads.ok()) {
+    return absl::Status(
+        reads.status().code(),
+        absl::StrCat("rank ", request.rank(), " loading ", SaveName(job, step),
+                     ": ", reads.status().message()));
+  }
+  v1::PlanLoadResponse resp;
+  resp.set_step(step);
+  resp.set_storage_uri(store_->uri());
+  resp.set_step_prefix(storage::StepPrefix(job, step));
+  resp.mutable_reads()->Reserve(static_cast<int>(reads->size()));
+  for (const planner::ReadItem& r : *reads) {
+    convert::ReadItemToProto(r, resp.add_reads());
+  }
+  for (const std::string& fqn : request.wanted_bytes()) {
+    auto it = ckpt->bytes_index.find(fqn);
+    if (it == ckpt->bytes_index.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "rank ", request.rank(), " loading ", SaveName(job, step),
+          ": bytes entry '", fqn, "' is not in the checkpoint"));
+    }
+    *resp.add_bytes_entries() = ckpt->manifest.bytes_entries(it->second);
+  }
+  load_plans_.Insert(cache_key,
+                     std::make_shared<const v1::PlanLoadResponse>(resp), 1);
+  return resp;
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> Coordinator::ListCheckpoints(
+    const v1::ListCheckpointsRequest& request) {
+  if (!request.job().empty()) {
+    CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  }
+  CAIRN_ASSIGN_OR_RETURN(
+      std::vector<v1::CheckpointRecord> records,
+      catalog_->ListCheckpoints(request.job(), request.include_uncommitted()));
+  v1::ListCheckpointsResponse resp;
+  for (v1::CheckpointRecord& r : records)
+    *resp.add_checkpoints() = std::move(r);
+  return resp;
+}
+
+absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpoint(
+    const v1::GetCheckpointRequest& request) {
+  CAIRN_RETURN_IF_ERROR(ValidateJobStep(request.job(), request.step()));
+  absl::StatusOr<v1::CheckpointRecord> rec =
+      catalog_->GetCheckpoint(request.job(), request.step());
+  if (!rec.ok()) {
+    if (absl::IsNotFound(rec.status())) {
+      return absl::NotFoundError(absl::StrCat(
+          "no checkpoint ", SaveName(request.job(), request.step())));
+    }
+    return rec.status();
+  }
+  v1::GetCheckpointResponse resp;
+  *resp.mutable_checkpoint() = *rec;
+  if (rec->state() == v1::CHECKPOINT_STATE_COMMITTED) {
+    CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedCheckpoint> ckpt,
+                           LoadCheckpoint(request.job(), request.step()));
+    *resp.mutable_manifest() = ckpt->manifest;
+  }
+  return resp;
+}
+
+void Coordinator::ForgetCheckpoint(const std::string& job, int64_t step) {
+  manifests_.Erase(SaveKey{job, step});
+  const std::string prefix = absl::StrCat(job, "\n", step, "\n");
+  load_plans_.EraseIf([&](const std::string& key) {
+    return key.compare(0, prefix.size(), prefix) == 0;
+  });
+}
+
+absl::Status Coordinator::DeleteCheckpoint(
+    const v1::DeleteCheckpointRequest& request) {
+  const std::string& job = request.job();
+  const int64_t step = request.step();
+  CAIRN_RETURN_IF_ERROR(ValidateJobStep(job, step));
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(SaveKey{job, step});
+    if (it != sessions_.end() && it->second->phase != Phase::kAborted) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot delete ", SaveName(job, step),
+                       ": a save is in progress (abort it first)"));
+    }
+  }
+  absl::StatusOr<v1::CheckpointRecord> rec = catalog_->GetCheckpoint(job, step);
+  if (!rec.ok()) {
+    if (absl::IsNotFound(rec.status())) {
+      return absl::NotFoundError(
+          absl::StrCat("no checkpoint ", SaveName(job, step)));
+    }
+    return rec.status();
+  }
+  ForgetCheckpoint(job, step);
+  CAIRN_RETURN_IF_ERROR(storage::DeleteStep(*store_, job, step));
+  CAIRN_RETURN_IF_ERROR(catalog_->DeleteCheckpoint(job, step));
+  CAIRN_LOG(info, "deleted {}", SaveName(job, step));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::GarbageCollectResponse> Coordinator::ApplyRetention(
+    const std::string& job, int keep_last, bool dry_run) {
+  CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> records,
+                         catalog_->ListCheckpoints(job, false));
+  std::vector<v1::CheckpointRecord> committed;
+  for (auto& r : records) {
+    if (r.state() == v1::CHECKPOINT_STATE_COMMITTED) committed.push_back(r);
+  }
+  std::sort(committed.begin(), committed.end(),
+            [](const auto& a, const auto& b) { return a.step() > b.step(); });
+  v1::GarbageCollectResponse resp;
+  for (size_t i = static_cast<size_t>(keep_last); i < committed.size(); ++i) {
+    const v1::CheckpointRecord& r = committed[i];
+    if (!dry_run) {
+      ForgetCheckpoint(job, r.step());
+      CAIRN_RETURN_IF_ERROR(storage::DeleteStep(*store_, job, r.step()));
+      CAIRN_RETURN_IF_ERROR(catalog_->DeleteCheckpoint(job, r.step()));
+    }
+    resp.add_deleted_steps(r.step());
+    resp.set_freed_bytes(resp.freed_bytes() + r.total_bytes());
+  }
+  if (!dry_run && resp.deleted_steps_size() > 0) {
+    CAIRN_LOG(info, "retention for job '{}' (keep {}): deleted {} checkpoints",
+              job, keep_last, resp.deleted_steps_size());
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::GarbageCollectResponse> Coordinator::GarbageCollect(
+    const v1::GarbageCollectRequest& request) {
+  CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  if (request.keep_last() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gc of job '", request.job(),
+                     "': keep_last must be >= 1 (the newest "
+                     "committed checkpoint is never deleted), got ",
+                     request.keep_last()));
+  }
+  return ApplyRetention(request.job(), request.keep_last(), request.dry_run());
+}
+
+}  // namespace cairn::coordinator

@@ -1,0 +1,211 @@
+// The coordinator: the library behind cairnd. Transport-agnostic: it takes and
+// returns cairn.v1 messages; coordinator_service.h adapts it to gRPC.
+//
+// Save protocol (direct mode):
+//   1. Every rank calls BeginSave(job, step, rank, world_size, plan). Calls
+//      park (no thread waits) until all world_size ranks have arrived; then
+//      the global plan is built, or taken from the plan cache when every
+//      rank's fingerprint is unchanged, and each rank is answered with its
+//      own part. A rank missing at the begin deadline aborts the save with
+//      DEADLINE_EXCEEDED naming the missing ranks.
+//   2. Ranks write their items to storage under "<job>/<step>/<attempt>/..."
+//      (an attempt directory per save attempt, so a zombie rank of an aborted
+//      attempt can never overwrite bytes of a later, committed one).
+//   3. Every rank calls CommitSave with its crc32c results. The last one
+//      triggers the commit: object sizes checked, MANIFEST published
+//      atomically (durable), catalog marked COMMITTED, retention applied —
+//      and only then are the ranks answered. A rank missing at the commit
+//      deadline, or an AbortSave, aborts: ABORTED/DEADLINE_EXCEEDED to every
+//      waiting rank, catalog ABORTED, the attempt's objects deleted.
+// Every call is idempotent: a retried BeginSave/CommitSave gets the same
+// answer as the first.
+//
+// Load protocol: PlanLoad resolves a step (or the latest COMMITTED one),
+// loads its manifest through a cache, and answers read items from the
+// planner's overlap index; identical requests are answered from a plan cache.
+//
+// Thread-safe: every method may be called concurrently. No lock is held
+// across storage or RocksDB I/O, plan building, or a wait for other ranks.
+#ifndef CAIRN_SERVER_COORDINATOR_COORDINATOR_H_
+#define CAIRN_SERVER_COORDINATOR_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cairn/v1/cairn.pb.h"
+#include "common/lru_cache.h"
+#include "common/thread_pool.h"
+#include "planner/load_plan.h"
+#include "planner/plan_cache.h"
+#include "planner/save_plan.h"
+#include "storage/catalog/catalog.h"
+#include "storage/shard_store.h"
+
+namespace cairn::coordinator {
+
+struct CoordinatorOptions {
+  // Where checkpoints live: file:///path or mem:// (tests). Required.
+  std::string storage_uri;
+  // RocksDB directory of the catalog; created if missing. Required.
+  std::string catalog_path;
+  // All ranks of a save must call BeginSave within this time of the first.
+  // Default: 10 minutes.
+  absl::Duration begin_deadline = absl::Minutes(10);
+  // All ranks must call CommitSave within this time of receiving the plan.
+  // Default: 60 minutes.
+  absl::Duration commit_deadline = absl::Minutes(60);
+  // Retention: keep the newest N committed checkpoints of each job and delete
+  // older ones after every commit. 0 keeps everything. Default: 0.
+  int keep_last = 0;
+  // Byte bound of the global save plan cache. Default: 512 MiB.
+  size_t plan_cache_bytes = size_t{512} << 20;
+  // Number of manifests (with their overlap indexes) kept in memory.
+  // Default: 16.
+  size_t manifest_cache_entries = 16;
+  // Number of PlanLoad answers kept in memory. Default: 4096.
+  size_t load_plan_cache_entries = 4096;
+  // Threads for blocking work (storage, RocksDB, plan building). Default: 4.
+  int worker_threads = 4;
+  // Largest world size accepted. Default: 1 << 20.
+  int max_world_size = 1 << 20;
+  // Storage placement of planned items (alignment, object names).
+  planner::SavePlanOptions save_plan;
+  // On start, delete steps on storage that have no MANIFEST (left by a crash)
+  // and mark WRITING catalog records ABORTED. Default: true.
+  bool clean_incomplete_on_start = true;
+};
+
+class Coordinator {
+ public:
+  template <typename T>
+  using Done = std::function<void(absl::StatusOr<T>)>;
+
+  // Opens storage and the catalog, rebuilds the catalog from storage when it
+  // is empty, and cleans what a crash left behind.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(
+      const CoordinatorOptions& options);
+
+  // Aborts every in-flight save with UNAVAILABLE and stops background work.
+  ~Coordinator();
+
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // `done` is called exactly once, possibly on another thread, possibly
+  // before BeginSave/CommitSave return.
+  void BeginSave(const v1::BeginSaveRequest& request,
+                 Done<v1::BeginSaveResponse> done);
+  void CommitSave(const v1::CommitSaveRequest& request,
+                  Done<v1::CommitSaveResponse> done);
+  absl::Status AbortSave(const v1::AbortSaveRequest& request);
+
+  absl::StatusOr<v1::PlanLoadResponse> PlanLoad(
+      const v1::PlanLoadRequest& request);
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(
+      const v1::ListCheckpointsRequest& request);
+  absl::StatusOr<v1::GetCheckpointResponse> GetCheckpoint(
+      const v1::GetCheckpointRequest& request);
+  absl::Status DeleteCheckpoint(const v1::DeleteCheckpointRequest& request);
+  absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(
+      const v1::GarbageCollectRequest& request);
+
+  // Aborts in-flight saves (UNAVAILABLE: "cairnd is shutting down") and
+  // answers their waiting ranks. Idempotent; the destructor calls it.
+  void Shutdown();
+
+  // Runs blocking work off the caller's thread (used by the gRPC adapter).
+  ThreadPool& workers() { return *workers_; }
+
+  const CoordinatorOptions& options() const { return options_; }
+  storage::ShardStore& store() { return *store_; }
+
+  // Statistics for tests and metrics.
+  struct Stats {
+    int64_t plans_built = 0;
+    int64_t plans_from_cache = 0;
+    int64_t load_plans_from_cache = 0;
+    int64_t manifests_loaded = 0;
+    int64_t commits = 0;
+    int64_t aborts = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct SaveSession;
+  struct LoadedCheckpoint;
+  using SaveKey = std::pair<std::string, int64_t>;
+
+  Coordinator(const CoordinatorOptions& options,
+              std::unique_ptr<storage::ShardStore> store,
+              std::unique_ptr<storage::Catalog> catalog);
+
+  absl::Status Recover();
+  void ReaperLoop();
+
+  // Builds (or fetches) the global plan for a session whose ranks have all
+  // arrived, then answers every waiting BeginSave.
+  void PlanSession(std::shared_ptr<SaveSession> session);
+  // Publishes the manifest of a session whose ranks have all committed.
+  void CommitSession(std::shared_ptr<SaveSession> session);
+  // Marks `session` aborted with `status`, answers its waiters and deletes
+  // its attempt's objects (on a worker thread).
+  void AbortSession(const std::shared_ptr<SaveSession>& session,
+                    absl::Status status);
+  void AbortSessionLocked(const std::shared_ptr<SaveSession>& session,
+                          absl::Status status,
+                          std::vector<std::function<void()>>* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::StatusOr<v1::BeginSaveResponse> RankResponse(const SaveSession& session,
+                                                     int rank) const;
+  absl::StatusOr<v1::Manifest> BuildManifest(const SaveSession& session) const;
+  absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadCheckpoint(
+      const std::string& job, int64_t step);
+  absl::StatusOr<v1::GarbageCollectResponse> ApplyRetention(
+      const std::string& job, int keep_last, bool dry_run);
+  absl::Status DeleteStepLocked(const std::string& job, int64_t step);
+  void ForgetCheckpoint(const std::string& job, int64_t step);
+
+  // Constant after construction.
+  const CoordinatorOptions options_;
+  const std::unique_ptr<storage::ShardStore> store_;
+  const std::unique_ptr<storage::Catalog> catalog_;
+  const std::string storage_settings_;  // part of every plan cache key
+
+  planner::PlanCache plan_cache_;  // thread-safe
+  LruCache<SaveKey, LoadedCheckpoint> manifests_;
+  LruCache<std::string, v1::PlanLoadResponse> load_plans_;
+
+  // State below is protected by mu_.
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<SaveKey, std::shared_ptr<SaveSession>> sessions_
+      ABSL_GUARDED_BY(mu_);
+  // The last local plan each (job, rank) sent, for fingerprint-only saves.
+  struct KnownPlan {
+    std::string fingerprint;
+    std::shared_ptr<const planner::LocalSavePlan> plan;
+  };
+  absl::flat_hash_map<std::pair<std::string, int>, KnownPlan> known_plans_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> plan_versions_
+      ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::unique_ptr<ThreadPool> workers_;
+  std::thread reaper_;
+};
+
+}  // namespace cairn::coordinator
+
+#endif  // CAIRN_SERVER_COORDINATOR_COORDINATOR_H_

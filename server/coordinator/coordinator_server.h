@@ -1,0 +1,61 @@
+// cairnd as an embeddable server: the Coordinator library, its gRPC service,
+// grpc.health.v1 and server reflection, on one listening port.
+//
+// Example (tests bind port 0 and ask for the port):
+//   CoordinatorServer::Spec spec;
+//   spec.listen_address = "127.0.0.1:0";
+//   spec.coordinator.storage_uri = "file:///tmp/ckpt";
+//   spec.coordinator.catalog_path = "/tmp/catalog";
+//   CAIRN_ASSIGN_OR_RETURN(auto server, CoordinatorServer::Start(spec));
+//   Connect(absl::StrCat("127.0.0.1:", server->port()));
+#ifndef CAIRN_SERVER_COORDINATOR_COORDINATOR_SERVER_H_
+#define CAIRN_SERVER_COORDINATOR_COORDINATOR_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_service.h"
+
+namespace cairn::coordinator {
+
+class CoordinatorServer {
+ public:
+  struct Spec {
+    // host:port to listen on; port 0 picks a free port. Default: 0.0.0.0:7070.
+    std::string listen_address = "0.0.0.0:7070";
+    CoordinatorOptions coordinator;
+    // Largest request/response message. Default: 1 GiB (plans of 4096 ranks).
+    int max_message_bytes = 1 << 30;
+  };
+
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+      const Spec& spec);
+  ~CoordinatorServer();
+
+  // The bound port (useful with port 0).
+  int port() const { return port_; }
+  Coordinator& coordinator() { return *coordinator_; }
+
+  // Stops accepting calls, aborts in-flight saves (their ranks get
+  // UNAVAILABLE), waits up to `grace` for running calls, then stops.
+  void Shutdown(absl::Duration grace = absl::Seconds(5));
+  // Blocks until Shutdown() completes.
+  void Wait();
+
+ private:
+  CoordinatorServer() = default;
+
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace cairn::coordinator
+
+#endif  // CAIRN_SERVER_COORDINATOR_COORDINATOR_SERVER_H_

@@ -1,0 +1,115 @@
+// cairnd: the Cairn coordinator daemon. Parses flags, starts the server,
+// waits for SIGTERM/SIGINT, drains and exits 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "server/coordinator/coordinator_server.h"
+
+int main(int argc, char** argv) {
+  using cairn::coordinator::CoordinatorServer;
+  CLI::App app{
+      "cairnd: Cairn's checkpoint coordinator. Plans every save (dedupe, "
+      "balanced writers, cached plans) and load (resharding read items), and "
+      "keeps the checkpoint catalog in RocksDB. Serves cairn.v1.Coordinator, "
+      "grpc.health.v1 and server reflection.",
+      "cairnd"};
+  CoordinatorServer::Spec spec;
+  std::string data_dir = "cairn-data";
+  std::string port_file;
+  std::string log_level = "info";
+  double begin_deadline_s = 600, commit_deadline_s = 3600, grace_s = 10;
+  int plan_cache_mib = 512;
+  app.add_option("--listen", spec.listen_address,
+                 "host:port to serve on (port 0 picks a free port)")
+      ->capture_default_str();
+  app.add_option("--data-dir", data_dir,
+                 "Directory for the default storage (<dir>/checkpoints) and "
+                 "catalog (<dir>/catalog)")
+      ->capture_default_str();
+  app.add_option("--storage", spec.coordinator.storage_uri,
+                 "Checkpoint storage URI, e.g. file:///mnt/lustre/ckpt "
+                 "(default: file://<data-dir>/checkpoints)");
+  app.add_option("--catalog", spec.coordinator.catalog_path,
+                 "RocksDB catalog directory (default: <data-dir>/catalog)");
+  app.add_option("--begin-deadline", begin_deadline_s,
+                 "Seconds all ranks have to call BeginSave after the first; "
+                 "missing ranks abort the save with DEADLINE_EXCEEDED")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--commit-deadline", commit_deadline_s,
+                 "Seconds all ranks have to call CommitSave after the plan")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--keep-last", spec.coordinator.keep_last,
+                 "Retention: keep the newest N committed checkpoints per job "
+                 "(0 keeps all; the newest is never deleted)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--workers", spec.coordinator.worker_threads,
+                 "Threads for storage, catalog and planning work")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_option("--plan-cache-mib", plan_cache_mib,
+                 "Byte bound of the save plan cache, in MiB")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--shutdown-grace", grace_s,
+                 "Seconds to let running calls finish on SIGTERM")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--port-file", port_file,
+                 "Write the bound port to this file once serving");
+  app.add_option("--log-level", log_level,
+                 "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  if (absl::Status s = cairn::SetLogLevel(log_level); !s.ok()) {
+    std::fprintf(stderr, "cairnd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (spec.coordinator.storage_uri.empty()) {
+    spec.coordinator.storage_uri =
+        absl::StrCat("file://", std::filesystem::absolute(data_dir).string(),
+                     "/checkpoints");
+  }
+  if (spec.coordinator.catalog_path.empty()) {
+    spec.coordinator.catalog_path =
+        (std::filesystem::absolute(data_dir) / "catalog").string();
+  }
+  spec.coordinator.begin_deadline = absl::Seconds(begin_deadline_s);
+  spec.coordinator.commit_deadline = absl::Seconds(commit_deadline_s);
+  spec.coordinator.plan_cache_bytes = static_cast<size_t>(plan_cache_mib) << 20;
+
+  // Block the stop signals in every thread (gRPC's inherit the mask); the
+  // main thread takes them with sigwait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(spec);
+  if (!server.ok()) {
+    std::fprintf(stderr, "cairnd: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  if (!port_file.empty()) {
+    std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << (*server)->port() << "\n";
+    std::filesystem::rename(tmp, port_file);
+  }
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  CAIRN_LOG(info, "cairnd: signal {} received, draining", sig);
+  (*server)->Shutdown(absl::Seconds(grace_s));
+  return 0;
+}
