@@ -28,7 +28,9 @@ excluding process spawn, process-group set-up, tensor allocation/fill and verifi
 GB/s uses GB = 1e9 bytes of tensor payload (the "bytes" field). The *_io_bytes fields are
 the sums over ranks of /proc/self/io write_bytes (save) or read_bytes (loads) across the
 timed region: bytes that actually hit the block layer (reads served by the page cache do
-not count).
+not count). The *_syscall_bytes fields sum wchar / rchar instead: bytes passed through
+write/read system calls of any kind (files, and gloo's sockets too), which shows read
+amplification that the shared page cache hides from *_io_bytes.
 
 Prints exactly one JSON line on stdout, e.g.
   {"tool":"pytorch_dcp","save_s":..,"save_GBps":..,"load2_s":..,"load2_GBps":..,
@@ -202,14 +204,14 @@ def rank_main(rank, world, phase, args, port, result_queue):
 
         if phase == "save":
             state = make_state_dict(args, world, shard_dim=0, fill=True)
-            io_field = "write_bytes"
+            io_field, call_field = "write_bytes", "wchar"
         else:
             shard_dim = 1 if phase == "load2" else 0
             state = make_state_dict(args, world, shard_dim=shard_dim, fill=False)
-            io_field = "read_bytes"
+            io_field, call_field = "read_bytes", "rchar"
 
         dist.barrier()
-        io0 = proc_io(io_field)
+        io0, call0 = proc_io(io_field), proc_io(call_field)
         t0 = time.monotonic()
         if phase == "save":
             save_state_dict(
@@ -221,7 +223,7 @@ def rank_main(rank, world, phase, args, port, result_queue):
         else:
             load_state_dict(state, FileSystemReader(ckpt))
         t1 = time.monotonic()
-        io1 = proc_io(io_field)
+        io1, call1 = proc_io(io_field), proc_io(call_field)
 
         errors = []
         if phase != "save" and not args.no_verify:
@@ -234,6 +236,7 @@ def rank_main(rank, world, phase, args, port, result_queue):
                 "t0": t0,
                 "t1": t1,
                 "io": (io1 - io0) if io0 >= 0 and io1 >= 0 else -1,
+                "calls": (call1 - call0) if call0 >= 0 and call1 >= 0 else -1,
                 "errors": errors,
             }
         )
@@ -272,8 +275,10 @@ def run_phase(phase, world, args):
             log(f"VERIFY FAILED: {e}")
         raise SystemExit(f"{phase}: {len(errors)} errors")
     seconds = max(r["t1"] for r in results) - min(r["t0"] for r in results)
-    io = sum(r["io"] for r in results) if all(r["io"] >= 0 for r in results) else -1
-    log(f"{phase}: {seconds:.3f} s, {args.bytes / seconds / 1e9:.3f} GB/s, io {io} bytes")
+    io = {}
+    for key in ("io", "calls"):
+        io[key] = sum(r[key] for r in results) if all(r[key] >= 0 for r in results) else -1
+    log(f"{phase}: {seconds:.3f} s, {args.bytes / seconds / 1e9:.3f} GB/s, io {io['io']} bytes, syscalls {io['calls']} bytes")
     return seconds, io
 
 
@@ -344,6 +349,7 @@ def main():
     log(f"torch {torch.__version__}; {args.tensors} tensors of [{rows}, {cols}] fp32 = "
         f"{args.bytes} bytes; checkpoint in {ckpt}; {args.threads} thread(s)/rank")
 
+    loadavg = os.getloadavg()[0]  # before we start: a hint of concurrent load
     cold = not args.no_drop_caches
     samples = {"save": [], "load2": [], "load4": []}
     io = {}
@@ -382,13 +388,17 @@ def main():
         "reshard_ranks": args.reshard_ranks,
         "checkpoint_bytes": ckpt_bytes,
         "checkpoint_files": len(files),
-        "save_io_bytes": io["save"],
-        "load2_io_bytes": io["load2"],
-        "load4_io_bytes": io["load4"],
+        "save_io_bytes": io["save"]["io"],
+        "load2_io_bytes": io["load2"]["io"],
+        "load4_io_bytes": io["load4"]["io"],
+        "save_syscall_bytes": io["save"]["calls"],
+        "load2_syscall_bytes": io["load2"]["calls"],
+        "load4_syscall_bytes": io["load4"]["calls"],
         "repeat": args.repeat,
         "samples_s": {k: [round(x, 4) for x in v] for k, v in samples.items()},
         "single_file_per_rank": args.single_file_per_rank,
         "cold": cold,
+        "loadavg": round(loadavg, 2),
         "verified": not args.no_verify,
         "torch": torch.__version__,
     })

@@ -13,7 +13,7 @@
 #
 # Prints one JSON line on stdout (GB = 1e9 bytes):
 #   {"tool":"limit","write_GBps":..,"read_GBps":..,"dd_write_GBps":..,"dd_read_GBps":..,
-#    "bytes":..,"cold":true|false}
+#    "bytes":..,"cold":true|false,"repeat":N,"loadavg":L}   (L: 1-min load average at start)
 # Diagnostics go to stderr. Files are created in a fresh subdirectory of DIR and removed on
 # exit, also on failure. Set LIMITS_REPEAT=N to run each measurement N times and report the
 # best (the limit); default 1.
@@ -41,6 +41,7 @@ MIB=$("$PY" -c 'import sys; b=int(float(sys.argv[1])); print(max(1, b // 1048576
   { echo "BYTES must be a number, got '$BYTES_ARG'" >&2; exit 2; }
 BYTES=$((MIB * 1048576))
 
+LOADAVG=$(cut -d' ' -f1 /proc/loadavg)  # 1-min load before we start: a disturbance hint
 WORK=$(mktemp -d "$DIR/cairn-limits.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 FILE=$WORK/seq.dat
@@ -100,6 +101,6 @@ for ((i = 1; i <= REPEAT; i++)); do
   log "run $i/$REPEAT: fio write ${fio_w[-1]} dd write ${dd_w[-1]} fio read ${fio_r[-1]} dd read ${dd_r[-1]} GB/s"
 done
 
-printf '{"tool":"limit","write_GBps":%s,"read_GBps":%s,"dd_write_GBps":%s,"dd_read_GBps":%s,"bytes":%s,"cold":%s,"repeat":%s}\n' \
+printf '{"tool":"limit","write_GBps":%s,"read_GBps":%s,"dd_write_GBps":%s,"dd_read_GBps":%s,"bytes":%s,"cold":%s,"repeat":%s,"loadavg":%s}\n' \
   "$(best "${fio_w[@]}")" "$(best "${fio_r[@]}")" "$(best "${dd_w[@]}")" "$(best "${dd_r[@]}")" \
-  "$BYTES" "$COLD" "$REPEAT"
+  "$BYTES" "$COLD" "$REPEAT" "$LOADAVG"
