@@ -1,24 +1,141 @@
 #include "planner/load_plan.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace cairn::planner {
+namespace {
+
+std::string Describe(DType dtype, const Shape& shape) {
+  return absl::StrCat(DTypeName(dtype), " ", ShapeToString(shape));
+}
+
+}  // namespace
 
 LoadPlanner::LoadPlanner(std::vector<IndexedTensor> tensors)
-    : tensors_(std::move(tensors)) {}
+    : tensors_(std::move(tensors)) {
+  by_fqn_.reserve(tensors_.size());
+  for (int i = 0; i < static_cast<int>(tensors_.size()); ++i) {
+    by_fqn_.emplace(tensors_[i].tensor.fqn, i);
+  }
+}
 
 absl::StatusOr<std::unique_ptr<LoadPlanner>> LoadPlanner::Create(
     std::vector<StoredTensor> tensors) {
-  (void)tensors;
-  return absl::UnimplementedError("LoadPlanner: not implemented yet");
+  std::vector<IndexedTensor> indexed;
+  indexed.reserve(tensors.size());
+  absl::flat_hash_set<std::string> seen;  // copies: tensors are moved below
+  for (StoredTensor& t : tensors) {
+    if (t.fqn.empty()) {
+      return absl::InvalidArgumentError("manifest has a tensor with no fqn");
+    }
+    if (!seen.insert(t.fqn).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest lists tensor '", t.fqn, "' twice"));
+    }
+    const size_t elem = DTypeSize(t.dtype);
+    if (elem == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("manifest tensor '", t.fqn,
+                                                     "' has unknown dtype ",
+                                                     DTypeName(t.dtype)));
+    }
+    std::vector<ChunkBox> boxes;
+    boxes.reserve(t.chunks.size());
+    for (size_t c = 0; c < t.chunks.size(); ++c) {
+      const StoredChunk& chunk = t.chunks[c];
+      if (absl::Status s = ValidateBoxInShape(chunk.box, t.global_shape);
+          !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("manifest tensor '",
+                                                       t.fqn, "' stored chunk ",
+                                                       c, ": ", s.message()));
+      }
+      const uint64_t want = static_cast<uint64_t>(Volume(chunk.box)) * elem;
+      if (chunk.location.length != want) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "manifest tensor '", t.fqn, "' stored chunk ",
+            BoxToString(chunk.box), " in '", chunk.location.object_key,
+            "' has length ", chunk.location.length, " bytes; ",
+            DTypeName(t.dtype), " needs ", want));
+      }
+      boxes.push_back(chunk.box);
+    }
+    if (absl::Status s = ValidateShape(t.global_shape); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest tensor '", t.fqn, "': ", s.message()));
+    }
+    OverlapIndex index(std::move(boxes));
+    for (int c = 0; c < index.size(); ++c) {
+      int hit = -1;
+      if (index.AnyOverlap(index.box(c), c, &hit)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("manifest tensor '", t.fqn, "': stored chunks ",
+                         BoxToString(index.box(std::min(c, hit))), " and ",
+                         BoxToString(index.box(std::max(c, hit))), " overlap"));
+      }
+    }
+    indexed.push_back(IndexedTensor{std::move(t), std::move(index)});
+  }
+  return std::unique_ptr<LoadPlanner>(new LoadPlanner(std::move(indexed)));
 }
 
 absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
     const std::vector<WantedChunk>& wanted) const {
-  (void)wanted;
-  return absl::UnimplementedError("LoadPlanner: not implemented yet");
+  std::vector<ReadItem> reads;
+  std::vector<int> hits;
+  for (int w = 0; w < static_cast<int>(wanted.size()); ++w) {
+    const WantedChunk& want = wanted[w];
+    const IndexedTensor* it = FindIndexed(want.fqn);
+    if (it == nullptr) {
+      return absl::NotFoundError(absl::StrCat("'", want.fqn, "' (wanted chunk ",
+                                              w, ") is not in the checkpoint"));
+    }
+    const StoredTensor& t = it->tensor;
+    if (want.dtype != t.dtype || want.global_shape != t.global_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", want.fqn, "': saved ", Describe(t.dtype, t.global_shape),
+          ", requested ", Describe(want.dtype, want.global_shape)));
+    }
+    if (absl::Status s = ValidateBoxInShape(want.box, t.global_shape);
+        !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", want.fqn, "' wanted chunk ", w, ": ", s.message()));
+    }
+    const int64_t need = Volume(want.box);
+    if (need == 0) continue;
+    const size_t elem = DTypeSize(t.dtype);
+    hits.clear();
+    it->index.Query(want.box, &hits);
+    int64_t covered = 0;
+    for (int c : hits) {
+      const StoredChunk& chunk = t.chunks[c];
+      ReadItem item;
+      Intersect(chunk.box, want.box, &item.overlap);
+      covered += Volume(item.overlap);
+      item.fqn = want.fqn;
+      item.dest_index = w;
+      item.source_chunk = c;
+      item.source = chunk.location;
+      item.source_crc32c = chunk.crc32c;
+      AppendCopySegments(chunk.box, want.box, item.overlap, elem,
+                         &item.segments);
+      reads.push_back(std::move(item));
+    }
+    if (covered != need) {
+      ChunkBox gap;
+      std::string example;
+      if (FindUncovered(it->index, want.box, &gap)) {
+        example = absl::StrCat("; e.g. ", BoxToString(gap), " is missing");
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint holds ", covered, " of the ", need, " elements of '",
+          want.fqn, "' wanted chunk ", BoxToString(want.box), example));
+    }
+  }
+  return reads;
 }
 
 const StoredTensor* LoadPlanner::Find(absl::string_view fqn) const {

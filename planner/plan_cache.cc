@@ -1,22 +1,184 @@
 #include "planner/plan_cache.h"
 
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
 #include "absl/hash/hash.h"
 
 namespace cairn::planner {
+namespace {
 
-std::string FingerprintLocalPlan(const LocalSavePlan& plan) {
-  (void)plan;
-  return std::string(32, '0');
+// ---- A stable 128-bit hash (MurmurHash3 x64-128 construction). ----
+
+inline uint64_t Rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+inline uint64_t Fmix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return k;
 }
 
+// Reads 8 bytes little-endian regardless of the host's byte order.
+inline uint64_t Load64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+void Hash128(absl::string_view data, uint64_t* out_h1, uint64_t* out_h2) {
+  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
+  const size_t len = data.size();
+  const size_t nblocks = len / 16;
+  uint64_t h1 = 0, h2 = 0;  // seed 0
+  constexpr uint64_t c1 = 0x87c37b91114253d5ULL;
+  constexpr uint64_t c2 = 0x4cf5ad432745937fULL;
+  for (size_t i = 0; i < nblocks; ++i) {
+    uint64_t k1 = Load64(p + i * 16);
+    uint64_t k2 = Load64(p + i * 16 + 8);
+    k1 *= c1;
+    k1 = Rotl64(k1, 31);
+    k1 *= c2;
+    h1 ^= k1;
+    h1 = Rotl64(h1, 27);
+    h1 += h2;
+    h1 = h1 * 5 + 0x52dce729;
+    k2 *= c2;
+    k2 = Rotl64(k2, 33);
+    k2 *= c1;
+    h2 ^= k2;
+    h2 = Rotl64(h2, 31);
+    h2 += h1;
+    h2 = h2 * 5 + 0x38495ab5;
+  }
+  const unsigned char* tail = p + nblocks * 16;
+  uint64_t k1 = 0, k2 = 0;
+  const size_t rem = len & 15;
+  for (size_t i = rem; i > 8; --i) k2 = (k2 << 8) | tail[i - 1];
+  if (rem > 8) {
+    k2 *= c2;
+    k2 = Rotl64(k2, 33);
+    k2 *= c1;
+    h2 ^= k2;
+  }
+  for (size_t i = std::min<size_t>(rem, 8); i > 0; --i) {
+    k1 = (k1 << 8) | tail[i - 1];
+  }
+  if (rem > 0) {
+    k1 *= c1;
+    k1 = Rotl64(k1, 31);
+    k1 *= c2;
+    h1 ^= k1;
+  }
+  h1 ^= static_cast<uint64_t>(len);
+  h2 ^= static_cast<uint64_t>(len);
+  h1 += h2;
+  h2 += h1;
+  h1 = Fmix64(h1);
+  h2 = Fmix64(h2);
+  h1 += h2;
+  h2 += h1;
+  *out_h1 = h1;
+  *out_h2 = h2;
+}
+
+void AppendHex64(uint64_t v, std::string* out) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  for (int shift = 60; shift >= 0; shift -= 4) {
+    out->push_back(kDigits[(v >> shift) & 0xf]);
+  }
+}
+
+// ---- Canonical encoding of write items. ----
+
+void PutU64(uint64_t v, std::string* out) {
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out->append(b, 8);
+}
+
+void PutInts(const std::vector<int64_t>& v, std::string* out) {
+  PutU64(v.size(), out);
+  for (int64_t x : v) PutU64(static_cast<uint64_t>(x), out);
+}
+
+// Every field, fixed-width or length-prefixed: distinct items never share an
+// encoding, and an encoding never is a prefix of another item's.
+std::string EncodeItem(const WriteItem& item) {
+  std::string out;
+  out.reserve(48 + item.fqn.size() +
+              8 * (item.global_shape.size() + 2 * item.box.offsets.size()));
+  PutU64(static_cast<uint64_t>(item.kind), &out);
+  PutU64(item.fqn.size(), &out);
+  out.append(item.fqn);
+  PutU64(static_cast<uint64_t>(item.dtype), &out);
+  PutInts(item.global_shape, &out);
+  PutInts(item.box.offsets, &out);
+  PutInts(item.box.sizes, &out);
+  PutU64(item.length, &out);
+  return out;
+}
+
+size_t ItemBytes(const WriteItem& item) {
+  return sizeof(WriteItem) + item.fqn.capacity() +
+         8 * (item.global_shape.capacity() + item.box.offsets.capacity() +
+              item.box.sizes.capacity());
+}
+
+size_t KeyBytes(const PlanCache::Key& key) {
+  size_t n = sizeof(PlanCache::Key) + key.job.size() +
+             key.storage_settings.size() +
+             key.fingerprints.size() * sizeof(std::string);
+  for (const std::string& f : key.fingerprints) n += f.size();
+  return n;
+}
+
+}  // namespace
+
 std::string StableHash128Hex(absl::string_view data) {
-  (void)data;
-  return std::string(32, '0');
+  uint64_t h1, h2;
+  Hash128(data, &h1, &h2);
+  std::string out;
+  out.reserve(32);
+  AppendHex64(h1, &out);
+  AppendHex64(h2, &out);
+  return out;
+}
+
+std::string FingerprintLocalPlan(const LocalSavePlan& plan) {
+  std::vector<std::string> encoded;
+  encoded.reserve(plan.items.size());
+  size_t total = 8;
+  for (const WriteItem& item : plan.items) {
+    encoded.push_back(EncodeItem(item));
+    total += encoded.back().size();
+  }
+  std::sort(encoded.begin(), encoded.end());
+  std::string canonical;
+  canonical.reserve(total);
+  PutU64(encoded.size(), &canonical);
+  for (const std::string& e : encoded) canonical.append(e);
+  return StableHash128Hex(canonical);
 }
 
 size_t ApproximatePlanBytes(const GlobalSavePlan& plan) {
-  (void)plan;
-  return 0;
+  size_t n = sizeof(GlobalSavePlan) +
+             plan.ranks.capacity() * sizeof(RankSavePlan) +
+             plan.entries.capacity() * sizeof(PlannedEntry);
+  for (const RankSavePlan& r : plan.ranks) {
+    n += r.writes.capacity() * sizeof(PlannedWrite);
+    for (const PlannedWrite& w : r.writes) {
+      n += ItemBytes(w.item) - sizeof(WriteItem) +
+           w.location.object_key.capacity();
+    }
+  }
+  for (const PlannedEntry& e : plan.entries) {
+    n += e.fqn.capacity() + 8 * e.global_shape.capacity();
+  }
+  return n;
 }
 
 size_t PlanCache::KeyPtrHash::operator()(const Key* key) const {
@@ -27,19 +189,53 @@ size_t PlanCache::KeyPtrHash::operator()(const Key* key) const {
 PlanCache::PlanCache(size_t max_bytes) : max_bytes_(max_bytes) {}
 
 std::shared_ptr<const GlobalSavePlan> PlanCache::Lookup(const Key& key) {
-  (void)key;
-  return nullptr;
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(&key);  // full-key equality (KeyPtrEq)
+  if (it == index_.end()) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  return it->second->plan;
 }
 
 void PlanCache::Insert(const Key& key,
                        std::shared_ptr<const GlobalSavePlan> plan) {
-  (void)key;
-  (void)plan;
+  if (plan == nullptr) return;
+  const size_t charge = KeyBytes(key) + ApproximatePlanBytes(*plan);
+  absl::MutexLock lock(&mu_);
+  if (auto it = index_.find(&key); it != index_.end()) {
+    // Erase the index entry before the list node its key pointer refers to.
+    const LruList::iterator node = it->second;
+    index_.erase(it);
+    bytes_ -= node->charge;
+    lru_.erase(node);
+  }
+  if (charge > max_bytes_) return;
+  lru_.push_front(Entry{key, std::move(plan), charge});
+  index_.emplace(&lru_.front().key, lru_.begin());
+  bytes_ += charge;
+  EvictLocked();
 }
 
-void PlanCache::EraseJob(absl::string_view job) { (void)job; }
+void PlanCache::EraseJob(absl::string_view job) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    if (it->key.job == job) {
+      index_.erase(&it->key);  // before the node (and its key) goes
+      bytes_ -= it->charge;
+      it = lru_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
 
-void PlanCache::EvictLocked() {}
+void PlanCache::EvictLocked() {
+  while (bytes_ > max_bytes_ && !lru_.empty()) {
+    Entry& victim = lru_.back();
+    index_.erase(&victim.key);
+    bytes_ -= victim.charge;
+    lru_.pop_back();
+  }
+}
 
 size_t PlanCache::size() const {
   absl::MutexLock lock(&mu_);

@@ -4,10 +4,12 @@
 // encoded field by field (kind, fqn, dtype, shape, box, length; integers as
 // fixed-width little-endian, strings length-prefixed so no two different
 // items share an encoding), the encodings are sorted (so item order does not
-// matter), and the sorted list is hashed with a 128-bit MurmurHash3-x64 style
-// hash written out in this file (stable across runs, processes and machines,
-// unlike absl::Hash which is seeded per process). The fingerprint is the
-// 32-character lower-case hex of those 128 bits.
+// matter), and the sorted list is hashed with MurmurHash3_x64_128 (seed 0,
+// written out in plan_cache.cc; the test pins its published test vector). It
+// is stable across runs, processes and machines, unlike absl::Hash, which is
+// seeded per process. It is not cryptographic: fingerprints guard against
+// accidental change, not against a rank forging a collision. The fingerprint is
+// the 32-character lower-case hex of those 128 bits.
 //
 // The coordinator keys cached global plans by (job, world size, the
 // fingerprints of all ranks in rank order, storage settings). Lookup hashes the

@@ -1,0 +1,259 @@
+#include "planner/load_plan.h"
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/layout.h"
+#include "planner/planner_testing.h"
+
+namespace cairn::planner {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+ChunkBox Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes) {
+  return ChunkBox{std::move(offsets), std::move(sizes)};
+}
+
+StoredTensor Tensor(std::string fqn, Shape shape,
+                    const std::vector<ChunkBox>& boxes,
+                    DType dtype = DType::kFloat32) {
+  StoredTensor t{std::move(fqn), dtype, std::move(shape), {}};
+  uint64_t offset = 0;
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    const uint64_t len =
+        static_cast<uint64_t>(Volume(boxes[i])) * DTypeSize(dtype);
+    t.chunks.push_back(StoredChunk{
+        boxes[i], StorageLocation{"data/rank-00000.bin", offset, len},
+        static_cast<uint32_t>(1000 + i)});
+    offset += (len + 4095) / 4096 * 4096;
+  }
+  return t;
+}
+
+std::unique_ptr<LoadPlanner> MustCreate(std::vector<StoredTensor> tensors) {
+  auto planner = LoadPlanner::Create(std::move(tensors));
+  EXPECT_TRUE(planner.ok()) << planner.status();
+  return planner.ok() ? std::move(*planner) : nullptr;
+}
+
+TEST(LoadPlanTest, ReshardsRowsIntoColumns) {
+  // Saved by two ranks as row halves of [4, 8]; loaded as column halves.
+  auto planner = MustCreate(
+      {Tensor("w", {4, 8}, {Box({0, 0}, {2, 8}), Box({2, 0}, {2, 8})})});
+  ASSERT_NE(planner, nullptr);
+  auto reads = planner->Plan(
+      {WantedChunk{"w", DType::kFloat32, {4, 8}, Box({0, 4}, {4, 4})}});
+  ASSERT_TRUE(reads.ok()) << reads.status();
+  ASSERT_EQ(reads->size(), 2u);
+  const ReadItem& r0 = (*reads)[0];
+  EXPECT_EQ(r0.fqn, "w");
+  EXPECT_EQ(r0.dest_index, 0);
+  EXPECT_EQ(r0.source_chunk, 0);
+  EXPECT_EQ(r0.overlap, Box({0, 4}, {2, 4}));
+  EXPECT_EQ(r0.source.offset, 0u);
+  EXPECT_EQ(r0.source.length, 64u);
+  EXPECT_EQ(r0.source_crc32c, 1000u);
+  EXPECT_THAT(r0.segments, ::testing::ElementsAre(CopySegment{16, 0, 16},
+                                                  CopySegment{48, 16, 16}));
+  EXPECT_EQ((*reads)[1].source_chunk, 1);
+  EXPECT_EQ((*reads)[1].source.offset, 4096u);
+  EXPECT_EQ((*reads)[1].segments[0], (CopySegment{16, 32, 16}));
+}
+
+TEST(LoadPlanTest, WholeTrailingDimsAreOneRange) {
+  auto planner = MustCreate({Tensor("w", {8, 4}, {Box({0, 0}, {8, 4})})});
+  auto reads = planner->Plan(
+      {WantedChunk{"w", DType::kFloat32, {8, 4}, Box({2, 0}, {3, 4})}});
+  ASSERT_TRUE(reads.ok());
+  ASSERT_EQ(reads->size(), 1u);
+  EXPECT_THAT((*reads)[0].segments,
+              ::testing::ElementsAre(CopySegment{32, 0, 48}));
+}
+
+TEST(LoadPlanTest, ErrorsNameTheFqnAndSayWhatDiffers) {
+  auto planner = MustCreate(
+      {Tensor("w", {4, 4}, {Box({0, 0}, {2, 4})}),  // rows 2..3 missing
+       Tensor("b", {4}, {Box({0}, {4})}, DType::kBFloat16)});
+  ASSERT_NE(planner, nullptr);
+  auto missing =
+      planner->Plan({WantedChunk{"nope", DType::kFloat32, {4}, Box({0}, {4})}});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("'nope'"));
+
+  auto dtype =
+      planner->Plan({WantedChunk{"b", DType::kFloat32, {4}, Box({0}, {4})}});
+  EXPECT_EQ(dtype.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(dtype.status().message(),
+              HasSubstr("'b': saved bfloat16 [4], requested float32 [4]"));
+
+  auto shape =
+      planner->Plan({WantedChunk{"b", DType::kBFloat16, {5}, Box({0}, {4})}});
+  EXPECT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(shape.status().message(),
+              HasSubstr("saved bfloat16 [4], requested bfloat16 [5]"));
+
+  auto outside =
+      planner->Plan({WantedChunk{"b", DType::kBFloat16, {4}, Box({2}, {3})}});
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(outside.status().message(), HasSubstr("exceeds shape [4]"));
+
+  auto uncovered = planner->Plan(
+      {WantedChunk{"w", DType::kFloat32, {4, 4}, Box({1, 0}, {2, 4})}});
+  EXPECT_EQ(uncovered.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(uncovered.status().message(),
+              HasSubstr("holds 4 of the 8 elements of 'w' wanted chunk [1:3, "
+                        "0:4]; e.g. [2:3, 0:4] is missing"));
+
+  // Covered parts and empty boxes plan fine.
+  auto ok = planner->Plan(
+      {WantedChunk{"w", DType::kFloat32, {4, 4}, Box({0, 0}, {2, 4})},
+       WantedChunk{"w", DType::kFloat32, {4, 4}, Box({3, 0}, {0, 4})}});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->size(), 1u);
+  EXPECT_NE(planner->Find("w"), nullptr);
+  EXPECT_EQ(planner->Find("x"), nullptr);
+}
+
+TEST(LoadPlanTest, CreateRejectsBadManifests) {
+  struct Case {
+    std::vector<StoredTensor> tensors;
+    const char* substr;
+  };
+  StoredTensor bad_len = Tensor("w", {4}, {Box({0}, {4})});
+  bad_len.chunks[0].location.length = 3;
+  std::vector<Case> cases = {
+      {{Tensor("w", {4}, {Box({0}, {3}), Box({2}, {2})})},
+       "'w': stored chunks [0:3] and [2:4] overlap"},
+      {{Tensor("w", {4}, {Box({0}, {4}), Box({0}, {4})})}, "overlap"},
+      {{Tensor("w", {4}, {Box({0}, {5})})}, "exceeds shape [4]"},
+      {{Tensor("w", {4}, {}), Tensor("w", {4}, {})}, "'w' twice"},
+      {{Tensor("", {4}, {})}, "no fqn"},
+      {{Tensor("w", {4}, {}, DType::kUnspecified)}, "unknown dtype"},
+      {{bad_len}, "has length 3 bytes; float32 needs 16"},
+  };
+  for (Case& c : cases) {
+    auto p = LoadPlanner::Create(std::move(c.tensors));
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.substr;
+    EXPECT_THAT(p.status().message(), HasSubstr(c.substr));
+  }
+}
+
+// Property: random stored tilings (layout chunks or irregular tilings, some
+// with a tile missing) and random wanted chunks (another layout's chunks or
+// random boxes). Oracle: execute every read on real buffers whose elements
+// hold their global index; every wanted byte must be written exactly once
+// with the right value, or the plan must fail with FAILED_PRECONDITION iff a
+// wanted box touches the missing tile.
+TEST(LoadPlanTest, ReadsReassembleEveryWantedByteExactlyOnce) {
+  std::mt19937_64 rng(42);
+  int planned = 0, rejected = 0;
+  for (int iter = 0; iter < 1500; ++iter) {
+    const Shape shape = testing::RandomShape(rng, 5, 1, 7);
+    std::vector<ChunkBox> stored;
+    if (iter % 2 == 0) {
+      auto all = AllChunks(testing::RandomLayout(rng, shape), shape);
+      ASSERT_TRUE(all.ok());
+      for (const RankChunk& rc : *all) stored.push_back(rc.box);
+      std::sort(stored.begin(), stored.end());
+      stored.erase(std::unique(stored.begin(), stored.end()), stored.end());
+    } else {
+      stored = testing::RandomTiling(rng, shape, 40);
+    }
+    std::shuffle(stored.begin(), stored.end(), rng);
+    ChunkBox dropped;
+    const bool drop = iter % 5 == 4 && stored.size() > 1 && !IsEmpty(stored[0]);
+    if (drop) {
+      dropped = stored[0];
+      stored.erase(stored.begin());
+    }
+    auto planner = MustCreate({Tensor("w", shape, stored, DType::kInt32)});
+    ASSERT_NE(planner, nullptr);
+
+    std::vector<WantedChunk> wanted;
+    if (iter % 3 == 0) {
+      const DTensorLayout layout = testing::RandomLayout(rng, shape);
+      const int rank = layout.mesh.ranks[0];
+      auto mine = LocalChunks(layout, shape, rank);
+      ASSERT_TRUE(mine.ok());
+      for (const ChunkBox& b : *mine) {
+        wanted.push_back({"w", DType::kInt32, shape, b});
+      }
+    }
+    const int extra = static_cast<int>(testing::Uniform(rng, 1, 4));
+    for (int k = 0; k < extra; ++k) {
+      wanted.push_back(
+          {"w", DType::kInt32, shape, testing::RandomBox(rng, shape, k == 3)});
+    }
+    bool touches_gap = false;
+    for (const WantedChunk& w : wanted) {
+      touches_gap |= drop && Intersect(w.box, dropped, nullptr);
+    }
+    auto reads = planner->Plan(wanted);
+    if (touches_gap) {
+      ASSERT_EQ(reads.status().code(), absl::StatusCode::kFailedPrecondition)
+          << reads.status();
+      ++rejected;
+      continue;
+    }
+    ASSERT_TRUE(reads.ok()) << reads.status();
+    ++planned;
+
+    // Stored buffers: int32 global flat index per element.
+    std::vector<std::vector<int32_t>> src(stored.size());
+    for (size_t c = 0; c < stored.size(); ++c) {
+      testing::ForEachElement(stored[c], shape, [&](int64_t f) {
+        src[c].push_back(static_cast<int32_t>(f));
+      });
+    }
+    std::vector<std::vector<int32_t>> dst(wanted.size());
+    std::vector<std::vector<int>> writes(wanted.size());
+    for (size_t w = 0; w < wanted.size(); ++w) {
+      dst[w].assign(static_cast<size_t>(Volume(wanted[w].box)), -1);
+      writes[w].assign(dst[w].size() * 4, 0);
+    }
+    int last_dest = -1;
+    for (const ReadItem& r : *reads) {
+      ASSERT_GE(r.dest_index, last_dest);  // grouped by wanted chunk
+      last_dest = r.dest_index;
+      ASSERT_EQ(r.source, planner->Find("w")->chunks[r.source_chunk].location);
+      ChunkBox expect;
+      ASSERT_TRUE(
+          Intersect(stored[r.source_chunk], wanted[r.dest_index].box, &expect));
+      ASSERT_EQ(r.overlap, expect);
+      uint64_t last_src = 0;
+      for (const CopySegment& s : r.segments) {
+        ASSERT_GE(s.src_offset, last_src);
+        last_src = s.src_offset + s.length;
+        ASSERT_LE(s.src_offset + s.length, r.source.length);
+        ASSERT_LE(s.dst_offset + s.length, dst[r.dest_index].size() * 4);
+        std::memcpy(
+            reinterpret_cast<char*>(dst[r.dest_index].data()) + s.dst_offset,
+            reinterpret_cast<const char*>(src[r.source_chunk].data()) +
+                s.src_offset,
+            s.length);
+        for (uint64_t b = 0; b < s.length; ++b)
+          ++writes[r.dest_index][s.dst_offset + b];
+      }
+    }
+    for (size_t w = 0; w < wanted.size(); ++w) {
+      for (int c : writes[w]) ASSERT_EQ(c, 1);
+      std::vector<int32_t> expect;
+      testing::ForEachElement(wanted[w].box, shape, [&](int64_t f) {
+        expect.push_back(static_cast<int32_t>(f));
+      });
+      ASSERT_EQ(dst[w], expect);
+    }
+  }
+  EXPECT_GT(planned, 1000);
+  EXPECT_GT(rejected, 50);
+}
+
+}  // namespace
+}  // namespace cairn::planner

@@ -1,0 +1,104 @@
+#include "planner/overlap_index.h"
+
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/planner_testing.h"
+
+namespace cairn::planner {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+ChunkBox Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes) {
+  return ChunkBox{std::move(offsets), std::move(sizes)};
+}
+
+TEST(OverlapIndexTest, FindsOverlappingBoxesInIndexOrder) {
+  OverlapIndex index({Box({0, 0}, {2, 2}), Box({0, 2}, {2, 2}),
+                      Box({2, 0}, {2, 4}), Box({1, 1}, {0, 3})});
+  EXPECT_THAT(index.Query(Box({1, 1}, {2, 2})), ElementsAre(0, 1, 2));
+  EXPECT_THAT(index.Query(Box({0, 0}, {1, 1})), ElementsAre(0));
+  EXPECT_THAT(index.Query(Box({4, 0}, {1, 1})), IsEmpty());
+  // Empty query and wrong number of dims: nothing.
+  EXPECT_THAT(index.Query(Box({0, 0}, {0, 4})), IsEmpty());
+  EXPECT_THAT(index.Query(Box({0}, {4})), IsEmpty());
+  // Box 0 overlaps only itself; [1:3, 1:3] overlaps 0, 1 and 2.
+  int hit = -1;
+  EXPECT_FALSE(index.AnyOverlap(Box({0, 0}, {2, 2}), 0, &hit));
+  EXPECT_EQ(hit, -1);
+  EXPECT_TRUE(index.AnyOverlap(Box({2, 0}, {1, 1}), 0, &hit));
+  EXPECT_EQ(hit, 2);
+}
+
+TEST(OverlapIndexTest, EmptyIndexAndScalars) {
+  OverlapIndex empty(std::vector<ChunkBox>{});
+  EXPECT_THAT(empty.Query(Box({0}, {1})), IsEmpty());
+  OverlapIndex scalars({Box({}, {}), Box({}, {})});
+  EXPECT_THAT(scalars.Query(Box({}, {})), ElementsAre(0, 1));
+}
+
+// Oracle: a linear scan with Intersect.
+TEST(OverlapIndexTest, MatchesLinearScanOnRandomBoxes) {
+  std::mt19937_64 rng(7);
+  for (int iter = 0; iter < 400; ++iter) {
+    const Shape shape = testing::RandomShape(rng, 4, 1, 40);
+    std::vector<ChunkBox> boxes;
+    if (iter % 2 == 0) {
+      boxes = testing::RandomTiling(rng, shape, 300);
+    } else {  // arbitrary overlapping boxes, some empty
+      const int n = static_cast<int>(testing::Uniform(rng, 1, 200));
+      for (int i = 0; i < n; ++i) {
+        boxes.push_back(testing::RandomBox(rng, shape, true));
+      }
+    }
+    OverlapIndex index(boxes);
+    for (int q = 0; q < 30; ++q) {
+      const ChunkBox query = testing::RandomBox(rng, shape, q % 5 == 0);
+      std::vector<int> want;
+      for (int i = 0; i < static_cast<int>(boxes.size()); ++i) {
+        if (Intersect(boxes[i], query, nullptr)) want.push_back(i);
+      }
+      ASSERT_EQ(index.Query(query), want) << BoxToString(query);
+      const int exclude = want.empty() ? -1 : want[0];
+      int hit = -1;
+      const bool any = index.AnyOverlap(query, exclude, &hit);
+      ASSERT_EQ(any, want.size() > (exclude >= 0 ? 1u : 0u));
+      if (any) {
+        ASSERT_NE(hit, exclude);
+        ASSERT_TRUE(Intersect(boxes[hit], query, nullptr));
+      }
+    }
+  }
+}
+
+TEST(OverlapIndexTest, FindUncoveredReturnsAGapOrNothing) {
+  std::mt19937_64 rng(11);
+  for (int iter = 0; iter < 300; ++iter) {
+    const Shape shape = testing::RandomShape(rng, 3, 1, 8);
+    std::vector<ChunkBox> tiles = testing::RandomTiling(rng, shape, 40);
+    const bool drop = iter % 2 == 1 && tiles.size() > 1;
+    ChunkBox dropped;
+    if (drop) {
+      const size_t k = static_cast<size_t>(
+          testing::Uniform(rng, 0, static_cast<int64_t>(tiles.size()) - 1));
+      dropped = tiles[k];
+      tiles.erase(tiles.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    OverlapIndex index(tiles);
+    ChunkBox gap;
+    const bool found = FindUncovered(index, FullBox(shape), &gap);
+    ASSERT_EQ(found, drop);
+    if (found) {
+      EXPECT_TRUE(Contains(dropped, gap))
+          << BoxToString(gap) << " vs " << BoxToString(dropped);
+      EXPECT_GT(Volume(gap), 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cairn::planner

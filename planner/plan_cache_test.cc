@@ -1,0 +1,218 @@
+#include "planner/plan_cache.h"
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cairn::planner {
+namespace {
+
+WriteItem Chunk(std::string fqn, int64_t offset, int64_t size) {
+  WriteItem item;
+  item.fqn = std::move(fqn);
+  item.dtype = DType::kFloat32;
+  item.global_shape = {64};
+  item.box = ChunkBox{{offset}, {size}};
+  item.length = static_cast<uint64_t>(size) * 4;
+  return item;
+}
+
+LocalSavePlan SamplePlan() {
+  LocalSavePlan plan;
+  plan.rank = 3;
+  plan.items = {Chunk("a", 0, 8), Chunk("b", 8, 8), Chunk("c", 16, 4)};
+  WriteItem bytes;
+  bytes.kind = WriteItem::Kind::kBytes;
+  bytes.fqn = "rng";
+  bytes.length = 5;
+  plan.items.push_back(bytes);
+  return plan;
+}
+
+TEST(FingerprintTest, IsStableHexAndIndependentOfItemOrderAndRank) {
+  const LocalSavePlan plan = SamplePlan();
+  const std::string fp = FingerprintLocalPlan(plan);
+  EXPECT_EQ(fp.size(), 32u);
+  EXPECT_TRUE(std::all_of(fp.begin(), fp.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  }));
+  LocalSavePlan shuffled = plan;
+  std::reverse(shuffled.items.begin(), shuffled.items.end());
+  shuffled.rank = 9;
+  EXPECT_EQ(FingerprintLocalPlan(shuffled), fp);
+}
+
+// Golden values: the fingerprint must not change across builds, runs or
+// machines (ranks send it instead of their plan). Update only with a format
+// change that invalidates every cached plan on purpose.
+TEST(FingerprintTest, GoldenValuesAreStable) {
+  EXPECT_EQ(StableHash128Hex(""), "00000000000000000000000000000000");
+  EXPECT_EQ(StableHash128Hex("hello"), StableHash128Hex("hello"));
+  EXPECT_NE(StableHash128Hex("hello"), StableHash128Hex("hellp"));
+  EXPECT_EQ(StableHash128Hex("The quick brown fox jumps over the lazy dog"),
+            "e34bbc7bbc071b6c7a433ca9c49a9347");  // MurmurHash3_x64_128 vector
+  EXPECT_EQ(FingerprintLocalPlan(SamplePlan()),
+            "54f29bdcee728ce1b13c84291eac8a28");
+  EXPECT_EQ(FingerprintLocalPlan(LocalSavePlan{}),
+            "28df63b7cc57c3cbf2557dfcc4e8fe52");
+}
+
+TEST(FingerprintTest, AnyFieldChangeChangesTheFingerprint) {
+  const std::string fp = FingerprintLocalPlan(SamplePlan());
+  std::vector<LocalSavePlan> variants(10, SamplePlan());
+  variants[0].items[0].fqn = "a2";
+  variants[1].items[0].dtype = DType::kBFloat16;
+  variants[2].items[0].global_shape = {65};
+  variants[3].items[0].box.offsets = {1};
+  variants[4].items[0].box.sizes = {7};
+  variants[5].items[0].length = 31;
+  variants[6].items[3].kind = WriteItem::Kind::kTensorChunk;
+  variants[7].items.pop_back();
+  variants[8].items.push_back(variants[8].items[0]);  // a duplicate item
+  // Moving bytes between adjacent string fields must not collide.
+  variants[9].items[0].fqn = "ab";
+  variants[9].items[1].fqn = "";
+  std::vector<std::string> seen = {fp};
+  for (const LocalSavePlan& v : variants) {
+    const std::string f = FingerprintLocalPlan(v);
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), f), 0) << f;
+    seen.push_back(f);
+  }
+}
+
+PlanCache::Key MakeKey(std::string job, int world, std::vector<std::string> fps,
+                       std::string settings = "s") {
+  return PlanCache::Key{std::move(job), world, std::move(fps),
+                        std::move(settings)};
+}
+
+std::shared_ptr<const GlobalSavePlan> MakePlan(int world, int writes_per_rank) {
+  auto plan = std::make_shared<GlobalSavePlan>();
+  plan->world_size = world;
+  plan->ranks.resize(world);
+  for (int r = 0; r < world; ++r) {
+    plan->ranks[r].rank = r;
+    for (int i = 0; i < writes_per_rank; ++i) {
+      plan->ranks[r].writes.push_back(
+          PlannedWrite{Chunk("t", i, 1), StorageLocation{"k", 0, 4}});
+    }
+  }
+  return plan;
+}
+
+TEST(PlanCacheTest, ReusesPlanWhenNoRankChanged) {
+  PlanCache cache(1 << 20);
+  auto plan = MakePlan(2, 3);
+  cache.Insert(MakeKey("j", 2, {"f0", "f1"}), plan);
+  EXPECT_EQ(cache.Lookup(MakeKey("j", 2, {"f0", "f1"})), plan);
+  EXPECT_EQ(cache.size(), 1u);
+  EXPECT_GT(cache.bytes(), ApproximatePlanBytes(*plan));
+}
+
+TEST(PlanCacheTest, AnyKeyDifferenceMisses) {
+  PlanCache cache(1 << 20);
+  cache.Insert(MakeKey("j", 2, {"f0", "f1"}), MakePlan(2, 1));
+  EXPECT_EQ(cache.Lookup(MakeKey("j", 2, {"f0", "fX"})), nullptr);  // a rank
+  EXPECT_EQ(cache.Lookup(MakeKey("j", 2, {"f1", "f0"})), nullptr);  // swapped
+  EXPECT_EQ(cache.Lookup(MakeKey("k", 2, {"f0", "f1"})), nullptr);  // job
+  EXPECT_EQ(cache.Lookup(MakeKey("j", 3, {"f0", "f1"})), nullptr);  // world
+  EXPECT_EQ(cache.Lookup(MakeKey("j", 2, {"f0", "f1"}, "t")), nullptr);
+  EXPECT_EQ(cache.Lookup(MakeKey("j", 2, {"f0"})), nullptr);
+  EXPECT_EQ(cache.Lookup(MakeKey("j", 2, {"f0", "f1", ""})), nullptr);
+}
+
+// Many keys that differ in one rank's fingerprint: each lookup returns the
+// plan inserted under exactly that key, never a neighbour's (bucket
+// collisions inside the hash map must be resolved by full-key comparison).
+TEST(PlanCacheTest, NeverReturnsAPlanForADifferentKey) {
+  PlanCache cache(size_t{1} << 30);
+  std::vector<std::string> fps(64, "same");
+  std::vector<std::shared_ptr<const GlobalSavePlan>> plans;
+  for (int i = 0; i < 2000; ++i) {
+    fps[i % 64] = "v" + std::to_string(i);
+    plans.push_back(MakePlan(1, 0));
+    cache.Insert(MakeKey("j", 64, fps), plans.back());
+  }
+  fps.assign(64, "same");
+  for (int i = 0; i < 2000; ++i) {
+    fps[i % 64] = "v" + std::to_string(i);
+    ASSERT_EQ(cache.Lookup(MakeKey("j", 64, fps)), plans[i]) << i;
+  }
+}
+
+TEST(PlanCacheTest, EvictsLeastRecentlyUsedWithinByteBound) {
+  auto plan = MakePlan(4, 10);
+  const size_t one = ApproximatePlanBytes(*plan) + 200;
+  PlanCache cache(3 * one);
+  cache.Insert(MakeKey("j", 4, {"a"}), plan);
+  cache.Insert(MakeKey("j", 4, {"b"}), plan);
+  cache.Insert(MakeKey("j", 4, {"c"}), plan);
+  ASSERT_EQ(cache.size(), 3u);
+  ASSERT_NE(cache.Lookup(MakeKey("j", 4, {"a"})), nullptr);  // a is now MRU
+  cache.Insert(MakeKey("j", 4, {"d"}), plan);                // evicts b
+  EXPECT_EQ(cache.size(), 3u);
+  EXPECT_LE(cache.bytes(), cache.max_bytes());
+  EXPECT_EQ(cache.Lookup(MakeKey("j", 4, {"b"})), nullptr);
+  EXPECT_NE(cache.Lookup(MakeKey("j", 4, {"a"})), nullptr);
+  EXPECT_NE(cache.Lookup(MakeKey("j", 4, {"c"})), nullptr);
+  EXPECT_NE(cache.Lookup(MakeKey("j", 4, {"d"})), nullptr);
+}
+
+TEST(PlanCacheTest, ReplacesSameKeyAndSkipsOversizedPlans) {
+  PlanCache small(1000);
+  small.Insert(MakeKey("j", 1, {"a"}), MakePlan(100, 100));
+  EXPECT_EQ(small.size(), 0u);
+  EXPECT_EQ(small.bytes(), 0u);
+  PlanCache cache(1 << 20);
+  auto p1 = MakePlan(1, 1), p2 = MakePlan(1, 2);
+  cache.Insert(MakeKey("j", 1, {"a"}), p1);
+  const size_t b1 = cache.bytes();
+  cache.Insert(MakeKey("j", 1, {"a"}), p2);
+  EXPECT_EQ(cache.size(), 1u);
+  EXPECT_EQ(cache.Lookup(MakeKey("j", 1, {"a"})), p2);
+  EXPECT_GT(cache.bytes(), b1);
+  cache.Insert(MakeKey("j", 1, {"b"}), nullptr);
+  EXPECT_EQ(cache.size(), 1u);
+}
+
+TEST(PlanCacheTest, EraseJobDropsOnlyThatJob) {
+  PlanCache cache(1 << 20);
+  cache.Insert(MakeKey("j", 1, {"a"}), MakePlan(1, 1));
+  cache.Insert(MakeKey("k", 1, {"a"}), MakePlan(1, 1));
+  cache.EraseJob("j");
+  EXPECT_EQ(cache.Lookup(MakeKey("j", 1, {"a"})), nullptr);
+  EXPECT_NE(cache.Lookup(MakeKey("k", 1, {"a"})), nullptr);
+  EXPECT_EQ(cache.size(), 1u);
+}
+
+TEST(PlanCacheTest, ConcurrentInsertAndLookupKeepInvariants) {
+  auto plan = MakePlan(2, 2);
+  PlanCache cache(20 * (ApproximatePlanBytes(*plan) + 200));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i) {
+        auto key = MakeKey("j", 2, {std::to_string((i * 7 + t) % 50)});
+        if (i % 3 == 0) {
+          cache.Insert(key, plan);
+        } else {
+          auto got = cache.Lookup(key);
+          if (got != nullptr) {
+            ASSERT_EQ(got, plan);
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_LE(cache.bytes(), cache.max_bytes());
+  EXPECT_GT(cache.size(), 0u);
+}
+
+}  // namespace
+}  // namespace cairn::planner

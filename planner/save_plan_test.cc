@@ -1,0 +1,369 @@
+#include "planner/save_plan.h"
+
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/layout.h"
+#include "planner/planner_testing.h"
+
+namespace cairn::planner {
+namespace {
+
+using ::testing::HasSubstr;
+
+ChunkBox Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes) {
+  return ChunkBox{std::move(offsets), std::move(sizes)};
+}
+
+WriteItem Chunk(std::string fqn, Shape shape, ChunkBox box,
+                DType dtype = DType::kFloat32) {
+  WriteItem item;
+  item.kind = WriteItem::Kind::kTensorChunk;
+  item.fqn = std::move(fqn);
+  item.dtype = dtype;
+  item.global_shape = std::move(shape);
+  item.length = static_cast<uint64_t>(Volume(box)) * DTypeSize(dtype);
+  item.box = std::move(box);
+  return item;
+}
+
+WriteItem Bytes(std::string fqn, uint64_t length) {
+  WriteItem item;
+  item.kind = WriteItem::Kind::kBytes;
+  item.fqn = std::move(fqn);
+  item.length = length;
+  return item;
+}
+
+std::vector<LocalSavePlan> Plans(std::vector<std::vector<WriteItem>> items) {
+  std::vector<LocalSavePlan> plans;
+  for (size_t r = 0; r < items.size(); ++r) {
+    plans.push_back(LocalSavePlan{static_cast<int>(r), std::move(items[r])});
+  }
+  return plans;
+}
+
+absl::Status BuildError(const std::vector<LocalSavePlan>& plans) {
+  return BuildGlobalSavePlan("llama", 100, plans, SavePlanOptions{}).status();
+}
+
+TEST(SavePlanTest, ShardedTensorIsWrittenByEachOwnerAtAlignedOffsets) {
+  auto plan = BuildGlobalSavePlan(
+      "llama", 100,
+      Plans({{Chunk("w", {4, 8}, Box({0, 0}, {2, 8})), Bytes("rng", 10)},
+             {Chunk("w", {4, 8}, Box({2, 0}, {2, 8}))}}),
+      SavePlanOptions{});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->world_size, 2);
+  ASSERT_EQ(plan->ranks.size(), 2u);
+  const RankSavePlan& r0 = plan->ranks[0];
+  ASSERT_EQ(r0.writes.size(), 2u);
+  // Sorted by fqn: "rng" before "w".
+  EXPECT_EQ(r0.writes[0].item.fqn, "rng");
+  EXPECT_EQ(r0.writes[0].location,
+            (StorageLocation{"data/rank-00000.bin", 0, 10}));
+  EXPECT_EQ(r0.writes[1].location,
+            (StorageLocation{"data/rank-00000.bin", 4096, 64}));
+  EXPECT_EQ(r0.object_bytes, 4096u + 64u);
+  ASSERT_EQ(plan->ranks[1].writes.size(), 1u);
+  EXPECT_EQ(plan->ranks[1].writes[0].location,
+            (StorageLocation{"data/rank-00001.bin", 0, 64}));
+  EXPECT_EQ(plan->total_bytes, 138u);
+  ASSERT_EQ(plan->entries.size(), 2u);
+  EXPECT_EQ(plan->entries[1].fqn, "w");
+  EXPECT_EQ(plan->entries[1].global_shape, (Shape{4, 8}));
+}
+
+TEST(SavePlanTest, OptionsControlAlignmentAndObjectKeys) {
+  SavePlanOptions options;
+  options.alignment = 1;
+  options.object_prefix = "x/";
+  auto plan = BuildGlobalSavePlan(
+      "j", 1, Plans({{Bytes("a", 3), Bytes("b", 5)}}), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ranks[0].writes[1].location,
+            (StorageLocation{"x/00000.bin", 3, 5}));
+  EXPECT_EQ(ObjectKeyForRank(SavePlanOptions{}, 4095), "data/rank-04095.bin");
+  options.alignment = 0;
+  EXPECT_EQ(BuildGlobalSavePlan("j", 1, Plans({{Bytes("a", 3)}}), options)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(StorageSettingsKey(SavePlanOptions{}), StorageSettingsKey(options));
+}
+
+TEST(SavePlanTest, ReplicasAreWrittenOnceAndBalanced) {
+  // Four replicated tensors of equal size on two ranks: two each.
+  std::vector<WriteItem> items;
+  for (const char* fqn : {"a", "b", "c", "d"}) {
+    items.push_back(Chunk(fqn, {16}, Box({0}, {16})));
+  }
+  auto plan = BuildGlobalSavePlan("j", 1, Plans({items, items}), {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ranks[0].writes.size(), 2u);
+  EXPECT_EQ(plan->ranks[1].writes.size(), 2u);
+  EXPECT_EQ(plan->total_bytes, 4u * 64u);
+}
+
+TEST(SavePlanTest, BalancingAccountsForForcedWrites) {
+  // Rank 0 alone holds a big shard; the replicated items go to rank 1
+  // (greedy-by-arrival would give them all to rank 0).
+  std::vector<WriteItem> r0 = {Chunk("big", {100}, Box({0}, {100})),
+                               Chunk("r1", {10}, Box({0}, {10})),
+                               Chunk("r2", {10}, Box({0}, {10}))};
+  std::vector<WriteItem> r1 = {Chunk("r1", {10}, Box({0}, {10})),
+                               Chunk("r2", {10}, Box({0}, {10}))};
+  auto plan = BuildGlobalSavePlan("j", 1, Plans({r0, r1}), {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->ranks[0].writes.size(), 1u);
+  EXPECT_EQ(plan->ranks[0].writes[0].item.fqn, "big");
+  EXPECT_EQ(plan->ranks[1].writes.size(), 2u);
+}
+
+TEST(SavePlanTest, EmptyBoxesAreDroppedAndEmptyTensorsListed) {
+  auto plan =
+      BuildGlobalSavePlan("j", 1,
+                          Plans({{Chunk("w", {3}, Box({0}, {3})),
+                                  Chunk("e", {0, 4}, Box({0, 0}, {0, 4}))},
+                                 {Chunk("w", {3}, Box({3}, {0}))}}),
+                          {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ranks[0].writes.size(), 1u);
+  EXPECT_TRUE(plan->ranks[1].writes.empty());
+  EXPECT_EQ(plan->ranks[1].object_bytes, 0u);
+  ASSERT_EQ(plan->entries.size(), 2u);
+  EXPECT_EQ(plan->entries[0].fqn, "e");
+}
+
+TEST(SavePlanTest, ResultIsIndependentOfItemOrder) {
+  std::mt19937_64 rng(1);
+  std::vector<std::vector<WriteItem>> items(3);
+  for (int t = 0; t < 20; ++t) {
+    const std::string fqn = "t" + std::to_string(t);
+    for (int r = 0; r < 3; ++r)
+      items[r].push_back(Chunk(fqn, {8}, Box({0}, {8})));
+  }
+  auto a = BuildGlobalSavePlan("j", 1, Plans(items), {});
+  for (auto& v : items) std::shuffle(v.begin(), v.end(), rng);
+  auto b = BuildGlobalSavePlan("j", 1, Plans(items), {});
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(a->ranks[r].writes.size(), b->ranks[r].writes.size());
+    for (size_t i = 0; i < a->ranks[r].writes.size(); ++i) {
+      EXPECT_EQ(a->ranks[r].writes[i].item.fqn, b->ranks[r].writes[i].item.fqn);
+      EXPECT_EQ(a->ranks[r].writes[i].location, b->ranks[r].writes[i].location);
+    }
+  }
+}
+
+TEST(SavePlanTest, ErrorsNameJobStepRankAndFqn) {
+  struct Case {
+    std::vector<LocalSavePlan> plans;
+    const char* substr;
+  };
+  WriteItem bad_length = Chunk("w", {4}, Box({0}, {4}));
+  bad_length.length = 15;
+  WriteItem bad_dtype = Chunk("w", {4}, Box({0}, {4}));
+  bad_dtype.dtype = DType::kUnspecified;
+  std::vector<LocalSavePlan> misordered =
+      Plans({{Bytes("a", 1)}, {Bytes("a", 1)}});
+  misordered[1].rank = 5;
+  std::vector<Case> cases = {
+      {{}, "no local plans"},
+      {misordered, "the plan at position 1 is rank 5's"},
+      {Plans({{Chunk("model.wq", {4096, 1000}, Box({0, 512}, {4096, 512}))}}),
+       "rank 0 'model.wq': chunk [0:4096, 512:1024] exceeds shape [4096, "
+       "1000]"},
+      {Plans({{bad_length}}),
+       "rank 0 chunk [0:4] of 'w' has length 15 bytes; float32 needs 16"},
+      {Plans({{bad_dtype}}), "rank 0 'w': unknown dtype unspecified"},
+      {Plans({{Bytes("", 1)}}), "rank 0 has an item with an empty fqn"},
+      {Plans({{Chunk("w", {4}, Box({0}, {2}))},
+              {Chunk("w", {4}, Box({2}, {2}), DType::kBFloat16)}}),
+       "rank 1 has 'w' as bfloat16 [4] but rank 0 has it as float32 [4]"},
+      {Plans({{Chunk("w", {4}, Box({0}, {2}))},
+              {Chunk("w", {5}, Box({2}, {2}))}}),
+       "rank 1 has 'w' as float32 [5] but rank 0 has it as float32 [4]"},
+      {Plans({{Chunk("w", {4}, Box({0}, {4}))}, {Bytes("w", 16)}}),
+       "rank 1 has 'w' as a bytes entry but rank 0 has it as float32 [4]"},
+      {Plans({{Chunk("w", {4}, Box({0}, {3}))},
+              {Chunk("w", {4}, Box({2}, {2}))}}),
+       "'w': rank 1 chunk [2:4] partially overlaps rank 0 chunk [0:3]"},
+      {Plans({{Chunk("w", {4}, Box({0}, {2}))},
+              {Chunk("w", {4}, Box({0}, {2}))}}),
+       "'w': chunks cover 2 of 4 elements of shape [4]; e.g. [2:4] is not "
+       "covered"},
+      {Plans(
+           {{Chunk("w", {4}, Box({0}, {4})), Chunk("w", {4}, Box({0}, {4}))}}),
+       "rank 0 lists chunk [0:4] of 'w' twice"},
+      {Plans({{Bytes("rng", 8)}, {Bytes("rng", 9)}}),
+       "rank 1 has bytes entry 'rng' with 9 bytes but rank 0 has 8"},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = BuildError(c.plans);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.substr;
+    EXPECT_THAT(s.message(), HasSubstr("job 'llama' step 100: "));
+    EXPECT_THAT(s.message(), HasSubstr(c.substr));
+  }
+}
+
+// Property: random DTensor layouts and explicit tilings for several tensors
+// over random world sizes -> global plan. Oracle (brute force, per element):
+// every element of every tensor is written exactly once, by a rank that holds
+// it; writes within each object are aligned, in bounds and disjoint; every
+// replicated unit is written by one of its holders; the plan is identical
+// when items are shuffled.
+TEST(SavePlanTest, MatchesCoverageOracleOnRandomLayouts) {
+  std::mt19937_64 rng(2024);
+  for (int iter = 0; iter < 1500; ++iter) {
+    const int world = static_cast<int>(testing::Uniform(rng, 1, 12));
+    std::vector<std::vector<WriteItem>> items(world);
+    struct Tensor {
+      Shape shape;
+      DType dtype;
+    };
+    std::map<std::string, Tensor> tensors;
+    const int num_tensors = static_cast<int>(testing::Uniform(rng, 1, 4));
+    for (int t = 0; t < num_tensors; ++t) {
+      const std::string fqn = "layer" + std::to_string(t) + ".w";
+      const Shape shape = testing::RandomShape(rng, 5, 0, 6);
+      const DType dtype = t % 2 == 0 ? DType::kFloat32 : DType::kBFloat16;
+      tensors[fqn] = {shape, dtype};
+      if (testing::Uniform(rng, 0, 1) == 0) {
+        // DTensor layout over a subset of the world.
+        DTensorLayout layout = testing::RandomLayout(rng, shape, 0, 2, 3);
+        std::vector<int> perm(world);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        if (layout.mesh.ranks.size() > static_cast<size_t>(world)) {
+          layout.mesh = DeviceMesh{{world}, perm};
+          layout.placements = {Placement::Shard(0)};
+        } else {
+          for (int& r : layout.mesh.ranks) r = perm[static_cast<size_t>(r)];
+        }
+        auto all = AllChunks(layout, shape);
+        ASSERT_TRUE(all.ok()) << all.status();
+        for (const RankChunk& rc : *all) {
+          items[rc.rank].push_back(Chunk(fqn, shape, rc.box, dtype));
+        }
+      } else {
+        // Explicit irregular tiling, each tile on 1..3 random ranks.
+        for (const ChunkBox& tile : testing::RandomTiling(rng, shape, 10)) {
+          std::set<int> holders;
+          const int copies = static_cast<int>(testing::Uniform(rng, 1, 3));
+          for (int c = 0; c < copies; ++c) {
+            holders.insert(
+                static_cast<int>(testing::Uniform(rng, 0, world - 1)));
+          }
+          for (int r : holders)
+            items[r].push_back(Chunk(fqn, shape, tile, dtype));
+        }
+      }
+    }
+    if (testing::Uniform(rng, 0, 1) == 0) {
+      const uint64_t len =
+          static_cast<uint64_t>(testing::Uniform(rng, 0, 9000));
+      for (int r = 0; r < world; ++r) {
+        if (r == 0 || testing::Uniform(rng, 0, 1) == 0) {
+          items[r].push_back(Bytes("extra_state", len));
+        }
+      }
+    }
+    SavePlanOptions options;
+    options.alignment =
+        static_cast<uint64_t>(testing::Uniform(rng, 1, 3)) * 512;
+    auto plan = BuildGlobalSavePlan("j", iter, Plans(items), options);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(plan->world_size, world);
+
+    std::map<std::string, std::vector<int>> coverage;
+    for (const auto& [fqn, t] : tensors) {
+      coverage[fqn].assign(static_cast<size_t>(NumElements(t.shape)), 0);
+    }
+    int bytes_writes = 0;
+    for (int r = 0; r < world; ++r) {
+      const RankSavePlan& rp = plan->ranks[r];
+      ASSERT_EQ(rp.rank, r);
+      uint64_t end = 0;
+      for (const PlannedWrite& w : rp.writes) {
+        ASSERT_EQ(w.location.object_key, ObjectKeyForRank(options, r));
+        ASSERT_EQ(w.location.offset % options.alignment, 0u);
+        ASSERT_GE(w.location.offset, end);  // disjoint, in order
+        ASSERT_EQ(w.location.length, w.item.length);
+        end = w.location.offset + w.location.length;
+        // The writer holds the item.
+        bool held = false;
+        for (const WriteItem& it : items[r]) {
+          held |= it.fqn == w.item.fqn && it.box == w.item.box &&
+                  it.kind == w.item.kind;
+        }
+        ASSERT_TRUE(held) << "rank " << r << " writes " << w.item.fqn;
+        if (w.item.kind == WriteItem::Kind::kBytes) {
+          ++bytes_writes;
+          continue;
+        }
+        ASSERT_GT(Volume(w.item.box), 0);
+        testing::ForEachElement(w.item.box, tensors[w.item.fqn].shape,
+                                [&](int64_t f) { ++coverage[w.item.fqn][f]; });
+      }
+      ASSERT_EQ(rp.object_bytes, end);
+    }
+    for (const auto& [fqn, cov] : coverage) {
+      for (int c : cov) ASSERT_EQ(c, 1) << fqn;
+    }
+    bool has_bytes = false;
+    for (const auto& v : items) {
+      for (const auto& it : v) has_bytes |= it.kind == WriteItem::Kind::kBytes;
+    }
+    ASSERT_EQ(bytes_writes, has_bytes ? 1 : 0);
+    // Determinism under item shuffles.
+    for (auto& v : items) std::shuffle(v.begin(), v.end(), rng);
+    auto again = BuildGlobalSavePlan("j", iter, Plans(items), options);
+    ASSERT_TRUE(again.ok());
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(again->ranks[r].writes.size(), plan->ranks[r].writes.size());
+      for (size_t i = 0; i < plan->ranks[r].writes.size(); ++i) {
+        ASSERT_EQ(again->ranks[r].writes[i].location,
+                  plan->ranks[r].writes[i].location);
+        ASSERT_EQ(again->ranks[r].writes[i].item.box,
+                  plan->ranks[r].writes[i].item.box);
+      }
+    }
+  }
+}
+
+// Balance: with every unit replicated on every rank (pure data parallel), the
+// LPT assignment keeps max - min bytes per rank within the largest unit.
+TEST(SavePlanTest, FullyReplicatedUnitsAreBalancedWithinOneUnit) {
+  std::mt19937_64 rng(9);
+  for (int iter = 0; iter < 200; ++iter) {
+    const int world = static_cast<int>(testing::Uniform(rng, 2, 16));
+    std::vector<WriteItem> items;
+    int64_t largest = 0;
+    const int n = static_cast<int>(testing::Uniform(rng, 1, 60));
+    for (int t = 0; t < n; ++t) {
+      const int64_t len = testing::Uniform(rng, 1, 1000);
+      largest = std::max(largest, len * 4);
+      items.push_back(Chunk("t" + std::to_string(t), {len}, Box({0}, {len})));
+    }
+    auto plan = BuildGlobalSavePlan(
+        "j", 1, Plans(std::vector<std::vector<WriteItem>>(world, items)), {});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (const RankSavePlan& rp : plan->ranks) {
+      uint64_t b = 0;
+      for (const PlannedWrite& w : rp.writes) b += w.item.length;
+      lo = std::min(lo, b);
+      hi = std::max(hi, b);
+    }
+    ASSERT_LE(hi - lo, static_cast<uint64_t>(largest));
+  }
+}
+
+}  // namespace
+}  // namespace cairn::planner
