@@ -168,6 +168,7 @@ absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
     return absl::Status(written.code(),
                         absl::StrCat(where, ": ", written.message()));
   }
+  if (options_.before_commit_for_test) options_.before_commit_for_test();
   CAIRN_ASSIGN_OR_RETURN(
       v1::CommitSaveResponse done,
       CallWithRetry(&v1::Coordinator::Stub::CommitSave, *stub_, commit,

@@ -23,6 +23,7 @@
 #define CAIRN_CLIENT_CHECKPOINTER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -60,6 +61,9 @@ struct CheckpointerOptions {
   bool verify_partial_chunks = true;
   // Storage options for the URI cairnd hands out (posix threads, O_DIRECT).
   storage::StoreOptions store;
+  // Test hook: runs after this rank's bytes are written, before CommitSave
+  // (fault tests kill the process here).
+  std::function<void()> before_commit_for_test;
 };
 
 class LoadRef {

@@ -646,31 +646,7 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   absl::StatusOr<v1::Manifest> manifest = BuildManifest(*session);
   if (!manifest.ok()) return AbortSession(session, manifest.status());
 
-  // Every object must hold every planned byte before the manifest names it.
-  std::map<std::string, uint64_t> needed;
-  auto need = [&](const v1::StorageLocation& l) {
-    uint64_t& n = needed[l.object_key()];
-    n = std::max<uint64_t>(n, l.offset() + l.length());
-  };
-  for (const auto& t : manifest->tensors()) {
-    for (const auto& c : t.chunks()) need(c.location());
-  }
-  for (const auto& b : manifest->bytes_entries()) need(b.location());
-  for (const auto& [key, size] : needed) {
-    absl::StatusOr<uint64_t> got =
-        store_->Size(absl::StrCat(session->step_prefix, key));
-    if (!got.ok() || *got < size) {
-      return AbortSession(
-          session,
-          absl::DataLossError(absl::StrCat(
-              "save of ", name, " aborted: object ", session->step_prefix, key,
-              got.ok()
-                  ? absl::StrCat(" holds ", *got, " bytes, expected >= ", size)
-                  : absl::StrCat(" is unreadable: ",
-                                 got.status().ToString()))));
-    }
-  }
-
+  // PublishManifest checks that every object holds every planned byte.
   if (absl::Status s = storage::PublishManifest(*store_, *manifest); !s.ok()) {
     return AbortSession(session, s);
   }

@@ -1,0 +1,557 @@
+#include "client/cli/cli.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cairn/v1/cairn.grpc.pb.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "storage/checkpoint_layout.h"
+#include "storage/manifest.h"
+#include "storage/shard_store.h"
+
+namespace cairn::cli {
+namespace {
+
+std::string HumanBytes(uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 5) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrCat(n, " B")
+                : absl::StrFormat("%.1f %s", v, units[u]);
+}
+
+std::string HumanTime(int64_t unix_micros) {
+  if (unix_micros == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S",
+                          absl::FromUnixMicros(unix_micros),
+                          absl::LocalTimeZone());
+}
+
+std::string StateName(v1::CheckpointState s) {
+  switch (s) {
+    case v1::CHECKPOINT_STATE_WRITING:
+      return "WRITING";
+    case v1::CHECKPOINT_STATE_COMMITTED:
+      return "COMMITTED";
+    case v1::CHECKPOINT_STATE_ABORTED:
+      return "ABORTED";
+    default:
+      return "UNKNOWN";
+  }
+}
+
+// A plain aligned text table.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) {
+    rows_.push_back(std::move(header));
+  }
+  void Add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void Print(std::ostream& out) const {
+    std::vector<size_t> width;
+    for (const auto& r : rows_) {
+      width.resize(std::max(width.size(), r.size()));
+      for (size_t i = 0; i < r.size(); ++i) {
+        width[i] = std::max(width[i], r[i].size());
+      }
+    }
+    for (const auto& r : rows_) {
+      std::string line;
+      for (size_t i = 0; i < r.size(); ++i) {
+        absl::StrAppend(&line, r[i],
+                        i + 1 < r.size()
+                            ? std::string(width[i] - r[i].size() + 2, ' ')
+                            : "");
+      }
+      out << line << "\n";
+    }
+  }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// Where the CLI gets its answers: a running cairnd or the storage itself.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual absl::StatusOr<std::vector<v1::CheckpointRecord>> List(
+      const std::string& job, bool all) = 0;
+  // Resolves "latest" (step < 0) to the newest committed step.
+  virtual absl::StatusOr<v1::GetCheckpointResponse> Get(const std::string& job,
+                                                        int64_t step) = 0;
+  virtual absl::Status Delete(const std::string& job, int64_t step) = 0;
+  virtual absl::StatusOr<v1::GarbageCollectResponse> Gc(const std::string& job,
+                                                        int keep, bool dry) = 0;
+};
+
+class CoordinatorBackend : public Backend {
+ public:
+  explicit CoordinatorBackend(const std::string& address) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(1 << 30);
+    stub_ = v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args));
+  }
+
+  absl::StatusOr<std::vector<v1::CheckpointRecord>> List(const std::string& job,
+                                                         bool all) override {
+    v1::ListCheckpointsRequest req;
+    req.set_job(job);
+    req.set_include_uncommitted(all);
+    v1::ListCheckpointsResponse resp;
+    CAIRN_RETURN_IF_ERROR(
+        Call(&v1::Coordinator::Stub::ListCheckpoints, req, &resp));
+    return std::vector<v1::CheckpointRecord>(resp.checkpoints().begin(),
+                                             resp.checkpoints().end());
+  }
+
+  absl::StatusOr<v1::GetCheckpointResponse> Get(const std::string& job,
+                                                int64_t step) override {
+    if (step < 0) {
+      CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> all,
+                             List(job, false));
+      for (const auto& r : all) {
+        if (r.job() == job && r.state() == v1::CHECKPOINT_STATE_COMMITTED) {
+          step = std::max(step, r.step());
+        }
+      }
+      if (step < 0) {
+        return absl::NotFoundError(
+            absl::StrCat("job '", job, "' has no committed checkpoint"));
+      }
+    }
+    v1::GetCheckpointRequest req;
+    req.set_job(job);
+    req.set_step(step);
+    v1::GetCheckpointResponse resp;
+    CAIRN_RETURN_IF_ERROR(
+        Call(&v1::Coordinator::Stub::GetCheckpoint, req, &resp));
+    return resp;
+  }
+
+  absl::Status Delete(const std::string& job, int64_t step) override {
+    v1::DeleteCheckpointRequest req;
+    req.set_job(job);
+    req.set_step(step);
+    v1::DeleteCheckpointResponse resp;
+    return Call(&v1::Coordinator::Stub::DeleteCheckpoint, req, &resp);
+  }
+
+  absl::StatusOr<v1::GarbageCollectResponse> Gc(const std::string& job,
+                                                int keep, bool dry) override {
+    v1::GarbageCollectRequest req;
+    req.set_job(job);
+    req.set_keep_last(keep);
+    req.set_dry_run(dry);
+    v1::GarbageCollectResponse resp;
+    CAIRN_RETURN_IF_ERROR(
+        Call(&v1::Coordinator::Stub::GarbageCollect, req, &resp));
+    return resp;
+  }
+
+ private:
+  template <typename Req, typename Resp>
+  absl::Status Call(grpc::Status (v1::Coordinator::Stub::*m)(
+                        grpc::ClientContext*, const Req&, Resp*),
+                    const Req& req, Resp* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    absl::Status s = FromGrpcStatus(((*stub_).*m)(&ctx, req, resp));
+    if (absl::IsUnavailable(s)) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach cairnd: ", s.message()));
+    }
+    return s;
+  }
+
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+// Offline: reads MANIFESTs straight from storage.
+class StorageBackend : public Backend {
+ public:
+  explicit StorageBackend(std::unique_ptr<storage::ShardStore> store)
+      : store_(std::move(store)) {}
+
+  absl::StatusOr<std::vector<v1::CheckpointRecord>> List(const std::string& job,
+                                                         bool all) override {
+    std::vector<std::string> jobs;
+    if (job.empty()) {
+      CAIRN_ASSIGN_OR_RETURN(jobs, storage::ListJobs(*store_));
+    } else {
+      CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(job));
+      jobs.push_back(job);
+    }
+    std::vector<v1::CheckpointRecord> out;
+    for (const std::string& j : jobs) {
+      CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                             storage::ListCommittedSteps(*store_, j));
+      for (int64_t step : steps) {
+        CAIRN_ASSIGN_OR_RETURN(v1::Manifest m,
+                               storage::ReadManifest(*store_, j, step));
+        out.push_back(RecordOf(m));
+      }
+      if (all) {
+        CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> incomplete,
+                               storage::ListIncompleteSteps(*store_, j));
+        for (int64_t step : incomplete) {
+          v1::CheckpointRecord r;
+          r.set_job(j);
+          r.set_step(step);
+          r.set_state(v1::CHECKPOINT_STATE_WRITING);
+          out.push_back(r);
+        }
+      }
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+      return a.job() != b.job() ? a.job() < b.job() : a.step() < b.step();
+    });
+    return out;
+  }
+
+  absl::StatusOr<v1::GetCheckpointResponse> Get(const std::string& job,
+                                                int64_t step) override {
+    CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(job));
+    if (step < 0) {
+      CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                             storage::ListCommittedSteps(*store_, job));
+      if (steps.empty()) {
+        return absl::NotFoundError(absl::StrCat(
+            "job '", job, "' has no committed checkpoint on ", store_->uri()));
+      }
+      step = steps.back();
+    }
+    v1::GetCheckpointResponse resp;
+    CAIRN_ASSIGN_OR_RETURN(*resp.mutable_manifest(),
+                           storage::ReadManifest(*store_, job, step));
+    *resp.mutable_checkpoint() = RecordOf(resp.manifest());
+    return resp;
+  }
+
+  absl::Status Delete(const std::string& job, int64_t step) override {
+    CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(job));
+    CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
+    return storage::DeleteStep(*store_, job, step);
+  }
+
+  absl::StatusOr<v1::GarbageCollectResponse> Gc(const std::string& job,
+                                                int keep, bool dry) override {
+    CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> records,
+                           List(job, false));
+    v1::GarbageCollectResponse resp;
+    for (int i = static_cast<int>(records.size()) - keep - 1; i >= 0; --i) {
+      if (!dry) CAIRN_RETURN_IF_ERROR(Delete(job, records[i].step()));
+      resp.add_deleted_steps(records[i].step());
+      resp.set_freed_bytes(resp.freed_bytes() + records[i].total_bytes());
+    }
+    return resp;
+  }
+
+  storage::ShardStore& store() { return *store_; }
+
+ private:
+  v1::CheckpointRecord RecordOf(const v1::Manifest& m) {
+    v1::CheckpointRecord r;
+    r.set_job(m.job());
+    r.set_step(m.step());
+    r.set_state(v1::CHECKPOINT_STATE_COMMITTED);
+    r.set_world_size(m.world_size());
+    r.set_total_bytes(m.total_bytes());
+    r.set_num_tensors(m.tensors_size());
+    r.set_num_bytes_entries(m.bytes_entries_size());
+    r.set_created_unix_micros(m.created_unix_micros());
+    r.set_storage_uri(store_->uri());
+    return r;
+  }
+
+  std::unique_ptr<storage::ShardStore> store_;
+};
+
+absl::StatusOr<int64_t> ParseStepArg(const std::string& s) {
+  if (s == "latest") return -1;
+  int64_t step;
+  if (!absl::SimpleAtoi(s, &step) || step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step must be a non-negative integer or 'latest', got '", s, "'"));
+  }
+  return step;
+}
+
+void PrintList(const std::vector<v1::CheckpointRecord>& records,
+               std::ostream& out) {
+  if (records.empty()) {
+    out << "no checkpoints\n";
+    return;
+  }
+  Table t({"JOB", "STEP", "STATE", "SIZE", "RANKS", "TENSORS", "CREATED",
+           "COMMITTED"});
+  for (const auto& r : records) {
+    t.Add({r.job(), absl::StrCat(r.step()), StateName(r.state()),
+           HumanBytes(r.total_bytes()), absl::StrCat(r.world_size()),
+           absl::StrCat(r.num_tensors()), HumanTime(r.created_unix_micros()),
+           HumanTime(r.committed_unix_micros())});
+  }
+  t.Print(out);
+}
+
+void PrintShow(const v1::GetCheckpointResponse& resp, bool chunks,
+               std::ostream& out) {
+  const v1::Manifest& m = resp.manifest();
+  const v1::CheckpointRecord& r = resp.checkpoint();
+  out << "job " << r.job() << "  step " << r.step() << "  "
+      << StateName(r.state()) << "\n";
+  out << "format v" << m.format_version() << "  ranks " << m.world_size()
+      << "  size " << HumanBytes(m.total_bytes()) << " (" << m.total_bytes()
+      << " bytes)  objects " << m.objects_size() << "\n";
+  out << "created " << HumanTime(m.created_unix_micros()) << "  storage "
+      << r.storage_uri() << "\n\n";
+  Table t({"ENTRY", "DTYPE", "SHAPE", "CHUNKS", "SIZE"});
+  for (const auto& tensor : m.tensors()) {
+    uint64_t bytes = 0;
+    for (const auto& c : tensor.chunks()) bytes += c.location().length();
+    t.Add({tensor.entry().fqn(), storage::DTypeName(tensor.entry().dtype()),
+           absl::StrCat("[", absl::StrJoin(tensor.entry().global_shape(), ", "),
+                        "]"),
+           absl::StrCat(tensor.chunks_size()), HumanBytes(bytes)});
+  }
+  for (const auto& b : m.bytes_entries()) {
+    t.Add({b.fqn(), "bytes", "-", "1", HumanBytes(b.location().length())});
+  }
+  t.Print(out);
+  if (!chunks) return;
+  out << "\n";
+  Table c({"ENTRY", "CHUNK", "RANK", "OBJECT", "OFFSET", "LENGTH", "CRC32C"});
+  for (const auto& tensor : m.tensors()) {
+    for (const auto& ch : tensor.chunks()) {
+      c.Add({tensor.entry().fqn(), storage::BoxToString(ch.box()),
+             absl::StrCat(ch.writer_rank()), ch.location().object_key(),
+             absl::StrCat(ch.location().offset()),
+             absl::StrCat(ch.location().length()),
+             absl::StrFormat("%08x", ch.crc32c())});
+    }
+  }
+  c.Print(out);
+}
+
+}  // namespace
+
+int RunCli(int argc, const char* const* argv, std::ostream& out,
+           std::ostream& err) {
+  CLI::App app{
+      "cairn: list, inspect, verify and delete Cairn checkpoints.\n"
+      "Talks to a running cairnd (--coordinator) or reads storage directly "
+      "(--storage, offline).",
+      "cairn"};
+  app.require_subcommand(1);
+  std::string coordinator, storage_uri;
+  app.add_option("--coordinator,-c", coordinator,
+                 "cairnd address host:port (env CAIRN_COORDINATOR)")
+      ->envname("CAIRN_COORDINATOR");
+  app.add_option("--storage,-s", storage_uri,
+                 "Storage URI to read offline, e.g. file:///data/ckpt (env "
+                 "CAIRN_STORAGE)")
+      ->envname("CAIRN_STORAGE");
+
+  std::string job, step_arg;
+  bool all = false, json = false, show_chunks = false, yes = false,
+       dry_run = false;
+  int keep = 0;
+  CLI::App* ls = app.add_subcommand("ls", "List jobs and their checkpoints");
+  ls->add_option("job", job, "Only this job");
+  ls->add_flag("--all,-a", all, "Include WRITING and ABORTED checkpoints");
+  CLI::App* show =
+      app.add_subcommand("show", "Show a checkpoint's entries and chunks");
+  show->add_option("job", job, "Job name")->required();
+  show->add_option("step", step_arg, "Step number or 'latest'")->required();
+  show->add_flag("--json", json, "Print the manifest as JSON");
+  show->add_flag("--chunks", show_chunks,
+                 "Also list every stored chunk (object, offset, crc32c)");
+  CLI::App* verify = app.add_subcommand(
+      "verify", "Re-read every byte of a checkpoint and check its crc32c");
+  verify->add_option("job", job, "Job name")->required();
+  verify->add_option("step", step_arg, "Step number or 'latest'")->required();
+  CLI::App* rm = app.add_subcommand("rm", "Delete a checkpoint");
+  rm->add_option("job", job, "Job name")->required();
+  rm->add_option("step", step_arg, "Step number")->required();
+  rm->add_flag("--yes,-y", yes, "Do not ask for confirmation");
+  CLI::App* gc = app.add_subcommand(
+      "gc", "Delete all but the newest N committed checkpoints of a job");
+  gc->add_option("job", job, "Job name")->required();
+  gc->add_option("--keep", keep, "How many committed checkpoints to keep")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  gc->add_flag("--dry-run,-n", dry_run, "Only print what would be deleted");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e, out, err) == 0 ? 0 : 2;
+  }
+  if (coordinator.empty() == storage_uri.empty()) {
+    err << "cairn: give exactly one of --coordinator HOST:PORT or --storage "
+           "URI\n";
+    return 2;
+  }
+
+  std::unique_ptr<Backend> backend;
+  StorageBackend* offline = nullptr;
+  if (!coordinator.empty()) {
+    backend = std::make_unique<CoordinatorBackend>(coordinator);
+  } else {
+    absl::StatusOr<std::unique_ptr<storage::ShardStore>> store =
+        storage::OpenShardStore(storage_uri);
+    if (!store.ok()) {
+      err << "cairn: " << store.status() << "\n";
+      return 1;
+    }
+    auto sb = std::make_unique<StorageBackend>(std::move(*store));
+    offline = sb.get();
+    backend = std::move(sb);
+  }
+
+  auto fail = [&](const absl::Status& s) {
+    err << "cairn: " << s << "\n";
+    return 1;
+  };
+  int64_t step = -1;
+  if (!step_arg.empty()) {
+    absl::StatusOr<int64_t> parsed = ParseStepArg(step_arg);
+    if (!parsed.ok()) {
+      err << "cairn: " << parsed.status().message() << "\n";
+      return 2;
+    }
+    step = *parsed;
+  }
+
+  if (ls->parsed()) {
+    absl::StatusOr<std::vector<v1::CheckpointRecord>> records =
+        backend->List(job, all);
+    if (!records.ok()) return fail(records.status());
+    PrintList(*records, out);
+    return 0;
+  }
+  if (show->parsed()) {
+    absl::StatusOr<v1::GetCheckpointResponse> resp = backend->Get(job, step);
+    if (!resp.ok()) return fail(resp.status());
+    if (!resp->has_manifest()) {
+      out << "job " << job << " step " << resp->checkpoint().step() << " is "
+          << StateName(resp->checkpoint().state())
+          << (resp->checkpoint().abort_reason().empty()
+                  ? ""
+                  : ": " + resp->checkpoint().abort_reason())
+          << "\n";
+      return 0;
+    }
+    if (json) {
+      out << storage::ManifestToJson(resp->manifest(), show_chunks) << "\n";
+    } else {
+      PrintShow(*resp, show_chunks, out);
+    }
+    return 0;
+  }
+  if (verify->parsed()) {
+    absl::StatusOr<v1::GetCheckpointResponse> resp = backend->Get(job, step);
+    if (!resp.ok()) return fail(resp.status());
+    if (!resp->has_manifest()) {
+      return fail(absl::FailedPreconditionError(
+          absl::StrCat("job '", job, "' step ", resp->checkpoint().step(),
+                       " is not committed")));
+    }
+    std::unique_ptr<storage::ShardStore> opened;
+    storage::ShardStore* store = offline ? &offline->store() : nullptr;
+    if (store == nullptr) {
+      absl::StatusOr<std::unique_ptr<storage::ShardStore>> s =
+          storage::OpenShardStore(resp->checkpoint().storage_uri());
+      if (!s.ok()) return fail(s.status());
+      opened = std::move(*s);
+      store = opened.get();
+    }
+    const bool tty = isatty(fileno(stderr));
+    const absl::Time start = absl::Now();
+    int last_percent = -1;
+    absl::Status s = storage::VerifyCheckpoint(
+        *store, resp->manifest(), [&](uint64_t done, uint64_t total) {
+          const int percent =
+              total == 0 ? 100 : static_cast<int>(done * 100 / total);
+          if (percent == last_percent) return;
+          last_percent = percent;
+          if (tty) {
+            const int bars = percent / 4;
+            err << "\rverifying [" << std::string(bars, '#')
+                << std::string(25 - bars, ' ') << "] " << percent << "% "
+                << HumanBytes(done) << " / " << HumanBytes(total) << std::flush;
+          } else if (percent % 10 == 0) {
+            err << "verifying: " << percent << "% (" << HumanBytes(done)
+                << " / " << HumanBytes(total) << ")\n";
+          }
+        });
+    if (tty) err << "\n";
+    if (!s.ok()) return fail(s);
+    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+    out << "OK: job " << job << " step " << resp->manifest().step() << ": "
+        << HumanBytes(resp->manifest().total_bytes()) << " in "
+        << resp->manifest().objects_size() << " objects verified ("
+        << absl::StrFormat(
+               "%.2f s, %.2f GB/s", secs,
+               secs > 0 ? resp->manifest().total_bytes() / secs / 1e9 : 0.0)
+        << ")\n";
+    return 0;
+  }
+  if (rm->parsed()) {
+    if (step < 0) {
+      err << "cairn rm: give an explicit step, not 'latest'\n";
+      return 2;
+    }
+    if (!yes) {
+      out << "delete job " << job << " step " << step << "? [y/N] "
+          << std::flush;
+      std::string answer;
+      if (!std::getline(std::cin, answer) ||
+          (answer != "y" && answer != "Y" && answer != "yes")) {
+        out << "not deleted\n";
+        return 1;
+      }
+    }
+    absl::Status s = backend->Delete(job, step);
+    if (!s.ok()) return fail(s);
+    out << "deleted job " << job << " step " << step << "\n";
+    return 0;
+  }
+  if (gc->parsed()) {
+    absl::StatusOr<v1::GarbageCollectResponse> resp =
+        backend->Gc(job, keep, dry_run);
+    if (!resp.ok()) return fail(resp.status());
+    out << (dry_run ? "would delete " : "deleted ")
+        << resp->deleted_steps_size() << " checkpoints of job " << job
+        << (resp->deleted_steps_size() > 0
+                ? absl::StrCat(" (steps ",
+                               absl::StrJoin(resp->deleted_steps(), ", "), ")")
+                : "")
+        << ", " << HumanBytes(resp->freed_bytes()) << "\n";
+    return 0;
+  }
+  return 2;
+}
+
+}  // namespace cairn::cli

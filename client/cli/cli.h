@@ -1,0 +1,25 @@
+// The `cairn` command-line tool, as a library so tests run it in-process.
+//
+//   cairn [--coordinator HOST:PORT | --storage URI] <command> ...
+//     ls [JOB] [--all]                 jobs and checkpoints
+//     show JOB STEP|latest [--json] [--chunks]
+//     verify JOB STEP|latest           re-read every byte, check crc32c
+//     rm JOB STEP [--yes]              delete a checkpoint
+//     gc JOB --keep N [--dry-run]      keep the newest N committed
+//
+// With --coordinator it asks a running cairnd; with --storage it reads the
+// MANIFESTs on storage directly (offline: no cairnd needed).
+// Exit codes: 0 success, 1 the operation failed, 2 usage error.
+#ifndef CAIRN_CLIENT_CLI_CLI_H_
+#define CAIRN_CLIENT_CLI_CLI_H_
+
+#include <ostream>
+
+namespace cairn::cli {
+
+int RunCli(int argc, const char* const* argv, std::ostream& out,
+           std::ostream& err);
+
+}  // namespace cairn::cli
+
+#endif  // CAIRN_CLIENT_CLI_CLI_H_
