@@ -1,0 +1,409 @@
+// End-to-end: a real cairnd process and real rank processes
+// (cairn_train_example) on loopback, saving and loading a sharded model.
+//
+// Binaries come from --cairnd=PATH and --rank=PATH (Bazel passes them as
+// args), else from the paths CMake compiled in.
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cairn/v1/cairn.grpc.pb.h"
+#include "client/cli/cli.h"
+#include "common/grpc_status.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cairnd_process.h"
+#include "tests/testing/subprocess.h"
+
+#ifndef CAIRN_CAIRND_PATH
+#define CAIRN_CAIRND_PATH ""
+#endif
+#ifndef CAIRN_RANK_PATH
+#define CAIRN_RANK_PATH ""
+#endif
+
+namespace cairn {
+namespace {
+
+using ::testing::Each;
+using ::testing::Eq;
+using ::testing::HasSubstr;
+
+std::string g_cairnd = CAIRN_CAIRND_PATH;
+std::string g_rank = CAIRN_RANK_PATH;
+
+class E2ETest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_FALSE(dir_.empty());
+  }
+  void TearDown() override {
+    cairnd_.reset();
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  void StartCairnd(std::vector<std::string> flags = {}) {
+    absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
+        testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cairnd_ = std::move(*c);
+  }
+
+  std::string StorageUri() const {
+    return absl::StrCat("file://", dir_, "/cairnd/checkpoints");
+  }
+
+  // Runs `world` ranks of the example job; returns their exit codes.
+  std::vector<int> RunRanks(const std::string& job, int world,
+                            const std::string& layout,
+                            std::vector<std::string> extra, int die_rank = -1) {
+    std::vector<std::vector<std::string>> argvs;
+    for (int r = 0; r < world; ++r) {
+      std::vector<std::string> a = {g_rank,
+                                    "--coordinator",
+                                    cairnd_->address(),
+                                    "--job",
+                                    job,
+                                    "--rank",
+                                    std::to_string(r),
+                                    "--world-size",
+                                    std::to_string(world),
+                                    "--layout",
+                                    layout};
+      a.insert(a.end(), extra.begin(), extra.end());
+      if (r == die_rank) a.push_back("--die-before-commit");
+      argvs.push_back(std::move(a));
+    }
+    const std::string prefix =
+        absl::StrCat(dir_, "/", job, "-", world, "-", ++runs_, "-rank");
+    absl::StatusOr<std::vector<int>> codes =
+        testing::RunAll(argvs, prefix, absl::Minutes(3));
+    EXPECT_TRUE(codes.ok()) << codes.status();
+    if (!codes.ok()) return {};
+    for (int r = 0; r < world; ++r) {
+      if ((*codes)[r] != 0 && r != die_rank) {
+        std::ifstream in(absl::StrCat(prefix, r, ".log"));
+        std::stringstream ss;
+        ss << in.rdbuf();
+        last_logs_ += absl::StrCat("rank ", r, ": ", ss.str());
+      }
+    }
+    return *codes;
+  }
+
+  int Cli(std::vector<std::string> args, std::string* out,
+          std::string* err = nullptr) {
+    args.insert(args.begin(), "cairn");
+    std::vector<const char*> argv;
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    std::ostringstream o, e;
+    int rc = cli::RunCli(static_cast<int>(argv.size()), argv.data(), o, e);
+    *out = o.str();
+    if (err) *err = e.str();
+    return rc;
+  }
+
+  std::unique_ptr<v1::Coordinator::Stub> Stub() {
+    return v1::Coordinator::NewStub(grpc::CreateChannel(
+        cairnd_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  std::string dir_;
+  std::unique_ptr<testing::CairndProcess> cairnd_;
+  std::string last_logs_;
+  int runs_ = 0;
+};
+
+TEST_F(E2ETest, EightRankDTensorSaveLoadsBitExactIntoOtherLayouts) {
+  StartCairnd();
+  // FSDP x TP on a 2x4 mesh; uneven dims; bf16, fp32, fp64, int64; bytes.
+  std::vector<int> codes =
+      RunRanks("llama", 8, "2x4:S0,S1", {"--save-steps", "100,200"});
+  ASSERT_THAT(codes, Each(Eq(0))) << last_logs_;
+
+  struct Target {
+    int world;
+    const char* layout;
+  };
+  for (const Target& t : {Target{1, "1:R"}, Target{3, "3:S1"},
+                          Target{4, "2x2:S1,S0"}, Target{16, "4x4:S0,S1"}}) {
+    codes = RunRanks("llama", t.world, t.layout, {"--load", "latest"});
+    EXPECT_THAT(codes, Each(Eq(0))) << t.world << " ranks " << t.layout << "\n"
+                                    << last_logs_;
+  }
+  // An explicit older step loads too (bytes entries differ per step).
+  codes = RunRanks("llama", 2, "2:S0", {"--load", "100"});
+  EXPECT_THAT(codes, Each(Eq(0))) << last_logs_;
+
+  std::string out;
+  ASSERT_EQ(Cli({"--coordinator", cairnd_->address(), "ls"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("llama"));
+  EXPECT_THAT(out, HasSubstr("COMMITTED"));
+  ASSERT_EQ(
+      Cli({"--coordinator", cairnd_->address(), "show", "llama", "latest"},
+          &out),
+      0);
+  EXPECT_THAT(out, HasSubstr("model.layers.0.attn.wq.weight"));
+  EXPECT_THAT(out, HasSubstr("bfloat16"));
+  EXPECT_THAT(out, HasSubstr("[257, 130]"));
+  EXPECT_THAT(out, HasSubstr("rng_state"));
+  ASSERT_EQ(Cli({"--coordinator", cairnd_->address(), "verify", "llama", "200"},
+                &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("OK"));
+  // Offline: the same answers straight from storage.
+  ASSERT_EQ(
+      Cli({"--storage", StorageUri(), "show", "llama", "100", "--json"}, &out),
+      0);
+  EXPECT_THAT(out, HasSubstr("\"model.embed.weight\""));
+}
+
+TEST_F(E2ETest, RankKilledMidSaveLeavesPreviousCheckpointLatest) {
+  StartCairnd({"--commit-deadline", "3"});
+  ASSERT_THAT(RunRanks("job", 4, "4:S0", {"--save-steps", "1"}), Each(Eq(0)))
+      << last_logs_;
+  // Rank 2 dies after writing its bytes, before committing.
+  std::vector<int> codes =
+      RunRanks("job", 4, "4:S0", {"--save-steps", "2"}, /*die_rank=*/2);
+  ASSERT_EQ(codes.size(), 4u);
+  EXPECT_EQ(codes[2], 137);
+  for (int r : {0, 1, 3}) EXPECT_EQ(codes[r], 1) << "rank " << r;
+  EXPECT_THAT(last_logs_, HasSubstr("DEADLINE_EXCEEDED"));
+  EXPECT_THAT(last_logs_, HasSubstr("[2]"));
+
+  // latest is still step 1, and it loads bit-exact (Verify checks the step's
+  // bytes entries too).
+  std::vector<int> load = RunRanks("job", 2, "2:S1", {"--load", "latest"});
+  EXPECT_THAT(load, Each(Eq(0))) << last_logs_;
+  std::string out;
+  ASSERT_EQ(
+      Cli({"--coordinator", cairnd_->address(), "ls", "job", "--all"}, &out),
+      0);
+  EXPECT_THAT(out, HasSubstr("ABORTED"));
+  // The aborted attempt's bytes are gone: step 2 has nothing on storage.
+  ASSERT_EQ(Cli({"--storage", StorageUri(), "ls", "job", "--all"}, &out), 0);
+  EXPECT_THAT(out, Not(HasSubstr("WRITING"))) << out;
+  // A new attempt at step 2 succeeds.
+  EXPECT_THAT(RunRanks("job", 4, "4:S0", {"--save-steps", "2"}), Each(Eq(0)))
+      << last_logs_;
+}
+
+TEST_F(E2ETest, CairndKilledAndRestartedLosesNoCommittedCheckpoint) {
+  StartCairnd();
+  ASSERT_THAT(RunRanks("job", 3, "3:S0", {"--save-steps", "5,6"}), Each(Eq(0)))
+      << last_logs_;
+  cairnd_->process().Signal(SIGKILL);
+  ASSERT_TRUE(cairnd_->process().Wait().ok());
+  StartCairnd();
+  std::string out;
+  ASSERT_EQ(Cli({"--coordinator", cairnd_->address(), "ls", "job"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr(" 5 "));
+  EXPECT_THAT(out, HasSubstr(" 6 "));
+  EXPECT_THAT(RunRanks("job", 2, "2:S1", {"--load", "latest"}), Each(Eq(0)))
+      << last_logs_;
+
+  // Even with the catalog lost, the MANIFESTs on storage are the truth.
+  cairnd_->process().Signal(SIGTERM);
+  absl::StatusOr<int> rc = cairnd_->process().Wait();
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(*rc, 0);  // SIGTERM drains and exits cleanly
+  std::filesystem::remove_all(dir_ + "/cairnd/catalog");
+  StartCairnd();
+  ASSERT_EQ(Cli({"--coordinator", cairnd_->address(), "ls", "job"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr(" 6 "));
+  EXPECT_THAT(RunRanks("job", 1, "1:R", {"--load", "5"}), Each(Eq(0)))
+      << last_logs_;
+}
+
+TEST_F(E2ETest, CorruptedByteIsDetectedByVerifyAndLoad) {
+  StartCairnd();
+  ASSERT_THAT(RunRanks("job", 2, "2:S0", {"--save-steps", "1"}), Each(Eq(0)))
+      << last_logs_;
+  // Flip one byte in a data object.
+  std::string victim;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(
+           dir_ + "/cairnd/checkpoints/job")) {
+    if (e.is_regular_file() && e.path().filename() != "MANIFEST") {
+      victim = e.path();
+      break;
+    }
+  }
+  ASSERT_FALSE(victim.empty());
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(10);
+    char c;
+    f.get(c);
+    f.seekp(10);
+    f.put(static_cast<char>(c ^ 0x40));
+  }
+  std::string out, err;
+  EXPECT_EQ(Cli({"--coordinator", cairnd_->address(), "verify", "job", "1"},
+                &out, &err),
+            1);
+  EXPECT_THAT(err, HasSubstr("DATA_LOSS"));
+  std::vector<int> codes = RunRanks("job", 2, "2:S0", {"--load", "1"});
+  EXPECT_THAT(codes, ::testing::Contains(1));
+  EXPECT_THAT(last_logs_, HasSubstr("DATA_LOSS"));
+}
+
+TEST_F(E2ETest, RawClientBadRequestsGetDocumentedErrors) {
+  StartCairnd({"--begin-deadline", "1"});
+  auto stub = Stub();
+  auto begin = [&](const std::string& job, int64_t step, int rank, int world,
+                   std::vector<std::pair<int64_t, int64_t>> rows) {
+    v1::BeginSaveRequest req;
+    req.set_job(job);
+    req.set_step(step);
+    req.set_rank(rank);
+    req.set_world_size(world);
+    v1::LocalSavePlan* plan = req.mutable_local_plan();
+    plan->set_rank(rank);
+    for (auto [off, size] : rows) {
+      v1::WriteItem* item = plan->add_items();
+      item->set_kind(v1::WriteItem::KIND_TENSOR_CHUNK);
+      item->mutable_tensor()->set_fqn("model.w");
+      item->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+      item->mutable_tensor()->add_global_shape(10);
+      item->mutable_tensor()->add_global_shape(4);
+      item->mutable_chunk()->add_offsets(off);
+      item->mutable_chunk()->add_offsets(0);
+      item->mutable_chunk()->add_sizes(size);
+      item->mutable_chunk()->add_sizes(4);
+      item->set_length(static_cast<uint64_t>(size) * 4 * 4);
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(20));
+    v1::BeginSaveResponse resp;
+    return FromGrpcStatus(stub->BeginSave(&ctx, req, &resp));
+  };
+
+  absl::Status s = begin("../../etc", 1, 0, 1, {{0, 10}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("../../etc"));
+  s = begin("job", 1, 3, 2, {{0, 10}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 3"));
+  s = begin("job", -5, 0, 1, {{0, 10}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // Out of bounds chunk.
+  s = begin("job", 1, 0, 1, {{5, 10}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("model.w"));
+  // A missing rank: the one that came waits, then DEADLINE_EXCEEDED naming
+  // the missing rank.
+  s = begin("job", 2, 0, 2, {{0, 5}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("[1]"));
+
+  grpc::ClientContext c1;
+  v1::PlanLoadRequest load;
+  load.set_job("nope");
+  load.set_latest(true);
+  v1::PlanLoadResponse lr;
+  s = FromGrpcStatus(stub->PlanLoad(&c1, load, &lr));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("nope"));
+
+  grpc::ClientContext c2;
+  v1::CommitSaveRequest commit;
+  commit.set_job("job");
+  commit.set_step(77);
+  v1::CommitSaveResponse cr;
+  s = FromGrpcStatus(stub->CommitSave(&c2, commit, &cr));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+
+  grpc::ClientContext c3;
+  v1::DeleteCheckpointRequest del;
+  del.set_job("job");
+  del.set_step(12345);
+  v1::DeleteCheckpointResponse dr;
+  s = FromGrpcStatus(stub->DeleteCheckpoint(&c3, del, &dr));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+
+  grpc::ClientContext c4;
+  v1::GarbageCollectRequest gc;
+  gc.set_job("job");
+  gc.set_keep_last(0);
+  v1::GarbageCollectResponse gr;
+  s = FromGrpcStatus(stub->GarbageCollect(&c4, gc, &gr));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+
+  // After all that, cairnd still serves: a real save and a dtype-mismatched
+  // load.
+  ASSERT_THAT(RunRanks("ok", 2, "2:S0", {"--save-steps", "1"}), Each(Eq(0)))
+      << last_logs_;
+  grpc::ClientContext c5;
+  v1::PlanLoadRequest bad;
+  bad.set_job("ok");
+  bad.set_step(1);
+  v1::WantedChunk* w = bad.add_wanted();
+  w->mutable_tensor()->set_fqn("model.embed.weight");
+  w->mutable_tensor()->set_dtype(v1::DTYPE_BFLOAT16);
+  w->mutable_tensor()->add_global_shape(1000);
+  w->mutable_tensor()->add_global_shape(64);
+  w->mutable_box()->add_offsets(0);
+  w->mutable_box()->add_offsets(0);
+  w->mutable_box()->add_sizes(10);
+  w->mutable_box()->add_sizes(64);
+  s = FromGrpcStatus(stub->PlanLoad(&c5, bad, &lr));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("model.embed.weight"));
+}
+
+TEST_F(E2ETest, CliRmAndGcApplyRetention) {
+  StartCairnd();
+  ASSERT_THAT(RunRanks("job", 2, "2:S0", {"--save-steps", "1,2,3,4"}),
+              Each(Eq(0)))
+      << last_logs_;
+  std::string out, err;
+  EXPECT_EQ(
+      Cli({"--coordinator", cairnd_->address(), "rm", "job", "2", "-y"}, &out),
+      0);
+  EXPECT_EQ(Cli({"--coordinator", cairnd_->address(), "gc", "job", "--keep",
+                 "1", "--dry-run"},
+                &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("would delete 2"));
+  EXPECT_EQ(
+      Cli({"--coordinator", cairnd_->address(), "gc", "job", "--keep", "1"},
+          &out),
+      0);
+  EXPECT_THAT(out, HasSubstr("steps 3, 1"));
+  EXPECT_EQ(Cli({"--storage", StorageUri(), "ls", "job"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr(" 4 "));
+  EXPECT_THAT(out, Not(HasSubstr(" 3 ")));
+  EXPECT_EQ(Cli({"--coordinator", cairnd_->address(), "show", "job", "3"}, &out,
+                &err),
+            1);
+  EXPECT_THAT(err, HasSubstr("NOT_FOUND"));
+  EXPECT_EQ(Cli({"ls"}, &out, &err), 2);  // neither --coordinator nor --storage
+}
+
+}  // namespace
+}  // namespace cairn
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (absl::StartsWith(a, "--cairnd="))
+      cairn::g_cairnd = std::string(a.substr(9));
+    if (absl::StartsWith(a, "--rank="))
+      cairn::g_rank = std::string(a.substr(7));
+  }
+  return RUN_ALL_TESTS();
+}
