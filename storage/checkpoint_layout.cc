@@ -1,48 +1,371 @@
+// Checkpoint layout and commit protocol on a ShardStore; see
+// checkpoint_layout.h. Verification streams each stored item through a
+// bounded buffer (8 MiB), extending its crc32c piece by piece, with the items
+// sorted by (object, offset) so reads are sequential within each object.
 #include "storage/checkpoint_layout.h"
 
-namespace cairn::storage {
+#include <algorithm>
+#include <map>
+#include <utility>
 
-absl::Status ValidateJobName(absl::string_view) {
-  return absl::UnimplementedError("x");
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "storage/checksum.h"
+#include "storage/manifest.h"
+
+namespace cairn::storage {
+namespace {
+
+constexpr size_t kVerifyBufferBytes = 8 << 20;
+constexpr uint64_t kMaxManifestBytes = 1ull << 30;
+
+std::string Crc(uint32_t crc) { return absl::StrFormat("0x%08x", crc); }
+
+std::string Where(absl::string_view job, int64_t step) {
+  return absl::StrCat("job '", job, "' step ", step);
 }
-absl::Status ValidateStep(int64_t) { return absl::UnimplementedError("x"); }
-std::string StepPrefix(absl::string_view, int64_t) { return ""; }
-std::string ManifestKey(absl::string_view, int64_t) { return ""; }
-std::string ObjectKey(absl::string_view, int64_t, absl::string_view) {
-  return "";
+
+// Turns a read failure of committed data into DATA_LOSS with context; other
+// failures (UNAVAILABLE, ...) keep their code.
+absl::Status ReadFailure(const absl::Status& s, absl::string_view context) {
+  if (absl::IsNotFound(s) || absl::IsOutOfRange(s) || absl::IsDataLoss(s)) {
+    return absl::DataLossError(absl::StrCat(context, ": ", s.message()));
+  }
+  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
 }
-absl::StatusOr<int64_t> ParseStepDir(absl::string_view) {
-  return absl::UnimplementedError("x");
+
+// Streams [offset, offset + length) of `key` through `buffer`, returning its
+// crc32c. `on_bytes` is called after each piece.
+absl::StatusOr<uint32_t> StreamCrc(
+    ShardStore& store, const std::string& key, uint64_t offset, uint64_t length,
+    std::string& buffer, const std::function<void(uint64_t)>& on_bytes) {
+  uint32_t crc = 0;
+  while (length > 0) {
+    const uint64_t n = std::min<uint64_t>(length, buffer.size());
+    CAIRN_ASSIGN_OR_RETURN(size_t got,
+                           store.Read(key, ByteRange{offset, n},
+                                      absl::Span<char>(buffer.data(), n)));
+    crc = Crc32cExtend(crc, buffer.data(), got);
+    offset += n;
+    length -= n;
+    if (on_bytes) on_bytes(n);
+  }
+  return crc;
 }
-absl::Status PublishManifest(ShardStore&, const v1::Manifest&) {
-  return absl::UnimplementedError("x");
+
+}  // namespace
+
+absl::Status ValidateJobName(absl::string_view job) {
+  if (job.empty() || job.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid job name '", job.substr(0, 200),
+                     "': must be 1 to 128 characters of [A-Za-z0-9._-]"));
+  }
+  if (job == "." || job == "..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid job name '", job, "'"));
+  }
+  for (char c : job) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' &&
+        c != '_' && c != '-') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid job name '", absl::CHexEscape(job),
+                       "': only [A-Za-z0-9._-] are allowed"));
+    }
+  }
+  return absl::OkStatus();
 }
-absl::StatusOr<v1::Manifest> ReadManifest(ShardStore&, absl::string_view,
-                                          int64_t) {
-  return absl::UnimplementedError("x");
+
+absl::Status ValidateStep(int64_t step) {
+  if (step < 0 || step > kMaxStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid step ", step, ": must be in [0, 10^15]"));
+  }
+  return absl::OkStatus();
 }
-absl::StatusOr<std::vector<std::string>> ListJobs(ShardStore&) {
-  return absl::UnimplementedError("x");
+
+std::string StepPrefix(absl::string_view job, int64_t step) {
+  return absl::StrFormat("%s/%016d/", job, step);
 }
-absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(ShardStore&,
-                                                        absl::string_view) {
-  return absl::UnimplementedError("x");
+
+std::string ManifestKey(absl::string_view job, int64_t step) {
+  return absl::StrCat(StepPrefix(job, step), kManifestName);
 }
-absl::StatusOr<std::vector<int64_t>> ListIncompleteSteps(ShardStore&,
-                                                         absl::string_view) {
-  return absl::UnimplementedError("x");
+
+std::string ObjectKey(absl::string_view job, int64_t step,
+                      absl::string_view object_key) {
+  return absl::StrCat(StepPrefix(job, step), object_key);
 }
-absl::Status DeleteStep(ShardStore&, absl::string_view, int64_t) {
-  return absl::UnimplementedError("x");
+
+absl::StatusOr<int64_t> ParseStepDir(absl::string_view name) {
+  if (absl::EndsWith(name, "/")) name.remove_suffix(1);
+  int64_t step = 0;
+  if (name.size() != kStepDigits ||
+      !std::all_of(name.begin(), name.end(),
+                   [](char c) { return c >= '0' && c <= '9'; }) ||
+      !absl::SimpleAtoi(name, &step) || step > kMaxStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", name, "' is not a step directory (16 digits)"));
+  }
+  return step;
 }
-absl::Status ReadVerified(ShardStore&, absl::string_view, int64_t,
-                          const v1::StorageLocation&, uint32_t,
-                          absl::string_view, absl::Span<char>) {
-  return absl::UnimplementedError("x");
+
+absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest) {
+  CAIRN_RETURN_IF_ERROR(ValidateManifest(manifest));
+  const std::string& job = manifest.job();
+  const int64_t step = manifest.step();
+  // Every referenced object must be durable and long enough before the
+  // commit point.
+  std::map<std::string, uint64_t> needed;  // object -> max end
+  auto need = [&](const v1::StorageLocation& loc) {
+    uint64_t& end = needed[loc.object_key()];
+    end = std::max(end, loc.offset() + loc.length());
+  };
+  for (const std::string& o : manifest.objects()) needed.emplace(o, 0);
+  for (const v1::ManifestTensor& t : manifest.tensors()) {
+    for (const v1::StoredChunk& c : t.chunks()) need(c.location());
+  }
+  for (const v1::ManifestBytes& b : manifest.bytes_entries()) {
+    need(b.location());
+  }
+  for (const auto& [object, end] : needed) {
+    const std::string key = ObjectKey(job, step, object);
+    absl::StatusOr<uint64_t> size = store.Size(key);
+    if (absl::IsNotFound(size.status())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot commit ", Where(job, step), ": object '", key,
+                       "' is missing in ", store.uri()));
+    }
+    CAIRN_RETURN_IF_ERROR(size.status());
+    if (*size < end) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot commit ", Where(job, step), ": object '", key,
+                       "' has ", *size, " bytes but the manifest needs ", end));
+    }
+  }
+  const std::string bytes = EncodeManifest(manifest);
+  absl::Status s =
+      store.Put(ManifestKey(job, step),
+                absl::Span<const char>(bytes.data(), bytes.size()));
+  if (!s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("publishing the manifest of ", Where(job, step),
+                               ": ", s.message()));
+  }
+  return absl::OkStatus();
 }
-absl::Status VerifyCheckpoint(ShardStore&, const v1::Manifest&,
-                              std::function<void(uint64_t, uint64_t)>) {
-  return absl::UnimplementedError("x");
+
+absl::StatusOr<v1::Manifest> ReadManifest(ShardStore& store,
+                                          absl::string_view job, int64_t step) {
+  CAIRN_RETURN_IF_ERROR(ValidateJobName(job));
+  CAIRN_RETURN_IF_ERROR(ValidateStep(step));
+  const std::string key = ManifestKey(job, step);
+  absl::StatusOr<uint64_t> size = store.Size(key);
+  if (absl::IsNotFound(size.status())) {
+    return absl::NotFoundError(absl::StrCat(Where(job, step),
+                                            " is not committed: no '", key,
+                                            "' in ", store.uri()));
+  }
+  CAIRN_RETURN_IF_ERROR(size.status());
+  if (*size > kMaxManifestBytes + kManifestHeaderBytes) {
+    return absl::DataLossError(absl::StrCat("manifest '", key, "' of ",
+                                            Where(job, step), " is ", *size,
+                                            " bytes: too large"));
+  }
+  std::string bytes(*size, '\0');
+  absl::StatusOr<size_t> got = store.Read(
+      key, ByteRange{0, *size}, absl::Span<char>(bytes.data(), bytes.size()));
+  if (!got.ok()) {
+    if (absl::IsNotFound(got.status())) {  // deleted since Size()
+      return absl::NotFoundError(absl::StrCat(
+          Where(job, step), " is not committed: ", got.status().message()));
+    }
+    return ReadFailure(got.status(),
+                       absl::StrCat("reading manifest '", key, "'"));
+  }
+  absl::StatusOr<v1::Manifest> manifest =
+      DecodeManifest(bytes, kMaxManifestBytes);
+  if (!manifest.ok()) {
+    return absl::Status(
+        manifest.status().code(),
+        absl::StrCat("manifest '", key, "' of ", Where(job, step), ": ",
+                     manifest.status().message()));
+  }
+  if (manifest->job() != job || manifest->step() != step) {
+    return absl::DataLossError(
+        absl::StrCat("manifest '", key, "' describes job '", manifest->job(),
+                     "' step ", manifest->step(), ", not ", Where(job, step)));
+  }
+  if (absl::Status s = ValidateManifest(*manifest); !s.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("manifest '", key, "' is invalid: ", s.message()));
+  }
+  return manifest;
+}
+
+absl::StatusOr<std::vector<std::string>> ListJobs(ShardStore& store) {
+  CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> children,
+                         store.ListChildren(""));
+  std::vector<std::string> jobs;
+  for (const std::string& child : children) {
+    if (!absl::EndsWith(child, "/")) continue;  // an object at the root
+    absl::string_view name(child);
+    name.remove_suffix(1);
+    if (ValidateJobName(name).ok()) jobs.emplace_back(name);
+  }
+  return jobs;
+}
+
+namespace {
+
+// Steps under job/ and whether each has a MANIFEST.
+absl::StatusOr<std::vector<std::pair<int64_t, bool>>> ScanSteps(
+    ShardStore& store, absl::string_view job) {
+  CAIRN_RETURN_IF_ERROR(ValidateJobName(job));
+  CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> children,
+                         store.ListChildren(absl::StrCat(job, "/")));
+  std::vector<std::pair<int64_t, bool>> steps;
+  for (const std::string& child : children) {
+    if (!absl::EndsWith(child, "/")) continue;
+    absl::StatusOr<int64_t> step = ParseStepDir(child);
+    if (!step.ok()) continue;
+    absl::StatusOr<uint64_t> size = store.Size(ManifestKey(job, *step));
+    if (!size.ok() && !absl::IsNotFound(size.status())) return size.status();
+    steps.emplace_back(*step, size.ok());
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(ShardStore& store,
+                                                        absl::string_view job) {
+  CAIRN_ASSIGN_OR_RETURN(auto steps, ScanSteps(store, job));
+  std::vector<int64_t> out;
+  for (const auto& [step, committed] : steps) {
+    if (committed) out.push_back(step);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> ListIncompleteSteps(
+    ShardStore& store, absl::string_view job) {
+  CAIRN_ASSIGN_OR_RETURN(auto steps, ScanSteps(store, job));
+  std::vector<int64_t> out;
+  for (const auto& [step, committed] : steps) {
+    if (!committed) out.push_back(step);
+  }
+  return out;
+}
+
+absl::Status DeleteStep(ShardStore& store, absl::string_view job,
+                        int64_t step) {
+  CAIRN_RETURN_IF_ERROR(ValidateJobName(job));
+  CAIRN_RETURN_IF_ERROR(ValidateStep(step));
+  absl::Status s = store.Delete(ManifestKey(job, step));
+  if (!s.ok() && !absl::IsNotFound(s)) {
+    return absl::Status(
+        s.code(), absl::StrCat("deleting the manifest of ", Where(job, step),
+                               ": ", s.message()));
+  }
+  s = store.DeletePrefix(StepPrefix(job, step));
+  if (!s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("deleting the data of ", Where(job, step), ": ",
+                               s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadVerified(ShardStore& store, absl::string_view job,
+                          int64_t step, const v1::StorageLocation& location,
+                          uint32_t crc32c, absl::string_view what,
+                          absl::Span<char> out) {
+  const std::string key = ObjectKey(job, step, location.object_key());
+  const std::string context =
+      absl::StrCat(Where(job, step), " ", what, " in object '", key, "' [",
+                   location.offset(), ", +", location.length(), ")");
+  if (out.size() < location.length()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        context, ": buffer of ", out.size(), " bytes is too small"));
+  }
+  absl::StatusOr<size_t> got =
+      store.Read(key, ByteRange{location.offset(), location.length()}, out);
+  if (!got.ok()) return ReadFailure(got.status(), context);
+  const uint32_t actual = Crc32c(out.data(), location.length());
+  if (actual != crc32c) {
+    return absl::DataLossError(
+        absl::StrCat(context, ": checksum mismatch, crc32c ", Crc(actual),
+                     " but the manifest says ", Crc(crc32c)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyCheckpoint(
+    ShardStore& store, const v1::Manifest& manifest,
+    std::function<void(uint64_t, uint64_t)> progress) {
+  struct Item {
+    const v1::StorageLocation* location;
+    uint32_t crc;
+    std::string what;
+  };
+  std::vector<Item> items;
+  uint64_t total = 0;
+  for (const v1::ManifestTensor& t : manifest.tensors()) {
+    for (const v1::StoredChunk& c : t.chunks()) {
+      items.push_back(Item{&c.location(), c.crc32c(),
+                           absl::StrCat("tensor '", t.entry().fqn(), "' chunk ",
+                                        BoxToString(c.box()))});
+      total += c.location().length();
+    }
+  }
+  for (const v1::ManifestBytes& b : manifest.bytes_entries()) {
+    items.push_back(Item{&b.location(), b.crc32c(),
+                         absl::StrCat("bytes entry '", b.fqn(), "'")});
+    total += b.location().length();
+  }
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    if (a.location->object_key() != b.location->object_key()) {
+      return a.location->object_key() < b.location->object_key();
+    }
+    return a.location->offset() < b.location->offset();
+  });
+  std::string buffer(
+      std::min<uint64_t>(kVerifyBufferBytes, std::max<uint64_t>(total, 1)),
+      '\0');
+  uint64_t done = 0;
+  std::function<void(uint64_t)> on_bytes;
+  if (progress) {
+    on_bytes = [&](uint64_t n) {
+      done += n;
+      progress(done, total);
+    };
+  }
+  const std::string& job = manifest.job();
+  const int64_t step = manifest.step();
+  for (const Item& item : items) {
+    const std::string key = ObjectKey(job, step, item.location->object_key());
+    const std::string context = absl::StrCat(
+        Where(job, step), " ", item.what, " in object '", key, "' [",
+        item.location->offset(), ", +", item.location->length(), ")");
+    absl::StatusOr<uint32_t> crc =
+        StreamCrc(store, key, item.location->offset(), item.location->length(),
+                  buffer, on_bytes);
+    if (!crc.ok()) return ReadFailure(crc.status(), context);
+    if (*crc != item.crc) {
+      return absl::DataLossError(
+          absl::StrCat(context, ": checksum mismatch, crc32c ", Crc(*crc),
+                       " but the manifest says ", Crc(item.crc)));
+    }
+  }
+  if (progress && total == 0) progress(0, 0);
+  return absl::OkStatus();
 }
 
 }  // namespace cairn::storage

@@ -1,17 +1,562 @@
+// Manifest framing, strict decoding, semantic validation and the JSON view.
+//
+// Decoding checks the fixed 32-byte header before touching the body: magic,
+// header crc (so a flipped version or length byte reads as corruption, not
+// as a "newer format"), version, flags, the declared length against
+// max_bytes and against the bytes present, then the body crc, and only then
+// parses the protobuf. Nothing is allocated from a declared length.
+//
+// ValidateManifest checks that chunks tile each tensor exactly: every box is
+// inside the shape, the volumes add up to the shape's volume, and no two
+// non-empty boxes intersect. Disjointness uses a sweep along the dimension
+// with the most distinct chunk offsets: boxes sorted by their start in that
+// dimension, each compared only with the boxes still "open" there. For the
+// grid-like layouts of real jobs the open set is one row of the grid, so the
+// check is ~O(n * sqrt(n)) instead of O(n^2).
 #include "storage/manifest.h"
 
-namespace cairn::storage {
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <utility>
+#include <vector>
 
-std::string EncodeManifest(const v1::Manifest&) { return ""; }
-absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view, uint64_t) {
-  return absl::UnimplementedError("DecodeManifest");
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "storage/checkpoint_layout.h"
+#include "storage/checksum.h"
+#include "storage/shard_store.h"
+
+namespace cairn::storage {
+namespace {
+
+constexpr size_t kMagicBytes = 8;
+static_assert(sizeof(kManifestMagic) == kMagicBytes + 1);
+
+void PutU32(char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
-absl::Status ValidateManifest(const v1::Manifest&) {
-  return absl::UnimplementedError("ValidateManifest");
+void PutU64(char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
-size_t DTypeSize(v1::DType) { return 0; }
-std::string DTypeName(v1::DType) { return ""; }
-std::string BoxToString(const v1::ChunkBox&) { return ""; }
-std::string ManifestToJson(const v1::Manifest&, bool) { return "{}"; }
+uint32_t GetU32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+uint64_t GetU64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
+std::string Crc(uint32_t crc) { return absl::StrFormat("0x%08x", crc); }
+
+// Volume of a shape/box; false if it does not fit in int64.
+bool Volume(const google::protobuf::RepeatedField<int64_t>& sizes,
+            uint64_t* out) {
+  unsigned __int128 v = 1;
+  for (int64_t s : sizes) {
+    if (s < 0) return false;
+    v *= static_cast<uint64_t>(s);
+    if (v > static_cast<unsigned __int128>(INT64_MAX)) {
+      // A zero later would bring it back to 0, but such a shape is hostile.
+      return false;
+    }
+  }
+  *out = static_cast<uint64_t>(v);
+  return true;
+}
+
+bool ValidFqn(const std::string& fqn) {
+  return !fqn.empty() && fqn.size() <= kMaxFqnBytes &&
+         fqn.find('\0') == std::string::npos;
+}
+
+// Checks that the boxes (all inside the shape, non-empty) are pairwise
+// disjoint; returns the indices of an intersecting pair.
+bool FindOverlap(const std::vector<const v1::ChunkBox*>& boxes, int rank,
+                 size_t* a, size_t* b) {
+  if (boxes.size() < 2 || rank == 0) {
+    if (boxes.size() >= 2) {  // scalars: any two non-empty boxes coincide
+      *a = 0;
+      *b = 1;
+      return true;
+    }
+    return false;
+  }
+  // The sweep dimension: most distinct offsets.
+  int dim = 0;
+  size_t best = 0;
+  for (int d = 0; d < rank; ++d) {
+    std::vector<int64_t> offs;
+    offs.reserve(boxes.size());
+    for (const v1::ChunkBox* box : boxes) offs.push_back(box->offsets(d));
+    std::sort(offs.begin(), offs.end());
+    const size_t distinct =
+        std::unique(offs.begin(), offs.end()) - offs.begin();
+    if (distinct > best) {
+      best = distinct;
+      dim = d;
+    }
+  }
+  std::vector<size_t> order(boxes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return boxes[x]->offsets(dim) < boxes[y]->offsets(dim);
+  });
+  auto intersects = [&](const v1::ChunkBox& x, const v1::ChunkBox& y) {
+    for (int d = 0; d < rank; ++d) {
+      const int64_t lo = std::max(x.offsets(d), y.offsets(d));
+      const int64_t hi =
+          std::min(x.offsets(d) + x.sizes(d), y.offsets(d) + y.sizes(d));
+      if (lo >= hi) return false;
+    }
+    return true;
+  };
+  std::vector<size_t> open;
+  for (size_t i : order) {
+    const int64_t start = boxes[i]->offsets(dim);
+    open.erase(std::remove_if(open.begin(), open.end(),
+                              [&](size_t j) {
+                                return boxes[j]->offsets(dim) +
+                                           boxes[j]->sizes(dim) <=
+                                       start;
+                              }),
+               open.end());
+    for (size_t j : open) {
+      if (intersects(*boxes[i], *boxes[j])) {
+        *a = j;
+        *b = i;
+        return true;
+      }
+    }
+    open.push_back(i);
+  }
+  return false;
+}
+
+}  // namespace
+
+size_t DTypeSize(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT64:
+    case v1::DTYPE_INT64:
+      return 8;
+    case v1::DTYPE_FLOAT32:
+    case v1::DTYPE_INT32:
+      return 4;
+    case v1::DTYPE_FLOAT16:
+    case v1::DTYPE_BFLOAT16:
+    case v1::DTYPE_INT16:
+      return 2;
+    case v1::DTYPE_INT8:
+    case v1::DTYPE_UINT8:
+    case v1::DTYPE_BOOL:
+    case v1::DTYPE_FLOAT8_E4M3:
+    case v1::DTYPE_FLOAT8_E5M2:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+std::string DTypeName(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_UNSPECIFIED:
+      return "unspecified";
+    case v1::DTYPE_FLOAT32:
+      return "float32";
+    case v1::DTYPE_FLOAT64:
+      return "float64";
+    case v1::DTYPE_FLOAT16:
+      return "float16";
+    case v1::DTYPE_BFLOAT16:
+      return "bfloat16";
+    case v1::DTYPE_INT8:
+      return "int8";
+    case v1::DTYPE_UINT8:
+      return "uint8";
+    case v1::DTYPE_INT16:
+      return "int16";
+    case v1::DTYPE_INT32:
+      return "int32";
+    case v1::DTYPE_INT64:
+      return "int64";
+    case v1::DTYPE_BOOL:
+      return "bool";
+    case v1::DTYPE_FLOAT8_E4M3:
+      return "float8_e4m3";
+    case v1::DTYPE_FLOAT8_E5M2:
+      return "float8_e5m2";
+    default:
+      return absl::StrCat("unknown(", static_cast<int>(dtype), ")");
+  }
+}
+
+std::string BoxToString(const v1::ChunkBox& box) {
+  std::string out = "[";
+  const int n = std::max(box.offsets_size(), box.sizes_size());
+  for (int d = 0; d < n; ++d) {
+    if (d > 0) out += ", ";
+    const int64_t off = d < box.offsets_size() ? box.offsets(d) : 0;
+    const int64_t size = d < box.sizes_size() ? box.sizes(d) : 0;
+    absl::StrAppend(&out, off, ":", off + size);
+  }
+  out += "]";
+  return out;
+}
+
+std::string EncodeManifest(const v1::Manifest& manifest) {
+  std::string body;
+  uint32_t version = manifest.format_version();
+  if (version == 0) {
+    v1::Manifest copy = manifest;
+    copy.set_format_version(kManifestFormatVersion);
+    version = kManifestFormatVersion;
+    copy.SerializeToString(&body);
+  } else {
+    manifest.SerializeToString(&body);
+  }
+  std::string out(kManifestHeaderBytes, '\0');
+  std::memcpy(out.data(), kManifestMagic, kMagicBytes);
+  PutU32(&out[8], version);
+  PutU32(&out[12], 0);
+  PutU64(&out[16], body.size());
+  PutU32(&out[24], Crc32c(body.data(), body.size()));
+  PutU32(&out[28], Crc32c(out.data(), 28));
+  out += body;
+  return out;
+}
+
+absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view bytes,
+                                            uint64_t max_bytes) {
+  if (bytes.size() < kManifestHeaderBytes) {
+    return absl::DataLossError(absl::StrCat(
+        "manifest truncated: ", bytes.size(), " bytes, shorter than its ",
+        kManifestHeaderBytes, "-byte header"));
+  }
+  const char* h = bytes.data();
+  if (std::memcmp(h, kManifestMagic, kMagicBytes) != 0) {
+    return absl::DataLossError(
+        "not a Cairn manifest: bad magic (expected \"CAIRNMF\\n\")");
+  }
+  const uint32_t header_crc = Crc32c(h, 28);
+  if (header_crc != GetU32(h + 28)) {
+    return absl::DataLossError(
+        absl::StrCat("manifest header is corrupt: crc32c ", Crc(header_crc),
+                     " != stored ", Crc(GetU32(h + 28))));
+  }
+  const uint32_t version = GetU32(h + 8);
+  if (version == 0) {
+    return absl::DataLossError("manifest header has format_version 0");
+  }
+  if (version > kManifestFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("manifest format_version ", version,
+                     " is newer than this build understands (",
+                     kManifestFormatVersion, "): upgrade Cairn to read it"));
+  }
+  if (GetU32(h + 12) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "manifest header has unknown flags ", Crc(GetU32(h + 12))));
+  }
+  const uint64_t body_length = GetU64(h + 16);
+  if (body_length > max_bytes) {
+    return absl::DataLossError(absl::StrCat("manifest body of ", body_length,
+                                            " bytes exceeds the limit of ",
+                                            max_bytes));
+  }
+  const uint64_t present = bytes.size() - kManifestHeaderBytes;
+  if (present < body_length) {
+    return absl::DataLossError(absl::StrCat("manifest truncated: body has ",
+                                            present, " of ", body_length,
+                                            " bytes"));
+  }
+  if (present > body_length) {
+    return absl::DataLossError(absl::StrCat("manifest has ",
+                                            present - body_length,
+                                            " trailing bytes after its body"));
+  }
+  const absl::string_view body = bytes.substr(kManifestHeaderBytes);
+  const uint32_t body_crc = Crc32c(body.data(), body.size());
+  if (body_crc != GetU32(h + 24)) {
+    return absl::DataLossError(absl::StrCat("manifest body is corrupt: crc32c ",
+                                            Crc(body_crc), " != stored ",
+                                            Crc(GetU32(h + 24))));
+  }
+  v1::Manifest manifest;
+  if (body.size() > static_cast<size_t>(INT32_MAX) ||
+      !manifest.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+    return absl::DataLossError(
+        "manifest body does not parse as cairn.v1.Manifest");
+  }
+  if (manifest.format_version() != version) {
+    return absl::DataLossError(absl::StrCat(
+        "manifest body says format_version ", manifest.format_version(),
+        " but its header says ", version));
+  }
+  return manifest;
+}
+
+absl::Status ValidateManifest(const v1::Manifest& m) {
+  const std::string where =
+      absl::StrCat("manifest of job '", m.job(), "' step ", m.step());
+  auto bad = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
+  };
+  if (m.format_version() == 0 || m.format_version() > kManifestFormatVersion) {
+    return bad("unsupported format_version ", m.format_version());
+  }
+  if (absl::Status s = ValidateJobName(m.job()); !s.ok()) {
+    return bad(s.message());
+  }
+  if (absl::Status s = ValidateStep(m.step()); !s.ok()) return bad(s.message());
+  if (m.world_size() <= 0) return bad("world_size ", m.world_size(), " <= 0");
+
+  absl::flat_hash_set<std::string> objects;
+  for (const std::string& key : m.objects()) {
+    if (absl::Status s = ValidateKey(key); !s.ok()) {
+      return bad("object list: ", s.message());
+    }
+    if (!objects.insert(key).second) {
+      return bad("object '", key, "' listed twice");
+    }
+  }
+  auto check_location = [&](const v1::StorageLocation& loc,
+                            absl::string_view what) -> absl::Status {
+    if (absl::Status s = ValidateKey(loc.object_key()); !s.ok()) {
+      return bad(what, ": ", s.message());
+    }
+    if (!objects.contains(loc.object_key())) {
+      return bad(what, ": object '", loc.object_key(),
+                 "' is not in the manifest's object list");
+    }
+    if (loc.length() > UINT64_MAX - loc.offset()) {
+      return bad(what, ": location offset ", loc.offset(), " + length ",
+                 loc.length(), " overflows");
+    }
+    return absl::OkStatus();
+  };
+  auto check_rank = [&](int32_t rank, absl::string_view what) -> absl::Status {
+    if (rank < 0 || rank >= m.world_size()) {
+      return bad(what, ": writer_rank ", rank, " outside [0, ", m.world_size(),
+                 ")");
+    }
+    return absl::OkStatus();
+  };
+
+  absl::flat_hash_set<std::string> fqns;
+  unsigned __int128 total = 0;
+  const std::string* prev = nullptr;
+  for (const v1::ManifestTensor& t : m.tensors()) {
+    const v1::TensorEntry& e = t.entry();
+    const std::string& fqn = e.fqn();
+    if (!ValidFqn(fqn)) {
+      return bad("invalid tensor fqn '", fqn.substr(0, 200),
+                 "' (empty, over 1024 bytes or containing NUL)");
+    }
+    if (prev != nullptr && !(*prev < fqn)) {
+      return bad("tensors not sorted by fqn: '", fqn, "' after '", *prev, "'");
+    }
+    prev = &fqn;
+    if (!fqns.insert(fqn).second) return bad("fqn '", fqn, "' appears twice");
+    const size_t elem = DTypeSize(e.dtype());
+    if (elem == 0) {
+      return bad("tensor '", fqn, "' has dtype ", DTypeName(e.dtype()));
+    }
+    const int rank = e.global_shape_size();
+    if (rank > kMaxTensorRank) {
+      return bad("tensor '", fqn, "' has ", rank, " dims (max ", kMaxTensorRank,
+                 ")");
+    }
+    uint64_t shape_volume = 0;
+    if (!Volume(e.global_shape(), &shape_volume)) {
+      return bad("tensor '", fqn, "' has an invalid or too large shape [",
+                 absl::StrJoin(e.global_shape(), ", "), "]");
+    }
+    unsigned __int128 covered = 0;
+    std::vector<const v1::ChunkBox*> boxes;
+    for (const v1::StoredChunk& c : t.chunks()) {
+      const v1::ChunkBox& box = c.box();
+      const std::string what =
+          absl::StrCat("tensor '", fqn, "' chunk ", BoxToString(box));
+      if (box.offsets_size() != rank || box.sizes_size() != rank) {
+        return bad(what, " has ", box.offsets_size(), " offsets and ",
+                   box.sizes_size(), " sizes for a tensor of rank ", rank);
+      }
+      for (int d = 0; d < rank; ++d) {
+        const int64_t off = box.offsets(d);
+        const int64_t size = box.sizes(d);
+        if (off < 0 || size < 0 || off > e.global_shape(d) ||
+            size > e.global_shape(d) - off) {
+          return bad(what, " exceeds shape [",
+                     absl::StrJoin(e.global_shape(), ", "), "]");
+        }
+      }
+      uint64_t volume = 0;
+      Volume(box.sizes(), &volume);  // inside the shape: cannot overflow
+      const unsigned __int128 want =
+          static_cast<unsigned __int128>(volume) * elem;
+      if (want != c.location().length()) {
+        return bad(what, " has length ", c.location().length(),
+                   " bytes, expected ", volume, " elements x ", elem, " bytes");
+      }
+      CAIRN_RETURN_IF_ERROR(check_location(
+          c.location(),
+          absl::StrCat(what, " in object '", c.location().object_key(), "'")));
+      CAIRN_RETURN_IF_ERROR(check_rank(c.writer_rank(), what));
+      covered += volume;
+      total += c.location().length();
+      if (volume > 0) boxes.push_back(&box);
+    }
+    if (covered != shape_volume) {
+      return bad("chunks of tensor '", fqn, "' cover ",
+                 static_cast<uint64_t>(covered), " elements of ", shape_volume,
+                 " (shape [", absl::StrJoin(e.global_shape(), ", "), "])");
+    }
+    size_t a = 0;
+    size_t b = 0;
+    if (FindOverlap(boxes, rank, &a, &b)) {
+      return bad("chunks ", BoxToString(*boxes[a]), " and ",
+                 BoxToString(*boxes[b]), " of tensor '", fqn, "' overlap");
+    }
+  }
+  prev = nullptr;
+  for (const v1::ManifestBytes& b : m.bytes_entries()) {
+    const std::string& fqn = b.fqn();
+    if (!ValidFqn(fqn)) {
+      return bad("invalid bytes entry fqn '", fqn.substr(0, 200), "'");
+    }
+    if (prev != nullptr && !(*prev < fqn)) {
+      return bad("bytes entries not sorted by fqn: '", fqn, "' after '", *prev,
+                 "'");
+    }
+    prev = &fqn;
+    if (!fqns.insert(fqn).second) return bad("fqn '", fqn, "' appears twice");
+    const std::string what = absl::StrCat("bytes entry '", fqn, "'");
+    CAIRN_RETURN_IF_ERROR(check_location(b.location(), what));
+    CAIRN_RETURN_IF_ERROR(check_rank(b.writer_rank(), what));
+    total += b.location().length();
+  }
+  for (const v1::TensorLayout& layout : m.layouts()) {
+    if (!fqns.contains(layout.fqn())) {
+      return bad("layout for unknown tensor '", layout.fqn(), "'");
+    }
+  }
+  if (total != m.total_bytes()) {
+    return bad("total_bytes ", m.total_bytes(), " != sum of stored lengths ",
+               static_cast<uint64_t>(total));
+  }
+  return absl::OkStatus();
+}
+
+std::string ManifestToJson(const v1::Manifest& m, bool include_chunks) {
+  using Json = nlohmann::ordered_json;
+  auto location = [](const v1::StorageLocation& loc) {
+    Json j;
+    j["object_key"] = loc.object_key();
+    j["offset"] = loc.offset();
+    j["length"] = loc.length();
+    return j;
+  };
+  Json root;
+  root["format_version"] = m.format_version();
+  root["job"] = m.job();
+  root["step"] = m.step();
+  root["world_size"] = m.world_size();
+  root["created_unix_micros"] = m.created_unix_micros();
+  root["total_bytes"] = m.total_bytes();
+  root["num_tensors"] = m.tensors_size();
+  root["num_bytes_entries"] = m.bytes_entries_size();
+  root["objects"] = Json::array();
+  for (const std::string& o : m.objects()) root["objects"].push_back(o);
+  Json tensors = Json::array();
+  for (const v1::ManifestTensor& t : m.tensors()) {
+    Json jt;
+    jt["fqn"] = t.entry().fqn();
+    jt["dtype"] = DTypeName(t.entry().dtype());
+    jt["global_shape"] = Json::array();
+    for (int64_t d : t.entry().global_shape()) jt["global_shape"].push_back(d);
+    jt["num_chunks"] = t.chunks_size();
+    uint64_t bytes = 0;
+    for (const v1::StoredChunk& c : t.chunks()) bytes += c.location().length();
+    jt["bytes"] = bytes;
+    if (include_chunks) {
+      Json chunks = Json::array();
+      for (const v1::StoredChunk& c : t.chunks()) {
+        Json jc;
+        jc["offsets"] = Json::array();
+        for (int64_t v : c.box().offsets()) jc["offsets"].push_back(v);
+        jc["sizes"] = Json::array();
+        for (int64_t v : c.box().sizes()) jc["sizes"].push_back(v);
+        jc["location"] = location(c.location());
+        jc["crc32c"] = Crc(c.crc32c());
+        jc["writer_rank"] = c.writer_rank();
+        chunks.push_back(std::move(jc));
+      }
+      jt["chunks"] = std::move(chunks);
+    }
+    tensors.push_back(std::move(jt));
+  }
+  root["tensors"] = std::move(tensors);
+  Json bytes_entries = Json::array();
+  for (const v1::ManifestBytes& b : m.bytes_entries()) {
+    Json jb;
+    jb["fqn"] = b.fqn();
+    jb["location"] = location(b.location());
+    jb["crc32c"] = Crc(b.crc32c());
+    jb["writer_rank"] = b.writer_rank();
+    bytes_entries.push_back(std::move(jb));
+  }
+  root["bytes_entries"] = std::move(bytes_entries);
+  Json layouts = Json::array();
+  for (const v1::TensorLayout& l : m.layouts()) {
+    Json jl;
+    jl["fqn"] = l.fqn();
+    if (l.has_dtensor()) {
+      const v1::DTensorLayout& d = l.dtensor();
+      Json jd;
+      jd["mesh_shape"] = Json::array();
+      for (int64_t v : d.mesh().shape()) jd["mesh_shape"].push_back(v);
+      jd["mesh_ranks"] = Json::array();
+      for (int32_t v : d.mesh().ranks()) jd["mesh_ranks"].push_back(v);
+      jd["placements"] = Json::array();
+      for (const v1::Placement& p : d.placements()) {
+        if (p.has_shard_dim()) {
+          jd["placements"].push_back(
+              absl::StrCat("Shard(", p.shard_dim(), ")"));
+        } else if (p.has_replicate()) {
+          jd["placements"].push_back("Replicate()");
+        } else if (p.has_partial()) {
+          jd["placements"].push_back("Partial()");
+        } else {
+          jd["placements"].push_back("unset");
+        }
+      }
+      jl["dtensor"] = std::move(jd);
+    } else if (l.has_explicit_chunks()) {
+      Json je = Json::array();
+      for (const auto& rc : l.explicit_chunks().ranks()) {
+        Json jr;
+        jr["rank"] = rc.rank();
+        jr["chunks"] = Json::array();
+        for (const v1::ChunkBox& box : rc.chunks()) {
+          jr["chunks"].push_back(BoxToString(box));
+        }
+        je.push_back(std::move(jr));
+      }
+      jl["explicit_chunks"] = std::move(je);
+    }
+    layouts.push_back(std::move(jl));
+  }
+  root["layouts"] = std::move(layouts);
+  // Replace invalid UTF-8 (fqns are arbitrary bytes) instead of throwing.
+  return root.dump(2, ' ', false, Json::error_handler_t::replace);
+}
 
 }  // namespace cairn::storage

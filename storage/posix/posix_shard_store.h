@@ -12,10 +12,10 @@
 // directory (and of the parents of directories it had to create).
 // Reads: pread() into the caller's buffers; large ranges are split across
 // the I/O threads; ReadRanges merges file-adjacent ranges into one preadv().
-// Keys are validated (ValidateKey) and every path is opened below the root
-// with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) where the kernel has it
-// (Linux >= 5.6), so neither a bad key nor a symlink planted inside the root
-// can reach a file outside it.
+// Keys are validated (ValidateKey) and resolved one segment at a time from
+// a directory fd on the root with O_NOFOLLOW (openat/renameat/unlinkat), so
+// neither a bad key nor a symlink planted inside the root can reach a file
+// outside it: a symlink on the way reads as NOT_FOUND.
 // List() walks the directory tree below the prefix's directory, skipping
 // temp files. Deleting the last object of a directory removes the directory
 // (up to, not including, the root).

@@ -1,0 +1,239 @@
+#include "storage/catalog/catalog.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/checkpoint_layout.h"
+#include "storage/testing/test_checkpoint.h"
+
+namespace cairn::storage {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+class CatalogTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* base = std::getenv("TEST_TMPDIR");
+    std::string tmpl =
+        absl::StrCat(base != nullptr ? base : "/tmp", "/cairn-catalog-XXXXXX");
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    path_ = dir_ + "/db";
+    auto catalog = Catalog::Open(path_);
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    catalog_ = std::move(catalog).value();
+  }
+  void TearDown() override {
+    catalog_.reset();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  void Reopen() {
+    catalog_.reset();
+    auto catalog = Catalog::Open(path_);
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    catalog_ = std::move(catalog).value();
+  }
+
+  static v1::CheckpointRecord Record(const std::string& job, int64_t step,
+                                     v1::CheckpointState state) {
+    v1::CheckpointRecord r;
+    r.set_job(job);
+    r.set_step(step);
+    r.set_state(state);
+    r.set_world_size(4);
+    r.set_total_bytes(1000 + step);
+    return r;
+  }
+
+  static std::vector<int64_t> Steps(
+      const std::vector<v1::CheckpointRecord>& records) {
+    std::vector<int64_t> out;
+    for (const auto& r : records) out.push_back(r.step());
+    return out;
+  }
+
+  std::string dir_;
+  std::string path_;
+  std::unique_ptr<Catalog> catalog_;
+};
+
+TEST_F(CatalogTest, PutGetListLatestDelete) {
+  EXPECT_TRUE(catalog_->empty());
+  ASSERT_TRUE(
+      catalog_->PutCheckpoint(Record("a", 5, v1::CHECKPOINT_STATE_COMMITTED))
+          .ok());
+  ASSERT_TRUE(
+      catalog_->PutCheckpoint(Record("a", 10, v1::CHECKPOINT_STATE_COMMITTED))
+          .ok());
+  ASSERT_TRUE(
+      catalog_->PutCheckpoint(Record("a", 12, v1::CHECKPOINT_STATE_WRITING))
+          .ok());
+  ASSERT_TRUE(
+      catalog_->PutCheckpoint(Record("a", 9, v1::CHECKPOINT_STATE_ABORTED))
+          .ok());
+  ASSERT_TRUE(
+      catalog_->PutCheckpoint(Record("a-b", 1, v1::CHECKPOINT_STATE_COMMITTED))
+          .ok());
+  ASSERT_TRUE(
+      catalog_->PutCheckpoint(Record("a.c", 2, v1::CHECKPOINT_STATE_COMMITTED))
+          .ok());
+  EXPECT_FALSE(catalog_->empty());
+
+  EXPECT_EQ(catalog_->GetCheckpoint("a", 10)->total_bytes(), 1010u);
+  EXPECT_EQ(catalog_->GetCheckpoint("a", 11).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(catalog_->GetCheckpoint("a", 11).status().message()),
+              HasSubstr("job 'a' step 11"));
+  EXPECT_THAT(Steps(catalog_->ListCheckpoints("a", false).value()),
+              ElementsAre(5, 10));
+  EXPECT_THAT(Steps(catalog_->ListCheckpoints("a", true).value()),
+              ElementsAre(5, 9, 10, 12));
+  // "" = every job, ordered by job name then step ("a" < "a-b" < "a.c").
+  std::vector<std::string> order;
+  const std::vector<v1::CheckpointRecord> all =
+      catalog_->ListCheckpoints("", true).value();
+  for (const auto& r : all) {
+    order.push_back(absl::StrCat(r.job(), ":", r.step()));
+  }
+  EXPECT_THAT(order,
+              ElementsAre("a:5", "a:9", "a:10", "a:12", "a-b:1", "a.c:2"));
+  // The newest committed, skipping the WRITING step 12.
+  EXPECT_EQ(catalog_->LatestCommitted("a")->step(), 10);
+  EXPECT_EQ(catalog_->LatestCommitted("a-b")->step(), 1);
+  EXPECT_EQ(catalog_->LatestCommitted("zzz").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_THAT(catalog_->ListJobs().value(), ElementsAre("a", "a-b", "a.c"));
+
+  // Replace: step 12 commits.
+  ASSERT_TRUE(
+      catalog_->PutCheckpoint(Record("a", 12, v1::CHECKPOINT_STATE_COMMITTED))
+          .ok());
+  EXPECT_EQ(catalog_->LatestCommitted("a")->step(), 12);
+  ASSERT_TRUE(catalog_->DeleteCheckpoint("a", 12).ok());
+  EXPECT_EQ(catalog_->DeleteCheckpoint("a", 12).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalog_->LatestCommitted("a")->step(), 10);
+
+  // Durable across reopen.
+  Reopen();
+  EXPECT_THAT(Steps(catalog_->ListCheckpoints("a", true).value()),
+              ElementsAre(5, 9, 10));
+}
+
+TEST_F(CatalogTest, RejectsBadInput) {
+  EXPECT_EQ(
+      catalog_
+          ->PutCheckpoint(Record("bad/job", 1, v1::CHECKPOINT_STATE_COMMITTED))
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      catalog_->PutCheckpoint(Record("a", -3, v1::CHECKPOINT_STATE_COMMITTED))
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  const absl::Status s =
+      catalog_->PutCheckpoint(Record("a", 1, v1::CHECKPOINT_STATE_UNSPECIFIED));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("job 'a' step 1"));
+  EXPECT_TRUE(catalog_->empty());
+  EXPECT_EQ(catalog_->ListCheckpoints("../x", true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CatalogTest, PlanCacheEntries) {
+  const std::string key("fp\0with/bytes", 13);
+  const std::string value("\x00\x01plan", 6);
+  EXPECT_EQ(catalog_->GetPlanCacheEntry("a", key).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(catalog_->PutPlanCacheEntry("a", key, value).ok());
+  ASSERT_TRUE(catalog_->PutPlanCacheEntry("a-b", key, "other").ok());
+  EXPECT_EQ(catalog_->GetPlanCacheEntry("a", key).value(), value);
+  EXPECT_EQ(catalog_->GetPlanCacheEntry("a-b", key).value(), "other");
+  // Plan entries do not make the catalog non-empty.
+  EXPECT_TRUE(catalog_->empty());
+  Reopen();
+  EXPECT_EQ(catalog_->GetPlanCacheEntry("a", key).value(), value);
+  ASSERT_TRUE(catalog_->DeletePlanCacheEntries("a").ok());
+  EXPECT_EQ(catalog_->GetPlanCacheEntry("a", key).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalog_->GetPlanCacheEntry("a-b", key).value(), "other");
+}
+
+TEST_F(CatalogTest, RebuildFromStoreFindsEveryCommittedCheckpoint) {
+  auto store = OpenShardStore("mem://").value();
+  TestCheckpointSpec spec;
+  for (const char* job : {"llama", "gpt"}) {
+    spec.job = job;
+    for (int64_t step : {100, 200}) {
+      spec.step = step;
+      ASSERT_TRUE(WriteTestCheckpoint(*store, spec).ok());
+    }
+  }
+  spec.job = "llama";
+  spec.step = 300;  // incomplete: not recorded
+  ASSERT_TRUE(WriteTestCheckpointData(*store, spec).ok());
+  spec.step = 250;  // corrupt manifest: skipped, the rest still found
+  ASSERT_TRUE(WriteTestCheckpoint(*store, spec).ok());
+  ASSERT_TRUE(
+      store
+          ->Put(ManifestKey("llama", 250), absl::Span<const char>("garbage", 7))
+          .ok());
+
+  ASSERT_TRUE(catalog_->empty());
+  auto n = catalog_->RebuildFromStore(*store);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 4);
+  EXPECT_THAT(catalog_->ListJobs().value(), ElementsAre("gpt", "llama"));
+  EXPECT_THAT(Steps(catalog_->ListCheckpoints("llama", true).value()),
+              ElementsAre(100, 200));
+  auto latest = catalog_->LatestCommitted("llama");
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->step(), 200);
+  EXPECT_EQ(latest->state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_EQ(latest->storage_uri(), store->uri());
+  EXPECT_EQ(latest->world_size(), 2);
+  EXPECT_EQ(latest->num_tensors(), 3);
+  EXPECT_EQ(latest->num_bytes_entries(), 1);
+  EXPECT_EQ(latest->total_bytes(),
+            ReadManifest(*store, "llama", 200)->total_bytes());
+  // Idempotent.
+  EXPECT_EQ(catalog_->RebuildFromStore(*store).value(), 4);
+  EXPECT_EQ(catalog_->ListCheckpoints("", true)->size(), 4u);
+}
+
+TEST_F(CatalogTest, ConcurrentWritersAndReaders) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string job = absl::StrCat("job", t);
+      for (int64_t step = 0; step < 50; ++step) {
+        ASSERT_TRUE(catalog_
+                        ->PutCheckpoint(
+                            Record(job, step, v1::CHECKPOINT_STATE_COMMITTED))
+                        .ok());
+        ASSERT_EQ(catalog_->LatestCommitted(job)->step(), step);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(catalog_->ListCheckpoints("", false)->size(), 200u);
+}
+
+TEST_F(CatalogTest, SecondOpenOfTheSameDatabaseFails) {
+  auto second = Catalog::Open(path_);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr(path_));
+}
+
+}  // namespace
+}  // namespace cairn::storage

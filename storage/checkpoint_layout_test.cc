@@ -1,0 +1,473 @@
+#include "storage/checkpoint_layout.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/manifest.h"
+#include "storage/testing/fault_injection_store.h"
+#include "storage/testing/status_testing.h"
+#include "storage/testing/test_checkpoint.h"
+
+namespace cairn::storage {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+std::vector<std::string>& CreatedDirs() {
+  static auto* dirs = new std::vector<std::string>;
+  return *dirs;
+}
+
+class TempDirCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    for (const std::string& dir : CreatedDirs()) fs::remove_all(dir, ec);
+  }
+};
+const auto* const kTempDirCleanup =
+    ::testing::AddGlobalTestEnvironment(new TempDirCleanup);
+
+std::string NewTempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string tmpl =
+      absl::StrCat(base != nullptr ? base : "/tmp", "/cairn-layout-XXXXXX");
+  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
+  CreatedDirs().push_back(tmpl);
+  return tmpl;
+}
+
+// Every test runs on both real backends.
+class CheckpointLayoutTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::unique_ptr<ShardStore> NewStore() {
+    if (GetParam() == "memory") return OpenShardStore("mem://").value();
+    return OpenShardStore("file://" + NewTempDir()).value();
+  }
+  // A fresh handle on the same data, as a restarted process would open.
+  std::unique_ptr<ShardStore> Reopen(ShardStore& store) {
+    return OpenShardStore(store.uri()).value();
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, CheckpointLayoutTest,
+                         ::testing::Values("memory", "posix"));
+
+TEST(CheckpointNamesTest, JobNamesAndSteps) {
+  for (const char* ok : {"a", "llama-70b", "run_3.v2", "A.B-C_d", "..."}) {
+    EXPECT_TRUE(ValidateJobName(ok).ok()) << ok;
+  }
+  for (const std::string& bad :
+       {std::string(""), std::string("."), std::string(".."),
+        std::string("a/b"), std::string("a b"), std::string(129, 'x'),
+        std::string("nul\0", 4), std::string("ü")}) {
+    const absl::Status s = ValidateJobName(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("job name"));
+  }
+  EXPECT_TRUE(ValidateJobName(std::string(128, 'x')).ok());
+  EXPECT_TRUE(ValidateStep(0).ok());
+  EXPECT_TRUE(ValidateStep(kMaxStep).ok());
+  EXPECT_STATUS(ValidateStep(-1), kInvalidArgument, "step -1");
+  EXPECT_STATUS(ValidateStep(kMaxStep + 1), kInvalidArgument,
+                "1000000000000001");
+  EXPECT_EQ(StepPrefix("job", 123), "job/0000000000000123/");
+  EXPECT_EQ(ManifestKey("job", 123), "job/0000000000000123/MANIFEST");
+  EXPECT_EQ(ObjectKey("j", kMaxStep, "rank-0.data"),
+            "j/1000000000000000/rank-0.data");
+  EXPECT_EQ(ParseStepDir("0000000000000123/").value(), 123);
+  EXPECT_FALSE(ParseStepDir("123").ok());
+  EXPECT_FALSE(ParseStepDir("000000000000012x").ok());
+  EXPECT_FALSE(ParseStepDir("9999999999999999").ok());
+  // Zero padding: string order == numeric order.
+  EXPECT_LT(StepPrefix("j", 9), StepPrefix("j", 10));
+}
+
+TEST_P(CheckpointLayoutTest, PublishReadListDelete) {
+  auto store = NewStore();
+  TestCheckpointSpec spec;
+  spec.job = "llama";
+  std::vector<v1::Manifest> saved;
+  for (int64_t step : {10, 2, 300}) {
+    spec.step = step;
+    auto m = WriteTestCheckpoint(*store, spec);
+    ASSERT_TRUE(m.ok()) << m.status();
+    saved.push_back(*m);
+  }
+  spec.job = "other";
+  spec.step = 5;
+  ASSERT_TRUE(WriteTestCheckpoint(*store, spec).ok());
+  // An incomplete step (data, no MANIFEST).
+  spec.job = "llama";
+  spec.step = 400;
+  ASSERT_TRUE(WriteTestCheckpointData(*store, spec).ok());
+
+  EXPECT_THAT(ListJobs(*store).value(), ElementsAre("llama", "other"));
+  EXPECT_THAT(ListCommittedSteps(*store, "llama").value(),
+              ElementsAre(2, 10, 300));
+  EXPECT_THAT(ListIncompleteSteps(*store, "llama").value(), ElementsAre(400));
+  EXPECT_THAT(ListCommittedSteps(*store, "nobody").value(), IsEmpty());
+  EXPECT_STATUS(ListCommittedSteps(*store, "../x").status(), kInvalidArgument,
+                "../x");
+
+  auto m = ReadManifest(*store, "llama", 10);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->SerializeAsString(), saved[0].SerializeAsString());
+  EXPECT_STATUS(ReadManifest(*store, "llama", 400).status(), kNotFound,
+                "not committed");
+  EXPECT_STATUS(ReadManifest(*store, "llama", 7).status(), kNotFound,
+                "job 'llama' step 7");
+
+  ASSERT_TRUE(DeleteStep(*store, "llama", 10).ok());
+  ASSERT_TRUE(DeleteStep(*store, "llama", 400).ok());
+  ASSERT_TRUE(DeleteStep(*store, "llama", 999).ok());  // nothing there
+  EXPECT_THAT(ListCommittedSteps(*store, "llama").value(), ElementsAre(2, 300));
+  EXPECT_THAT(ListIncompleteSteps(*store, "llama").value(), IsEmpty());
+  EXPECT_THAT(store->List("llama/0000000000000010/").value(), IsEmpty());
+}
+
+TEST_P(CheckpointLayoutTest, PublishRefusesMissingOrShortObjects) {
+  auto store = NewStore();
+  TestCheckpointSpec spec;
+  auto m = WriteTestCheckpointData(*store, spec);
+  ASSERT_TRUE(m.ok());
+  // Shorten rank 1's object.
+  const std::string key = ObjectKey("job", 1, "rank-1.data");
+  std::string bytes = ReadObject(*store, key).value();
+  ASSERT_TRUE(store->Put(key, absl::Span<const char>(bytes.data(), 100)).ok());
+  EXPECT_STATUS(PublishManifest(*store, *m), kFailedPrecondition,
+                "job/0000000000000001/rank-1.data' has 100 bytes");
+  ASSERT_TRUE(store->Delete(key).ok());
+  EXPECT_STATUS(PublishManifest(*store, *m), kFailedPrecondition,
+                "rank-1.data' is missing");
+  EXPECT_THAT(ListCommittedSteps(*store, "job").value(), IsEmpty());
+  // An invalid manifest never reaches storage.
+  v1::Manifest bad = *m;
+  bad.set_total_bytes(0);
+  EXPECT_STATUS(PublishManifest(*store, bad), kInvalidArgument, "total_bytes");
+  EXPECT_STATUS(store->Size(ManifestKey("job", 1)).status(), kNotFound,
+                "MANIFEST");
+}
+
+TEST_P(CheckpointLayoutTest, CorruptOrMisplacedManifestIsDataLoss) {
+  auto store = NewStore();
+  TestCheckpointSpec spec;
+  ASSERT_TRUE(WriteTestCheckpoint(*store, spec).ok());
+  const std::string key = ManifestKey("job", 1);
+  std::string bytes = ReadObject(*store, key).value();
+  bytes[bytes.size() / 2] ^= 0x10;
+  ASSERT_TRUE(
+      store->Put(key, absl::Span<const char>(bytes.data(), bytes.size())).ok());
+  EXPECT_STATUS(ReadManifest(*store, "job", 1).status(), kDataLoss,
+                "job/0000000000000001/MANIFEST");
+  // A valid manifest of step 1 copied under step 2.
+  spec.step = 2;
+  ASSERT_TRUE(WriteTestCheckpoint(*store, spec).ok());
+  spec.step = 1;
+  ASSERT_TRUE(WriteTestCheckpoint(*store, spec).ok());
+  const std::string one = ReadObject(*store, ManifestKey("job", 1)).value();
+  ASSERT_TRUE(store
+                  ->Put(ManifestKey("job", 2),
+                        absl::Span<const char>(one.data(), one.size()))
+                  .ok());
+  EXPECT_STATUS(ReadManifest(*store, "job", 2).status(), kDataLoss,
+                "describes job 'job' step 1");
+}
+
+TEST_P(CheckpointLayoutTest, VerifyDetectsCorruptionAndReportsProgress) {
+  auto store = NewStore();
+  TestCheckpointSpec spec;
+  spec.rows = 1000;  // ~128 KiB per tensor
+  auto m = WriteTestCheckpoint(*store, spec);
+  ASSERT_TRUE(m.ok());
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  ASSERT_TRUE(VerifyCheckpoint(*store, *m, [&](uint64_t done, uint64_t total) {
+                calls.emplace_back(done, total);
+              }).ok());
+  ASSERT_FALSE(calls.empty());
+  EXPECT_EQ(calls.back().first, m->total_bytes());
+  EXPECT_EQ(calls.back().second, m->total_bytes());
+  for (size_t i = 1; i < calls.size(); ++i) {
+    EXPECT_GE(calls[i].first, calls[i - 1].first);
+  }
+  // Flip one byte inside tensor 1's chunk on rank 1.
+  const v1::StoredChunk& c = m->tensors(1).chunks(1);
+  const std::string key = ObjectKey("job", 1, c.location().object_key());
+  std::string bytes = ReadObject(*store, key).value();
+  bytes[c.location().offset() + 17] ^= 0x01;
+  ASSERT_TRUE(
+      store->Put(key, absl::Span<const char>(bytes.data(), bytes.size())).ok());
+  const absl::Status s = VerifyCheckpoint(*store, *m);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("job 'job' step 1"),
+                    HasSubstr("tensor 'model.layers.1.weight'"),
+                    HasSubstr("chunk [500:1000, 0:32]"),
+                    HasSubstr("job/0000000000000001/rank-1.data"),
+                    HasSubstr("checksum mismatch")));
+  // ReadVerified catches it as well; the intact chunk reads fine.
+  std::string out(c.location().length(), '\0');
+  EXPECT_STATUS(ReadVerified(*store, "job", 1, c.location(), c.crc32c(),
+                             "tensor 'model.layers.1.weight' chunk",
+                             absl::Span<char>(out.data(), out.size())),
+                kDataLoss, "model.layers.1.weight");
+  const v1::StoredChunk& good = m->tensors(0).chunks(0);
+  out.assign(good.location().length(), '\0');
+  ASSERT_TRUE(ReadVerified(*store, "job", 1, good.location(), good.crc32c(),
+                           "chunk", absl::Span<char>(out.data(), out.size()))
+                  .ok());
+  EXPECT_EQ(out, TestChunkBytes(spec, 0, 0, 500));
+  // A missing object is data loss too.
+  ASSERT_TRUE(store->Delete(key).ok());
+  EXPECT_STATUS(VerifyCheckpoint(*store, *m), kDataLoss, "rank-1.data");
+}
+
+// ---- Fault injection: the commit protocol under crashes and I/O errors ----
+
+// The invariant after any fault: the previous checkpoint (step 1) is
+// committed and verifies; step 2 is either not committed or committed and
+// fully verifiable -- never half-visible.
+void ExpectConsistent(ShardStore& store, const v1::Manifest& previous,
+                      bool step2_may_be_committed) {
+  auto m1 = ReadManifest(store, "job", 1);
+  ASSERT_TRUE(m1.ok()) << m1.status();
+  EXPECT_EQ(m1->SerializeAsString(), previous.SerializeAsString());
+  EXPECT_TRUE(VerifyCheckpoint(store, *m1).ok());
+  auto steps = ListCommittedSteps(store, "job");
+  ASSERT_TRUE(steps.ok());
+  if (steps->size() == 2) {
+    EXPECT_TRUE(step2_may_be_committed);
+    auto m2 = ReadManifest(store, "job", 2);
+    ASSERT_TRUE(m2.ok()) << m2.status();
+    EXPECT_TRUE(VerifyCheckpoint(store, *m2).ok());
+  } else {
+    EXPECT_THAT(*steps, ElementsAre(1));
+    EXPECT_EQ(ReadManifest(store, "job", 2).status().code(),
+              absl::StatusCode::kNotFound);
+  }
+}
+
+TEST_P(CheckpointLayoutTest, CrashAtEveryStepOfASaveKeepsPreviousLoadable) {
+  TestCheckpointSpec spec;
+  spec.world_size = 3;
+  // Count the mutating calls of one save (data appends and closes, then
+  // the manifest put).
+  int64_t mutations = 0;
+  {
+    auto base = NewStore();
+    FaultInjectionStore store(base.get());
+    spec.step = 2;
+    ASSERT_TRUE(WriteTestCheckpoint(store, spec).ok());
+    mutations = store.mutation_count();
+  }
+  ASSERT_GT(mutations, 10);
+  int committed_after_crash = 0;
+  for (int64_t n = 1; n <= mutations; ++n) {
+    SCOPED_TRACE(absl::StrCat("crash at mutation ", n, " of ", mutations));
+    auto base = NewStore();
+    spec.step = 1;
+    auto previous = WriteTestCheckpoint(*base, spec);
+    ASSERT_TRUE(previous.ok());
+    FaultInjectionStore store(base.get());
+    store.CrashAtMutation(n);
+    spec.step = 2;
+    const auto result = WriteTestCheckpoint(store, spec);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(std::string(result.status().message()),
+                HasSubstr("simulated crash"));
+    EXPECT_TRUE(store.crashed());
+    // Everything after the crash fails: the process is gone.
+    EXPECT_EQ(store.Size(ManifestKey("job", 1)).status().code(),
+              absl::StatusCode::kUnavailable);
+    // "Restart": a new handle on the same storage.
+    auto restarted = Reopen(*base);
+    ExpectConsistent(*restarted, *previous, /*step2_may_be_committed=*/false);
+    if (ListCommittedSteps(*restarted, "job")->size() == 2) {
+      ++committed_after_crash;
+    }
+    // Garbage collection of the incomplete step works and leaves step 1.
+    const std::vector<int64_t> incomplete =
+        ListIncompleteSteps(*restarted, "job").value();
+    for (int64_t step : incomplete) {
+      ASSERT_TRUE(DeleteStep(*restarted, "job", step).ok());
+    }
+    EXPECT_THAT(restarted->List("job/0000000000000002/").value(), IsEmpty());
+    ExpectConsistent(*restarted, *previous, false);
+  }
+  EXPECT_EQ(committed_after_crash, 0);
+}
+
+TEST_P(CheckpointLayoutTest, CrashAtEveryStepOfADeleteNeverLeavesBrokenCommit) {
+  TestCheckpointSpec spec;
+  int64_t mutations = 0;
+  {
+    auto base = NewStore();
+    ASSERT_TRUE(WriteTestCheckpoint(*base, spec).ok());
+    spec.step = 2;
+    ASSERT_TRUE(WriteTestCheckpoint(*base, spec).ok());
+    FaultInjectionStore store(base.get());
+    ASSERT_TRUE(DeleteStep(store, "job", 2).ok());
+    mutations = store.mutation_count();
+  }
+  ASSERT_EQ(mutations, 2);  // MANIFEST, then the data prefix
+  for (int64_t n = 1; n <= mutations; ++n) {
+    SCOPED_TRACE(absl::StrCat("crash at mutation ", n));
+    auto base = NewStore();
+    spec.step = 1;
+    auto previous = WriteTestCheckpoint(*base, spec);
+    spec.step = 2;
+    ASSERT_TRUE(WriteTestCheckpoint(*base, spec).ok());
+    FaultInjectionStore store(base.get());
+    store.CrashAtMutation(n);
+    EXPECT_EQ(DeleteStep(store, "job", 2).code(),
+              absl::StatusCode::kUnavailable);
+    auto restarted = Reopen(*base);
+    ExpectConsistent(*restarted, *previous, /*step2_may_be_committed=*/n == 1);
+  }
+}
+
+TEST_P(CheckpointLayoutTest, FailingAnyWriteFailsTheSaveWithNothingCommitted) {
+  TestCheckpointSpec spec;
+  int64_t writes = 0;
+  {
+    auto base = NewStore();
+    FaultInjectionStore store(base.get());
+    ASSERT_TRUE(WriteTestCheckpoint(store, spec).ok());
+    writes = store.write_count();
+  }
+  for (int64_t n = 1; n <= writes; ++n) {
+    SCOPED_TRACE(absl::StrCat("failing write ", n, " of ", writes));
+    auto base = NewStore();
+    spec.step = 1;
+    auto previous = WriteTestCheckpoint(*base, spec);
+    FaultInjectionStore store(base.get());
+    store.FailNthWrite(n, absl::UnavailableError("disk went away"));
+    spec.step = 2;
+    const absl::Status s = WriteTestCheckpoint(store, spec).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("disk went away"));
+    ExpectConsistent(store, *previous, false);
+  }
+}
+
+TEST_P(CheckpointLayoutTest, NoSpaceFailsCleanlyWithNothingCommitted) {
+  auto base = NewStore();
+  TestCheckpointSpec spec;
+  spec.rows = 512;
+  auto previous = WriteTestCheckpoint(*base, spec);
+  ASSERT_TRUE(previous.ok());
+  FaultInjectionStore store(base.get());
+  store.SetSpaceLimit(previous->total_bytes() / 2);
+  spec.step = 2;
+  const absl::Status s = WriteTestCheckpoint(store, spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("No space left on device"),
+                    HasSubstr("job/0000000000000002/rank-")));
+  ExpectConsistent(store, *previous, false);
+  // The object being written when space ran out is not visible.
+  const std::vector<std::string> left =
+      store.List("job/0000000000000002/").value();
+  EXPECT_LT(left.size(), 2u);
+  // Space freed: the same save now succeeds.
+  store.Reset();
+  ASSERT_TRUE(DeleteStep(store, "job", 2).ok());
+  ASSERT_TRUE(WriteTestCheckpoint(store, spec).ok());
+  ExpectConsistent(store, *previous, true);
+}
+
+TEST_P(CheckpointLayoutTest, ShortWritesNeverCommit) {
+  TestCheckpointSpec spec;
+  {
+    // A device that fails mid-write: the save fails, nothing visible.
+    auto base = NewStore();
+    auto previous = WriteTestCheckpoint(*base, spec);
+    FaultInjectionStore store(base.get());
+    FaultRule rule;
+    rule.ops = kFaultAppend;
+    rule.key_contains = "rank-1.data";
+    rule.skip = 2;
+    rule.action = FaultAction::kShortWrite;
+    rule.status = absl::ResourceExhaustedError("short write");
+    const int id = store.AddRule(rule);
+    spec.step = 2;
+    EXPECT_STATUS(WriteTestCheckpoint(store, spec).status(), kResourceExhausted,
+                  "short write");
+    EXPECT_EQ(store.fired(id), 1);
+    ExpectConsistent(store, *previous, false);
+    EXPECT_THAT(store.List("job/0000000000000002/rank-1").value(), IsEmpty());
+  }
+  {
+    // A device that silently drops bytes: the commit's size check refuses.
+    auto base = NewStore();
+    spec.step = 1;
+    auto previous = WriteTestCheckpoint(*base, spec);
+    FaultInjectionStore store(base.get());
+    FaultRule rule;
+    rule.ops = kFaultAppend;
+    rule.key_contains = "rank-0.data";
+    rule.skip = 1;
+    rule.action = FaultAction::kSilentShortWrite;
+    store.AddRule(rule);
+    spec.step = 2;
+    EXPECT_STATUS(WriteTestCheckpoint(store, spec).status(),
+                  kFailedPrecondition, "rank-0.data' has");
+    ExpectConsistent(store, *previous, false);
+  }
+}
+
+TEST_P(CheckpointLayoutTest, CrashBeforeManifestRenameLeavesStepIncomplete) {
+  auto base = NewStore();
+  TestCheckpointSpec spec;
+  auto previous = WriteTestCheckpoint(*base, spec);
+  FaultInjectionStore store(base.get());
+  FaultRule rule;
+  rule.ops = kFaultPut;
+  rule.key_contains = "MANIFEST";
+  rule.action = FaultAction::kCrashBeforeRename;
+  store.AddRule(rule);
+  spec.step = 2;
+  EXPECT_EQ(WriteTestCheckpoint(store, spec).status().code(),
+            absl::StatusCode::kUnavailable);
+  auto restarted = Reopen(*base);
+  ExpectConsistent(*restarted, *previous, false);
+  EXPECT_THAT(ListIncompleteSteps(*restarted, "job").value(), ElementsAre(2));
+}
+
+TEST_P(CheckpointLayoutTest, CorruptedReadsAreDetected) {
+  auto base = NewStore();
+  TestCheckpointSpec spec;
+  auto m = WriteTestCheckpoint(*base, spec);
+  ASSERT_TRUE(m.ok());
+  FaultInjectionStore store(base.get());
+  FaultRule data_rule;
+  data_rule.ops = kFaultRead;
+  data_rule.key_contains = "rank-1.data";
+  data_rule.action = FaultAction::kCorruptRead;
+  const int id = store.AddRule(data_rule);
+  EXPECT_STATUS(VerifyCheckpoint(store, *m), kDataLoss, "rank-1.data");
+  EXPECT_EQ(store.fired(id), 1);
+  store.Reset();
+  FaultRule manifest_rule;
+  manifest_rule.ops = kFaultRead;
+  manifest_rule.key_contains = "MANIFEST";
+  manifest_rule.action = FaultAction::kCorruptRead;
+  store.AddRule(manifest_rule);
+  EXPECT_STATUS(ReadManifest(store, "job", 1).status(), kDataLoss, "MANIFEST");
+  // The bytes on storage are intact: the fault was in the read path.
+  store.Reset();
+  EXPECT_TRUE(
+      VerifyCheckpoint(store, ReadManifest(store, "job", 1).value()).ok());
+}
+
+}  // namespace
+}  // namespace cairn::storage

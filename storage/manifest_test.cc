@@ -1,0 +1,415 @@
+#include "storage/manifest.h"
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "storage/checksum.h"
+#include "storage/memory/memory_shard_store.h"
+#include "storage/testing/status_testing.h"
+#include "storage/testing/test_checkpoint.h"
+
+namespace cairn::storage {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::Manifest TestManifest(int world_size = 2, int tensors = 3) {
+  auto store = OpenMemoryShardStore().value();
+  TestCheckpointSpec spec;
+  spec.job = "llama";
+  spec.step = 42;
+  spec.world_size = world_size;
+  spec.num_tensors = tensors;
+  return WriteTestCheckpointData(*store, spec).value();
+}
+
+// Rewrites the header crc after editing header fields (to reach the checks
+// behind it).
+void FixHeaderCrc(std::string& bytes) {
+  const uint32_t crc = Crc32c(bytes.data(), 28);
+  for (int i = 0; i < 4; ++i) bytes[28 + i] = static_cast<char>(crc >> (8 * i));
+}
+
+TEST(ManifestTest, EncodeDecodeRoundTrip) {
+  const v1::Manifest m = TestManifest();
+  ASSERT_TRUE(ValidateManifest(m).ok()) << ValidateManifest(m);
+  const std::string bytes = EncodeManifest(m);
+  EXPECT_EQ(bytes.substr(0, 8), "CAIRNMF\n");
+  auto decoded = DecodeManifest(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->SerializeAsString(), m.SerializeAsString());
+}
+
+TEST(ManifestTest, EncodeFillsMissingFormatVersion) {
+  v1::Manifest m = TestManifest();
+  m.clear_format_version();
+  auto decoded = DecodeManifest(EncodeManifest(m));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->format_version(), kManifestFormatVersion);
+}
+
+TEST(ManifestTest, EveryTruncationIsDataLoss) {
+  const std::string bytes = EncodeManifest(TestManifest());
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    auto d = DecodeManifest(absl::string_view(bytes).substr(0, n));
+    ASSERT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << "length " << n;
+    ASSERT_THAT(std::string(d.status().message()), HasSubstr("truncated"));
+  }
+}
+
+TEST(ManifestTest, EverySingleBitFlipIsDataLoss) {
+  const std::string good = EncodeManifest(TestManifest(1, 1));
+  for (size_t bit = 0; bit < good.size() * 8; ++bit) {
+    std::string bad = good;
+    bad[bit / 8] ^= static_cast<char>(1 << (bit % 8));
+    auto d = DecodeManifest(bad);
+    ASSERT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << "bit " << bit;
+  }
+}
+
+TEST(ManifestTest, TrailingBytesAreDataLoss) {
+  EXPECT_STATUS(DecodeManifest(EncodeManifest(TestManifest()) + "x").status(),
+                kDataLoss, "trailing");
+}
+
+TEST(ManifestTest, NewerFormatIsFailedPrecondition) {
+  std::string bytes = EncodeManifest(TestManifest());
+  bytes[8] = static_cast<char>(kManifestFormatVersion + 1);
+  FixHeaderCrc(bytes);
+  EXPECT_STATUS(DecodeManifest(bytes).status(), kFailedPrecondition, "newer");
+}
+
+TEST(ManifestTest, OversizeIsRejectedBeforeAllocation) {
+  std::string bytes = EncodeManifest(TestManifest());
+  // Declare a 1 TiB body: must fail on the header, not try to use it.
+  const uint64_t huge = 1ull << 40;
+  for (int i = 0; i < 8; ++i)
+    bytes[16 + i] = static_cast<char>(huge >> (8 * i));
+  FixHeaderCrc(bytes);
+  EXPECT_STATUS(DecodeManifest(bytes).status(), kDataLoss, "exceeds the limit");
+  // A real manifest larger than the caller's limit.
+  const std::string real = EncodeManifest(TestManifest());
+  EXPECT_STATUS(DecodeManifest(real, 10).status(), kDataLoss, "limit of 10");
+}
+
+TEST(ManifestTest, GarbageBodyWithValidFramingIsDataLoss) {
+  const std::string body = "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01";
+  std::string bytes(kManifestHeaderBytes, '\0');
+  std::memcpy(bytes.data(), kManifestMagic, 8);
+  bytes[8] = 1;
+  bytes[16] = static_cast<char>(body.size());
+  const uint32_t crc = Crc32c(body);
+  for (int i = 0; i < 4; ++i) bytes[24 + i] = static_cast<char>(crc >> (8 * i));
+  FixHeaderCrc(bytes);
+  EXPECT_STATUS(DecodeManifest(bytes + body).status(), kDataLoss,
+                "does not parse");
+}
+
+TEST(ManifestTest, BodyVersionMustMatchHeader) {
+  v1::Manifest m = TestManifest();
+  std::string bytes = EncodeManifest(m);
+  // Re-frame the same body under header version 1 after setting the body's
+  // version to 0 (absent).
+  m.set_format_version(0);
+  std::string body = m.SerializeAsString();
+  std::string framed = bytes.substr(0, kManifestHeaderBytes);
+  for (int i = 0; i < 8; ++i) {
+    framed[16 + i] = static_cast<char>(uint64_t{body.size()} >> (8 * i));
+  }
+  const uint32_t crc = Crc32c(body);
+  for (int i = 0; i < 4; ++i)
+    framed[24 + i] = static_cast<char>(crc >> (8 * i));
+  FixHeaderCrc(framed);
+  EXPECT_STATUS(DecodeManifest(framed + body).status(), kDataLoss,
+                "format_version 0");
+}
+
+TEST(ManifestTest, RandomGarbageNeverDecodes) {
+  std::mt19937_64 rng(99);
+  for (int i = 0; i < 3000; ++i) {
+    std::string s(rng() % 200, '\0');
+    for (char& c : s) c = static_cast<char>(rng());
+    if (i % 2 == 0 && s.size() >= 8) std::memcpy(s.data(), kManifestMagic, 8);
+    auto d = DecodeManifest(s);
+    ASSERT_FALSE(d.ok());
+    ASSERT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << d.status();
+  }
+}
+
+// ---- ValidateManifest ----
+
+struct Corruption {
+  const char* name;
+  std::function<void(v1::Manifest&)> apply;
+  const char* message;
+};
+
+TEST(ValidateManifestTest, RejectsEachKindOfInconsistency) {
+  const std::vector<Corruption> cases = {
+      {"version", [](v1::Manifest& m) { m.set_format_version(2); },
+       "format_version 2"},
+      {"job", [](v1::Manifest& m) { m.set_job("bad/job"); }, "bad/job"},
+      {"step", [](v1::Manifest& m) { m.set_step(-1); }, "step -1"},
+      {"world", [](v1::Manifest& m) { m.set_world_size(0); }, "world_size 0"},
+      {"unsorted",
+       [](v1::Manifest& m) { m.mutable_tensors()->SwapElements(0, 1); },
+       "not sorted"},
+      {"duplicate",
+       [](v1::Manifest& m) {
+         m.mutable_tensors(1)->mutable_entry()->set_fqn(
+             m.tensors(0).entry().fqn());
+       },
+       "not sorted"},
+      {"bytes_dup",
+       [](v1::Manifest& m) {
+         m.mutable_bytes_entries(0)->set_fqn(m.tensors(0).entry().fqn());
+       },
+       "appears twice"},
+      {"dtype",
+       [](v1::Manifest& m) {
+         m.mutable_tensors(0)->mutable_entry()->set_dtype(
+             v1::DTYPE_UNSPECIFIED);
+       },
+       "dtype unspecified"},
+      {"outside",
+       [](v1::Manifest& m) {
+         m.mutable_tensors(1)->mutable_chunks(1)->mutable_box()->set_offsets(1,
+                                                                             1);
+       },
+       "tensor 'model.layers.1.weight' chunk [32:64, 1:33] exceeds shape "
+       "[64, 32]"},
+      {"rank",
+       [](v1::Manifest& m) {
+         m.mutable_tensors(0)->mutable_chunks(0)->mutable_box()->add_sizes(1);
+       },
+       "offsets and"},
+      {"overlap",
+       [](v1::Manifest& m) {
+         // Chunk 1 starts at row 31 instead of 32 and is one row shorter:
+         // same total volume, overlapping chunk 0.
+         auto* box = m.mutable_tensors(2)->mutable_chunks(1)->mutable_box();
+         box->set_offsets(0, 31);
+         auto* box0 = m.mutable_tensors(2)->mutable_chunks(0)->mutable_box();
+         box0->set_sizes(0, 33);
+         box->set_sizes(0, 31);
+         m.mutable_tensors(2)
+             ->mutable_chunks(0)
+             ->mutable_location()
+             ->set_length(33 * 32 * 4);
+         m.mutable_tensors(2)
+             ->mutable_chunks(1)
+             ->mutable_location()
+             ->set_length(31 * 32 * 4);
+       },
+       "overlap"},
+      {"gap",
+       [](v1::Manifest& m) {
+         auto* c = m.mutable_tensors(0)->mutable_chunks(1);
+         c->mutable_box()->set_sizes(0, 31);
+         c->mutable_location()->set_length(31 * 32 * 4);
+       },
+       "cover 2016 elements of 2048"},
+      {"length",
+       [](v1::Manifest& m) {
+         m.mutable_tensors(0)
+             ->mutable_chunks(0)
+             ->mutable_location()
+             ->set_length(7);
+       },
+       "has length 7 bytes, expected 1024 elements x 4 bytes"},
+      {"object",
+       [](v1::Manifest& m) {
+         m.mutable_tensors(0)
+             ->mutable_chunks(0)
+             ->mutable_location()
+             ->set_object_key("other.data");
+       },
+       "'other.data' is not in the manifest's object list"},
+      {"escape", [](v1::Manifest& m) { m.set_objects(0, "../../etc/passwd"); },
+       "../../etc/passwd"},
+      {"writer",
+       [](v1::Manifest& m) {
+         m.mutable_tensors(0)->mutable_chunks(0)->set_writer_rank(5);
+       },
+       "writer_rank 5"},
+      {"total", [](v1::Manifest& m) { m.set_total_bytes(1); }, "total_bytes 1"},
+      {"dims",
+       [](v1::Manifest& m) {
+         for (int i = 0; i < 8; ++i) {
+           m.mutable_tensors(0)->mutable_entry()->add_global_shape(1);
+         }
+       },
+       "10 dims"},
+      {"fqn", [](v1::Manifest& m) { m.mutable_bytes_entries(0)->set_fqn(""); },
+       "invalid bytes entry fqn"},
+      {"layout", [](v1::Manifest& m) { m.add_layouts()->set_fqn("nope"); },
+       "layout for unknown tensor 'nope'"},
+  };
+  for (const Corruption& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::Manifest m = TestManifest();
+    c.apply(m);
+    const absl::Status s = ValidateManifest(m);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("job '"));
+  }
+}
+
+// Brute force: count how often each element is covered.
+bool TilesExactly(
+    const std::vector<int64_t>& shape,
+    const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>&
+        boxes) {
+  int64_t volume = 1;
+  for (int64_t s : shape) volume *= s;
+  std::vector<int> count(volume, 0);
+  for (const auto& [off, size] : boxes) {
+    std::vector<int64_t> idx(shape.size(), 0);
+    int64_t box_volume = 1;
+    for (int64_t s : size) box_volume *= s;
+    for (int64_t e = 0; e < box_volume; ++e) {
+      int64_t rem = e;
+      int64_t flat = 0;
+      for (size_t d = 0; d < shape.size(); ++d) {
+        int64_t stride = 1;
+        for (size_t k = d + 1; k < shape.size(); ++k) stride *= size[k];
+        const int64_t i = rem / stride;
+        rem %= stride;
+        flat = flat * shape[d] + off[d] + i;
+      }
+      ++count[flat];
+    }
+  }
+  for (int c : count) {
+    if (c != 1) return false;
+  }
+  return true;
+}
+
+TEST(ValidateManifestTest, TilingCheckMatchesBruteForceOracle) {
+  std::mt19937_64 rng(2024);
+  int valid = 0;
+  int invalid = 0;
+  for (int iter = 0; iter < 1500; ++iter) {
+    const int rank = 1 + static_cast<int>(rng() % 3);
+    std::vector<int64_t> shape(rank);
+    for (auto& s : shape) s = 1 + static_cast<int64_t>(rng() % 7);
+    // A random grid: split each dim at random cut points.
+    std::vector<std::vector<int64_t>> cuts(rank);
+    for (int d = 0; d < rank; ++d) {
+      cuts[d] = {0, shape[d]};
+      for (int k = 0; k < 2; ++k) cuts[d].push_back(rng() % (shape[d] + 1));
+      std::sort(cuts[d].begin(), cuts[d].end());
+      cuts[d].erase(std::unique(cuts[d].begin(), cuts[d].end()), cuts[d].end());
+    }
+    std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> boxes;
+    std::vector<size_t> pos(rank, 0);
+    while (true) {
+      std::vector<int64_t> off(rank);
+      std::vector<int64_t> size(rank);
+      for (int d = 0; d < rank; ++d) {
+        off[d] = cuts[d][pos[d]];
+        size[d] = cuts[d][pos[d] + 1] - off[d];
+      }
+      boxes.emplace_back(off, size);
+      int d = rank - 1;
+      while (d >= 0 && ++pos[d] + 1 >= cuts[d].size()) pos[d--] = 0;
+      if (d < 0) break;
+    }
+    // Perturb: move, grow, shrink, drop or duplicate a box (or nothing).
+    const int action = static_cast<int>(rng() % 6);
+    auto& victim = boxes[rng() % boxes.size()];
+    const int d = static_cast<int>(rng() % rank);
+    if (action == 0 && victim.first[d] > 0) {
+      --victim.first[d];
+    } else if (action == 1 && victim.first[d] + victim.second[d] < shape[d]) {
+      ++victim.second[d];
+    } else if (action == 2 && victim.second[d] > 1) {
+      --victim.second[d];
+    } else if (action == 3 && boxes.size() > 1) {
+      boxes.pop_back();
+    } else if (action == 4) {
+      boxes.push_back(boxes.front());
+    }
+    v1::Manifest m;
+    m.set_format_version(1);
+    m.set_job("j");
+    m.set_step(0);
+    m.set_world_size(1);
+    m.add_objects("o");
+    v1::ManifestTensor* t = m.add_tensors();
+    t->mutable_entry()->set_fqn("t");
+    t->mutable_entry()->set_dtype(v1::DTYPE_INT8);
+    for (int64_t s : shape) t->mutable_entry()->add_global_shape(s);
+    uint64_t offset = 0;
+    for (const auto& [off, size] : boxes) {
+      v1::StoredChunk* c = t->add_chunks();
+      int64_t vol = 1;
+      for (int k = 0; k < rank; ++k) {
+        c->mutable_box()->add_offsets(off[k]);
+        c->mutable_box()->add_sizes(size[k]);
+        vol *= size[k];
+      }
+      c->mutable_location()->set_object_key("o");
+      c->mutable_location()->set_offset(offset);
+      c->mutable_location()->set_length(vol);
+      offset += vol;
+    }
+    m.set_total_bytes(offset);
+    const bool oracle = TilesExactly(shape, boxes);
+    const absl::Status s = ValidateManifest(m);
+    ASSERT_EQ(s.ok(), oracle) << "iteration " << iter << ": " << s;
+    (oracle ? valid : invalid)++;
+  }
+  // Both outcomes were exercised.
+  EXPECT_GT(valid, 200);
+  EXPECT_GT(invalid, 200);
+}
+
+TEST(ManifestTest, JsonView) {
+  const v1::Manifest m = TestManifest();
+  const auto j = nlohmann::json::parse(ManifestToJson(m));
+  EXPECT_EQ(j["job"], "llama");
+  EXPECT_EQ(j["step"], 42);
+  EXPECT_EQ(j["format_version"], 1);
+  EXPECT_EQ(j["total_bytes"], m.total_bytes());
+  ASSERT_EQ(j["tensors"].size(), 3u);
+  EXPECT_EQ(j["tensors"][0]["fqn"], "model.layers.0.weight");
+  EXPECT_EQ(j["tensors"][0]["dtype"], "float32");
+  EXPECT_EQ(j["tensors"][0]["global_shape"], nlohmann::json({64, 32}));
+  const auto& chunk = j["tensors"][0]["chunks"][1];
+  EXPECT_EQ(chunk["offsets"], nlohmann::json({32, 0}));
+  EXPECT_EQ(chunk["location"]["object_key"], "rank-1.data");
+  char crc[11];
+  std::snprintf(crc, sizeof(crc), "0x%08x", m.tensors(0).chunks(1).crc32c());
+  EXPECT_EQ(chunk["crc32c"], crc);
+  EXPECT_EQ(j["bytes_entries"][0]["fqn"], "rng_state");
+  const auto brief = nlohmann::json::parse(ManifestToJson(m, false));
+  EXPECT_FALSE(brief["tensors"][0].contains("chunks"));
+  EXPECT_EQ(brief["tensors"][0]["num_chunks"], 2);
+}
+
+TEST(ManifestTest, BoxToStringAndDTypes) {
+  v1::ChunkBox box;
+  box.add_offsets(0);
+  box.add_sizes(4096);
+  box.add_offsets(512);
+  box.add_sizes(512);
+  EXPECT_EQ(BoxToString(box), "[0:4096, 512:1024]");
+  EXPECT_EQ(BoxToString(v1::ChunkBox()), "[]");
+  EXPECT_EQ(DTypeSize(v1::DTYPE_BFLOAT16), 2u);
+  EXPECT_EQ(DTypeSize(v1::DTYPE_FLOAT8_E4M3), 1u);
+  EXPECT_EQ(DTypeSize(v1::DTYPE_INT64), 8u);
+  EXPECT_EQ(DTypeSize(v1::DTYPE_UNSPECIFIED), 0u);
+  EXPECT_EQ(DTypeName(static_cast<v1::DType>(99)), "unknown(99)");
+}
+
+}  // namespace
+}  // namespace cairn::storage

@@ -1,0 +1,286 @@
+#include "storage/posix/posix_shard_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/testing/shard_store_conformance.h"
+
+namespace cairn::storage {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+std::vector<std::string>& CreatedDirs() {
+  static auto* dirs = new std::vector<std::string>;
+  return *dirs;
+}
+
+// A fresh directory under $TEST_TMPDIR (Bazel) or /tmp; removed when the
+// test program ends.
+std::string NewTempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string tmpl =
+      absl::StrCat(base != nullptr ? base : "/tmp", "/cairn-posix-XXXXXX");
+  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
+  CreatedDirs().push_back(tmpl);
+  return tmpl;
+}
+
+class TempDirCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    for (const std::string& dir : CreatedDirs()) fs::remove_all(dir, ec);
+  }
+};
+const auto* const kTempDirCleanup =
+    ::testing::AddGlobalTestEnvironment(new TempDirCleanup);
+
+absl::Span<const char> AsSpan(const std::string& s) {
+  return absl::Span<const char>(s.data(), s.size());
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Posix, ShardStoreConformanceTest,
+    ::testing::Values(
+        ShardStoreConformanceParam{"posix",
+                                   [] {
+                                     return OpenShardStore(
+                                         absl::StrCat("file://", NewTempDir()));
+                                   },
+                                   true},
+        // Small pieces and 3 threads: exercises parallel reads and writes.
+        ShardStoreConformanceParam{
+            "posix_small_chunks",
+            [] {
+              StoreOptions o;
+              o.io_threads = 3;
+              o.io_chunk_bytes = 64 << 10;
+              return OpenShardStore(absl::StrCat("file://", NewTempDir()), o);
+            },
+            true},
+        ShardStoreConformanceParam{
+            "posix_odirect",
+            [] {
+              StoreOptions o;
+              o.use_odirect = true;
+              o.io_chunk_bytes = 256 << 10;
+              return OpenShardStore(absl::StrCat("file://", NewTempDir()), o);
+            },
+            true},
+        ShardStoreConformanceParam{"posix_single_thread",
+                                   [] {
+                                     StoreOptions o;
+                                     o.io_threads = 1;
+                                     o.io_chunk_bytes = 4096;
+                                     return OpenShardStore(NewTempDir(),
+                                                           o);  // bare path
+                                   },
+                                   true}),
+    ShardStoreConformanceParamName);
+
+TEST(PosixShardStoreTest, ObjectsAreFilesUnderTheRoot) {
+  const std::string root = NewTempDir();
+  auto store = OpenShardStore("file://" + root);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->uri(), "file://" + root);
+  ASSERT_TRUE(
+      (*store)->Put("job/0001/data", AsSpan(std::string("bytes"))).ok());
+  EXPECT_EQ(ReadFile(root + "/job/0001/data"), "bytes");
+}
+
+TEST(PosixShardStoreTest, NoKeyEverEscapesTheRoot) {
+  const std::string parent = NewTempDir();
+  const std::string root = parent + "/root";
+  auto store = OpenShardStore("file://" + root);
+  ASSERT_TRUE(store.ok());
+  // A sibling file and directory the store must never reach.
+  ASSERT_EQ(::mkdir((parent + "/outside").c_str(), 0755), 0);
+  { std::ofstream(parent + "/secret") << "secret"; }
+  { std::ofstream(parent + "/outside/file") << "outside"; }
+  // Symlinks planted inside the root: to a directory and to a file outside.
+  ASSERT_EQ(::symlink((parent + "/outside").c_str(), (root + "/link").c_str()),
+            0);
+  ASSERT_EQ(
+      ::symlink((parent + "/secret").c_str(), (root + "/filelink").c_str()), 0);
+  const std::string payload = "pwned";
+  for (const std::string key :
+       {"../secret", "../outside/file", "a/../../secret", "/etc/passwd",
+        "link/file", "link/new", "link/../secret"}) {
+    SCOPED_TRACE(key);
+    const absl::Status put = (*store)->Put(key, AsSpan(payload));
+    EXPECT_FALSE(put.ok());
+    std::string buf(16, '\0');
+    EXPECT_FALSE((*store)
+                     ->Read(key, ByteRange{0, 1},
+                            absl::Span<char>(buf.data(), buf.size()))
+                     .ok());
+    EXPECT_FALSE((*store)->Size(key).ok());
+    EXPECT_FALSE((*store)->Delete(key).ok());
+  }
+  // Through a symlinked directory: refused, as NOT_FOUND / FAILED_PRECONDITION.
+  std::string buf(7, '\0');
+  EXPECT_EQ(
+      (*store)
+          ->Read("link/file", ByteRange{0, 7}, absl::Span<char>(buf.data(), 7))
+          .status()
+          .code(),
+      absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->Put("link/new", AsSpan(payload)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A symlink to a file is not an object; publishing its name replaces the
+  // link itself (inside the root) and never writes through it.
+  EXPECT_EQ((*store)->Size("filelink").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      (*store)
+          ->Read("filelink", ByteRange{0, 6}, absl::Span<char>(buf.data(), 6))
+          .status()
+          .code(),
+      absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->Delete("filelink").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE((*store)->Put("filelink", AsSpan(payload)).ok());
+  EXPECT_FALSE(fs::is_symlink(root + "/filelink"));
+  EXPECT_EQ(ReadFile(root + "/filelink"), payload);
+  ASSERT_TRUE((*store)->Delete("filelink").ok());
+  EXPECT_TRUE((*store)->DeletePrefix("link/").ok());
+  EXPECT_TRUE((*store)->DeletePrefix("").ok());
+  // Nothing outside changed; symlinks are not objects.
+  EXPECT_EQ(ReadFile(parent + "/secret"), "secret");
+  EXPECT_EQ(ReadFile(parent + "/outside/file"), "outside");
+  EXPECT_FALSE(fs::exists(parent + "/outside/new"));
+  EXPECT_THAT((*store)->List("").value(), IsEmpty());
+  EXPECT_EQ(fs::directory_iterator(parent + "/outside")->path().filename(),
+            "file");
+}
+
+TEST(PosixShardStoreTest, TempFilesOfCrashedWritersAreHiddenAndDeletable) {
+  const std::string root = NewTempDir();
+  auto store = OpenShardStore("file://" + root);
+  ASSERT_TRUE(store.ok());
+  auto writer = (*store)->NewWriter("job/0001/data");
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Append(AsSpan(std::string(10000, 'x'))).ok());
+  (*writer)->SimulateCrashForTest();
+  // The temp file is there on disk, as after a real crash...
+  int temps = 0;
+  for (const auto& e : fs::directory_iterator(root + "/job/0001")) {
+    EXPECT_TRUE(absl::StartsWith(e.path().filename().string(), ".cairn-tmp"));
+    ++temps;
+  }
+  EXPECT_EQ(temps, 1);
+  // ...but no object is visible, even after reopening.
+  auto reopened = OpenShardStore("file://" + root);
+  EXPECT_THAT((*reopened)->List("").value(), IsEmpty());
+  EXPECT_THAT((*reopened)->ListChildren("").value(), IsEmpty());
+  EXPECT_TRUE(fs::exists(root + "/job/0001"));  // on disk, not listed
+  ASSERT_TRUE((*reopened)->DeletePrefix("job/0001/").ok());
+  EXPECT_FALSE(fs::exists(root + "/job"));
+}
+
+TEST(PosixShardStoreTest, DeleteRemovesEmptyDirectoriesButNotTheRoot) {
+  const std::string root = NewTempDir();
+  auto store = OpenShardStore("file://" + root);
+  ASSERT_TRUE((*store)->Put("a/b/c/obj", AsSpan(std::string("1"))).ok());
+  ASSERT_TRUE((*store)->Put("a/keep", AsSpan(std::string("2"))).ok());
+  ASSERT_TRUE((*store)->Delete("a/b/c/obj").ok());
+  EXPECT_FALSE(fs::exists(root + "/a/b"));
+  EXPECT_TRUE(fs::exists(root + "/a/keep"));
+  ASSERT_TRUE((*store)->DeletePrefix("a/").ok());
+  EXPECT_FALSE(fs::exists(root + "/a"));
+  EXPECT_TRUE(fs::exists(root));
+}
+
+TEST(PosixShardStoreTest, ObjectWhereADirectoryIsNeededFails) {
+  auto store = OpenShardStore(NewTempDir());
+  ASSERT_TRUE((*store)->Put("a", AsSpan(std::string("file"))).ok());
+  const absl::Status s = (*store)->Put("a/b", AsSpan(std::string("x")));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("a/b"));
+  EXPECT_EQ(ReadObject(**store, "a").value(), "file");
+}
+
+TEST(PosixShardStoreTest, OdirectWritesExactBytesForAlignedAndUnalignedInput) {
+  StoreOptions o;
+  o.use_odirect = true;
+  o.io_chunk_bytes = 64 << 10;
+  o.io_threads = 3;
+  const std::string root = NewTempDir();
+  auto store = OpenShardStore("file://" + root, o);
+  ASSERT_TRUE(store.ok());
+  std::mt19937_64 rng(5);
+  // An aligned buffer (written in place) then unaligned pieces (staged).
+  const size_t aligned_len = 1 << 20;
+  char* aligned = static_cast<char*>(std::aligned_alloc(4096, aligned_len));
+  for (size_t i = 0; i < aligned_len; ++i)
+    aligned[i] = static_cast<char>(rng());
+  std::string expected(aligned, aligned_len);
+  auto writer = (*store)->NewWriter("obj");
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE(
+      (*writer)->Append(absl::Span<const char>(aligned, aligned_len)).ok());
+  for (int i = 0; i < 30; ++i) {
+    std::string piece(rng() % 50000, '\0');
+    for (char& c : piece) c = static_cast<char>(rng());
+    ASSERT_TRUE((*writer)->Append(AsSpan(piece)).ok());
+    expected += piece;
+  }
+  // Aligned again, but after unaligned bytes: must go through staging.
+  ASSERT_TRUE(
+      (*writer)->Append(absl::Span<const char>(aligned, aligned_len)).ok());
+  expected.append(aligned, aligned_len);
+  std::free(aligned);
+  ASSERT_TRUE((*writer)->Close().ok());
+  EXPECT_EQ(fs::file_size(root + "/obj"), expected.size());
+  EXPECT_EQ(ReadFile(root + "/obj"), expected);
+}
+
+TEST(PosixShardStoreTest, BadUrisAndOptions) {
+  EXPECT_EQ(OpenShardStore("file://host/path").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenShardStore("relative/path").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const auto unknown = OpenShardStore("s4://bucket");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("s4"));
+  StoreOptions o;
+  o.io_threads = 0;
+  EXPECT_EQ(OpenShardStore(NewTempDir(), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A root that is a file.
+  const std::string dir = NewTempDir();
+  { std::ofstream(dir + "/file") << "x"; }
+  EXPECT_FALSE(OpenShardStore(dir + "/file").ok());
+}
+
+TEST(PosixShardStoreTest, CustomSchemeRegistration) {
+  RegisterShardStoreScheme(
+      "testscheme", [](absl::string_view rest, const StoreOptions&) {
+        return OpenShardStore(absl::StrCat("mem://", rest));
+      });
+  auto store = OpenShardStore("testscheme://reg");
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->uri(), "mem://reg");
+}
+
+}  // namespace
+}  // namespace cairn::storage
