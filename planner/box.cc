@@ -8,6 +8,24 @@
 
 namespace cairn::planner {
 
+namespace {
+
+int CompareInts(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
+  }
+  if (a.size() != b.size()) return a.size() < b.size() ? -1 : 1;
+  return 0;
+}
+
+}  // namespace
+
+int CompareBoxes(const ChunkBox& a, const ChunkBox& b) {
+  const int c = CompareInts(a.offsets, b.offsets);
+  return c != 0 ? c : CompareInts(a.sizes, b.sizes);
+}
+
 ChunkBox FullBox(const Shape& shape) {
   return ChunkBox{std::vector<int64_t>(shape.size(), 0), shape};
 }

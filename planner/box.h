@@ -53,6 +53,10 @@ struct ChunkBox {
   }
 };
 
+// Three-way comparison in the order of operator< (-1, 0 or 1), in one pass;
+// what sorts of many boxes should use.
+int CompareBoxes(const ChunkBox& a, const ChunkBox& b);
+
 // The box [0, shape) covering a whole tensor.
 ChunkBox FullBox(const Shape& shape);
 

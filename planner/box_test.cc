@@ -75,6 +75,21 @@ TEST(BoxTest, Contains) {
   EXPECT_FALSE(Contains(Box({0}, {4}), Box({0, 0}, {1, 1})));
 }
 
+TEST(BoxTest, CompareBoxesAgreesWithOperators) {
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 2000; ++i) {
+    const Shape shape = testing::RandomShape(rng, 3, 1, 3);
+    const Shape other =
+        i % 10 == 0 ? testing::RandomShape(rng, 3, 1, 3) : shape;
+    const ChunkBox a = testing::RandomBox(rng, shape, true);
+    const ChunkBox b = testing::RandomBox(rng, other, true);
+    const int c = CompareBoxes(a, b);
+    ASSERT_EQ(c < 0, a < b);
+    ASSERT_EQ(c == 0, a == b);
+    ASSERT_EQ(c > 0, b < a);
+  }
+}
+
 TEST(BoxTest, Strings) {
   EXPECT_EQ(BoxToString(Box({0, 512}, {4096, 512})), "[0:4096, 512:1024]");
   EXPECT_EQ(BoxToString(Box({}, {})), "[]");

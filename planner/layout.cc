@@ -167,8 +167,8 @@ absl::Status CheckExactCover(absl::string_view fqn, const Shape& global_shape,
     if (!IsEmpty(c.box)) order.push_back(static_cast<int>(i));
   }
   std::sort(order.begin(), order.end(), [&](int a, int b) {
-    if (chunks[a].box != chunks[b].box) return chunks[a].box < chunks[b].box;
-    return chunks[a].rank < chunks[b].rank;
+    const int c = CompareBoxes(chunks[a].box, chunks[b].box);
+    return c != 0 ? c < 0 : chunks[a].rank < chunks[b].rank;
   });
   std::vector<ChunkBox> distinct;
   std::vector<int> holder;  // rank of the first holder of distinct[i]

@@ -85,6 +85,7 @@ absl::StatusOr<std::unique_ptr<LoadPlanner>> LoadPlanner::Create(
 absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
     const std::vector<WantedChunk>& wanted) const {
   std::vector<ReadItem> reads;
+  reads.reserve(wanted.size());  // at least one read per non-empty chunk
   std::vector<int> hits;
   for (int w = 0; w < static_cast<int>(wanted.size()); ++w) {
     const WantedChunk& want = wanted[w];

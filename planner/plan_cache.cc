@@ -182,11 +182,21 @@ size_t ApproximatePlanBytes(const GlobalSavePlan& plan) {
 }
 
 size_t PlanCache::KeyPtrHash::operator()(const Key* key) const {
+  if (constant) return 0;
   return absl::HashOf(key->job, key->world_size, key->fingerprints,
                       key->storage_settings);
 }
 
-PlanCache::PlanCache(size_t max_bytes) : max_bytes_(max_bytes) {}
+PlanCache::PlanCache(size_t max_bytes) : PlanCache(max_bytes, false) {}
+
+PlanCache::PlanCache(size_t max_bytes, bool colliding_hashes)
+    : max_bytes_(max_bytes),
+      index_(/*bucket_count=*/16, KeyPtrHash{colliding_hashes}) {}
+
+std::unique_ptr<PlanCache> PlanCache::NewWithCollidingHashesForTest(
+    size_t max_bytes) {
+  return std::unique_ptr<PlanCache>(new PlanCache(max_bytes, true));
+}
 
 std::shared_ptr<const GlobalSavePlan> PlanCache::Lookup(const Key& key) {
   absl::MutexLock lock(&mu_);

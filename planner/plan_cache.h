@@ -65,6 +65,10 @@ class PlanCache {
   };
 
   explicit PlanCache(size_t max_bytes);
+  // A cache whose key hash is constant, so every key collides and lookups
+  // rest entirely on full-key comparison. Tests use it to prove that.
+  static std::unique_ptr<PlanCache> NewWithCollidingHashesForTest(
+      size_t max_bytes);
   PlanCache(const PlanCache&) = delete;
   PlanCache& operator=(const PlanCache&) = delete;
 
@@ -88,6 +92,7 @@ class PlanCache {
   // The index stores pointers to the keys inside lru_ entries; hashing and
   // equality dereference them, so lookups compare FULL keys.
   struct KeyPtrHash {
+    bool constant = false;  // ForTest: every key hashes to 0
     size_t operator()(const Key* key) const;
   };
   struct KeyPtrEq {
@@ -100,6 +105,7 @@ class PlanCache {
   };
   using LruList = std::list<Entry>;  // front = most recently used
 
+  PlanCache(size_t max_bytes, bool colliding_hashes);
   void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.

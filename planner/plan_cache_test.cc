@@ -127,21 +127,30 @@ TEST(PlanCacheTest, AnyKeyDifferenceMisses) {
 }
 
 // Many keys that differ in one rank's fingerprint: each lookup returns the
-// plan inserted under exactly that key, never a neighbour's (bucket
-// collisions inside the hash map must be resolved by full-key comparison).
+// plan inserted under exactly that key, never a neighbour's. The second cache
+// hashes every key to the same value, so only full-key comparison can tell
+// them apart (a cache that compared hashes would fail here).
 TEST(PlanCacheTest, NeverReturnsAPlanForADifferentKey) {
-  PlanCache cache(size_t{1} << 30);
-  std::vector<std::string> fps(64, "same");
-  std::vector<std::shared_ptr<const GlobalSavePlan>> plans;
-  for (int i = 0; i < 2000; ++i) {
-    fps[i % 64] = "v" + std::to_string(i);
-    plans.push_back(MakePlan(1, 0));
-    cache.Insert(MakeKey("j", 64, fps), plans.back());
-  }
-  fps.assign(64, "same");
-  for (int i = 0; i < 2000; ++i) {
-    fps[i % 64] = "v" + std::to_string(i);
-    ASSERT_EQ(cache.Lookup(MakeKey("j", 64, fps)), plans[i]) << i;
+  PlanCache normal(size_t{1} << 30);
+  auto colliding = PlanCache::NewWithCollidingHashesForTest(size_t{1} << 30);
+  for (PlanCache* cache : {&normal, colliding.get()}) {
+    std::vector<std::string> fps(64, "same");
+    std::vector<std::shared_ptr<const GlobalSavePlan>> plans;
+    for (int i = 0; i < 300; ++i) {
+      fps[i % 64] = "v" + std::to_string(i);
+      plans.push_back(MakePlan(1, 0));
+      cache->Insert(MakeKey("j", 64, fps), plans.back());
+    }
+    ASSERT_EQ(cache->size(), 300u);
+    fps.assign(64, "same");
+    for (int i = 0; i < 300; ++i) {
+      fps[i % 64] = "v" + std::to_string(i);
+      ASSERT_EQ(cache->Lookup(MakeKey("j", 64, fps)), plans[i]) << i;
+    }
+    fps[0] = "never-inserted";
+    EXPECT_EQ(cache->Lookup(MakeKey("j", 64, fps)), nullptr);
+    // Same fingerprints under another job, world size or storage settings.
+    EXPECT_EQ(cache->Lookup(MakeKey("k", 64, {"v0"})), nullptr);
   }
 }
 

@@ -187,10 +187,8 @@ class SavePlanBuilder {
                 occ.end());
       std::sort(occ.begin(), occ.end(),
                 [&](const Occurrence& a, const Occurrence& b) {
-                  const ChunkBox& ba = ItemOf(a).box;
-                  const ChunkBox& bb = ItemOf(b).box;
-                  if (ba != bb) return ba < bb;
-                  return a.rank < b.rank;
+                  const int c = CompareBoxes(ItemOf(a).box, ItemOf(b).box);
+                  return c != 0 ? c < 0 : a.rank < b.rank;
                 });
       distinct_.clear();
       holder_.clear();

@@ -56,7 +56,7 @@ absl::StatusOr<SourceBoxes> GroupSources(const TransferTensor& t) {
   std::sort(order.begin(), order.end(), [&](int a, int b) {
     const RankChunk& x = t.sources[a];
     const RankChunk& y = t.sources[b];
-    if (x.box != y.box) return x.box < y.box;
+    if (int c = CompareBoxes(x.box, y.box); c != 0) return c < 0;
     if (x.rank != y.rank) return x.rank < y.rank;
     return a < b;
   });
@@ -142,7 +142,7 @@ absl::StatusOr<TransferPlan> BuildTransferPlan(
     std::sort(dests.begin(), dests.end(), [&](int a, int b) {
       const RankChunk& x = t.destinations[a];
       const RankChunk& y = t.destinations[b];
-      if (x.box != y.box) return x.box < y.box;
+      if (int c = CompareBoxes(x.box, y.box); c != 0) return c < 0;
       if (x.rank != y.rank) return x.rank < y.rank;
       return a < b;
     });
@@ -258,8 +258,8 @@ absl::StatusOr<TransferPlan> BuildTransferPlan(
               if (a.src_rank != b.src_rank) return a.src_rank < b.src_rank;
               if (a.dst_rank != b.dst_rank) return a.dst_rank < b.dst_rank;
               if (a.dtype != b.dtype) return a.dtype < b.dtype;
-              if (a.fqn != b.fqn) return a.fqn < b.fqn;
-              if (a.box != b.box) return a.box < b.box;
+              if (int c = a.fqn.compare(b.fqn); c != 0) return c < 0;
+              if (int c = CompareBoxes(a.box, b.box); c != 0) return c < 0;
               return a.dest_index < b.dest_index;
             });
 
