@@ -1,0 +1,484 @@
+// The coordinator library in-process (no gRPC): the save/commit/abort state
+// machine, plan and fingerprint caching, deadlines, retention and recovery,
+// on a shared memory store ("mem://name") or a fault-injecting one.
+#include "server/coordinator/coordinator.h"
+
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/plan_cache.h"
+#include "proto/convert/plan_convert.h"
+#include "storage/checkpoint_layout.h"
+#include "storage/checksum.h"
+#include "storage/memory/memory_shard_store.h"
+#include "storage/testing/fault_injection_store.h"
+
+namespace cairn::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A "faulty://name" scheme: a FaultInjectionStore over mem://name whose
+// rules the test programs through g_faults.
+storage::FaultInjectionStore* g_faults = nullptr;
+
+void RegisterFaultyScheme() {
+  static bool done = [] {
+    storage::RegisterShardStoreScheme(
+        "faulty",
+        [](absl::string_view rest, const storage::StoreOptions&)
+            -> absl::StatusOr<std::unique_ptr<storage::ShardStore>> {
+          auto base = storage::OpenMemoryShardStore(rest);
+          if (!base.ok()) return base.status();
+          auto f =
+              std::make_unique<storage::FaultInjectionStore>(std::move(*base));
+          g_faults = f.get();
+          return std::unique_ptr<storage::ShardStore>(std::move(f));
+        });
+    return true;
+  }();
+  (void)done;
+}
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir =
+      absl::StrCat(base ? base : "/tmp", "/cairn-coord-", name, "-", getpid());
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// One fp32 tensor "w" of shape [rows, 4], split by rows over the ranks, plus
+// a replicated bias "b" [4] every rank holds, plus bytes "rng" on every rank.
+v1::LocalSavePlan RankPlan(int rank, int world, int64_t rows = 8) {
+  v1::LocalSavePlan p;
+  p.set_rank(rank);
+  const int64_t per = (rows + world - 1) / world;
+  const int64_t begin = std::min<int64_t>(rank * per, rows);
+  const int64_t size = std::min<int64_t>(per, rows - begin);
+  auto add = [&](const std::string& fqn, std::vector<int64_t> shape,
+                 std::vector<int64_t> off, std::vector<int64_t> sz) {
+    v1::WriteItem* it = p.add_items();
+    it->set_kind(v1::WriteItem::KIND_TENSOR_CHUNK);
+    it->mutable_tensor()->set_fqn(fqn);
+    it->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+    for (int64_t d : shape) it->mutable_tensor()->add_global_shape(d);
+    int64_t vol = 1;
+    for (size_t d = 0; d < off.size(); ++d) {
+      it->mutable_chunk()->add_offsets(off[d]);
+      it->mutable_chunk()->add_sizes(sz[d]);
+      vol *= sz[d];
+    }
+    it->set_length(static_cast<uint64_t>(vol) * 4);
+  };
+  add("w", {rows, 4}, {begin, 0}, {size, 4});
+  add("b", {4}, {0}, {4});
+  v1::WriteItem* rng = p.add_items();
+  rng->set_kind(v1::WriteItem::KIND_BYTES);
+  rng->set_bytes_fqn("rng");
+  rng->set_length(16);
+  return p;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RegisterFaultyScheme();
+    const std::string name =
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    options_.storage_uri = "mem://" + name;
+    options_.catalog_path = TempDir(name);
+    options_.worker_threads = 2;
+  }
+  void TearDown() override {
+    coordinator_.reset();
+    std::filesystem::remove_all(options_.catalog_path);
+  }
+
+  void Start() {
+    auto c = Coordinator::Create(options_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = std::move(*c);
+  }
+
+  using BeginResult = absl::StatusOr<v1::BeginSaveResponse>;
+  using CommitResult = absl::StatusOr<v1::CommitSaveResponse>;
+
+  std::future<BeginResult> Begin(const std::string& job, int64_t step, int rank,
+                                 int world,
+                                 std::optional<v1::LocalSavePlan> plan,
+                                 std::string fingerprint = "") {
+    v1::BeginSaveRequest req;
+    req.set_job(job);
+    req.set_step(step);
+    req.set_rank(rank);
+    req.set_world_size(world);
+    if (plan) {
+      *req.mutable_local_plan() = *plan;
+    } else {
+      req.set_plan_fingerprint(fingerprint);
+    }
+    auto promise = std::make_shared<std::promise<BeginResult>>();
+    coordinator_->BeginSave(
+        req, [promise](BeginResult r) { promise->set_value(std::move(r)); });
+    return promise->get_future();
+  }
+
+  // Writes every planned item of `plan` with deterministic bytes; returns the
+  // commit request with their crc32c.
+  v1::CommitSaveRequest Write(const std::string& job, int64_t step, int rank,
+                              const v1::BeginSaveResponse& plan) {
+    auto store = storage::OpenShardStore(plan.storage_uri());
+    EXPECT_TRUE(store.ok());
+    v1::CommitSaveRequest commit;
+    commit.set_job(job);
+    commit.set_step(step);
+    commit.set_rank(rank);
+    std::map<std::string, std::string> objects;
+    for (const v1::PlannedWrite& w : plan.rank_plan().writes()) {
+      std::string& obj = objects[w.location().object_key()];
+      std::string bytes(w.location().length(),
+                        static_cast<char>('a' + (w.location().offset() % 26)));
+      obj.resize(std::max<size_t>(obj.size(), w.location().offset()));
+      obj.replace(w.location().offset(), bytes.size(), bytes);
+      v1::WriteResult* r = commit.add_results();
+      *r->mutable_location() = w.location();
+      r->set_crc32c(storage::Crc32c(bytes));
+    }
+    for (const auto& [key, data] : objects) {
+      EXPECT_TRUE((*store)
+                      ->Put(absl::StrCat(plan.step_prefix(), key),
+                            absl::MakeConstSpan(data.data(), data.size()))
+                      .ok());
+    }
+    return commit;
+  }
+
+  std::future<CommitResult> Commit(const v1::CommitSaveRequest& req) {
+    auto promise = std::make_shared<std::promise<CommitResult>>();
+    coordinator_->CommitSave(
+        req, [promise](CommitResult r) { promise->set_value(std::move(r)); });
+    return promise->get_future();
+  }
+
+  // A whole save by `world` ranks; returns each rank's BeginSave answer.
+  std::vector<v1::BeginSaveResponse> Save(const std::string& job, int64_t step,
+                                          int world, int64_t rows = 8) {
+    std::vector<std::future<BeginResult>> begins;
+    for (int r = 0; r < world; ++r) {
+      begins.push_back(Begin(job, step, r, world, RankPlan(r, world, rows)));
+    }
+    std::vector<v1::BeginSaveResponse> plans;
+    for (auto& f : begins) {
+      BeginResult b = f.get();
+      EXPECT_TRUE(b.ok()) << b.status();
+      plans.push_back(*b);
+    }
+    std::vector<std::future<CommitResult>> commits;
+    for (int r = 0; r < world; ++r) {
+      commits.push_back(Commit(Write(job, step, r, plans[r])));
+    }
+    for (auto& f : commits) {
+      CommitResult c = f.get();
+      EXPECT_TRUE(c.ok()) << c.status();
+      if (c.ok()) {
+        EXPECT_EQ(c->checkpoint().state(), v1::CHECKPOINT_STATE_COMMITTED);
+      }
+    }
+    return plans;
+  }
+
+  int64_t LatestStep(const std::string& job) {
+    v1::PlanLoadRequest req;
+    req.set_job(job);
+    req.set_latest(true);
+    auto r = coordinator_->PlanLoad(req);
+    return r.ok() ? r->step() : -1;
+  }
+
+  CoordinatorOptions options_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+TEST_F(CoordinatorTest, ReplicatedItemsAreWrittenOnceAndCommitted) {
+  Start();
+  std::vector<v1::BeginSaveResponse> plans = Save("job", 1, 3);
+  int bias_writers = 0, rng_writers = 0, w_chunks = 0;
+  for (const auto& p : plans) {
+    for (const auto& w : p.rank_plan().writes()) {
+      if (w.item().kind() == v1::WriteItem::KIND_BYTES) ++rng_writers;
+      if (w.item().tensor().fqn() == "b") ++bias_writers;
+      if (w.item().tensor().fqn() == "w") ++w_chunks;
+      EXPECT_THAT(w.location().object_key(), HasSubstr("attempt-"));
+      EXPECT_EQ(w.location().offset() % 4096, 0u);
+    }
+  }
+  EXPECT_EQ(bias_writers, 1);
+  EXPECT_EQ(rng_writers, 1);
+  EXPECT_EQ(w_chunks, 3);
+  v1::GetCheckpointRequest get;
+  get.set_job("job");
+  get.set_step(1);
+  auto got = coordinator_->GetCheckpoint(get);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->checkpoint().state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_EQ(got->manifest().tensors_size(), 2);
+  EXPECT_EQ(got->manifest().bytes_entries_size(), 1);
+  EXPECT_EQ(LatestStep("job"), 1);
+}
+
+TEST_F(CoordinatorTest, UnchangedPlansSendFingerprintsAndHitThePlanCache) {
+  Start();
+  std::vector<v1::BeginSaveResponse> first = Save("job", 1, 2);
+  EXPECT_FALSE(first[0].plan_from_cache());
+  // Step 2: both ranks send only the fingerprint they got back.
+  std::vector<std::future<BeginResult>> begins;
+  for (int r = 0; r < 2; ++r) {
+    begins.push_back(
+        Begin("job", 2, r, 2, std::nullopt, first[r].plan_fingerprint()));
+  }
+  std::vector<v1::BeginSaveResponse> second;
+  for (auto& f : begins) {
+    BeginResult b = f.get();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_FALSE(b->resend_plan());
+    EXPECT_TRUE(b->plan_from_cache());
+    second.push_back(*b);
+  }
+  std::vector<std::future<CommitResult>> commits;
+  for (int r = 0; r < 2; ++r)
+    commits.push_back(Commit(Write("job", 2, r, second[r])));
+  for (auto& f : commits) ASSERT_TRUE(f.get().ok());
+  EXPECT_EQ(coordinator_->stats().plans_built, 1);
+  EXPECT_EQ(coordinator_->stats().plans_from_cache, 1);
+  // One rank changes its plan (a bigger tensor): a rebuild, not the cache.
+  Save("job", 3, 2, /*rows=*/10);
+  EXPECT_EQ(coordinator_->stats().plans_built, 2);
+  EXPECT_EQ(LatestStep("job"), 3);
+}
+
+TEST_F(CoordinatorTest, UnknownFingerprintAsksTheRankToResend) {
+  Start();
+  BeginResult r =
+      Begin("job", 1, 0, 1, std::nullopt, "not-a-fingerprint").get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->resend_plan());
+}
+
+TEST_F(CoordinatorTest, RetriedBeginSaveIsIdempotentAndDuplicateRankRejected) {
+  Start();
+  auto a = Begin("job", 1, 0, 2, RankPlan(0, 2));
+  auto a_retry = Begin("job", 1, 0, 2, RankPlan(0, 2));
+  BeginResult dup = Begin("job", 1, 0, 2, RankPlan(1, 2)).get();
+  EXPECT_EQ(dup.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(dup.status().message()), HasSubstr("rank 0"));
+  BeginResult wrong_world = Begin("job", 1, 1, 3, RankPlan(1, 3)).get();
+  EXPECT_EQ(wrong_world.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(wrong_world.status().message()),
+              HasSubstr("world_size 3"));
+  auto b = Begin("job", 1, 1, 2, RankPlan(1, 2));
+  BeginResult ra = a.get(), rr = a_retry.get(), rb = b.get();
+  ASSERT_TRUE(ra.ok() && rr.ok() && rb.ok());
+  EXPECT_EQ(ra->rank_plan().SerializeAsString(),
+            rr->rank_plan().SerializeAsString());
+  // A retry after the plan was built gets the same answer at once.
+  BeginResult late = Begin("job", 1, 1, 2, RankPlan(1, 2)).get();
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(late->rank_plan().SerializeAsString(),
+            rb->rank_plan().SerializeAsString());
+  // Commits, including a retried one, then a retry after the commit.
+  v1::CommitSaveRequest c0 = Write("job", 1, 0, *ra);
+  auto f0 = Commit(c0);
+  auto f0_retry = Commit(c0);
+  auto f1 = Commit(Write("job", 1, 1, *rb));
+  EXPECT_TRUE(f0.get().ok());
+  EXPECT_TRUE(f0_retry.get().ok());
+  EXPECT_TRUE(f1.get().ok());
+  CommitResult after = Commit(c0).get();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->checkpoint().state(), v1::CHECKPOINT_STATE_COMMITTED);
+  // The committed step cannot be saved again.
+  BeginResult again = Begin("job", 1, 0, 2, RankPlan(0, 2)).get();
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(CoordinatorTest, MissingRankAbortsAtTheBeginDeadline) {
+  options_.begin_deadline = absl::Milliseconds(200);
+  Start();
+  BeginResult r = Begin("job", 4, 0, 3, RankPlan(0, 3)).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("[1, 2]"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("job 'job' step 4"));
+  v1::ListCheckpointsRequest list;
+  list.set_include_uncommitted(true);
+  // The abort is recorded off the lock; wait for it briefly.
+  for (int i = 0; i < 100; ++i) {
+    auto l = coordinator_->ListCheckpoints(list);
+    ASSERT_TRUE(l.ok());
+    if (l->checkpoints_size() == 1) {
+      EXPECT_EQ(l->checkpoints(0).state(), v1::CHECKPOINT_STATE_ABORTED);
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ADD_FAILURE() << "abort never recorded";
+}
+
+TEST_F(CoordinatorTest, AbortSaveAnswersWaitingRanksAndKeepsLatest) {
+  Start();
+  Save("job", 1, 2);
+  auto b0 = Begin("job", 2, 0, 2, RankPlan(0, 2));
+  auto b1 = Begin("job", 2, 1, 2, RankPlan(1, 2));
+  BeginResult r0 = b0.get();
+  ASSERT_TRUE(r0.ok());
+  ASSERT_TRUE(b1.get().ok());
+  auto waiting = Commit(Write("job", 2, 0, *r0));
+  v1::AbortSaveRequest abort;
+  abort.set_job("job");
+  abort.set_step(2);
+  abort.set_rank(1);
+  abort.set_reason("disk full on node 7");
+  ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+  CommitResult c = waiting.get();
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("disk full on node 7"));
+  EXPECT_EQ(LatestStep("job"), 1);
+}
+
+TEST_F(CoordinatorTest, CommitResultsMustMatchThePlan) {
+  Start();
+  BeginResult r = Begin("job", 1, 0, 1, RankPlan(0, 1)).get();
+  ASSERT_TRUE(r.ok());
+  v1::CommitSaveRequest c = Write("job", 1, 0, *r);
+  c.mutable_results(0)->mutable_location()->set_offset(12345);
+  CommitResult bad = Commit(c).get();
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("the plan says"));
+  c.mutable_results()->RemoveLast();
+  bad = Commit(c).get();
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, FailedManifestPublishAbortsAndKeepsPreviousLatest) {
+  options_.storage_uri = "faulty://publishfail";
+  Start();
+  ASSERT_NE(g_faults, nullptr);
+  Save("job", 1, 2);
+  storage::FaultRule rule;
+  rule.ops = storage::kFaultPut;
+  rule.key_contains = "MANIFEST";
+  rule.action = storage::FaultAction::kCrashBeforeRename;
+  g_faults->AddRule(rule);
+  auto b0 = Begin("job", 2, 0, 2, RankPlan(0, 2));
+  auto b1 = Begin("job", 2, 1, 2, RankPlan(1, 2));
+  BeginResult r0 = b0.get(), r1 = b1.get();
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  // Data goes to the base store directly (the fault is on the coordinator's).
+  auto c0 = Commit(Write("job", 2, 0, *r0));
+  auto c1 = Commit(Write("job", 2, 1, *r1));
+  EXPECT_FALSE(c0.get().ok());
+  EXPECT_FALSE(c1.get().ok());
+  EXPECT_EQ(LatestStep("job"), 1);
+  auto steps = storage::ListCommittedSteps(
+      *storage::OpenMemoryShardStore("publishfail").value(), "job");
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(*steps, std::vector<int64_t>({1}));
+}
+
+TEST_F(CoordinatorTest, DeleteRefusesASaveInProgressAndRetentionKeepsNewest) {
+  options_.keep_last = 2;
+  Start();
+  Save("job", 1, 1);
+  Save("job", 2, 1);
+  auto pending = Begin("job", 3, 0, 2, RankPlan(0, 2));  // waits for rank 1
+  v1::DeleteCheckpointRequest del;
+  del.set_job("job");
+  del.set_step(3);
+  EXPECT_EQ(coordinator_->DeleteCheckpoint(del).code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto other = Begin("job", 3, 1, 2, RankPlan(1, 2));
+  BeginResult p0 = pending.get(), p1 = other.get();
+  ASSERT_TRUE(p0.ok() && p1.ok());
+  auto c0 = Commit(Write("job", 3, 0, *p0));
+  ASSERT_TRUE(Commit(Write("job", 3, 1, *p1)).get().ok());
+  ASSERT_TRUE(c0.get().ok());
+  v1::ListCheckpointsRequest list;
+  list.set_job("job");
+  auto l = coordinator_->ListCheckpoints(list);
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->checkpoints_size(), 2);  // step 1 fell to retention
+  EXPECT_EQ(l->checkpoints(0).step(), 2);
+  EXPECT_EQ(l->checkpoints(1).step(), 3);
+  v1::GarbageCollectRequest gc;
+  gc.set_job("job");
+  gc.set_keep_last(0);
+  EXPECT_EQ(coordinator_->GarbageCollect(gc).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, RestartRebuildsCatalogAndRemovesIncompleteSteps) {
+  Start();
+  Save("job", 1, 2);
+  auto b0 = Begin("job", 2, 0, 1, RankPlan(0, 1));
+  BeginResult r = b0.get();
+  ASSERT_TRUE(r.ok());
+  Write("job", 2, 0, *r);  // written, never committed: the process "crashes"
+  coordinator_.reset();
+  std::filesystem::remove_all(options_.catalog_path);  // catalog lost too
+  Start();
+  EXPECT_EQ(LatestStep("job"), 1);
+  auto store = storage::OpenShardStore(options_.storage_uri);
+  ASSERT_TRUE(store.ok());
+  auto incomplete = storage::ListIncompleteSteps(**store, "job");
+  ASSERT_TRUE(incomplete.ok());
+  EXPECT_TRUE(incomplete->empty());
+}
+
+TEST_F(CoordinatorTest, ShutdownAnswersParkedRanksUnavailable) {
+  Start();
+  auto parked = Begin("job", 1, 0, 2, RankPlan(0, 2));
+  coordinator_->Shutdown();
+  BeginResult r = parked.get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(CoordinatorTest, IdenticalLoadPlansComeFromTheCache) {
+  Start();
+  Save("job", 1, 2);
+  v1::PlanLoadRequest req;
+  req.set_job("job");
+  req.set_latest(true);
+  v1::WantedChunk* w = req.add_wanted();
+  w->mutable_tensor()->set_fqn("w");
+  w->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+  w->mutable_tensor()->add_global_shape(8);
+  w->mutable_tensor()->add_global_shape(4);
+  w->mutable_box()->add_offsets(2);
+  w->mutable_box()->add_offsets(0);
+  w->mutable_box()->add_sizes(4);
+  w->mutable_box()->add_sizes(4);
+  req.add_wanted_bytes("rng");
+  auto a = coordinator_->PlanLoad(req);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->reads_size(), 2);  // rows 2..5 span both stored chunks
+  EXPECT_EQ(a->bytes_entries_size(), 1);
+  req.set_rank(5);
+  auto b = coordinator_->PlanLoad(req);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(a->SerializeAsString(), b->SerializeAsString());
+  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 1);
+  req.add_wanted_bytes("missing");
+  auto c = coordinator_->PlanLoad(req);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("'missing'"));
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
