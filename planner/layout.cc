@@ -1,12 +1,9 @@
 #include "planner/layout.h"
 
 #include <algorithm>
-#include <numeric>
-#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "planner/overlap_index.h"
 

@@ -94,7 +94,8 @@ absl::Status CheckSavable(const DTensorLayout& layout, absl::string_view fqn);
 // replication (identical boxes on several ranks are replicas; partial overlaps
 // and gaps are INVALID_ARGUMENT naming fqn, the ranks and the boxes, e.g.
 // "'w': rank 1 chunk [0:4, 2:6] partially overlaps rank 0 chunk [0:4, 0:4]"
-// or "'w': chunks cover 12 of 16 elements; e.g. [2:4, 2:4] is not covered").
+// or "'w': chunks cover 12 of 16 elements of shape [4, 4]; e.g. [2:4, 2:4] is
+// not covered").
 // Empty boxes are ignored for coverage. O(n log n) with an OverlapIndex.
 absl::Status CheckExactCover(absl::string_view fqn, const Shape& global_shape,
                              const std::vector<RankChunk>& chunks);

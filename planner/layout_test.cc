@@ -59,6 +59,10 @@ TEST(LayoutTest, TorchChunkDocumentedExamples) {
 TEST(LayoutTest, DTensorDocumentedExamples) {
   const auto row = Layout({4}, {0, 1, 2, 3}, {Placement::Shard(0)});
   EXPECT_EQ(ChunkOf(row, {4, 8}, 2), Box({2, 0}, {1, 8}));
+  // Uneven: 10 rows over 4 ranks -> 3, 3, 3, 1 (torch.chunk), not
+  // tensor_split's 3, 3, 2, 2.
+  EXPECT_THAT(Sizes0(row, {10, 4}), ElementsAre(3, 3, 3, 1));
+  EXPECT_EQ(ChunkOf(row, {10, 4}, 3), Box({9, 0}, {1, 4}));
   const auto grid =
       Layout({2, 2}, {0, 1, 2, 3}, {Placement::Shard(0), Placement::Shard(1)});
   EXPECT_EQ(ChunkOf(grid, {4, 8}, 0), Box({0, 0}, {2, 4}));

@@ -2,14 +2,11 @@
 
 #include <algorithm>
 #include <numeric>
-#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
 #include "planner/overlap_index.h"
 
 namespace cairn::planner {
@@ -47,7 +44,7 @@ absl::Status ValidateChunks(const TransferTensor& t, absl::string_view what,
   return absl::OkStatus();
 }
 
-absl::StatusOr<SourceBoxes> GroupSources(const TransferTensor& t) {
+SourceBoxes GroupSources(const TransferTensor& t) {
   std::vector<int> order(t.sources.size());
   std::iota(order.begin(), order.end(), 0);
   order.erase(std::remove_if(order.begin(), order.end(),
@@ -121,7 +118,7 @@ absl::StatusOr<TransferPlan> BuildTransferPlan(
         !s.ok()) {
       return s;
     }
-    CAIRN_ASSIGN_OR_RETURN(sources[ti], GroupSources(t));
+    sources[ti] = GroupSources(t);
     const SourceBoxes& src = sources[ti];
     OverlapIndex index(src.boxes);
     for (int b = 0; b < index.size(); ++b) {
