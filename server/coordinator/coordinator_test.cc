@@ -480,5 +480,33 @@ TEST_F(CoordinatorTest, IdenticalLoadPlansComeFromTheCache) {
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("'missing'"));
 }
 
+TEST_F(CoordinatorTest, ThousandRanksOfTwoJobsSaveConcurrently) {
+  Start();
+  constexpr int kWorld = 1024;
+  std::vector<std::future<BeginResult>> begins;
+  for (int r = 0; r < kWorld; ++r) {
+    for (const char* job : {"a", "b"}) {
+      begins.push_back(Begin(job, 7, r, kWorld, RankPlan(r, kWorld, 2048)));
+    }
+  }
+  std::vector<std::future<CommitResult>> commits;
+  for (int i = 0; i < static_cast<int>(begins.size()); ++i) {
+    BeginResult b = begins[i].get();
+    ASSERT_TRUE(b.ok()) << b.status();
+    commits.push_back(Commit(Write(i % 2 ? "b" : "a", 7, i / 2, *b)));
+  }
+  for (auto& c : commits) ASSERT_TRUE(c.get().ok());
+  EXPECT_EQ(LatestStep("a"), 7);
+  EXPECT_EQ(LatestStep("b"), 7);
+  v1::GetCheckpointRequest get;
+  get.set_job("b");
+  get.set_step(7);
+  auto got = coordinator_->GetCheckpoint(get);
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->manifest().tensors_size(), 2);
+  EXPECT_EQ(got->manifest().tensors(1).chunks_size(), kWorld);  // "w"
+  EXPECT_EQ(got->checkpoint().world_size(), kWorld);
+}
+
 }  // namespace
 }  // namespace cairn::coordinator
