@@ -585,20 +585,16 @@ absl::StatusOr<v1::Manifest> Coordinator::BuildManifest(
   m.set_world_size(session.world_size);
   m.set_created_unix_micros(absl::ToUnixMicros(session.created));
 
-  // Every tensor any rank declared appears, even one with no bytes.
+  // Every tensor of the plan appears, even one with no bytes.
   std::map<std::string, v1::ManifestTensor> tensors;
   std::map<std::string, v1::ManifestBytes> bytes;
-  for (const auto& local : session.plans) {
-    for (const planner::WriteItem& item : local->items) {
-      if (item.kind != planner::WriteItem::Kind::kTensorChunk) continue;
-      auto [it, inserted] = tensors.try_emplace(item.fqn);
-      if (!inserted) continue;
-      v1::TensorEntry* e = it->second.mutable_entry();
-      e->set_fqn(item.fqn);
-      e->set_dtype(convert::DTypeToProto(item.dtype));
-      e->mutable_global_shape()->Assign(item.global_shape.begin(),
-                                        item.global_shape.end());
-    }
+  for (const planner::PlannedEntry& entry : session.plan->entries) {
+    if (entry.kind != planner::WriteItem::Kind::kTensorChunk) continue;
+    v1::TensorEntry* e = tensors[entry.fqn].mutable_entry();
+    e->set_fqn(entry.fqn);
+    e->set_dtype(convert::DTypeToProto(entry.dtype));
+    e->mutable_global_shape()->Assign(entry.global_shape.begin(),
+                                      entry.global_shape.end());
   }
   std::set<std::string> objects;
   uint64_t total = 0;
