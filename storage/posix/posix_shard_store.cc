@@ -10,8 +10,8 @@
 // cannot name anything outside the root.
 //
 // Writes. An ObjectWriter creates ".cairn-tmp.<random>" in the object's
-// directory (O_EXCL). Buffered mode: Append pwrite()s the caller's bytes and
-// every io_chunk_bytes asks the kernel to start writeback
+// directory (O_EXCL). Buffered mode: Append pwrite()s the caller's bytes in
+// 1 MiB calls and every io_chunk_bytes asks the kernel to start writeback
 // (sync_file_range(SYNC_FILE_RANGE_WRITE)) so that the fdatasync in Close()
 // mostly waits for I/O already in flight. O_DIRECT mode: 4096-aligned
 // caller buffers are written in place, split into io_chunk_bytes pieces
@@ -23,10 +23,12 @@
 // name, fsync the directory. Directories created on the way are made durable
 // when they are created (fsync of their parent).
 //
-// Reads. One open + fstat per call; the requested ranges are sorted, ranges
-// that are adjacent in the file are merged into one preadv(), large ranges
-// are split into io_chunk_bytes pieces, and the pieces are read in parallel
-// on the I/O pool with the calling thread taking its share.
+// Reads. One open + fstat per call; the requested ranges are sorted. A
+// contiguous span is streamed sequentially in 1 MiB preads (readahead does
+// the rest; parallel splitting of a cold sequential read measured slower).
+// Otherwise ranges adjacent in the file are merged into one preadv(), large
+// ones split into io_chunk_bytes pieces, and the pieces read in parallel on
+// the I/O pool with the calling thread taking its share.
 #include "storage/posix/posix_shard_store.h"
 
 #include <dirent.h>
@@ -65,6 +67,12 @@ namespace {
 constexpr size_t kAlign = 4096;
 constexpr absl::string_view kTempPrefix = ".cairn-tmp";
 constexpr int kMaxIov = 1024;
+// pread size when streaming a contiguous span (see ReadRangesImpl).
+constexpr uint64_t kSequentialReadBytes = 1 << 20;
+// pwrite size of buffered appends (see AppendBuffered).
+constexpr size_t kBufferedWriteBytes = 1 << 20;
+// O_DIRECT space reservation step (see PosixObjectWriter::Reserve).
+constexpr uint64_t kPreallocBytes = 64 << 20;
 
 size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -268,6 +276,14 @@ class PosixObjectWriter : public ObjectWriter {
   UniqueFd fd_;
   const bool direct_;
   const size_t chunk_;
+
+  // O_DIRECT: file space is reserved ahead of the writes (fallocate with
+  // FALLOC_FL_KEEP_SIZE, kPreallocBytes at a time) so that pieces written in
+  // parallel and out of order still land in one contiguous extent; Close()
+  // truncates the reservation back to the real length.
+  absl::Status Reserve(uint64_t end);
+  uint64_t allocated_ = 0;
+  bool prealloc_ok_ = true;
 
   uint64_t written_ = 0;      // bytes accepted
   uint64_t file_offset_ = 0;  // bytes handed to pwrite (direct: aligned)
@@ -594,12 +610,27 @@ class PosixShardStore : public ShardStore {
       CAIRN_RETURN_IF_ERROR(internal::CheckRange(uri(), key, r, size));
     }
 
-    // Sort by offset, merge file-adjacent ranges, split big ones.
+    // Sort by offset. When the ranges tile one contiguous span (a whole
+    // object, one big range, adjacent chunks) the span is read front to back
+    // on this thread in kSequentialReadBytes preads: the kernel's readahead
+    // then streams it (splitting it over threads defeats readahead on a cold
+    // cache and measured ~2x slower). Scattered ranges are merged where they
+    // touch, split into io_chunk_bytes pieces and read in parallel.
     std::vector<size_t> order(ranges.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       return ranges[a].offset < ranges[b].offset;
     });
+    uint64_t span_bytes = 0;
+    bool contiguous = true;
+    for (size_t k = 0; k < order.size(); ++k) {
+      const ByteRange& r = ranges[order[k]];
+      if (k > 0 && r.offset != ranges[order[0]].offset + span_bytes) {
+        contiguous = false;
+      }
+      span_bytes += r.length;
+    }
+    const uint64_t cap = contiguous ? kSequentialReadBytes : chunk_;
     std::vector<ReadPiece> pieces;
     for (size_t i : order) {
       uint64_t off = ranges[i].offset;
@@ -607,13 +638,13 @@ class PosixShardStore : public ShardStore {
       uint64_t left = ranges[i].length;
       while (left > 0) {
         ReadPiece* p = pieces.empty() ? nullptr : &pieces.back();
-        if (p == nullptr || p->offset + p->bytes != off || p->bytes >= chunk_ ||
+        if (p == nullptr || p->offset + p->bytes != off || p->bytes >= cap ||
             p->iov.size() >= static_cast<size_t>(kMaxIov)) {
           pieces.emplace_back();
           p = &pieces.back();
           p->offset = off;
         }
-        const uint64_t take = std::min<uint64_t>(left, chunk_ - p->bytes);
+        const uint64_t take = std::min<uint64_t>(left, cap - p->bytes);
         p->iov.push_back(iovec{dst, static_cast<size_t>(take)});
         p->bytes += take;
         off += take;
@@ -621,7 +652,11 @@ class PosixShardStore : public ShardStore {
         left -= take;
       }
     }
-    if (pieces.size() <= 1 || pool_ == nullptr) {
+    if (contiguous || pieces.size() <= 1 || pool_ == nullptr) {
+      if (contiguous && span_bytes >= 2 * kSequentialReadBytes) {
+        ::posix_fadvise(fd.get(), static_cast<off_t>(ranges[order[0]].offset),
+                        static_cast<off_t>(span_bytes), POSIX_FADV_SEQUENTIAL);
+      }
       for (ReadPiece& p : pieces) {
         CAIRN_RETURN_IF_ERROR(PreadvAll(fd.get(), std::move(p), key));
       }
@@ -845,17 +880,25 @@ absl::Status PosixObjectWriter::Append(absl::Span<const char> data) {
 }
 
 absl::Status PosixObjectWriter::AppendBuffered(absl::Span<const char> data) {
-  CAIRN_RETURN_IF_ERROR(
-      PwriteAll(fd_.get(), data.data(), data.size(), file_offset_, key_));
-  file_offset_ += data.size();
-  // Start writeback of every full chunk now, so Close()'s fdatasync waits
-  // for I/O that is already under way instead of starting it all.
-  if (store_->options().durable && file_offset_ - synced_to_ >= chunk_) {
-    const uint64_t end = file_offset_ / chunk_ * chunk_;
-    ::sync_file_range(fd_.get(), static_cast<off_t>(synced_to_),
-                      static_cast<off_t>(end - synced_to_),
-                      SYNC_FILE_RANGE_WRITE);
-    synced_to_ = end;
+  // 1 MiB pwrites: one huge pwrite into the page cache measured 2-4x more
+  // kernel time per byte than the same bytes in 1 MiB calls. Every
+  // io_chunk_bytes, writeback of what is complete is started now
+  // (SYNC_FILE_RANGE_WRITE), so that Close()'s fdatasync mostly waits for
+  // I/O already under way instead of starting it all.
+  const char* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    const size_t n = std::min<size_t>(left, kBufferedWriteBytes);
+    CAIRN_RETURN_IF_ERROR(PwriteAll(fd_.get(), p, n, file_offset_, key_));
+    file_offset_ += n;
+    p += n;
+    left -= n;
+    if (store_->options().durable && file_offset_ - synced_to_ >= chunk_) {
+      ::sync_file_range(fd_.get(), static_cast<off_t>(synced_to_),
+                        static_cast<off_t>(file_offset_ - synced_to_),
+                        SYNC_FILE_RANGE_WRITE);
+      synced_to_ = file_offset_;
+    }
   }
   return absl::OkStatus();
 }
@@ -883,6 +926,33 @@ absl::Status PosixObjectWriter::WriteParallel(const char* data, size_t n,
   return group.Wait();
 }
 
+absl::Status PosixObjectWriter::Reserve(uint64_t end) {
+  if (!prealloc_ok_ || end <= allocated_) return absl::OkStatus();
+  const uint64_t want = std::max(end, allocated_ + kPreallocBytes);
+  int rc = ::fallocate(fd_.get(), FALLOC_FL_KEEP_SIZE,
+                       static_cast<off_t>(allocated_),
+                       static_cast<off_t>(want - allocated_));
+  if (rc == 0) {
+    allocated_ = want;
+    return absl::OkStatus();
+  }
+  if (errno == ENOSPC && want > end) {  // the step may not fit; the data might
+    rc = ::fallocate(fd_.get(), FALLOC_FL_KEEP_SIZE,
+                     static_cast<off_t>(allocated_),
+                     static_cast<off_t>(end - allocated_));
+    if (rc == 0) {
+      allocated_ = end;
+      return absl::OkStatus();
+    }
+  }
+  if (errno == ENOSPC || errno == EDQUOT) {
+    return ErrnoError(
+        errno, absl::StrCat("reserving ", end, " bytes for '", key_, "'"));
+  }
+  prealloc_ok_ = false;  // EOPNOTSUPP etc.: write without a reservation
+  return absl::OkStatus();
+}
+
 absl::Status PosixObjectWriter::FlushStaging(bool pad) {
   size_t n = staged_;
   if (n == 0) return absl::OkStatus();
@@ -892,6 +962,7 @@ absl::Status PosixObjectWriter::FlushStaging(bool pad) {
     n = padded;
   }
   const uint64_t offset = file_offset_;
+  CAIRN_RETURN_IF_ERROR(Reserve(offset + n));
   file_offset_ += n;
   staged_ = 0;
   char* buf = staging_.release();
@@ -914,6 +985,7 @@ absl::Status PosixObjectWriter::AppendDirect(absl::Span<const char> data) {
         n >= kAlign) {
       const size_t direct = n / kAlign * kAlign;
       const uint64_t offset = file_offset_;
+      CAIRN_RETURN_IF_ERROR(Reserve(offset + direct));
       file_offset_ += direct;
       CAIRN_RETURN_IF_ERROR(WriteParallel(p, direct, offset));
       p += direct;
@@ -957,7 +1029,7 @@ absl::Status PosixObjectWriter::Close() {
     s = FlushStaging(/*pad=*/true);
     absl::Status w = tasks_.Wait();
     if (s.ok()) s = w;
-    if (s.ok() && file_offset_ != written_ &&
+    if (s.ok() && (file_offset_ != written_ || allocated_ > written_) &&
         ::ftruncate(fd_.get(), static_cast<off_t>(written_)) != 0) {
       s = ErrnoError(errno, absl::StrCat("truncating '", key_, "' to ",
                                          written_, " bytes"));

@@ -10,8 +10,10 @@
 // fills the next one; the tail is padded to 4096 and the file truncated to
 // its real size. Close(): fdatasync, rename to the final name, fsync of the
 // directory (and of the parents of directories it had to create).
-// Reads: pread() into the caller's buffers; large ranges are split across
-// the I/O threads; ReadRanges merges file-adjacent ranges into one preadv().
+// Reads: pread() into the caller's buffers. Ranges that tile one contiguous
+// span are streamed front to back in 1 MiB preads (POSIX_FADV_SEQUENTIAL;
+// the kernel's readahead keeps the disk busy); scattered ranges are merged
+// where adjacent (one preadv) and read in parallel on the I/O threads.
 // Keys are validated (ValidateKey) and resolved one segment at a time from
 // a directory fd on the root with O_NOFOLLOW (openat/renameat/unlinkat), so
 // neither a bad key nor a symlink planted inside the root can reach a file

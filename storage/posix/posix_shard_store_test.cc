@@ -252,6 +252,11 @@ TEST(PosixShardStoreTest, OdirectWritesExactBytesForAlignedAndUnalignedInput) {
   ASSERT_TRUE((*writer)->Close().ok());
   EXPECT_EQ(fs::file_size(root + "/obj"), expected.size());
   EXPECT_EQ(ReadFile(root + "/obj"), expected);
+  // The space reserved ahead of the writes was given back at Close().
+  struct stat st;
+  ASSERT_EQ(::stat((root + "/obj").c_str(), &st), 0);
+  EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512,
+            expected.size() + (64 << 10));
 }
 
 TEST(PosixShardStoreTest, BadUrisAndOptions) {
