@@ -1,0 +1,249 @@
+#include "client/agent/agent_checkpointer.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "proto/convert/plan_convert.h"
+#include "storage/checkpoint_layout.h"
+
+namespace cairn::client {
+namespace {
+
+constexpr size_t kMaxMappings = 4;
+
+template <typename Req, typename Resp>
+absl::StatusOr<Resp> Call(grpc::Status (v1::Agent::Stub::*method)(
+                              grpc::ClientContext*, const Req&, Resp*),
+                          v1::Agent::Stub& stub, const Req& request,
+                          absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  Resp response;
+  CAIRN_RETURN_IF_ERROR(
+      FromGrpcStatus((stub.*method)(&ctx, request, &response)));
+  return response;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::CheckpointRecord> SaveFuture::Wait(
+    absl::Duration timeout) const {
+  v1::WaitSaveRequest req;
+  req.set_job(job_);
+  req.set_step(step_);
+  req.set_rank(rank_);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  CAIRN_ASSIGN_OR_RETURN(v1::WaitSaveResponse resp,
+                         Call(&v1::Agent::Stub::WaitSave, *stub_, req,
+                              timeout + absl::Seconds(10)));
+  return resp.checkpoint();
+}
+
+absl::StatusOr<std::unique_ptr<AgentCheckpointer>> AgentCheckpointer::Connect(
+    const AgentCheckpointerOptions& options) {
+  if (options.agent_socket.empty()) {
+    return absl::InvalidArgumentError("agent mode needs the agent's socket");
+  }
+  CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(options.direct.job));
+  const CheckpointerOptions& d = options.direct;
+  if (d.world_size < 1 || d.rank < 0 || d.rank >= d.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", d.job, "': rank ", d.rank,
+                     " is out of range for world_size ", d.world_size));
+  }
+  std::unique_ptr<AgentCheckpointer> c(new AgentCheckpointer(options));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(1 << 30);
+  args.SetMaxSendMessageSize(1 << 30);
+  c->stub_ = v1::Agent::NewStub(
+      grpc::CreateCustomChannel(absl::StrCat("unix:", options.agent_socket),
+                                grpc::InsecureChannelCredentials(), args));
+  if (!d.coordinator.empty()) {
+    CAIRN_ASSIGN_OR_RETURN(c->direct_, Checkpointer::Connect(d));
+  }
+  return c;
+}
+
+absl::StatusOr<agent::ShmSegment*> AgentCheckpointer::MapSegment(
+    const std::string& name, uint64_t size) {
+  for (auto it = mapped_.begin(); it != mapped_.end(); ++it) {
+    if ((*it)->name() == name && (*it)->size() >= size) {
+      mapped_.splice(mapped_.begin(), mapped_, it);
+      return mapped_.front().get();
+    }
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<agent::ShmSegment> seg,
+                         agent::ShmSegment::Open(name, size));
+  mapped_.push_front(std::move(seg));
+  while (mapped_.size() > kMaxMappings) mapped_.pop_back();
+  return mapped_.front().get();
+}
+
+absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(
+    int64_t step, const StateDict& state) {
+  const absl::Time t0 = absl::Now();
+  save_stats_ = AgentSaveStats();
+  const CheckpointerOptions& d = options_.direct;
+  const std::string where = absl::StrCat("rank ", d.rank, " saving job '",
+                                         d.job, "' step ", step, " via agent");
+  planner::LocalSavePlan local = state.ToLocalPlan(d.rank);
+  v1::BeginStageRequest begin;
+  begin.set_job(d.job);
+  begin.set_step(step);
+  begin.set_rank(d.rank);
+  begin.set_world_size(d.world_size);
+  begin.set_wait_for_space_ms(
+      absl::ToInt64Milliseconds(options_.wait_for_space));
+  {
+    v1::LocalSavePlan proto;
+    convert::LocalPlanToProto(local, &proto);
+    for (v1::WriteItem& w : *proto.mutable_items()) {
+      *begin.add_items()->mutable_item() = std::move(w);
+    }
+  }
+  absl::StatusOr<v1::BeginStageResponse> staged =
+      Call(&v1::Agent::Stub::BeginStage, *stub_, begin,
+           options_.wait_for_space + options_.rpc_timeout);
+  if (!staged.ok()) {
+    return absl::Status(staged.status().code(),
+                        absl::StrCat(where, ": ", staged.status().message()));
+  }
+  const absl::Time t1 = absl::Now();
+  CAIRN_ASSIGN_OR_RETURN(agent::ShmSegment * seg,
+                         MapSegment(staged->shm_name(), staged->shm_size()));
+  // Items come back in ToLocalPlan order: tensors' chunks, then bytes.
+  int i = 0;
+  auto dst = [&](uint64_t n) -> absl::StatusOr<absl::Span<char>> {
+    const v1::StageItem& si = staged->items(i++);
+    if (si.staging_offset() + n > seg->size() || si.item().length() != n) {
+      return absl::InternalError(absl::StrCat(where, ": agent placed item ",
+                                              i - 1, " outside its segment"));
+    }
+    return absl::MakeSpan(seg->data() + si.staging_offset(), n);
+  };
+  if (staged->items_size() != static_cast<int>(local.items.size())) {
+    return absl::InternalError(absl::StrCat(where, ": agent answered ",
+                                            staged->items_size(), " items for ",
+                                            local.items.size()));
+  }
+  for (const TensorShard& t : state.tensors()) {
+    const uint64_t elem = planner::DTypeSize(t.dtype);
+    for (const TensorChunk& c : t.chunks) {
+      const uint64_t n = static_cast<uint64_t>(planner::Volume(c.box)) * elem;
+      CAIRN_ASSIGN_OR_RETURN(absl::Span<char> out, dst(n));
+      CAIRN_RETURN_IF_ERROR(copier_.Copy(agent::CopySource::Host(c.data), out));
+      save_stats_.bytes += n;
+    }
+  }
+  for (const BytesEntry& b : state.bytes()) {
+    CAIRN_ASSIGN_OR_RETURN(absl::Span<char> out, dst(b.blob->size()));
+    if (!out.empty()) std::memcpy(out.data(), b.blob->data(), out.size());
+    save_stats_.bytes += out.size();
+  }
+  CAIRN_RETURN_IF_ERROR(copier_.Flush());
+  const absl::Time t2 = absl::Now();
+  v1::FinishStageRequest finish;
+  finish.set_save_id(staged->save_id());
+  finish.set_die_before_commit_for_test(
+      options_.agent_dies_before_commit_for_test);
+  absl::StatusOr<v1::FinishStageResponse> finished =
+      Call(&v1::Agent::Stub::FinishStage, *stub_, finish, options_.rpc_timeout);
+  if (!finished.ok()) {
+    return absl::Status(finished.status().code(),
+                        absl::StrCat(where, ": ", finished.status().message()));
+  }
+  save_stats_.begin_time = t1 - t0;
+  save_stats_.copy_time = t2 - t1;
+  save_stats_.blocked = absl::Now() - t0;
+  return SaveFuture(stub_, d.job, step, d.rank);
+}
+
+absl::StatusOr<int64_t> AgentCheckpointer::LoadFromAgent(LoadRef ref,
+                                                         StateDict& state) {
+  const CheckpointerOptions& d = options_.direct;
+  v1::AgentLoadRequest req;
+  req.set_job(d.job);
+  req.set_rank(d.rank);
+  if (ref.latest()) {
+    req.set_latest(true);
+  } else {
+    req.set_step(ref.step());
+  }
+  std::vector<std::pair<TensorChunk*, uint64_t>> dests;
+  for (const TensorShard& t : state.tensors()) {
+    for (const TensorChunk& c : t.chunks) {
+      if (planner::Volume(c.box) == 0) continue;
+      v1::WantedChunk* w = req.add_wanted();
+      w->mutable_tensor()->set_fqn(t.fqn);
+      w->mutable_tensor()->set_dtype(convert::DTypeToProto(t.dtype));
+      w->mutable_tensor()->mutable_global_shape()->Assign(
+          t.global_shape.begin(), t.global_shape.end());
+      convert::BoxToProto(c.box, w->mutable_box());
+      dests.push_back({const_cast<TensorChunk*>(&c),
+                       static_cast<uint64_t>(planner::Volume(c.box)) *
+                           planner::DTypeSize(t.dtype)});
+    }
+  }
+  for (const BytesEntry& b : state.bytes()) req.add_wanted_bytes(b.fqn);
+  CAIRN_ASSIGN_OR_RETURN(
+      v1::AgentLoadResponse resp,
+      Call(&v1::Agent::Stub::Load, *stub_, req, options_.rpc_timeout));
+  absl::Status copied = [&]() -> absl::Status {
+    if (resp.wanted_offsets_size() != static_cast<int>(dests.size()) ||
+        resp.wanted_bytes_offsets_size() !=
+            static_cast<int>(state.bytes().size()) ||
+        resp.wanted_bytes_lengths_size() !=
+            static_cast<int>(state.bytes().size())) {
+      return absl::InternalError("agent answered a malformed load");
+    }
+    CAIRN_ASSIGN_OR_RETURN(
+        std::unique_ptr<agent::ShmSegment> seg,
+        agent::ShmSegment::Open(resp.shm_name(), resp.shm_size()));
+    for (size_t i = 0; i < dests.size(); ++i) {
+      const uint64_t off = resp.wanted_offsets(static_cast<int>(i));
+      if (off + dests[i].second > seg->size()) {
+        return absl::InternalError("agent placed a chunk outside its segment");
+      }
+      std::memcpy(dests[i].first->data, seg->data() + off, dests[i].second);
+    }
+    for (size_t i = 0; i < state.bytes().size(); ++i) {
+      const uint64_t off = resp.wanted_bytes_offsets(static_cast<int>(i));
+      const uint64_t len = resp.wanted_bytes_lengths(static_cast<int>(i));
+      if (off + len > seg->size()) {
+        return absl::InternalError("agent placed a blob outside its segment");
+      }
+      state.bytes()[i].blob->assign(seg->data() + off, len);
+    }
+    return absl::OkStatus();
+  }();
+  v1::ReleaseLoadRequest rel;
+  rel.set_load_id(resp.load_id());
+  (void)Call(&v1::Agent::Stub::ReleaseLoad, *stub_, rel, options_.rpc_timeout);
+  CAIRN_RETURN_IF_ERROR(copied);
+  bytes_local_ = resp.bytes_local();
+  bytes_peers_ = resp.bytes_peers();
+  return resp.step();
+}
+
+absl::StatusOr<int64_t> AgentCheckpointer::Load(LoadRef ref, StateDict& state) {
+  load_source_ = LoadSource::kNone;
+  bytes_local_ = bytes_peers_ = 0;
+  absl::StatusOr<int64_t> step = LoadFromAgent(ref, state);
+  agent_error_ = step.status();
+  if (step.ok()) {
+    load_source_ = LoadSource::kAgentMemory;
+    return step;
+  }
+  if (direct_ == nullptr) return step.status();
+  // The next tier: storage, through the direct path.
+  step = direct_->Load(ref, state);
+  if (step.ok()) load_source_ = LoadSource::kStorage;
+  return step;
+}
+
+}  // namespace cairn::client

@@ -1,0 +1,144 @@
+// libcairn's agent mode: a rank hands its state to the node-local cairn-agent
+// and goes back to training while the agent persists, keeps the checkpoint
+// in memory and replicates it to peer agents.
+//
+//   AsyncSave: BeginStage (the agent reserves shared-memory staging space)
+//              -> memcpy every host tensor and bytes entry into it (the only
+//              time training waits) -> FinishStage -> returns a SaveFuture.
+//              The agent commits through cairnd's protocol on the rank's
+//              behalf, even if this process exits right after AsyncSave.
+//   Load:      asks the agent (its memory, then peer agents' memory,
+//              resharding point to point, crc32c-verified); on any failure
+//              falls back to the direct path (Checkpointer::Load from
+//              storage). last_load_source() tells which tier served it.
+//
+// Thread-compatible: one AgentCheckpointer per rank, used by one thread at a
+// time (SaveFuture::Wait may be called from another thread).
+//
+// Example:
+//   AgentCheckpointerOptions o;
+//   o.agent_socket = "/run/cairn/agent.sock";
+//   o.direct = {.coordinator = "cairnd:7070", .job = "llama", .rank = r,
+//               .world_size = w};
+//   CAIRN_ASSIGN_OR_RETURN(auto ckpt, AgentCheckpointer::Connect(o));
+//   CAIRN_ASSIGN_OR_RETURN(SaveFuture f, ckpt->AsyncSave(step, state));
+//   ... train ...
+//   CAIRN_RETURN_IF_ERROR(f.Wait().status());
+#ifndef CAIRN_CLIENT_AGENT_AGENT_CHECKPOINTER_H_
+#define CAIRN_CLIENT_AGENT_AGENT_CHECKPOINTER_H_
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cairn/v1/agent.grpc.pb.h"
+#include "client/checkpointer.h"
+#include "client/state_dict.h"
+#include "server/agent/copier/host/host_copier.h"
+#include "server/agent/shm_segment.h"
+
+namespace cairn::client {
+
+struct AgentCheckpointerOptions {
+  // The agent's Unix domain socket path. Required.
+  std::string agent_socket;
+  // Job, rank, world size, cairnd address and direct-mode settings (used for
+  // the storage fallback of Load). Required: job, rank, world_size,
+  // coordinator.
+  CheckpointerOptions direct;
+  // Threads copying one large tensor into staging. Default: 1.
+  int copy_threads = 1;
+  // How long AsyncSave may wait for staging space (the agent's budget is
+  // shared by its ranks and its in-memory tiers). Default: 10 minutes.
+  absl::Duration wait_for_space = absl::Minutes(10);
+  // Timeout of the control calls to the agent. Default: 5 minutes.
+  absl::Duration rpc_timeout = absl::Minutes(5);
+  // Fault injection for tests: the agent exits right before CommitSave.
+  bool agent_dies_before_commit_for_test = false;
+};
+
+// Durability of one AsyncSave.
+class SaveFuture {
+ public:
+  SaveFuture(std::shared_ptr<v1::Agent::Stub> stub, std::string job,
+             int64_t step, int rank)
+      : stub_(std::move(stub)),
+        job_(std::move(job)),
+        step_(step),
+        rank_(rank) {}
+  // Waits until the checkpoint is committed (every rank's agent done) and
+  // this rank's tier 0 is replicated to its peers,
+  // returns its record; the save's error otherwise (e.g. ABORTED,
+  // UNAVAILABLE when the agent died).
+  absl::StatusOr<v1::CheckpointRecord> Wait(
+      absl::Duration timeout = absl::Hours(2)) const;
+  int64_t step() const { return step_; }
+
+ private:
+  std::shared_ptr<v1::Agent::Stub> stub_;
+  std::string job_;
+  int64_t step_;
+  int rank_;
+};
+
+enum class LoadSource { kNone, kAgentMemory, kStorage };
+
+struct AgentSaveStats {
+  uint64_t bytes = 0;         // bytes copied into staging
+  absl::Duration blocked;     // total time inside AsyncSave
+  absl::Duration copy_time;   // of which memcpy into staging
+  absl::Duration begin_time;  // of which waiting for BeginStage
+};
+
+class AgentCheckpointer {
+ public:
+  static absl::StatusOr<std::unique_ptr<AgentCheckpointer>> Connect(
+      const AgentCheckpointerOptions& options);
+
+  // Snapshots `state` into the agent's staging memory and returns once the
+  // buffers of `state` may change again.
+  absl::StatusOr<SaveFuture> AsyncSave(int64_t step, const StateDict& state);
+
+  // Fills `state` from `ref`: agent memory tiers first, storage otherwise.
+  // Returns the step loaded.
+  absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
+
+  const AgentSaveStats& last_save_stats() const { return save_stats_; }
+  LoadSource last_load_source() const { return load_source_; }
+  // Why the agent could not serve the last load (OK if it did).
+  const absl::Status& last_agent_load_error() const { return agent_error_; }
+  // Bytes the agent served from its own memory / from peers on the last load.
+  uint64_t last_load_bytes_local() const { return bytes_local_; }
+  uint64_t last_load_bytes_peers() const { return bytes_peers_; }
+  v1::Agent::Stub& stub() { return *stub_; }
+
+ private:
+  explicit AgentCheckpointer(const AgentCheckpointerOptions& options)
+      : options_(options),
+        copier_(agent::HostCopierOptions{options.copy_threads}) {}
+
+  absl::StatusOr<agent::ShmSegment*> MapSegment(const std::string& name,
+                                                uint64_t size);
+  absl::StatusOr<int64_t> LoadFromAgent(LoadRef ref, StateDict& state);
+
+  const AgentCheckpointerOptions options_;
+  std::shared_ptr<v1::Agent::Stub> stub_;
+  agent::HostCopier copier_;
+  // Recently used staging mappings (the agent reuses segments, so steady
+  // state saves copy into memory that is already mapped).
+  std::list<std::unique_ptr<agent::ShmSegment>> mapped_;
+  std::unique_ptr<Checkpointer> direct_;
+  AgentSaveStats save_stats_;
+  LoadSource load_source_ = LoadSource::kNone;
+  absl::Status agent_error_;
+  uint64_t bytes_local_ = 0;
+  uint64_t bytes_peers_ = 0;
+};
+
+}  // namespace cairn::client
+
+#endif  // CAIRN_CLIENT_AGENT_AGENT_CHECKPOINTER_H_

@@ -1,0 +1,197 @@
+// The cairn-agent library: one per node. Ranks of the node hand their state
+// to it (staging), it persists on their behalf through cairnd's save protocol,
+// keeps the latest checkpoint in memory (tier 0), replicates tier 0 to peer
+// agents (tier 1) and serves loads from memory, resharding point to point.
+//
+// Save path (per rank):
+//   BeginStage  reserve staging space within the budget (evicting old tier 0
+//               and replicas, else waiting for persists to drain), hand the
+//               rank a shared-memory segment and an offset per item;
+//   (rank)      memcpy host tensors into the segment — all training waits for;
+//   FinishStage copy GPU items (DeviceCopier), then persist on a thread:
+//               crc32c of every item, then client::Checkpointer::Save over a
+//               StateDict whose chunks point into the segment — the same
+//               BeginSave / write / CommitSave protocol as direct mode, so a
+//               checkpoint is committed exactly when every rank's agent has
+//               committed. The training process may exit right after
+//               FinishStage: the agent owns the bytes.
+//   committed   the set becomes this rank's tier 0 (older ones are released)
+//               and is pushed to `replicas` peers: nodes node+1..node+r (mod
+//               num_nodes), never this node. The push is bucketed with the
+//               planner's transfer schedule (one data message per bucket);
+//               peers verify every item's crc32c and keep the replica keyed
+//               (job, step, source rank).
+// Load path: resolve the step with cairnd, fetch its manifest, ask every
+//   reachable agent what it holds for (job, step) (Inventory), build the
+//   planner's TransferPlan from those holders to the loading rank's wanted
+//   boxes (each destination byte moved once, from one holder), copy local
+//   pieces and Fetch remote ones (one message per planned bucket). Holders
+//   verify each source chunk's crc32c against the manifest before sending;
+//   the transport checksums the wire. Any failure is returned as an error and
+//   the client falls back to storage.
+//
+// Thread-safe: every public method may be called concurrently.
+#ifndef CAIRN_SERVER_AGENT_AGENT_H_
+#define CAIRN_SERVER_AGENT_AGENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cairn/v1/agent.pb.h"
+#include "cairn/v1/cairn.grpc.pb.h"
+#include "client/checkpointer.h"
+#include "server/agent/copier/device_copier.h"
+#include "server/agent/shm_segment.h"
+#include "server/agent/transport/tcp/tcp_transport.h"
+
+namespace cairn::agent {
+
+struct AgentOptions {
+  // This node's id in [0, num_nodes). Required.
+  int node_id = -1;
+  // Number of agents (nodes) in the cluster. Default: 1.
+  int num_nodes = 1;
+  // cairnd's address. Required.
+  std::string coordinator;
+  // Bytes of staging + tier 0 + replica memory this agent may hold.
+  // Default: 1 GiB.
+  uint64_t staging_budget_bytes = uint64_t{1} << 30;
+  // Peer agents each committed tier 0 is replicated to (< num_nodes).
+  // Default: 0.
+  int replicas = 0;
+  // Peer transport listen address. Default: 127.0.0.1:0.
+  std::string peer_listen = "127.0.0.1:0";
+  // Returns node n's peer address. Required when num_nodes > 1.
+  std::function<absl::StatusOr<std::string>(int node)> resolve_peer;
+  // How long BeginStage waits for staging space by default. Default: 10 min.
+  absl::Duration wait_for_space = absl::Minutes(10);
+  // How long connecting to a peer may retry (a lost node costs a load at
+  // most this much before its holders are skipped). Default: 1 s.
+  absl::Duration peer_connect_timeout = absl::Seconds(1);
+  // Timeout of a peer exchange (push, inventory, fetch). Default: 30 s.
+  absl::Duration peer_timeout = absl::Seconds(30);
+  // Transfer-plan bucket cap for replication and peer load. Default: 32 MiB.
+  uint64_t bucket_cap_bytes = uint64_t{32} << 20;
+  // Copier for GPU items (cuda); null rejects GPU items FAILED_PRECONDITION.
+  std::unique_ptr<DeviceCopier> device_copier;
+  // Options of the Checkpointer the agent persists with (timeouts, storage).
+  int io_threads = 4;
+  storage::StoreOptions store;
+};
+
+class Agent {
+ public:
+  static absl::StatusOr<std::unique_ptr<Agent>> Start(AgentOptions options);
+  // Stops the transport and waits for in-flight persists.
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  absl::StatusOr<v1::BeginStageResponse> BeginStage(
+      const v1::BeginStageRequest& request);
+  absl::Status FinishStage(const v1::FinishStageRequest& request);
+  absl::StatusOr<v1::CheckpointRecord> WaitSave(
+      const v1::WaitSaveRequest& request);
+  absl::StatusOr<v1::AgentLoadResponse> Load(
+      const v1::AgentLoadRequest& request);
+  absl::Status ReleaseLoad(uint64_t load_id);
+  v1::AgentStatusResponse Status();
+
+  int peer_port() const { return transport_->port(); }
+  const AgentOptions& options() const { return options_; }
+
+ private:
+  struct Item {
+    v1::WriteItem item;
+    uint64_t offset = 0;  // in the set's segment
+    uint32_t crc32c = 0;
+  };
+  // One rank's items of one step, in one segment: in flight, tier 0 or a
+  // replica.
+  struct Set {
+    std::string job;
+    int64_t step = 0;
+    int rank = 0;
+    int world_size = 0;
+    bool replica = false;
+    std::vector<Item> items;
+    std::shared_ptr<ShmSegment> segment;
+  };
+  struct SaveResult {
+    bool done = false;
+    absl::Status status;
+    v1::CheckpointRecord record;
+  };
+  struct Pool;
+  using Key = std::tuple<std::string, int64_t, int>;  // job, step, rank
+
+  explicit Agent(AgentOptions options);
+
+  absl::StatusOr<std::shared_ptr<ShmSegment>> Allocate(uint64_t bytes,
+                                                       absl::Time deadline);
+  bool EvictOne();
+  void Persist(std::shared_ptr<Set> set, bool die_before_commit);
+  absl::Status Replicate(const std::shared_ptr<const Set>& set, int peer);
+  absl::StatusOr<client::Checkpointer*> CheckpointerFor(const Set& set);
+
+  void HandleControl(int peer, uint64_t tag, std::string payload);
+  absl::Status HandlePush(int peer, const v1::PushReplica& push);
+  v1::InventoryResponse HandleInventory(const v1::InventoryRequest& request);
+  absl::StatusOr<uint64_t> HandleFetch(int peer, const v1::FetchRequest& req);
+  absl::StatusOr<v1::PeerResponse> CallPeer(
+      int peer, v1::PeerRequest request,
+      const std::function<absl::Status()>& after_send);
+  uint64_t NewTag();
+
+  // Finds a held item (own tier 0 or replica) of (job, step) with this fqn
+  // and box, verified against `crc`.
+  absl::StatusOr<std::pair<std::shared_ptr<const Set>, const Item*>> FindHeld(
+      const std::string& job, int64_t step, const v1::WriteItem& item,
+      uint32_t crc);
+
+  // Constant after construction.
+  AgentOptions options_;
+  std::shared_ptr<Pool> pool_;
+  std::unique_ptr<TcpTransport> transport_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+
+  std::atomic<uint64_t> next_tag_{1};
+  std::atomic<uint64_t> next_id_{1};
+
+  // State below is protected by mu_.
+  absl::Mutex mu_;
+  std::map<uint64_t, std::shared_ptr<Set>> staging_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, SaveResult> results_ ABSL_GUARDED_BY(mu_);
+  // Committed sets of this node's ranks (tier 0) and peers' replicas; the
+  // newest per (job, rank) and per (job, source rank) respectively.
+  std::map<std::pair<std::string, int>, std::shared_ptr<Set>> tier0_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, std::shared_ptr<Set>> replicas_
+      ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<ShmSegment>> loads_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, std::unique_ptr<client::Checkpointer>>
+      checkpointers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, std::unique_ptr<absl::Mutex>>
+      persist_locks_ ABSL_GUARDED_BY(mu_);
+  std::list<std::thread> persist_threads_ ABSL_GUARDED_BY(mu_);
+  int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t replicas_pushed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace cairn::agent
+
+#endif  // CAIRN_SERVER_AGENT_AGENT_H_

@@ -1,0 +1,334 @@
+// The agent library in one process: a real CoordinatorServer on loopback,
+// several Agents (one per simulated node, each with its UDS service and TCP
+// peer transport) and AgentCheckpointer ranks. Multi-process failure tests
+// live in tests/agent_e2e_test.cc.
+#include "server/agent/agent.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/agent/agent_checkpointer.h"
+#include "client/examples/synthetic_model.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/agent/agent_server.h"
+#include "server/coordinator/coordinator_server.h"
+
+namespace cairn::agent {
+namespace {
+
+using ::testing::HasSubstr;
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/cairn-agent-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    coordinator::CoordinatorServer::Spec spec;
+    spec.listen_address = "127.0.0.1:0";
+    spec.coordinator.storage_uri = absl::StrCat("file://", dir_, "/ckpt");
+    spec.coordinator.catalog_path = dir_ + "/catalog";
+    spec.coordinator.commit_deadline = absl::Seconds(20);
+    auto c = coordinator::CoordinatorServer::Start(spec);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cairnd_ = std::move(*c);
+  }
+  void TearDown() override {
+    agents_.clear();
+    cairnd_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::string Address() const {
+    return absl::StrCat("127.0.0.1:", cairnd_->port());
+  }
+  std::string Socket(int node) const { return sockets_[node]; }
+
+  // Starts (or restarts) the agent of `node` in a cluster of `nodes`.
+  void StartAgent(int node, int nodes, int replicas,
+                  uint64_t budget = uint64_t{256} << 20) {
+    if (static_cast<int>(agents_.size()) < nodes) agents_.resize(nodes);
+    if (static_cast<int>(ports_.size()) < nodes) ports_.resize(nodes, 0);
+    if (static_cast<int>(sockets_.size()) < nodes) sockets_.resize(nodes);
+    sockets_[node] =
+        absl::StrCat(dir_, "/agent-", node, "-", ++generation_, ".sock");
+    AgentServer::Spec spec;
+    spec.unix_socket = Socket(node);
+    spec.agent.node_id = node;
+    spec.agent.num_nodes = nodes;
+    spec.agent.coordinator = Address();
+    spec.agent.replicas = replicas;
+    spec.agent.staging_budget_bytes = budget;
+    spec.agent.peer_timeout = absl::Seconds(10);
+    spec.agent.bucket_cap_bytes = 64 << 10;  // many buckets in tests
+    spec.agent.store.durable = false;
+    spec.agent.resolve_peer = [this](int n) -> absl::StatusOr<std::string> {
+      if (n < 0 || n >= static_cast<int>(ports_.size()) || ports_[n] == 0) {
+        return absl::NotFoundError(absl::StrCat("node ", n));
+      }
+      return absl::StrCat("127.0.0.1:", ports_[n]);
+    };
+    auto s = AgentServer::Start(std::move(spec));
+    ASSERT_TRUE(s.ok()) << s.status();
+    ports_[node] = (*s)->agent().peer_port();
+    agents_[node] = std::move(*s);
+  }
+
+  void StopAgent(int node) {
+    agents_[node].reset();
+    ports_[node] = 0;
+  }
+
+  std::unique_ptr<client::AgentCheckpointer> Rank(int node,
+                                                  const std::string& job,
+                                                  int rank, int world) {
+    client::AgentCheckpointerOptions o;
+    o.agent_socket = Socket(node);
+    o.direct.coordinator = Address();
+    o.direct.job = job;
+    o.direct.rank = rank;
+    o.direct.world_size = world;
+    o.wait_for_space = absl::Seconds(5);
+    auto c = client::AgentCheckpointer::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  // Every rank (rank r on node r / ranks_per_node) saves `step` through its
+  // agent and waits for the commit.
+  void SaveAll(const std::string& job, int world, int ranks_per_node,
+               const std::string& layout, int64_t step) {
+    auto spec = examples::ModelSpec("small");
+    ASSERT_TRUE(spec.ok());
+    auto lay = examples::ParseLayout(layout);
+    ASSERT_TRUE(lay.ok());
+    std::vector<client::SaveFuture> futures;
+    for (int r = 0; r < world; ++r) {
+      auto model = examples::ShardedModel::Create(*spec, *lay, r, true, step);
+      ASSERT_TRUE(model.ok());
+      auto ckpt = Rank(r / ranks_per_node, job, r, world);
+      ASSERT_NE(ckpt, nullptr);
+      auto f = ckpt->AsyncSave(step, (*model)->state());
+      ASSERT_TRUE(f.ok()) << f.status();
+      EXPECT_EQ(ckpt->last_save_stats().bytes > 0, true);
+      futures.push_back(*f);
+      // The model's buffers are freed here: the agent owns the snapshot.
+    }
+    for (auto& f : futures) {
+      auto rec = f.Wait(absl::Seconds(30));
+      ASSERT_TRUE(rec.ok()) << rec.status();
+      EXPECT_EQ(rec->state(), v1::CHECKPOINT_STATE_COMMITTED);
+      EXPECT_EQ(rec->step(), step);
+    }
+  }
+
+  struct Loaded {
+    client::LoadSource source;
+    uint64_t peers = 0;
+    uint64_t local = 0;
+  };
+  // Every rank loads `latest` into `layout` through its agent; verifies.
+  std::vector<Loaded> LoadAll(const std::string& job, int world,
+                              int ranks_per_node, const std::string& layout,
+                              int64_t want_step) {
+    auto spec = examples::ModelSpec("small");
+    auto lay = examples::ParseLayout(layout);
+    std::vector<Loaded> out;
+    for (int r = 0; r < world; ++r) {
+      auto model = examples::ShardedModel::Create(*spec, *lay, r, false, 0);
+      EXPECT_TRUE(model.ok());
+      auto ckpt = Rank(r / ranks_per_node, job, r, world);
+      auto step = ckpt->Load(client::LoadRef::Latest(), (*model)->state());
+      EXPECT_TRUE(step.ok())
+          << step.status() << " (agent: " << ckpt->last_agent_load_error()
+          << ")";
+      if (!step.ok()) return out;
+      EXPECT_EQ(*step, want_step);
+      absl::Status v = (*model)->Verify(*step);
+      EXPECT_TRUE(v.ok()) << "rank " << r << ": " << v;
+      out.push_back({ckpt->last_load_source(), ckpt->last_load_bytes_peers(),
+                     ckpt->last_load_bytes_local()});
+      if (ckpt->last_load_source() != client::LoadSource::kAgentMemory) {
+        last_agent_error_ = ckpt->last_agent_load_error();
+      }
+    }
+    return out;
+  }
+
+  // Deletes every data object of the job on storage (keeps MANIFESTs), so a
+  // load can only succeed from memory.
+  int DeleteStoredData() {
+    int n = 0;
+    for (const auto& e :
+         std::filesystem::recursive_directory_iterator(dir_ + "/ckpt")) {
+      if (e.is_regular_file() && e.path().extension() == ".bin") {
+        std::filesystem::remove(e.path());
+        ++n;
+      }
+    }
+    return n;
+  }
+
+  std::string dir_;
+  int generation_ = 0;
+  std::vector<std::string> sockets_;
+  std::unique_ptr<coordinator::CoordinatorServer> cairnd_;
+  std::vector<std::unique_ptr<AgentServer>> agents_;
+  std::vector<int> ports_;
+  absl::Status last_agent_error_;
+};
+
+TEST_F(AgentTest, AsyncSaveCommitsAndReshardsFromMemoryBitExact) {
+  // No replicas: each node's tier 0 is the only copy in memory, so the
+  // resharded load must move bytes between the agents.
+  StartAgent(0, 2, 0);
+  StartAgent(1, 2, 0);
+  SaveAll("j1", 4, 2, "2x2:S0,S1", 10);
+  EXPECT_GT(DeleteStoredData(), 0);  // memory must serve everything
+  std::vector<Loaded> loaded = LoadAll("j1", 4, 2, "4:S1", 10);
+  ASSERT_EQ(loaded.size(), 4u);
+  uint64_t peers = 0, local = 0;
+  for (const Loaded& l : loaded) {
+    EXPECT_EQ(l.source, client::LoadSource::kAgentMemory);
+    peers += l.peers;
+    local += l.local;
+  }
+  EXPECT_GT(peers, 0u);  // resharding crossed nodes
+  EXPECT_GT(local, 0u);
+  v1::AgentStatusResponse st = agents_[0]->agent().Status();
+  EXPECT_EQ(st.commits(), 2);
+  EXPECT_EQ(st.tier0_sets(), 2);
+  EXPECT_EQ(st.replica_sets(), 0);
+}
+
+TEST_F(AgentTest, ReplicatesTierZeroToTheNextNodes) {
+  StartAgent(0, 3, 2);
+  StartAgent(1, 3, 2);
+  StartAgent(2, 3, 2);
+  SaveAll("j0", 3, 1, "3:S0", 1);
+  for (int n = 0; n < 3; ++n) {
+    v1::AgentStatusResponse st = agents_[n]->agent().Status();
+    EXPECT_EQ(st.tier0_sets(), 1) << "node " << n;
+    EXPECT_EQ(st.replica_sets(), 2) << "node " << n;  // never its own
+    EXPECT_EQ(st.replicas_pushed(), 2) << "node " << n;
+  }
+}
+
+TEST_F(AgentTest, LostNodeIsRestoredFromPeerReplica) {
+  StartAgent(0, 3, 1);
+  StartAgent(1, 3, 1);
+  StartAgent(2, 3, 1);
+  SaveAll("j2", 3, 1, "3:S0", 5);
+  SaveAll("j2", 3, 1, "3:S0", 6);
+  EXPECT_GT(DeleteStoredData(), 0);
+  StopAgent(1);         // node 1 and its tier 0 are gone
+  StartAgent(1, 3, 1);  // a replacement node with empty memory
+  std::vector<Loaded> loaded = LoadAll("j2", 3, 1, "3:S0", 6);
+  ASSERT_EQ(loaded.size(), 3u);
+  for (const Loaded& l : loaded) {
+    EXPECT_EQ(l.source, client::LoadSource::kAgentMemory);
+  }
+  EXPECT_EQ(loaded[1].local, 0u);  // everything rank 1 got came from peers
+  EXPECT_GT(loaded[1].peers, 0u);
+}
+
+TEST_F(AgentTest, FallsBackToStorageWhenNoMemoryTierHoldsTheData) {
+  StartAgent(0, 2, 0);
+  StartAgent(1, 2, 0);
+  SaveAll("j3", 2, 1, "2:S1", 3);
+  StopAgent(1);  // no replicas: rank 1's chunks are only on storage now
+  StartAgent(1, 2, 0);
+  std::vector<Loaded> loaded = LoadAll("j3", 2, 1, "2:S1", 3);
+  ASSERT_EQ(loaded.size(), 2u);
+  EXPECT_EQ(loaded[1].source, client::LoadSource::kStorage);
+  EXPECT_EQ(last_agent_error_.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(last_agent_error_.message()),
+              HasSubstr("memory tiers cannot serve"));
+}
+
+TEST_F(AgentTest, BudgetEvictsOldTiersAndRejectsOversizedSaves) {
+  // ~1 MB model on one rank; the budget holds one staged copy only.
+  StartAgent(0, 1, 0, /*budget=*/uint64_t{3} << 20 >> 1);
+  SaveAll("j4", 1, 1, "1:R", 1);
+  SaveAll("j4", 1, 1, "1:R", 2);  // evicts step 1's tier 0 to make room
+  SaveAll("j4", 1, 1, "1:R", 3);
+  EXPECT_EQ(agents_[0]->agent().Status().tier0_sets(), 1);
+  std::vector<Loaded> loaded = LoadAll("j4", 1, 1, "1:R", 3);
+  ASSERT_EQ(loaded.size(), 1u);
+
+  StopAgent(0);
+  StartAgent(0, 1, 0, /*budget=*/64 << 10);
+  auto spec = examples::ModelSpec("small");
+  auto lay = examples::ParseLayout("1:R");
+  auto model = examples::ShardedModel::Create(*spec, *lay, 0, true, 9);
+  ASSERT_TRUE(model.ok());
+  auto ckpt = Rank(0, "j4", 0, 1);
+  auto f = ckpt->AsyncSave(9, (*model)->state());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(f.status().message()), HasSubstr("staging budget"));
+  EXPECT_THAT(std::string(f.status().message()), HasSubstr("job 'j4' step 9"));
+}
+
+TEST_F(AgentTest, GpuItemsWithoutCudaCopierAreRejected) {
+  StartAgent(0, 1, 0);
+  Agent& a = agents_[0]->agent();
+  v1::BeginStageRequest b;
+  b.set_job("j5");
+  b.set_step(1);
+  b.set_rank(0);
+  b.set_world_size(1);
+  v1::WriteItem* w = b.add_items()->mutable_item();
+  w->set_kind(v1::WriteItem::KIND_BYTES);
+  w->set_bytes_fqn("x");
+  w->set_length(16);
+  auto staged = a.BeginStage(b);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  v1::FinishStageRequest f;
+  f.set_save_id(staged->save_id());
+  v1::StageItem* d = f.add_device_items();
+  *d = staged->items(0);
+  d->mutable_cuda()->set_handle(std::string(64, '\0'));
+  absl::Status s = a.FinishStage(f);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cuda copier"));
+  v1::WaitSaveRequest wr;
+  wr.set_job("j5");
+  wr.set_step(1);
+  wr.set_rank(0);
+  EXPECT_EQ(a.WaitSave(wr).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  wr.set_step(2);
+  EXPECT_EQ(a.WaitSave(wr).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(AgentTest, BeginStageValidatesItems) {
+  StartAgent(0, 1, 0);
+  v1::BeginStageRequest b;
+  b.set_job("j6");
+  b.set_step(1);
+  b.set_rank(0);
+  b.set_world_size(1);
+  v1::WriteItem* w = b.add_items()->mutable_item();
+  w->set_kind(v1::WriteItem::KIND_TENSOR_CHUNK);
+  w->mutable_tensor()->set_fqn("model.w");
+  w->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+  w->mutable_tensor()->add_global_shape(8);
+  w->mutable_chunk()->add_offsets(0);
+  w->mutable_chunk()->add_sizes(8);
+  w->set_length(31);  // should be 32
+  auto s = agents_[0]->agent().BeginStage(b);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("'model.w'"));
+  b.set_rank(3);
+  EXPECT_EQ(agents_[0]->agent().BeginStage(b).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cairn::agent

@@ -1,0 +1,155 @@
+// cairn-agent: one per node. Parses flags, starts the agent (UDS control
+// service for the node's ranks + peer transport), waits for SIGTERM/SIGINT.
+//
+//   cairn-agent --node-id 0 --listen-unix /run/cairn/agent.sock
+//       --peer-listen 0.0.0.0:7071 --peers n0:7071,n1:7071,n2:7071
+//       --coordinator cairnd:7070 --staging-budget-mib 65536 --replicas 1
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/gpu/gpu_info.h"
+#include "common/logging.h"
+#include "server/agent/agent_server.h"
+#ifdef CAIRN_HAVE_CUDA
+#include "server/agent/copier/cuda/cuda_copier.h"
+#endif
+
+int main(int argc, char** argv) {
+  using cairn::agent::AgentServer;
+  CLI::App app{
+      "cairn-agent: node-local staging, async persistence, in-memory tier and "
+      "peer replication for Cairn checkpoints. Ranks connect over a Unix "
+      "domain socket (cairn.v1.Agent); agents talk over the peer transport.",
+      "cairn-agent"};
+  AgentServer::Spec spec;
+  std::string peers, peer_dir, ready_file, log_level = "info";
+  int budget_mib = 1024, bucket_cap_mib = 32, cuda_device = 0;
+  app.add_option("--node-id", spec.agent.node_id, "This node's id")->required();
+  app.add_option("--listen-unix", spec.unix_socket,
+                 "Unix domain socket for this node's ranks")
+      ->required();
+  app.add_option("--peer-listen", spec.agent.peer_listen,
+                 "host:port of the peer transport (port 0: any)")
+      ->capture_default_str();
+  app.add_option("--peers", peers,
+                 "Every agent's peer address, in node-id order "
+                 "(host:port,host:port,...)");
+  app.add_option("--peer-dir", peer_dir,
+                 "Rendezvous directory: this agent writes node-<id> with its "
+                 "peer address and reads the others' (shared filesystem)");
+  app.add_option("--num-nodes", spec.agent.num_nodes,
+                 "Number of agents (default: entries of --peers, else 1)");
+  app.add_option("--coordinator", spec.agent.coordinator, "cairnd host:port")
+      ->required();
+  app.add_option("--staging-budget-mib", budget_mib,
+                 "Memory for staging, tier 0 and replicas")
+      ->capture_default_str();
+  app.add_option("--replicas", spec.agent.replicas,
+                 "Peer agents each checkpoint is replicated to")
+      ->capture_default_str();
+  app.add_option("--bucket-cap-mib", bucket_cap_mib,
+                 "Largest peer message (small items are bucketed)")
+      ->capture_default_str();
+  app.add_option("--io-threads", spec.agent.io_threads,
+                 "Parallel storage writes per rank")
+      ->capture_default_str();
+  app.add_option("--cuda-device", cuda_device,
+                 "Device of the cuda copier (CUDA builds)")
+      ->capture_default_str();
+  app.add_option("--ready-file", ready_file,
+                 "Written with the peer port once serving");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  if (absl::Status s = cairn::SetLogLevel(log_level); !s.ok()) {
+    std::fprintf(stderr, "cairn-agent: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  std::vector<std::string> peer_list;
+  if (!peers.empty()) peer_list = absl::StrSplit(peers, ',');
+  if (!peer_list.empty() && !app.count("--num-nodes")) {
+    spec.agent.num_nodes = static_cast<int>(peer_list.size());
+  }
+  spec.agent.staging_budget_bytes = static_cast<uint64_t>(budget_mib) << 20;
+  spec.agent.bucket_cap_bytes = static_cast<uint64_t>(bucket_cap_mib) << 20;
+  spec.agent.resolve_peer =
+      [peer_list, peer_dir](int node) -> absl::StatusOr<std::string> {
+    if (node >= 0 && node < static_cast<int>(peer_list.size())) {
+      return peer_list[node];
+    }
+    if (!peer_dir.empty()) {
+      std::ifstream in(absl::StrCat(peer_dir, "/node-", node));
+      std::string address;
+      if (in >> address) return address;
+    }
+    return absl::NotFoundError(
+        absl::StrCat("no peer address known for node ", node));
+  };
+#ifdef CAIRN_HAVE_CUDA
+  {
+    absl::StatusOr<int> devices = cairn::gpu::DeviceCount();
+    if (devices.ok() && *devices > 0) {
+      auto copier = cairn::agent::CudaCopier::Create(cuda_device);
+      if (copier.ok()) {
+        spec.agent.device_copier = std::move(*copier);
+      } else {
+        CAIRN_LOG(warn, "cairn-agent: no cuda copier: {}",
+                  copier.status().ToString());
+      }
+    }
+  }
+#else
+  (void)cuda_device;
+#endif
+
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  const int node_id = spec.agent.node_id;
+  const std::string spec_peer_host =
+      spec.agent.peer_listen.substr(0, spec.agent.peer_listen.rfind(':'));
+  absl::StatusOr<std::unique_ptr<AgentServer>> server =
+      AgentServer::Start(std::move(spec));
+  if (!server.ok()) {
+    std::fprintf(stderr, "cairn-agent: %s\n",
+                 server.status().ToString().c_str());
+    return 1;
+  }
+  const int port = (*server)->agent().peer_port();
+  if (!peer_dir.empty()) {
+    std::filesystem::create_directories(peer_dir);
+    const std::string f = absl::StrCat(peer_dir, "/node-", node_id);
+    std::string host = spec_peer_host;
+    if (host == "0.0.0.0") {
+      char name[256] = {};
+      gethostname(name, sizeof(name) - 1);
+      host = name;
+    }
+    std::ofstream(f + ".tmp") << host << ":" << port << "\n";
+    std::filesystem::rename(f + ".tmp", f);
+  }
+  if (!ready_file.empty()) {
+    std::ofstream(ready_file + ".tmp") << port << "\n";
+    std::filesystem::rename(ready_file + ".tmp", ready_file);
+  }
+  CAIRN_LOG(info, "cairn-agent: node {} serving on {} (peer port {})", node_id,
+            (*server)->target(), port);
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  CAIRN_LOG(info, "cairn-agent: signal {} received, stopping", sig);
+  (*server)->Shutdown();
+  return 0;
+}
