@@ -1,0 +1,294 @@
+// Failure semantics of agent mode (issue 6 item 5) with REAL processes on
+// loopback: cairnd, one cairn-agent per simulated node (UDS for its ranks,
+// TCP peer transport, rendezvous through a --peer-dir) and rank processes
+// (cairn_agent_rank, cairn_train_example).
+//
+//   * a training process SIGKILLed right after AsyncSave returns: its agent
+//     still persists and the checkpoint commits;
+//   * an agent killed mid-persist (right before CommitSave): that checkpoint
+//     never commits and the previous one stays `latest`;
+//   * a node's agent lost (SIGKILL) with the storage copy gone too: its data
+//     is restored from a peer agent's replica.
+//
+// Binaries come from --cairnd=, --agent=, --agent-rank=, --rank= (Bazel
+// args), else from the paths CMake compiled in.
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "cairn/v1/cairn.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cairnd_process.h"
+#include "tests/testing/subprocess.h"
+
+#ifndef CAIRN_CAIRND_PATH
+#define CAIRN_CAIRND_PATH ""
+#endif
+#ifndef CAIRN_AGENT_PATH
+#define CAIRN_AGENT_PATH ""
+#endif
+#ifndef CAIRN_AGENT_RANK_PATH
+#define CAIRN_AGENT_RANK_PATH ""
+#endif
+#ifndef CAIRN_RANK_PATH
+#define CAIRN_RANK_PATH ""
+#endif
+
+namespace cairn {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string g_cairnd = CAIRN_CAIRND_PATH;
+std::string g_agent = CAIRN_AGENT_PATH;
+std::string g_agent_rank = CAIRN_AGENT_RANK_PATH;
+std::string g_rank = CAIRN_RANK_PATH;
+
+constexpr char kLayout[] = "2x2:S0,S1";
+constexpr int kWorld = 4;  // ranks 0,1 on node 0; ranks 2,3 on node 1
+
+class AgentE2ETest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_FALSE(dir_.empty());
+    auto c = testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd",
+                                           {"--commit-deadline", "4"});
+    ASSERT_TRUE(c.ok()) << c.status();
+    cairnd_ = std::move(*c);
+  }
+  void TearDown() override {
+    for (auto& a : agents_) a.reset();
+    cairnd_.reset();
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  // Unix socket paths are limited to 107 bytes: keep them short (Bazel's
+  // TEST_TMPDIR is long).
+  std::string Socket(int node) const {
+    return absl::StrCat("/tmp/cairn-e2e-", getpid(), "-", node, "-",
+                        generation_[node], ".sock");
+  }
+
+  void StartAgent(int node, int replicas) {
+    ++generation_[node];
+    const std::string ready =
+        absl::StrCat(dir_, "/agent-", node, "-", generation_[node], ".ready");
+    std::vector<std::string> argv = {g_agent,
+                                     "--node-id",
+                                     std::to_string(node),
+                                     "--listen-unix",
+                                     Socket(node),
+                                     "--peer-listen",
+                                     "127.0.0.1:0",
+                                     "--peer-dir",
+                                     dir_ + "/peers",
+                                     "--num-nodes",
+                                     "2",
+                                     "--coordinator",
+                                     cairnd_->address(),
+                                     "--staging-budget-mib",
+                                     "64",
+                                     "--replicas",
+                                     std::to_string(replicas),
+                                     "--ready-file",
+                                     ready};
+    auto p = testing::Subprocess::Start(
+        argv,
+        absl::StrCat(dir_, "/agent-", node, "-", generation_[node], ".log"));
+    ASSERT_TRUE(p.ok()) << p.status();
+    agents_[node] = std::make_unique<testing::Subprocess>(std::move(*p));
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (absl::Now() < deadline) {
+      if (std::filesystem::exists(ready)) return;
+      auto exited = agents_[node]->Wait(absl::Milliseconds(20));
+      ASSERT_FALSE(exited.ok()) << "agent exited: " << agents_[node]->Log();
+    }
+    FAIL() << "agent " << node << " did not start: " << agents_[node]->Log();
+  }
+
+  std::vector<std::string> RankArgs(int rank, const std::string& job) {
+    return {g_agent_rank,
+            "--agent-socket",
+            Socket(rank / 2),
+            "--coordinator",
+            cairnd_->address(),
+            "--job",
+            job,
+            "--rank",
+            std::to_string(rank),
+            "--world-size",
+            std::to_string(kWorld),
+            "--layout",
+            kLayout};
+  }
+
+  // Runs one command per rank; returns exit codes and keeps the logs.
+  std::vector<int> Run(std::vector<std::vector<std::string>> argvs) {
+    const std::string prefix = absl::StrCat(dir_, "/run-", ++runs_, "-rank");
+    auto codes = testing::RunAll(argvs, prefix, absl::Minutes(2));
+    EXPECT_TRUE(codes.ok()) << codes.status();
+    if (!codes.ok()) return {};
+    logs_.clear();
+    for (size_t r = 0; r < argvs.size(); ++r) {
+      std::ifstream in(absl::StrCat(prefix, r, ".log"));
+      std::stringstream ss;
+      ss << in.rdbuf();
+      logs_ += absl::StrCat("rank ", r, ": ", ss.str());
+    }
+    return *codes;
+  }
+
+  std::vector<int> SaveAll(const std::string& job, int64_t step,
+                           std::vector<std::string> extra = {},
+                           std::vector<std::string> node1_extra = {}) {
+    std::vector<std::vector<std::string>> argvs;
+    for (int r = 0; r < kWorld; ++r) {
+      auto a = RankArgs(r, job);
+      a.insert(a.end(), {"--save-step", std::to_string(step)});
+      a.insert(a.end(), extra.begin(), extra.end());
+      if (r / 2 == 1) a.insert(a.end(), node1_extra.begin(), node1_extra.end());
+      argvs.push_back(std::move(a));
+    }
+    return Run(std::move(argvs));
+  }
+
+  // Direct-mode load of `latest` into a different layout, bit-exact.
+  void ExpectDirectLoadOf(const std::string& job, int64_t step) {
+    std::vector<std::vector<std::string>> argvs;
+    for (int r = 0; r < 3; ++r) {
+      argvs.push_back({g_rank, "--coordinator", cairnd_->address(), "--job",
+                       job, "--rank", std::to_string(r), "--world-size", "3",
+                       "--layout", "3:S1", "--load", "latest"});
+    }
+    std::vector<int> codes = Run(std::move(argvs));
+    EXPECT_THAT(codes, ::testing::Each(0)) << logs_;
+    EXPECT_THAT(logs_, HasSubstr(absl::StrCat("load step ", step)));
+  }
+
+  std::map<int64_t, v1::CheckpointState> States(const std::string& job) {
+    auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+        cairnd_->address(), grpc::InsecureChannelCredentials()));
+    v1::ListCheckpointsRequest req;
+    req.set_job(job);
+    req.set_include_uncommitted(true);
+    v1::ListCheckpointsResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub->ListCheckpoints(&ctx, req, &resp).ok());
+    std::map<int64_t, v1::CheckpointState> out;
+    for (const auto& c : resp.checkpoints()) out[c.step()] = c.state();
+    return out;
+  }
+
+  bool WaitCommitted(const std::string& job, int64_t step,
+                     absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      auto s = States(job);
+      if (s.count(step) && s[step] == v1::CHECKPOINT_STATE_COMMITTED) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  }
+
+  std::string dir_;
+  std::unique_ptr<testing::CairndProcess> cairnd_;
+  std::unique_ptr<testing::Subprocess> agents_[2];
+  int generation_[2] = {0, 0};
+  int runs_ = 0;
+  std::string logs_;
+};
+
+TEST_F(AgentE2ETest, TrainingKilledRightAfterAsyncSaveStillCommits) {
+  StartAgent(0, 1);
+  StartAgent(1, 1);
+  // Every rank is SIGKILLed the moment AsyncSave returns: nobody waits.
+  std::vector<int> codes = SaveAll("killed", 100, {"--kill-after-async-save"});
+  ASSERT_EQ(codes.size(), 4u);
+  EXPECT_THAT(codes, ::testing::Each(128 + SIGKILL)) << logs_;
+  EXPECT_THAT(logs_, HasSubstr("async save step 100 returned"));
+  ASSERT_TRUE(WaitCommitted("killed", 100, absl::Seconds(30)))
+      << agents_[0]->Log() << agents_[1]->Log();
+  ExpectDirectLoadOf("killed", 100);
+}
+
+TEST_F(AgentE2ETest, AgentKilledMidPersistLeavesPreviousCheckpointLatest) {
+  StartAgent(0, 0);
+  StartAgent(1, 0);
+  std::vector<int> codes = SaveAll("agentdies", 1);
+  ASSERT_THAT(codes, ::testing::Each(0)) << logs_;
+  // Step 2: node 1's agent dies right before CommitSave for its ranks.
+  codes = SaveAll("agentdies", 2, {}, {"--agent-dies-before-commit"});
+  ASSERT_EQ(codes.size(), 4u);
+  EXPECT_THAT(codes, ::testing::Each(1)) << logs_;  // Wait reports failure
+  auto exited = agents_[1]->Wait(absl::Seconds(10));
+  ASSERT_TRUE(exited.ok());
+  EXPECT_EQ(*exited, 137);
+  auto states = States("agentdies");
+  EXPECT_EQ(states[1], v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_NE(states[2], v1::CHECKPOINT_STATE_COMMITTED);
+  ExpectDirectLoadOf("agentdies", 1);
+}
+
+TEST_F(AgentE2ETest, LostNodeAgentIsRestoredFromPeerReplica) {
+  StartAgent(0, 1);
+  StartAgent(1, 1);
+  ASSERT_THAT(SaveAll("nodeloss", 7), ::testing::Each(0)) << logs_;
+  // The storage copy is gone too: only memory can serve the load.
+  int deleted = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(
+           dir_ + "/cairnd/checkpoints")) {
+    if (e.is_regular_file() && e.path().extension() == ".bin") {
+      std::filesystem::remove(e.path());
+      ++deleted;
+    }
+  }
+  EXPECT_GT(deleted, 0);
+  agents_[1]->Signal(SIGKILL);  // node 1 lost with its tier 0
+  ASSERT_TRUE(agents_[1]->Wait(absl::Seconds(10)).ok());
+  StartAgent(1, 1);  // replacement node, empty memory
+  std::vector<std::vector<std::string>> argvs;
+  for (int r = 0; r < kWorld; ++r) {
+    auto a = RankArgs(r, "nodeloss");
+    a.insert(a.end(), {"--load", "latest", "--expect-source", "memory"});
+    argvs.push_back(std::move(a));
+  }
+  std::vector<int> codes = Run(std::move(argvs));
+  EXPECT_THAT(codes, ::testing::Each(0))
+      << logs_ << agents_[0]->Log() << agents_[1]->Log();
+  EXPECT_THAT(logs_, HasSubstr("rank 2: loaded step 7 from agent memory (0 B "
+                               "local"));
+}
+
+}  // namespace
+}  // namespace cairn
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (absl::ConsumePrefix(&a, "--cairnd=")) cairn::g_cairnd = std::string(a);
+    if (absl::ConsumePrefix(&a, "--agent=")) cairn::g_agent = std::string(a);
+    if (absl::ConsumePrefix(&a, "--agent-rank=")) {
+      cairn::g_agent_rank = std::string(a);
+    }
+    if (absl::ConsumePrefix(&a, "--rank=")) cairn::g_rank = std::string(a);
+  }
+  return RUN_ALL_TESTS();
+}
