@@ -156,13 +156,13 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
 }
 
 Agent::~Agent() {
-  std::list<std::thread> threads;
+  std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> threads;
   {
     absl::MutexLock l(&mu_);
     stopping_ = true;
     threads.swap(persist_threads_);
   }
-  for (std::thread& t : threads) t.join();
+  for (auto& t : threads) t.first.join();
   transport_.reset();
   absl::MutexLock l(&mu_);
   staging_.clear();
@@ -367,12 +367,28 @@ absl::Status Agent::FinishStage(const v1::FinishStageRequest& request) {
     }
     CAIRN_RETURN_IF_ERROR(options_.device_copier->Flush());
   }
-  absl::MutexLock l(&mu_);
-  if (stopping_) return absl::UnavailableError("cairn-agent is stopping");
-  persist_threads_.emplace_back(
-      [this, set, die = request.die_before_commit_for_test()] {
-        Persist(set, die);
-      });
+  std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>>
+      finished;
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return absl::UnavailableError("cairn-agent is stopping");
+    for (auto it = persist_threads_.begin(); it != persist_threads_.end();) {
+      auto next = std::next(it);
+      if (it->second->load()) {
+        finished.splice(finished.end(), persist_threads_, it);
+      }
+      it = next;
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    persist_threads_.emplace_back(
+        std::thread(
+            [this, set, done, die = request.die_before_commit_for_test()] {
+              Persist(set, die);
+              *done = true;
+            }),
+        done);
+  }
+  for (auto& t : finished) t.first.join();
   return absl::OkStatus();
 }
 

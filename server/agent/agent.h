@@ -186,7 +186,10 @@ class Agent {
       checkpointers_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, std::unique_ptr<absl::Mutex>>
       persist_locks_ ABSL_GUARDED_BY(mu_);
-  std::list<std::thread> persist_threads_ ABSL_GUARDED_BY(mu_);
+  // Persist threads with their "finished" flags; finished ones are joined
+  // when the next save starts.
+  std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>>
+      persist_threads_ ABSL_GUARDED_BY(mu_);
   int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t replicas_pushed_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
