@@ -2,15 +2,18 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <system_error>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace cairn::agent {
@@ -102,9 +105,17 @@ int RemoveStaleSegments(absl::string_view prefix) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
     const std::string file = e.path().filename().string();
-    if (absl::StartsWith(file, prefix)) {
-      if (shm_unlink(("/" + file).c_str()) == 0) ++removed;
+    if (!absl::StartsWith(file, prefix)) continue;
+    // "<prefix><pid>-<seq>": only a dead creator's segments are stale. A
+    // live one may be another agent of the same node id (a rolling restart,
+    // or tests running side by side) and its memory is in use.
+    absl::string_view rest = absl::string_view(file).substr(prefix.size());
+    int pid = 0;
+    if (!absl::SimpleAtoi(rest.substr(0, rest.find('-')), &pid) || pid <= 0) {
+      continue;
     }
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (shm_unlink(("/" + file).c_str()) == 0) ++removed;
   }
   return removed;
 }

@@ -56,8 +56,9 @@ class ShmSegment {
   const bool owner_;
 };
 
-// Removes /dev/shm entries whose names start with `prefix` (without the
-// leading '/'), left behind by a crashed agent. Returns how many.
+// Removes /dev/shm entries named "<prefix><pid>-..." (prefix without the
+// leading '/') whose creator `pid` is no longer alive: what a crashed agent
+// left behind. Live agents' segments are kept. Returns how many were removed.
 int RemoveStaleSegments(absl::string_view prefix);
 
 }  // namespace cairn::agent

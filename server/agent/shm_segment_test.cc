@@ -1,5 +1,6 @@
 #include "server/agent/shm_segment.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -54,16 +55,27 @@ TEST(ShmSegmentTest, RejectsDuplicatesBadNamesAndShortSegments) {
   EXPECT_THAT(std::string(big.status().message()), HasSubstr("smaller"));
 }
 
-TEST(ShmSegmentTest, RemoveStaleSegmentsRemovesOnlyThePrefix) {
+TEST(ShmSegmentTest, RemoveStaleSegmentsRemovesOnlyDeadCreatorsSegments) {
   const std::string keep = TestName("keep");
   auto k = ShmSegment::Create(keep, 4096);
   ASSERT_TRUE(k.ok());
-  // A "crashed" segment: created, then its owner object leaked on purpose.
-  const std::string stale_prefix = absl::StrCat("cairn-agent-stale-", getpid());
-  auto s = ShmSegment::Create("/" + stale_prefix + "-1", 4096);
-  ASSERT_TRUE(s.ok());
-  EXPECT_EQ(RemoveStaleSegments(stale_prefix), 1);
-  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + stale_prefix + "-1"));
+  // A pid that is certainly dead: a child that exited and was reaped.
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  waitpid(child, nullptr, 0);
+  const std::string prefix = absl::StrCat("cairn-agent-stale", getpid(), "-");
+  // A "crashed" agent's segment, and a live agent's one under the same prefix.
+  auto dead = ShmSegment::Create(absl::StrCat("/", prefix, child, "-1"), 4096);
+  auto live =
+      ShmSegment::Create(absl::StrCat("/", prefix, getpid(), "-1"), 4096);
+  ASSERT_TRUE(dead.ok());
+  ASSERT_TRUE(live.ok());
+  EXPECT_EQ(RemoveStaleSegments(prefix), 1);
+  EXPECT_FALSE(
+      std::filesystem::exists(absl::StrCat("/dev/shm/", prefix, child, "-1")));
+  EXPECT_TRUE(std::filesystem::exists(
+      absl::StrCat("/dev/shm/", prefix, getpid(), "-1")));
   EXPECT_TRUE(std::filesystem::exists("/dev/shm" + keep));
 }
 
