@@ -113,16 +113,10 @@ absl::StatusOr<storage::ShardStore*> Checkpointer::StoreFor(
   return store_.get();
 }
 
-absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
-    int64_t step, const StateDict& state) {
-  stats_ = TransferStats();
-  const std::string where = absl::StrCat(
-      "rank ", options_.rank, " saving job '", options_.job, "' step ", step);
+absl::StatusOr<v1::BeginSaveResponse> Checkpointer::BeginPlannedSave(
+    int64_t step, const planner::LocalSavePlan& local) {
   CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
-  const absl::Time t0 = absl::Now();
-  planner::LocalSavePlan local = state.ToLocalPlan(options_.rank);
   const std::string fingerprint = planner::FingerprintLocalPlan(local);
-
   v1::BeginSaveRequest begin;
   begin.set_job(options_.job);
   begin.set_step(step);
@@ -147,34 +141,69 @@ absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
   }
   last_fingerprint_ = fingerprint;
   stats_.plan_from_cache = plan.plan_from_cache();
-  const absl::Time t1 = absl::Now();
-  stats_.plan_time = t1 - t0;
+  return plan;
+}
 
+v1::CommitSaveRequest Checkpointer::MakeCommitRequest(
+    int64_t step, const v1::BeginSaveResponse& plan) const {
   v1::CommitSaveRequest commit;
   commit.set_job(options_.job);
   commit.set_step(step);
   commit.set_rank(options_.rank);
-  absl::Status written = WriteItems(step, state, plan, &commit);
-  const absl::Time t2 = absl::Now();
-  stats_.io_time = t2 - t1;
-  if (!written.ok()) {
-    v1::AbortSaveRequest abort;
-    abort.set_job(options_.job);
-    abort.set_step(step);
-    abort.set_rank(options_.rank);
-    abort.set_reason(std::string(written.message()));
-    (void)CallWithRetry(&v1::Coordinator::Stub::AbortSave, *stub_, abort,
-                        options_.rpc_timeout, 1);
-    return absl::Status(written.code(),
-                        absl::StrCat(where, ": ", written.message()));
+  const auto& writes = plan.rank_plan().writes();
+  commit.mutable_results()->Reserve(writes.size());
+  for (const v1::PlannedWrite& w : writes) {
+    *commit.add_results()->mutable_location() = w.location();
   }
+  return commit;
+}
+
+absl::StatusOr<v1::CheckpointRecord> Checkpointer::CommitPlannedSave(
+    const v1::CommitSaveRequest& commit) {
   if (options_.before_commit_for_test) options_.before_commit_for_test();
   CAIRN_ASSIGN_OR_RETURN(
       v1::CommitSaveResponse done,
       CallWithRetry(&v1::Coordinator::Stub::CommitSave, *stub_, commit,
                     options_.collective_timeout, options_.max_retries));
-  stats_.commit_time = absl::Now() - t2;
   return done.checkpoint();
+}
+
+void Checkpointer::AbortPlannedSave(int64_t step, absl::string_view reason) {
+  v1::AbortSaveRequest abort;
+  abort.set_job(options_.job);
+  abort.set_step(step);
+  abort.set_rank(options_.rank);
+  abort.set_reason(std::string(reason));
+  (void)CallWithRetry(&v1::Coordinator::Stub::AbortSave, *stub_, abort,
+                      options_.rpc_timeout, 1);
+}
+
+absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
+    int64_t step, const StateDict& state) {
+  stats_ = TransferStats();
+  const std::string where = absl::StrCat(
+      "rank ", options_.rank, " saving job '", options_.job, "' step ", step);
+  CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
+  const absl::Time t0 = absl::Now();
+  CAIRN_ASSIGN_OR_RETURN(
+      v1::BeginSaveResponse plan,
+      BeginPlannedSave(step, state.ToLocalPlan(options_.rank)));
+  const absl::Time t1 = absl::Now();
+  stats_.plan_time = t1 - t0;
+
+  v1::CommitSaveRequest commit = MakeCommitRequest(step, plan);
+  absl::Status written = WriteItems(step, state, plan, &commit);
+  const absl::Time t2 = absl::Now();
+  stats_.io_time = t2 - t1;
+  if (!written.ok()) {
+    AbortPlannedSave(step, written.message());
+    return absl::Status(written.code(),
+                        absl::StrCat(where, ": ", written.message()));
+  }
+  CAIRN_ASSIGN_OR_RETURN(v1::CheckpointRecord record,
+                         CommitPlannedSave(commit));
+  stats_.commit_time = absl::Now() - t2;
+  return record;
 }
 
 absl::Status Checkpointer::WriteItems(int64_t step, const StateDict& state,
@@ -198,11 +227,10 @@ absl::Status Checkpointer::WriteItems(int64_t step, const StateDict& state,
         absl::Span<const char>(b.blob->data(), b.blob->size());
   }
 
+  // commit->results() are prefilled (MakeCommitRequest), in writes order.
   const auto& writes = plan.rank_plan().writes();
-  commit->mutable_results()->Reserve(writes.size());
   std::map<std::string, std::vector<int>> by_object;
   for (int i = 0; i < writes.size(); ++i) {
-    *commit->add_results()->mutable_location() = writes[i].location();
     by_object[writes[i].location().object_key()].push_back(i);
   }
 

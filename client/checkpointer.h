@@ -28,11 +28,13 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "cairn/v1/cairn.pb.h"
 #include "client/state_dict.h"
 #include "common/thread_pool.h"
+#include "planner/save_plan.h"
 #include "storage/shard_store.h"
 
 namespace cairn::client {
@@ -101,6 +103,27 @@ class Checkpointer {
   absl::StatusOr<v1::CheckpointRecord> Save(int64_t step,
                                             const StateDict& state);
 
+  // Phased save, for callers that produce the bytes themselves instead of
+  // pointing a StateDict at them (cairn-agent streaming a save larger than
+  // its memory). Save() is exactly BeginPlannedSave -> write every planned
+  // item (crc32c into the CommitSaveRequest's results) -> CommitPlannedSave,
+  // or AbortPlannedSave on a local failure.
+  //
+  // BeginPlannedSave: BeginSave (collective) for `local` (this rank's item
+  // set); returns cairnd's plan. The commit request's results are in
+  // plan.rank_plan().writes() order; MakeCommitRequest prefills them.
+  absl::StatusOr<v1::BeginSaveResponse> BeginPlannedSave(
+      int64_t step, const planner::LocalSavePlan& local);
+  v1::CommitSaveRequest MakeCommitRequest(
+      int64_t step, const v1::BeginSaveResponse& plan) const;
+  // The store of the plan's storage URI (cached).
+  absl::StatusOr<storage::ShardStore*> StoreFor(const std::string& uri);
+  // Runs before_commit_for_test, then CommitSave (collective).
+  absl::StatusOr<v1::CheckpointRecord> CommitPlannedSave(
+      const v1::CommitSaveRequest& commit);
+  // Aborts the save for every rank (best effort).
+  void AbortPlannedSave(int64_t step, absl::string_view reason);
+
   // Fills every chunk and bytes entry of `state` from checkpoint `ref`,
   // resharding from whatever layout saved it. Returns the step loaded.
   absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
@@ -112,7 +135,6 @@ class Checkpointer {
  private:
   explicit Checkpointer(const CheckpointerOptions& options);
 
-  absl::StatusOr<storage::ShardStore*> StoreFor(const std::string& uri);
   absl::Status WriteItems(int64_t step, const StateDict& state,
                           const v1::BeginSaveResponse& plan,
                           v1::CommitSaveRequest* commit);

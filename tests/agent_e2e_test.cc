@@ -84,7 +84,9 @@ class AgentE2ETest : public ::testing::Test {
                         generation_[node], ".sock");
   }
 
-  void StartAgent(int node, int replicas) {
+  void StartAgent(int node, int replicas,
+                  std::vector<std::string> extra = {"--staging-budget-mib",
+                                                    "64"}) {
     ++generation_[node];
     const std::string ready =
         absl::StrCat(dir_, "/agent-", node, "-", generation_[node], ".ready");
@@ -101,12 +103,11 @@ class AgentE2ETest : public ::testing::Test {
                                      "2",
                                      "--coordinator",
                                      cairnd_->address(),
-                                     "--staging-budget-mib",
-                                     "64",
                                      "--replicas",
                                      std::to_string(replicas),
                                      "--ready-file",
                                      ready};
+    argv.insert(argv.end(), extra.begin(), extra.end());
     auto p = testing::Subprocess::Start(
         argv,
         absl::StrCat(dir_, "/agent-", node, "-", generation_[node], ".log"));
@@ -168,12 +169,14 @@ class AgentE2ETest : public ::testing::Test {
   }
 
   // Direct-mode load of `latest` into a different layout, bit-exact.
-  void ExpectDirectLoadOf(const std::string& job, int64_t step) {
+  void ExpectDirectLoadOf(const std::string& job, int64_t step,
+                          std::vector<std::string> extra = {}) {
     std::vector<std::vector<std::string>> argvs;
     for (int r = 0; r < 3; ++r) {
       argvs.push_back({g_rank, "--coordinator", cairnd_->address(), "--job",
                        job, "--rank", std::to_string(r), "--world-size", "3",
                        "--layout", "3:S1", "--load", "latest"});
+      argvs.back().insert(argvs.back().end(), extra.begin(), extra.end());
     }
     std::vector<int> codes = Run(std::move(argvs));
     EXPECT_THAT(codes, ::testing::Each(0)) << logs_;
@@ -226,6 +229,54 @@ TEST_F(AgentE2ETest, TrainingKilledRightAfterAsyncSaveStillCommits) {
   ASSERT_TRUE(WaitCommitted("killed", 100, absl::Seconds(30)))
       << agents_[0]->Log() << agents_[1]->Log();
   ExpectDirectLoadOf("killed", 100);
+}
+
+// Streaming: ~2 MiB per rank through agents with a 1 MiB budget (two ranks
+// per node, 128 KiB buckets).
+const std::vector<std::string> kStreamAgent = {
+    "--staging-budget-mib",     "1",   "--stream-bucket-kib", "128",
+    "--stream-idle-timeout-ms", "1000"};
+const std::vector<std::string> kStreamModel = {"--model", "bench:8388608"};
+
+TEST_F(AgentE2ETest, RankKilledMidStreamLeavesPreviousCheckpointLatest) {
+  StartAgent(0, 0, kStreamAgent);
+  StartAgent(1, 0, kStreamAgent);
+  std::vector<int> codes = SaveAll("midstream", 1, kStreamModel);
+  EXPECT_THAT(codes, ::testing::Each(0)) << logs_;
+  EXPECT_THAT(agents_[1]->Log(), HasSubstr("in buckets of 131072"));
+  // Step 2: node 1's ranks die after filling 3 buckets (of ~16).
+  std::vector<std::string> die = {"--exit-after-stream-buckets", "3"};
+  codes = SaveAll("midstream", 2, kStreamModel, die);
+  ASSERT_EQ(codes.size(), 4u);
+  EXPECT_EQ(codes[2], 137) << logs_;
+  EXPECT_EQ(codes[3], 137) << logs_;
+  EXPECT_NE(codes[0], 0) << logs_;  // their save was aborted
+  EXPECT_NE(codes[1], 0) << logs_;
+  EXPECT_THAT(agents_[1]->Log(), HasSubstr("no streaming call"));
+  auto states = States("midstream");
+  EXPECT_EQ(states[1], v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_NE(states[2], v1::CHECKPOINT_STATE_COMMITTED);
+  ExpectDirectLoadOf("midstream", 1, kStreamModel);
+}
+
+TEST_F(AgentE2ETest, AgentKilledWhileStreamingLeavesPreviousCheckpointLatest) {
+  StartAgent(0, 0, kStreamAgent);
+  StartAgent(1, 0, kStreamAgent);
+  std::vector<int> codes = SaveAll("agentstream", 1, kStreamModel);
+  EXPECT_THAT(codes, ::testing::Each(0)) << logs_;
+  // Step 2: node 1's agent exits after streaming every bucket to storage,
+  // right before CommitSave.
+  codes =
+      SaveAll("agentstream", 2, kStreamModel, {"--agent-dies-before-commit"});
+  ASSERT_EQ(codes.size(), 4u);
+  EXPECT_THAT(codes, ::testing::Each(::testing::Ne(0))) << logs_;
+  auto exited = agents_[1]->Wait(absl::Seconds(10));
+  ASSERT_TRUE(exited.ok());
+  EXPECT_THAT(agents_[1]->Log(), HasSubstr("in buckets of"));
+  auto states = States("agentstream");
+  EXPECT_EQ(states[1], v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_NE(states[2], v1::CHECKPOINT_STATE_COMMITTED);
+  ExpectDirectLoadOf("agentstream", 1, kStreamModel);
 }
 
 TEST_F(AgentE2ETest, AgentKilledMidPersistLeavesPreviousCheckpointLatest) {

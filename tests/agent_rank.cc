@@ -58,6 +58,10 @@ int main(int argc, char** argv) {
                "Fault injection: SIGKILL this process right after AsyncSave "
                "returns");
   app.add_flag("--no-wait", no_wait, "Do not wait for the commit");
+  app.add_option("--exit-after-stream-buckets",
+                 opts.exit_after_stream_buckets_for_test,
+                 "Fault injection: exit after filling this many streaming "
+                 "buckets (a rank killed mid-stream)");
   app.add_flag("--agent-dies-before-commit",
                opts.agent_dies_before_commit_for_test,
                "Fault injection: the agent exits before CommitSave");

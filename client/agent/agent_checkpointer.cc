@@ -1,5 +1,7 @@
 #include "client/agent/agent_checkpointer.h"
 
+#include <unistd.h>
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -99,6 +101,7 @@ absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(
   begin.set_world_size(d.world_size);
   begin.set_wait_for_space_ms(
       absl::ToInt64Milliseconds(options_.wait_for_space));
+  begin.set_allow_streaming(options_.allow_streaming);
   {
     v1::LocalSavePlan proto;
     convert::LocalPlanToProto(local, &proto);
@@ -114,6 +117,94 @@ absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(
                         absl::StrCat(where, ": ", staged.status().message()));
   }
   const absl::Time t1 = absl::Now();
+  if (staged->streaming()) {
+    CAIRN_RETURN_IF_ERROR(StreamBuckets(*staged, state, where));
+  } else {
+    CAIRN_RETURN_IF_ERROR(CopyAll(*staged, state, local, where));
+  }
+  const absl::Time t2 = absl::Now();
+  v1::FinishStageRequest finish;
+  finish.set_save_id(staged->save_id());
+  finish.set_die_before_commit_for_test(
+      options_.agent_dies_before_commit_for_test);
+  absl::StatusOr<v1::FinishStageResponse> finished =
+      Call(&v1::Agent::Stub::FinishStage, *stub_, finish, options_.rpc_timeout);
+  if (!finished.ok()) {
+    return absl::Status(finished.status().code(),
+                        absl::StrCat(where, ": ", finished.status().message()));
+  }
+  save_stats_.begin_time = t1 - t0;
+  if (save_stats_.streamed_buckets == 0) save_stats_.copy_time = t2 - t1;
+  save_stats_.blocked = absl::Now() - t0;
+  return SaveFuture(stub_, d.job, step, d.rank);
+}
+
+absl::Status AgentCheckpointer::StreamBuckets(
+    const v1::BeginStageResponse& staged, const StateDict& state,
+    const std::string& where) {
+  // Where each item's bytes are, in ToLocalPlan order.
+  std::vector<absl::Span<const char>> items;
+  for (const TensorShard& t : state.tensors()) {
+    const uint64_t elem = planner::DTypeSize(t.dtype);
+    for (const TensorChunk& c : t.chunks) {
+      items.emplace_back(static_cast<const char*>(c.data),
+                         static_cast<size_t>(planner::Volume(c.box) * elem));
+    }
+  }
+  for (const BytesEntry& b : state.bytes()) {
+    items.emplace_back(b.blob->data(), b.blob->size());
+  }
+  if (staged.items_size() != static_cast<int>(items.size())) {
+    return absl::InternalError(absl::StrCat(where, ": agent answered ",
+                                            staged.items_size(), " items for ",
+                                            items.size()));
+  }
+  uint64_t filled = 0;
+  while (true) {
+    v1::StageBucketRequest req;
+    req.set_save_id(staged.save_id());
+    req.set_filled_bucket(filled);
+    req.set_wait_for_space_ms(
+        absl::ToInt64Milliseconds(options_.wait_for_space));
+    absl::StatusOr<v1::StageBucketResponse> bucket =
+        Call(&v1::Agent::Stub::StageBucket, *stub_, req,
+             options_.wait_for_space + options_.rpc_timeout);
+    if (!bucket.ok()) {
+      return absl::Status(bucket.status().code(),
+                          absl::StrCat(where, ": ", bucket.status().message()));
+    }
+    if (bucket->end_of_stream()) return absl::OkStatus();
+    const absl::Time c0 = absl::Now();
+    CAIRN_ASSIGN_OR_RETURN(agent::ShmSegment * seg,
+                           MapSegment(bucket->shm_name(), bucket->shm_size()));
+    for (const v1::StagePiece& p : bucket->pieces()) {
+      if (p.item() < 0 || p.item() >= static_cast<int>(items.size()) ||
+          p.item_offset() + p.length() > items[p.item()].size() ||
+          p.staging_offset() + p.length() > seg->size()) {
+        return absl::InternalError(
+            absl::StrCat(where, ": agent placed a piece of item ", p.item(),
+                         " outside its item or bucket ", bucket->bucket()));
+      }
+      CAIRN_RETURN_IF_ERROR(copier_.Copy(
+          agent::CopySource::Host(items[p.item()].data() + p.item_offset()),
+          absl::MakeSpan(seg->data() + p.staging_offset(), p.length())));
+      save_stats_.bytes += p.length();
+    }
+    CAIRN_RETURN_IF_ERROR(copier_.Flush());
+    save_stats_.copy_time += absl::Now() - c0;
+    filled = bucket->bucket();
+    if (++save_stats_.streamed_buckets ==
+        options_.exit_after_stream_buckets_for_test) {
+      _exit(137);
+    }
+  }
+}
+
+absl::Status AgentCheckpointer::CopyAll(const v1::BeginStageResponse& staged_r,
+                                        const StateDict& state,
+                                        const planner::LocalSavePlan& local,
+                                        const std::string& where) {
+  const v1::BeginStageResponse* staged = &staged_r;
   CAIRN_ASSIGN_OR_RETURN(agent::ShmSegment * seg,
                          MapSegment(staged->shm_name(), staged->shm_size()));
   // Items come back in ToLocalPlan order: tensors' chunks, then bytes.
@@ -145,22 +236,7 @@ absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(
     if (!out.empty()) std::memcpy(out.data(), b.blob->data(), out.size());
     save_stats_.bytes += out.size();
   }
-  CAIRN_RETURN_IF_ERROR(copier_.Flush());
-  const absl::Time t2 = absl::Now();
-  v1::FinishStageRequest finish;
-  finish.set_save_id(staged->save_id());
-  finish.set_die_before_commit_for_test(
-      options_.agent_dies_before_commit_for_test);
-  absl::StatusOr<v1::FinishStageResponse> finished =
-      Call(&v1::Agent::Stub::FinishStage, *stub_, finish, options_.rpc_timeout);
-  if (!finished.ok()) {
-    return absl::Status(finished.status().code(),
-                        absl::StrCat(where, ": ", finished.status().message()));
-  }
-  save_stats_.begin_time = t1 - t0;
-  save_stats_.copy_time = t2 - t1;
-  save_stats_.blocked = absl::Now() - t0;
-  return SaveFuture(stub_, d.job, step, d.rank);
+  return copier_.Flush();
 }
 
 absl::StatusOr<int64_t> AgentCheckpointer::LoadFromAgent(LoadRef ref,

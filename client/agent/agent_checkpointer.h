@@ -7,6 +7,12 @@
 //              time training waits) -> FinishStage -> returns a SaveFuture.
 //              The agent commits through cairnd's protocol on the rank's
 //              behalf, even if this process exits right after AsyncSave.
+//              A save larger than the agent's whole staging budget streams:
+//              the agent answers BeginStage with `streaming`, and AsyncSave
+//              loops StageBucket — copy the pieces of one bucket, hand it
+//              back, get the next (waiting only for buffer space while the
+//              agent writes earlier buckets to storage) — then FinishStage.
+//              Such an AsyncSave returns when the last bucket is handed over.
 //   Load:      asks the agent (its memory, then peer agents' memory,
 //              resharding point to point, crc32c-verified); on any failure
 //              falls back to the direct path (Checkpointer::Load from
@@ -57,8 +63,15 @@ struct AgentCheckpointerOptions {
   absl::Duration wait_for_space = absl::Minutes(10);
   // Timeout of the control calls to the agent. Default: 5 minutes.
   absl::Duration rpc_timeout = absl::Minutes(5);
+  // Let a save larger than the agent's budget stream through buckets
+  // (otherwise it fails RESOURCE_EXHAUSTED). Default: true.
+  bool allow_streaming = true;
   // Fault injection for tests: the agent exits right before CommitSave.
   bool agent_dies_before_commit_for_test = false;
+  // Fault injection for tests: when > 0, this process exits (_exit(137))
+  // right after filling this many streaming buckets, before handing the
+  // last one back (a rank killed mid-stream).
+  int exit_after_stream_buckets_for_test = 0;
 };
 
 // Durability of one AsyncSave.
@@ -88,10 +101,11 @@ class SaveFuture {
 enum class LoadSource { kNone, kAgentMemory, kStorage };
 
 struct AgentSaveStats {
-  uint64_t bytes = 0;         // bytes copied into staging
-  absl::Duration blocked;     // total time inside AsyncSave
-  absl::Duration copy_time;   // of which memcpy into staging
-  absl::Duration begin_time;  // of which waiting for BeginStage
+  uint64_t bytes = 0;            // bytes copied into staging
+  absl::Duration blocked;        // total time inside AsyncSave
+  absl::Duration copy_time;      // of which memcpy into staging
+  absl::Duration begin_time;     // of which waiting for BeginStage
+  int64_t streamed_buckets = 0;  // > 0: the save streamed through buckets
 };
 
 class AgentCheckpointer {
@@ -124,6 +138,13 @@ class AgentCheckpointer {
   absl::StatusOr<agent::ShmSegment*> MapSegment(const std::string& name,
                                                 uint64_t size);
   absl::StatusOr<int64_t> LoadFromAgent(LoadRef ref, StateDict& state);
+  // AsyncSave's copy phase: the whole save into one segment, or streamed.
+  absl::Status CopyAll(const v1::BeginStageResponse& staged,
+                       const StateDict& state,
+                       const planner::LocalSavePlan& local,
+                       const std::string& where);
+  absl::Status StreamBuckets(const v1::BeginStageResponse& staged,
+                             const StateDict& state, const std::string& where);
 
   const AgentCheckpointerOptions options_;
   std::shared_ptr<v1::Agent::Stub> stub_;

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -96,13 +99,89 @@ struct Agent::Pool {
   absl::Mutex mu;
   uint64_t used ABSL_GUARDED_BY(mu) = 0;
   uint64_t seq ABSL_GUARDED_BY(mu) = 0;
+  uint64_t peak ABSL_GUARDED_BY(mu) = 0;
   std::vector<std::unique_ptr<ShmSegment>> free ABSL_GUARDED_BY(mu);
   int64_t releases ABSL_GUARDED_BY(mu) = 0;
+  // Segments destroyed instead of reused when released: buckets of a failed
+  // stream, which a still-running rank might write into.
+  std::set<const ShmSegment*> discard ABSL_GUARDED_BY(mu);
+  std::atomic<int64_t> streamed_buckets{0};
 
   void Release(ShmSegment* s) {
     absl::MutexLock l(&mu);
-    free.emplace_back(s);
+    if (discard.erase(s) > 0) {
+      used -= s->size();
+      delete s;  // unlinks it; a rank's mapping stays valid but private
+    } else {
+      free.emplace_back(s);
+    }
     ++releases;
+  }
+  void Discard(const ShmSegment* s) {
+    absl::MutexLock l(&mu);
+    discard.insert(s);
+  }
+};
+
+// One streaming save (see agent.h). The persist thread produces `pieces`
+// once (plan_ready); StageBucket hands out consecutive runs of them as
+// buckets; the persist thread takes filled buckets in order.
+struct Agent::Stream {
+  struct Piece {
+    int write = 0;  // index in cairnd's plan for this rank
+    uint64_t item_offset = 0;
+    uint64_t length = 0;
+  };
+  struct Bucket {
+    uint64_t seq = 0;
+    std::shared_ptr<ShmSegment> segment;
+    size_t begin = 0, end = 0;      // pieces [begin, end)
+    std::vector<uint64_t> offsets;  // per piece, in the segment
+  };
+
+  std::shared_ptr<Set> set;  // items only, no segment
+  uint64_t save_id = 0;
+  uint64_t bucket_bytes = 0;
+  absl::Duration wait_for_space;
+  std::string where;
+
+  absl::Mutex mu;
+  absl::Status failed ABSL_GUARDED_BY(mu);
+  bool plan_ready ABSL_GUARDED_BY(mu) = false;
+  std::vector<Piece> pieces ABSL_GUARDED_BY(mu);
+  std::vector<int> write_item ABSL_GUARDED_BY(mu);  // plan write -> item
+  size_t next_piece ABSL_GUARDED_BY(mu) = 0;
+  uint64_t next_seq ABSL_GUARDED_BY(mu) = 1;
+  std::optional<Bucket> handed ABSL_GUARDED_BY(mu);  // with the rank
+  std::deque<Bucket> filled ABSL_GUARDED_BY(mu);     // for the persist thread
+  bool finished ABSL_GUARDED_BY(mu) = false;         // FinishStage arrived
+  bool die_before_commit ABSL_GUARDED_BY(mu) = false;
+  bool rank_in_call ABSL_GUARDED_BY(mu) = false;
+  absl::Time last_call ABSL_GUARDED_BY(mu);
+
+  // Waits (mu held) until `ready`, failing when the stream failed, the agent
+  // stops, or the rank has made no call for `idle` (it died mid-stream).
+  absl::Status AwaitRank(const std::function<bool()>& ready,
+                         absl::Duration idle, const std::atomic<bool>& stopping)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto cond = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return ready() || !failed.ok();
+    };
+    while (true) {
+      if (!failed.ok()) return failed;
+      if (ready()) return absl::OkStatus();
+      if (stopping.load()) {
+        return absl::UnavailableError(
+            absl::StrCat(where, ": cairn-agent is stopping"));
+      }
+      if (!rank_in_call && absl::Now() - last_call > idle) {
+        return absl::AbortedError(
+            absl::StrCat(where, ": the rank made no streaming call for ",
+                         absl::FormatDuration(idle),
+                         " (killed mid-stream?); the save is aborted"));
+      }
+      mu.AwaitWithTimeout(absl::Condition(&cond), absl::Milliseconds(50));
+    }
   }
 };
 
@@ -160,6 +239,7 @@ Agent::~Agent() {
   {
     absl::MutexLock l(&mu_);
     stopping_ = true;
+    stopping_flag_ = true;
     threads.swap(persist_threads_);
   }
   for (auto& t : threads) t.first.join();
@@ -238,6 +318,7 @@ absl::StatusOr<std::shared_ptr<ShmSegment>> Agent::Allocate(
             ShmSegment::Create(name, size);
         if (!s.ok()) return s.status();
         p.used += size;
+        p.peak = std::max(p.peak, p.used);
         return wrap(s->release());
       }
       releases_seen = p.releases;
@@ -305,6 +386,39 @@ absl::StatusOr<v1::BeginStageResponse> Agent::BeginStage(
       request.wait_for_space_ms() > 0
           ? absl::Milliseconds(request.wait_for_space_ms())
           : options_.wait_for_space;
+  if (request.allow_streaming() &&
+      AlignUp(std::max<uint64_t>(total, 1), kSegmentGranule) > pool_->budget) {
+    // Larger than the whole budget: stream it through buckets.
+    auto st = std::make_shared<Stream>();
+    st->set = std::move(set);
+    st->save_id = next_id_.fetch_add(1);
+    st->bucket_bytes =
+        std::max(kSegmentGranule,
+                 std::min(options_.stream_bucket_bytes, pool_->budget / 2) /
+                     kSegmentGranule * kSegmentGranule);
+    st->wait_for_space = wait;
+    st->where = where;
+    {
+      absl::MutexLock sl(&st->mu);
+      st->last_call = absl::Now();
+    }
+    for (v1::StageItem& si : *response.mutable_items()) {
+      si.clear_staging_offset();
+    }
+    response.set_save_id(st->save_id);
+    response.set_streaming(true);
+    response.set_bucket_bytes(st->bucket_bytes);
+    {
+      absl::MutexLock l(&mu_);
+      results_[Key{st->set->job, st->set->step, st->set->rank}] = SaveResult();
+      streams_[st->save_id] = st;
+    }
+    CAIRN_RETURN_IF_ERROR(
+        StartPersistThread([this, st] { PersistStream(st); }));
+    CAIRN_LOG(info, "node {}: {} streams {} bytes in buckets of {}",
+              options_.node_id, where, total, st->bucket_bytes);
+    return response;
+  }
   absl::StatusOr<std::shared_ptr<ShmSegment>> seg =
       Allocate(total, absl::Now() + wait);
   if (!seg.ok()) {
@@ -324,6 +438,34 @@ absl::StatusOr<v1::BeginStageResponse> Agent::BeginStage(
 
 absl::Status Agent::FinishStage(const v1::FinishStageRequest& request) {
   std::shared_ptr<Set> set;
+  std::shared_ptr<Stream> stream;
+  {
+    absl::MutexLock l(&mu_);
+    auto s = streams_.find(request.save_id());
+    if (s != streams_.end()) stream = s->second;
+  }
+  if (stream != nullptr) {
+    absl::MutexLock l(&stream->mu);
+    if (!stream->failed.ok()) return stream->failed;
+    if (request.device_items_size() > 0) {
+      stream->failed = absl::UnimplementedError(
+          absl::StrCat(stream->where,
+                       ": GPU items cannot be streamed (the save exceeds "
+                       "the staging budget)"));
+      return stream->failed;
+    }
+    if (!stream->plan_ready || stream->next_piece < stream->pieces.size() ||
+        stream->handed.has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(stream->where,
+                       ": streaming save is not fully staged; call "
+                       "StageBucket until end_of_stream first"));
+    }
+    stream->finished = true;
+    stream->die_before_commit = request.die_before_commit_for_test();
+    stream->last_call = absl::Now();
+    return absl::OkStatus();
+  }
   {
     absl::MutexLock l(&mu_);
     auto it = staging_.find(request.save_id());
@@ -367,6 +509,13 @@ absl::Status Agent::FinishStage(const v1::FinishStageRequest& request) {
     }
     CAIRN_RETURN_IF_ERROR(options_.device_copier->Flush());
   }
+  return StartPersistThread(
+      [this, set, die = request.die_before_commit_for_test()] {
+        Persist(set, die);
+      });
+}
+
+absl::Status Agent::StartPersistThread(std::function<void()> fn) {
   std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>>
       finished;
   {
@@ -380,16 +529,299 @@ absl::Status Agent::FinishStage(const v1::FinishStageRequest& request) {
       it = next;
     }
     auto done = std::make_shared<std::atomic<bool>>(false);
-    persist_threads_.emplace_back(
-        std::thread(
-            [this, set, done, die = request.die_before_commit_for_test()] {
-              Persist(set, die);
-              *done = true;
-            }),
-        done);
+    persist_threads_.emplace_back(std::thread([fn = std::move(fn), done] {
+                                    fn();
+                                    *done = true;
+                                  }),
+                                  done);
   }
   for (auto& t : finished) t.first.join();
   return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Streaming save.
+
+absl::StatusOr<v1::StageBucketResponse> Agent::StageBucket(
+    const v1::StageBucketRequest& request) {
+  std::shared_ptr<Stream> st;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = streams_.find(request.save_id());
+    if (it == streams_.end()) {
+      return absl::NotFoundError(absl::StrCat("node ", options_.node_id,
+                                              ": no streaming save with id ",
+                                              request.save_id()));
+    }
+    st = it->second;
+  }
+  const absl::Time deadline =
+      absl::Now() + (request.wait_for_space_ms() > 0
+                         ? absl::Milliseconds(request.wait_for_space_ms())
+                         : st->wait_for_space);
+  bool entered = false;
+  auto next = [&]() -> absl::StatusOr<v1::StageBucketResponse> {
+    v1::StageBucketResponse response;
+    {
+      absl::MutexLock l(&st->mu);
+      if (!st->failed.ok()) return st->failed;
+      if (st->rank_in_call) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(st->where, ": concurrent StageBucket calls"));
+      }
+      if (request.filled_bucket() != 0) {
+        if (!st->handed.has_value() ||
+            st->handed->seq != request.filled_bucket()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(st->where, ": bucket ", request.filled_bucket(),
+                           " is not the one handed out"));
+        }
+        st->filled.push_back(std::move(*st->handed));
+        st->handed.reset();
+      } else if (st->handed.has_value()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(st->where, ": bucket ", st->handed->seq,
+                         " was handed out and not returned filled"));
+      }
+      st->rank_in_call = true;
+      entered = true;
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st->mu) {
+        return st->plan_ready || !st->failed.ok();
+      };
+      if (!st->mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(st->where, ": cairnd's plan did not arrive in time"));
+      }
+      if (!st->failed.ok()) return st->failed;
+      if (st->next_piece == st->pieces.size()) {
+        response.set_end_of_stream(true);
+        return response;
+      }
+    }
+    // The only wait of a streaming rank: space for the next bucket (the
+    // persist thread frees the previous ones as it writes them).
+    absl::StatusOr<std::shared_ptr<ShmSegment>> seg =
+        Allocate(st->bucket_bytes, deadline);
+    if (!seg.ok()) {
+      return absl::Status(
+          seg.status().code(),
+          absl::StrCat(st->where, ": ", seg.status().message()));
+    }
+    absl::MutexLock l(&st->mu);
+    if (!st->failed.ok()) return st->failed;
+    Stream::Bucket b;
+    b.seq = st->next_seq++;
+    b.segment = std::move(*seg);
+    b.begin = st->next_piece;
+    uint64_t cursor = 0;
+    while (st->next_piece < st->pieces.size() &&
+           cursor + st->pieces[st->next_piece].length <= st->bucket_bytes) {
+      const Stream::Piece& p = st->pieces[st->next_piece];
+      v1::StagePiece* out = response.add_pieces();
+      out->set_item(st->write_item[p.write]);
+      out->set_item_offset(p.item_offset);
+      out->set_length(p.length);
+      out->set_staging_offset(cursor);
+      b.offsets.push_back(cursor);
+      cursor = AlignUp(cursor + p.length, kAlign);
+      ++st->next_piece;
+    }
+    b.end = st->next_piece;
+    response.set_bucket(b.seq);
+    response.set_shm_name(b.segment->name());
+    response.set_shm_size(b.segment->size());
+    st->handed = std::move(b);
+    ++pool_->streamed_buckets;
+    return response;
+  };
+  absl::StatusOr<v1::StageBucketResponse> r = next();
+  if (entered) {
+    absl::MutexLock l(&st->mu);
+    st->rank_in_call = false;
+    st->last_call = absl::Now();
+  }
+  return r;
+}
+
+void Agent::PersistStream(std::shared_ptr<Stream> st) {
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<v1::CheckpointRecord> r = StreamToStorage(*st);
+  {
+    absl::MutexLock l(&st->mu);
+    if (!r.ok() && st->failed.ok()) st->failed = r.status();
+    // Buckets still held after a failure are destroyed, never reused: the
+    // rank may still be writing into the one it holds.
+    if (st->handed.has_value()) pool_->Discard(st->handed->segment.get());
+    st->handed.reset();
+    st->filled.clear();
+    st->pieces.clear();
+  }
+  if (r.ok()) {
+    absl::MutexLock l(&mu_);
+    streams_.erase(st->save_id);
+  }
+  const Set& set = *st->set;
+  absl::MutexLock l(&mu_);
+  SaveResult& res = results_[Key{set.job, set.step, set.rank}];
+  res.done = true;
+  if (r.ok()) {
+    res.record = *r;
+    ++commits_;
+    ++streamed_saves_;
+    CAIRN_LOG(info, "node {}: {} committed (streamed, {} items) in {}",
+              options_.node_id, st->where, set.items.size(),
+              absl::FormatDuration(absl::Now() - t0));
+  } else {
+    res.status = r.status();
+    CAIRN_LOG(warn, "node {}: streaming {} failed: {}", options_.node_id,
+              st->where, r.status().ToString());
+  }
+}
+
+absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
+  const Set& set = *st.set;
+  CAIRN_ASSIGN_OR_RETURN(client::Checkpointer * ckpt, CheckpointerFor(set));
+  absl::Mutex* lock;
+  {
+    absl::MutexLock l(&mu_);
+    auto& m = persist_locks_[{set.job, set.rank}];
+    if (!m) m = std::make_unique<absl::Mutex>();
+    lock = m.get();
+  }
+  absl::MutexLock pl(lock);
+  v1::LocalSavePlan proto;
+  proto.set_rank(set.rank);
+  for (const Item& it : set.items) *proto.add_items() = it.item;
+  CAIRN_ASSIGN_OR_RETURN(planner::LocalSavePlan local,
+                         convert::LocalPlanFromProto(proto));
+  CAIRN_ASSIGN_OR_RETURN(v1::BeginSaveResponse plan,
+                         ckpt->BeginPlannedSave(set.step, local));
+  bool committing = false;
+  absl::StatusOr<v1::CheckpointRecord> result =
+      [&]() -> absl::StatusOr<v1::CheckpointRecord> {
+    // Storage order of cairnd's writes for this rank, each matched to the
+    // staged item it names, cut into pieces of at most one bucket.
+    const auto& writes = plan.rank_plan().writes();
+    std::map<std::pair<std::string, planner::ChunkBox>, int> by_key;
+    for (size_t i = 0; i < set.items.size(); ++i) {
+      by_key[{PlanName(set.items[i].item), ItemBox(set.items[i].item)}] =
+          static_cast<int>(i);
+    }
+    std::vector<int> write_item(writes.size());
+    std::vector<int> order(writes.size());
+    for (int i = 0; i < writes.size(); ++i) {
+      const v1::WriteItem& w = writes[i].item();
+      auto it = by_key.find({PlanName(w), ItemBox(w)});
+      if (it == by_key.end() || set.items[it->second].item.length() !=
+                                    writes[i].location().length()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            st.where, ": cairnd planned '", ItemFqn(w), "' ",
+            planner::BoxToString(ItemBox(w)),
+            " for this rank, which did not stage it with that length"));
+      }
+      write_item[i] = it->second;
+      order[i] = i;
+    }
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+      const auto& la = writes[a].location();
+      const auto& lb = writes[b].location();
+      if (la.object_key() != lb.object_key()) {
+        return la.object_key() < lb.object_key();
+      }
+      return la.offset() < lb.offset();
+    });
+    std::vector<Stream::Piece> pieces;
+    for (int i : order) {
+      const uint64_t len = writes[i].location().length();
+      for (uint64_t off = 0; off < len; off += st.bucket_bytes) {
+        pieces.push_back({i, off, std::min(st.bucket_bytes, len - off)});
+      }
+    }
+    {
+      absl::MutexLock l(&st.mu);
+      st.pieces = pieces;
+      st.write_item = std::move(write_item);
+      st.plan_ready = true;
+    }
+    CAIRN_ASSIGN_OR_RETURN(storage::ShardStore * store,
+                           ckpt->StoreFor(plan.storage_uri()));
+    v1::CommitSaveRequest commit = ckpt->MakeCommitRequest(set.step, plan);
+    static const std::string* zeros = new std::string(1 << 16, '\0');
+    std::optional<Stream::Bucket> cur;
+    size_t pi = 0;
+    std::string object;
+    std::unique_ptr<storage::ObjectWriter> writer;
+    uint64_t cursor = 0;
+    for (int i : order) {
+      const v1::StorageLocation& loc = writes[i].location();
+      if (writer == nullptr || loc.object_key() != object) {
+        if (writer != nullptr) CAIRN_RETURN_IF_ERROR(writer->Close());
+        object = loc.object_key();
+        CAIRN_ASSIGN_OR_RETURN(
+            writer, store->NewWriter(absl::StrCat(plan.step_prefix(), object)));
+        cursor = 0;
+      }
+      if (loc.offset() < cursor) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(st.where,
+                         ": cairnd planned overlapping writes in "
+                         "object ",
+                         plan.step_prefix(), object));
+      }
+      while (cursor < loc.offset()) {
+        const uint64_t n =
+            std::min<uint64_t>(loc.offset() - cursor, zeros->size());
+        CAIRN_RETURN_IF_ERROR(writer->Append(
+            absl::MakeConstSpan(zeros->data(), static_cast<size_t>(n))));
+        cursor += n;
+      }
+      uint32_t crc = 0;
+      for (uint64_t done = 0; done < loc.length();) {
+        if (!cur.has_value() || pi == cur->end) {
+          cur.reset();  // frees the written bucket for the rank's next one
+          absl::MutexLock l(&st.mu);
+          CAIRN_RETURN_IF_ERROR(st.AwaitRank(
+              [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+                return !st.filled.empty();
+              },
+              options_.stream_idle_timeout, stopping_flag_));
+          cur = std::move(st.filled.front());
+          st.filled.pop_front();
+          if (cur->begin != pi) {
+            return absl::InternalError(
+                absl::StrCat(st.where, ": bucket ", cur->seq, " out of order"));
+          }
+        }
+        const Stream::Piece& p = pieces[pi];
+        const char* data = cur->segment->data() + cur->offsets[pi - cur->begin];
+        crc = storage::Crc32cExtend(crc, data, p.length);
+        CAIRN_RETURN_IF_ERROR(writer->Append(
+            absl::MakeConstSpan(data, static_cast<size_t>(p.length))));
+        done += p.length;
+        cursor += p.length;
+        ++pi;
+      }
+      commit.mutable_results(i)->set_crc32c(crc);
+    }
+    cur.reset();
+    // Every byte durable before the commit.
+    if (writer != nullptr) CAIRN_RETURN_IF_ERROR(writer->Close());
+    bool die = false;
+    {
+      absl::MutexLock l(&st.mu);
+      CAIRN_RETURN_IF_ERROR(st.AwaitRank(
+          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.finished; },
+          options_.stream_idle_timeout, stopping_flag_));
+      die = st.die_before_commit;
+    }
+    tls_die_before_commit = die;
+    committing = true;
+    return ckpt->CommitPlannedSave(commit);
+  }();
+  if (!result.ok() && !committing) {
+    ckpt->AbortPlannedSave(set.step, result.status().message());
+  }
+  return result;
 }
 
 absl::StatusOr<client::Checkpointer*> Agent::CheckpointerFor(const Set& set) {
@@ -1145,12 +1577,15 @@ v1::AgentStatusResponse Agent::Status() {
   {
     absl::MutexLock l(&pool_->mu);
     r.set_used_bytes(pool_->used);
+    r.set_peak_used_bytes(pool_->peak);
   }
+  r.set_streamed_buckets(pool_->streamed_buckets.load());
   absl::MutexLock l(&mu_);
   r.set_tier0_sets(static_cast<int>(tier0_.size()));
   r.set_replica_sets(static_cast<int>(replicas_.size()));
   r.set_commits(commits_);
   r.set_replicas_pushed(replicas_pushed_);
+  r.set_streamed_saves(streamed_saves_);
   return r;
 }
 

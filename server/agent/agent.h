@@ -21,6 +21,21 @@
 //               planner's transfer schedule (one data message per bucket);
 //               peers verify every item's crc32c and keep the replica keyed
 //               (job, step, source rank).
+// Streaming save (a rank's save larger than the whole staging budget, when
+//   the rank allows it): BeginStage reserves nothing and starts the persist
+//   thread at once, which calls BeginSave and orders cairnd's plan for this
+//   rank into a byte stream (object by object, writes by offset, items split
+//   into pieces of at most one bucket). The rank then loops StageBucket: it
+//   hands back the bucket it filled and gets the next one (bucket_bytes,
+//   at most half the budget so the rank fills one while the agent writes the
+//   other; allocating it is the only wait). The persist thread appends every
+//   filled bucket to the plan's objects (zero padding, crc32c per item
+//   across pieces) and frees it; after FinishStage and every object Closed
+//   (durable) it calls CommitSave. A rank that stops calling for
+//   stream_idle_timeout (killed mid-stream) or any failure aborts the save
+//   (AbortSave): it never commits, the previous checkpoint stays latest.
+//   A streamed save keeps nothing in memory: no tier 0, no replicas (loads
+//   of it come from storage).
 // Load path: resolve the step with cairnd, fetch its manifest, ask every
 //   reachable agent what it holds for (job, step) (Inventory), build the
 //   planner's TransferPlan from those holders to the loading rank's wanted
@@ -84,6 +99,12 @@ struct AgentOptions {
   absl::Duration peer_timeout = absl::Seconds(30);
   // Transfer-plan bucket cap for replication and peer load. Default: 32 MiB.
   uint64_t bucket_cap_bytes = uint64_t{32} << 20;
+  // Bucket size of streaming saves: min(this, budget / 2), 4 KiB granules.
+  // Default: 64 MiB.
+  uint64_t stream_bucket_bytes = uint64_t{64} << 20;
+  // A streaming save whose rank makes no call for this long while the agent
+  // waits on it is aborted. Default: 60 s.
+  absl::Duration stream_idle_timeout = absl::Seconds(60);
   // Copier for GPU items (cuda); null rejects GPU items FAILED_PRECONDITION.
   std::unique_ptr<DeviceCopier> device_copier;
   // Options of the Checkpointer the agent persists with (timeouts, storage).
@@ -101,6 +122,8 @@ class Agent {
 
   absl::StatusOr<v1::BeginStageResponse> BeginStage(
       const v1::BeginStageRequest& request);
+  absl::StatusOr<v1::StageBucketResponse> StageBucket(
+      const v1::StageBucketRequest& request);
   absl::Status FinishStage(const v1::FinishStageRequest& request);
   absl::StatusOr<v1::CheckpointRecord> WaitSave(
       const v1::WaitSaveRequest& request);
@@ -135,6 +158,7 @@ class Agent {
     v1::CheckpointRecord record;
   };
   struct Pool;
+  struct Stream;
   using Key = std::tuple<std::string, int64_t, int>;  // job, step, rank
 
   explicit Agent(AgentOptions options);
@@ -143,6 +167,11 @@ class Agent {
                                                        absl::Time deadline);
   bool EvictOne();
   void Persist(std::shared_ptr<Set> set, bool die_before_commit);
+  absl::Status StartPersistThread(std::function<void()> fn);
+  void PersistStream(std::shared_ptr<Stream> stream);
+  absl::StatusOr<v1::CheckpointRecord> StreamToStorage(Stream& stream);
+  void RecordStreamResult(const Set& set,
+                          const absl::StatusOr<v1::CheckpointRecord>& r);
   absl::Status Replicate(const std::shared_ptr<const Set>& set, int peer);
   absl::StatusOr<client::Checkpointer*> CheckpointerFor(const Set& set);
 
@@ -175,6 +204,10 @@ class Agent {
   absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<Set>> staging_ ABSL_GUARDED_BY(mu_);
   std::map<Key, SaveResult> results_ ABSL_GUARDED_BY(mu_);
+  // Streaming saves by save id, until FinishStage or failure.
+  std::map<uint64_t, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
+  int64_t streamed_saves_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> stopping_flag_{false};
   // Committed sets of this node's ranks (tier 0) and peers' replicas; the
   // newest per (job, rank) and per (job, source rank) respectively.
   std::map<std::pair<std::string, int>, std::shared_ptr<Set>> tier0_

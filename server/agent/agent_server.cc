@@ -22,6 +22,11 @@ class AgentServer::Service final : public v1::Agent::Service {
                           v1::BeginStageResponse* resp) override {
     return Reply(agent_->BeginStage(*req), resp);
   }
+  grpc::Status StageBucket(grpc::ServerContext*,
+                           const v1::StageBucketRequest* req,
+                           v1::StageBucketResponse* resp) override {
+    return Reply(agent_->StageBucket(*req), resp);
+  }
   grpc::Status FinishStage(grpc::ServerContext*,
                            const v1::FinishStageRequest* req,
                            v1::FinishStageResponse*) override {

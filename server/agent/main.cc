@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   AgentServer::Spec spec;
   std::string peers, peer_dir, ready_file, log_level = "info";
   int budget_mib = 1024, bucket_cap_mib = 32, cuda_device = 0;
+  int stream_bucket_kib = 64 << 10, stream_idle_timeout_ms = 60000;
   app.add_option("--node-id", spec.agent.node_id, "This node's id")->required();
   app.add_option("--listen-unix", spec.unix_socket,
                  "Unix domain socket for this node's ranks")
@@ -59,6 +60,14 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-cap-mib", bucket_cap_mib,
                  "Largest peer message (small items are bucketed)")
       ->capture_default_str();
+  app.add_option("--stream-bucket-kib", stream_bucket_kib,
+                 "Bucket of a save larger than the budget (at most half of "
+                 "the budget is used)")
+      ->capture_default_str();
+  app.add_option("--stream-idle-timeout-ms", stream_idle_timeout_ms,
+                 "A streaming save whose rank stays silent this long is "
+                 "aborted")
+      ->capture_default_str();
   app.add_option("--io-threads", spec.agent.io_threads,
                  "Parallel storage writes per rank")
       ->capture_default_str();
@@ -82,6 +91,9 @@ int main(int argc, char** argv) {
   }
   spec.agent.staging_budget_bytes = static_cast<uint64_t>(budget_mib) << 20;
   spec.agent.bucket_cap_bytes = static_cast<uint64_t>(bucket_cap_mib) << 20;
+  spec.agent.stream_bucket_bytes = static_cast<uint64_t>(stream_bucket_kib)
+                                   << 10;
+  spec.agent.stream_idle_timeout = absl::Milliseconds(stream_idle_timeout_ms);
   spec.agent.resolve_peer =
       [peer_list, peer_dir](int node) -> absl::StatusOr<std::string> {
     if (node >= 0 && node < static_cast<int>(peer_list.size())) {
