@@ -3,14 +3,14 @@
 # one run (issue 4 item 10). Prints a ratio table (markdown) on stdout.
 #
 # Usage: bench/storage_bench.sh [DIR] [TOTAL_BYTES]
-#   DIR          where data goes (default: build-storage/bench-data in the repo)
+#   DIR          where data goes (default: $TMPDIR or /tmp; a fresh subdirectory)
 #   TOTAL_BYTES  bytes per measurement (default 4 GiB = 4294967296)
 # Environment:
 #   BENCH=path     the storage_bench binary (default: first of build-storage/,
 #                  build/, bazel-bin/ that has bench/storage_bench)
 #   THREADS="1 2 3 4"   writer/reader thread counts
 #   MODES="buffered direct"
-#   REPEAT=3       rounds; each round runs fio then Cairn for every (mode, T),
+#   REPEAT=4       rounds; each round runs fio then Cairn for every (mode, T),
 #                  and the table shows the best of the rounds for both
 #   IO_THREADS=4   StoreOptions.io_threads for Cairn
 #
@@ -30,11 +30,11 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DIR=${1:-$ROOT/build-storage/bench-data}
+DIR=${1:-${TMPDIR:-/tmp}}
 TOTAL=${2:-4294967296}
 THREADS=${THREADS:-"1 2 3 4"}
 MODES=${MODES:-"buffered direct"}
-REPEAT=${REPEAT:-3}
+REPEAT=${REPEAT:-4}
 IO_THREADS=${IO_THREADS:-4}
 PY=/usr/bin/python3
 
@@ -130,6 +130,7 @@ for ((round = 1; round <= REPEAT; round++)); do
   done
 done
 
+cp "$RESULTS" "$DIR/storage_bench_last.jsonl"
 "$PY" - "$RESULTS" "$TOTAL" "$REPEAT" "$COLD" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF'
 import collections, json, sys
 path, total, repeat, cold, load = sys.argv[1:]
@@ -140,21 +141,34 @@ for line in open(path):
     best[k] = max(best[k], j["GBps"])
 threads = sorted({k[1] for k in best})
 modes = [m for m in ("buffered", "direct") if any(k[0] == m for k in best)]
+name = {"buffered": "buffered", "direct": "O_DIRECT"}
 print(f"{int(total) / 2**30:g} GiB per run in 64 MiB objects; best of {repeat} "
       f"interleaved rounds; GB/s = 1e9 B/s; cold reads: {cold}; "
       f"load average at end: {load}")
-for phase in ("write", "read"):
-    print()
-    head = f"| {phase}: threads | " + " | ".join(f"fio {m}" for m in modes)
-    head += " | limit | " + " | ".join(f"Cairn {m} (ratio)" for m in modes) + " |"
-    print(head)
-    print("|---:" * (2 * len(modes) + 2) + "|")
-    for t in threads:
-        fio = [best[(m, t, "fio", phase)] for m in modes]
-        limit = max(fio)
-        cells = [f"{t}"] + [f"{v:.2f}" for v in fio] + [f"**{limit:.2f}**"]
-        for m in modes:
-            c = best[(m, t, "cairn", phase)]
-            cells.append(f"{c:.2f} ({100 * c / limit:.0f}%)")
-        print("| " + " | ".join(cells) + " |")
+print()
+cols = []
+for m in modes:
+    cols += [f"fio {name[m]}", f"Cairn {name[m]}", "ratio"]
+print("| write: threads | " + " | ".join(cols) + " | best Cairn / best fio |")
+print("|---:" * (len(cols) + 2) + "|")
+for t in threads:
+    cells = [str(t)]
+    for m in modes:
+        f, c = best[(m, t, "fio", "write")], best[(m, t, "cairn", "write")]
+        cells += [f"{f:.2f}", f"{c:.2f}", f"{100 * c / f:.0f}%"]
+    bf = max(best[(m, t, "fio", "write")] for m in modes)
+    bc = max(best[(m, t, "cairn", "write")] for m in modes)
+    cells.append(f"**{100 * bc / bf:.0f}%**")
+    print("| " + " | ".join(cells) + " |")
+print()
+# Cairn reads the same way in both modes (buffered preads after dropping the
+# cache); its best run is compared with the better fio read.
+print("| read: threads | " + " | ".join(f"fio {name[m]}" for m in modes) +
+      " | Cairn | Cairn / best fio |")
+print("|---:" * (len(modes) + 3) + "|")
+for t in threads:
+    f = [best[(m, t, "fio", "read")] for m in modes]
+    c = max(best[(m, t, "cairn", "read")] for m in modes)
+    print("| " + " | ".join([str(t)] + [f"{v:.2f}" for v in f] +
+                            [f"{c:.2f}", f"**{100 * c / max(f):.0f}%**"]) + " |")
 EOF
