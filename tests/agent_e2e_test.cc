@@ -235,7 +235,7 @@ TEST_F(AgentE2ETest, TrainingKilledRightAfterAsyncSaveStillCommits) {
 // per node, 128 KiB buckets).
 const std::vector<std::string> kStreamAgent = {
     "--staging-budget-mib",     "1",   "--stream-bucket-kib", "128",
-    "--stream-idle-timeout-ms", "1000"};
+    "--stream-idle-timeout-ms", "3000"};
 const std::vector<std::string> kStreamModel = {"--model", "bench:8388608"};
 
 TEST_F(AgentE2ETest, RankKilledMidStreamLeavesPreviousCheckpointLatest) {
