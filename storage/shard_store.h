@@ -126,7 +126,9 @@ class ShardStore {
   // Removes `key`; NOT_FOUND if missing.
   virtual absl::Status Delete(absl::string_view key) = 0;
 
-  // Removes every key starting with `prefix`; OK if there is none.
+  // Removes every key starting with `prefix`; OK if there is none. Writers
+  // still open under the prefix are not part of it (backend-defined: posix
+  // fails their Close, memory publishes them).
   virtual absl::Status DeletePrefix(absl::string_view prefix) = 0;
 };
 

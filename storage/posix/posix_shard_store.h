@@ -19,8 +19,12 @@
 // neither a bad key nor a symlink planted inside the root can reach a file
 // outside it: a symlink on the way reads as NOT_FOUND.
 // List() walks the directory tree below the prefix's directory, skipping
-// temp files. Deleting the last object of a directory removes the directory
-// (up to, not including, the root).
+// temp files; ListChildren() reports a directory only when it holds a
+// visible object somewhere below. Deleting the last object of a directory
+// removes the directory (up to, not including, the root). DeletePrefix()
+// also removes the temp files a crashed writer left in directories wholly
+// under the prefix (DeleteStep of an incomplete step cleans it up); a writer
+// still in flight there fails at Close().
 #ifndef CAIRN_STORAGE_POSIX_POSIX_SHARD_STORE_H_
 #define CAIRN_STORAGE_POSIX_POSIX_SHARD_STORE_H_
 
