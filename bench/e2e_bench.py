@@ -123,7 +123,8 @@ def main():
     total = 8 * rows * 4096 * 4
 
     limit = run_json([os.path.join(ROOT, "bench/baselines/limits.sh"), args.dir,
-                      str(int(total))])
+                      str(int(total))],
+                     env=dict(os.environ, LIMITS_REPEAT=str(args.repeat)))
     print(json.dumps(limit), flush=True)
     dcp = None
     if not args.skip_dcp:
