@@ -369,87 +369,186 @@ absl::Status Checkpointer::ReadItems(
     const std::vector<const TensorShard*>& tensors) {
   CAIRN_ASSIGN_OR_RETURN(storage::ShardStore * store,
                          StoreFor(plan.storage_uri()));
-  std::vector<std::function<absl::Status()>> jobs;
-  std::atomic<uint64_t> storage_bytes{0};
-  for (const v1::ReadItem& item : plan.reads()) {
-    if (item.dest_index() < 0 ||
-        item.dest_index() >= static_cast<int>(dests.size())) {
+  const PartialChunkCheck check = options_.partial_chunk_check;
+  const int n = plan.reads_size();
+  // Per read item: where its bytes go and whether it covers its stored chunk.
+  std::vector<char*> dst(n);
+  std::vector<bool> whole(n);
+  for (int i = 0; i < n; ++i) {
+    const v1::ReadItem& it = plan.reads(i);
+    if (it.dest_index() < 0 ||
+        it.dest_index() >= static_cast<int>(dests.size())) {
       return absl::InternalError(absl::StrCat(
-          "cairnd returned a read for '", item.fqn(), "' with destination ",
-          item.dest_index(), " of ", dests.size()));
+          "cairnd returned a read for '", it.fqn(), "' with destination ",
+          it.dest_index(), " of ", dests.size()));
     }
-    stats_.bytes += static_cast<uint64_t>([&] {
-      uint64_t n = 0;
-      for (const auto& s : item.segments()) n += s.length();
-      return n;
-    }());
+    dst[i] = static_cast<char*>(dests[it.dest_index()]->data);
+    const uint64_t dst_size =
+        static_cast<uint64_t>(planner::Volume(dests[it.dest_index()]->box)) *
+        planner::DTypeSize(tensors[it.dest_index()]->dtype);
+    uint64_t needed = 0;
+    for (const auto& s : it.segments()) {
+      if (s.dst_offset() + s.length() > dst_size ||
+          s.src_offset() + s.length() > it.source().length()) {
+        return absl::InternalError(absl::StrCat(
+            "cairnd returned an out-of-bounds segment for '", it.fqn(), "'"));
+      }
+      needed += s.length();
+    }
+    whole[i] = needed == it.source().length();
+    stats_.bytes += needed;
     ++stats_.items;
-    jobs.push_back([&, store, item_ptr = &item]() -> absl::Status {
-      const v1::ReadItem& it = *item_ptr;
-      char* dst = static_cast<char*>(dests[it.dest_index()]->data);
-      const uint64_t dst_size =
-          static_cast<uint64_t>(planner::Volume(dests[it.dest_index()]->box)) *
-          planner::DTypeSize(tensors[it.dest_index()]->dtype);
-      const std::string key =
-          absl::StrCat(plan.step_prefix(), it.source().object_key());
-      uint64_t needed = 0;
-      for (const auto& s : it.segments()) {
-        if (s.dst_offset() + s.length() > dst_size ||
-            s.src_offset() + s.length() > it.source().length()) {
-          return absl::InternalError(absl::StrCat(
-              "cairnd returned an out-of-bounds segment for '", it.fqn(), "'"));
-        }
-        needed += s.length();
-      }
-      auto data_loss = [&](uint32_t got) {
-        return absl::DataLossError(absl::StrFormat(
-            "checksum mismatch in '%s' stored chunk at %s@%d+%d: crc32c "
-            "0x%08x, manifest says 0x%08x",
-            it.fqn(), key, it.source().offset(), it.source().length(), got,
-            it.source_crc32c()));
-      };
-      const bool whole = needed == it.source().length();
-      if (whole || !options_.verify_partial_chunks) {
-        std::vector<storage::ByteRange> ranges;
-        std::vector<absl::Span<char>> outs;
-        ranges.reserve(it.segments_size());
-        outs.reserve(it.segments_size());
-        for (const auto& s : it.segments()) {
-          ranges.push_back({it.source().offset() + s.src_offset(), s.length()});
-          outs.push_back(absl::MakeSpan(dst + s.dst_offset(), s.length()));
-        }
-        CAIRN_RETURN_IF_ERROR(store->ReadRanges(key, ranges, outs));
-        storage_bytes += needed;
-        if (whole) {
-          // Segments are sorted by source offset and tile the chunk.
-          uint32_t crc = 0;
-          for (const auto& out : outs) {
-            crc = storage::Crc32cExtend(crc, out.data(), out.size());
-          }
-          if (crc != it.source_crc32c()) return data_loss(crc);
-        }
-        return absl::OkStatus();
-      }
-      // Partly needed: read the whole chunk once to verify it.
-      std::string scratch(it.source().length(), '\0');
-      CAIRN_RETURN_IF_ERROR(
-          store
-              ->Read(key, {it.source().offset(), it.source().length()},
-                     absl::MakeSpan(scratch))
-              .status());
-      storage_bytes += scratch.size();
-      const uint32_t crc = storage::Crc32c(scratch.data(), scratch.size());
-      if (crc != it.source_crc32c()) return data_loss(crc);
-      for (const auto& s : it.segments()) {
-        std::memcpy(dst + s.dst_offset(), scratch.data() + s.src_offset(),
-                    s.length());
-      }
-      return absl::OkStatus();
-    });
   }
-  CAIRN_RETURN_IF_ERROR(RunAll(*io_pool_, std::move(jobs)));
+
+  std::atomic<uint64_t> storage_bytes{0};
+  std::vector<uint32_t> terms(n);  // crc32c terms of partly read chunks
+  auto key_of = [&](const v1::ReadItem& it) {
+    return absl::StrCat(plan.step_prefix(), it.source().object_key());
+  };
+  auto data_loss = [&](const v1::ReadItem& it, uint32_t got) {
+    return absl::DataLossError(absl::StrFormat(
+        "checksum mismatch in '%s' stored chunk at %s@%d+%d: crc32c "
+        "0x%08x, manifest says 0x%08x",
+        it.fqn(), key_of(it), it.source().offset(), it.source().length(), got,
+        it.source_crc32c()));
+  };
+  // Reads exactly the item's segments into place; checks a whole chunk, and
+  // computes the crc32c term of a partial one for cairnd.
+  auto read_needed = [&](int i) -> absl::Status {
+    const v1::ReadItem& it = plan.reads(i);
+    std::vector<storage::ByteRange> ranges;
+    std::vector<absl::Span<char>> outs;
+    ranges.reserve(it.segments_size());
+    outs.reserve(it.segments_size());
+    uint64_t needed = 0;
+    for (const auto& s : it.segments()) {
+      ranges.push_back({it.source().offset() + s.src_offset(), s.length()});
+      outs.push_back(absl::MakeSpan(dst[i] + s.dst_offset(), s.length()));
+      needed += s.length();
+    }
+    CAIRN_RETURN_IF_ERROR(store->ReadRanges(key_of(it), ranges, outs));
+    storage_bytes += needed;
+    if (whole[i]) {
+      // Segments are sorted by source offset and tile the chunk.
+      uint32_t crc = 0;
+      for (const auto& out : outs) {
+        crc = storage::Crc32cExtend(crc, out.data(), out.size());
+      }
+      if (crc != it.source_crc32c()) return data_loss(it, crc);
+    } else if (check == PartialChunkCheck::kCollective) {
+      storage::Crc32cPieces pieces;
+      for (int k = 0; k < it.segments_size(); ++k) {
+        pieces.Add(it.segments(k).src_offset(), outs[k].data(),
+                   outs[k].size());
+      }
+      terms[i] = pieces.Finish(it.source().length());
+    }
+    return absl::OkStatus();
+  };
+  // Reads the item's whole stored chunk, checks it, copies the needed part.
+  auto read_whole = [&](int i) -> absl::Status {
+    const v1::ReadItem& it = plan.reads(i);
+    std::string scratch(it.source().length(), '\0');
+    CAIRN_RETURN_IF_ERROR(
+        store
+            ->Read(key_of(it), {it.source().offset(), it.source().length()},
+                   absl::MakeSpan(scratch))
+            .status());
+    storage_bytes += scratch.size();
+    const uint32_t crc = storage::Crc32c(scratch.data(), scratch.size());
+    if (crc != it.source_crc32c()) return data_loss(it, crc);
+    for (const auto& s : it.segments()) {
+      std::memcpy(dst[i] + s.dst_offset(), scratch.data() + s.src_offset(),
+                  s.length());
+    }
+    return absl::OkStatus();
+  };
+  auto run = [&](const std::vector<int>& items,
+                 const std::function<absl::Status(int)>& read) {
+    std::vector<std::function<absl::Status()>> jobs;
+    jobs.reserve(items.size());
+    for (int i : items) jobs.push_back([&read, i] { return read(i); });
+    return RunAll(*io_pool_, std::move(jobs));
+  };
+
+  std::vector<int> exact, partial, local;
+  for (int i = 0; i < n; ++i) {
+    if (!whole[i] && check == PartialChunkCheck::kReadWhole) {
+      local.push_back(i);
+    } else {
+      exact.push_back(i);
+      if (!whole[i] && check == PartialChunkCheck::kCollective) {
+        partial.push_back(i);
+      }
+    }
+  }
+  absl::Status read = run(exact, read_needed);
+  if (read.ok()) read = run(local, read_whole);
+  stats_.chunks_verified_locally += local.size();
+  if (check == PartialChunkCheck::kCollective &&
+      (options_.world_size > 1 || !partial.empty())) {
+    // Every rank reports, with no pieces after a failure, so that the
+    // others are not kept waiting for it until cairnd's deadline.
+    if (!read.ok()) partial.clear();
+    v1::VerifyLoadRequest verify;
+    verify.set_job(options_.job);
+    verify.set_step(plan.step());
+    verify.set_rank(options_.rank);
+    verify.set_world_size(options_.world_size);
+    for (int i : partial) {
+      const v1::ReadItem& it = plan.reads(i);
+      v1::ChunkPiece* p = verify.add_pieces();
+      p->set_fqn(it.fqn());
+      *p->mutable_source() = it.source();
+      *p->mutable_overlap() = it.overlap();
+      p->set_crc_term(terms[i]);
+    }
+    if (!read.ok()) {
+      ReportLoadFailure(std::move(verify));
+      return read;
+    }
+    absl::StatusOr<v1::VerifyLoadResponse> verdict =
+        CallWithRetry(&v1::Coordinator::Stub::VerifyLoad, *stub_, verify,
+                      options_.collective_timeout, options_.max_retries);
+    std::vector<int> recheck;
+    if (verdict.ok()) {
+      for (int k : verdict->verify_locally()) {
+        if (k < 0 || k >= static_cast<int>(partial.size())) {
+          return absl::InternalError(absl::StrCat(
+              "cairnd asked to re-verify piece ", k, " of ", partial.size()));
+        }
+        recheck.push_back(partial[k]);
+      }
+      stats_.chunks_verified_by_cairnd += verdict->chunks_verified();
+    } else {
+      CAIRN_LOG(warn,
+                "rank {}: cairnd could not verify this load's partly read "
+                "chunks ({}); reading {} of them whole",
+                options_.rank, verdict.status().ToString(), partial.size());
+      recheck = partial;
+    }
+    read = run(recheck, read_whole);
+    stats_.chunks_verified_locally += recheck.size();
+  }
   stats_.bytes_storage = storage_bytes.load();
-  return absl::OkStatus();
+  return read;
+}
+
+void Checkpointer::ReportLoadFailure(v1::VerifyLoadRequest request) {
+  // Fire and forget: the call parks at cairnd until the other ranks report,
+  // and this rank has an error to return now. The channel outlives it or
+  // cancels it.
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::VerifyLoadRequest request;
+    v1::VerifyLoadResponse response;
+  };
+  auto* call = new Call;
+  call->request = std::move(request);
+  call->ctx.set_deadline(
+      absl::ToChronoTime(absl::Now() + options_.collective_timeout));
+  stub_->async()->VerifyLoad(&call->ctx, &call->request, &call->response,
+                             [call](grpc::Status) { delete call; });
 }
 
 }  // namespace cairn::client

@@ -39,6 +39,25 @@
 
 namespace cairn::client {
 
+// How a load verifies the crc32c of a stored chunk that a rank needs only
+// part of (resharding: rows saved, columns loaded).
+enum class PartialChunkCheck {
+  // Read only the needed bytes and report their crc32c term to cairnd
+  // (VerifyLoad), which combines the terms of every rank of the load into the
+  // chunk's checksum. A collective: all world_size ranks must call Load.
+  // Pieces cairnd cannot verify (the ranks did not read the chunk completely
+  // between them, or it does not match) are re-read whole and checked here;
+  // if cairnd cannot be asked (a rank never reports, cairnd restarts), every
+  // partly read chunk is. Bytes read == bytes needed when the ranks together
+  // read every chunk they touch.
+  kCollective,
+  // Read such chunks whole and check them locally: independent of other
+  // ranks, but bytes read > bytes needed.
+  kReadWhole,
+  // Read only the needed bytes and leave such chunks unverified.
+  kNone,
+};
+
 struct CheckpointerOptions {
   // cairnd's address, host:port. Required.
   std::string coordinator;
@@ -56,11 +75,9 @@ struct CheckpointerOptions {
   // Retries of a call that failed UNAVAILABLE (cairnd restarting), with
   // exponential backoff from 100 ms. Default: 8.
   int max_retries = 8;
-  // On load, a stored chunk only partly needed by this rank is still read
-  // whole so its crc32c can be verified (bytes read > bytes needed). When
-  // false, only the needed bytes are read and such chunks are unverified.
-  // Chunks read whole are always verified. Default: true.
-  bool verify_partial_chunks = true;
+  // How a load verifies a stored chunk this rank needs only part of (chunks
+  // read whole are always verified here). Default: kCollective.
+  PartialChunkCheck partial_chunk_check = PartialChunkCheck::kCollective;
   // Storage options for the URI cairnd hands out (posix threads, O_DIRECT).
   storage::StoreOptions store;
   // Test hook: runs after this rank's bytes are written, before CommitSave
@@ -85,6 +102,8 @@ struct TransferStats {
   uint64_t bytes = 0;          // payload bytes written or delivered
   uint64_t bytes_storage = 0;  // bytes moved to/from storage
   int64_t items = 0;
+  int64_t chunks_verified_by_cairnd = 0;  // load: partly read, combined
+  int64_t chunks_verified_locally = 0;    // load: partly read, read whole
   bool plan_from_cache = false;
   bool sent_fingerprint_only = false;
   absl::Duration plan_time;
@@ -141,6 +160,9 @@ class Checkpointer {
   absl::Status ReadItems(const v1::PlanLoadResponse& plan,
                          const std::vector<TensorChunk*>& dests,
                          const std::vector<const TensorShard*>& tensors);
+  // Reports a failed load to cairnd's VerifyLoad round without waiting, so
+  // the other ranks are answered without this rank's pieces.
+  void ReportLoadFailure(v1::VerifyLoadRequest request);
 
   // Constant after construction.
   const CheckpointerOptions options_;

@@ -4,6 +4,7 @@
 #include <isa-l/crc.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 
 namespace cairn::storage {
@@ -26,45 +27,76 @@ uint32_t Crc32c(const void* data, size_t n) { return Crc32cExtend(0, data, n); }
 
 namespace {
 
-// GF(2) matrix helpers for Crc32cCombine (as zlib's crc32_combine).
-uint32_t Gf2MatrixTimes(const uint32_t* mat, uint32_t vec) {
-  uint32_t sum = 0;
-  while (vec != 0) {
-    if (vec & 1) sum ^= *mat;
-    vec >>= 1;
-    ++mat;
+constexpr uint32_t kPolyReflected = 0x82F63B78u;  // Castagnoli, reflected
+constexpr uint32_t kOne = 1u << 31;  // the polynomial 1 (reflected: bit 31)
+
+// a(x) * b(x) mod P(x), both reflected (bit 31 = x^0, bit 0 = x^31).
+uint32_t MultModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t m = kOne; m != 0 && a != 0; m >>= 1) {
+    if (a & m) {
+      product ^= b;
+      a &= ~m;
+    }
+    b = (b & 1) ? (b >> 1) ^ kPolyReflected : b >> 1;  // b *= x
   }
-  return sum;
+  return product;
 }
 
-void Gf2MatrixSquare(uint32_t* square, const uint32_t* mat) {
-  for (int n = 0; n < 32; ++n) square[n] = Gf2MatrixTimes(mat, mat[n]);
+// x^(2^k) mod P for k in [0, 67): squares, so x^(8n) needs one multiply per
+// set bit of n.
+const uint32_t* PowersOfTwo() {
+  static const auto* table = [] {
+    auto* t = new std::array<uint32_t, 67>;
+    uint32_t p = kOne >> 1;  // x^1
+    for (uint32_t& v : *t) {
+      v = p;
+      p = MultModP(p, p);
+    }
+    return t;
+  }();
+  return table->data();
+}
+
+// x^(8n) mod P: the operator that appends n zero bytes to a raw register.
+uint32_t ZeroBytesOperator(uint64_t n) {
+  const uint32_t* powers = PowersOfTwo();
+  uint32_t p = kOne;
+  for (int k = 3; n != 0; n >>= 1, ++k) {
+    if (n & 1) p = MultModP(powers[k], p);
+  }
+  return p;
 }
 
 }  // namespace
 
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
-  if (len_b == 0) return crc_a;
-  uint32_t even[32];
-  uint32_t odd[32];
-  odd[0] = 0x82F63B78u;  // reflected Castagnoli polynomial
-  uint32_t row = 1;
-  for (int n = 1; n < 32; ++n) {
-    odd[n] = row;
-    row <<= 1;
+  // With seed and final xor both ~0, crc(A . B) = crc(A) x^(8|B|) + crc(B).
+  return MultModP(ZeroBytesOperator(len_b), crc_a) ^ crc_b;
+}
+
+void Crc32cPieces::Add(uint64_t offset, const void* data, size_t n) {
+  if (offset > end_) {
+    const uint64_t gap = offset - end_;
+    if (gap != gap_) {
+      gap_ = gap;
+      gap_operator_ = ZeroBytesOperator(gap);
+    }
+    raw_ = MultModP(gap_operator_, raw_);
   }
-  Gf2MatrixSquare(even, odd);  // 2 zero bits
-  Gf2MatrixSquare(odd, even);  // 4 zero bits
-  do {
-    Gf2MatrixSquare(even, odd);
-    if (len_b & 1) crc_a = Gf2MatrixTimes(even, crc_a);
-    len_b >>= 1;
-    if (len_b == 0) break;
-    Gf2MatrixSquare(odd, even);
-    if (len_b & 1) crc_a = Gf2MatrixTimes(odd, crc_a);
-    len_b >>= 1;
-  } while (len_b != 0);
-  return crc_a ^ crc_b;
+  // Crc32cExtend works on inverted registers: ~Extend(~raw) is the raw update.
+  raw_ = ~Crc32cExtend(~raw_, data, n);
+  end_ = offset + n;
+}
+
+uint32_t Crc32cPieces::Finish(uint64_t total) const {
+  return MultModP(ZeroBytesOperator(total - end_), raw_);
+}
+
+uint32_t Crc32cFromPieces(uint32_t xor_of_parts, uint64_t total) {
+  // The raw register of the whole buffer is the seed's contribution (~0
+  // shifted over every byte) plus the bytes' contribution, which is linear.
+  return ~(MultModP(ZeroBytesOperator(total), ~0u) ^ xor_of_parts);
 }
 
 }  // namespace cairn::storage

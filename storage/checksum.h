@@ -39,6 +39,38 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n);
 // len_b = |B|. O(log len_b).
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
+// The CRC of a buffer whose bytes are spread over several processes, none of
+// which holds it whole (ranks that each load a strided part of a stored
+// chunk). CRC-32C is affine over GF(2): the raw register of a buffer M is
+// the seed's term, which depends only on |M|, XOR a term linear in M's bytes.
+// Split M into disjoint pieces; each holder computes the linear term of "its
+// bytes in place, zeros everywhere else" (Crc32cPieces), and the XOR of all
+// holders' terms gives back Crc32c(M) (Crc32cFromPieces) when, and only when,
+// the pieces tile M. Cost: the CRC of the held bytes plus O(log gap) per gap.
+//
+// Example (two holders of a 10-byte buffer):
+//   Crc32cPieces a;  a.Add(0, m, 3);  a.Add(6, m + 6, 4);
+//   Crc32cPieces b;  b.Add(3, m + 3, 3);
+//   Crc32cFromPieces(a.Finish(10) ^ b.Finish(10), 10) == Crc32c(m, 10)
+class Crc32cPieces {
+ public:
+  // Adds n bytes at `offset` of the buffer. Offsets must increase and
+  // pieces must not overlap.
+  void Add(uint64_t offset, const void* data, size_t n);
+  // This holder's term for a buffer of `total` >= the end of the last piece.
+  uint32_t Finish(uint64_t total) const;
+
+ private:
+  uint32_t raw_ = 0;   // linear term of the pieces so far, ending at end_
+  uint64_t end_ = 0;
+  uint64_t gap_ = 0;   // the last gap and its operator (strided pieces
+  uint32_t gap_operator_ = 1u << 31;  // repeat one gap)
+};
+
+// Crc32c of a `total`-byte buffer from the XOR of every holder's
+// Crc32cPieces::Finish(total).
+uint32_t Crc32cFromPieces(uint32_t xor_of_parts, uint64_t total);
+
 }  // namespace cairn::storage
 
 #endif  // CAIRN_STORAGE_CHECKSUM_H_

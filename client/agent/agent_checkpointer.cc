@@ -66,7 +66,13 @@ absl::StatusOr<std::unique_ptr<AgentCheckpointer>> AgentCheckpointer::Connect(
       grpc::CreateCustomChannel(absl::StrCat("unix:", options.agent_socket),
                                 grpc::InsecureChannelCredentials(), args));
   if (!d.coordinator.empty()) {
-    CAIRN_ASSIGN_OR_RETURN(c->direct_, Checkpointer::Connect(d));
+    // Each rank falls back to storage on its own, so a collective check
+    // could wait for ranks that loaded from agents' memory: check locally.
+    CheckpointerOptions fallback = d;
+    if (fallback.partial_chunk_check == PartialChunkCheck::kCollective) {
+      fallback.partial_chunk_check = PartialChunkCheck::kReadWhole;
+    }
+    CAIRN_ASSIGN_OR_RETURN(c->direct_, Checkpointer::Connect(fallback));
   }
   return c;
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,10 +52,16 @@ int main(int argc, char** argv) {
   app.add_option("--load", load_ref, "Load 'latest' or a step, then verify");
   app.add_option("--io-threads", opts.io_threads, "Parallel storage I/O")
       ->capture_default_str();
-  app.add_flag(
-      "--no-verify-partial",
-      [&](int64_t) { opts.verify_partial_chunks = false; },
-      "Read only needed bytes of partly needed chunks (unverified)");
+  const std::map<std::string, client::PartialChunkCheck> checks{
+      {"collective", client::PartialChunkCheck::kCollective},
+      {"whole", client::PartialChunkCheck::kReadWhole},
+      {"none", client::PartialChunkCheck::kNone}};
+  app.add_option("--partial-check", opts.partial_chunk_check,
+                 "How to verify stored chunks this rank needs only part of: "
+                 "collective (exact reads, crc terms combined by cairnd), "
+                 "whole (read them whole), none (unverified)")
+      ->transform(CLI::CheckedTransformer(checks, CLI::ignore_case))
+      ->capture_default_str();
   app.add_flag("--die-before-commit", die_before_commit,
                "Fault injection: exit(137) after writing, before CommitSave");
   app.add_flag("--json", json, "Print one JSON line of stats per operation");

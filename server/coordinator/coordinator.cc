@@ -14,8 +14,10 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "planner/box.h"
+#include "server/coordinator/load_verifier.h"
 #include "proto/convert/plan_convert.h"
 #include "storage/checkpoint_layout.h"
+#include "storage/checksum.h"
 #include "storage/manifest.h"
 
 namespace cairn::coordinator {
@@ -88,6 +90,25 @@ struct Coordinator::LoadedCheckpoint {
   v1::Manifest manifest;
   std::unique_ptr<planner::LoadPlanner> planner;
   absl::flat_hash_map<std::string, int> bytes_index;  // fqn -> bytes_entries
+  // (object key, offset) of a stored chunk -> (tensor, chunk) indexes.
+  absl::flat_hash_map<std::pair<std::string, uint64_t>, std::pair<int, int>>
+      chunk_at;
+};
+
+// One VerifyLoad collective: the pieces every rank of a load reported.
+struct Coordinator::LoadRound {
+  std::string job;
+  int64_t step = 0;
+  int world_size = 0;
+  std::shared_ptr<const LoadedCheckpoint> ckpt;
+  absl::Time deadline;
+  struct Piece {
+    std::pair<int, int> chunk;  // (tensor, chunk) in the manifest
+    ChunkPieceReport report;
+  };
+  std::vector<std::optional<std::vector<Piece>>> pieces;  // per rank
+  std::vector<Done<v1::VerifyLoadResponse>> waiters;       // per rank
+  int arrived = 0;
 };
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
@@ -182,6 +203,7 @@ void Coordinator::Shutdown() {
                              SaveName(s->job, s->step))),
                          &answers);
     }
+    ExpireLoadRoundsLocked(absl::InfiniteFuture(), &answers);
   }
   for (auto& a : answers) a();
 }
@@ -206,6 +228,7 @@ void Coordinator::ReaperLoop() {
       }
     }
     std::vector<std::function<void()>> answers;
+    ExpireLoadRoundsLocked(now, &answers);
     for (auto& s : expired) {
       std::vector<int> missing;
       if (s->phase == Phase::kGathering) {
@@ -790,6 +813,12 @@ Coordinator::LoadCheckpoint(const std::string& job, int64_t step) {
   for (int i = 0; i < manifest.bytes_entries_size(); ++i) {
     loaded->bytes_index[manifest.bytes_entries(i).fqn()] = i;
   }
+  for (int t = 0; t < manifest.tensors_size(); ++t) {
+    for (int c = 0; c < manifest.tensors(t).chunks_size(); ++c) {
+      const v1::StorageLocation& loc = manifest.tensors(t).chunks(c).location();
+      loaded->chunk_at[{loc.object_key(), loc.offset()}] = {t, c};
+    }
+  }
   loaded->manifest = std::move(manifest);
   {
     absl::MutexLock lock(&mu_);
@@ -890,6 +919,206 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
   load_plans_.Insert(cache_key,
                      std::make_shared<const v1::PlanLoadResponse>(resp), 1);
   return resp;
+}
+
+// ---------------------------------------------------------------------------
+// VerifyLoad
+
+void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
+                             Done<v1::VerifyLoadResponse> done) {
+  const std::string& job = request.job();
+  const int64_t step = request.step();
+  const int rank = request.rank();
+  const int world = request.world_size();
+  if (absl::Status s = ValidateJobStep(job, step); !s.ok()) return done(s);
+  const std::string who =
+      absl::StrCat("rank ", rank, " verifying its load of ", SaveName(job, step));
+  if (world <= 0 || world > options_.max_world_size) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat(who, ": world_size ", world, " is not in [1, ",
+                     options_.max_world_size, "]")));
+  }
+  if (rank < 0 || rank >= world) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        who, ": rank is out of range for world_size ", world)));
+  }
+  absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> ckpt =
+      LoadCheckpoint(job, step);
+  if (!ckpt.ok()) {
+    return done(absl::Status(ckpt.status().code(),
+                             absl::StrCat(who, ": ", ckpt.status().message())));
+  }
+  const v1::Manifest& manifest = (*ckpt)->manifest;
+  std::vector<LoadRound::Piece> pieces;
+  pieces.reserve(request.pieces_size());
+  for (int i = 0; i < request.pieces_size(); ++i) {
+    const v1::ChunkPiece& p = request.pieces(i);
+    auto bad = [&](absl::string_view what) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": piece ", i, " of '", p.fqn(), "' at ",
+          p.source().object_key(), "@", p.source().offset(), ": ", what));
+    };
+    auto at =
+        (*ckpt)->chunk_at.find({p.source().object_key(), p.source().offset()});
+    if (at == (*ckpt)->chunk_at.end()) {
+      return done(bad("no stored chunk of the checkpoint is there"));
+    }
+    const auto [t, c] = at->second;
+    const v1::StoredChunk& stored = manifest.tensors(t).chunks(c);
+    if (manifest.tensors(t).entry().fqn() != p.fqn()) {
+      return done(bad(absl::StrCat("the chunk there belongs to '",
+                                   manifest.tensors(t).entry().fqn(), "'")));
+    }
+    if (p.source().length() != stored.location().length()) {
+      return done(bad(absl::StrCat("length ", p.source().length(),
+                                   " but the stored chunk has ",
+                                   stored.location().length())));
+    }
+    absl::StatusOr<planner::ChunkBox> overlap =
+        convert::BoxFromProto(p.overlap(), p.fqn());
+    absl::StatusOr<planner::ChunkBox> box =
+        convert::BoxFromProto(stored.box(), p.fqn());
+    if (!overlap.ok() || !box.ok()) {
+      return done(bad(!overlap.ok() ? overlap.status().message()
+                                    : box.status().message()));
+    }
+    if (planner::IsEmpty(*overlap) || !planner::Contains(*box, *overlap)) {
+      return done(bad(absl::StrCat("box ", planner::BoxToString(*overlap),
+                                   " is empty or not inside the stored chunk ",
+                                   planner::BoxToString(*box))));
+    }
+    pieces.push_back(
+        {{t, c}, ChunkPieceReport{rank, i, std::move(*overlap), p.crc_term()}});
+  }
+
+  std::shared_ptr<LoadRound> complete;
+  absl::Status refused;
+  std::optional<Done<v1::VerifyLoadResponse>> superseded;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) {
+      refused = absl::UnavailableError("cairnd is shutting down");
+    } else {
+      const LoadKey key{job, step, world};
+      std::shared_ptr<LoadRound>& round = load_rounds_[key];
+      if (round == nullptr) {
+        round = std::make_shared<LoadRound>();
+        round->job = job;
+        round->step = step;
+        round->world_size = world;
+        round->pieces.resize(world);
+        round->waiters.resize(world);
+      }
+      round->ckpt = *ckpt;
+      round->deadline = absl::Now() + options_.load_verify_deadline;
+      if (round->pieces[rank].has_value()) {
+        // A retry (the first call's connection dropped): the newest wins.
+        superseded = std::move(round->waiters[rank]);
+      } else {
+        ++round->arrived;
+      }
+      round->pieces[rank] = std::move(pieces);
+      round->waiters[rank] = std::move(done);
+      if (round->arrived == world) {
+        complete = std::move(round);
+        load_rounds_.erase(key);
+      }
+    }
+  }
+  if (!refused.ok()) return done(refused);
+  if (superseded.has_value() && *superseded) {
+    (*superseded)(absl::AbortedError(
+        absl::StrCat(who, ": superseded by a retry of the same call")));
+  }
+  if (complete != nullptr) {
+    workers_->Schedule([this, complete] { FinishLoadRound(complete); });
+  }
+}
+
+void Coordinator::FinishLoadRound(std::shared_ptr<LoadRound> round) {
+  // Every rank has reported: the round is out of load_rounds_ and owned here.
+  absl::flat_hash_map<std::pair<int, int>, std::vector<ChunkPieceReport>>
+      by_chunk;
+  for (auto& rank_pieces : round->pieces) {
+    for (LoadRound::Piece& p : *rank_pieces) {
+      by_chunk[p.chunk].push_back(std::move(p.report));
+    }
+  }
+  const v1::Manifest& manifest = round->ckpt->manifest;
+  std::vector<v1::VerifyLoadResponse> answers(round->world_size);
+  int64_t verified = 0, unverified = 0;
+  for (auto& [id, reports] : by_chunk) {
+    const v1::ManifestTensor& tensor = manifest.tensors(id.first);
+    const v1::StoredChunk& stored = tensor.chunks(id.second);
+    StoredChunkRef ref;
+    ref.box = convert::BoxFromProto(stored.box(), "").value();  // validated
+    ref.length = stored.location().length();
+    ref.crc32c = stored.crc32c();
+    const ChunkVerdict verdict = VerifyChunk(ref, reports);
+    std::set<int> ranks;
+    for (const ChunkPieceReport& r : reports) {
+      ranks.insert(r.rank);
+      if (verdict != ChunkVerdict::kVerified) {
+        answers[r.rank].add_verify_locally(r.index);
+      }
+    }
+    if (verdict == ChunkVerdict::kVerified) {
+      ++verified;
+      for (int r : ranks) {
+        answers[r].set_chunks_verified(answers[r].chunks_verified() + 1);
+      }
+      continue;
+    }
+    ++unverified;
+    if (verdict != ChunkVerdict::kNotCovered) {
+      CAIRN_LOG(warn,
+                "load of {}: stored chunk {} of '{}' at {}@{}: {} (read by "
+                "ranks {}); they re-read it whole",
+                SaveName(round->job, round->step),
+                planner::BoxToString(ref.box), tensor.entry().fqn(),
+                stored.location().object_key(), stored.location().offset(),
+                ChunkVerdictName(verdict), absl::StrJoin(ranks, ", "));
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.load_chunks_verified += verified;
+    stats_.load_chunks_unverified += unverified;
+  }
+  for (int r = 0; r < round->world_size; ++r) {
+    round->waiters[r](std::move(answers[r]));
+  }
+}
+
+void Coordinator::ExpireLoadRoundsLocked(
+    absl::Time now, std::vector<std::function<void()>>* answers) {
+  for (auto it = load_rounds_.begin(); it != load_rounds_.end();) {
+    std::shared_ptr<LoadRound> round = it->second;
+    if (now <= round->deadline) {
+      ++it;
+      continue;
+    }
+    load_rounds_.erase(it++);
+    std::vector<int> missing;
+    for (int r = 0; r < round->world_size; ++r) {
+      if (!round->pieces[r].has_value()) missing.push_back(r);
+    }
+    const absl::Status status =
+        now == absl::InfiniteFuture()
+            ? absl::UnavailableError("cairnd is shutting down")
+            : absl::DeadlineExceededError(absl::StrCat(
+                  "load of ", SaveName(round->job, round->step), " by ",
+                  round->world_size, " ranks: ranks ",
+                  RankList(missing, round->world_size),
+                  " never called VerifyLoad within ",
+                  absl::FormatDuration(options_.load_verify_deadline),
+                  " of the previous rank; verify partly read chunks locally"));
+    for (int r = 0; r < round->world_size; ++r) {
+      if (!round->waiters[r]) continue;
+      answers->push_back(
+          [done = std::move(round->waiters[r]), status] { done(status); });
+    }
+  }
 }
 
 absl::StatusOr<v1::ListCheckpointsResponse> Coordinator::ListCheckpoints(

@@ -23,6 +23,11 @@
 // Load protocol: PlanLoad resolves a step (or the latest COMMITTED one),
 // loads its manifest through a cache, and answers read items from the
 // planner's overlap index; identical requests are answered from a plan cache.
+// After reading, every rank calls VerifyLoad with the crc32c terms of the
+// stored chunks it read only in part; it parks until all world_size ranks of
+// the load have reported, then each chunk the ranks read completely between
+// them is checked against the manifest (load_verifier.h) and every rank is
+// told which of its pieces it must still verify by reading the chunk whole.
 //
 // Thread-safe: every method may be called concurrently. No lock is held
 // across storage or RocksDB I/O, plan building, or a wait for other ranks.
@@ -34,6 +39,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -64,6 +70,10 @@ struct CoordinatorOptions {
   // All ranks must call CommitSave within this time of receiving the plan.
   // Default: 60 minutes.
   absl::Duration commit_deadline = absl::Minutes(60);
+  // All ranks of a load must call VerifyLoad within this time of the
+  // previous rank's call; then the waiting ranks get DEADLINE_EXCEEDED and
+  // verify locally. Default: 10 minutes.
+  absl::Duration load_verify_deadline = absl::Minutes(10);
   // Retention: keep the newest N committed checkpoints of each job and delete
   // older ones after every commit. 0 keeps everything. Default: 0.
   int keep_last = 0;
@@ -111,6 +121,10 @@ class Coordinator {
 
   absl::StatusOr<v1::PlanLoadResponse> PlanLoad(
       const v1::PlanLoadRequest& request);
+  // Reads the manifest (blocking I/O on a cache miss), then parks `done`
+  // until every rank of the load has reported.
+  void VerifyLoad(const v1::VerifyLoadRequest& request,
+                  Done<v1::VerifyLoadResponse> done);
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(
       const v1::ListCheckpointsRequest& request);
   absl::StatusOr<v1::GetCheckpointResponse> GetCheckpoint(
@@ -137,13 +151,17 @@ class Coordinator {
     int64_t manifests_loaded = 0;
     int64_t commits = 0;
     int64_t aborts = 0;
+    int64_t load_chunks_verified = 0;    // by combining ranks' pieces
+    int64_t load_chunks_unverified = 0;  // sent back to verify locally
   };
   Stats stats() const;
 
  private:
   struct SaveSession;
   struct LoadedCheckpoint;
+  struct LoadRound;
   using SaveKey = std::pair<std::string, int64_t>;
+  using LoadKey = std::tuple<std::string, int64_t, int>;  // job, step, world
 
   Coordinator(const CoordinatorOptions& options,
               std::unique_ptr<storage::ShardStore> store,
@@ -164,6 +182,12 @@ class Coordinator {
   void AbortSessionLocked(const std::shared_ptr<SaveSession>& session,
                           absl::Status status,
                           std::vector<std::function<void()>>* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Checks the chunks of a round every rank has reported and answers them.
+  void FinishLoadRound(std::shared_ptr<LoadRound> round);
+  void ExpireLoadRoundsLocked(absl::Time now,
+                              std::vector<std::function<void()>>* answers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::StatusOr<v1::BeginSaveResponse> RankResponse(const SaveSession& session,
@@ -189,6 +213,9 @@ class Coordinator {
   // State below is protected by mu_.
   mutable absl::Mutex mu_;
   absl::flat_hash_map<SaveKey, std::shared_ptr<SaveSession>> sessions_
+      ABSL_GUARDED_BY(mu_);
+  // Open VerifyLoad rounds; one per (job, step, world size) at a time.
+  absl::flat_hash_map<LoadKey, std::shared_ptr<LoadRound>> load_rounds_
       ABSL_GUARDED_BY(mu_);
   // The last local plan each (job, rank) sent, for fingerprint-only saves.
   struct KnownPlan {

@@ -73,6 +73,22 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanLoad(
                       });
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::VerifyLoad(
+    grpc::CallbackServerContext* context, const v1::VerifyLoadRequest* request,
+    v1::VerifyLoadResponse* response) {
+  // The manifest may have to be read first: start on a worker; the call then
+  // parks without a thread until every rank of the load has reported.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Coordinator* c = coordinator_;
+  c->workers().Schedule([c, reactor, request, response] {
+    c->VerifyLoad(*request,
+                  [reactor, response](absl::StatusOr<v1::VerifyLoadResponse> r) {
+                    FinishWith(reactor, response, std::move(r));
+                  });
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(
     grpc::CallbackServerContext* context,
     const v1::ListCheckpointsRequest* request,

@@ -30,6 +30,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* PlanLoad(grpc::CallbackServerContext* context,
                                      const v1::PlanLoadRequest* request,
                                      v1::PlanLoadResponse* response) override;
+  grpc::ServerUnaryReactor* VerifyLoad(
+      grpc::CallbackServerContext* context,
+      const v1::VerifyLoadRequest* request,
+      v1::VerifyLoadResponse* response) override;
   grpc::ServerUnaryReactor* ListCheckpoints(
       grpc::CallbackServerContext* context,
       const v1::ListCheckpointsRequest* request,
