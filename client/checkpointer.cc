@@ -438,8 +438,7 @@ absl::Status Checkpointer::ReadItems(
     } else if (check == PartialChunkCheck::kCollective) {
       storage::Crc32cPieces pieces;
       for (int k = 0; k < it.segments_size(); ++k) {
-        pieces.Add(it.segments(k).src_offset(), outs[k].data(),
-                   outs[k].size());
+        pieces.Add(it.segments(k).src_offset(), outs[k].data(), outs[k].size());
       }
       terms[i] = pieces.Finish(it.source().length());
     }

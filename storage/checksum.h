@@ -61,10 +61,12 @@ class Crc32cPieces {
   uint32_t Finish(uint64_t total) const;
 
  private:
-  uint32_t raw_ = 0;   // linear term of the pieces so far, ending at end_
+  // The linear term of the pieces so far, which end at end_.
+  uint32_t raw_ = 0;
   uint64_t end_ = 0;
-  uint64_t gap_ = 0;   // the last gap and its operator (strided pieces
-  uint32_t gap_operator_ = 1u << 31;  // repeat one gap)
+  // The last gap and its operator: strided pieces repeat one gap.
+  uint64_t gap_ = 0;
+  uint32_t gap_operator_ = 1u << 31;
 };
 
 // Crc32c of a `total`-byte buffer from the XOR of every holder's

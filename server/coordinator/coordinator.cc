@@ -14,8 +14,8 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "planner/box.h"
-#include "server/coordinator/load_verifier.h"
 #include "proto/convert/plan_convert.h"
+#include "server/coordinator/load_verifier.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
 #include "storage/manifest.h"
@@ -107,7 +107,7 @@ struct Coordinator::LoadRound {
     ChunkPieceReport report;
   };
   std::vector<std::optional<std::vector<Piece>>> pieces;  // per rank
-  std::vector<Done<v1::VerifyLoadResponse>> waiters;       // per rank
+  std::vector<Done<v1::VerifyLoadResponse>> waiters;      // per rank
   int arrived = 0;
 };
 
@@ -931,16 +931,16 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
   const int rank = request.rank();
   const int world = request.world_size();
   if (absl::Status s = ValidateJobStep(job, step); !s.ok()) return done(s);
-  const std::string who =
-      absl::StrCat("rank ", rank, " verifying its load of ", SaveName(job, step));
+  const std::string who = absl::StrCat("rank ", rank, " verifying its load of ",
+                                       SaveName(job, step));
   if (world <= 0 || world > options_.max_world_size) {
     return done(absl::InvalidArgumentError(
         absl::StrCat(who, ": world_size ", world, " is not in [1, ",
                      options_.max_world_size, "]")));
   }
   if (rank < 0 || rank >= world) {
-    return done(absl::InvalidArgumentError(absl::StrCat(
-        who, ": rank is out of range for world_size ", world)));
+    return done(absl::InvalidArgumentError(
+        absl::StrCat(who, ": rank is out of range for world_size ", world)));
   }
   absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> ckpt =
       LoadCheckpoint(job, step);

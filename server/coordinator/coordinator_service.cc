@@ -81,10 +81,10 @@ grpc::ServerUnaryReactor* CoordinatorService::VerifyLoad(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Coordinator* c = coordinator_;
   c->workers().Schedule([c, reactor, request, response] {
-    c->VerifyLoad(*request,
-                  [reactor, response](absl::StatusOr<v1::VerifyLoadResponse> r) {
-                    FinishWith(reactor, response, std::move(r));
-                  });
+    c->VerifyLoad(*request, [reactor, response](
+                                absl::StatusOr<v1::VerifyLoadResponse> r) {
+      FinishWith(reactor, response, std::move(r));
+    });
   });
   return reactor;
 }

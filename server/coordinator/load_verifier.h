@@ -39,7 +39,7 @@ inline constexpr int kMaxDistinctPieces = 4096;
 // One rank's piece of one stored chunk.
 struct ChunkPieceReport {
   int rank = 0;
-  int index = 0;  // in the rank's VerifyLoadRequest.pieces
+  int index = 0;              // in the rank's VerifyLoadRequest.pieces
   planner::ChunkBox overlap;  // inside the stored chunk's box
   uint32_t crc_term = 0;
 };
