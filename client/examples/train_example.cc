@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -29,6 +30,26 @@ int Fail(int rank, const absl::Status& s) {
 }
 
 }  // namespace
+
+// This process's I/O counters (/proc/self/io): bytes that reached the block
+// layer (read_bytes) and bytes through read-like system calls (rchar).
+struct IoCounters {
+  uint64_t read_bytes = 0;
+  uint64_t rchar = 0;
+};
+IoCounters ReadIoCounters() {
+  IoCounters c;
+  std::FILE* f = std::fopen("/proc/self/io", "r");
+  if (f == nullptr) return c;
+  char name[64];
+  unsigned long long v;
+  while (std::fscanf(f, "%63s %llu", name, &v) == 2) {
+    if (std::strcmp(name, "read_bytes:") == 0) c.read_bytes = v;
+    if (std::strcmp(name, "rchar:") == 0) c.rchar = v;
+  }
+  std::fclose(f);
+  return c;
+}
 
 int main(int argc, char** argv) {
   using namespace cairn;  // NOLINT
@@ -80,17 +101,26 @@ int main(int argc, char** argv) {
       client::Checkpointer::Connect(opts);
   if (!ckpt.ok()) return Fail(opts.rank, ckpt.status());
 
+  IoCounters io_before;
   auto report = [&](const char* op, int64_t step, uint64_t local_bytes) {
     const client::TransferStats& s = (*ckpt)->last_stats();
     const double io = absl::ToDoubleSeconds(s.io_time);
+    const IoCounters io_after = ReadIoCounters();
     if (json) {
       std::printf(
           "{\"op\":\"%s\",\"rank\":%d,\"step\":%ld,\"bytes\":%lu,"
-          "\"storage_bytes\":%lu,\"plan_s\":%.6f,\"io_s\":%.6f,"
+          "\"storage_bytes\":%lu,\"block_read_bytes\":%lu,"
+          "\"syscall_read_bytes\":%lu,\"chunks_verified_by_cairnd\":%ld,"
+          "\"chunks_verified_locally\":%ld,\"plan_s\":%.6f,\"io_s\":%.6f,"
           "\"commit_s\":%.6f,\"plan_cached\":%s,\"fingerprint_only\":%s}\n",
           op, opts.rank, static_cast<long>(step),
           static_cast<unsigned long>(s.bytes),
           static_cast<unsigned long>(s.bytes_storage),
+          static_cast<unsigned long>(io_after.read_bytes -
+                                     io_before.read_bytes),
+          static_cast<unsigned long>(io_after.rchar - io_before.rchar),
+          static_cast<long>(s.chunks_verified_by_cairnd),
+          static_cast<long>(s.chunks_verified_locally),
           absl::ToDoubleSeconds(s.plan_time), io,
           absl::ToDoubleSeconds(s.commit_time),
           s.plan_from_cache ? "true" : "false",
@@ -114,6 +144,7 @@ int main(int argc, char** argv) {
       absl::StatusOr<std::unique_ptr<examples::ShardedModel>> model =
           examples::ShardedModel::Create(*spec, *layout, opts.rank, true, step);
       if (!model.ok()) return Fail(opts.rank, model.status());
+      io_before = ReadIoCounters();
       absl::StatusOr<v1::CheckpointRecord> rec =
           (*ckpt)->Save(step, (*model)->state());
       if (!rec.ok()) return Fail(opts.rank, rec.status());
@@ -133,6 +164,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<examples::ShardedModel>> model =
         examples::ShardedModel::Create(*spec, *layout, opts.rank, false, 0);
     if (!model.ok()) return Fail(opts.rank, model.status());
+    io_before = ReadIoCounters();
     absl::StatusOr<int64_t> step = (*ckpt)->Load(ref, (*model)->state());
     if (!step.ok()) return Fail(opts.rank, step.status());
     if (absl::Status v = (*model)->Verify(*step); !v.ok()) {

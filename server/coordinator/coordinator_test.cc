@@ -194,6 +194,70 @@ class CoordinatorTest : public ::testing::Test {
     return plans;
   }
 
+  // PlanLoad of columns [col, col + cols) of every row of "w" (from Save's
+  // 8 x 4 tensor) for `rank`.
+  v1::PlanLoadResponse PlanColumns(int rank, int64_t col, int64_t cols) {
+    v1::PlanLoadRequest req;
+    req.set_job("job");
+    req.set_step(1);
+    req.set_rank(rank);
+    v1::WantedChunk* w = req.add_wanted();
+    w->mutable_tensor()->set_fqn("w");
+    w->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+    w->mutable_tensor()->add_global_shape(8);
+    w->mutable_tensor()->add_global_shape(4);
+    w->mutable_box()->add_offsets(0);
+    w->mutable_box()->add_offsets(col);
+    w->mutable_box()->add_sizes(8);
+    w->mutable_box()->add_sizes(cols);
+    auto r = coordinator_->PlanLoad(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : v1::PlanLoadResponse();
+  }
+
+  // The VerifyLoad request a client sends after reading `plan`'s partial
+  // items from storage, as Checkpointer::ReadItems computes it.
+  v1::VerifyLoadRequest Pieces(const v1::PlanLoadResponse& plan, int rank,
+                               int world) {
+    auto store = storage::OpenShardStore(plan.storage_uri());
+    EXPECT_TRUE(store.ok());
+    v1::VerifyLoadRequest req;
+    req.set_job("job");
+    req.set_step(plan.step());
+    req.set_rank(rank);
+    req.set_world_size(world);
+    for (const v1::ReadItem& it : plan.reads()) {
+      std::string chunk(it.source().length(), '\0');
+      EXPECT_TRUE(
+          (*store)
+              ->Read(absl::StrCat(plan.step_prefix(), it.source().object_key()),
+                     {it.source().offset(), it.source().length()},
+                     absl::MakeSpan(chunk))
+              .ok());
+      storage::Crc32cPieces pieces;
+      uint64_t needed = 0;
+      for (const v1::CopySegment& s : it.segments()) {
+        pieces.Add(s.src_offset(), chunk.data() + s.src_offset(), s.length());
+        needed += s.length();
+      }
+      if (needed == it.source().length()) continue;  // checked by the rank
+      v1::ChunkPiece* p = req.add_pieces();
+      p->set_fqn(it.fqn());
+      *p->mutable_source() = it.source();
+      *p->mutable_overlap() = it.overlap();
+      p->set_crc_term(pieces.Finish(it.source().length()));
+    }
+    return req;
+  }
+
+  using VerifyResult = absl::StatusOr<v1::VerifyLoadResponse>;
+  std::future<VerifyResult> Verify(const v1::VerifyLoadRequest& req) {
+    auto promise = std::make_shared<std::promise<VerifyResult>>();
+    coordinator_->VerifyLoad(
+        req, [promise](VerifyResult r) { promise->set_value(std::move(r)); });
+    return promise->get_future();
+  }
+
   int64_t LatestStep(const std::string& job) {
     v1::PlanLoadRequest req;
     req.set_job(job);
@@ -506,6 +570,125 @@ TEST_F(CoordinatorTest, ThousandRanksOfTwoJobsSaveConcurrently) {
   ASSERT_EQ(got->manifest().tensors_size(), 2);
   EXPECT_EQ(got->manifest().tensors(1).chunks_size(), kWorld);  // "w"
   EXPECT_EQ(got->checkpoint().world_size(), kWorld);
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
+
+namespace cairn::coordinator {
+namespace {
+
+TEST_F(CoordinatorTest, VerifyLoadCombinesThePiecesOfEveryRank) {
+  Start();
+  Save("job", 1, 2);  // "w" [8, 4] stored as rows 0-3 and rows 4-7
+  // Two ranks load it by columns: each needs half of both stored chunks.
+  v1::VerifyLoadRequest left = Pieces(PlanColumns(0, 0, 2), 0, 2);
+  v1::VerifyLoadRequest right = Pieces(PlanColumns(1, 2, 2), 1, 2);
+  ASSERT_EQ(left.pieces_size(), 2);
+  ASSERT_EQ(right.pieces_size(), 2);
+  auto a = Verify(left);
+  // Rank 0 is parked until rank 1 reports.
+  EXPECT_EQ(a.wait_for(std::chrono::milliseconds(50)),
+            std::future_status::timeout);
+  auto b = Verify(right);
+  VerifyResult ra = a.get(), rb = b.get();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  EXPECT_EQ(ra->verify_locally_size(), 0);
+  EXPECT_EQ(rb->verify_locally_size(), 0);
+  EXPECT_EQ(ra->chunks_verified(), 2);
+  EXPECT_EQ(rb->chunks_verified(), 2);
+  EXPECT_EQ(coordinator_->stats().load_chunks_verified, 2);
+  EXPECT_EQ(coordinator_->stats().load_chunks_unverified, 0);
+}
+
+TEST_F(CoordinatorTest, VerifyLoadSendsBackPiecesItCannotVerify) {
+  Start();
+  Save("job", 1, 2);
+  v1::VerifyLoadRequest left = Pieces(PlanColumns(0, 0, 2), 0, 2);
+  v1::VerifyLoadRequest right = Pieces(PlanColumns(1, 2, 2), 1, 2);
+  // Rank 1 read damaged bytes of the second stored chunk (rows 4-7).
+  int damaged = -1;
+  for (int i = 0; i < right.pieces_size(); ++i) {
+    if (right.pieces(i).overlap().offsets(0) == 4) damaged = i;
+  }
+  ASSERT_GE(damaged, 0);
+  right.mutable_pieces(damaged)->set_crc_term(right.pieces(damaged).crc_term() ^
+                                              0x100);
+  auto a = Verify(left);
+  auto b = Verify(right);
+  VerifyResult ra = a.get(), rb = b.get();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  // Both readers of the damaged chunk re-read it; the other chunk passed.
+  ASSERT_EQ(ra->verify_locally_size(), 1);
+  EXPECT_EQ(left.pieces(ra->verify_locally(0)).overlap().offsets(0), 4);
+  EXPECT_THAT(rb->verify_locally(), ::testing::ElementsAre(damaged));
+  EXPECT_EQ(ra->chunks_verified(), 1);
+  EXPECT_EQ(rb->chunks_verified(), 1);
+
+  // One rank loading only the left half alone covers no chunk completely.
+  v1::VerifyLoadRequest alone = Pieces(PlanColumns(0, 0, 2), 0, 1);
+  VerifyResult rc = Verify(alone).get();
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  EXPECT_EQ(rc->verify_locally_size(), 2);
+  EXPECT_EQ(rc->chunks_verified(), 0);
+}
+
+TEST_F(CoordinatorTest, VerifyLoadRoundExpiresAtTheDeadlineAndRetriesReplace) {
+  options_.load_verify_deadline = absl::Milliseconds(300);
+  Start();
+  Save("job", 1, 2);
+  v1::VerifyLoadRequest left = Pieces(PlanColumns(0, 0, 2), 0, 2);
+  // A retried call replaces the first; the first is answered ABORTED.
+  auto first = Verify(left);
+  auto retry = Verify(left);
+  EXPECT_EQ(first.get().status().code(), absl::StatusCode::kAborted);
+  VerifyResult r = retry.get();  // rank 1 never reports
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("ranks [1]"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("job 'job' step 1"));
+}
+
+TEST_F(CoordinatorTest, VerifyLoadRejectsBadRequests) {
+  Start();
+  Save("job", 1, 2);
+  const v1::VerifyLoadRequest good = Pieces(PlanColumns(0, 0, 2), 0, 2);
+  ASSERT_EQ(good.pieces_size(), 2);
+  auto expect = [&](v1::VerifyLoadRequest req, absl::StatusCode code,
+                    const std::string& text) {
+    VerifyResult r = Verify(req).get();
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(text));
+  };
+  v1::VerifyLoadRequest req = good;
+  req.set_rank(2);
+  expect(req, absl::StatusCode::kInvalidArgument, "out of range");
+  req = good;
+  req.set_step(7);
+  expect(req, absl::StatusCode::kNotFound, "step 7");
+  req = good;
+  req.set_job("../etc");
+  expect(req, absl::StatusCode::kInvalidArgument, "../etc");
+  req = good;
+  req.mutable_pieces(1)->mutable_source()->set_offset(12345);
+  expect(req, absl::StatusCode::kInvalidArgument,
+         "rank 0 verifying its load of job 'job' step 1: piece 1 of 'w'");
+  req = good;
+  req.mutable_pieces(0)->set_fqn("b");
+  expect(req, absl::StatusCode::kInvalidArgument, "belongs to 'w'");
+  req = good;
+  req.mutable_pieces(0)->mutable_overlap()->set_sizes(1, 9);
+  expect(req, absl::StatusCode::kInvalidArgument, "not inside the stored");
+  req = good;
+  req.mutable_pieces(0)->mutable_source()->set_length(3);
+  expect(req, absl::StatusCode::kInvalidArgument, "length 3");
+  // Nothing was parked by the bad calls: a good round still completes.
+  auto a = Verify(good);
+  VerifyResult b = Verify(Pieces(PlanColumns(1, 2, 2), 1, 2)).get();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->chunks_verified(), 2);
+  EXPECT_TRUE(a.get().ok());
 }
 
 }  // namespace
