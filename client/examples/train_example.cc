@@ -83,6 +83,9 @@ int main(int argc, char** argv) {
                  "whole (read them whole), none (unverified)")
       ->transform(CLI::CheckedTransformer(checks, CLI::ignore_case))
       ->capture_default_str();
+  app.add_flag(
+      "--buffered-writes", [&](int64_t) { opts.store.use_odirect = false; },
+      "Write data objects through the page cache instead of O_DIRECT");
   app.add_flag("--die-before-commit", die_before_commit,
                "Fault injection: exit(137) after writing, before CommitSave");
   app.add_flag("--json", json, "Print one JSON line of stats per operation");

@@ -25,8 +25,8 @@ uint32_t TermOf(const ChunkBox& chunk, const ChunkBox& piece,
 }
 
 // Splits [off, off + size) at random cut points.
-std::vector<std::pair<int64_t, int64_t>> Cuts(std::mt19937_64& rng,
-                                              int64_t off, int64_t size) {
+std::vector<std::pair<int64_t, int64_t>> Cuts(std::mt19937_64& rng, int64_t off,
+                                              int64_t size) {
   std::vector<std::pair<int64_t, int64_t>> out;
   for (int64_t at = off; at < off + size;) {
     const int64_t n =
@@ -170,9 +170,9 @@ TEST(LoadVerifierTest, MatchesBruteForceOnRandomTilingsAndDamage) {
         for (size_t d = 0; d < dims; ++d) {
           const int64_t lo = static_cast<int64_t>(rng() % chunk.sizes[d]);
           extra.offsets[d] += lo;
-          extra.sizes[d] = 1 + static_cast<int64_t>(
-                                   rng() % static_cast<uint64_t>(
-                                               chunk.sizes[d] - lo));
+          extra.sizes[d] =
+              1 + static_cast<int64_t>(
+                      rng() % static_cast<uint64_t>(chunk.sizes[d] - lo));
         }
         boxes.push_back(extra);
         corrupt.push_back(false);
