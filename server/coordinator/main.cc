@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   std::string port_file;
   std::string log_level = "info";
   double begin_deadline_s = 600, commit_deadline_s = 3600, grace_s = 10;
+  double load_verify_deadline_s = 600;
   int plan_cache_mib = 512;
   app.add_option("--listen", spec.listen_address,
                  "host:port to serve on (port 0 picks a free port)")
@@ -45,6 +46,12 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--commit-deadline", commit_deadline_s,
                  "Seconds all ranks have to call CommitSave after the plan")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--load-verify-deadline", load_verify_deadline_s,
+                 "Seconds each rank of a load has to report its checksum "
+                 "pieces (VerifyLoad) after the previous one; then the "
+                 "waiting ranks verify partly read chunks themselves")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--keep-last", spec.coordinator.keep_last,
@@ -86,6 +93,8 @@ int main(int argc, char** argv) {
   }
   spec.coordinator.begin_deadline = absl::Seconds(begin_deadline_s);
   spec.coordinator.commit_deadline = absl::Seconds(commit_deadline_s);
+  spec.coordinator.load_verify_deadline =
+      absl::Seconds(load_verify_deadline_s);
   spec.coordinator.plan_cache_bytes = static_cast<size_t>(plan_cache_mib) << 20;
 
   // Block the stop signals in every thread (gRPC's inherit the mask); the
