@@ -6,6 +6,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -317,10 +318,16 @@ absl::StatusOr<int64_t> Checkpointer::Load(LoadRef ref, StateDict& state) {
   }
   for (const BytesEntry& b : state.bytes()) request.add_wanted_bytes(b.fqn);
 
-  CAIRN_ASSIGN_OR_RETURN(
-      v1::PlanLoadResponse plan,
+  absl::StatusOr<v1::PlanLoadResponse> planned =
       CallWithRetry(&v1::Coordinator::Stub::PlanLoad, *stub_, request,
-                    options_.rpc_timeout, options_.max_retries));
+                    options_.rpc_timeout, options_.max_retries);
+  if (!planned.ok()) {
+    // This rank's request was refused (a dtype or shape that differs, say):
+    // the ranks whose plans succeeded must not wait for it at VerifyLoad.
+    LeaveLoadCollective(ref);
+    return planned.status();
+  }
+  const v1::PlanLoadResponse& plan = *planned;
   const absl::Time t1 = absl::Now();
   stats_.plan_time = t1 - t0;
   absl::Status read = ReadItems(plan, dests, dest_tensors);
@@ -367,9 +374,15 @@ absl::StatusOr<int64_t> Checkpointer::Load(LoadRef ref, StateDict& state) {
 absl::Status Checkpointer::ReadItems(
     const v1::PlanLoadResponse& plan, const std::vector<TensorChunk*>& dests,
     const std::vector<const TensorShard*>& tensors) {
+  const PartialChunkCheck check = options_.partial_chunk_check;
+  // Whatever fails before this rank calls VerifyLoad, it still reports, so
+  // that the other ranks are not kept waiting for it until cairnd's deadline.
+  bool reported = !JoinsLoadCollective();
+  absl::Cleanup report_failure = [&] {
+    if (!reported) ReportLoadFailure(LoadReport(plan.step()));
+  };
   CAIRN_ASSIGN_OR_RETURN(storage::ShardStore * store,
                          StoreFor(plan.storage_uri()));
-  const PartialChunkCheck check = options_.partial_chunk_check;
   const int n = plan.reads_size();
   // Per read item: where its bytes go and whether it covers its stored chunk.
   std::vector<char*> dst(n);
@@ -486,14 +499,10 @@ absl::Status Checkpointer::ReadItems(
   stats_.chunks_verified_locally += local.size();
   if (check == PartialChunkCheck::kCollective &&
       (options_.world_size > 1 || !partial.empty())) {
-    // Every rank reports, with no pieces after a failure, so that the
-    // others are not kept waiting for it until cairnd's deadline.
+    // Every rank reports, with no pieces after a failure.
+    reported = true;
     if (!read.ok()) partial.clear();
-    v1::VerifyLoadRequest verify;
-    verify.set_job(options_.job);
-    verify.set_step(plan.step());
-    verify.set_rank(options_.rank);
-    verify.set_world_size(options_.world_size);
+    v1::VerifyLoadRequest verify = LoadReport(plan.step());
     for (int i : partial) {
       const v1::ReadItem& it = plan.reads(i);
       v1::ChunkPiece* p = verify.add_pieces();
@@ -531,6 +540,41 @@ absl::Status Checkpointer::ReadItems(
   }
   stats_.bytes_storage = storage_bytes.load();
   return read;
+}
+
+bool Checkpointer::JoinsLoadCollective() const {
+  return options_.partial_chunk_check == PartialChunkCheck::kCollective &&
+         options_.world_size > 1;
+}
+
+v1::VerifyLoadRequest Checkpointer::LoadReport(int64_t step) const {
+  v1::VerifyLoadRequest report;
+  report.set_job(options_.job);
+  report.set_step(step);
+  report.set_rank(options_.rank);
+  report.set_world_size(options_.world_size);
+  return report;
+}
+
+void Checkpointer::LeaveLoadCollective(LoadRef ref) {
+  if (!JoinsLoadCollective()) return;
+  int64_t step = ref.latest() ? -1 : ref.step();
+  if (ref.latest()) {
+    // The step the others are loading: the newest committed one. One quick
+    // try; if cairnd cannot say, there is no round to leave either.
+    v1::ListCheckpointsRequest list;
+    list.set_job(options_.job);
+    absl::StatusOr<v1::ListCheckpointsResponse> listed =
+        CallWithRetry(&v1::Coordinator::Stub::ListCheckpoints, *stub_, list,
+                      absl::Seconds(10), /*max_retries=*/0);
+    if (!listed.ok()) return;
+    for (const v1::CheckpointRecord& c : listed->checkpoints()) {
+      if (c.state() == v1::CHECKPOINT_STATE_COMMITTED) {
+        step = std::max(step, c.step());
+      }
+    }
+  }
+  if (step >= 0) ReportLoadFailure(LoadReport(step));
 }
 
 void Checkpointer::ReportLoadFailure(v1::VerifyLoadRequest request) {

@@ -169,9 +169,17 @@ class Checkpointer {
   absl::Status ReadItems(const v1::PlanLoadResponse& plan,
                          const std::vector<TensorChunk*>& dests,
                          const std::vector<const TensorShard*>& tensors);
+  // Whether a load takes part in cairnd's VerifyLoad round (a collective of
+  // every rank of the job).
+  bool JoinsLoadCollective() const;
+  // This rank's VerifyLoad request for `step`, without pieces.
+  v1::VerifyLoadRequest LoadReport(int64_t step) const;
   // Reports a failed load to cairnd's VerifyLoad round without waiting, so
   // the other ranks are answered without this rank's pieces.
   void ReportLoadFailure(v1::VerifyLoadRequest request);
+  // The same when the load failed before it had a plan (PlanLoad refused
+  // this rank's request): finds the step the other ranks are loading.
+  void LeaveLoadCollective(LoadRef ref);
 
   // Constant after construction.
   const CheckpointerOptions options_;

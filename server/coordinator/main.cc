@@ -93,8 +93,7 @@ int main(int argc, char** argv) {
   }
   spec.coordinator.begin_deadline = absl::Seconds(begin_deadline_s);
   spec.coordinator.commit_deadline = absl::Seconds(commit_deadline_s);
-  spec.coordinator.load_verify_deadline =
-      absl::Seconds(load_verify_deadline_s);
+  spec.coordinator.load_verify_deadline = absl::Seconds(load_verify_deadline_s);
   spec.coordinator.plan_cache_bytes = static_cast<size_t>(plan_cache_mib) << 20;
 
   // Block the stop signals in every thread (gRPC's inherit the mask); the
