@@ -84,6 +84,21 @@ FIO_PARALLEL=(--name=limit --directory="$WORK" --filename_format='par.$jobnum' -
               --size=$((BYTES / 4)) --numjobs=4 --group_reporting --ioengine=libaio
               --iodepth=4 --direct=1 --output-format=json)
 
+# write_then_read LABEL W R FIO_ARGS...: a durable fio write, then a cold fio
+# read of the same file(s); appends the two GB/s to the arrays named W and R.
+write_then_read() {
+  local label=$1
+  local -n w_out=$2 r_out=$3
+  shift 3
+  log "run $i/$REPEAT: fio $label write"
+  fio "$@" --rw=write --end_fsync=1 > "$WORK/w2.json"
+  w_out+=("$(fio_bw "$WORK/w2.json" write)")
+  drop_caches
+  log "run $i/$REPEAT: fio $label read"
+  fio "$@" --rw=read > "$WORK/r2.json"
+  r_out+=("$(fio_bw "$WORK/r2.json" read)")
+}
+
 fio_w=(); dd_w=(); fio_r=(); dd_r=(); fio_dw=(); fio_dr=(); fio_pw=(); fio_pr=()
 for ((i = 1; i <= REPEAT; i++)); do
   rm -f "$FILE" "$DDFILE"
@@ -100,23 +115,10 @@ for ((i = 1; i <= REPEAT; i++)); do
   rm -f "$DDFILE"
 
   rm -f "$FILE"
-  log "run $i/$REPEAT: fio O_DIRECT write"
-  fio "${FIO_DIRECT[@]}" --rw=write --end_fsync=1 > "$WORK/dw.json"
-  fio_dw+=("$(fio_bw "$WORK/dw.json" write)")
-  drop_caches
-  log "run $i/$REPEAT: fio O_DIRECT read"
-  fio "${FIO_DIRECT[@]}" --rw=read > "$WORK/dr.json"
-  fio_dr+=("$(fio_bw "$WORK/dr.json" read)")
-
+  write_then_read "O_DIRECT" fio_dw fio_dr "${FIO_DIRECT[@]}"
   rm -f "$WORK"/par.*
   sync
-  log "run $i/$REPEAT: fio O_DIRECT write, 4 jobs"
-  fio "${FIO_PARALLEL[@]}" --rw=write --end_fsync=1 > "$WORK/pw.json"
-  fio_pw+=("$(fio_bw "$WORK/pw.json" write)")
-  drop_caches
-  log "run $i/$REPEAT: fio O_DIRECT read, 4 jobs"
-  fio "${FIO_PARALLEL[@]}" --rw=read > "$WORK/pr.json"
-  fio_pr+=("$(fio_bw "$WORK/pr.json" read)")
+  write_then_read "O_DIRECT, 4 jobs" fio_pw fio_pr "${FIO_PARALLEL[@]}"
   rm -f "$WORK"/par.*
 
   drop_caches
