@@ -497,11 +497,10 @@ absl::Status Checkpointer::ReadItems(
   absl::Status read = run(exact, read_needed);
   if (read.ok()) read = run(local, read_whole);
   stats_.chunks_verified_locally += local.size();
-  if (check == PartialChunkCheck::kCollective &&
-      (options_.world_size > 1 || !partial.empty())) {
-    // Every rank reports, with no pieces after a failure.
+  if (JoinsLoadCollective() ||
+      (check == PartialChunkCheck::kCollective && !partial.empty())) {
+    if (!read.ok()) return read;  // report_failure tells cairnd
     reported = true;
-    if (!read.ok()) partial.clear();
     v1::VerifyLoadRequest verify = LoadReport(plan.step());
     for (int i : partial) {
       const v1::ReadItem& it = plan.reads(i);
@@ -510,10 +509,6 @@ absl::Status Checkpointer::ReadItems(
       *p->mutable_source() = it.source();
       *p->mutable_overlap() = it.overlap();
       p->set_crc_term(terms[i]);
-    }
-    if (!read.ok()) {
-      ReportLoadFailure(std::move(verify));
-      return read;
     }
     absl::StatusOr<v1::VerifyLoadResponse> verdict =
         CallWithRetry(&v1::Coordinator::Stub::VerifyLoad, *stub_, verify,

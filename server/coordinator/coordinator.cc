@@ -35,6 +35,21 @@ absl::Status ValidateJobStep(absl::string_view job, int64_t step) {
   return storage::ValidateStep(step);
 }
 
+// Validates a rank's (rank, world_size) pair; `who` names the rank and the
+// checkpoint for the message.
+absl::Status ValidateRankOfWorld(int rank, int world, int max_world_size,
+                                 absl::string_view who) {
+  if (world <= 0 || world > max_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": world_size ", world, " is not in [1, ", max_world_size, "]"));
+  }
+  if (rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": rank is out of range for world_size ", world));
+  }
+  return absl::OkStatus();
+}
+
 // A short random name for one save attempt's directory.
 std::string NewAttemptName() {
   static absl::Mutex* mu = new absl::Mutex;
@@ -275,15 +290,11 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
   const int rank = request.rank();
   const int world = request.world_size();
   if (absl::Status s = ValidateJobStep(job, step); !s.ok()) return done(s);
-  if (world <= 0 || world > options_.max_world_size) {
-    return done(absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, " of ", SaveName(job, step), ": world_size ", world,
-        " is not in [1, ", options_.max_world_size, "]")));
-  }
-  if (rank < 0 || rank >= world) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, " of ", SaveName(job, step),
-                     " is out of range for world_size ", world)));
+  if (absl::Status s = ValidateRankOfWorld(
+          rank, world, options_.max_world_size,
+          absl::StrCat("rank ", rank, " of ", SaveName(job, step)));
+      !s.ok()) {
+    return done(s);
   }
 
   // Resolve the rank's plan outside the lock: decode + fingerprint.
@@ -933,14 +944,10 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
   if (absl::Status s = ValidateJobStep(job, step); !s.ok()) return done(s);
   const std::string who = absl::StrCat("rank ", rank, " verifying its load of ",
                                        SaveName(job, step));
-  if (world <= 0 || world > options_.max_world_size) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat(who, ": world_size ", world, " is not in [1, ",
-                     options_.max_world_size, "]")));
-  }
-  if (rank < 0 || rank >= world) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat(who, ": rank is out of range for world_size ", world)));
+  if (absl::Status s =
+          ValidateRankOfWorld(rank, world, options_.max_world_size, who);
+      !s.ok()) {
+    return done(s);
   }
   absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> ckpt =
       LoadCheckpoint(job, step);
