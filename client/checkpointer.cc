@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
+#include "common/crash_point.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -161,6 +162,7 @@ v1::CommitSaveRequest Checkpointer::MakeCommitRequest(
 
 absl::StatusOr<v1::CheckpointRecord> Checkpointer::CommitPlannedSave(
     const v1::CommitSaveRequest& commit) {
+  CAIRN_CRASH_POINT("client.before_commit");
   if (options_.before_commit_for_test) options_.before_commit_for_test();
   CAIRN_ASSIGN_OR_RETURN(
       v1::CommitSaveResponse done,
@@ -277,6 +279,7 @@ absl::Status Checkpointer::WriteItems(int64_t step, const StateDict& state,
         commit->mutable_results(i)->set_crc32c(
             storage::Crc32c(src->second.data(), src->second.size()));
         CAIRN_RETURN_IF_ERROR(writer->Append(src->second));
+        CAIRN_CRASH_POINT("client.write.mid_object");
         cursor += src->second.size();
       }
       return writer->Close();

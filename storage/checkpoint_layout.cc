@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/crash_point.h"
 #include "common/status_macros.h"
 #include "storage/checksum.h"
 #include "storage/manifest.h"
@@ -268,18 +269,21 @@ absl::Status DeleteStep(ShardStore& store, absl::string_view job,
                         int64_t step) {
   CAIRN_RETURN_IF_ERROR(ValidateJobName(job));
   CAIRN_RETURN_IF_ERROR(ValidateStep(step));
+  CAIRN_CRASH_POINT("storage.delete_step.begin");
   absl::Status s = store.Delete(ManifestKey(job, step));
   if (!s.ok() && !absl::IsNotFound(s)) {
     return absl::Status(
         s.code(), absl::StrCat("deleting the manifest of ", Where(job, step),
                                ": ", s.message()));
   }
+  CAIRN_CRASH_POINT("storage.delete_step.after_manifest");
   s = store.DeletePrefix(StepPrefix(job, step));
   if (!s.ok()) {
     return absl::Status(
         s.code(), absl::StrCat("deleting the data of ", Where(job, step), ": ",
                                s.message()));
   }
+  CAIRN_CRASH_POINT("storage.delete_step.end");
   return absl::OkStatus();
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/crash_point.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -797,6 +798,7 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
         crc = storage::Crc32cExtend(crc, data, p.length);
         CAIRN_RETURN_IF_ERROR(writer->Append(
             absl::MakeConstSpan(data, static_cast<size_t>(p.length))));
+        CAIRN_CRASH_POINT("agent.stream.mid_write");
         done += p.length;
         cursor += p.length;
         ++pi;
@@ -846,6 +848,7 @@ absl::StatusOr<client::Checkpointer*> Agent::CheckpointerFor(const Set& set) {
 
 void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
   tls_die_before_commit = die_before_commit;
+  CAIRN_CRASH_POINT("agent.persist.begin");
   const std::string where = Where(set->job, set->step, set->rank);
   const absl::Time t0 = absl::Now();
   // A StateDict over the staged bytes; chunks of one tensor are grouped.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/crash_point.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "planner/box.h"
@@ -195,6 +196,7 @@ absl::Status Coordinator::Recover() {
     CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
                            storage::ListIncompleteSteps(*store_, job));
     for (int64_t step : steps) {
+      CAIRN_CRASH_POINT("coordinator.recover.before_removing_incomplete");
       CAIRN_LOG(info, "removing incomplete {} left by a crash",
                 SaveName(job, step));
       CAIRN_RETURN_IF_ERROR(storage::DeleteStep(*store_, job, step));
@@ -680,6 +682,7 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   if (absl::Status s = storage::PublishManifest(*store_, *manifest); !s.ok()) {
     return AbortSession(session, s);
   }
+  CAIRN_CRASH_POINT("coordinator.commit.after_manifest_publish");
   v1::CheckpointRecord record;
   record.set_job(session->job);
   record.set_step(session->step);
@@ -699,6 +702,7 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   }
   CAIRN_LOG(info, "{}: committed ({} bytes, {} tensors, {} ranks)", name,
             record.total_bytes(), record.num_tensors(), session->world_size);
+  CAIRN_CRASH_POINT("coordinator.commit.after_catalog_commit");
 
   std::vector<Done<v1::CommitSaveResponse>> waiters;
   {
@@ -746,6 +750,7 @@ void Coordinator::AbortSessionLocked(
   answers->push_back([this, session, status] {
     CAIRN_LOG(warn, "save of {} aborted: {}",
               SaveName(session->job, session->step), status.ToString());
+    CAIRN_CRASH_POINT("coordinator.abort.before_cleanup");
     v1::CheckpointRecord record;
     record.set_job(session->job);
     record.set_step(session->step);
