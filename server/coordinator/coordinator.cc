@@ -51,6 +51,60 @@ absl::Status ValidateRankOfWorld(int rank, int world, int max_world_size,
   return absl::OkStatus();
 }
 
+// Bounds of what cairnd keeps for clients beyond the configurable ones.
+// Free text a client sends (an abort reason) is kept and logged up to this.
+constexpr size_t kMaxReasonBytes = 1024;
+// A plan fingerprint is a hash (planner::FingerprintLocalPlan: 32 hex).
+constexpr size_t kMaxFingerprintBytes = 64;
+// Aborted saves remembered to answer their late calls.
+constexpr size_t kMaxTombstones = 4096;
+// Bytes of local plans kept for fingerprint-only saves.
+constexpr size_t kKnownPlanBytes = size_t{256} << 20;
+// Jobs whose plan version is remembered.
+constexpr size_t kMaxPlanVersionJobs = 4096;
+
+// `text` cut to `max` bytes, marked when cut.
+std::string Truncated(absl::string_view text, size_t max) {
+  if (text.size() <= max) return std::string(text);
+  return absl::StrCat(text.substr(0, max), "...(truncated, ", text.size(),
+                      " bytes)");
+}
+
+// Approximate heap bytes of a local plan (the known-plan cache's charge).
+size_t ApproximateLocalPlanBytes(const planner::LocalSavePlan& plan) {
+  size_t n = sizeof(plan);
+  for (const planner::WriteItem& item : plan.items) {
+    n += sizeof(item) + item.fqn.size() +
+         (item.global_shape.size() + item.box.offsets.size() +
+          item.box.sizes.size()) *
+             sizeof(int64_t);
+  }
+  return n;
+}
+
+// Checks the sizes of a rank's local plan before it is decoded.
+absl::Status CheckLocalPlanBounds(const v1::LocalSavePlan& plan,
+                                  const CoordinatorOptions& options,
+                                  absl::string_view who) {
+  if (plan.items_size() > options.max_plan_items_per_rank) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        who, ": the local plan has ", plan.items_size(), " items; at most ",
+        options.max_plan_items_per_rank,
+        " per rank are accepted (cairnd --max-plan-items-per-rank)"));
+  }
+  for (const v1::WriteItem& item : plan.items()) {
+    const std::string& fqn = item.kind() == v1::WriteItem::KIND_BYTES
+                                 ? item.bytes_fqn()
+                                 : item.tensor().fqn();
+    if (fqn.size() > static_cast<size_t>(options.max_fqn_bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": fqn '", Truncated(fqn, 64), "' is ", fqn.size(),
+          " bytes; at most ", options.max_fqn_bytes, " are accepted"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // A short random name for one save attempt's directory.
 std::string NewAttemptName() {
   static absl::Mutex* mu = new absl::Mutex;
@@ -83,18 +137,27 @@ struct Coordinator::SaveSession {
   absl::Time deadline;
   Phase phase = Phase::kGathering;
 
-  // Gathering.
+  // Gathering: one entry per rank that arrived, so a session costs what its
+  // ranks sent, never what the world size it claims would need.
+  struct Arrival {
+    std::shared_ptr<const planner::LocalSavePlan> plan;
+    std::string fingerprint;
+  };
+  absl::flat_hash_map<int, Arrival> arrivals;
+  int arrived = 0;
+  int64_t plan_items = 0;  // of every arrived plan
+  absl::flat_hash_map<int, std::vector<Done<v1::BeginSaveResponse>>>
+      begin_waiters;
+  // Once every rank arrived (kPlanning on): the arrivals by rank.
   std::vector<std::shared_ptr<const planner::LocalSavePlan>> plans;
   std::vector<std::string> fingerprints;
-  int arrived = 0;
-  std::vector<std::vector<Done<v1::BeginSaveResponse>>> begin_waiters;
 
   // Planned.
   std::shared_ptr<const planner::GlobalSavePlan> plan;
   uint64_t plan_version = 0;
   bool plan_from_cache = false;
 
-  // Committing.
+  // Committing (sized world_size once planned).
   std::vector<std::optional<std::vector<v1::WriteResult>>> results;
   int committed = 0;
   std::vector<Done<v1::CommitSaveResponse>> commit_waiters;
@@ -161,6 +224,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
       plan_cache_(options.plan_cache_bytes),
       manifests_(options.manifest_cache_entries),
       load_plans_(options.load_plan_cache_entries),
+      known_plans_(kKnownPlanBytes),
       workers_(std::make_unique<ThreadPool>(options.worker_threads)) {
   reaper_ = std::thread([this] { ReaperLoop(); });
 }
@@ -227,7 +291,10 @@ void Coordinator::Shutdown() {
 
 Coordinator::Stats Coordinator::stats() const {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  Stats stats = stats_;
+  stats.saves_in_progress = static_cast<int64_t>(sessions_.size());
+  stats.aborts_remembered = static_cast<int64_t>(tombstones_.size());
+  return stats;
 }
 
 void Coordinator::ReaperLoop() {
@@ -250,7 +317,7 @@ void Coordinator::ReaperLoop() {
       std::vector<int> missing;
       if (s->phase == Phase::kGathering) {
         for (int r = 0; r < s->world_size; ++r) {
-          if (s->plans[r] == nullptr) missing.push_back(r);
+          if (!s->arrivals.contains(r)) missing.push_back(r);
         }
         AbortSessionLocked(
             s,
@@ -303,6 +370,12 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
   std::shared_ptr<const planner::LocalSavePlan> plan;
   std::string fingerprint;
   if (request.has_local_plan()) {
+    if (absl::Status s = CheckLocalPlanBounds(
+            request.local_plan(), options_,
+            absl::StrCat("rank ", rank, " of ", SaveName(job, step)));
+        !s.ok()) {
+      return done(s);
+    }
     if (request.local_plan().rank() != rank) {
       return done(absl::InvalidArgumentError(absl::StrCat(
           "rank ", rank, " of ", SaveName(job, step),
@@ -319,6 +392,12 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
     fingerprint = planner::FingerprintLocalPlan(*p);
     plan = std::make_shared<const planner::LocalSavePlan>(std::move(*p));
   } else if (request.plan_case() == v1::BeginSaveRequest::kPlanFingerprint) {
+    if (request.plan_fingerprint().size() > kMaxFingerprintBytes) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, " of ", SaveName(job, step),
+          " sent a plan fingerprint of ", request.plan_fingerprint().size(),
+          " bytes; at most ", kMaxFingerprintBytes, " are accepted")));
+    }
     fingerprint = request.plan_fingerprint();
   } else {
     return done(absl::InvalidArgumentError(
@@ -346,25 +425,37 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
         return absl::UnavailableError("cairnd is shutting down");
       }
       if (plan == nullptr) {
-        auto known = known_plans_.find({job, rank});
-        if (known == known_plans_.end() ||
-            known->second.fingerprint != fingerprint) {
+        std::shared_ptr<const KnownPlan> known =
+            known_plans_.Lookup({job, rank});
+        if (known == nullptr || known->fingerprint != fingerprint) {
           v1::BeginSaveResponse resend;
           resend.set_resend_plan(true);
           return resend;
         }
-        plan = known->second.plan;
+        plan = known->plan;
       } else {
-        known_plans_[{job, rank}] = KnownPlan{fingerprint, plan};
+        known_plans_.Insert(
+            {job, rank},
+            std::make_shared<const KnownPlan>(KnownPlan{fingerprint, plan}),
+            ApproximateLocalPlanBytes(*plan) + job.size() + fingerprint.size());
       }
 
       const SaveKey key{job, step};
       auto it = sessions_.find(key);
-      if (it != sessions_.end() && it->second->phase == Phase::kAborted) {
-        sessions_.erase(it);  // a new attempt after an abort
-        it = sessions_.end();
-      }
       if (it == sessions_.end()) {
+        // A new save (or a new attempt after an abort).
+        int of_job = 0;
+        for (const auto& [k, live] : sessions_) of_job += k.first == job;
+        if (of_job >= options_.max_sessions_per_job ||
+            static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "rank ", rank, " of ", SaveName(job, step),
+              ": too many saves in progress (", of_job, " of job '", job,
+              "', at most ", options_.max_sessions_per_job, "; ",
+              sessions_.size(), " in total, at most ", options_.max_sessions,
+              "); finish or abort one first"));
+        }
+        tombstones_.erase(key);
         auto fresh = std::make_shared<SaveSession>();
         fresh->job = job;
         fresh->step = step;
@@ -373,10 +464,6 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
         fresh->step_prefix = storage::StepPrefix(job, step);
         fresh->created = absl::Now();
         fresh->deadline = fresh->created + options_.begin_deadline;
-        fresh->plans.resize(world);
-        fresh->fingerprints.resize(world);
-        fresh->begin_waiters.resize(world);
-        fresh->results.resize(world);
         it = sessions_.emplace(key, std::move(fresh)).first;
       }
       SaveSession& s = *it->second;
@@ -385,9 +472,16 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
             "rank ", rank, " of ", SaveName(job, step), " says world_size ",
             world, " but other ranks said ", s.world_size));
       }
-      if (s.plans[rank] != nullptr) {
+      const std::string* arrived_fingerprint = nullptr;
+      if (s.phase == Phase::kGathering) {
+        auto a = s.arrivals.find(rank);
+        if (a != s.arrivals.end()) arrived_fingerprint = &a->second.fingerprint;
+      } else {
+        arrived_fingerprint = &s.fingerprints[rank];
+      }
+      if (arrived_fingerprint != nullptr) {
         // A retry (or a duplicate rank): same plan, same answer.
-        if (s.fingerprints[rank] != fingerprint) {
+        if (*arrived_fingerprint != fingerprint) {
           return absl::InvalidArgumentError(absl::StrCat(
               "rank ", rank, " of ", SaveName(job, step),
               " called BeginSave twice with different plans (duplicate "
@@ -404,11 +498,27 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
             absl::StrCat("rank ", rank, " of ", SaveName(job, step),
                          " arrived after the plan was built"));
       }
-      s.plans[rank] = plan;
-      s.fingerprints[rank] = fingerprint;
+      const int64_t items = static_cast<int64_t>(plan->items.size());
+      if (s.plan_items + items > options_.max_plan_items_per_save) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "rank ", rank, " of ", SaveName(job, step), ": its ", items,
+            " plan items would bring the save to ", s.plan_items + items,
+            " items; at most ", options_.max_plan_items_per_save,
+            " per save are accepted (cairnd --max-plan-items-per-save)"));
+      }
+      s.plan_items += items;
+      s.arrivals[rank] = SaveSession::Arrival{plan, fingerprint};
       s.begin_waiters[rank].push_back(std::move(done));
       if (++s.arrived == s.world_size) {
+        // Every rank is here: the world is real, lay the session out densely.
         s.phase = Phase::kPlanning;
+        s.plans.resize(world);
+        s.fingerprints.resize(world);
+        for (auto& [r, a] : s.arrivals) {
+          s.plans[r] = std::move(a.plan);
+          s.fingerprints[r] = std::move(a.fingerprint);
+        }
+        s.arrivals.clear();
         to_plan = it->second;
       }
       return std::nullopt;
@@ -459,24 +569,37 @@ void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
     if (session->phase != Phase::kPlanning) return;  // aborted meanwhile
     session->plan = plan;
     session->plan_from_cache = from_cache;
+    if (plan_versions_.size() >= kMaxPlanVersionJobs &&
+        !plan_versions_.contains(session->job)) {
+      for (auto v = plan_versions_.begin(); v != plan_versions_.end();) {
+        bool live = false;
+        for (const auto& [k, s] : sessions_) live |= k.first == v->first;
+        if (live) {
+          ++v;
+        } else {
+          plan_versions_.erase(v++);
+        }
+      }
+    }
     uint64_t& version = plan_versions_[session->job];
     if (!from_cache) ++version;
     session->plan_version = version;
     session->phase = Phase::kWriting;
+    session->results.resize(session->world_size);
     session->deadline = absl::Now() + options_.commit_deadline;
     if (from_cache) {
       ++stats_.plans_from_cache;
     } else {
       ++stats_.plans_built;
     }
-    for (int r = 0; r < session->world_size; ++r) {
-      for (auto& done : session->begin_waiters[r]) {
-        answers.push_back([this, session, r, done = std::move(done)] {
+    for (auto& [r, waiters] : session->begin_waiters) {
+      for (auto& done : waiters) {
+        answers.push_back([this, session, r = r, done = std::move(done)] {
           done(RankResponse(*session, r));
         });
       }
-      session->begin_waiters[r].clear();
     }
+    session->begin_waiters.clear();
   }
   CAIRN_LOG(info, "{}: plan v{} for {} ranks ({})",
             SaveName(session->job, session->step), session->plan_version,
@@ -515,7 +638,12 @@ void Coordinator::CommitSave(const v1::CommitSaveRequest& request,
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(SaveKey{job, step});
-    if (it != sessions_.end()) session = it->second;
+    if (it != sessions_.end()) {
+      session = it->second;
+    } else if (auto t = tombstones_.find(SaveKey{job, step});
+               t != tombstones_.end()) {
+      return done(t->second.status);
+    }
   }
   if (session == nullptr) {
     // Maybe a retry after the commit finished: answer from the catalog.
@@ -736,12 +864,28 @@ void Coordinator::AbortSessionLocked(
   session->phase = Phase::kAborted;
   session->abort_status = status;
   ++stats_.aborts;
-  for (auto& waiters : session->begin_waiters) {
+  // The session leaves at once (its plans and waiters are freed when the
+  // last call holding it returns); a tombstone answers late calls.
+  const SaveKey key{session->job, session->step};
+  auto live = sessions_.find(key);
+  if (live != sessions_.end() && live->second == session) {
+    sessions_.erase(live);
+    tombstones_[key] = Tombstone{status, ++tombstone_seq_};
+    tombstone_order_.emplace_back(key, tombstone_seq_);
+    while (tombstone_order_.size() > kMaxTombstones) {
+      auto& [old_key, seq] = tombstone_order_.front();
+      auto t = tombstones_.find(old_key);
+      if (t != tombstones_.end() && t->second.seq == seq) tombstones_.erase(t);
+      tombstone_order_.pop_front();
+    }
+  }
+  session->arrivals.clear();  // (plans may still be read by PlanSession)
+  for (auto& [r, waiters] : session->begin_waiters) {
     for (auto& done : waiters) {
       answers->push_back([done = std::move(done), status] { done(status); });
     }
-    waiters.clear();
   }
+  session->begin_waiters.clear();
   for (auto& done : session->commit_waiters) {
     answers->push_back([done = std::move(done), status] { done(status); });
   }
@@ -758,7 +902,7 @@ void Coordinator::AbortSessionLocked(
     record.set_world_size(session->world_size);
     record.set_created_unix_micros(absl::ToUnixMicros(session->created));
     record.set_storage_uri(store_->uri());
-    record.set_abort_reason(std::string(status.message()));
+    record.set_abort_reason(Truncated(status.message(), 4 * kMaxReasonBytes));
     absl::StatusOr<v1::CheckpointRecord> prev =
         catalog_->GetCheckpoint(session->job, session->step);
     if (!prev.ok() || prev->state() != v1::CHECKPOINT_STATE_COMMITTED) {
@@ -790,6 +934,10 @@ absl::Status Coordinator::AbortSave(const v1::AbortSaveRequest& request) {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(SaveKey{request.job(), request.step()});
     if (it != sessions_.end()) session = it->second;
+    if (session == nullptr &&
+        tombstones_.contains(SaveKey{request.job(), request.step()})) {
+      return absl::OkStatus();  // already aborted: a retry
+    }
   }
   if (session == nullptr) {
     return absl::NotFoundError(
@@ -804,11 +952,13 @@ absl::Status Coordinator::AbortSave(const v1::AbortSaveRequest& request) {
                        " is already being committed"));
     }
   }
-  AbortSession(session, absl::AbortedError(absl::StrCat(
-                            "save of ", SaveName(request.job(), request.step()),
-                            " aborted by rank ", request.rank(), ": ",
-                            request.reason().empty() ? "no reason given"
-                                                     : request.reason())));
+  AbortSession(session,
+               absl::AbortedError(absl::StrCat(
+                   "save of ", SaveName(request.job(), request.step()),
+                   " aborted by rank ", request.rank(), ": ",
+                   request.reason().empty()
+                       ? "no reason given"
+                       : Truncated(request.reason(), kMaxReasonBytes))));
   return absl::OkStatus();
 }
 

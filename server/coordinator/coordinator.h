@@ -35,6 +35,7 @@
 #define CAIRN_SERVER_COORDINATOR_COORDINATOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -86,8 +87,22 @@ struct CoordinatorOptions {
   size_t load_plan_cache_entries = 4096;
   // Threads for blocking work (storage, RocksDB, plan building). Default: 4.
   int worker_threads = 4;
-  // Largest world size accepted. Default: 1 << 20.
+  // Largest world size accepted. Default: 1 << 20. A save's memory grows
+  // with the ranks that actually arrived, not with the world size it claims.
   int max_world_size = 1 << 20;
+  // Save sessions in progress (gathering, writing or committing) at a time,
+  // per job and in total; one more is RESOURCE_EXHAUSTED naming the job.
+  // Defaults: 8 per job, 256 in total.
+  int max_sessions_per_job = 8;
+  int max_sessions = 256;
+  // Bounds of one rank's local save plan: items, and bytes of an fqn.
+  // Defaults: 65,536 items (a 70B model with its optimizer state has ~2,500
+  // tensors, one item each per rank under FSDP), fqns of up to 1 KiB.
+  int max_plan_items_per_rank = 1 << 16;
+  int max_fqn_bytes = 1024;
+  // Items of every rank's plan of one save together. Default: 2^26 (67 M:
+  // 16,384 ranks x 4,096 items).
+  int64_t max_plan_items_per_save = int64_t{1} << 26;
   // Storage placement of planned items (alignment, object names).
   planner::SavePlanOptions save_plan;
   // On start, delete steps on storage that have no MANIFEST (left by a crash)
@@ -153,6 +168,8 @@ class Coordinator {
     int64_t aborts = 0;
     int64_t load_chunks_verified = 0;    // by combining ranks' pieces
     int64_t load_chunks_unverified = 0;  // sent back to verify locally
+    int64_t saves_in_progress = 0;       // sessions held now
+    int64_t aborts_remembered = 0;       // tombstones held now
   };
   Stats stats() const;
 
@@ -212,8 +229,20 @@ class Coordinator {
 
   // State below is protected by mu_.
   mutable absl::Mutex mu_;
+  // Saves in progress; an aborted one leaves at once (to tombstones_).
   absl::flat_hash_map<SaveKey, std::shared_ptr<SaveSession>> sessions_
       ABSL_GUARDED_BY(mu_);
+  // What late calls of a recently aborted save are told: its abort status,
+  // for the newest kMaxTombstones aborts (older ones are answered from the
+  // catalog's ABORTED record).
+  struct Tombstone {
+    absl::Status status;
+    uint64_t seq = 0;
+  };
+  absl::flat_hash_map<SaveKey, Tombstone> tombstones_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<SaveKey, uint64_t>> tombstone_order_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t tombstone_seq_ ABSL_GUARDED_BY(mu_) = 0;
   // Open VerifyLoad rounds; one per (job, step, world size) at a time.
   absl::flat_hash_map<LoadKey, std::shared_ptr<LoadRound>> load_rounds_
       ABSL_GUARDED_BY(mu_);
@@ -222,8 +251,11 @@ class Coordinator {
     std::string fingerprint;
     std::shared_ptr<const planner::LocalSavePlan> plan;
   };
-  absl::flat_hash_map<std::pair<std::string, int>, KnownPlan> known_plans_
-      ABSL_GUARDED_BY(mu_);
+  // Bounded by bytes (kKnownPlanBytes): an evicted plan is asked again
+  // (resend_plan), so this is only a cache.
+  LruCache<std::pair<std::string, int>, KnownPlan> known_plans_;
+  // Plan version of each job (informational): bounded by kMaxPlanVersionJobs,
+  // then the versions of jobs without a save in progress are forgotten.
   absl::flat_hash_map<std::string, uint64_t> plan_versions_
       ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);

@@ -416,6 +416,141 @@ TEST_F(CoordinatorTest, AbortSaveAnswersWaitingRanksAndKeepsLatest) {
   EXPECT_EQ(LatestStep("job"), 1);
 }
 
+// Issue 11: an aborted save used to stay in memory (with world_size-sized
+// vectors) until the same step was saved again.
+TEST_F(CoordinatorTest, AbortedSavesAreFreedAndLateCallsStillAnswered) {
+  Start();
+  constexpr int kHugeWorld = 1 << 20;
+  std::vector<std::future<BeginResult>> parked;
+  for (int step = 1; step <= 6; ++step) {
+    parked.push_back(Begin("big", step, 0, kHugeWorld, RankPlan(0, 1)));
+  }
+  EXPECT_EQ(coordinator_->stats().saves_in_progress, 6);
+  for (int step = 1; step <= 6; ++step) {
+    v1::AbortSaveRequest abort;
+    abort.set_job("big");
+    abort.set_step(step);
+    abort.set_rank(0);
+    abort.set_reason("operator gave up");
+    ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+    // A retried AbortSave of the same save is fine.
+    ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+  }
+  for (auto& f : parked) {
+    BeginResult r = f.get();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("operator gave up"));
+  }
+  EXPECT_EQ(coordinator_->stats().saves_in_progress, 0);
+  EXPECT_EQ(coordinator_->stats().aborts_remembered, 6);
+  // A late CommitSave of an aborted save learns why.
+  v1::CommitSaveRequest late;
+  late.set_job("big");
+  late.set_step(3);
+  late.set_rank(0);
+  CommitResult c = Commit(late).get();
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("job 'big' step 3"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("operator gave up"));
+  // The same step can be saved again, in a fresh attempt.
+  Save("big", 3, 2);
+  EXPECT_EQ(LatestStep("big"), 3);
+  EXPECT_EQ(coordinator_->stats().saves_in_progress, 0);
+}
+
+TEST_F(CoordinatorTest, SavesInProgressAreBoundedPerJobAndInTotal) {
+  options_.max_sessions_per_job = 2;
+  options_.max_sessions = 3;
+  Start();
+  auto a1 = Begin("a", 1, 0, 2, RankPlan(0, 2));
+  auto a2 = Begin("a", 2, 0, 2, RankPlan(0, 2));
+  BeginResult a3 = Begin("a", 3, 0, 2, RankPlan(0, 2)).get();
+  EXPECT_EQ(a3.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(a3.status().message()),
+              HasSubstr("rank 0 of job 'a' step 3"));
+  EXPECT_THAT(std::string(a3.status().message()), HasSubstr("2 of job 'a'"));
+  auto b1 = Begin("b", 1, 0, 2, RankPlan(0, 2));
+  BeginResult c1 = Begin("c", 1, 0, 2, RankPlan(0, 2)).get();
+  EXPECT_EQ(c1.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(c1.status().message()), HasSubstr("3 in total"));
+  // Ranks of a save already in progress are never refused.
+  auto a1_rank1 = Begin("a", 1, 1, 2, RankPlan(1, 2));
+  ASSERT_TRUE(a1.get().ok());
+  ASSERT_TRUE(a1_rank1.get().ok());
+  // Freeing a slot (an abort) lets a new save in.
+  v1::AbortSaveRequest abort;
+  abort.set_job("a");
+  abort.set_step(2);
+  ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+  EXPECT_EQ(a2.get().status().code(), absl::StatusCode::kAborted);
+  auto a3_again = Begin("a", 3, 0, 2, RankPlan(0, 2));
+  auto a3_rank1 = Begin("a", 3, 1, 2, RankPlan(1, 2));
+  EXPECT_TRUE(a3_again.get().ok());
+  EXPECT_TRUE(a3_rank1.get().ok());
+  coordinator_.reset();  // answers b1 UNAVAILABLE
+  EXPECT_EQ(b1.get().status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A 64 MiB abort reason used to land whole in the catalog (and in the log).
+TEST_F(CoordinatorTest, AbortReasonIsTruncated) {
+  Start();
+  auto parked = Begin("job", 5, 0, 2, RankPlan(0, 2));
+  v1::AbortSaveRequest abort;
+  abort.set_job("job");
+  abort.set_step(5);
+  abort.set_rank(0);
+  abort.set_reason(std::string(64 << 20, 'x'));
+  ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+  BeginResult r = parked.get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_LT(r.status().message().size(), 2048u);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("...(truncated, 67108864 bytes)"));
+  v1::ListCheckpointsRequest list;
+  list.set_include_uncommitted(true);
+  auto l = coordinator_->ListCheckpoints(list);
+  ASSERT_TRUE(l.ok()) << l.status();
+  ASSERT_EQ(l->checkpoints_size(), 1);
+  EXPECT_EQ(l->checkpoints(0).state(), v1::CHECKPOINT_STATE_ABORTED);
+  EXPECT_LT(l->checkpoints(0).abort_reason().size(), 2048u);
+  EXPECT_LT(l->ByteSizeLong(), size_t{4} << 10);
+}
+
+TEST_F(CoordinatorTest, LocalPlansAreBoundedPerRankAndPerSave) {
+  options_.max_plan_items_per_rank = 3;
+  options_.max_plan_items_per_save = 5;
+  options_.max_fqn_bytes = 16;
+  Start();
+  v1::LocalSavePlan big = RankPlan(0, 1);
+  *big.add_items() = big.items(0);
+  BeginResult r = Begin("job", 1, 0, 1, big).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("rank 0 of job 'job' step 1"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("4 items"));
+
+  v1::LocalSavePlan long_fqn = RankPlan(0, 1);
+  long_fqn.mutable_items(2)->set_bytes_fqn(std::string(100, 'f'));
+  r = Begin("job", 1, 0, 1, long_fqn).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("100 bytes"));
+
+  r = Begin("job", 1, 0, 1, std::nullopt, std::string(1 << 20, 'z')).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("fingerprint"));
+
+  // Two ranks of 3 items each exceed 5 items per save: the second is refused.
+  auto first = Begin("job", 2, 0, 2, RankPlan(0, 2));
+  r = Begin("job", 2, 1, 2, RankPlan(1, 2)).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("rank 1 of job 'job' step 2"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("at most 5"));
+  coordinator_.reset();
+  EXPECT_EQ(first.get().status().code(), absl::StatusCode::kUnavailable);
+}
+
 TEST_F(CoordinatorTest, CommitResultsMustMatchThePlan) {
   Start();
   BeginResult r = Begin("job", 1, 0, 1, RankPlan(0, 1)).get();
