@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.grpc.pb.h"
+#include "common/cli_flags.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
@@ -400,13 +402,12 @@ int RunCli(int argc, const char* const* argv, std::ostream& out,
   gc->add_option("job", job, "Job name")->required();
   gc->add_option("--keep", keep, "How many committed checkpoints to keep")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(flags::AtLeast(1));
   gc->add_flag("--dry-run,-n", dry_run, "Only print what would be deleted");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e, out, err) == 0 ? 0 : 2;
+  flags::AddVersionFlag(app, "cairn");
+  if (std::optional<int> exit_code = flags::Parse(app, argc, argv, out, err)) {
+    return *exit_code;
   }
   if (coordinator.empty() == storage_uri.empty()) {
     err << "cairn: give exactly one of --coordinator HOST:PORT or --storage "

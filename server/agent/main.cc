@@ -10,12 +10,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/cli_flags.h"
 #include "common/gpu/gpu_info.h"
 #include "common/logging.h"
 #include "server/agent/agent_server.h"
@@ -34,7 +37,9 @@ int main(int argc, char** argv) {
   std::string peers, peer_dir, ready_file, log_level = "info";
   int budget_mib = 1024, bucket_cap_mib = 32, cuda_device = 0;
   int stream_bucket_kib = 64 << 10, stream_idle_timeout_ms = 60000;
-  app.add_option("--node-id", spec.agent.node_id, "This node's id")->required();
+  app.add_option("--node-id", spec.agent.node_id, "This node's id")
+      ->required()
+      ->check(cairn::flags::AtLeast(0));
   app.add_option("--listen-unix", spec.unix_socket,
                  "Unix domain socket for this node's ranks")
       ->required();
@@ -48,37 +53,49 @@ int main(int argc, char** argv) {
                  "Rendezvous directory: this agent writes node-<id> with its "
                  "peer address and reads the others' (shared filesystem)");
   app.add_option("--num-nodes", spec.agent.num_nodes,
-                 "Number of agents (default: entries of --peers, else 1)");
+                 "Number of agents (default: entries of --peers, else 1)")
+      ->check(cairn::flags::InRange(1, 1 << 20));
   app.add_option("--coordinator", spec.agent.coordinator, "cairnd host:port")
       ->required();
   app.add_option("--staging-budget-mib", budget_mib,
                  "Memory for staging, tier 0 and replicas")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 24));
   app.add_option("--replicas", spec.agent.replicas,
                  "Peer agents each checkpoint is replicated to")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(0, 1024));
   app.add_option("--bucket-cap-mib", bucket_cap_mib,
                  "Largest peer message (small items are bucketed)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1024));
   app.add_option("--stream-bucket-kib", stream_bucket_kib,
                  "Bucket of a save larger than the budget (at most half of "
                  "the budget is used)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 24));
   app.add_option("--stream-idle-timeout-ms", stream_idle_timeout_ms,
                  "A streaming save whose rank stays silent this long is "
                  "aborted")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cairn::flags::Positive());
   app.add_option("--io-threads", spec.agent.io_threads,
                  "Parallel storage writes per rank")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 256));
   app.add_option("--cuda-device", cuda_device,
                  "Device of the cuda copier (CUDA builds)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cairn::flags::AtLeast(0));
   app.add_option("--ready-file", ready_file,
                  "Written with the peer port once serving");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  cairn::flags::AddVersionFlag(app, "cairn-agent");
+  if (std::optional<int> exit_code =
+          cairn::flags::Parse(app, argc, argv, std::cout, std::cerr)) {
+    return *exit_code;
+  }
 
   if (absl::Status s = cairn::SetLogLevel(log_level); !s.ok()) {
     std::fprintf(stderr, "cairn-agent: %s\n", std::string(s.message()).c_str());

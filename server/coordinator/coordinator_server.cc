@@ -1,21 +1,78 @@
 #include "server/coordinator/coordinator_server.h"
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "grpc/impl/codegen/grpc_types.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
 namespace cairn::coordinator {
+namespace {
+
+// Binds (without SO_REUSEPORT) every address `listen_address` resolves to and
+// releases it: FAILED_PRECONDITION naming the address when one is in use.
+// Port 0 and non-TCP addresses (unix:) are not checked.
+absl::Status CheckAddressFree(const std::string& listen_address) {
+  if (absl::StartsWith(listen_address, "unix:")) return absl::OkStatus();
+  const size_t colon = listen_address.rfind(':');
+  if (colon == std::string::npos) return absl::OkStatus();
+  std::string host = listen_address.substr(0, colon);
+  const std::string port = listen_address.substr(colon + 1);
+  if (port == "0") return absl::OkStatus();
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints,
+                  &found) != 0) {
+    return absl::OkStatus();  // gRPC reports what it cannot resolve
+  }
+  absl::Status result;
+  for (addrinfo* a = found; a != nullptr && result.ok(); a = a->ai_next) {
+    const int fd =
+        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (a->ai_family == AF_INET6) {
+      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    }
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) {
+      result = absl::FailedPreconditionError(absl::StrCat(
+          "cannot listen on ", listen_address,
+          ": address already in use (is another cairnd running there?)"));
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return result;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const Spec& spec) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  // Refuse a port in use before recovery touches the catalog or storage.
+  CAIRN_RETURN_IF_ERROR(CheckAddressFree(spec.listen_address));
   CAIRN_ASSIGN_OR_RETURN(s->coordinator_,
                          Coordinator::Create(spec.coordinator));
   s->service_ = std::make_unique<CoordinatorService>(s->coordinator_.get());
@@ -23,15 +80,20 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default: a second cairnd on the same port
+  // would then also "listen" and clients would alternate between two
+  // catalogs. Without it a port in use is an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(spec.listen_address,
                            grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->service_.get());
-  builder.SetMaxReceiveMessageSize(spec.max_message_bytes);
-  builder.SetMaxSendMessageSize(spec.max_message_bytes);
+  builder.SetMaxReceiveMessageSize(spec.max_receive_message_bytes);
+  builder.SetMaxSendMessageSize(spec.max_send_message_bytes);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(
-        absl::StrCat("cairnd could not listen on ", spec.listen_address));
+        absl::StrCat("cairnd cannot listen on ", spec.listen_address,
+                     ": the address is in use (another cairnd?) or not local"));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   CAIRN_LOG(info, "cairnd listening on port {} (storage {}, catalog {})",

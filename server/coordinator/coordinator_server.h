@@ -28,8 +28,16 @@ class CoordinatorServer {
     // host:port to listen on; port 0 picks a free port. Default: 0.0.0.0:7070.
     std::string listen_address = "0.0.0.0:7070";
     CoordinatorOptions coordinator;
-    // Largest request/response message. Default: 1 GiB (plans of 4096 ranks).
-    int max_message_bytes = 1 << 30;
+    // Largest request cairnd parses. A BeginSave of the largest accepted
+    // local plan (CoordinatorOptions::max_plan_items_per_rank = 65,536 items,
+    // ~100-200 bytes each with fqns of typical length) is ~6-13 MiB; a
+    // PlanLoad or VerifyLoad of as many chunks is of the same order.
+    // Default: 128 MiB.
+    int max_receive_message_bytes = 128 << 20;
+    // Largest answer: a rank's PlanLoad read items or a whole manifest
+    // (GetCheckpoint) of a large checkpoint. Clients (libcairn, cairn) accept
+    // answers of this size. Default: 1 GiB.
+    int max_send_message_bytes = 1 << 30;
   };
 
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(

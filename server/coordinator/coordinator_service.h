@@ -3,6 +3,11 @@
 // library answers. Blocking handlers run on the coordinator's worker pool so
 // gRPC's callback threads never block; BeginSave/CommitSave park without a
 // thread until every rank has arrived.
+//
+// Every method is registered raw (bytes in, bytes out) and parses its request
+// itself: gRPC's generated handlers answer a request that does not parse
+// with UNIMPLEMENTED and an empty message, which reads as "wrong server";
+// here it is INVALID_ARGUMENT naming the method and the request type.
 #ifndef CAIRN_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 #define CAIRN_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 
@@ -11,48 +16,10 @@
 
 namespace cairn::coordinator {
 
-class CoordinatorService final : public v1::Coordinator::CallbackService {
+class CoordinatorService final : public v1::Coordinator::Service {
  public:
   // `coordinator` must outlive the service.
-  explicit CoordinatorService(Coordinator* coordinator)
-      : coordinator_(coordinator) {}
-
-  grpc::ServerUnaryReactor* BeginSave(grpc::CallbackServerContext* context,
-                                      const v1::BeginSaveRequest* request,
-                                      v1::BeginSaveResponse* response) override;
-  grpc::ServerUnaryReactor* CommitSave(
-      grpc::CallbackServerContext* context,
-      const v1::CommitSaveRequest* request,
-      v1::CommitSaveResponse* response) override;
-  grpc::ServerUnaryReactor* AbortSave(grpc::CallbackServerContext* context,
-                                      const v1::AbortSaveRequest* request,
-                                      v1::AbortSaveResponse* response) override;
-  grpc::ServerUnaryReactor* PlanLoad(grpc::CallbackServerContext* context,
-                                     const v1::PlanLoadRequest* request,
-                                     v1::PlanLoadResponse* response) override;
-  grpc::ServerUnaryReactor* VerifyLoad(
-      grpc::CallbackServerContext* context,
-      const v1::VerifyLoadRequest* request,
-      v1::VerifyLoadResponse* response) override;
-  grpc::ServerUnaryReactor* ListCheckpoints(
-      grpc::CallbackServerContext* context,
-      const v1::ListCheckpointsRequest* request,
-      v1::ListCheckpointsResponse* response) override;
-  grpc::ServerUnaryReactor* GetCheckpoint(
-      grpc::CallbackServerContext* context,
-      const v1::GetCheckpointRequest* request,
-      v1::GetCheckpointResponse* response) override;
-  grpc::ServerUnaryReactor* DeleteCheckpoint(
-      grpc::CallbackServerContext* context,
-      const v1::DeleteCheckpointRequest* request,
-      v1::DeleteCheckpointResponse* response) override;
-  grpc::ServerUnaryReactor* GarbageCollect(
-      grpc::CallbackServerContext* context,
-      const v1::GarbageCollectRequest* request,
-      v1::GarbageCollectResponse* response) override;
-
- private:
-  Coordinator* const coordinator_;
+  explicit CoordinatorService(Coordinator* coordinator);
 };
 
 }  // namespace cairn::coordinator

@@ -5,10 +5,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/cli_flags.h"
 #include "common/logging.h"
 #include "server/coordinator/coordinator_server.h"
 
@@ -43,40 +46,72 @@ int main(int argc, char** argv) {
                  "Seconds all ranks have to call BeginSave after the first; "
                  "missing ranks abort the save with DEADLINE_EXCEEDED")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cairn::flags::Positive());
   app.add_option("--commit-deadline", commit_deadline_s,
                  "Seconds all ranks have to call CommitSave after the plan")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cairn::flags::Positive());
   app.add_option("--load-verify-deadline", load_verify_deadline_s,
                  "Seconds each rank of a load has to report its checksum "
                  "pieces (VerifyLoad) after the previous one; then the "
                  "waiting ranks verify partly read chunks themselves")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cairn::flags::Positive());
   app.add_option("--keep-last", spec.coordinator.keep_last,
                  "Retention: keep the newest N committed checkpoints per job "
                  "(0 keeps all; the newest is never deleted)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(cairn::flags::AtLeast(0));
   app.add_option("--workers", spec.coordinator.worker_threads,
                  "Threads for storage, catalog and planning work")
       ->capture_default_str()
-      ->check(CLI::Range(1, 256));
+      ->check(cairn::flags::InRange(1, 256));
   app.add_option("--plan-cache-mib", plan_cache_mib,
                  "Byte bound of the save plan cache, in MiB")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(cairn::flags::InRange(0, 1 << 20));
   app.add_option("--shutdown-grace", grace_s,
                  "Seconds to let running calls finish on SIGTERM")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(cairn::flags::InRange(0, 3600));
+  app.add_option("--max-world-size", spec.coordinator.max_world_size,
+                 "Largest world size a save or load may claim")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 24));
+  app.add_option("--max-sessions", spec.coordinator.max_sessions,
+                 "Saves in progress at a time, all jobs together; one more "
+                 "is refused with RESOURCE_EXHAUSTED")
+      ->capture_default_str()
+      ->check(cairn::flags::AtLeast(1));
+  app.add_option("--max-sessions-per-job",
+                 spec.coordinator.max_sessions_per_job,
+                 "Saves (steps) of one job in progress at a time")
+      ->capture_default_str()
+      ->check(cairn::flags::AtLeast(1));
+  app.add_option("--max-plan-items-per-rank",
+                 spec.coordinator.max_plan_items_per_rank,
+                 "Items (tensor chunks, bytes entries) of one rank's save plan")
+      ->capture_default_str()
+      ->check(cairn::flags::AtLeast(1));
+  app.add_option("--max-plan-items-per-save",
+                 spec.coordinator.max_plan_items_per_save,
+                 "Items of all ranks' save plans of one save together")
+      ->capture_default_str()
+      ->check(cairn::flags::AtLeast(1));
+  app.add_option("--max-fqn-bytes", spec.coordinator.max_fqn_bytes,
+                 "Longest tensor or bytes entry name (fqn)")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 20));
   app.add_option("--port-file", port_file,
                  "Write the bound port to this file once serving");
   app.add_option("--log-level", log_level,
                  "trace, debug, info, warn, error or off")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  cairn::flags::AddVersionFlag(app, "cairnd");
+  if (std::optional<int> exit_code =
+          cairn::flags::Parse(app, argc, argv, std::cout, std::cerr)) {
+    return *exit_code;
+  }
 
   if (absl::Status s = cairn::SetLogLevel(log_level); !s.ok()) {
     std::fprintf(stderr, "cairnd: %s\n", std::string(s.message()).c_str());

@@ -94,6 +94,14 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(options, path, &raw);
   if (!s.ok()) {
+    // RocksDB's LOCK file: another process has this catalog open.
+    if (s.IsIOError() && absl::StrContains(s.ToString(), "lock")) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "catalog '", path,
+          "' is in use by another process (is another cairnd running with "
+          "the same --catalog or --data-dir?): ",
+          s.ToString()));
+    }
     return absl::UnavailableError(
         absl::StrCat("cannot open catalog '", path, "': ", s.ToString()));
   }

@@ -1,0 +1,37 @@
+// Command-line conventions shared by every Cairn binary (cairnd,
+// cairn-agent, cairn): --version, range checks whose errors say what is
+// wrong ("--keep-last: must be >= 0, got -1"), and the exit codes the README
+// documents (0 success, 1 failure, 2 usage).
+#ifndef CAIRN_COMMON_CLI_FLAGS_H_
+#define CAIRN_COMMON_CLI_FLAGS_H_
+
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+
+namespace cairn::flags {
+
+inline constexpr int kExitUsage = 2;
+
+// A number >= min (CLI11's own range checks print 1.79769e+308 as 309
+// digits).
+CLI::Validator AtLeast(double min);
+// A number > 0.
+CLI::Validator Positive();
+// A number in [min, max].
+CLI::Validator InRange(double min, double max);
+
+// Adds --version to `app`, printing VersionString(program).
+void AddVersionFlag(CLI::App& app, const std::string& program);
+
+// Parses argv. Returns nullopt to go on, or the exit code main should
+// return: 0 after --help/--version (printed to `out`), kExitUsage after a
+// usage error (printed to `err` with a pointer to --help).
+std::optional<int> Parse(CLI::App& app, int argc, const char* const* argv,
+                         std::ostream& out, std::ostream& err);
+
+}  // namespace cairn::flags
+
+#endif  // CAIRN_COMMON_CLI_FLAGS_H_

