@@ -230,9 +230,13 @@ TEST_F(CatalogTest, ConcurrentWritersAndReaders) {
 }
 
 TEST_F(CatalogTest, SecondOpenOfTheSameDatabaseFails) {
+  // RocksDB's LOCK: a second cairnd on the same catalog is refused, saying
+  // why.
   auto second = Catalog::Open(path_);
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(second.status().message()), HasSubstr(path_));
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("is in use by another process"));
 }
 
 }  // namespace
