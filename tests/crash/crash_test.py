@@ -32,7 +32,7 @@ clean, the invariants are checked:
     not name (attempt directories of aborted saves), no empty directory.
 
 Usage:
-  tests/crash/crash_test.py --build-dir build --mode short   # ctest, ~3 min
+  tests/crash/crash_test.py --build-dir build --mode short   # ctest, 32 trials
   tests/crash/crash_test.py --build-dir build --mode long    # 300 trials
   tests/crash/crash_test.py --build-dir build --seed 7 --trials 40
 
@@ -94,7 +94,7 @@ BENCH_MODELS = ["bench:2000000", "bench:4194304"]
 
 MODES = {
     # trials, model choices
-    "short": dict(trials=24),
+    "short": dict(trials=32),
     "long": dict(trials=300),
 }
 
@@ -175,19 +175,26 @@ class Harness:
 
     def __init__(self, args):
         self.args = args
-        b = os.path.abspath(args.build_dir)
-        self.cairnd_bin = os.path.join(b, "server/coordinator/cairnd")
-        self.cairn_bin = os.path.join(b, "client/cli/cairn")
-        self.rank_bin = os.path.join(b, "client/examples/cairn_train_example")
-        self.agent_bin = os.path.join(b, "server/agent/cairn-agent")
-        self.agent_rank_bin = os.path.join(b, "tests/cairn_agent_rank")
+        def binary(flag, rel):
+            if flag:
+                return os.path.abspath(flag)
+            if not args.build_dir:
+                raise SetupError(f"give --build-dir or the path of {rel}")
+            return os.path.join(os.path.abspath(args.build_dir), rel)
+
+        self.cairnd_bin = binary(args.cairnd, "server/coordinator/cairnd")
+        self.cairn_bin = binary(args.cairn, "client/cli/cairn")
+        self.rank_bin = binary(args.rank,
+                               "client/examples/cairn_train_example")
+        self.agent_bin = binary(args.agent, "server/agent/cairn-agent")
+        self.agent_rank_bin = binary(args.agent_rank, "tests/cairn_agent_rank")
         for p in [self.cairnd_bin, self.cairn_bin, self.rank_bin]:
             if not os.access(p, os.X_OK):
                 raise SetupError(f"missing binary {p} (build it first)")
         self.agents_enabled = (os.access(self.agent_bin, os.X_OK) and
                                os.access(self.agent_rank_bin, os.X_OK) and
                                not args.no_agents)
-        base = args.work_dir or None
+        base = args.work_dir or os.environ.get("TEST_TMPDIR") or None
         self.root = tempfile.mkdtemp(prefix="cairn-crash-", dir=base)
         self.data = os.path.join(self.root, "data")
         os.makedirs(self.data)
@@ -207,6 +214,8 @@ class Harness:
         self.latest = {JOB: None, AGENT_JOB: None}
         self.acked = {JOB: set(), AGENT_JOB: set()}
         self.deleted = {JOB: set(), AGENT_JOB: set()}
+        self.must_be_gone = {JOB: set(), AGENT_JOB: set()}  # deletes that
+        # answered OK
         self.trial = 0
         self.trial_log = []  # what happened in the current trial
         self.job_seconds = 3.0  # running estimate of a clean save job
@@ -319,13 +328,17 @@ class Harness:
             raise Violation(f"cairnd exited {rc} on SIGTERM (expected 0 after "
                             f"draining):\n{self.cairnd.output()[-3000:]}")
 
-    def cli(self, *args, offline=False, timeout=120):
+    def cli(self, *args, offline=False, timeout=120, points=None):
         target = (["-s", "file://" + self.storage] if offline else
                   ["-c", self.address()])
         argv = [self.cairn_bin] + target + list(args)
+        env = dict(os.environ)
+        env.pop("CAIRN_CRASH_POINTS", None)
+        if points:
+            env["CAIRN_CRASH_POINTS"] = points
         try:
             r = subprocess.run(argv, capture_output=True, timeout=timeout,
-                               stdin=subprocess.DEVNULL)
+                               stdin=subprocess.DEVNULL, env=env)
         except subprocess.TimeoutExpired:
             raise Violation(f"`{' '.join(argv)}` hung for {timeout} s")
         return (r.returncode, r.stdout.decode("utf-8", "replace"),
@@ -556,16 +569,24 @@ class Harness:
                     if j.get("op") == "committed":
                         got.add(int(j["step"]))
         if kill_ranks_after and agent.alive():
-            # The agent persists on its own after the ranks died: wait for
-            # it to commit or give up (bounded by its timeouts).
+            # Every rank died right after AsyncSave of the first step
+            # returned: the agent owns the shards and must commit them.
             deadline = now() + 60
-            want = set(steps)
+            st = {}
             while now() < deadline and agent.alive():
                 st = self.list_states(AGENT_JOB)
-                if all(st.get(s) in ("COMMITTED", "ABORTED") for s in want):
+                if st.get(steps[0]) in ("COMMITTED", "ABORTED"):
                     break
                 self.watch_cairnd()
                 time.sleep(0.05)
+            if agent.alive() and st.get(steps[0]) != "COMMITTED":
+                agent.kill()
+                raise Violation(
+                    f"durable: {AGENT_JOB} step {steps[0]}: the ranks died "
+                    f"after AsyncSave returned and the agent, alive, did not "
+                    f"commit it within 60 s (state {st.get(steps[0])}); "
+                    f"agent log {agent.log_path}")
+            got.add(steps[0])
         point = agent.crash_point() if not agent.alive() else None
         if point is not None:
             self.kills[f"agent@{point}"] += 1
@@ -606,9 +627,15 @@ class Harness:
         model = rng.choice(["small", "small", "small", "bench:2000000"])
 
         if kind == "cairnd_point":
-            point = rng.choice(CAIRND_COMMIT_POINTS + CAIRND_DELETE_POINTS)
-            n = rng.randint(1, 3)
-            self.start_cairnd(points=f"{point}@{n}",
+            if rng.random() < 0.3:
+                # Every cairnd point armed with a small probability.
+                spec = ",".join(f"{p}%{rng.choice([0.05, 0.1, 0.2])}"
+                                for p in CAIRND_COMMIT_POINTS +
+                                CAIRND_DELETE_POINTS + CAIRND_ABORT_POINTS)
+            else:
+                point = rng.choice(CAIRND_COMMIT_POINTS + CAIRND_DELETE_POINTS)
+                spec = f"{point}@{rng.randint(1, 3)}"
+            self.start_cairnd(points=spec,
                               keep_last=rng.choice([1, 2, KEEP_LAST]))
             self.direct_job(self.save_steps(JOB, 3), world, model)
         elif kind == "cairnd_random":
@@ -705,7 +732,24 @@ class Harness:
         point = rng.choice(CAIRND_DELETE_POINTS)
         self.start_cairnd(points=f"{point}@{rng.randint(1, 2)}", keep_last=0)
         committed = self.committed(JOB)
-        how = rng.choice(["rm", "rm_latest", "gc", "retention"])
+        how = rng.choice(["rm", "rm", "rm_latest", "gc", "gc", "retention",
+                          "offline_rm"])
+        if how == "offline_rm" and committed:
+            # `cairn -s ... rm` with cairnd down, the CLI dying mid-delete:
+            # cairnd's recovery must reconcile its catalog with storage.
+            self.cairnd.term(30)
+            step = rng.choice(committed)
+            self.deleted[JOB].add(step)
+            rc, out, err = self.cli("rm", JOB, str(step), "-y", offline=True,
+                                    points=f"{point}@1")
+            died = re.search(r"crash point '([^']+)'", err)
+            if died:
+                self.kills[f"cli@{died.group(1)}"] += 1
+            elif rc == 0:
+                self.must_be_gone[JOB].add(step)
+            self.note(f"cairn -s rm {step} over {committed} (cairnd down): "
+                      f"rc {rc} {err.strip()[:200]}")
+            return
         if how == "retention" or not committed:
             # Retention on commit deletes the older steps.
             self.cairnd.term(30)
@@ -720,6 +764,8 @@ class Harness:
             gone = committed[:len(committed) - keep]
             self.deleted[JOB] |= set(gone)
             rc, out, err = self.cli("gc", JOB, "--keep", str(keep))
+            if rc == 0:
+                self.must_be_gone[JOB] |= set(gone)
             self.note(f"cairn gc --keep {keep} over {committed}: rc {rc} "
                       f"{err.strip()[:200]}")
         else:
@@ -727,6 +773,8 @@ class Harness:
                 committed)
             self.deleted[JOB].add(step)
             rc, out, err = self.cli("rm", JOB, str(step), "-y")
+            if rc == 0:
+                self.must_be_gone[JOB].add(step)
             self.note(f"cairn rm {step} over {committed}: rc {rc} "
                       f"{err.strip()[:200]}")
         self.watch_cairnd()
@@ -765,6 +813,10 @@ class Harness:
             self.load_check(job, "latest", on_c[-1])
             for s in on_c[:-1]:
                 self.load_check(job, str(s), s)
+        back = sorted(self.must_be_gone[job] & set(on_c))
+        if back:
+            raise Violation(f"durable: job {job}: steps {back} were deleted "
+                            f"(rm/gc answered OK) but are committed again")
         # latest never goes backwards.
         prev = self.latest[job]
         cur = on_c[-1] if on_c else None
@@ -931,6 +983,7 @@ class Harness:
         self.latest = {JOB: None, AGENT_JOB: None}
         self.acked = {JOB: set(), AGENT_JOB: set()}
         self.deleted = {JOB: set(), AGENT_JOB: set()}
+        self.must_be_gone = {JOB: set(), AGENT_JOB: set()}
 
     def summary(self, trials, wall):
         a = self.args
@@ -951,10 +1004,14 @@ class Harness:
                 print(f"  trial {i} (seed {seed}): {first}")
             print(f"logs and data kept in {self.root}")
             print("reproduce: /usr/bin/python3 " + os.path.abspath(__file__) +
-                  f" --build-dir {os.path.abspath(a.build_dir)} --mode "
-                  f"{a.mode} --seed {a.seed} --trials "
-                  f"{self.violations[0][0] + 1}" +
-                  (f" --only {a.only}" if a.only else ""))
+                  f" --cairnd {self.cairnd_bin} --cairn {self.cairn_bin}"
+                  f" --rank {self.rank_bin} --agent {self.agent_bin}"
+                  f" --agent-rank {self.agent_rank_bin} --mode {a.mode}"
+                  f" --seed {a.seed} --trials {self.violations[0][0] + 1}" +
+                  (f" --only {a.only}" if a.only else "") +
+                  (" --no-agents" if a.no_agents else "") +
+                  (f" --recovery-crash {a.recovery_crash}"
+                   if a.recovery_crash != 0.25 else ""))
         elif not a.keep_dir:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -962,12 +1019,19 @@ class Harness:
 def main():
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--build-dir", required=True,
-                    help="CMake build directory with cairnd, cairn and the "
-                    "example ranks")
+    ap.add_argument("--build-dir", default="",
+                    help="CMake build directory with cairnd, cairn, the "
+                    "example ranks and the agent (or give each path below)")
+    ap.add_argument("--cairnd", default="", help="path of cairnd")
+    ap.add_argument("--cairn", default="", help="path of the cairn CLI")
+    ap.add_argument("--rank", default="",
+                    help="path of cairn_train_example")
+    ap.add_argument("--agent", default="", help="path of cairn-agent")
+    ap.add_argument("--agent-rank", default="",
+                    help="path of cairn_agent_rank")
     ap.add_argument("--mode", choices=sorted(MODES), default="short")
     ap.add_argument("--trials", type=int, default=0,
-                    help="number of trials (default: 24 short, 300 long)")
+                    help="number of trials (default: 32 short, 300 long)")
     ap.add_argument("--seed", type=int, default=None,
                     help="run seed (default: random, printed)")
     ap.add_argument("--only", default="",
