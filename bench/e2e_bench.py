@@ -19,8 +19,19 @@ DCP, then Cairn, every phase once. Each tool's figure is its best round; the
 table also gives the per-round Cairn / DCP ratios (same minutes, same disk).
 
 Usage: bench/e2e_bench.py [--build build] [--dir /tmp/cairn-bench] [--bytes 1.6e9]
-       [--repeat 2] [--skip-dcp] [--skip-limits]
+       [--repeat 2] [--skip-dcp] [--skip-limits] [--no-drop-caches] [--timeout S]
+       bench/e2e_bench.py --smoke [--build build] [--dir DIR]
 Prints one JSON line per tool and a markdown table of ratios.
+
+--smoke checks in seconds that everything still runs end to end (ctest label
+bench-smoke): 32 MiB, one round, no page-cache drop (it would disturb every
+other test on the machine), each process killed after --timeout (default 120
+s in smoke mode) so a hang fails instead of blocking; DCP runs only if
+/usr/bin/python3 can import torch (python3-torch), and is skipped with a
+notice otherwise. Cairn's part (cairnd, 4 saving ranks, the three loads with
+their bit-exact checks) and the limits always run. Numbers are meaningless.
+Dropping the page cache needs root; without it the loads are warm (a warning
+says so).
 """
 import argparse
 import json
@@ -33,7 +44,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def drop_caches():
+def drop_caches(args):
+    if args.no_drop_caches:
+        return False
     try:
         os.sync()
         with open("/proc/sys/vm/drop_caches", "w") as f:
@@ -44,13 +57,14 @@ def drop_caches():
         return False
 
 
-def run_json(cmd, **kw):
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, **kw).stdout
+def run_json(cmd, timeout=None, **kw):
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True,
+                         timeout=timeout, **kw).stdout
     lines = [l for l in out.splitlines() if l.startswith("{")]
     return json.loads(lines[-1])
 
 
-def run_ranks(rank_bin, addr, job, world, model, layout, extra):
+def run_ranks(rank_bin, addr, job, world, model, layout, extra, timeout=None):
     procs = []
     for r in range(world):
         cmd = [rank_bin, "--coordinator", addr, "--job", job, "--rank", str(r),
@@ -58,8 +72,17 @@ def run_ranks(rank_bin, addr, job, world, model, layout, extra):
                "--json"] + extra
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
     stats = []
+    deadline = None if timeout is None else time.monotonic() + timeout
     for p in procs:
-        out, _ = p.communicate()
+        try:
+            out, _ = p.communicate(
+                timeout=None if deadline is None else max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+                q.wait()
+            raise RuntimeError(f"ranks of job {job} ({layout}, {extra}) still running "
+                               f"after {timeout} s: killed")
         if p.returncode != 0:
             raise RuntimeError(f"rank exited {p.returncode}: {out}")
         stats.append([json.loads(l) for l in out.splitlines() if l.startswith("{")])
@@ -79,13 +102,17 @@ def cairn_run(args, model, total_bytes):
                           "--port-file", port_file, "--log-level", "warn"],
                          stdout=log, stderr=log)
     try:
-        for _ in range(200):
-            if os.path.exists(port_file):
+        for _ in range(600):
+            if os.path.exists(port_file) or d.poll() is not None:
                 break
             time.sleep(0.05)
+        if not os.path.exists(port_file):
+            raise RuntimeError("cairnd did not start (exit %s); see %s" %
+                               (d.poll(), os.path.join(data, "cairnd.log")))
         addr = "127.0.0.1:" + open(port_file).read().strip()
         res = {"tool": "cairn", "bytes": total_bytes}
-        s = run_ranks(rank_bin, addr, "bench", 4, model, "4:S0", ["--save-steps", "1"])
+        s = run_ranks(rank_bin, addr, "bench", 4, model, "4:S0", ["--save-steps", "1"],
+                      args.timeout)
         # Collective save time: barrier release -> commit acknowledged.
         res["save_s"] = (min(x[0]["plan_s"] for x in s) +
                          max(x[0]["io_s"] + x[0]["commit_s"] for x in s))
@@ -93,9 +120,9 @@ def cairn_run(args, model, total_bytes):
                 ("load2", 2, "2:S1", []),
                 ("load2_whole", 2, "2:S1", ["--partial-check", "whole"]),
                 ("load4", 4, "4:S0", [])):
-            res["cold"] = drop_caches()
+            res["cold"] = drop_caches(args)
             l = run_ranks(rank_bin, addr, "bench", world, model, layout,
-                          ["--load", "1"] + extra)
+                          ["--load", "1"] + extra, args.timeout)
             res[name + "_s"] = max(x[0]["plan_s"] + x[0]["io_s"] for x in l)
             for key in ("storage_bytes", "block_read_bytes", "syscall_read_bytes",
                         "chunks_verified_by_cairnd"):
@@ -106,7 +133,11 @@ def cairn_run(args, model, total_bytes):
         return res
     finally:
         d.terminate()
-        d.wait()
+        try:
+            d.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
         shutil.rmtree(data, ignore_errors=True)
 
 
@@ -114,12 +145,31 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--dir", default="/tmp/cairn-e2e-bench")
-    p.add_argument("--bytes", type=float, default=1.6e9)
-    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--bytes", type=float, default=None, help="default 1.6e9")
+    p.add_argument("--repeat", type=int, default=None, help="default 2")
     p.add_argument("--skip-dcp", action="store_true")
     p.add_argument("--skip-limits", action="store_true",
                    help="for quick iterations: no fio run, ratios are nan")
+    p.add_argument("--no-drop-caches", action="store_true",
+                   help="never drop the page cache (loads are warm)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds each tool's processes may run (default: none; 120 with --smoke)")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny and quick: check that every part still runs (see the top)")
     args = p.parse_args()
+    if args.smoke:
+        args.bytes = args.bytes or 2 ** 25
+        args.repeat = args.repeat or 1
+        args.no_drop_caches = True
+        args.timeout = args.timeout or 120
+        if not args.skip_dcp and subprocess.run(
+                ["/usr/bin/python3", "-c", "import torch"], stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL).returncode != 0:
+            print("e2e_bench --smoke: torch is not importable (apt-get install "
+                  "python3-torch): DCP skipped", file=sys.stderr)
+            args.skip_dcp = True
+    args.bytes = args.bytes or 1.6e9
+    args.repeat = args.repeat or 2
     os.makedirs(args.dir, exist_ok=True)
     model = "bench:%d" % int(args.bytes)
     # The bytes the synthetic model really holds: 8 x rows x 4096 fp32.
@@ -134,7 +184,9 @@ def main():
             limit = {"tool": "limit", "write_GBps": nan, "read_GBps": nan}
         else:
             limit = run_json([os.path.join(ROOT, "bench/baselines/limits.sh"), args.dir,
-                              str(int(total))], env=dict(os.environ, LIMITS_REPEAT="1"))
+                              str(int(total))], timeout=args.timeout,
+                             env=dict(os.environ, LIMITS_REPEAT="1",
+                                      LIMITS_DROP_CACHES="0" if args.no_drop_caches else "1"))
         print(json.dumps(limit), flush=True)
         dcp = None
         if not args.skip_dcp:
@@ -142,7 +194,9 @@ def main():
             shutil.rmtree(dcp_dir, ignore_errors=True)  # a killed run's leftovers
             dcp = run_json(["/usr/bin/python3",
                             os.path.join(ROOT, "bench/baselines/dcp_bench.py"),
-                            "--dir", dcp_dir, "--total-bytes", str(total), "--repeat", "1"])
+                            "--dir", dcp_dir, "--total-bytes", str(total), "--repeat", "1"] +
+                           (["--no-drop-caches"] if args.no_drop_caches else []),
+                           timeout=args.timeout)
             print(json.dumps(dcp), flush=True)
         cairn = cairn_run(args, model, total)
         print(json.dumps(cairn), flush=True)

@@ -26,8 +26,19 @@
 //                         [Replicate, Shard(0), Shard(1)]), with bucketing.
 //
 // Run: build-dir/bench/planner_bench  (RelWithDebInfo, -O2; ~2 minutes).
+//
+// --smoke runs every benchmark once on tiny sizes (16 ranks x 10 tensors,
+// 16 and 64 load chunks, 16 -> 12 ranks for the transfer plan) in about a
+// second: ctest runs it (label bench-smoke) so a change that breaks the
+// benchmark fails CI. Numbers are never checked; the run fails (exit 1) if
+// a benchmark reports an error or none ran. Other flags are Google
+// Benchmark's (--benchmark_filter=...).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,8 +54,35 @@
 namespace cairn::planner {
 namespace {
 
-constexpr int kWorld = 4096;
-constexpr int kTensors = 1000;
+// The sizes each benchmark runs at: the README's (default) or --smoke's.
+struct Sizes {
+  int64_t replicas = 2, rows = 256, cols = 8;  // save mesh: 4096 ranks
+  int tensors = 1000;
+  std::vector<int64_t> load_chunks = {1024, 4096, 16384, 65536};
+  int64_t transfer_rows_to = 192;  // transfer: mesh rows 256 -> 192
+  int transfer_tensors = 64;
+  int64_t transfer_dim0 = 8192, transfer_dim1 = 4096;
+  int64_t world() const { return replicas * rows * cols; }
+};
+
+Sizes SmokeSizes() {
+  Sizes s;
+  s.replicas = 2;
+  s.rows = 4;
+  s.cols = 2;
+  s.tensors = 10;
+  s.load_chunks = {16, 64};
+  s.transfer_rows_to = 3;
+  s.transfer_tensors = 4;
+  s.transfer_dim0 = 64;
+  s.transfer_dim1 = 32;
+  return s;
+}
+
+Sizes& CurrentSizes() {
+  static Sizes sizes;
+  return sizes;
+}
 
 DTensorLayout Mesh3(int64_t replicas, int64_t rows, int64_t cols,
                     int first_rank = 0) {
@@ -70,14 +108,16 @@ struct SaveFixture {
 
 SaveFixture& GetSaveFixture() {
   static SaveFixture* const fixture = [] {
+    const Sizes& z = CurrentSizes();
+    const int world = static_cast<int>(z.world());
     auto* f = new SaveFixture;
-    f->plans.resize(kWorld);
-    for (int r = 0; r < kWorld; ++r) {
+    f->plans.resize(world);
+    for (int r = 0; r < world; ++r) {
       f->plans[r].rank = r;
-      f->plans[r].items.reserve(kTensors);
+      f->plans[r].items.reserve(z.tensors);
     }
-    const DTensorLayout layout = Mesh3(2, 256, 8);
-    for (int t = 0; t < kTensors; ++t) {
+    const DTensorLayout layout = Mesh3(z.replicas, z.rows, z.cols);
+    for (int t = 0; t < z.tensors; ++t) {
       // Short fqns stay in std::string's inline buffer, as real code can't
       // count on; shapes vary so chunks are uneven.
       const std::string fqn = absl::StrFormat("l%03d.w", t);
@@ -99,7 +139,7 @@ SaveFixture& GetSaveFixture() {
       f->fingerprints.push_back(FingerprintLocalPlan(p));
     }
     SavePlanOptions options;
-    f->key = PlanCache::Key{"llama-70b", kWorld, f->fingerprints,
+    f->key = PlanCache::Key{"llama-70b", world, f->fingerprints,
                             StorageSettingsKey(options)};
     auto plan = BuildGlobalSavePlan("llama-70b", 1000, f->plans, options);
     if (!plan.ok()) std::abort();
@@ -124,18 +164,18 @@ void BM_SavePlanUncached(benchmark::State& state) {
     for (const RankSavePlan& r : plan->ranks) writes += r.writes.size();
     benchmark::DoNotOptimize(plan);
   }
-  state.counters["ranks"] = kWorld;
-  state.counters["items"] = static_cast<double>(kWorld) * kTensors;
+  state.counters["ranks"] = static_cast<double>(f.plans.size());
+  state.counters["items"] =
+      static_cast<double>(f.plans.size()) * CurrentSizes().tensors;
   state.counters["writes"] = static_cast<double>(writes);
 }
-BENCHMARK(BM_SavePlanUncached)->Unit(benchmark::kMillisecond)->Iterations(3);
 
 void BM_SavePlanCached(benchmark::State& state) {
   SaveFixture& f = GetSaveFixture();
   for (auto _ : state) {
     // The key is assembled from the fingerprints the ranks sent.
-    PlanCache::Key key{"llama-70b", kWorld, f.fingerprints,
-                       StorageSettingsKey(SavePlanOptions{})};
+    PlanCache::Key key{"llama-70b", static_cast<int>(f.plans.size()),
+                       f.fingerprints, StorageSettingsKey(SavePlanOptions{})};
     auto plan = f.cache.Lookup(key);
     if (plan == nullptr) {
       state.SkipWithError("cache miss");
@@ -143,18 +183,17 @@ void BM_SavePlanCached(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(plan);
   }
-  state.counters["ranks"] = kWorld;
+  state.counters["ranks"] = static_cast<double>(f.plans.size());
 }
-BENCHMARK(BM_SavePlanCached)->Unit(benchmark::kMicrosecond);
 
 void BM_FingerprintLocalPlan(benchmark::State& state) {
   SaveFixture& f = GetSaveFixture();
+  const LocalSavePlan& plan = f.plans[17 % f.plans.size()];
   for (auto _ : state) {
-    benchmark::DoNotOptimize(FingerprintLocalPlan(f.plans[17]));
+    benchmark::DoNotOptimize(FingerprintLocalPlan(plan));
   }
-  state.counters["items"] = static_cast<double>(f.plans[17].items.size());
+  state.counters["items"] = static_cast<double>(plan.items.size());
 }
-BENCHMARK(BM_FingerprintLocalPlan)->Unit(benchmark::kMicrosecond);
 
 // ---- Load planning ----
 
@@ -255,10 +294,6 @@ void BM_LoadPlanIndex(benchmark::State& state) {
   }
   SetLoadCounters(state, reads, state.range(0));
 }
-BENCHMARK(BM_LoadPlanIndex)
-    ->RangeMultiplier(4)
-    ->Range(1024, 65536)
-    ->Unit(benchmark::kMillisecond);
 
 void BM_LoadPlanIndexBuild(benchmark::State& state) {
   LoadFixture& f = GetLoadFixture(state.range(0));
@@ -267,10 +302,6 @@ void BM_LoadPlanIndexBuild(benchmark::State& state) {
     benchmark::DoNotOptimize(planner);
   }
 }
-BENCHMARK(BM_LoadPlanIndexBuild)
-    ->RangeMultiplier(4)
-    ->Range(1024, 65536)
-    ->Unit(benchmark::kMillisecond);
 
 bool SameReads(const std::vector<ReadItem>& a, const std::vector<ReadItem>& b) {
   if (a.size() != b.size()) return false;
@@ -297,25 +328,20 @@ void BM_LoadPlanNaive(benchmark::State& state) {
     state.SkipWithError("naive and indexed read items differ");
   }
 }
-BENCHMARK(BM_LoadPlanNaive)
-    ->Arg(1024)
-    ->Arg(4096)
-    ->Arg(16384)
-    ->Arg(65536)
-    ->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
 
 // ---- Transfer schedule ----
 
-void BM_TransferPlan_4096_to_3072(benchmark::State& state) {
-  const DTensorLayout src = Mesh3(2, 256, 8);
-  const DTensorLayout dst = Mesh3(2, 192, 8);
+// BM_TransferPlan_<from>_to_<to>.
+void BM_TransferPlan(benchmark::State& state) {
+  const Sizes& z = CurrentSizes();
+  const DTensorLayout src = Mesh3(z.replicas, z.rows, z.cols);
+  const DTensorLayout dst = Mesh3(z.replicas, z.transfer_rows_to, z.cols);
   std::vector<TransferTensor> tensors;
-  for (int t = 0; t < 64; ++t) {
+  for (int t = 0; t < z.transfer_tensors; ++t) {
     TransferTensor tensor;
     tensor.fqn = absl::StrFormat("layers.%02d.mlp.w", t);
     tensor.dtype = DType::kBFloat16;
-    tensor.global_shape = {8192 + 5 * t, 4096};
+    tensor.global_shape = {z.transfer_dim0 + 5 * t, z.transfer_dim1};
     auto s = AllChunks(src, tensor.global_shape);
     auto d = AllChunks(dst, tensor.global_shape);
     if (!s.ok() || !d.ok()) std::abort();
@@ -344,11 +370,100 @@ void BM_TransferPlan_4096_to_3072(benchmark::State& state) {
   state.counters["max_recv_MiB"] =
       static_cast<double>(plan.max_rank_recv_bytes) / (1 << 20);
 }
-BENCHMARK(BM_TransferPlan_4096_to_3072)
-    ->Unit(benchmark::kMillisecond)
-    ->Iterations(3);
+
+// Registers every benchmark at `z`; smoke runs each exactly once.
+void RegisterAll(const Sizes& z, bool smoke) {
+  auto fixed = [smoke](benchmark::internal::Benchmark* b, int iterations) {
+    b->Iterations(smoke ? 1 : iterations);
+  };
+  auto timed = [smoke](benchmark::internal::Benchmark* b) {
+    if (smoke) b->Iterations(1);
+  };
+  fixed(benchmark::RegisterBenchmark("BM_SavePlanUncached", BM_SavePlanUncached)
+            ->Unit(benchmark::kMillisecond),
+        3);
+  timed(benchmark::RegisterBenchmark("BM_SavePlanCached", BM_SavePlanCached)
+            ->Unit(benchmark::kMicrosecond));
+  timed(benchmark::RegisterBenchmark("BM_FingerprintLocalPlan",
+                                     BM_FingerprintLocalPlan)
+            ->Unit(benchmark::kMicrosecond));
+  for (auto [name, fn] :
+       {std::pair{"BM_LoadPlanIndex", BM_LoadPlanIndex},
+        std::pair{"BM_LoadPlanIndexBuild", BM_LoadPlanIndexBuild}}) {
+    auto* b =
+        benchmark::RegisterBenchmark(name, fn)->Unit(benchmark::kMillisecond);
+    for (int64_t n : z.load_chunks) b->Arg(n);
+    timed(b);
+  }
+  auto* naive =
+      benchmark::RegisterBenchmark("BM_LoadPlanNaive", BM_LoadPlanNaive)
+          ->Unit(benchmark::kMillisecond);
+  for (int64_t n : z.load_chunks) naive->Arg(n);
+  fixed(naive, 1);
+  fixed(benchmark::RegisterBenchmark(
+            absl::StrFormat("BM_TransferPlan_%d_to_%d", z.world(),
+                            z.replicas * z.transfer_rows_to * z.cols)
+                .c_str(),
+            BM_TransferPlan)
+            ->Unit(benchmark::kMillisecond),
+        3);
+}
+
+// Console output as usual, and a count of the runs and of those that
+// reported an error (SkipWithError), so that a broken benchmark exits 1.
+class CountingReporter : public benchmark::ConsoleReporter {
+ public:
+  // Colors only on a terminal (ctest matches the plain lines).
+  CountingReporter()
+      : ConsoleReporter(::isatty(STDOUT_FILENO) ? OO_ColorTabular
+                                                : OO_Tabular) {}
+  void ReportRuns(const std::vector<Run>& reports) override {
+    for (const Run& run : reports) {
+      ++runs_;
+      if (run.error_occurred) ++errors_;
+    }
+    ConsoleReporter::ReportRuns(reports);
+  }
+  int runs() const { return runs_; }
+  int errors() const { return errors_; }
+
+ private:
+  int runs_ = 0;
+  int errors_ = 0;
+};
 
 }  // namespace
 }  // namespace cairn::planner
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  using namespace cairn::planner;  // NOLINT
+  bool smoke = false;
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--smoke") == 0) {
+      smoke = true;
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
+  if (smoke) CurrentSizes() = SmokeSizes();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  RegisterAll(CurrentSizes(), smoke);
+  CountingReporter reporter;
+  const size_t matched = benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  if (matched == 0 || reporter.errors() > 0) {
+    std::fprintf(stderr,
+                 "planner_bench: %zu benchmarks matched, %d of %d runs "
+                 "failed\n",
+                 matched, reporter.errors(), reporter.runs());
+    return 1;
+  }
+  if (reporter.runs() > 0) {
+    std::printf("planner_bench: %d benchmark runs completed%s\n",
+                reporter.runs(), smoke ? " (smoke sizes)" : "");
+  }
+  return 0;
+}

@@ -11,6 +11,10 @@
 // The data is deleted afterwards. bench/storage_bench.sh runs this next to
 // fio (the machine's limit) and prints the ratios.
 //
+// --smoke: 8 MiB in 1 MiB objects, threads 1,2, no cache drop, in a fresh
+// temporary directory that is removed afterwards (unless --dir is given):
+// seconds, for ctest (label bench-smoke). Explicit flags still win.
+//
 // Output: one JSON line per thread count on stdout; a table on stderr.
 //   {"tool":"cairn","threads":T,"odirect":false,"write_GBps":..,
 //    "read_GBps":..,"bytes":..,"item_bytes":..,"cold":true}
@@ -22,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -206,6 +211,30 @@ int main(int argc, char** argv) {
                  "drop the page cache before reading (needs root)");
   app.add_option("--repeat", flags.repeat, "runs per thread count");
   app.add_flag("--keep", flags.keep, "keep the data of the last run");
+  bool smoke = false;
+  app.add_flag("--smoke", smoke,
+               "tiny sizes for a quick check that the benchmark runs");
   CLI11_PARSE(app, argc, argv);
-  return cairn::storage::Run(flags);
+  std::string scratch;
+  if (smoke) {
+    auto unset = [&app](const char* name) { return app.count(name) == 0; };
+    if (unset("--total_bytes")) flags.total_bytes = 8ull << 20;
+    if (unset("--item_bytes")) flags.item_bytes = 1ull << 20;
+    if (unset("--threads")) flags.threads = "1,2";
+    if (unset("--io_chunk_mib")) flags.io_chunk_mib = 1;
+    if (unset("--drop_caches")) flags.drop_caches = false;
+    if (unset("--dir")) {
+      std::string tmpl = (std::filesystem::temp_directory_path() /
+                          "cairn-storage-bench.XXXXXX")
+                             .string();
+      if (::mkdtemp(tmpl.data()) == nullptr) {
+        std::perror("mkdtemp");
+        return 1;
+      }
+      flags.dir = scratch = tmpl;
+    }
+  }
+  const int rc = cairn::storage::Run(flags);
+  if (!scratch.empty()) std::filesystem::remove_all(scratch);
+  return rc;
 }

@@ -2,7 +2,11 @@
 # Cairn posix ShardStore throughput vs. this machine's limit, side by side in
 # one run (issue 4 item 10). Prints a ratio table (markdown) on stdout.
 #
-# Usage: bench/storage_bench.sh [DIR] [TOTAL_BYTES]
+# Usage: bench/storage_bench.sh [--smoke] [DIR] [TOTAL_BYTES]
+#   --smoke      a quick check that everything runs (ctest label bench-smoke):
+#                32 MiB in 1 MiB objects, threads 1 2, one round, no page-cache
+#                drop (it would disturb everything else running); the
+#                environment below still overrides. Numbers are meaningless.
 #   DIR          where data goes (default: $TMPDIR or /tmp; a fresh subdirectory)
 #   TOTAL_BYTES  bytes per measurement (default 4 GiB = 4294967296)
 # Environment:
@@ -13,6 +17,8 @@
 #   REPEAT=4       rounds; each round runs fio then Cairn for every (mode, T),
 #                  and the table shows the best of the rounds for both
 #   IO_THREADS=4   StoreOptions.io_threads for Cairn
+#   ITEM_BYTES=67108864  bytes per Cairn object
+#   DROP_CACHES=1  0: never drop the page cache (reads are then warm)
 #
 # The machine's limit, per thread count T, is the better of two fio runs in
 # the same round (GB = 1e9 bytes):
@@ -30,12 +36,23 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SMOKE=false
+if [[ ${1:-} == --smoke ]]; then SMOKE=true; shift; fi
 DIR=${1:-${TMPDIR:-/tmp}}
-TOTAL=${2:-4294967296}
+if $SMOKE; then
+  TOTAL=${2:-33554432}
+  THREADS=${THREADS:-"1 2"}
+  REPEAT=${REPEAT:-1}
+  ITEM_BYTES=${ITEM_BYTES:-1048576}
+  DROP_CACHES=${DROP_CACHES:-0}
+fi
+TOTAL=${2:-${TOTAL:-4294967296}}
 THREADS=${THREADS:-"1 2 3 4"}
 MODES=${MODES:-"buffered direct"}
 REPEAT=${REPEAT:-4}
 IO_THREADS=${IO_THREADS:-4}
+ITEM_BYTES=${ITEM_BYTES:-67108864}
+DROP_CACHES=${DROP_CACHES:-1}
 PY=/usr/bin/python3
 
 log() { echo "[storage_bench] $*" >&2; }
@@ -63,7 +80,9 @@ RESULTS=$WORK/results.jsonl
 COLD=true
 drop_caches() {
   sync
-  if ! (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null; then
+  if [[ $DROP_CACHES == 0 ]]; then
+    COLD=false
+  elif ! (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null; then
     log "WARNING: cannot drop the page cache (not root?): reads are NOT cold"
     COLD=false
   fi
@@ -106,8 +125,9 @@ run_cairn() {  # run_cairn MODE T
   local mode=$1 t=$2 flags=()
   [[ $mode == direct ]] && flags=(--odirect)
   local line
-  line=$("$BENCH" --dir "$WORK/cairn" --total_bytes "$TOTAL" --threads "$t" \
-         --io_threads "$IO_THREADS" "${flags[@]}" 2>/dev/null)
+  [[ $DROP_CACHES == 0 ]] && flags+=(--drop_caches=false)
+  line=$("$BENCH" --dir "$WORK/cairn" --total_bytes "$TOTAL" --item_bytes "$ITEM_BYTES" \
+         --threads "$t" --io_threads "$IO_THREADS" "${flags[@]}" 2>/dev/null)
   local w r c
   read -r w r c < <("$PY" -c '
 import json, sys
@@ -130,10 +150,10 @@ for ((round = 1; round <= REPEAT; round++)); do
   done
 done
 
-cp "$RESULTS" "$DIR/storage_bench_last.jsonl"
-"$PY" - "$RESULTS" "$TOTAL" "$REPEAT" "$COLD" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF'
+$SMOKE || cp "$RESULTS" "$DIR/storage_bench_last.jsonl"
+"$PY" - "$RESULTS" "$TOTAL" "$REPEAT" "$COLD" "$(cut -d' ' -f1-3 /proc/loadavg)" "$ITEM_BYTES" <<'EOF'
 import collections, json, sys
-path, total, repeat, cold, load = sys.argv[1:]
+path, total, repeat, cold, load, item = sys.argv[1:]
 best = collections.defaultdict(float)
 for line in open(path):
     j = json.loads(line)
@@ -142,7 +162,7 @@ for line in open(path):
 threads = sorted({k[1] for k in best})
 modes = [m for m in ("buffered", "direct") if any(k[0] == m for k in best)]
 name = {"buffered": "buffered", "direct": "O_DIRECT"}
-print(f"{int(total) / 2**30:g} GiB per run in 64 MiB objects; best of {repeat} "
+print(f"{int(total) / 2**30:g} GiB per run in {int(item) / 2**20:g} MiB objects; best of {repeat} "
       f"interleaved rounds; GB/s = 1e9 B/s; cold reads: {cold}; "
       f"load average at end: {load}")
 print()

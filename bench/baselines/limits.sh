@@ -18,7 +18,8 @@
 #    "bytes":..,"cold":true|false,"repeat":N,"loadavg":L}   (L: 1-min load average at start)
 # Diagnostics go to stderr. Files are created in a fresh subdirectory of DIR and removed on
 # exit, also on failure. Set LIMITS_REPEAT=N to run each measurement N times and report the
-# best (the limit); default 1.
+# best (the limit); default 1. LIMITS_DROP_CACHES=0 never drops the page cache (reads are
+# then warm and "cold" is false): for smoke runs that must not disturb the machine.
 set -euo pipefail
 
 log() { echo "[limits] $*" >&2; }
@@ -30,6 +31,7 @@ fi
 DIR=$1
 BYTES_ARG=$2
 REPEAT=${LIMITS_REPEAT:-1}
+DROP=${LIMITS_DROP_CACHES:-1}
 PY=/usr/bin/python3
 
 for tool in fio dd "$PY"; do
@@ -52,7 +54,9 @@ DDFILE=$WORK/dd.dat
 COLD=true
 drop_caches() {
   sync
-  if ! (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null; then
+  if [[ $DROP == 0 ]]; then
+    COLD=false
+  elif ! (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null; then
     log "WARNING: could not drop the page cache; the read is NOT cold"
     COLD=false
   fi
