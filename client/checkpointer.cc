@@ -8,6 +8,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
@@ -171,14 +172,33 @@ absl::StatusOr<v1::CheckpointRecord> Checkpointer::CommitPlannedSave(
   return done.checkpoint();
 }
 
-void Checkpointer::AbortPlannedSave(int64_t step, absl::string_view reason) {
+absl::Status Checkpointer::AbortPlannedSave(int64_t step,
+                                            const absl::Status& failure) {
   v1::AbortSaveRequest abort;
   abort.set_job(options_.job);
   abort.set_step(step);
   abort.set_rank(options_.rank);
-  abort.set_reason(std::string(reason));
+  abort.set_reason(std::string(failure.message()));
   (void)CallWithRetry(&v1::Coordinator::Stub::AbortSave, *stub_, abort,
                       options_.rpc_timeout, 1);
+  // cairnd records the first abort of a save (and deletes its objects only
+  // after recording it): if that was not this rank's, it is the cause.
+  v1::GetCheckpointRequest get;
+  get.set_job(options_.job);
+  get.set_step(step);
+  absl::StatusOr<v1::GetCheckpointResponse> rec =
+      CallWithRetry(&v1::Coordinator::Stub::GetCheckpoint, *stub_, get,
+                    options_.rpc_timeout, 1);
+  if (rec.ok() && rec->checkpoint().state() == v1::CHECKPOINT_STATE_ABORTED &&
+      !rec->checkpoint().abort_reason().empty() &&
+      !absl::StrContains(
+          rec->checkpoint().abort_reason(),
+          absl::StrCat("aborted by rank ", options_.rank, ":"))) {
+    return absl::AbortedError(
+        absl::StrCat(rec->checkpoint().abort_reason(),
+                     " (this rank then failed: ", failure.message(), ")"));
+  }
+  return failure;
 }
 
 absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
@@ -199,9 +219,8 @@ absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
   const absl::Time t2 = absl::Now();
   stats_.io_time = t2 - t1;
   if (!written.ok()) {
-    AbortPlannedSave(step, written.message());
-    return absl::Status(written.code(),
-                        absl::StrCat(where, ": ", written.message()));
+    const absl::Status s = AbortPlannedSave(step, written);
+    return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
   }
   CAIRN_ASSIGN_OR_RETURN(v1::CheckpointRecord record,
                          CommitPlannedSave(commit));
@@ -242,10 +261,18 @@ absl::Status Checkpointer::WriteItems(int64_t step, const StateDict& state,
     std::sort(indexes.begin(), indexes.end(), [&](int a, int b) {
       return writes[a].location().offset() < writes[b].location().offset();
     });
-    jobs.push_back([&, object = object, indexes = indexes]() -> absl::Status {
+    // The object's planned size: the store reserves exactly that up front.
+    storage::WriterOptions wo;
+    for (int i : indexes) {
+      wo.expected_bytes = std::max<uint64_t>(
+          wo.expected_bytes,
+          writes[i].location().offset() + writes[i].location().length());
+    }
+    jobs.push_back([&, object = object, indexes = indexes,
+                    wo]() -> absl::Status {
       const std::string key = absl::StrCat(plan.step_prefix(), object);
       CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectWriter> writer,
-                             store->NewWriter(key));
+                             store->NewWriter(key, wo));
       static const std::string* zeros = new std::string(kZeroPadBytes, '\0');
       uint64_t cursor = 0;
       for (int i : indexes) {

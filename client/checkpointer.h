@@ -149,8 +149,14 @@ class Checkpointer {
   // Runs before_commit_for_test, then CommitSave (collective).
   absl::StatusOr<v1::CheckpointRecord> CommitPlannedSave(
       const v1::CommitSaveRequest& commit);
-  // Aborts the save for every rank (best effort).
-  void AbortPlannedSave(int64_t step, absl::string_view reason);
+  // Aborts the save for every rank (best effort) after this rank's part
+  // failed with `failure`, and returns the error to report: `failure`, or,
+  // when the save had already been aborted (by another rank, or by cairnd)
+  // — so what this rank ran into was that abort's cleanup: a temp file
+  // deleted under it, say — ABORTED with the first reason, which names the
+  // rank and the real cause (e.g. no space left), this rank's own failure
+  // appended. Not prefixed with this rank's job/step (callers add it).
+  absl::Status AbortPlannedSave(int64_t step, const absl::Status& failure);
 
   // Fills every chunk and bytes entry of `state` from checkpoint `ref`,
   // resharding from whatever layout saved it. Returns the step loaded.

@@ -71,6 +71,17 @@ class ObjectWriter {
   virtual void SimulateCrashForTest() {}
 };
 
+// Options of one ObjectWriter.
+struct WriterOptions {
+  // The object's final size when the caller knows it (a save plan does).
+  // posix reserves exactly this much space when the writer is created (and
+  // nothing beyond it), so an object that cannot fit fails at once with
+  // RESOURCE_EXHAUSTED "no space left on device writing '<key>' (N bytes
+  // needed, M free)" before a byte is written. Backends without space
+  // accounting ignore it. Default: 0 (unknown: nothing is reserved).
+  uint64_t expected_bytes = 0;
+};
+
 // Thread-safe: every method may be called concurrently without external
 // locking.
 class ShardStore {
@@ -83,9 +94,15 @@ class ShardStore {
   // The URI that opens this store again (OpenShardStore(uri())).
   virtual std::string uri() const = 0;
 
-  // Starts writing `key` (created or replaced on Close).
+  // Starts writing `key` (created or replaced on Close). RESOURCE_EXHAUSTED
+  // when options.expected_bytes cannot be reserved (see WriterOptions).
   virtual absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(
-      absl::string_view key) = 0;
+      absl::string_view key, const WriterOptions& options) = 0;
+  // The same, size unknown. (Subclasses: `using ShardStore::NewWriter;`.)
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(
+      absl::string_view key) {
+    return NewWriter(key, WriterOptions());
+  }
 
   // Creates or replaces `key` with `data`: durable and atomically visible on
   // return.

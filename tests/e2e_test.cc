@@ -4,6 +4,7 @@
 // Binaries come from --cairnd=PATH and --rank=PATH (Bazel passes them as
 // args), else from the paths CMake compiled in.
 #include <signal.h>
+#include <sys/mount.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -38,6 +40,7 @@ namespace {
 using ::testing::Each;
 using ::testing::Eq;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string g_cairnd = CAIRN_CAIRND_PATH;
 std::string g_rank = CAIRN_RANK_PATH;
@@ -470,6 +473,67 @@ TEST_F(E2ETest, RawClientBadRequestsGetDocumentedErrors) {
   s = FromGrpcStatus(stub->PlanLoad(&c5, bad, &lr));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("model.embed.weight"));
+}
+
+// A real small filesystem (a 64 MiB tmpfs): a save that does not fit fails
+// on every rank naming the real cause, the previous checkpoint stays
+// loadable, and nothing of the failed attempt is left behind.
+TEST_F(E2ETest, SaveThatDoesNotFitFailsOnEveryRankWithNoSpace) {
+  const std::string mnt = dir_ + "/small-fs";
+  ASSERT_TRUE(std::filesystem::create_directories(mnt));
+  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs (needs root): " << strerror(errno);
+  }
+  absl::Cleanup unmount = [&] {
+    cairnd_.reset();
+    umount2(mnt.c_str(), MNT_DETACH);
+  };
+  StartCairnd({"--storage", absl::StrCat("file://", mnt, "/ckpt")});
+  // Step 1: 16 MB, fits.
+  ASSERT_THAT(RunRanks("job", 4, "4:S0",
+                       {"--model", "bench:16e6", "--save-steps", "1"}),
+              Each(Eq(0)))
+      << last_logs_;
+  // Step 2: 120 MB in four 30 MB objects, with about 48 MB free: the first
+  // ranks to reserve get their space, the others cannot.
+  std::vector<int> codes = RunRanks(
+      "job", 4, "4:S0", {"--model", "bench:120e6", "--save-steps", "2"});
+  ASSERT_EQ(codes.size(), 4u);
+  int out_of_space = 0;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(codes[r], 1) << "rank " << r;
+    const std::string log = RankLog(r);
+    // Every rank names the real cause, its own or the rank's that aborted.
+    EXPECT_THAT(log, HasSubstr("no space left on device writing 'job/"))
+        << "rank " << r << ": " << log;
+    EXPECT_THAT(log, HasSubstr("bytes needed")) << "rank " << r;
+    EXPECT_THAT(log, Not(HasSubstr("renaming the temp file")));
+    EXPECT_THAT(log, Not(HasSubstr("NOT_FOUND")));
+    if (absl::StrContains(log, "RESOURCE_EXHAUSTED")) ++out_of_space;
+  }
+  EXPECT_GE(out_of_space, 1);
+
+  // The previous checkpoint is still latest, loads and verifies.
+  EXPECT_THAT(
+      RunRanks("job", 2, "2:S1", {"--model", "bench:16e6", "--load", "latest"}),
+      Each(Eq(0)))
+      << last_logs_;
+  std::string out;
+  EXPECT_EQ(
+      Cli({"--coordinator", cairnd_->address(), "verify", "job", "latest"},
+          &out),
+      0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("OK"));
+  EXPECT_EQ(
+      Cli({"--coordinator", cairnd_->address(), "ls", "job", "--all"}, &out),
+      0);
+  EXPECT_THAT(out, HasSubstr("ABORTED"));
+  // No temp file of the failed attempt remains.
+  for (const auto& e : std::filesystem::recursive_directory_iterator(mnt)) {
+    EXPECT_FALSE(absl::StartsWith(e.path().filename().string(), ".cairn-tmp"))
+        << e.path();
+  }
 }
 
 TEST_F(E2ETest, CliRmAndGcApplyRetention) {

@@ -181,8 +181,18 @@ absl::Status AgentCheckpointer::StreamBuckets(
     }
     if (bucket->end_of_stream()) return absl::OkStatus();
     const absl::Time c0 = absl::Now();
-    CAIRN_ASSIGN_OR_RETURN(agent::ShmSegment * seg,
-                           MapSegment(bucket->shm_name(), bucket->shm_size()));
+    absl::StatusOr<agent::ShmSegment*> mapped =
+        MapSegment(bucket->shm_name(), bucket->shm_size());
+    if (!mapped.ok()) {
+      // The agent destroys the buckets of a stream that failed (its segment
+      // is gone): the stream's failure is the real reason, so ask for it.
+      req.set_filled_bucket(bucket->bucket());
+      absl::StatusOr<v1::StageBucketResponse> why = Call(
+          &v1::Agent::Stub::StageBucket, *stub_, req, options_.rpc_timeout);
+      const absl::Status& s = why.ok() ? mapped.status() : why.status();
+      return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
+    }
+    agent::ShmSegment* seg = *mapped;
     for (const v1::StagePiece& p : bucket->pieces()) {
       if (p.item() < 0 || p.item() >= static_cast<int>(items.size()) ||
           p.item_offset() + p.length() > items[p.item()].size() ||

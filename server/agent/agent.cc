@@ -753,13 +753,23 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
     std::string object;
     std::unique_ptr<storage::ObjectWriter> writer;
     uint64_t cursor = 0;
+    std::map<std::string, uint64_t> object_bytes;
+    for (const v1::PlannedWrite& w : writes) {
+      uint64_t& end = object_bytes[w.location().object_key()];
+      end = std::max<uint64_t>(end,
+                               w.location().offset() + w.location().length());
+    }
     for (int i : order) {
       const v1::StorageLocation& loc = writes[i].location();
       if (writer == nullptr || loc.object_key() != object) {
         if (writer != nullptr) CAIRN_RETURN_IF_ERROR(writer->Close());
         object = loc.object_key();
+        // The object's planned size: the store reserves exactly that.
+        storage::WriterOptions wo;
+        wo.expected_bytes = object_bytes[object];
         CAIRN_ASSIGN_OR_RETURN(
-            writer, store->NewWriter(absl::StrCat(plan.step_prefix(), object)));
+            writer,
+            store->NewWriter(absl::StrCat(plan.step_prefix(), object), wo));
         cursor = 0;
       }
       if (loc.offset() < cursor) {
@@ -821,7 +831,7 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
     return ckpt->CommitPlannedSave(commit);
   }();
   if (!result.ok() && !committing) {
-    ckpt->AbortPlannedSave(set.step, result.status().message());
+    return ckpt->AbortPlannedSave(set.step, result.status());
   }
   return result;
 }

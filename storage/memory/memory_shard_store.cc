@@ -36,8 +36,9 @@ class MemoryShardStore : public ShardStore {
 
   std::string uri() const override { return uri_; }
 
+  using ShardStore::NewWriter;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(
-      absl::string_view key) override;
+      absl::string_view key, const WriterOptions& options) override;
 
   absl::Status Put(absl::string_view key,
                    absl::Span<const char> data) override {
@@ -193,7 +194,7 @@ class MemoryObjectWriter : public ObjectWriter {
 };
 
 absl::StatusOr<std::unique_ptr<ObjectWriter>> MemoryShardStore::NewWriter(
-    absl::string_view key) {
+    absl::string_view key, const WriterOptions& /*options*/) {
   CAIRN_RETURN_IF_ERROR(ValidateKey(key));
   return std::make_unique<MemoryObjectWriter>(this, std::string(key));
 }

@@ -34,6 +34,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -71,8 +72,6 @@ constexpr int kMaxIov = 1024;
 constexpr uint64_t kSequentialReadBytes = 1 << 20;
 // pwrite size of buffered appends (see AppendBuffered).
 constexpr size_t kBufferedWriteBytes = 1 << 20;
-// O_DIRECT space reservation step (see PosixObjectWriter::Reserve).
-constexpr uint64_t kPreallocBytes = 64 << 20;
 
 size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -107,6 +106,22 @@ class UniqueFd {
 
 absl::Status ErrnoError(int err, absl::string_view what) {
   return absl::ErrnoToStatus(err, what);
+}
+
+bool IsNoSpace(int err) { return err == ENOSPC || err == EDQUOT; }
+
+// RESOURCE_EXHAUSTED naming the object, what it needed and what is free.
+absl::Status NoSpaceError(int fd, int err, absl::string_view key,
+                          uint64_t needed) {
+  std::string free = "unknown";
+  struct statvfs vfs;
+  if (::fstatvfs(fd, &vfs) == 0) {
+    free = absl::StrCat(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize);
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat(err == EDQUOT ? "disk quota exceeded" : "no space left",
+                   " on device writing '", key, "' (", needed,
+                   " bytes needed, ", free, " free)"));
 }
 
 // Runs closures on a shared pool (or inline without one) and collects the
@@ -169,6 +184,7 @@ absl::Status PwriteAll(int fd, const char* data, size_t n, uint64_t offset,
     const ssize_t w = ::pwrite(fd, data, n, static_cast<off_t>(offset));
     if (w < 0) {
       if (errno == EINTR) continue;
+      if (IsNoSpace(errno)) return NoSpaceError(fd, errno, key, n);
       return ErrnoError(
           errno, absl::StrCat("writing object '", key, "' at offset ", offset));
     }
@@ -248,7 +264,7 @@ class PosixObjectWriter : public ObjectWriter {
  public:
   PosixObjectWriter(PosixShardStore* store, std::string key, DirChain dirs,
                     std::string final_name, std::string temp_name, UniqueFd fd,
-                    bool direct);
+                    bool direct, uint64_t reserved, bool prealloc_ok);
   ~PosixObjectWriter() override;
 
   absl::Status Append(absl::Span<const char> data) override;
@@ -277,10 +293,12 @@ class PosixObjectWriter : public ObjectWriter {
   const bool direct_;
   const size_t chunk_;
 
-  // O_DIRECT: file space is reserved ahead of the writes (fallocate with
-  // FALLOC_FL_KEEP_SIZE, kPreallocBytes at a time) so that pieces written in
-  // parallel and out of order still land in one contiguous extent; Close()
-  // truncates the reservation back to the real length.
+  // File space is reserved (fallocate with FALLOC_FL_KEEP_SIZE): the
+  // expected size when the writer is created, and with O_DIRECT whatever a
+  // write reaches beyond that, exactly (never ahead), so that pieces written
+  // in parallel and out of order still land in reserved extents and a full
+  // disk fails the reservation rather than a write. Close() truncates an
+  // unused reservation back to the real length.
   absl::Status Reserve(uint64_t end);
   uint64_t allocated_ = 0;
   bool prealloc_ok_ = true;
@@ -317,8 +335,9 @@ class PosixShardStore : public ShardStore {
 
   std::string uri() const override { return absl::StrCat("file://", root_); }
 
+  using ShardStore::NewWriter;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(
-      absl::string_view key) override {
+      absl::string_view key, const WriterOptions& options) override {
     CAIRN_RETURN_IF_ERROR(ValidateKey(key));
     std::vector<std::string> segs = absl::StrSplit(key, '/');
     const std::string name = segs.back();
@@ -353,16 +372,39 @@ class PosixShardStore : public ShardStore {
         return ErrnoError(errno, absl::StrCat("creating a temp file for '", key,
                                               "' in ", uri()));
       }
-      return std::unique_ptr<ObjectWriter>(
-          new PosixObjectWriter(this, std::string(key), std::move(dirs), name,
-                                temp, UniqueFd(fd), direct));
+      UniqueFd file(fd);
+      // Reserve exactly what the object will hold: a save that cannot fit
+      // fails here, before it writes, naming the object.
+      uint64_t reserved = 0;
+      bool prealloc_ok = true;
+      if (options.expected_bytes > 0) {
+        const uint64_t want = direct ? RoundUp(options.expected_bytes, kAlign)
+                                     : options.expected_bytes;
+        if (::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(want)) ==
+            0) {
+          reserved = want;
+        } else if (IsNoSpace(errno)) {
+          absl::Status s = NoSpaceError(fd, errno, key, options.expected_bytes);
+          file.Reset();
+          ::unlinkat(dirs.leaf(), temp.c_str(), 0);
+          RemoveEmptyDirs(dirs);
+          return s;
+        } else {
+          prealloc_ok = false;  // EOPNOTSUPP etc.: write without one
+        }
+      }
+      return std::unique_ptr<ObjectWriter>(new PosixObjectWriter(
+          this, std::string(key), std::move(dirs), name, temp, std::move(file),
+          direct, reserved, prealloc_ok));
     }
   }
 
   absl::Status Put(absl::string_view key,
                    absl::Span<const char> data) override {
+    WriterOptions wo;
+    wo.expected_bytes = data.size();
     CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer,
-                           NewWriter(key));
+                           NewWriter(key, wo));
     CAIRN_RETURN_IF_ERROR(writer->Append(data));
     return writer->Close();
   }
@@ -830,7 +872,8 @@ class PosixShardStore : public ShardStore {
 PosixObjectWriter::PosixObjectWriter(PosixShardStore* store, std::string key,
                                      DirChain dirs, std::string final_name,
                                      std::string temp_name, UniqueFd fd,
-                                     bool direct)
+                                     bool direct, uint64_t reserved,
+                                     bool prealloc_ok)
     : store_(store),
       key_(std::move(key)),
       dirs_(std::move(dirs)),
@@ -839,6 +882,8 @@ PosixObjectWriter::PosixObjectWriter(PosixShardStore* store, std::string key,
       fd_(std::move(fd)),
       direct_(direct),
       chunk_(store->chunk()),
+      allocated_(reserved),
+      prealloc_ok_(prealloc_ok),
       tasks_(store->pool()) {}
 
 PosixObjectWriter::~PosixObjectWriter() {
@@ -932,26 +977,16 @@ absl::Status PosixObjectWriter::WriteParallel(const char* data, size_t n,
 
 absl::Status PosixObjectWriter::Reserve(uint64_t end) {
   if (!prealloc_ok_ || end <= allocated_) return absl::OkStatus();
-  const uint64_t want = std::max(end, allocated_ + kPreallocBytes);
-  int rc = ::fallocate(fd_.get(), FALLOC_FL_KEEP_SIZE,
-                       static_cast<off_t>(allocated_),
-                       static_cast<off_t>(want - allocated_));
-  if (rc == 0) {
-    allocated_ = want;
+  // Exactly up to `end`: reserving ahead (64 MiB per writer, once) made
+  // saves fail with space still free.
+  if (::fallocate(fd_.get(), FALLOC_FL_KEEP_SIZE,
+                  static_cast<off_t>(allocated_),
+                  static_cast<off_t>(end - allocated_)) == 0) {
+    allocated_ = end;
     return absl::OkStatus();
   }
-  if (errno == ENOSPC && want > end) {  // the step may not fit; the data might
-    rc = ::fallocate(fd_.get(), FALLOC_FL_KEEP_SIZE,
-                     static_cast<off_t>(allocated_),
-                     static_cast<off_t>(end - allocated_));
-    if (rc == 0) {
-      allocated_ = end;
-      return absl::OkStatus();
-    }
-  }
-  if (errno == ENOSPC || errno == EDQUOT) {
-    return ErrnoError(
-        errno, absl::StrCat("reserving ", end, " bytes for '", key_, "'"));
+  if (IsNoSpace(errno)) {
+    return NoSpaceError(fd_.get(), errno, key_, end - allocated_);
   }
   prealloc_ok_ = false;  // EOPNOTSUPP etc.: write without a reservation
   return absl::OkStatus();
@@ -1033,14 +1068,18 @@ absl::Status PosixObjectWriter::Close() {
     s = FlushStaging(/*pad=*/true);
     absl::Status w = tasks_.Wait();
     if (s.ok()) s = w;
-    if (s.ok() && (file_offset_ != written_ || allocated_ > written_) &&
-        ::ftruncate(fd_.get(), static_cast<off_t>(written_)) != 0) {
-      s = ErrnoError(errno, absl::StrCat("truncating '", key_, "' to ",
-                                         written_, " bytes"));
-    }
+  }
+  // A reservation beyond the real length (an expected size larger than what
+  // came, O_DIRECT padding) is given back.
+  if (s.ok() && (file_offset_ != written_ || allocated_ > written_) &&
+      ::ftruncate(fd_.get(), static_cast<off_t>(written_)) != 0) {
+    s = ErrnoError(
+        errno, absl::StrCat("truncating '", key_, "' to ", written_, " bytes"));
   }
   if (s.ok() && durable && ::fdatasync(fd_.get()) != 0) {
-    s = ErrnoError(errno, absl::StrCat("fdatasync of '", key_, "'"));
+    s = IsNoSpace(errno)
+            ? NoSpaceError(fd_.get(), errno, key_, written_)
+            : ErrnoError(errno, absl::StrCat("fdatasync of '", key_, "'"));
   }
   if (!s.ok()) return Fail(std::move(s));
   fd_.Reset();
@@ -1048,12 +1087,20 @@ absl::Status PosixObjectWriter::Close() {
                  final_name_.c_str()) != 0) {
     const int err = errno;
     ::unlinkat(dirs_.leaf(), temp_name_.c_str(), 0);
-    status_ =
-        err == EISDIR || err == ENOTEMPTY
-            ? absl::FailedPreconditionError(absl::StrCat(
-                  "cannot publish '", key_, "': a directory has its name"))
-            : ErrnoError(err, absl::StrCat("renaming the temp file of '", key_,
-                                           "' into place"));
+    if (err == EISDIR || err == ENOTEMPTY) {
+      status_ = absl::FailedPreconditionError(absl::StrCat(
+          "cannot publish '", key_, "': a directory has its name"));
+    } else if (err == ENOENT) {
+      // DeletePrefix (an aborted save's cleanup, a delete of its step)
+      // removed the temp file while it was being written.
+      status_ = absl::AbortedError(absl::StrCat(
+          "the temp file of '", key_,
+          "' was deleted before it could be published (its save was aborted "
+          "or its step deleted meanwhile)"));
+    } else {
+      status_ = ErrnoError(err, absl::StrCat("renaming the temp file of '",
+                                             key_, "' into place"));
+    }
     store_->RemoveEmptyDirs(dirs_);
     return status_;
   }

@@ -10,6 +10,11 @@
 // fills the next one; the tail is padded to 4096 and the file truncated to
 // its real size. Close(): fdatasync, rename to the final name, fsync of the
 // directory (and of the parents of directories it had to create).
+// Space: a writer created with WriterOptions::expected_bytes reserves exactly
+// that (fallocate, FALLOC_FL_KEEP_SIZE) before it writes, and O_DIRECT
+// writes reserve exactly what they reach beyond it, never ahead. Out of
+// space anywhere on the write path is RESOURCE_EXHAUSTED "no space left on
+// device writing '<key>' (N bytes needed, M free)".
 // Reads: pread() into the caller's buffers. Ranges that tile one contiguous
 // span are streamed front to back in 1 MiB preads (POSIX_FADV_SEQUENTIAL;
 // the kernel's readahead keeps the disk busy); scattered ranges are merged

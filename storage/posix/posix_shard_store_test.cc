@@ -1,7 +1,9 @@
 #include "storage/posix/posix_shard_store.h"
 
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -12,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/testing/shard_store_conformance.h"
@@ -258,6 +261,136 @@ TEST(PosixShardStoreTest, OdirectWritesExactBytesForAlignedAndUnalignedInput) {
   EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512,
             expected.size() + (64 << 10));
 }
+
+// --- Out of space, on a real small filesystem (a tmpfs we mount). ---
+
+class SmallFilesystemTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    dir_ = NewTempDir();
+    if (::mount("tmpfs", dir_.c_str(), "tmpfs", 0, "size=64m") != 0) {
+      GTEST_SKIP() << "cannot mount a tmpfs (needs root): " << strerror(errno);
+    }
+    mounted_ = true;
+    StoreOptions o;
+    o.use_odirect = GetParam();
+    auto s = OpenPosixShardStore(dir_, o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+  }
+  void TearDown() override {
+    store_.reset();
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  uint64_t FreeBytes() const {
+    struct statvfs v;
+    EXPECT_EQ(::statvfs(dir_.c_str(), &v), 0);
+    return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+  }
+  // Names of every file below the root (temp files included).
+  std::vector<std::string> Files() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::recursive_directory_iterator(dir_)) {
+      if (e.is_regular_file()) out.push_back(e.path().filename().string());
+    }
+    return out;
+  }
+  // Appends `n` bytes of 'x' in 1 MiB + 1 pieces (unaligned for O_DIRECT).
+  static absl::Status Fill(ObjectWriter& w, uint64_t n) {
+    static const std::string* piece = new std::string((1 << 20) + 1, 'x');
+    while (n > 0) {
+      const size_t take =
+          static_cast<size_t>(std::min<uint64_t>(n, piece->size()));
+      CAIRN_RETURN_IF_ERROR(w.Append(absl::MakeConstSpan(piece->data(), take)));
+      n -= take;
+    }
+    return absl::OkStatus();
+  }
+
+  std::string dir_;
+  bool mounted_ = false;
+  std::unique_ptr<ShardStore> store_;
+};
+
+TEST_P(SmallFilesystemTest,
+       ObjectThatFitsExactlyIsWrittenOneThatDoesNotIsRefused) {
+  // The directories first: then everything free is for the object.
+  ASSERT_TRUE(store_->Put("job/1/attempt-a/seed", "s").ok());
+  const uint64_t free = FreeBytes();
+  ASSERT_GT(free, uint64_t{60} << 20);
+  WriterOptions too_big;
+  too_big.expected_bytes = free + 1;
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> refused =
+      store_->NewWriter("job/1/attempt-a/data-0", too_big);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("no space left on device writing "
+                        "'job/1/attempt-a/data-0' ("));
+  EXPECT_THAT(
+      std::string(refused.status().message()),
+      HasSubstr(absl::StrCat(free + 1, " bytes needed, ", free, " free)")));
+  EXPECT_THAT(Files(), ElementsAre("seed"));  // nothing written, no temp file
+
+  WriterOptions exact;
+  exact.expected_bytes = free;
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> w =
+      store_->NewWriter("job/1/attempt-a/data-0", exact);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE(Fill(**w, free).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  absl::StatusOr<uint64_t> size = store_->Size("job/1/attempt-a/data-0");
+  ASSERT_TRUE(size.ok());
+  EXPECT_EQ(*size, free);
+  EXPECT_EQ(FreeBytes(), 0u);
+}
+
+TEST_P(SmallFilesystemTest, WritesBeyondTheSpaceNameTheObject) {
+  // No expected size (a caller that does not know it): the write that runs
+  // out fails naming the object, and nothing is left behind.
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> w =
+      store_->NewWriter("job/2/attempt-b/data-1");
+  ASSERT_TRUE(w.ok()) << w.status();
+  absl::Status s = Fill(**w, uint64_t{65} << 20);
+  if (s.ok()) s = (*w)->Close();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("no space left on device writing "
+                        "'job/2/attempt-b/data-1' ("));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("bytes needed"));
+  w->reset();
+  EXPECT_THAT(Files(), IsEmpty());
+}
+
+TEST_P(SmallFilesystemTest, WritersReserveOnlyWhatTheyWrite) {
+  // Four writers of 12 MiB each, open at once, on 64 MiB: they fit. (Each
+  // O_DIRECT writer used to reserve 64 MiB ahead, so the second one failed
+  // with 52 MiB still free.)
+  std::vector<std::unique_ptr<ObjectWriter>> writers;
+  for (int i = 0; i < 4; ++i) {
+    auto w = store_->NewWriter(absl::StrCat("job/3/attempt-c/data-", i));
+    ASSERT_TRUE(w.ok()) << w.status();
+    writers.push_back(std::move(*w));
+  }
+  for (int round = 0; round < 12; ++round) {
+    for (auto& w : writers) {
+      absl::Status s = Fill(*w, uint64_t{1} << 20);
+      ASSERT_TRUE(s.ok()) << s;
+    }
+  }
+  for (auto& w : writers) ASSERT_TRUE(w->Close().ok());
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<uint64_t> size =
+        store_->Size(absl::StrCat("job/3/attempt-c/data-", i));
+    ASSERT_TRUE(size.ok());
+    EXPECT_EQ(*size, uint64_t{12} << 20);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BufferedAndOdirect, SmallFilesystemTest,
+                         ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Odirect" : "Buffered";
+                         });
 
 TEST(PosixShardStoreTest, BadUrisAndOptions) {
   EXPECT_EQ(OpenShardStore("file://host/path").status().code(),

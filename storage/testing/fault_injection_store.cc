@@ -302,10 +302,11 @@ FaultInjectionStore::Decision FaultInjectionStore::Decide(FaultOp op,
 std::string FaultInjectionStore::uri() const { return base_->uri(); }
 
 absl::StatusOr<std::unique_ptr<ObjectWriter>> FaultInjectionStore::NewWriter(
-    absl::string_view key) {
+    absl::string_view key, const WriterOptions& options) {
   const Decision d = Decide(kFaultNewWriter, key, 0);
   if (d.kind != Decision::kPass) return d.status;
-  absl::StatusOr<std::unique_ptr<ObjectWriter>> base = base_->NewWriter(key);
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> base =
+      base_->NewWriter(key, options);
   if (!base.ok()) return base.status();
   return std::unique_ptr<ObjectWriter>(
       new FaultObjectWriter(this, std::string(key), std::move(base).value()));

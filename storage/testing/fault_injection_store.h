@@ -124,8 +124,9 @@ class FaultInjectionStore : public ShardStore {
 
   // ShardStore.
   std::string uri() const override;
+  using ShardStore::NewWriter;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(
-      absl::string_view key) override;
+      absl::string_view key, const WriterOptions& options) override;
   absl::Status Put(absl::string_view key, absl::Span<const char> data) override;
   absl::StatusOr<size_t> Read(absl::string_view key, ByteRange range,
                               absl::Span<char> out) override;
