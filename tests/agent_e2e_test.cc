@@ -85,6 +85,15 @@ class AgentE2ETest : public ::testing::Test {
                         generation_[node], ".sock");
   }
 
+  // The cluster token every agent of the test presents to its peers.
+  std::string TokenFile() const {
+    const std::string path = dir_ + "/peer-token";
+    if (!std::filesystem::exists(path)) {
+      std::ofstream(path) << "e2e-cluster-token-" << getpid() << "\n";
+    }
+    return path;
+  }
+
   void StartAgent(int node, int replicas,
                   std::vector<std::string> extra = {"--staging-budget-mib",
                                                     "64"}) {
@@ -107,7 +116,9 @@ class AgentE2ETest : public ::testing::Test {
                                      "--replicas",
                                      std::to_string(replicas),
                                      "--ready-file",
-                                     ready};
+                                     ready,
+                                     "--peer-token-file",
+                                     TokenFile()};
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto p = testing::Subprocess::Start(
         argv,

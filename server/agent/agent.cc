@@ -225,6 +225,11 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   };
   t.control_threads = 8;
   t.connect_timeout = a->options_.peer_connect_timeout;
+  t.num_nodes = a->options_.num_nodes;
+  t.peer_token = a->options_.peer_token;
+  // Frames carry at most one transfer bucket (larger messages are split).
+  t.max_frame_bytes = std::clamp<uint64_t>(a->options_.bucket_cap_bytes,
+                                           kMinFrameBytes, uint64_t{1} << 30);
   CAIRN_ASSIGN_OR_RETURN(a->transport_, TcpTransport::Start(std::move(t)));
 
   grpc::ChannelArguments args;
@@ -315,8 +320,10 @@ absl::StatusOr<std::shared_ptr<ShmSegment>> Agent::Allocate(
       }
       if (p.used + size <= p.budget) {
         const std::string name = absl::StrCat("/", p.prefix, ++p.seq);
-        absl::StatusOr<std::unique_ptr<ShmSegment>> s =
-            ShmSegment::Create(name, size);
+        absl::StatusOr<std::unique_ptr<ShmSegment>> s = ShmSegment::Create(
+            name, size,
+            options_.shm_group == static_cast<gid_t>(-1) ? 0600 : 0660,
+            options_.shm_group);
         if (!s.ok()) return s.status();
         p.used += size;
         p.peak = std::max(p.peak, p.used);

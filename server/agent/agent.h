@@ -49,6 +49,8 @@
 #ifndef CAIRN_SERVER_AGENT_AGENT_H_
 #define CAIRN_SERVER_AGENT_AGENT_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -88,6 +90,9 @@ struct AgentOptions {
   int replicas = 0;
   // Peer transport listen address. Default: 127.0.0.1:0.
   std::string peer_listen = "127.0.0.1:0";
+  // Shared secret every peer agent must present when it connects (see
+  // TcpTransportOptions::peer_token). Default: empty (none required).
+  std::string peer_token;
   // Returns node n's peer address. Required when num_nodes > 1.
   std::function<absl::StatusOr<std::string>(int node)> resolve_peer;
   // How long BeginStage waits for staging space by default. Default: 10 min.
@@ -97,7 +102,9 @@ struct AgentOptions {
   absl::Duration peer_connect_timeout = absl::Seconds(1);
   // Timeout of a peer exchange (push, inventory, fetch). Default: 30 s.
   absl::Duration peer_timeout = absl::Seconds(30);
-  // Transfer-plan bucket cap for replication and peer load. Default: 32 MiB.
+  // Transfer-plan bucket cap for replication and peer load; also the largest
+  // peer frame this agent accepts (bigger messages are split). Default:
+  // 32 MiB.
   uint64_t bucket_cap_bytes = uint64_t{32} << 20;
   // Bucket size of streaming saves: min(this, budget / 2), 4 KiB granules.
   // Default: 64 MiB.
@@ -107,6 +114,10 @@ struct AgentOptions {
   absl::Duration stream_idle_timeout = absl::Seconds(60);
   // Copier for GPU items (cuda); null rejects GPU items FAILED_PRECONDITION.
   std::unique_ptr<DeviceCopier> device_copier;
+  // Group owning the shared-memory segments ranks map (staging, loads);
+  // they are 0660 for it. -1: segments are 0600 (the agent's user only).
+  // AgentServer sets it to its socket group. Default: -1.
+  gid_t shm_group = static_cast<gid_t>(-1);
   // Options of the Checkpointer the agent persists with (timeouts, storage).
   int io_threads = 4;
   storage::StoreOptions store;

@@ -1,15 +1,90 @@
 #include "server/agent/agent_server.h"
 
+#include <errno.h>
+#include <grp.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <vector>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "cairn/v1/agent.grpc.pb.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/server_posix.h"
+
+#ifndef SO_PEERGROUPS
+#define SO_PEERGROUPS 59
+#endif
 
 namespace cairn::agent {
+namespace {
+
+// A group name or number; -1 for "".
+absl::StatusOr<gid_t> ResolveGroup(const std::string& name) {
+  if (name.empty()) return static_cast<gid_t>(-1);
+  uint32_t id = 0;
+  if (absl::SimpleAtoi(name, &id)) return static_cast<gid_t>(id);
+  std::vector<char> buf(1 << 16);
+  struct group g;
+  struct group* found = nullptr;
+  if (getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found) != 0 ||
+      found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--socket-group '", name, "' is not a known group"));
+  }
+  return found->gr_gid;
+}
+
+absl::StatusOr<sockaddr_un> UnixAddress(const std::string& path) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(sa.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix socket path '", path, "' must have 1 to ",
+                     sizeof(sa.sun_path) - 1, " bytes"));
+  }
+  std::memcpy(sa.sun_path, path.data(), path.size());
+  return sa;
+}
+
+// Whether the process at the other end of `fd` may use the agent: the
+// agent's own user, root, or a member (primary or supplementary) of
+// `group` when one is configured.
+bool PeerAllowed(int fd, gid_t group, ucred* cred) {
+  socklen_t len = sizeof(*cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0) return false;
+  if (cred->uid == geteuid() || cred->uid == 0) return true;
+  if (group == static_cast<gid_t>(-1)) return false;
+  if (cred->gid == group) return true;
+  std::vector<gid_t> groups(64);
+  socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) != 0) {
+    if (errno != ERANGE) return false;
+    groups.resize(glen / sizeof(gid_t) + 1);
+    glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) != 0) {
+      return false;
+    }
+  }
+  groups.resize(glen / sizeof(gid_t));
+  for (gid_t g : groups) {
+    if (g == group) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 // Sync service: every call may block (waiting for staging space, for a
 // commit, for peers) on gRPC's thread pool, never on a shared event loop.
@@ -68,22 +143,149 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(Spec spec) {
   if (spec.unix_socket.empty()) {
     return absl::InvalidArgumentError("agent needs --listen-unix PATH");
   }
+  if ((spec.socket_mode & ~mode_t{0777}) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--socket-mode ",
+                                                   absl::Hex(spec.socket_mode),
+                                                   " has bits beyond 0777"));
+  }
+  CAIRN_ASSIGN_OR_RETURN(const gid_t group, ResolveGroup(spec.socket_group));
+  CAIRN_RETURN_IF_ERROR(UnixAddress(spec.unix_socket).status());
   std::unique_ptr<AgentServer> s(new AgentServer());
+  s->group_ = group;
+  spec.agent.shm_group = group;
   CAIRN_ASSIGN_OR_RETURN(s->agent_, Agent::Start(std::move(spec.agent)));
   s->service_ = std::make_unique<Service>(s->agent_.get());
-  unlink(spec.unix_socket.c_str());  // a previous agent's socket
   s->target_ = absl::StrCat("unix:", spec.unix_socket);
+  // No listening port: connections are accepted below, checked, and handed
+  // to gRPC one by one.
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(s->target_, grpc::InsecureServerCredentials());
   builder.SetMaxReceiveMessageSize(1 << 30);
   builder.SetMaxSendMessageSize(1 << 30);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", s->target_));
+    return absl::InternalError("cannot start the agent's gRPC server");
   }
+  CAIRN_RETURN_IF_ERROR(s->Listen(spec, group));
+  s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   return s;
+}
+
+absl::Status AgentServer::Listen(const Spec& spec, gid_t group) {
+  const std::string& path = spec.unix_socket;
+  CAIRN_ASSIGN_OR_RETURN(sockaddr_un final_sa, UnixAddress(path));
+  {
+    // A live agent on this path keeps it; a dead one's socket is replaced.
+    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool live = connect(probe, reinterpret_cast<sockaddr*>(&final_sa),
+                              sizeof(final_sa)) == 0;
+    close(probe);
+    if (live) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("another process is serving on ", path,
+                       "; stop it or choose another --listen-unix"));
+    }
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  std::string tmp_dir = absl::StrCat(dir, "/.cairn-agent-XXXXXX");
+  if (mkdtemp(tmp_dir.data()) == nullptr) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("creating a private directory in ", dir,
+                            " for the socket ", path));
+  }
+  const std::string tmp_path = tmp_dir + "/s";
+  absl::Status status;
+  int fd = -1;
+  absl::StatusOr<sockaddr_un> sa = UnixAddress(tmp_path);
+  if (!sa.ok()) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "socket path ", path, " is too long to be created safely (",
+        sa.status().message(), ")"));
+  } else {
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct stat st;
+    if (fd < 0 ||
+        bind(fd, reinterpret_cast<const sockaddr*>(&*sa), sizeof(*sa)) != 0) {
+      status = absl::ErrnoToStatus(errno, absl::StrCat("binding ", tmp_path));
+    } else if (group != static_cast<gid_t>(-1) &&
+               chown(tmp_path.c_str(), static_cast<uid_t>(-1), group) != 0) {
+      status = absl::ErrnoToStatus(
+          errno, absl::StrCat("giving socket ", path, " to group ",
+                              spec.socket_group));
+    } else if (chmod(tmp_path.c_str(), spec.socket_mode) != 0 ||
+               listen(fd, 128) != 0) {
+      status = absl::ErrnoToStatus(errno, absl::StrCat("socket ", tmp_path));
+    } else if (rename(tmp_path.c_str(), path.c_str()) != 0) {
+      status = absl::ErrnoToStatus(
+          errno, absl::StrCat("moving the socket into place at ", path));
+    } else if (stat(path.c_str(), &st) == 0) {
+      socket_dev_ = st.st_dev;
+      socket_ino_ = st.st_ino;
+    }
+  }
+  if (!status.ok()) {
+    if (fd >= 0) close(fd);
+    unlink(tmp_path.c_str());
+  }
+  rmdir(tmp_dir.c_str());
+  if (!status.ok()) return status;
+  listen_fd_ = fd;
+  socket_path_ = path;
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) return absl::ErrnoToStatus(errno, "eventfd");
+  return absl::OkStatus();
+}
+
+void AgentServer::AcceptLoop() {
+  absl::Time last_log = absl::InfinitePast();
+  int64_t unlogged = 0;
+  while (true) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    const int n = poll(fds, 2, -1);
+    if (n < 0 && errno != EINTR) {
+      CAIRN_LOG(error, "agent socket {}: poll: {}", socket_path_,
+                strerror(errno));
+      return;
+    }
+    if (n > 0 && fds[1].revents != 0) return;  // Shutdown
+    while (true) {
+      const int fd =
+          accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EMFILE || errno == ENFILE) {
+          CAIRN_LOG(warn, "agent socket {}: accept: {}", socket_path_,
+                    strerror(errno));
+          absl::SleepFor(absl::Milliseconds(10));  // back off, then retry
+        }
+        break;
+      }
+      ucred cred{};
+      if (!PeerAllowed(fd, group_, &cred)) {
+        ++refused_;
+        ++unlogged;
+        if (absl::Now() - last_log >= absl::Seconds(1)) {
+          CAIRN_LOG(warn,
+                    "agent socket {}: refused a connection from pid {} uid {} "
+                    "gid {}: only uid {}, root{} are served ({} refused since "
+                    "the last such line)",
+                    socket_path_, cred.pid, cred.uid, cred.gid, geteuid(),
+                    group_ == static_cast<gid_t>(-1)
+                        ? std::string()
+                        : absl::StrCat(" and group ", group_),
+                    unlogged - 1);
+          last_log = absl::Now();
+          unlogged = 0;
+        }
+        close(fd);
+        continue;
+      }
+      grpc::AddInsecureChannelFromFd(server_.get(), fd);
+    }
+  }
 }
 
 AgentServer::~AgentServer() { Shutdown(); }
@@ -91,6 +293,25 @@ AgentServer::~AgentServer() { Shutdown(); }
 void AgentServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  if (acceptor_.joinable()) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+    acceptor_.join();
+  }
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    listen_fd_ = -1;
+    // Remove the socket file unless a newer agent has replaced it.
+    struct stat st;
+    if (stat(socket_path_.c_str(), &st) == 0 && st.st_dev == socket_dev_ &&
+        st.st_ino == socket_ino_) {
+      unlink(socket_path_.c_str());
+    }
+  }
+  if (wake_fd_ >= 0) {
+    close(wake_fd_);
+    wake_fd_ = -1;
+  }
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));

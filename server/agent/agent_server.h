@@ -2,6 +2,17 @@
 // listening on a Unix domain socket (ranks of this node) — a thin adapter,
 // as CoordinatorServer is for cairnd.
 //
+// Access: the socket file is created with exactly `socket_mode` (default
+// 0660) and `socket_group`, race-free: it is bound inside a private 0700
+// directory next to the path, given its mode and group there, and renamed
+// into place, so it is never reachable with the umask's bits. Every
+// connection is then checked with SO_PEERCRED before gRPC sees it: only the
+// agent's own user, root, and (when socket_group is set) members of that
+// group are served; anyone else is closed at once with a log line. The
+// shared-memory segments ranks map follow the same rule (0600, or 0660 for
+// the socket group). A socket path where another agent still answers is
+// an error (FAILED_PRECONDITION), not silently taken over.
+//
 // Example:
 //   AgentServer::Spec spec;
 //   spec.unix_socket = "/run/cairn/agent.sock";
@@ -11,8 +22,12 @@
 #ifndef CAIRN_SERVER_AGENT_AGENT_SERVER_H_
 #define CAIRN_SERVER_AGENT_AGENT_SERVER_H_
 
+#include <sys/types.h>
+
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/server.h"
@@ -25,6 +40,13 @@ class AgentServer {
   struct Spec {
     // Path of the Unix domain socket ranks connect to. Required.
     std::string unix_socket;
+    // Permission bits of the socket file (connecting needs write access).
+    // Default: 0660.
+    mode_t socket_mode = 0660;
+    // Group name or number owning the socket (and the shm segments); its
+    // members may connect. Empty: the agent's group, and only the agent's
+    // user and root are served. Default: empty.
+    std::string socket_group;
     AgentOptions agent;
   };
 
@@ -38,14 +60,29 @@ class AgentServer {
   void Shutdown();
   void Wait();
 
+  // Connections refused by the peer-credential check so far.
+  int64_t refused_connections() const { return refused_.load(); }
+
  private:
   class Service;
   AgentServer() = default;
+  absl::Status Listen(const Spec& spec, gid_t group);
+  void AcceptLoop();
 
+  // Constant after Start.
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string target_;
+  std::string socket_path_;
+  dev_t socket_dev_ = 0;  // the socket file we created (not a successor's)
+  ino_t socket_ino_ = 0;
+  gid_t group_ = static_cast<gid_t>(-1);  // -1: none configured
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;
+
+  std::thread acceptor_;
+  std::atomic<int64_t> refused_{0};
   bool shut_down_ = false;
 };
 

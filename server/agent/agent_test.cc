@@ -4,18 +4,30 @@
 // live in tests/agent_e2e_test.cc.
 #include "server/agent/agent.h"
 
+#include <grp.h>
+#include <poll.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/agent/agent_checkpointer.h"
 #include "client/examples/synthetic_model.h"
 #include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "proto/convert/plan_convert.h"
 #include "server/agent/agent_server.h"
@@ -53,7 +65,8 @@ class AgentTest : public ::testing::Test {
 
   // Starts (or restarts) the agent of `node` in a cluster of `nodes`.
   void StartAgent(int node, int nodes, int replicas,
-                  uint64_t budget = uint64_t{256} << 20) {
+                  uint64_t budget = uint64_t{256} << 20,
+                  std::function<void(AgentServer::Spec&)> tweak = {}) {
     if (static_cast<int>(agents_.size()) < nodes) agents_.resize(nodes);
     if (static_cast<int>(ports_.size()) < nodes) ports_.resize(nodes, 0);
     if (static_cast<int>(sockets_.size()) < nodes) sockets_.resize(nodes);
@@ -76,6 +89,7 @@ class AgentTest : public ::testing::Test {
       }
       return absl::StrCat("127.0.0.1:", ports_[n]);
     };
+    if (tweak) tweak(spec);
     auto s = AgentServer::Start(std::move(spec));
     ASSERT_TRUE(s.ok()) << s.status();
     ports_[node] = (*s)->agent().peer_port();
@@ -187,6 +201,233 @@ class AgentTest : public ::testing::Test {
   std::vector<int> ports_;
   absl::Status last_agent_error_;
 };
+
+// --- Who may use the agent's socket and shared memory. ---
+
+enum class Reach { kServed, kClosed, kNoAccess, kError };
+
+// A forked process that becomes uid/gid (supplementary groups `groups`)
+// connects to the socket at `path` and speaks the HTTP/2 preface: kServed
+// when the agent's gRPC server answers, kClosed when the agent closes the
+// connection unserved, kNoAccess when the file mode refuses the connect.
+Reach ConnectAs(const std::string& path, uid_t uid, gid_t gid,
+                const std::vector<gid_t>& groups) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path, path.data(), path.size());
+  static const char kPreface[] =
+      "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0\0";
+  const pid_t pid = fork();
+  if (pid < 0) return Reach::kError;
+  if (pid == 0) {  // async-signal-safe calls only
+    if (setgroups(groups.size(), groups.data()) != 0 || setgid(gid) != 0 ||
+        setuid(uid) != 0) {
+      _exit(10);
+    }
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+      _exit(errno == EACCES ? 2 : 11);
+    }
+    (void)!send(fd, kPreface, sizeof(kPreface) - 1, MSG_NOSIGNAL);
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 60000) <= 0) _exit(12);  // hang guard
+    char c;
+    _exit(read(fd, &c, 1) > 0 ? 1 : 0);
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) {
+    return Reach::kError;
+  }
+  switch (WEXITSTATUS(status)) {
+    case 0:
+      return Reach::kClosed;
+    case 1:
+      return Reach::kServed;
+    case 2:
+      return Reach::kNoAccess;
+    default:
+      return Reach::kError;
+  }
+}
+
+// Modes and groups of this process's agent segments of `node` in /dev/shm.
+std::vector<std::pair<mode_t, gid_t>> SegmentModes(int node) {
+  std::vector<std::pair<mode_t, gid_t>> out;
+  const std::string prefix =
+      absl::StrCat("cairn-agent-", node, "-", getpid(), "-");
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    if (!absl::StartsWith(e.path().filename().string(), prefix)) continue;
+    struct stat st;
+    if (stat(e.path().c_str(), &st) == 0) {
+      out.push_back({st.st_mode & 07777, st.st_gid});
+    }
+  }
+  return out;
+}
+
+TEST_F(AgentTest, SocketAndSegmentsHaveTheirModesWhateverTheUmask) {
+  const mode_t old_umask = umask(0);  // the old socket came out 0777
+  StartAgent(0, 1, 0);
+  umask(old_umask);
+  struct stat st;
+  ASSERT_EQ(stat(Socket(0).c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0660u);
+  EXPECT_EQ(st.st_gid, getegid());
+  // The private directory it was created in is gone.
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    EXPECT_FALSE(
+        absl::StartsWith(e.path().filename().string(), ".cairn-agent-"))
+        << e.path();
+  }
+  umask(0);
+  SaveAll("modes", 1, 1, "1:R", 1);
+  umask(old_umask);
+  const auto modes = SegmentModes(0);
+  ASSERT_FALSE(modes.empty());
+  for (const auto& [mode, gid] : modes) EXPECT_EQ(mode, 0600u);
+
+  // A second agent on the same path is refused; the first keeps serving.
+  AgentServer::Spec spec;
+  spec.unix_socket = Socket(0);
+  spec.agent.node_id = 0;
+  spec.agent.coordinator = Address();
+  auto second = AgentServer::Start(std::move(spec));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("another process is serving on " + Socket(0)));
+  SaveAll("modes", 1, 1, "1:R", 2);
+}
+
+TEST_F(AgentTest, OtherUsersAreRefusedUnlessInTheSocketGroup) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
+  ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);  // others may reach the socket
+  StartAgent(0, 1, 0);
+  // Another user cannot even connect (mode 0660, the agent's group)...
+  EXPECT_EQ(ConnectAs(Socket(0), 65534, 65534, {}), Reach::kNoAccess);
+  // ...and with the file opened to everyone, SO_PEERCRED still refuses it.
+  ASSERT_EQ(chmod(Socket(0).c_str(), 0666), 0);
+  EXPECT_EQ(ConnectAs(Socket(0), 65534, 65534, {}), Reach::kClosed);
+  EXPECT_EQ(agents_[0]->refused_connections(), 1);
+  EXPECT_EQ(ConnectAs(Socket(0), 0, 0, {}), Reach::kServed);  // root
+
+  // With a socket group, its members are served (primary or supplementary
+  // group) and the shared memory is theirs too.
+  const gid_t kGroup = 65534;
+  StartAgent(0, 1, 0, uint64_t{256} << 20, [&](AgentServer::Spec& spec) {
+    spec.socket_group = std::to_string(kGroup);
+  });
+  struct stat st;
+  ASSERT_EQ(stat(Socket(0).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0660u);
+  EXPECT_EQ(st.st_gid, kGroup);
+  EXPECT_EQ(ConnectAs(Socket(0), 65533, kGroup, {}), Reach::kServed);
+  EXPECT_EQ(ConnectAs(Socket(0), 65533, 65533, {kGroup}), Reach::kServed);
+  EXPECT_EQ(ConnectAs(Socket(0), 65533, 65533, {}), Reach::kNoAccess);
+  ASSERT_EQ(chmod(Socket(0).c_str(), 0666), 0);
+  EXPECT_EQ(ConnectAs(Socket(0), 65533, 65533, {}), Reach::kClosed);
+  SaveAll("group", 1, 1, "1:R", 1);
+  const auto modes = SegmentModes(0);
+  ASSERT_FALSE(modes.empty());
+  for (const auto& [mode, gid] : modes) {
+    EXPECT_EQ(mode, 0660u);
+    EXPECT_EQ(gid, kGroup);
+  }
+}
+
+// Agent mode persists through the same storage path: on a real small
+// filesystem, a save that does not fit fails on every rank naming the real
+// cause, staged or streamed, and the previous checkpoint stays.
+TEST_F(AgentTest, SaveThatDoesNotFitFailsOnEveryRankWithNoSpace) {
+  const std::string mnt = dir_ + "/small-fs";
+  ASSERT_TRUE(std::filesystem::create_directories(mnt));
+  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=16m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs (needs root): " << strerror(errno);
+  }
+  absl::Cleanup unmount = [&] {
+    agents_.clear();
+    cairnd_.reset();
+    umount2(mnt.c_str(), MNT_DETACH);
+  };
+  cairnd_.reset();
+  coordinator::CoordinatorServer::Spec cs;
+  cs.listen_address = "127.0.0.1:0";
+  cs.coordinator.storage_uri = absl::StrCat("file://", mnt, "/ckpt");
+  cs.coordinator.catalog_path = dir_ + "/small-fs-catalog";
+  cs.coordinator.commit_deadline = absl::Seconds(20);
+  auto c = coordinator::CoordinatorServer::Start(cs);
+  ASSERT_TRUE(c.ok()) << c.status();
+  cairnd_ = std::move(*c);
+
+  // Four ranks on two agents save `model` as `step`; their results.
+  auto save = [&](const std::string& model_name, int64_t step) {
+    auto spec = examples::ModelSpec(model_name);
+    auto lay = examples::ParseLayout("4:S0");
+    std::vector<absl::Status> out;
+    std::vector<std::unique_ptr<client::AgentCheckpointer>> ranks;
+    std::vector<std::unique_ptr<examples::ShardedModel>> models;
+    for (int r = 0; r < 4; ++r) {
+      auto model = examples::ShardedModel::Create(*spec, *lay, r, true, step);
+      EXPECT_TRUE(model.ok());
+      ranks.push_back(Rank(r / 2, "nospace", r, 4));
+      models.push_back(std::move(*model));
+    }
+    // Concurrently: a streaming rank hands over buckets until the end.
+    std::vector<std::thread> threads;
+    out.resize(4);
+    for (int r = 0; r < 4; ++r) {
+      threads.emplace_back([&, r] {
+        auto f = ranks[r]->AsyncSave(step, models[r]->state());
+        if (!f.ok()) {
+          out[r] = f.status();
+          return;
+        }
+        auto rec = f->Wait(absl::Seconds(60));
+        out[r] = rec.status();
+      });
+    }
+    for (auto& t : threads) t.join();
+    return out;
+  };
+
+  for (const uint64_t budget : {uint64_t{256} << 20, uint64_t{4} << 20}) {
+    SCOPED_TRACE(budget > (uint64_t{8} << 20) ? "staged" : "streamed");
+    const int64_t base = budget > (uint64_t{8} << 20) ? 1 : 3;
+    StartAgent(0, 2, 0, budget);
+    StartAgent(1, 2, 0, budget);
+    for (const absl::Status& s : save("bench:2e6", base)) {
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    // 24 MB in four 6 MB objects on what is left of 16 MiB.
+    const std::vector<absl::Status> failed = save("bench:24e6", base + 1);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_FALSE(failed[r].ok()) << "rank " << r;
+      EXPECT_THAT(std::string(failed[r].message()),
+                  HasSubstr("no space left on device writing 'nospace/"))
+          << "rank " << r << ": " << failed[r];
+      EXPECT_NE(failed[r].code(), absl::StatusCode::kNotFound) << failed[r];
+    }
+    // The previous step is still the latest committed one.
+    auto stub = v1::Coordinator::NewStub(
+        grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::ListCheckpointsRequest req;
+    req.set_job("nospace");
+    v1::ListCheckpointsResponse resp;
+    ASSERT_TRUE(stub->ListCheckpoints(&ctx, req, &resp).ok());
+    int64_t latest = -1;
+    for (const auto& rec : resp.checkpoints()) {
+      if (rec.state() == v1::CHECKPOINT_STATE_COMMITTED) {
+        latest = std::max(latest, rec.step());
+      }
+    }
+    EXPECT_EQ(latest, base);
+    for (const auto& e : std::filesystem::recursive_directory_iterator(mnt)) {
+      EXPECT_FALSE(absl::StartsWith(e.path().filename().string(), ".cairn-tmp"))
+          << e.path();
+    }
+  }
+}
 
 TEST_F(AgentTest, AsyncSaveCommitsAndReshardsFromMemoryBitExact) {
   // No replicas: each node's tier 0 is the only copy in memory, so the

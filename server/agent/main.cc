@@ -4,13 +4,17 @@
 //   cairn-agent --node-id 0 --listen-unix /run/cairn/agent.sock
 //       --peer-listen 0.0.0.0:7071 --peers n0:7071,n1:7071,n2:7071
 //       --coordinator cairnd:7070 --staging-budget-mib 65536 --replicas 1
+//       --peer-token-file /etc/cairn/peer-token --socket-group training
 #include <signal.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,6 +91,17 @@ int main(int argc, char** argv) {
                  "Device of the cuda copier (CUDA builds)")
       ->capture_default_str()
       ->check(cairn::flags::AtLeast(0));
+  std::string peer_token_file, socket_mode = "0660";
+  app.add_option("--peer-token-file", peer_token_file,
+                 "File holding the cluster token every peer agent must "
+                 "present (same on every agent; default: $CAIRN_PEER_TOKEN, "
+                 "else none)");
+  app.add_option("--socket-mode", socket_mode,
+                 "Permission bits (octal) of the --listen-unix socket")
+      ->capture_default_str();
+  app.add_option("--socket-group", spec.socket_group,
+                 "Group (name or id) owning the socket and the shared memory; "
+                 "its members may connect (default: only this user and root)");
   app.add_option("--ready-file", ready_file,
                  "Written with the peer port once serving");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
@@ -101,10 +116,49 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cairn-agent: %s\n", std::string(s.message()).c_str());
     return 2;
   }
+  {
+    unsigned long mode = 0;
+    char* end = nullptr;
+    mode = std::strtoul(socket_mode.c_str(), &end, 8);
+    if (socket_mode.empty() || *end != '\0' || mode > 0777) {
+      std::fprintf(stderr,
+                   "cairn-agent: --socket-mode '%s' is not an octal mode "
+                   "like 0660\n",
+                   socket_mode.c_str());
+      return 2;
+    }
+    spec.socket_mode = static_cast<mode_t>(mode);
+  }
+  if (!peer_token_file.empty()) {
+    std::ifstream in(peer_token_file, std::ios::binary);
+    std::string token((std::istreambuf_iterator<char>(in)),
+                      std::istreambuf_iterator<char>());
+    while (!token.empty() &&
+           std::isspace(static_cast<unsigned char>(token.back()))) {
+      token.pop_back();
+    }
+    if (!in.good() && !in.eof()) token.clear();
+    if (token.empty() || token.size() > cairn::agent::kMaxTokenBytes) {
+      std::fprintf(stderr,
+                   "cairn-agent: --peer-token-file %s must hold a token of 1 "
+                   "to %zu bytes\n",
+                   peer_token_file.c_str(), cairn::agent::kMaxTokenBytes);
+      return 2;
+    }
+    spec.agent.peer_token = std::move(token);
+  } else if (const char* env = std::getenv("CAIRN_PEER_TOKEN")) {
+    spec.agent.peer_token = env;
+  }
   std::vector<std::string> peer_list;
   if (!peers.empty()) peer_list = absl::StrSplit(peers, ',');
   if (!peer_list.empty() && !app.count("--num-nodes")) {
     spec.agent.num_nodes = static_cast<int>(peer_list.size());
+  }
+  if (spec.agent.num_nodes > 1 && spec.agent.peer_token.empty()) {
+    CAIRN_LOG(warn,
+              "cairn-agent: no peer token (--peer-token-file or "
+              "CAIRN_PEER_TOKEN): any host that reaches the peer port may act "
+              "as a peer agent");
   }
   spec.agent.staging_budget_bytes = static_cast<uint64_t>(budget_mib) << 20;
   spec.agent.bucket_cap_bytes = static_cast<uint64_t>(bucket_cap_mib) << 20;

@@ -51,15 +51,27 @@ absl::StatusOr<char*> Map(int fd, size_t size, absl::string_view name) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
-    absl::string_view name, size_t size) {
+    absl::string_view name, size_t size, mode_t mode, gid_t group) {
   if (size == 0 || name.size() < 2 || name[0] != '/' ||
       name.substr(1).find('/') != absl::string_view::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("bad shm segment '", name, "' of ", size, " bytes"));
   }
   const std::string n(name);
+  // Created 0600 (the umask can only narrow it), then set to exactly `mode`
+  // and `group` before anything is in it.
   int fd = shm_open(n.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open ", n));
+  if ((group != static_cast<gid_t>(-1) &&
+       fchown(fd, static_cast<uid_t>(-1), group) != 0) ||
+      fchmod(fd, mode & 0777) != 0) {
+    const int err = errno;
+    close(fd);
+    shm_unlink(n.c_str());
+    return ErrnoStatus(err, absl::StrCat("setting the owner group ",
+                                         static_cast<int64_t>(group),
+                                         " and mode of shm segment ", n));
+  }
   // posix_fallocate reserves the pages now: a full /dev/shm is an error here
   // instead of a SIGBUS in the rank's memcpy later.
   int err = posix_fallocate(fd, 0, static_cast<off_t>(size));

@@ -14,6 +14,8 @@
 #ifndef CAIRN_SERVER_AGENT_SHM_SEGMENT_H_
 #define CAIRN_SERVER_AGENT_SHM_SEGMENT_H_
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -27,10 +29,14 @@ namespace cairn::agent {
 class ShmSegment {
  public:
   // Creates and maps a new segment of `size` bytes (> 0) named `name`
-  // ("/..." without further '/'). ALREADY_EXISTS if the name is taken;
-  // RESOURCE_EXHAUSTED if /dev/shm is full.
+  // ("/..." without further '/'), with permission bits `mode` exactly (not
+  // widened by the umask; 0600: only this user) and, unless `group` is -1,
+  // owned by that group (with mode 0660: the ranks of a shared socket
+  // group). ALREADY_EXISTS if the name is taken; RESOURCE_EXHAUSTED if
+  // /dev/shm is full.
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(
-      absl::string_view name, size_t size);
+      absl::string_view name, size_t size, mode_t mode = 0600,
+      gid_t group = static_cast<gid_t>(-1));
   // Maps an existing segment read-write. NOT_FOUND if missing;
   // FAILED_PRECONDITION if it is smaller than `size`.
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Open(

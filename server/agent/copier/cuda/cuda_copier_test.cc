@@ -52,6 +52,7 @@ TEST(NcclTransportTest, CreateWithoutDeviceIsFailedPrecondition) {
   if (*n > 0) GTEST_SKIP() << "host has a CUDA device";
   TcpTransportOptions o;
   o.node_id = 0;
+  o.num_nodes = 1;
   o.resolve_peer = [](int) -> absl::StatusOr<std::string> {
     return absl::NotFoundError("none");
   };

@@ -2,15 +2,18 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -23,11 +26,17 @@
 namespace cairn::agent {
 namespace {
 
-constexpr uint32_t kMagic = 0x544e5243;  // "CRNT"
-constexpr uint64_t kHelloTag = ~uint64_t{0};
-constexpr size_t kHeaderBytes = 4 + 8 + 8 + 4 + 4;
+using internal::kAckBytes;
+using internal::kFrameHeaderBytes;
+using internal::kHelloTag;
+using internal::kMoreFrames;
+
+constexpr uint32_t kMagic = 0x324e5243;     // "CRN2"
+constexpr uint32_t kAckMagic = 0x414e5243;  // "CRNA"
+constexpr uint32_t kHelloVersion = 1;
 
 struct Header {
+  uint32_t flags = 0;
   uint64_t tag = 0;
   uint64_t length = 0;
   uint32_t payload_crc = 0;
@@ -36,28 +45,55 @@ struct Header {
 void Encode(const Header& h, char* out) {
   uint32_t magic = kMagic;
   std::memcpy(out, &magic, 4);
-  std::memcpy(out + 4, &h.tag, 8);
-  std::memcpy(out + 12, &h.length, 8);
-  std::memcpy(out + 20, &h.payload_crc, 4);
-  const uint32_t hcrc = storage::Crc32c(out, 24);
-  std::memcpy(out + 24, &hcrc, 4);
+  std::memcpy(out + 4, &h.flags, 4);
+  std::memcpy(out + 8, &h.tag, 8);
+  std::memcpy(out + 16, &h.length, 8);
+  std::memcpy(out + 24, &h.payload_crc, 4);
+  const uint32_t hcrc = storage::Crc32c(out, 28);
+  std::memcpy(out + 28, &hcrc, 4);
 }
 
 bool Decode(const char* in, Header* h) {
   uint32_t magic, hcrc;
   std::memcpy(&magic, in, 4);
-  std::memcpy(&hcrc, in + 24, 4);
-  if (magic != kMagic || hcrc != storage::Crc32c(in, 24)) return false;
-  std::memcpy(&h->tag, in + 4, 8);
-  std::memcpy(&h->length, in + 12, 8);
-  std::memcpy(&h->payload_crc, in + 20, 4);
+  std::memcpy(&hcrc, in + 28, 4);
+  if (magic != kMagic || hcrc != storage::Crc32c(in, 28)) return false;
+  std::memcpy(&h->flags, in + 4, 4);
+  std::memcpy(&h->tag, in + 8, 8);
+  std::memcpy(&h->length, in + 16, 8);
+  std::memcpy(&h->payload_crc, in + 24, 4);
   return true;
 }
 
-bool ReadFull(int fd, char* p, size_t n) {
+int PollMillis(absl::Duration d) {
+  if (d == absl::InfiniteDuration()) return -1;
+  if (d <= absl::ZeroDuration()) return 0;
+  return static_cast<int>(
+      std::min<int64_t>(absl::ToInt64Milliseconds(d + absl::Milliseconds(1) -
+                                                  absl::Nanoseconds(1)),
+                        1 << 30));
+}
+
+// Waits until `fd` is readable (or hung up). false after `timeout`.
+bool WaitReadable(int fd, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    const int n = poll(&p, 1, PollMillis(deadline - absl::Now()));
+    if (n > 0) return true;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return true;  // let the read report the error
+    if (absl::Now() >= deadline) return false;
+  }
+}
+
+// Reads exactly n bytes; false on EOF, error, or no progress for `stall`.
+bool ReadFull(int fd, char* p, size_t n,
+              absl::Duration stall = absl::InfiniteDuration()) {
   while (n > 0) {
+    if (!WaitReadable(fd, stall)) return false;
     ssize_t r = read(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (r <= 0) return false;
     p += r;
     n -= static_cast<size_t>(r);
@@ -91,6 +127,16 @@ bool WriteFull(int fd, const char* a, size_t an, const char* b, size_t bn) {
   return true;
 }
 
+// Equal length and bytes, in time independent of where they differ.
+bool TokensEqual(absl::string_view got, absl::string_view want) {
+  unsigned char diff = got.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const char g = i < got.size() ? got[i] : 0;
+    diff |= static_cast<unsigned char>(g ^ want[i]);
+  }
+  return diff == 0;
+}
+
 absl::StatusOr<sockaddr_in> ParseAddress(absl::string_view address) {
   const size_t colon = address.rfind(':');
   int port = 0;
@@ -119,6 +165,12 @@ absl::StatusOr<sockaddr_in> ParseAddress(absl::string_view address) {
   return sa;
 }
 
+std::string AddressString(const sockaddr_in& sa) {
+  char ip[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+  return absl::StrCat(ip, ":", ntohs(sa.sin_port));
+}
+
 void TuneSocket(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -127,16 +179,88 @@ void TuneSocket(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
 }
 
+void SetNonBlocking(int fd, bool on) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
+}
+
+const char* RefusalText(HelloRefusal r) {
+  switch (r) {
+    case HelloRefusal::kAccepted:
+      return "accepted";
+    case HelloRefusal::kMalformed:
+      return "malformed hello (a different cairn-agent version?)";
+    case HelloRefusal::kUnknownNode:
+      return "unknown node id (check --num-nodes / --peers on every agent)";
+    case HelloRefusal::kBadToken:
+      return "wrong cluster token (every agent needs the same "
+             "--peer-token-file / CAIRN_PEER_TOKEN)";
+  }
+  return "refused";
+}
+
 }  // namespace
+
+namespace internal {
+
+std::string EncodeFrameHeader(uint64_t tag, uint64_t length,
+                              uint32_t payload_crc, uint32_t flags) {
+  std::string out(kFrameHeaderBytes, '\0');
+  Header h;
+  h.flags = flags;
+  h.tag = tag;
+  h.length = length;
+  h.payload_crc = payload_crc;
+  Encode(h, out.data());
+  return out;
+}
+
+std::string EncodeHello(int node_id, absl::string_view token) {
+  std::string payload(8, '\0');
+  const uint32_t version = kHelloVersion;
+  const uint32_t node = static_cast<uint32_t>(node_id);
+  std::memcpy(payload.data(), &version, 4);
+  std::memcpy(payload.data() + 4, &node, 4);
+  payload.append(token.data(), token.size());
+  return EncodeFrameHeader(kHelloTag, payload.size(),
+                           storage::Crc32c(payload.data(), payload.size()), 0) +
+         payload;
+}
+
+}  // namespace internal
+
+// A connection in its handshake (owned by the acceptor thread).
+struct TcpTransport::Pending {
+  int fd = -1;
+  std::string from;  // remote address, for logs
+  absl::Time deadline;
+  std::string buf;         // bytes of the hello read so far
+  uint64_t hello_len = 0;  // payload length, once the header is in
+};
 
 TcpTransport::TcpTransport(TcpTransportOptions options)
     : options_(std::move(options)) {}
 
 absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Start(
     TcpTransportOptions options) {
-  if (options.node_id < 0 || !options.resolve_peer) {
+  if (options.node_id < 0 || !options.resolve_peer ||
+      options.num_nodes <= options.node_id) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tcp transport needs a node id >= 0 below num_nodes (node ",
+        options.node_id, ", num_nodes ", options.num_nodes,
+        ") and a peer resolver"));
+  }
+  if (options.peer_token.size() > kMaxTokenBytes) {
     return absl::InvalidArgumentError(
-        "tcp transport needs a node id >= 0 and a peer resolver");
+        absl::StrCat("the peer token has ", options.peer_token.size(),
+                     " bytes; at most ", kMaxTokenBytes, " are allowed"));
+  }
+  if (options.max_frame_bytes < kMinFrameBytes ||
+      options.max_pending_connections < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tcp transport: max_frame_bytes must be >= ", kMinFrameBytes, " (got ",
+        options.max_frame_bytes, ") and max_pending_connections >= 1 (got ",
+        options.max_pending_connections, ")"));
   }
   CAIRN_ASSIGN_OR_RETURN(sockaddr_in sa, ParseAddress(options.listen_address));
   std::unique_ptr<TcpTransport> t(new TcpTransport(std::move(options)));
@@ -152,6 +276,12 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Start(
         absl::StrCat("node ", t->options_.node_id, ": cannot listen on ",
                      t->options_.listen_address, ": ", strerror(err)));
   }
+  SetNonBlocking(t->listen_fd_, true);
+  t->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (t->wake_fd_ < 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("eventfd: ", strerror(errno)));
+  }
   socklen_t len = sizeof(sa);
   getsockname(t->listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len);
   t->port_ = ntohs(sa.sin_port);
@@ -163,16 +293,22 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Start(
 
 TcpTransport::~TcpTransport() {
   stopping_ = true;
-  if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
   if (acceptor_.joinable()) acceptor_.join();
   if (listen_fd_ >= 0) close(listen_fd_);
-  std::vector<std::thread> readers;
+  if (wake_fd_ >= 0) close(wake_fd_);
+  std::list<std::unique_ptr<Reader>> readers;
   {
     absl::MutexLock l(&mu_);
-    for (int fd : reader_fds_) shutdown(fd, SHUT_RDWR);
+    for (auto& r : readers_) {
+      if (r->fd >= 0) shutdown(r->fd, SHUT_RDWR);
+    }
     readers.swap(readers_);
   }
-  for (std::thread& r : readers) r.join();
+  for (auto& r : readers) r->thread.join();
   {
     absl::MutexLock l(&out_mu_);
     for (auto& [peer, out] : outgoing_) {
@@ -184,73 +320,297 @@ TcpTransport::~TcpTransport() {
   control_pool_.reset();  // drains pending control handlers
 }
 
+int TcpTransport::reader_threads() {
+  absl::MutexLock l(&mu_);
+  int n = 0;
+  for (const auto& r : readers_) n += r->done ? 0 : 1;
+  return n;
+}
+
+void TcpTransport::LogRefusal(const std::string& from, absl::string_view why) {
+  // At most one line a second, so a flood cannot flood the log.
+  absl::MutexLock l(&log_mu_);
+  const absl::Time now = absl::Now();
+  if (now - last_refusal_log_ < absl::Seconds(1)) {
+    ++refusals_unlogged_;
+    return;
+  }
+  CAIRN_LOG(warn,
+            "node {}: refused a peer connection from {}: {} ({} more refused "
+            "since the last such line)",
+            options_.node_id, from, std::string(why), refusals_unlogged_);
+  last_refusal_log_ = now;
+  refusals_unlogged_ = 0;
+}
+
 void TcpTransport::AcceptLoop() {
+  std::vector<std::unique_ptr<Pending>> pending;
+  std::vector<pollfd> fds;
   while (!stopping_) {
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR) continue;
-      if (stopping_) return;
-      absl::SleepFor(absl::Milliseconds(10));
+    fds.clear();
+    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({wake_fd_, POLLIN, 0});
+    absl::Time first_deadline = absl::InfiniteFuture();
+    for (const auto& p : pending) {
+      fds.push_back({p->fd, POLLIN | POLLRDHUP, 0});
+      first_deadline = std::min(first_deadline, p->deadline);
+    }
+    const int n =
+        poll(fds.data(), fds.size(),
+             pending.empty() ? -1 : PollMillis(first_deadline - absl::Now()));
+    if (n < 0 && errno != EINTR) {
+      CAIRN_LOG(error, "node {}: peer acceptor poll: {}", options_.node_id,
+                strerror(errno));
+      absl::SleepFor(absl::Milliseconds(10));  // back off, then retry
       continue;
     }
-    TuneSocket(fd);
+    if (stopping_) break;
+    const absl::Time now = absl::Now();
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = *pending[i];
+      bool finished = false;
+      if (n > 0 && fds[2 + i].revents != 0) finished = AdvanceHandshake(p);
+      if (!finished && now >= p.deadline) {
+        LogRefusal(
+            p.from,
+            absl::StrCat("no hello within ",
+                         absl::FormatDuration(options_.handshake_timeout)));
+        close(p.fd);
+        finished = true;
+      }
+      if (finished) p.fd = -1;
+    }
+    pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                 [](const auto& p) { return p->fd < 0; }),
+                  pending.end());
+    if (n <= 0 || (fds[0].revents & POLLIN) == 0) continue;
+    while (true) {
+      sockaddr_in from{};
+      socklen_t len = sizeof(from);
+      const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from),
+                             &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EMFILE || errno == ENFILE) {
+          LogRefusal("(not accepted)", strerror(errno));
+          absl::SleepFor(absl::Milliseconds(10));  // back off, then retry
+        }
+        break;
+      }
+      if (static_cast<int>(pending.size()) >=
+          options_.max_pending_connections) {
+        // Full: the oldest gives way. A peer's hello takes one round trip,
+        // so silent connections cannot keep a real peer out this way.
+        LogRefusal(pending.front()->from,
+                   absl::StrCat("no hello yet while ", pending.size(),
+                                " connections are in their handshake"));
+        close(pending.front()->fd);
+        pending.erase(pending.begin());
+      }
+      auto p = std::make_unique<Pending>();
+      p->fd = fd;
+      p->from = AddressString(from);
+      p->deadline = now + options_.handshake_timeout;
+      pending.push_back(std::move(p));
+    }
+  }
+  for (auto& p : pending) close(p->fd);
+}
+
+bool TcpTransport::AdvanceHandshake(Pending& p) {
+  const size_t want = p.buf.size() < kFrameHeaderBytes
+                          ? kFrameHeaderBytes
+                          : kFrameHeaderBytes + p.hello_len;
+  char tmp[kFrameHeaderBytes + kMaxHelloBytes];
+  const ssize_t r = read(p.fd, tmp, want - p.buf.size());
+  if (r < 0 && (errno == EINTR || errno == EAGAIN)) return false;
+  HelloRefusal refusal = HelloRefusal::kMalformed;
+  std::string why;
+  int peer = -1;
+  if (r <= 0) {
+    LogRefusal(p.from, "closed before its hello was complete");
+    close(p.fd);
+    return true;
+  }
+  p.buf.append(tmp, static_cast<size_t>(r));
+  if (p.buf.size() == kFrameHeaderBytes && p.hello_len == 0) {
+    Header h;
+    if (!Decode(p.buf.data(), &h) || h.tag != kHelloTag || h.flags != 0 ||
+        h.length < 8 || h.length > kMaxHelloBytes) {
+      why = "not a hello frame";
+    } else {
+      p.hello_len = h.length;
+      return false;
+    }
+  } else if (p.buf.size() == kFrameHeaderBytes + p.hello_len) {
+    Header h;
+    Decode(p.buf.data(), &h);
+    const absl::string_view payload =
+        absl::string_view(p.buf).substr(kFrameHeaderBytes);
+    if (storage::Crc32c(payload.data(), payload.size()) != h.payload_crc) {
+      why = "hello checksum mismatch";
+    } else {
+      refusal = CheckHello(payload, &peer);
+      why = RefusalText(refusal);
+    }
+  } else {
+    return false;  // more to come
+  }
+  char ack[kAckBytes];
+  const uint32_t code = static_cast<uint32_t>(refusal);
+  std::memcpy(ack, &kAckMagic, 4);
+  std::memcpy(ack + 4, &code, 4);
+  std::memcpy(ack + 8, &options_.max_frame_bytes, 8);
+  // 16 bytes into a fresh socket's buffer: never blocks.
+  const bool sent = send(p.fd, ack, sizeof(ack), MSG_NOSIGNAL) ==
+                    static_cast<ssize_t>(sizeof(ack));
+  if (refusal != HelloRefusal::kAccepted || !sent) {
+    LogRefusal(p.from,
+               peer >= 0 ? absl::StrCat("node ", peer, ": ", why) : why);
+    close(p.fd);
+    return true;
+  }
+  SetNonBlocking(p.fd, false);
+  TuneSocket(p.fd);
+  StartReader(p.fd, peer);
+  return true;
+}
+
+HelloRefusal TcpTransport::CheckHello(absl::string_view payload,
+                                      int* peer) const {
+  uint32_t version, node;
+  std::memcpy(&version, payload.data(), 4);
+  std::memcpy(&node, payload.data() + 4, 4);
+  if (version != kHelloVersion) return HelloRefusal::kMalformed;
+  // Check the token first, so an unknown node learns nothing more.
+  if (!TokensEqual(payload.substr(8), options_.peer_token)) {
+    return HelloRefusal::kBadToken;
+  }
+  if (node >= static_cast<uint32_t>(options_.num_nodes) ||
+      static_cast<int>(node) == options_.node_id) {
+    return HelloRefusal::kUnknownNode;
+  }
+  *peer = static_cast<int>(node);
+  return HelloRefusal::kAccepted;
+}
+
+void TcpTransport::StartReader(int fd, int peer) {
+  std::list<std::unique_ptr<Reader>> finished;
+  {
     absl::MutexLock l(&mu_);
     if (stopping_) {
       close(fd);
       return;
     }
-    reader_fds_.push_back(fd);
-    readers_.emplace_back([this, fd] { ReadLoop(fd); });
+    for (auto it = readers_.begin(); it != readers_.end();) {
+      if ((*it)->done) {
+        finished.push_back(std::move(*it));
+        it = readers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto r = std::make_unique<Reader>();
+    r->fd = fd;
+    r->peer = peer;
+    Reader*& current = current_from_[peer];
+    if (current != nullptr && current->fd >= 0) {
+      // One connection per peer: a new hello means the peer reconnected
+      // (e.g. it restarted); its old connection is dead or about to be.
+      CAIRN_LOG(info,
+                "node {}: node {} reconnected; closing its older "
+                "connection",
+                options_.node_id, peer);
+      shutdown(current->fd, SHUT_RDWR);
+    }
+    current = r.get();
+    ++open_from_[peer];
+    r->thread = std::thread([this, p = r.get()] { ReadLoop(p); });
+    readers_.push_back(std::move(r));
   }
+  for (auto& r : finished) r->thread.join();
 }
 
-void TcpTransport::ReadLoop(int fd) {
-  char hbuf[kHeaderBytes];
+void TcpTransport::ReadLoop(Reader* reader) {
+  const int fd = reader->fd;
+  const int peer = reader->peer;
+  char hbuf[kFrameHeaderBytes];
   Header h;
-  int peer = -1;
-  if (ReadFull(fd, hbuf, kHeaderBytes) && Decode(hbuf, &h) &&
-      h.tag == kHelloTag && h.length == 0) {
-    peer = static_cast<int>(h.payload_crc);
-    absl::MutexLock l(&mu_);
-    ++open_from_[peer];
-  }
-  while (peer >= 0 && !stopping_) {
-    if (!ReadFull(fd, hbuf, kHeaderBytes)) break;
+  // The message being assembled from frames.
+  std::string payload;
+  uint64_t tag = 0;
+  bool more = false;
+  absl::Status status;
+  bool idle = false;
+  while (!stopping_) {
+    if (!WaitReadable(fd, more ? options_.io_timeout : options_.idle_timeout)) {
+      idle = !more;
+      CAIRN_LOG(debug, "node {}: closing the {} connection from node {}",
+                options_.node_id, more ? "stalled" : "idle", peer);
+      break;
+    }
+    if (!ReadFull(fd, hbuf, kFrameHeaderBytes, options_.io_timeout)) break;
     if (!Decode(hbuf, &h)) {
       CAIRN_LOG(warn, "node {}: corrupt frame header from node {}; closing",
                 options_.node_id, peer);
       break;
     }
-    std::string payload(h.length, '\0');
-    if (!ReadFull(fd, payload.data(), payload.size())) break;
-    Message m;
-    const uint32_t crc = storage::Crc32c(payload.data(), payload.size());
-    if (crc != h.payload_crc) {
-      m.status = absl::DataLossError(absl::StrCat(
-          "node ", options_.node_id, ": message tag ", h.tag, " from node ",
-          peer, " (", h.length, " bytes) has crc32c ", crc, ", sender said ",
-          h.payload_crc));
+    if (h.tag == kHelloTag || h.length > options_.max_frame_bytes ||
+        (more && h.tag != tag)) {
+      CAIRN_LOG(warn,
+                "node {}: bad frame from node {} (tag {}, {} bytes, max {}{}); "
+                "closing",
+                options_.node_id, peer, h.tag, h.length,
+                options_.max_frame_bytes,
+                more ? absl::StrCat(", inside message tag ", tag) : "");
+      break;
     }
-    if ((h.tag & kControlTagBit) && options_.control_handler && m.status.ok()) {
+    if (!more) {
+      tag = h.tag;
+      payload.clear();
+      status = absl::OkStatus();
+    }
+    const size_t base = payload.size();
+    payload.resize(base + h.length);
+    if (!ReadFull(fd, payload.data() + base, h.length, options_.io_timeout)) {
+      break;
+    }
+    const uint32_t crc = storage::Crc32c(payload.data() + base, h.length);
+    if (crc != h.payload_crc && status.ok()) {
+      status = absl::DataLossError(absl::StrCat(
+          "node ", options_.node_id, ": message tag ", tag, " from node ", peer,
+          " has a frame (bytes ", base, "+", h.length, ") with crc32c ", crc,
+          ", sender said ", h.payload_crc));
+    }
+    more = (h.flags & kMoreFrames) != 0;
+    if (more) continue;
+    if ((tag & kControlTagBit) && options_.control_handler && status.ok()) {
       control_pool_->Schedule(
-          [this, peer, tag = h.tag, p = std::move(payload)]() mutable {
+          [this, peer, tag, p = std::move(payload)]() mutable {
             options_.control_handler(peer, tag, std::move(p));
           });
+      payload = std::string();
       continue;
     }
+    Message m;
+    m.status = status;
     m.payload = std::move(payload);
+    payload = std::string();
     absl::MutexLock l(&mu_);
-    mailbox_[{peer, h.tag}] = std::move(m);
+    mailbox_[{peer, tag}] = std::move(m);
   }
-  close(fd);
   absl::MutexLock l(&mu_);
-  if (peer >= 0) {
-    --open_from_[peer];
-    ++broken_from_[peer];
+  close(fd);
+  reader->fd = -1;
+  --open_from_[peer];
+  // An idle close is not a broken connection: the sender reconnects before
+  // its next message, and a Recv waiting for it keeps waiting.
+  if (!idle) ++broken_from_[peer];
+  auto it = current_from_.find(peer);
+  if (it != current_from_.end() && it->second == reader) {
+    current_from_.erase(it);
   }
-  for (int& f : reader_fds_) {
-    if (f == fd) f = -1;
-  }
+  reader->done = true;
 }
 
 TcpTransport::Outgoing& TcpTransport::OutgoingFor(int peer) {
@@ -260,9 +620,11 @@ TcpTransport::Outgoing& TcpTransport::OutgoingFor(int peer) {
   return *o;
 }
 
-absl::StatusOr<int> TcpTransport::Connect(int peer) {
+absl::StatusOr<int> TcpTransport::Connect(int peer, uint64_t* frame_bytes) {
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   absl::Status last = absl::UnavailableError("not tried");
+  const std::string hello =
+      internal::EncodeHello(options_.node_id, options_.peer_token);
   while (true) {
     absl::StatusOr<std::string> address = options_.resolve_peer(peer);
     if (address.ok()) {
@@ -270,70 +632,119 @@ absl::StatusOr<int> TcpTransport::Connect(int peer) {
       int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
       if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
         TuneSocket(fd);
-        char hello[kHeaderBytes];
-        Header h;
-        h.tag = kHelloTag;
-        h.payload_crc = static_cast<uint32_t>(options_.node_id);
-        Encode(h, hello);
-        if (WriteFull(fd, hello, kHeaderBytes, nullptr, 0)) return fd;
+        char ack[kAckBytes];
+        if (!WriteFull(fd, hello.data(), hello.size(), nullptr, 0)) {
+          last = absl::UnavailableError(absl::StrCat(
+              "sending the hello to ", *address, ": ", strerror(errno)));
+        } else if (!ReadFull(fd, ack, kAckBytes,
+                             std::max(deadline - absl::Now(),
+                                      absl::Milliseconds(200)))) {
+          last = absl::UnavailableError(
+              absl::StrCat("no handshake answer from ", *address));
+        } else {
+          uint32_t magic, code;
+          uint64_t max_frame;
+          std::memcpy(&magic, ack, 4);
+          std::memcpy(&code, ack + 4, 4);
+          std::memcpy(&max_frame, ack + 8, 8);
+          if (magic == kAckMagic &&
+              code == static_cast<uint32_t>(HelloRefusal::kAccepted)) {
+            *frame_bytes = std::max(max_frame, kMinFrameBytes);
+            return fd;
+          }
+          close(fd);
+          const std::string why =
+              magic == kAckMagic ? RefusalText(static_cast<HelloRefusal>(code))
+                                 : "an answer that is not a cairn ack";
+          const std::string msg =
+              absl::StrCat("node ", options_.node_id, ": peer node ", peer,
+                           " at ", *address, " refused the connection: ", why);
+          if (code == static_cast<uint32_t>(HelloRefusal::kBadToken)) {
+            return absl::PermissionDeniedError(msg);
+          }
+          return absl::FailedPreconditionError(msg);
+        }
+      } else {
+        last = absl::UnavailableError(
+            absl::StrCat("connect to ", *address, ": ", strerror(errno)));
       }
-      last = absl::UnavailableError(
-          absl::StrCat("connect to ", *address, ": ", strerror(errno)));
       close(fd);
     } else {
       last = address.status();
     }
     if (absl::Now() >= deadline || stopping_) break;
-    absl::SleepFor(absl::Milliseconds(20));
+    absl::SleepFor(absl::Milliseconds(20));  // the peer may be starting
   }
   return absl::UnavailableError(absl::StrCat("node ", options_.node_id,
                                              ": cannot reach peer node ", peer,
                                              ": ", last.message()));
 }
 
+absl::Status TcpTransport::SendFrames(Outgoing& out, int peer, uint64_t tag,
+                                      absl::Span<const char> data) {
+  const bool corrupt = corrupt_next_send_.exchange(false) && !data.empty();
+  const size_t corrupt_at = data.size() / 2;
+  size_t pos = 0;
+  do {
+    const size_t n = std::min<uint64_t>(data.size() - pos, out.frame_bytes);
+    const char* p = data.data() + pos;
+    char hbuf[kFrameHeaderBytes];
+    Header h;
+    h.tag = tag;
+    h.length = n;
+    h.flags = pos + n < data.size() ? kMoreFrames : 0;
+    h.payload_crc = storage::Crc32c(p, n);
+    Encode(h, hbuf);
+    bool ok;
+    if (corrupt && corrupt_at >= pos && corrupt_at < pos + n) {
+      std::string copy(p, n);
+      copy[corrupt_at - pos] ^= 0x5a;
+      ok = WriteFull(out.fd, hbuf, kFrameHeaderBytes, copy.data(), n);
+    } else {
+      ok = WriteFull(out.fd, hbuf, kFrameHeaderBytes, p, n);
+    }
+    if (!ok) {
+      return absl::UnavailableError(absl::StrCat(
+          "node ", options_.node_id, ": sending tag ", tag, " (", data.size(),
+          " bytes) to peer node ", peer, " failed: ", strerror(errno)));
+    }
+    pos += n;
+  } while (pos < data.size());
+  return absl::OkStatus();
+}
+
 absl::Status TcpTransport::Send(int peer, uint64_t tag,
                                 absl::Span<const char> data) {
-  if (peer < 0 || tag == kHelloTag) {
+  if (peer < 0 || peer >= options_.num_nodes || tag == kHelloTag) {
     return absl::InvalidArgumentError(
-        absl::StrCat("bad peer ", peer, " or tag ", tag));
+        absl::StrCat("node ", options_.node_id, ": bad peer node ", peer,
+                     " (num_nodes ", options_.num_nodes, ") or tag ", tag));
   }
   Outgoing& out = OutgoingFor(peer);
   absl::MutexLock l(&out.mu);
   if (out.fd >= 0) {
-    // The peer never writes on this connection: readable or hung up means
-    // it closed (e.g. the agent restarted); reconnect instead of writing
-    // into a dead socket.
+    // The peer never writes on this connection after its ack: readable or
+    // hung up means it closed (e.g. the agent restarted); reconnect instead
+    // of writing into a dead socket. A connection unused for half the
+    // receiver's idle timeout is replaced too, before the receiver could
+    // close it under this write.
     pollfd p{out.fd, POLLIN | POLLRDHUP, 0};
-    if (poll(&p, 1, 0) > 0) {
+    if (poll(&p, 1, 0) > 0 ||
+        absl::Now() - out.last_used > options_.idle_timeout / 2) {
       close(out.fd);
       out.fd = -1;
     }
   }
   if (out.fd < 0) {
-    CAIRN_ASSIGN_OR_RETURN(out.fd, Connect(peer));
+    CAIRN_ASSIGN_OR_RETURN(out.fd, Connect(peer, &out.frame_bytes));
   }
-  Header h;
-  h.tag = tag;
-  h.length = data.size();
-  h.payload_crc = storage::Crc32c(data.data(), data.size());
-  char hbuf[kHeaderBytes];
-  Encode(h, hbuf);
-  bool ok;
-  if (corrupt_next_send_.exchange(false) && !data.empty()) {
-    std::string copy(data.data(), data.size());
-    copy[copy.size() / 2] ^= 0x5a;
-    ok = WriteFull(out.fd, hbuf, kHeaderBytes, copy.data(), copy.size());
-  } else {
-    ok = WriteFull(out.fd, hbuf, kHeaderBytes, data.data(), data.size());
-  }
-  if (!ok) {
-    const int err = errno;
+  absl::Status s = SendFrames(out, peer, tag, data);
+  if (!s.ok()) {
     close(out.fd);
     out.fd = -1;
-    return absl::UnavailableError(absl::StrCat(
-        "node ", options_.node_id, ": sending tag ", tag, " (", data.size(),
-        " bytes) to peer node ", peer, " failed: ", strerror(err)));
+    return s;
   }
+  out.last_used = absl::Now();
   return absl::OkStatus();
 }
 

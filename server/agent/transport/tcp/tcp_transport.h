@@ -1,16 +1,49 @@
 // TcpTransport: the host-memory Transport over plain TCP sockets.
 //
 // Wire format: each direction of a node pair has its own connection (opened
-// lazily by the sender, so a restarted peer is simply reconnected). A
-// connection starts with a hello frame naming the sender's node id; then
-// every message is one frame:
-//   magic "CRNT" (u32) | tag (u64) | length (u64) | crc32c(payload) (u32)
-//   | crc32c(header fields above) (u32) | payload
-// all little-endian. A reader thread per accepted connection verifies both
-// checksums and either hands the message to the control handler (tags with
-// kControlTagBit) or queues it in a mailbox keyed by (peer, tag) for Recv.
-// A corrupt header closes the connection; a corrupt payload is delivered as
-// DATA_LOSS to the matching Recv.
+// lazily by the sender, so a restarted peer is simply reconnected). Every
+// frame is
+//   magic "CRN2" (u32) | flags (u32) | tag (u64) | length (u64)
+//   | crc32c(payload) (u32) | crc32c(header fields above) (u32) | payload
+// all little-endian.
+//
+// Handshake: a connection starts with a hello frame (tag kHelloTag, payload
+// version (u32) | sender node id (u32) | cluster token), at most
+// kMaxHelloBytes. The receiver answers with one ack
+//   magic (u32) | HelloRefusal code (u32) | its max_frame_bytes (u64)
+// and, when the code is kAccepted, only ever reads from the connection
+// after that. A hello is refused (and the connection closed, with a log
+// line) when it is malformed, names a node outside [0, num_nodes), or does
+// not carry the configured peer_token (compared in constant time); the
+// sender's Send then fails with the reason instead of retrying.
+// Connections still in their handshake are handled by the acceptor thread
+// itself (non-blocking, no thread each): at most max_pending_connections
+// of them (when full, the oldest is closed to make room: a real peer's
+// hello takes one round trip, a silent connection gives way), each for at
+// most handshake_timeout.
+//
+// Frames: a message larger than the receiver's max_frame_bytes is split
+// into frames of at most that size (flag kMoreFrames on all but the last),
+// sent back to back on the connection. A header is validated (magic, header
+// crc, length <= max_frame_bytes, fragments of one tag) before anything is
+// allocated for its payload; a bad one closes the connection. So memory
+// grows only with bytes that really arrived, never with a length claimed.
+//
+// Readers: one thread per accepted (authenticated) connection, and at most
+// one connection per peer node: a newer hello from the same node replaces
+// the older connection (a peer that restarted). Threads are therefore
+// bounded by num_nodes + the acceptor + control_threads. A connection with
+// no frame for idle_timeout is closed; a sender drops (and reconnects) a
+// connection it has not used for idle_timeout / 2, so the receiver never
+// closes one the sender is about to write to. A frame whose bytes stop
+// coming for io_timeout closes its connection too.
+//
+// Each verified message either goes to the control handler (tags with
+// kControlTagBit) or is queued in a mailbox keyed by (peer, tag) for Recv.
+// A corrupt payload is delivered as DATA_LOSS to the matching Recv.
+//
+// Security: the token authenticates peers but travels in clear text; run
+// the peer network on a trusted fabric (or a VPN) as for NCCL.
 //
 // Thread-safe (see Transport). Sends to one peer are serialized on its
 // connection; sends to different peers run in parallel.
@@ -20,6 +53,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,11 +73,32 @@ namespace cairn::agent {
 struct TcpTransportOptions {
   // This node's id (>= 0). Required.
   int node_id = -1;
+  // Nodes of the cluster: hellos from node ids outside [0, num_nodes) are
+  // refused. Required (> node_id).
+  int num_nodes = 0;
   // host:port to listen on; port 0 picks a free port. Default: 127.0.0.1:0.
   std::string listen_address = "127.0.0.1:0";
   // Returns node `peer`'s listen address (host:port). Called on every
   // (re)connect, so it may re-read a rendezvous directory. Required.
   std::function<absl::StatusOr<std::string>(int peer)> resolve_peer;
+  // Shared cluster secret every hello must carry (at most kMaxTokenBytes).
+  // Empty: no token is required, so any host that can reach the port may
+  // act as a peer by naming a valid node id. Default: empty.
+  std::string peer_token;
+  // Largest frame payload this node accepts (senders split messages to fit,
+  // see the ack). At least kMinFrameBytes. Default: 32 MiB.
+  uint64_t max_frame_bytes = uint64_t{32} << 20;
+  // Connections in their handshake held at once; when full, the oldest is
+  // closed (with a log line) to make room. Default: 64.
+  int max_pending_connections = 64;
+  // Time a new connection has to complete its hello. Default: 5 s.
+  absl::Duration handshake_timeout = absl::Seconds(5);
+  // An accepted connection with no frame for this long is closed. Default:
+  // 10 min.
+  absl::Duration idle_timeout = absl::Minutes(10);
+  // A frame whose bytes stop coming for this long closes its connection.
+  // Default: 60 s.
+  absl::Duration io_timeout = absl::Seconds(60);
   // Control messages (tags with kControlTagBit) go here. Optional.
   ControlHandler control_handler;
   // Threads running control handlers. Default: 4.
@@ -51,6 +106,31 @@ struct TcpTransportOptions {
   // Connect timeout, including retries while the peer starts. Default: 5 s.
   absl::Duration connect_timeout = absl::Seconds(5);
 };
+
+// Why a hello was refused (sent in the ack).
+enum class HelloRefusal : uint32_t {
+  kAccepted = 0,
+  kMalformed = 1,
+  kUnknownNode = 2,
+  kBadToken = 3,
+};
+
+inline constexpr size_t kMaxTokenBytes = 1024;
+inline constexpr size_t kMaxHelloBytes = 8 + kMaxTokenBytes;
+inline constexpr uint64_t kMinFrameBytes = 64 << 10;
+
+namespace internal {
+inline constexpr size_t kFrameHeaderBytes = 32;
+inline constexpr size_t kAckBytes = 16;
+inline constexpr uint64_t kHelloTag = ~uint64_t{0};
+// Flag of a frame that is not the last of its message.
+inline constexpr uint32_t kMoreFrames = 1;
+// A frame header (for tests that speak the wire format from raw sockets).
+std::string EncodeFrameHeader(uint64_t tag, uint64_t length,
+                              uint32_t payload_crc, uint32_t flags);
+// A whole hello frame: header + payload.
+std::string EncodeHello(int node_id, absl::string_view token);
+}  // namespace internal
 
 class TcpTransport : public Transport {
  public:
@@ -77,25 +157,49 @@ class TcpTransport : public Transport {
   // its checksum was computed.
   void CorruptNextSendForTest() { corrupt_next_send_ = true; }
 
+  // Accepted connections with a reader thread now (at most one per peer,
+  // plus ones being replaced).
+  int reader_threads();
+
  private:
   struct Outgoing {
     absl::Mutex mu;
     int fd ABSL_GUARDED_BY(mu) = -1;
+    // The receiver's max frame payload (from its ack).
+    uint64_t frame_bytes ABSL_GUARDED_BY(mu) = 0;
+    absl::Time last_used ABSL_GUARDED_BY(mu);
   };
   struct Message {
     absl::Status status;  // DATA_LOSS for a corrupt payload
     std::string payload;
   };
+  struct Pending;
+  struct Reader {
+    int fd = -1;
+    int peer = -1;
+    std::thread thread;
+    bool done = false;
+  };
 
   explicit TcpTransport(TcpTransportOptions options);
   void AcceptLoop();
-  void ReadLoop(int fd);
-  absl::StatusOr<int> Connect(int peer);
+  // Advances a connection's handshake with the bytes readable now. Returns
+  // true when it is finished (accepted: handed to a reader; or refused).
+  bool AdvanceHandshake(Pending& p);
+  HelloRefusal CheckHello(absl::string_view payload, int* peer) const;
+  void StartReader(int fd, int peer);
+  void ReadLoop(Reader* reader);
+  void LogRefusal(const std::string& from, absl::string_view why);
+  absl::StatusOr<int> Connect(int peer, uint64_t* frame_bytes);
+  absl::Status SendFrames(Outgoing& out, int peer, uint64_t tag,
+                          absl::Span<const char> data)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(out.mu);
   Outgoing& OutgoingFor(int peer);
 
   // Constant after construction.
   const TcpTransportOptions options_;
   int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: wakes the acceptor to stop
   int port_ = 0;
   std::unique_ptr<ThreadPool> control_pool_;
 
@@ -106,15 +210,21 @@ class TcpTransport : public Transport {
   absl::Mutex out_mu_;
   std::map<int, std::unique_ptr<Outgoing>> outgoing_ ABSL_GUARDED_BY(out_mu_);
 
+  absl::Mutex log_mu_;
+  absl::Time last_refusal_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
+  int64_t refusals_unlogged_ ABSL_GUARDED_BY(log_mu_) = 0;
+
   // State below is protected by mu_.
   absl::Mutex mu_;
   std::map<std::pair<int, uint64_t>, Message> mailbox_ ABSL_GUARDED_BY(mu_);
   // Connections from each peer currently open (a Recv fails fast when 0
-  // after the peer had connected).
+  // after the peer's connection broke).
   absl::flat_hash_map<int, int> open_from_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, int64_t> broken_from_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> reader_fds_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> readers_ ABSL_GUARDED_BY(mu_);
+  // Reader threads; finished ones are joined when the next one starts.
+  std::list<std::unique_ptr<Reader>> readers_ ABSL_GUARDED_BY(mu_);
+  // The newest accepted connection of each peer.
+  absl::flat_hash_map<int, Reader*> current_from_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cairn::agent

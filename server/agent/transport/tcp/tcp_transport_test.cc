@@ -1,16 +1,23 @@
 #include "server/agent/transport/tcp/tcp_transport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -31,12 +38,15 @@ struct Cluster {
   std::vector<int> ports;
   std::vector<std::unique_ptr<TcpTransport>> nodes;
 
-  static std::unique_ptr<Cluster> Make(int n, ControlHandler handler = {}) {
+  static std::unique_ptr<Cluster> Make(
+      int n, ControlHandler handler = {},
+      std::function<void(TcpTransportOptions&)> tweak = {}) {
     auto c = std::make_unique<Cluster>();
     c->ports.assign(n, 0);
     for (int i = 0; i < n; ++i) {
       TcpTransportOptions o;
       o.node_id = i;
+      o.num_nodes = n;
       o.connect_timeout = absl::Milliseconds(300);
       o.resolve_peer = [cl = c.get()](int peer) -> absl::StatusOr<std::string> {
         if (peer < 0 || peer >= static_cast<int>(cl->ports.size()) ||
@@ -46,6 +56,7 @@ struct Cluster {
         return absl::StrCat("127.0.0.1:", cl->ports[peer]);
       };
       o.control_handler = handler;
+      if (tweak) tweak(o);
       auto t = TcpTransport::Start(o);
       EXPECT_TRUE(t.ok()) << t.status();
       c->ports[i] = (*t)->port();
@@ -127,8 +138,8 @@ TEST(TcpTransportTest, SizeMismatchTimeoutAndUnknownPeer) {
   s = c->nodes[1]->Recv(0, 2, absl::MakeSpan(small), absl::Milliseconds(50));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   s = c->nodes[0]->Send(5, 1, std::string("x"));
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("peer node 5"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("bad peer node 5"));
 }
 
 TEST(TcpTransportTest, RecvFailsFastWhenPeerGoesAway) {
@@ -166,6 +177,213 @@ TEST(TcpTransportTest, ControlMessagesGoToTheHandler) {
   EXPECT_EQ(got[0].second, "9:ping");
 }
 
+// --- Hostile peers: raw sockets speaking (or not) the wire format. ---
+
+// A field of /proc/self/status ("Threads", "VmHWM" in kB, ...).
+int64_t ProcStatus(absl::string_view field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> parts =
+        absl::StrSplit(line, absl::ByAnyChar(": \t"), absl::SkipEmpty());
+    int64_t v = 0;
+    if (parts.size() >= 2 && parts[0] == field &&
+        absl::SimpleAtoi(parts[1], &v)) {
+      return v;
+    }
+  }
+  return -1;
+}
+
+// Resets VmHWM (peak RSS) to the current RSS.
+void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+int RawConnect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void WriteAll(int fd, const std::string& bytes) {
+  ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(bytes.size()));
+}
+
+// Reads until the other side closes; returns what came (the ack, if any).
+// `closed` is false if it stayed open for a whole minute (a hang guard, far
+// above any timeout the tests configure).
+std::string ReadUntilClosed(int fd, bool* closed) {
+  std::string got;
+  *closed = false;
+  while (true) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 60000) <= 0) return got;
+    char buf[4096];
+    const ssize_t r = read(fd, buf, sizeof(buf));
+    if (r <= 0) {
+      *closed = true;
+      return got;
+    }
+    got.append(buf, static_cast<size_t>(r));
+  }
+}
+
+uint32_t AckCode(const std::string& ack) {
+  if (ack.size() < internal::kAckBytes) return ~0u;
+  uint32_t code;
+  std::memcpy(&code, ack.data() + 4, 4);
+  return code;
+}
+
+constexpr char kToken[] = "a-cluster-token-of-some-length";
+
+TEST(TcpTransportTest, HostileFramesAreRefusedBeforeAnyAllocation) {
+  auto c = Cluster::Make(2, {}, [](TcpTransportOptions& o) {
+    o.peer_token = kToken;
+    o.max_frame_bytes = 1 << 20;
+    o.handshake_timeout = absl::Milliseconds(300);
+  });
+  const int port = c->ports[1];
+  ResetPeakRss();
+  const int64_t peak_before_kb = ProcStatus("VmHWM");
+  ASSERT_GT(peak_before_kb, 0);
+  struct Case {
+    std::string name;
+    std::string bytes;
+    uint32_t want_ack;  // ~0u: no ack expected
+  };
+  const std::string hello = internal::EncodeHello(0, kToken);
+  auto claim = [&](uint64_t length) {
+    return hello + internal::EncodeFrameHeader(7, length, 0, 0);
+  };
+  const std::string bad_hello_len =
+      internal::EncodeFrameHeader(internal::kHelloTag, uint64_t{1} << 30, 0, 0);
+  const std::vector<Case> cases = {
+      {"1 TiB claim", claim(uint64_t{1} << 40), 0},
+      {"2 GiB claim", claim(uint64_t{2} << 30), 0},
+      {"one byte over max_frame_bytes", claim((1 << 20) + 1), 0},
+      {"frame with the hello tag",
+       claim(0).substr(0, hello.size()) +
+           internal::EncodeFrameHeader(internal::kHelloTag, 10, 0, 0),
+       0},
+      {"wrong token", internal::EncodeHello(0, "guess"),
+       static_cast<uint32_t>(HelloRefusal::kBadToken)},
+      {"no token", internal::EncodeHello(0, ""),
+       static_cast<uint32_t>(HelloRefusal::kBadToken)},
+      {"unknown node", internal::EncodeHello(7, kToken),
+       static_cast<uint32_t>(HelloRefusal::kUnknownNode)},
+      {"its own node id", internal::EncodeHello(1, kToken),
+       static_cast<uint32_t>(HelloRefusal::kUnknownNode)},
+      {"1 GiB hello", bad_hello_len,
+       static_cast<uint32_t>(HelloRefusal::kMalformed)},
+      {"garbage", std::string(200, '\x5a'),
+       static_cast<uint32_t>(HelloRefusal::kMalformed)},
+      {"truncated header", hello.substr(0, 10), ~0u},
+      {"silence", "", ~0u},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    const int fd = RawConnect(port);
+    ASSERT_GE(fd, 0);
+    if (!k.bytes.empty()) WriteAll(fd, k.bytes);
+    bool closed = false;
+    const std::string got = ReadUntilClosed(fd, &closed);
+    close(fd);
+    EXPECT_TRUE(closed) << "the agent kept the connection open";
+    if (k.want_ack == ~0u) {
+      EXPECT_TRUE(got.empty());
+    } else {
+      EXPECT_EQ(AckCode(got), k.want_ack);
+    }
+  }
+  // A frame length is never allocated on a claim: the peak RSS stayed put.
+  EXPECT_LT(ProcStatus("VmHWM") - peak_before_kb, 64 << 10)
+      << "peak RSS grew while hostile frames came in";
+
+  // The legitimate peer is still served, and a message larger than a frame
+  // arrives whole (split into 1 MiB frames and put back together).
+  std::mt19937 rng(3);
+  const std::string big = RandomBytes((5 << 20) + 123, rng);
+  ASSERT_TRUE(c->nodes[0]->Send(1, 99, big).ok());
+  absl::StatusOr<std::string> got =
+      c->nodes[1]->RecvMessage(0, 99, absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == big);
+  EXPECT_EQ(c->nodes[1]->reader_threads(), 1);
+}
+
+TEST(TcpTransportTest, PeerWithAnotherTokenGetsPermissionDenied) {
+  auto c = Cluster::Make(2, {}, [](TcpTransportOptions& o) {
+    o.peer_token = o.node_id == 0 ? "token-a" : "token-b";
+  });
+  absl::Status s = c->nodes[0]->Send(1, 1, std::string("x"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("peer node 1 at 127.0.0.1:"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("wrong cluster token"));
+}
+
+TEST(TcpTransportTest, IdleConnectionsAreBoundedAndTimedOut) {
+  auto c = Cluster::Make(2, {}, [](TcpTransportOptions& o) {
+    o.max_pending_connections = 16;
+    o.handshake_timeout = absl::Milliseconds(500);
+  });
+  const int64_t threads_before = ProcStatus("Threads");
+  std::vector<int> fds;
+  for (int i = 0; i < 500; ++i) {
+    const int fd = RawConnect(c->ports[1]);
+    ASSERT_GE(fd, 0) << "connection " << i;
+    fds.push_back(fd);
+  }
+  // No thread per connection: a handshake is the acceptor's business.
+  EXPECT_LE(ProcStatus("Threads"), threads_before + 1);
+  // The legitimate peer gets in while they are held (at most 16 are, the
+  // oldest give way to newer ones).
+  ASSERT_TRUE(c->nodes[0]->Send(1, 5, std::string("still here")).ok());
+  absl::StatusOr<std::string> got =
+      c->nodes[1]->RecvMessage(0, 5, absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "still here");
+  // Every silent connection is closed by the agent (refused when the
+  // pending slots were taken, or after the handshake timeout).
+  for (int fd : fds) {
+    bool closed = false;
+    EXPECT_TRUE(ReadUntilClosed(fd, &closed).empty());
+    EXPECT_TRUE(closed);
+    close(fd);
+  }
+  EXPECT_LE(ProcStatus("Threads"), threads_before + 1);
+  EXPECT_EQ(c->nodes[1]->reader_threads(), 1);
+}
+
+TEST(TcpTransportTest, IdleAuthenticatedConnectionIsClosedAndSenderReconnects) {
+  auto c = Cluster::Make(2, {}, [](TcpTransportOptions& o) {
+    o.idle_timeout = absl::Milliseconds(200);
+  });
+  ASSERT_TRUE(c->nodes[0]->Send(1, 1, std::string("one")).ok());
+  ASSERT_TRUE(c->nodes[1]->RecvMessage(0, 1, absl::Seconds(10)).ok());
+  // A raw, authenticated but silent connection is closed too.
+  const int fd = RawConnect(c->ports[1]);
+  ASSERT_GE(fd, 0);
+  WriteAll(fd, internal::EncodeHello(0, ""));
+  bool closed = false;
+  EXPECT_EQ(AckCode(ReadUntilClosed(fd, &closed)), 0u);
+  EXPECT_TRUE(closed);
+  close(fd);
+  // The sender drops its idle connection before the receiver would.
+  ASSERT_TRUE(c->nodes[0]->Send(1, 2, std::string("two")).ok());
+  absl::StatusOr<std::string> got =
+      c->nodes[1]->RecvMessage(0, 2, absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "two");
+}
+
 // A real second process on loopback: the child echoes every message back
 // with its bytes reversed; the parent checks each against its own oracle.
 TEST(TcpTransportTest, ExchangesMessagesWithAnotherProcess) {
@@ -180,6 +398,7 @@ TEST(TcpTransportTest, ExchangesMessagesWithAnotherProcess) {
     if (read(to_child[0], &parent_port, sizeof(int)) != sizeof(int)) _exit(2);
     TcpTransportOptions o;
     o.node_id = 1;
+    o.num_nodes = 2;
     o.resolve_peer = [parent_port](int) -> absl::StatusOr<std::string> {
       return absl::StrCat("127.0.0.1:", parent_port);
     };
@@ -200,6 +419,7 @@ TEST(TcpTransportTest, ExchangesMessagesWithAnotherProcess) {
   int child_port = 0;
   TcpTransportOptions o;
   o.node_id = 0;
+  o.num_nodes = 2;
   o.resolve_peer = [&child_port](int) -> absl::StatusOr<std::string> {
     return absl::StrCat("127.0.0.1:", child_port);
   };
