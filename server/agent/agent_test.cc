@@ -24,6 +24,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "client/agent/agent_checkpointer.h"
 #include "client/examples/synthetic_model.h"
 #include "gmock/gmock.h"
@@ -32,11 +33,111 @@
 #include "proto/convert/plan_convert.h"
 #include "server/agent/agent_server.h"
 #include "server/coordinator/coordinator_server.h"
+#include "storage/shard_store.h"
 
 namespace cairn::agent {
 namespace {
 
 using ::testing::HasSubstr;
+
+// --- A store whose writers the test holds at chosen points (registered as
+// "gated://<posix root>"; cairnd and the ranks of a test share it). ---
+
+struct Gate {
+  // Rank 1's first Append waits for `release`; rank 0's NewWriter waits
+  // until rank 1 is in that Append, then fails as a full disk would.
+  absl::Notification rank1_in_append;
+  absl::Notification release;
+};
+Gate* g_gate = nullptr;
+
+class GatedWriter : public storage::ObjectWriter {
+ public:
+  GatedWriter(std::string key, std::unique_ptr<storage::ObjectWriter> base)
+      : key_(std::move(key)), base_(std::move(base)) {}
+  absl::Status Append(absl::Span<const char> data) override {
+    if (g_gate != nullptr && absl::StrContains(key_, "rank-00001")) {
+      if (!g_gate->rank1_in_append.HasBeenNotified()) {
+        g_gate->rank1_in_append.Notify();
+      }
+      g_gate->release.WaitForNotification();
+    }
+    return base_->Append(data);
+  }
+  absl::Status Close() override { return base_->Close(); }
+  uint64_t bytes_written() const override { return base_->bytes_written(); }
+
+ private:
+  const std::string key_;
+  std::unique_ptr<storage::ObjectWriter> base_;
+};
+
+class GatedStore : public storage::ShardStore {
+ public:
+  GatedStore(std::string uri, std::unique_ptr<storage::ShardStore> base)
+      : uri_(std::move(uri)), base_(std::move(base)) {}
+  std::string uri() const override { return uri_; }
+  using storage::ShardStore::NewWriter;
+  absl::StatusOr<std::unique_ptr<storage::ObjectWriter>> NewWriter(
+      absl::string_view key, const storage::WriterOptions& options) override {
+    if (g_gate != nullptr && absl::StrContains(key, "rank-00000")) {
+      g_gate->rank1_in_append.WaitForNotification();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no space left on device writing '", key, "' (",
+                       options.expected_bytes, " bytes needed, 0 free)"));
+    }
+    auto w = base_->NewWriter(key, options);
+    if (!w.ok()) return w.status();
+    return std::unique_ptr<storage::ObjectWriter>(
+        new GatedWriter(std::string(key), std::move(*w)));
+  }
+  absl::Status Put(absl::string_view key,
+                   absl::Span<const char> data) override {
+    return base_->Put(key, data);
+  }
+  absl::StatusOr<size_t> Read(absl::string_view key, storage::ByteRange range,
+                              absl::Span<char> out) override {
+    return base_->Read(key, range, out);
+  }
+  absl::Status ReadRanges(absl::string_view key,
+                          absl::Span<const storage::ByteRange> ranges,
+                          absl::Span<const absl::Span<char>> outs) override {
+    return base_->ReadRanges(key, ranges, outs);
+  }
+  absl::StatusOr<uint64_t> Size(absl::string_view key) override {
+    return base_->Size(key);
+  }
+  absl::StatusOr<std::vector<std::string>> List(
+      absl::string_view prefix) override {
+    return base_->List(prefix);
+  }
+  absl::Status Delete(absl::string_view key) override {
+    return base_->Delete(key);
+  }
+  absl::Status DeletePrefix(absl::string_view prefix) override {
+    return base_->DeletePrefix(prefix);
+  }
+
+ private:
+  const std::string uri_;
+  const std::unique_ptr<storage::ShardStore> base_;
+};
+
+void RegisterGatedScheme() {
+  static const bool done = [] {
+    storage::RegisterShardStoreScheme(
+        "gated",
+        [](absl::string_view rest, const storage::StoreOptions& o)
+            -> absl::StatusOr<std::unique_ptr<storage::ShardStore>> {
+          auto base = storage::OpenShardStore(absl::StrCat("file://", rest), o);
+          if (!base.ok()) return base.status();
+          return std::unique_ptr<storage::ShardStore>(
+              new GatedStore(absl::StrCat("gated://", rest), std::move(*base)));
+        });
+    return true;
+  }();
+  (void)done;
+}
 
 class AgentTest : public ::testing::Test {
  protected:
@@ -427,6 +528,55 @@ TEST_F(AgentTest, SaveThatDoesNotFitFailsOnEveryRankWithNoSpace) {
           << e.path();
     }
   }
+}
+
+// A rank whose temp file an abort deleted under it (the abort's cleanup is
+// what it runs into) reports the aborting rank's real cause, not its own
+// symptom. Direct mode: the same client path agents persist through.
+TEST_F(AgentTest, RankHitByAnotherRanksAbortReportsThatRanksCause) {
+  RegisterGatedScheme();
+  Gate gate;
+  g_gate = &gate;
+  absl::Cleanup ungate = [] { g_gate = nullptr; };
+  cairnd_.reset();
+  coordinator::CoordinatorServer::Spec cs;
+  cs.listen_address = "127.0.0.1:0";
+  cs.coordinator.storage_uri = absl::StrCat("gated://", dir_, "/gated");
+  cs.coordinator.catalog_path = dir_ + "/gated-catalog";
+  auto c = coordinator::CoordinatorServer::Start(cs);
+  ASSERT_TRUE(c.ok()) << c.status();
+  cairnd_ = std::move(*c);
+
+  auto spec = examples::ModelSpec("small");
+  auto lay = examples::ParseLayout("2:S0");
+  std::vector<absl::Status> result(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      client::CheckpointerOptions o;
+      o.coordinator = Address();
+      o.job = "gated";
+      o.rank = r;
+      o.world_size = 2;
+      auto ckpt = client::Checkpointer::Connect(o);
+      auto model = examples::ShardedModel::Create(*spec, *lay, r, true, 7);
+      if (!ckpt.ok() || !model.ok()) {
+        result[r] = absl::InternalError("setup");
+        return;
+      }
+      result[r] = (*ckpt)->Save(7, (*model)->state()).status();
+      if (r == 0) gate.release.Notify();  // rank 0 has aborted the save
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(result[0].code(), absl::StatusCode::kResourceExhausted)
+      << result[0];
+  EXPECT_EQ(result[1].code(), absl::StatusCode::kAborted) << result[1];
+  EXPECT_THAT(std::string(result[1].message()),
+              HasSubstr("rank 1 saving job 'gated' step 7: save of job "
+                        "'gated' step 7 aborted by rank 0: no space left on "
+                        "device writing 'gated/"))
+      << result[1];
 }
 
 TEST_F(AgentTest, AsyncSaveCommitsAndReshardsFromMemoryBitExact) {
