@@ -202,8 +202,10 @@ class Harness:
         self.logs = os.path.join(self.root, "logs")
         os.makedirs(self.logs)
         self.port = 0
+        self.min_keep_last = KEEP_LAST  # smallest --keep-last > 0 used
         self.cairnd = None
         self.cairnd_gen = 0
+        self.cairnd_deaths = 0
         self.proc_seq = 0
         self.kills = collections.Counter()
         self.stats = collections.Counter()
@@ -218,7 +220,7 @@ class Harness:
         # answered OK
         self.trial = 0
         self.trial_log = []  # what happened in the current trial
-        self.job_seconds = 3.0  # running estimate of a clean save job
+        self.job_seconds = 1.0  # running estimate of a save job's length
         self.tick_hook = None  # called while a job runs
 
     # ------------------------------------------------------------------
@@ -242,6 +244,8 @@ class Harness:
         """Starts cairnd on the run's port; returns True once it serves,
         False if it died first (a crash point during recovery)."""
         assert self.cairnd is None or not self.cairnd.alive()
+        if keep_last > 0:
+            self.min_keep_last = min(self.min_keep_last, keep_last)
         self.cairnd_gen += 1
         port_file = os.path.join(self.root, f"port.{self.cairnd_gen}")
         argv = [self.cairnd_bin, "--data-dir", self.data,
@@ -300,6 +304,7 @@ class Harness:
         if getattr(c, "counted", False):
             return
         c.counted = True
+        self.cairnd_deaths += 1
         point = c.crash_point()
         if point is not None:
             self.kills[f"cairnd@{point}"] += 1
@@ -309,6 +314,7 @@ class Harness:
         if self.cairnd is not None and self.cairnd.alive():
             self.cairnd.kill()
             self.cairnd.counted = True
+            self.cairnd_deaths += 1
             self.kills[f"cairnd:{kind}"] += 1
             self.note(f"cairnd SIGKILLed ({kind})")
 
@@ -453,6 +459,7 @@ class Harness:
                       + (f" kill rank {kill_at[1]} at {kill_at[0]:.2f}s"
                          if kill_at else ""))
             t0 = now()
+            deaths = self.cairnd_deaths
             procs, codes, killed = self.run_group(
                 argvs, names, envs, kill_at=kill_at, on_tick=self.on_tick)
             took = now() - t0
@@ -468,8 +475,10 @@ class Harness:
                     self.kills[f"rank@{point}"] += 1
                     self.note(f"{p.name} died at crash point {point}")
             if all(c == 0 for c in codes):
-                if not rank_points and kill_at is None:
-                    self.job_seconds = 0.8 * self.job_seconds + 0.2 * took
+                if self.cairnd_deaths == deaths and killed is None:
+                    # Nothing died: the job's length sets when random kills
+                    # land.
+                    self.job_seconds = 0.7 * self.job_seconds + 0.3 * took
                 break
             attempt += 1
             if attempt > relaunches:
@@ -613,8 +622,8 @@ class Harness:
     def run_trial(self):
         rng = self.rng
         kinds = ["cairnd_point", "cairnd_random", "rank_point", "rank_random",
-                 "delete", "abort", "none"]
-        weights = [5, 4, 4, 3, 3, 1, 1]
+                 "all_random", "delete", "abort", "none"]
+        weights = [5, 4, 4, 3, 2, 3, 1, 1]
         if self.agents_enabled:
             kinds.append("agent")
             weights.append(3)
@@ -641,7 +650,7 @@ class Harness:
         elif kind == "cairnd_random":
             self.start_cairnd()
             steps = self.save_steps(JOB, 3)
-            at = rng.uniform(0, self.job_seconds * 1.2)
+            at = rng.uniform(0, self.job_seconds)
             t0 = now()
             fired = False
 
@@ -674,6 +683,25 @@ class Harness:
             at = rng.uniform(0, self.job_seconds)
             self.direct_job(self.save_steps(JOB, 3), world, model,
                             kill_at=(at, rng.randrange(world)))
+        elif kind == "all_random":
+            # The node dies: cairnd and every rank at the same moment.
+            self.start_cairnd()
+            at = rng.uniform(0, self.job_seconds)
+            t0 = now()
+            fired = False
+
+            def node_dies():
+                nonlocal fired
+                if not fired and now() - t0 >= at:
+                    fired = True
+                    self.kill_cairnd("node")
+
+            self.tick_hook = node_dies
+            try:
+                self.direct_job(self.save_steps(JOB, 3), world, model,
+                                kill_at=(at, rng.randrange(world)))
+            finally:
+                self.tick_hook = None
         elif kind == "delete":
             self.delete_trial(world, model)
         elif kind == "abort":
@@ -825,13 +853,13 @@ class Harness:
                 raise Violation(f"monotonic: job {job}: latest went back from "
                                 f"{prev} to {cur}")
         # Acknowledged saves are durable.
-        newer = lambda s: sum(1 for c in on_c if c > s)
+        later = set(on_c) | self.deleted[job]
         for s in sorted(self.acked[job]):
             if s in on_c or s in self.deleted[job]:
                 continue
-            if newer(s) >= 1:
-                # Retention (keep-last >= 1) may have removed it: cairnd ran
-                # with keep-last 1..3 in this run.
+            if sum(1 for c in later if c > s) >= self.min_keep_last:
+                # Retention may have removed it: that many newer steps were
+                # committed, and cairnd ran with --keep-last that small.
                 continue
             raise Violation(f"durable: job {job}: step {s} was acknowledged "
                             f"as committed but is not (committed: {on_c})")
@@ -1036,7 +1064,8 @@ def main():
                     help="run seed (default: random, printed)")
     ap.add_argument("--only", default="",
                     help="comma-separated trial kinds to run (cairnd_point, "
-                    "cairnd_random, rank_point, rank_random, delete, abort, "
+                    "cairnd_random, rank_point, rank_random, all_random, "
+                    "delete, abort, "
                     "agent, none)")
     ap.add_argument("--recovery-crash", type=float, default=0.25,
                     help="probability that a restarted cairnd is armed to die "
