@@ -1132,13 +1132,38 @@ absl::Status Agent::HandlePush(int peer, const v1::PushReplica& push) {
   set->step = push.step();
   set->rank = push.source_rank();
   set->replica = true;
+  // Everything below indexes and sizes by what the peer sent: check it all
+  // before anything is allocated or copied.
+  if (push.item_message_size() != push.items_size() ||
+      push.item_offset_size() != push.items_size() ||
+      push.message_bytes_size() != push.message_tags_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": malformed push (", push.items_size(), " items, ",
+        push.item_message_size(), " item messages, ", push.item_offset_size(),
+        " item offsets, ", push.message_tags_size(), " message tags, ",
+        push.message_bytes_size(), " message sizes)"));
+  }
+  const uint64_t budget = pool_->budget;
   uint64_t total = 0;
-  for (const v1::HeldItem& h : push.items()) {
+  for (int i = 0; i < push.items_size(); ++i) {
+    const v1::HeldItem& h = push.items(i);
+    const uint64_t n = h.item().length();
+    const int m = push.item_message(i);
+    if (m < 0 || m >= push.message_tags_size() || n > push.message_bytes(m) ||
+        push.item_offset(i) > push.message_bytes(m) - n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": item '", ItemFqn(h.item()), "' (", n,
+                       " bytes) lies outside its message"));
+    }
+    if (n > budget || total > budget - n) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          where, ": more than the staging budget of ", budget, " bytes"));
+    }
     Item it;
     it.item = h.item();
     it.crc32c = h.crc32c();
     it.offset = total;
-    total = AlignUp(total + h.item().length(), kAlign);
+    total = AlignUp(total + n, kAlign);
     set->items.push_back(std::move(it));
   }
   // Receive every message first (they are already on their way), then
@@ -1171,12 +1196,7 @@ absl::Status Agent::HandlePush(int peer, const v1::PushReplica& push) {
     const Item& it = set->items[i];
     const uint64_t n = it.item.length();
     if (n == 0) continue;
-    const int m = push.item_message(i);
-    if (m < 0 || m >= push.message_tags_size() ||
-        push.item_offset(i) + n > messages[m].size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": item '", ItemFqn(it.item), "' lies outside its message"));
-    }
+    const int m = push.item_message(i);  // checked above; sizes match too
     char* dst = set->segment->data() + it.offset;
     std::memcpy(dst, messages[m].data() + push.item_offset(i), n);
     const uint32_t crc = storage::Crc32c(dst, n);
@@ -1248,17 +1268,16 @@ Agent::FindHeld(const std::string& job, int64_t step, const v1::WriteItem& item,
 
 absl::StatusOr<uint64_t> Agent::HandleFetch(int peer,
                                             const v1::FetchRequest& req) {
-  uint64_t total = 0;
-  for (const v1::FetchPiece& p : req.pieces()) {
+  // Every piece is checked (held here, region inside the held chunk) before
+  // the reply is allocated: its size comes from the network.
+  struct Piece {
+    std::shared_ptr<const Set> set;
+    const Item* item;
     planner::ChunkBox region;
-    CAIRN_ASSIGN_OR_RETURN(
-        region, convert::BoxFromProto(p.region(), ItemFqn(p.item())));
-    total +=
-        static_cast<uint64_t>(planner::Volume(region)) * ItemElemSize(p.item());
-  }
-  std::string payload(total, '\0');
-  uint64_t cursor = 0;
-  std::vector<planner::CopySegment> segs;
+    size_t elem;
+  };
+  std::vector<Piece> pieces;
+  uint64_t total = 0;
   for (const v1::FetchPiece& p : req.pieces()) {
     CAIRN_ASSIGN_OR_RETURN(auto held, FindHeld(req.job(), req.step(), p.item(),
                                                p.expected_crc32c()));
@@ -1267,15 +1286,33 @@ absl::StatusOr<uint64_t> Agent::HandleFetch(int peer,
         region, convert::BoxFromProto(p.region(), ItemFqn(p.item())));
     const size_t elem = ItemElemSize(p.item());
     const planner::ChunkBox src_box = ItemBox(held.second->item);
-    if (!planner::Contains(src_box, region)) {
+    if (!planner::Contains(src_box, region) ||
+        elem != ItemElemSize(held.second->item)) {
       return absl::InvalidArgumentError(
           absl::StrCat("fetch of '", ItemFqn(p.item()), "' region ",
                        planner::BoxToString(region), " outside held chunk ",
                        planner::BoxToString(src_box)));
     }
+    const uint64_t bytes =
+        static_cast<uint64_t>(planner::Volume(region)) * elem;
+    if (total + bytes > pool_->budget) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "fetch from node ", peer, " of more than the staging budget of ",
+          pool_->budget, " bytes"));
+    }
+    total += bytes;
+    pieces.push_back({std::move(held.first), held.second, region, elem});
+  }
+  std::string payload(total, '\0');
+  uint64_t cursor = 0;
+  std::vector<planner::CopySegment> segs;
+  for (const Piece& piece : pieces) {
+    const planner::ChunkBox& region = piece.region;
+    const size_t elem = piece.elem;
+    const planner::ChunkBox src_box = ItemBox(piece.item->item);
     segs.clear();
     planner::AppendCopySegments(src_box, region, region, elem, &segs);
-    const char* src = held.first->segment->data() + held.second->offset;
+    const char* src = piece.set->segment->data() + piece.item->offset;
     for (const auto& s : segs) {
       std::memcpy(payload.data() + cursor + s.dst_offset, src + s.src_offset,
                   s.length);

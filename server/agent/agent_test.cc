@@ -579,6 +579,79 @@ TEST_F(AgentTest, RankHitByAnotherRanksAbortReportsThatRanksCause) {
       << result[1];
 }
 
+// A peer's requests are checked before the agent allocates or copies by
+// them: sizes and indexes that do not add up are errors, not a crash.
+TEST_F(AgentTest, MalformedPeerRequestsAreRefusedWithoutCrashing) {
+  StartAgent(0, 2, 0);
+  // Node 1 is played by a bare transport.
+  TcpTransportOptions o;
+  o.node_id = 1;
+  o.num_nodes = 2;
+  o.resolve_peer = [this](int n) -> absl::StatusOr<std::string> {
+    return absl::StrCat("127.0.0.1:", ports_[n]);
+  };
+  auto node1 = TcpTransport::Start(o);
+  ASSERT_TRUE(node1.ok()) << node1.status();
+  ports_[1] = (*node1)->port();
+  uint64_t next_tag = 1000;
+  auto call = [&](v1::PeerRequest req) {
+    req.set_reply_tag(++next_tag);
+    req.set_from_node(1);
+    EXPECT_TRUE(
+        (*node1)
+            ->Send(0, kControlTagBit | ++next_tag, req.SerializeAsString())
+            .ok());
+    absl::StatusOr<std::string> reply =
+        (*node1)->RecvMessage(0, req.reply_tag(), absl::Seconds(20));
+    v1::PeerResponse resp;
+    EXPECT_TRUE(reply.ok() && resp.ParseFromString(*reply)) << reply.status();
+    return absl::Status(static_cast<absl::StatusCode>(resp.code()),
+                        resp.message());
+  };
+  v1::WriteItem huge;
+  huge.set_kind(v1::WriteItem::KIND_TENSOR_CHUNK);
+  huge.mutable_tensor()->set_fqn("w");
+  huge.mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+  for (int d = 0; d < 2; ++d) {
+    huge.mutable_tensor()->add_global_shape(int64_t{1} << 20);
+    huge.mutable_chunk()->add_offsets(0);
+    huge.mutable_chunk()->add_sizes(int64_t{1} << 20);
+  }
+  huge.set_length(~uint64_t{0});
+
+  // A push whose items have no message entries.
+  v1::PeerRequest a;
+  a.mutable_push()->set_job("j");
+  *a.mutable_push()->add_items()->mutable_item() = huge;
+  absl::Status s = call(a);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("malformed push"));
+
+  // A push claiming a 2^64 - 1 byte item in a 1-byte message.
+  v1::PeerRequest b = a;
+  b.mutable_push()->add_message_tags(++next_tag);
+  b.mutable_push()->add_message_bytes(1);
+  b.mutable_push()->add_item_message(0);
+  b.mutable_push()->add_item_offset(1);
+  ASSERT_TRUE((*node1)->Send(0, next_tag, std::string("x")).ok());
+  s = call(b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("lies outside its message"));
+
+  // A fetch of a 4 TiB region of something the agent does not hold.
+  v1::PeerRequest f;
+  f.mutable_fetch()->set_job("j");
+  f.mutable_fetch()->set_data_tag(++next_tag);
+  v1::FetchPiece* piece = f.mutable_fetch()->add_pieces();
+  *piece->mutable_item() = huge;
+  *piece->mutable_region() = huge.chunk();
+  s = call(f);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+
+  // Still serving.
+  SaveAll("after", 1, 1, "1:R", 1);
+}
+
 TEST_F(AgentTest, AsyncSaveCommitsAndReshardsFromMemoryBitExact) {
   // No replicas: each node's tier 0 is the only copy in memory, so the
   // resharded load must move bytes between the agents.
