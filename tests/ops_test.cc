@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/version.h"
 #include "gmock/gmock.h"
@@ -84,6 +85,28 @@ class OpsTest : public ::testing::Test {
     EXPECT_TRUE(code.ok()) << code.status();
     *output = p->Log();
     return code.ok() ? *code : -1;
+  }
+
+  // Runs `world` ranks of the example job (layout "<world>:S0") saving
+  // `steps`; returns their exit codes.
+  std::vector<int> SaveSteps(const std::string& job, int world,
+                             const std::string& steps) {
+    std::vector<std::vector<std::string>> argvs;
+    for (int r = 0; r < world; ++r) {
+      argvs.push_back({g_rank, "--coordinator", cairnd_->address(), "--job",
+                       job, "--rank", std::to_string(r), "--world-size",
+                       std::to_string(world), "--layout",
+                       absl::StrCat(world, ":S0"), "--save-steps", steps});
+    }
+    absl::StatusOr<std::vector<int>> codes = testing::RunAll(
+        argvs, absl::StrCat(dir_, "/ranks-", ++runs_, "-"), absl::Minutes(3));
+    EXPECT_TRUE(codes.ok()) << codes.status();
+    return codes.ok() ? *codes : std::vector<int>();
+  }
+
+  std::string StorageRoot() const { return dir_ + "/cairnd/checkpoints"; }
+  std::string StepDir(const std::string& job, int64_t step) const {
+    return absl::StrFormat("%s/%s/%016d", StorageRoot(), job, step);
   }
 
   std::string dir_;
@@ -184,6 +207,83 @@ TEST_F(OpsTest, MalformedRequestsAreInvalidArgument) {
                 HasSubstr(absl::StrCat("cairn.v1.Coordinator/", method)));
     EXPECT_THAT(s.error_message(), HasSubstr("64 bytes"));
   }
+}
+
+// Offline, one damaged MANIFEST used to fail `ls` outright and `verify
+// latest` picked it.
+TEST_F(OpsTest, CliOfflineReportsDamagedStepsAndUsesTheNewestValidOne) {
+  StartCairnd();
+  ASSERT_THAT(SaveSteps("job", 2, "1,2"), ::testing::Each(0));
+  std::ofstream(StepDir("job", 2) + "/MANIFEST", std::ios::trunc)
+      << "not a manifest";
+  const std::string uri = "file://" + StorageRoot();
+  std::string out;
+  EXPECT_EQ(Run({g_cli, "-s", uri, "ls", "job"}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("COMMITTED"));  // step 1
+  EXPECT_THAT(out, HasSubstr("DAMAGED: job job step 2: DATA_LOSS"));
+  EXPECT_EQ(Run({g_cli, "-s", uri, "verify", "job", "latest"}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("skipping damaged job 'job' step 2"));
+  EXPECT_THAT(out, HasSubstr("OK: job job step 1"));
+  // gc keeps the newest valid one and leaves the damaged one alone.
+  EXPECT_EQ(Run({g_cli, "-s", uri, "gc", "job", "--keep", "1"}, &out), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("deleted 0 checkpoints"));
+}
+
+// `cairn -s file:///typo ls` said "no checkpoints" (and created /typo).
+TEST_F(OpsTest, CliOfflineMissingStorageRootIsAnError) {
+  const std::string typo = dir_ + "/typo";
+  std::string out;
+  EXPECT_EQ(Run({g_cli, "-s", "file://" + typo, "ls"}, &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("storage root '", typo, "' (file://",
+                                          typo, ") does not exist")));
+  EXPECT_FALSE(std::filesystem::exists(typo));
+}
+
+// `cairn -c ADDR verify` reads storage from the CLI's host: where it is not
+// mounted that used to be DATA_LOSS "object not found".
+TEST_F(OpsTest, CliVerifyWhereStorageIsNotMountedSaysUnreachable) {
+  StartCairnd();
+  ASSERT_THAT(SaveSteps("job", 2, "1"), ::testing::Each(0));
+  const std::string moved = dir_ + "/elsewhere";
+  std::filesystem::rename(StorageRoot(), moved);  // cairnd keeps its fd
+  std::string out;
+  EXPECT_EQ(Run({g_cli, "-c", cairnd_->address(), "verify", "job", "1"}, &out),
+            1)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat(
+                       "FAILED_PRECONDITION: storage file://", StorageRoot(),
+                       " of job 'job' step 1 is not "
+                       "reachable from this host")));
+  EXPECT_THAT(out, HasSubstr("does not exist"));
+  EXPECT_THAT(out, Not(HasSubstr("DATA_LOSS")));
+  // Another (empty) filesystem mounted there: no object of the step.
+  std::filesystem::create_directories(StorageRoot());
+  EXPECT_EQ(Run({g_cli, "-c", cairnd_->address(), "verify", "job", "1"}, &out),
+            1)
+      << out;
+  EXPECT_THAT(out, HasSubstr("not reachable from this host"));
+  EXPECT_THAT(out,
+              HasSubstr("neither its MANIFEST nor any of its 2 data objects"));
+  std::filesystem::remove(StorageRoot());
+  std::filesystem::rename(moved, StorageRoot());
+  EXPECT_EQ(Run({g_cli, "-c", cairnd_->address(), "verify", "job", "1"}, &out),
+            0)
+      << out;
+  // A data object really missing is still data loss.
+  std::vector<std::filesystem::path> objects;
+  for (const auto& e :
+       std::filesystem::recursive_directory_iterator(StepDir("job", 1))) {
+    if (e.is_regular_file() && e.path().extension() == ".bin") {
+      objects.push_back(e.path());
+    }
+  }
+  ASSERT_EQ(objects.size(), 2u);
+  std::filesystem::remove(objects[0]);
+  EXPECT_EQ(Run({g_cli, "-c", cairnd_->address(), "verify", "job", "1"}, &out),
+            1)
+      << out;
+  EXPECT_THAT(out, HasSubstr("DATA_LOSS"));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -57,9 +59,32 @@ std::string StateName(v1::CheckpointState s) {
       return "COMMITTED";
     case v1::CHECKPOINT_STATE_ABORTED:
       return "ABORTED";
+    case v1::CHECKPOINT_STATE_UNSPECIFIED:
+      return "DAMAGED";  // offline: a MANIFEST that cannot be read
     default:
       return "UNKNOWN";
   }
+}
+
+// The directory of a file:// URI ("" for other schemes).
+std::string FileRoot(absl::string_view uri) {
+  if (!absl::StartsWith(uri, "file://")) return "";
+  return std::string(uri.substr(7));
+}
+
+// Opening a posix store creates its root, so a typo would be listed as an
+// empty storage: a file:// root must exist (and be a directory) first.
+absl::Status CheckStorageRootExists(const std::string& uri) {
+  const std::string root = FileRoot(uri);
+  if (root.empty()) return absl::OkStatus();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(root, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("storage root '", root, "' (", uri, ") ",
+                     std::filesystem::exists(root, ec) ? "is not a directory"
+                                                       : "does not exist"));
+  }
+  return absl::OkStatus();
 }
 
 // A plain aligned text table.
@@ -210,9 +235,20 @@ class StorageBackend : public Backend {
       CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
                              storage::ListCommittedSteps(*store_, j));
       for (int64_t step : steps) {
-        CAIRN_ASSIGN_OR_RETURN(v1::Manifest m,
-                               storage::ReadManifest(*store_, j, step));
-        out.push_back(RecordOf(m));
+        absl::StatusOr<v1::Manifest> m =
+            storage::ReadManifest(*store_, j, step);
+        if (m.ok()) {
+          out.push_back(RecordOf(*m));
+          continue;
+        }
+        // One damaged MANIFEST must not hide the others: listed DAMAGED.
+        v1::CheckpointRecord r;
+        r.set_job(j);
+        r.set_step(step);
+        r.set_state(v1::CHECKPOINT_STATE_UNSPECIFIED);
+        r.set_abort_reason(m.status().ToString());
+        r.set_storage_uri(store_->uri());
+        out.push_back(r);
       }
       if (all) {
         CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> incomplete,
@@ -236,13 +272,27 @@ class StorageBackend : public Backend {
                                                 int64_t step) override {
     CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(job));
     if (step < 0) {
+      // The newest step whose MANIFEST reads: damaged ones are skipped (and
+      // reported), as a load of 'latest' would need.
       CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
                              storage::ListCommittedSteps(*store_, job));
-      if (steps.empty()) {
-        return absl::NotFoundError(absl::StrCat(
-            "job '", job, "' has no committed checkpoint on ", store_->uri()));
+      for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+        absl::StatusOr<v1::Manifest> m =
+            storage::ReadManifest(*store_, job, *it);
+        if (!m.ok()) {
+          notes_.push_back(absl::StrCat("skipping damaged job '", job,
+                                        "' step ", *it, ": ",
+                                        m.status().ToString()));
+          continue;
+        }
+        v1::GetCheckpointResponse resp;
+        *resp.mutable_manifest() = std::move(*m);
+        *resp.mutable_checkpoint() = RecordOf(resp.manifest());
+        return resp;
       }
-      step = steps.back();
+      return absl::NotFoundError(absl::StrCat(
+          "job '", job, "' has no ", steps.empty() ? "" : "undamaged ",
+          "committed checkpoint on ", store_->uri()));
     }
     v1::GetCheckpointResponse resp;
     CAIRN_ASSIGN_OR_RETURN(*resp.mutable_manifest(),
@@ -259,8 +309,15 @@ class StorageBackend : public Backend {
 
   absl::StatusOr<v1::GarbageCollectResponse> Gc(const std::string& job,
                                                 int keep, bool dry) override {
-    CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> records,
+    CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> listed,
                            List(job, false));
+    // Only readable checkpoints count as kept; damaged ones stay for a human.
+    std::vector<v1::CheckpointRecord> records;
+    for (v1::CheckpointRecord& r : listed) {
+      if (r.state() == v1::CHECKPOINT_STATE_COMMITTED) {
+        records.push_back(std::move(r));
+      }
+    }
     v1::GarbageCollectResponse resp;
     for (int i = static_cast<int>(records.size()) - keep - 1; i >= 0; --i) {
       if (!dry) CAIRN_RETURN_IF_ERROR(Delete(job, records[i].step()));
@@ -271,6 +328,8 @@ class StorageBackend : public Backend {
   }
 
   storage::ShardStore& store() { return *store_; }
+  // What the last calls skipped (damaged steps), for the user.
+  std::vector<std::string> TakeNotes() { return std::move(notes_); }
 
  private:
   v1::CheckpointRecord RecordOf(const v1::Manifest& m) {
@@ -288,7 +347,40 @@ class StorageBackend : public Backend {
   }
 
   std::unique_ptr<storage::ShardStore> store_;
+  std::vector<std::string> notes_;
 };
+
+// Opens the storage cairnd reports for `manifest`'s checkpoint, from this
+// host. Storage that is not mounted here (no root, or not a single object of
+// the checkpoint) is FAILED_PRECONDITION, not the DATA_LOSS that verifying
+// would report for every object: unreachable storage is not corruption.
+absl::StatusOr<std::unique_ptr<storage::ShardStore>> OpenReachableStore(
+    const std::string& uri, const v1::Manifest& manifest) {
+  const std::string where =
+      absl::StrCat("storage ", uri, " of job '", manifest.job(), "' step ",
+                   manifest.step(), " is not reachable from this host");
+  if (absl::Status s = CheckStorageRootExists(uri); !s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": ", s.message(), " (is it mounted here?)"));
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardStore> store,
+                         storage::OpenShardStore(uri));
+  const std::string prefix =
+      storage::StepPrefix(manifest.job(), manifest.step());
+  std::vector<std::string> keys = {
+      storage::ManifestKey(manifest.job(), manifest.step())};
+  for (const std::string& o : manifest.objects()) {
+    keys.push_back(absl::StrCat(prefix, o));
+  }
+  for (const std::string& key : keys) {
+    absl::StatusOr<uint64_t> size = store->Size(key);
+    if (size.ok() || !absl::IsNotFound(size.status())) return store;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      where, ": neither its MANIFEST nor any of its ", manifest.objects_size(),
+      " data objects exist there (is another filesystem mounted at ",
+      FileRoot(uri).empty() ? uri : FileRoot(uri), "?)"));
+}
 
 absl::StatusOr<int64_t> ParseStepArg(const std::string& s) {
   if (s == "latest") return -1;
@@ -315,6 +407,11 @@ void PrintList(const std::vector<v1::CheckpointRecord>& records,
            HumanTime(r.committed_unix_micros())});
   }
   t.Print(out);
+  for (const auto& r : records) {
+    if (r.state() != v1::CHECKPOINT_STATE_UNSPECIFIED) continue;
+    out << "DAMAGED: job " << r.job() << " step " << r.step() << ": "
+        << r.abort_reason() << "\n";
+  }
 }
 
 void PrintShow(const v1::GetCheckpointResponse& resp, bool chunks,
@@ -420,6 +517,10 @@ int RunCli(int argc, const char* const* argv, std::ostream& out,
   if (!coordinator.empty()) {
     backend = std::make_unique<CoordinatorBackend>(coordinator);
   } else {
+    if (absl::Status s = CheckStorageRootExists(storage_uri); !s.ok()) {
+      err << "cairn: " << s << "\n";
+      return 1;
+    }
     absl::StatusOr<std::unique_ptr<storage::ShardStore>> store =
         storage::OpenShardStore(storage_uri);
     if (!store.ok()) {
@@ -435,6 +536,13 @@ int RunCli(int argc, const char* const* argv, std::ostream& out,
     err << "cairn: " << s << "\n";
     return 1;
   };
+  // Damaged steps an offline command skipped.
+  auto print_notes = [&] {
+    if (offline == nullptr) return;
+    for (const std::string& note : offline->TakeNotes()) {
+      err << "cairn: " << note << "\n";
+    }
+  };
   int64_t step = -1;
   if (!step_arg.empty()) {
     absl::StatusOr<int64_t> parsed = ParseStepArg(step_arg);
@@ -448,12 +556,14 @@ int RunCli(int argc, const char* const* argv, std::ostream& out,
   if (ls->parsed()) {
     absl::StatusOr<std::vector<v1::CheckpointRecord>> records =
         backend->List(job, all);
+    print_notes();
     if (!records.ok()) return fail(records.status());
     PrintList(*records, out);
     return 0;
   }
   if (show->parsed()) {
     absl::StatusOr<v1::GetCheckpointResponse> resp = backend->Get(job, step);
+    print_notes();
     if (!resp.ok()) return fail(resp.status());
     if (!resp->has_manifest()) {
       out << "job " << job << " step " << resp->checkpoint().step() << " is "
@@ -473,6 +583,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out,
   }
   if (verify->parsed()) {
     absl::StatusOr<v1::GetCheckpointResponse> resp = backend->Get(job, step);
+    print_notes();
     if (!resp.ok()) return fail(resp.status());
     if (!resp->has_manifest()) {
       return fail(absl::FailedPreconditionError(
@@ -482,8 +593,10 @@ int RunCli(int argc, const char* const* argv, std::ostream& out,
     std::unique_ptr<storage::ShardStore> opened;
     storage::ShardStore* store = offline ? &offline->store() : nullptr;
     if (store == nullptr) {
+      // cairnd names the storage; this host reads it, and may not see it.
       absl::StatusOr<std::unique_ptr<storage::ShardStore>> s =
-          storage::OpenShardStore(resp->checkpoint().storage_uri());
+          OpenReachableStore(resp->checkpoint().storage_uri(),
+                             resp->manifest());
       if (!s.ok()) return fail(s.status());
       opened = std::move(*s);
       store = opened.get();
