@@ -71,8 +71,15 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
   }
   std::unique_ptr<Checkpointer> c(new Checkpointer(options));
   grpc::ChannelArguments args;
+  // cairnd answers up to 1 GiB (a rank's PlanLoad of a large checkpoint) and
+  // accepts requests of up to 128 MiB (CoordinatorServer::Spec).
   args.SetMaxReceiveMessageSize(1 << 30);
-  args.SetMaxSendMessageSize(1 << 30);
+  args.SetMaxSendMessageSize(128 << 20);
+  // Reconnect to a restarted cairnd within the retry backoff (gRPC's own
+  // reconnect backoff grows to 2 minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
   c->channel_ = grpc::CreateCustomChannel(
       options.coordinator, grpc::InsecureChannelCredentials(), args);
   c->stub_ = v1::Coordinator::NewStub(c->channel_);
@@ -83,22 +90,34 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
 namespace {
 
 // One unary call with retries on UNAVAILABLE (cairnd restarting or
-// unreachable), exponential backoff from 100 ms.
+// unreachable) and CANCELLED (this client never cancels its calls: cairnd
+// went away under the call, e.g. a retry that reached it while it drained),
+// exponential backoff from 100 ms to 5 s.
 template <typename Req, typename Resp>
 absl::StatusOr<Resp> CallWithRetry(
     grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
                                                   const Req&, Resp*),
     v1::Coordinator::Stub& stub, const Req& request, absl::Duration timeout,
     int max_retries) {
+  // No wait_for_ready: a cairnd that is down fails each attempt at once, so
+  // the retries (not a call deadline of hours) bound the wait.
   absl::Duration backoff = absl::Milliseconds(100);
+  const absl::Time start = absl::Now();
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    ctx.set_wait_for_ready(attempt > 0);
     Resp response;
     absl::Status s = FromGrpcStatus((stub.*method)(&ctx, request, &response));
     if (s.ok()) return response;
-    if (!absl::IsUnavailable(s) || attempt >= max_retries) return s;
+    const bool retryable = absl::IsUnavailable(s) || absl::IsCancelled(s);
+    if (!retryable || max_retries == 0) return s;
+    if (attempt >= max_retries) {
+      return absl::UnavailableError(absl::StrCat(
+          "cairnd did not answer after ", attempt + 1, " attempts over ",
+          absl::FormatDuration(
+              absl::Trunc(absl::Now() - start, absl::Milliseconds(100))),
+          " (is it running and reachable?); last error: ", s.ToString()));
+    }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }

@@ -72,9 +72,12 @@ struct CheckpointerOptions {
   absl::Duration collective_timeout = absl::Hours(2);
   // Timeout of every other RPC. Default: 5 minutes.
   absl::Duration rpc_timeout = absl::Minutes(5);
-  // Retries of a call that failed UNAVAILABLE (cairnd restarting), with
-  // exponential backoff from 100 ms. Default: 8.
-  int max_retries = 8;
+  // Retries of a call that failed UNAVAILABLE or CANCELLED (cairnd down,
+  // restarting, or shutting down under the call: SIGTERM answers parked
+  // ranks UNAVAILABLE), with exponential backoff from 100 ms to 5 s: the
+  // default rides out a cairnd restart of about a minute, then the call
+  // fails naming the attempts. Default: 16.
+  int max_retries = 16;
   // How a load verifies a stored chunk this rank needs only part of (chunks
   // read whole are always verified here). Default: kCollective.
   PartialChunkCheck partial_chunk_check = PartialChunkCheck::kCollective;

@@ -209,6 +209,79 @@ TEST_F(OpsTest, MalformedRequestsAreInvalidArgument) {
   }
 }
 
+// Waits until `p`'s log contains `text`; false if the process exits or 60 s
+// pass first.
+bool WaitForLog(testing::Subprocess& p, const std::string& text) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    if (absl::StrContains(p.Log(), text)) return true;
+    if (p.Wait(absl::Milliseconds(20)).ok()) {
+      return absl::StrContains(p.Log(), text);
+    }
+  }
+  return false;
+}
+
+// SIGTERM while a rank waits in BeginSave: the README promises UNAVAILABLE
+// and a retry; ranks used to print CANCELLED (their retry reached the
+// draining cairnd) and exit 1. Now the rank retries until cairnd is back on
+// the same address, and the save completes there.
+TEST_F(OpsTest, SigtermWhileARankWaitsThenRestartTheSaveCompletes) {
+  StartCairnd({"--log-level", "debug"});
+  const std::string address = cairnd_->address();
+  auto rank_argv = [&](int rank) {
+    return std::vector<std::string>{g_rank,
+                                    "--coordinator",
+                                    address,
+                                    "--job",
+                                    "job",
+                                    "--rank",
+                                    std::to_string(rank),
+                                    "--world-size",
+                                    "2",
+                                    "--layout",
+                                    "2:S0",
+                                    "--save-steps",
+                                    "1"};
+  };
+  absl::StatusOr<testing::Subprocess> rank0 =
+      testing::Subprocess::Start(rank_argv(0), dir_ + "/rank0.log");
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_TRUE(WaitForLog(cairnd_->process(),
+                         "rank 0 of job 'job' step 1 joined the save"))
+      << cairnd_->process().Log();
+  cairnd_->process().Signal(SIGTERM);
+  absl::StatusOr<int> stopped = cairnd_->process().Wait(absl::Seconds(60));
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(*stopped, 0);
+  EXPECT_THAT(cairnd_->process().Log(),
+              HasSubstr("UNAVAILABLE: cairnd is shutting down"));
+
+  // The same cairnd comes back on the same address.
+  const std::string port_file = dir_ + "/cairnd2.port";
+  absl::StatusOr<testing::Subprocess> restarted =
+      testing::Subprocess::Start({g_cairnd, "--listen", address, "--data-dir",
+                                  dir_ + "/cairnd", "--port-file", port_file},
+                                 dir_ + "/cairnd2.log");
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!std::filesystem::exists(port_file) && absl::Now() < deadline) {
+    ASSERT_FALSE(restarted->Wait(absl::Milliseconds(20)).ok())
+        << restarted->Log();
+  }
+  ASSERT_TRUE(std::filesystem::exists(port_file)) << restarted->Log();
+
+  std::string out;
+  EXPECT_EQ(Run(rank_argv(1), &out), 0) << out;
+  absl::StatusOr<int> r0 = rank0->Wait(absl::Minutes(2));
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  EXPECT_EQ(*r0, 0) << rank0->Log();
+  EXPECT_EQ(Run({g_cli, "-c", address, "ls", "job"}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("COMMITTED"));
+  restarted->Signal(SIGTERM);
+  EXPECT_TRUE(restarted->Wait(absl::Seconds(60)).ok());
+}
+
 // Offline, one damaged MANIFEST used to fail `ls` outright and `verify
 // latest` picked it.
 TEST_F(OpsTest, CliOfflineReportsDamagedStepsAndUsesTheNewestValidOne) {

@@ -509,6 +509,8 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
       s.plan_items += items;
       s.arrivals[rank] = SaveSession::Arrival{plan, fingerprint};
       s.begin_waiters[rank].push_back(std::move(done));
+      CAIRN_LOG(debug, "rank {} of {} joined the save ({} of {} ranks)", rank,
+                SaveName(job, step), s.arrived + 1, s.world_size);
       if (++s.arrived == s.world_size) {
         // Every rank is here: the world is real, lay the session out densely.
         s.phase = Phase::kPlanning;
