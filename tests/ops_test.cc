@@ -259,10 +259,10 @@ TEST_F(OpsTest, SigtermWhileARankWaitsThenRestartTheSaveCompletes) {
 
   // The same cairnd comes back on the same address.
   const std::string port_file = dir_ + "/cairnd2.port";
-  absl::StatusOr<testing::Subprocess> restarted =
-      testing::Subprocess::Start({g_cairnd, "--listen", address, "--data-dir",
-                                  dir_ + "/cairnd", "--port-file", port_file},
-                                 dir_ + "/cairnd2.log");
+  absl::StatusOr<testing::Subprocess> restarted = testing::Subprocess::Start(
+      {g_cairnd, "--listen", address, "--data-dir", dir_ + "/cairnd",
+       "--port-file", port_file, "--begin-deadline", "30"},
+      dir_ + "/cairnd2.log");
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (!std::filesystem::exists(port_file) && absl::Now() < deadline) {
