@@ -83,8 +83,12 @@ bool Contains(const ChunkBox& outer, const ChunkBox& inner) {
     return false;
   }
   for (size_t d = 0; d < n; ++d) {
+    // `inner` may come from a client unchecked (VerifyLoad): compare without
+    // computing its end, which can overflow. outer's end cannot (outer lies
+    // in a validated shape), and inner.offsets[d] >= outer.offsets[d] here.
     if (inner.offsets[d] < outer.offsets[d] || inner.sizes[d] < 0 ||
-        inner.offsets[d] + inner.sizes[d] > outer.offsets[d] + outer.sizes[d]) {
+        inner.offsets[d] > outer.offsets[d] + outer.sizes[d] ||
+        inner.sizes[d] > outer.offsets[d] + outer.sizes[d] - inner.offsets[d]) {
       return false;
     }
   }

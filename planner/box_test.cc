@@ -1,5 +1,6 @@
 #include "planner/box.h"
 
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -73,6 +74,17 @@ TEST(BoxTest, Contains) {
   EXPECT_FALSE(Contains(Box({0, 0}, {4, 4}), Box({1, 1}, {4, 3})));
   EXPECT_FALSE(Contains(Box({1, 0}, {4, 4}), Box({0, 0}, {1, 1})));
   EXPECT_FALSE(Contains(Box({0}, {4}), Box({0, 0}, {1, 1})));
+}
+
+// A client's box (VerifyLoad's overlap) whose end overflows int64 used to
+// wrap negative and pass as contained.
+TEST(BoxTest, ContainsRejectsInnerBoxesWhoseEndOverflows) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_FALSE(Contains(Box({0}, {10}), Box({5}, {kMax})));
+  EXPECT_FALSE(Contains(Box({0, 0}, {4, 4}), Box({1, kMax - 1}, {1, 5})));
+  EXPECT_FALSE(Contains(Box({0}, {10}), Box({kMax}, {0})));
+  EXPECT_TRUE(Contains(Box({0}, {10}), Box({10}, {0})));
+  EXPECT_TRUE(Contains(Box({2}, {8}), Box({2}, {8})));
 }
 
 TEST(BoxTest, CompareBoxesAgreesWithOperators) {

@@ -13,6 +13,10 @@ namespace cairn::planner {
 namespace {
 
 constexpr size_t kMaxFqnBytes = 1024;
+// Largest item and largest object, in bytes: 2^62 (4 EiB). Offsets stay far
+// from 2^63, where signed file offsets (off_t) and int64 arithmetic wrap,
+// and offset + length + alignment can never overflow uint64.
+constexpr uint64_t kMaxObjectBytes = uint64_t{1} << 62;
 
 // One occurrence of an fqn in some rank's plan.
 struct Occurrence {
@@ -49,11 +53,16 @@ class SavePlanBuilder {
 
   absl::StatusOr<GlobalSavePlan> Build() {
     if (plans_.empty()) return Error("no local plans (world size 0)");
-    if (options_.alignment == 0) return Error("alignment must be >= 1");
+    if (options_.alignment == 0 || options_.alignment > (uint64_t{1} << 30)) {
+      return Error(absl::StrCat("alignment must be in [1, 2^30], got ",
+                                options_.alignment));
+    }
     if (absl::Status s = CollectEntries(); !s.ok()) return s;
     if (absl::Status s = MakeUnits(); !s.ok()) return s;
     AssignWriters();
-    return Layout();
+    GlobalSavePlan plan;
+    if (absl::Status s = Layout(&plan); !s.ok()) return s;
+    return plan;
   }
 
  private:
@@ -75,6 +84,11 @@ class SavePlanBuilder {
       return Error(absl::StrCat("rank ", rank, " fqn '", item.fqn.substr(0, 64),
                                 "...' is longer than ", kMaxFqnBytes,
                                 " bytes or contains NUL"));
+    }
+    if (item.length > kMaxObjectBytes) {
+      return Error(absl::StrCat("rank ", rank, " '", item.fqn, "' has length ",
+                                item.length, " bytes; at most 2^62 (",
+                                kMaxObjectBytes, ") are supported"));
     }
     if (item.kind == WriteItem::Kind::kBytes) return absl::OkStatus();
     if (item.kind != WriteItem::Kind::kTensorChunk) {
@@ -264,8 +278,9 @@ class SavePlanBuilder {
   }
 
   // Lays each writer's units out in (fqn, box) order at aligned offsets.
-  GlobalSavePlan Layout() const {
-    GlobalSavePlan plan;
+  // INVALID_ARGUMENT when a rank's object would exceed kMaxObjectBytes.
+  absl::Status Layout(GlobalSavePlan* out) const {
+    GlobalSavePlan& plan = *out;
     const int world = static_cast<int>(plans_.size());
     plan.world_size = world;
     plan.ranks.resize(world);
@@ -283,10 +298,24 @@ class SavePlanBuilder {
     for (const Unit& unit : units_) {
       const Occurrence& o = holders_[unit.holders_begin + unit.writer];
       RankSavePlan& rp = plan.ranks[o.rank];
+      // object_bytes <= 2^62 and align <= 2^30 (checked in Build): rounding
+      // up cannot wrap; then offset + bytes is checked.
       const uint64_t offset = (rp.object_bytes + align - 1) / align * align;
+      if (offset > kMaxObjectBytes || unit.bytes > kMaxObjectBytes - offset) {
+        return Error(absl::StrCat(
+            "rank ", o.rank, " would write '", ItemOf(o).fqn, "' (", unit.bytes,
+            " bytes) at offset ", offset, " of its object, past ",
+            "the largest supported object size 2^62 (", kMaxObjectBytes,
+            " bytes)"));
+      }
       rp.writes.push_back(PlannedWrite{
           ItemOf(o), StorageLocation{keys[o.rank], offset, unit.bytes}});
       rp.object_bytes = offset + unit.bytes;
+      if (unit.bytes > kMaxObjectBytes * 2 - plan.total_bytes) {
+        return Error(
+            absl::StrCat("the checkpoint would exceed 2^63 bytes at rank ",
+                         o.rank, " '", ItemOf(o).fqn, "'"));
+      }
       plan.total_bytes += unit.bytes;
     }
     plan.entries.reserve(entries_.size());
@@ -300,7 +329,7 @@ class SavePlanBuilder {
             PlannedEntry{f.kind, f.fqn, f.dtype, f.global_shape});
       }
     }
-    return plan;
+    return absl::OkStatus();
   }
 
   const std::string prefix_;

@@ -212,6 +212,50 @@ TEST(SavePlanTest, ErrorsNameJobStepRankAndFqn) {
   }
 }
 
+// Issue 11: sizes near 2^63 used to wrap object offsets (four 2^62-byte
+// tensors on one rank ended at offset 2^64 = 0).
+TEST(SavePlanTest, SizesNearTwoToThe63AreRejectedNotWrapped) {
+  const int64_t n = int64_t{1} << 59;  // int64 elements: 2^62 bytes
+  auto big = [&](const std::string& fqn) {
+    return Chunk(fqn, {n}, Box({0}, {n}), DType::kInt64);
+  };
+  struct Case {
+    std::vector<LocalSavePlan> plans;
+    const char* substr;
+  };
+  const std::vector<Case> cases = {
+      {Plans({{big("a"), big("b"), big("c"), big("d")}}),
+       "rank 0 would write 'b' (4611686018427387904 bytes) at offset "
+       "4611686018427387904 of its object, past the largest supported "
+       "object size 2^62"},
+      {Plans({{Bytes("blob", UINT64_MAX)}}),
+       "rank 0 'blob' has length 18446744073709551615 bytes; at most 2^62"},
+      {Plans({{Bytes("x", 1), Bytes("blob", (uint64_t{1} << 62))}}),
+       "rank 0 would write 'x' (1 bytes) at offset 4611686018427387904"},
+      {Plans({{Chunk("w", {int64_t{1} << 60}, Box({0}, {int64_t{1} << 60}),
+                     DType::kInt64)}}),
+       "rank 0 'w' has length 9223372036854775808 bytes; at most 2^62"},
+      {Plans({{Chunk("w", {int64_t{1} << 40, int64_t{1} << 40},
+                     Box({0, 0}, {1, 1}))}}),
+       "rank 0 'w': shape [1099511627776, 1099511627776] has more than 2^60 "
+       "elements"},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = BuildError(c.plans);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.substr;
+    EXPECT_THAT(s.message(), HasSubstr("job 'llama' step 100: "));
+    EXPECT_THAT(s.message(), HasSubstr(c.substr));
+  }
+  // 2^62 bytes in one rank's object is still fine; over 2^63 in total is not.
+  std::vector<std::vector<WriteItem>> per_rank;
+  for (int r = 0; r < 3; ++r) per_rank.push_back({big(absl::StrCat("t", r))});
+  absl::Status s = BuildError(Plans(per_rank));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("the checkpoint would exceed 2^63 bytes"));
+  per_rank.pop_back();
+  EXPECT_TRUE(BuildError(Plans(per_rank)).ok());
+}
+
 // Property: random DTensor layouts and explicit tilings for several tensors
 // over random world sizes -> global plan. Oracle (brute force, per element):
 // every element of every tensor is written exactly once, by a rank that holds
