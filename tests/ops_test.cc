@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "cairn/v1/cairn.grpc.pb.h"
 #include "common/version.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
@@ -207,6 +208,46 @@ TEST_F(OpsTest, MalformedRequestsAreInvalidArgument) {
                 HasSubstr(absl::StrCat("cairn.v1.Coordinator/", method)));
     EXPECT_THAT(s.error_message(), HasSubstr("64 bytes"));
   }
+}
+
+// A 1e6-item plan used to be accepted (2.6 GB RSS left behind); a request
+// over the receive limit is refused by gRPC before it is parsed.
+TEST_F(OpsTest, OversizedPlansAndRequestsAreResourceExhausted) {
+  StartCairnd();
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  auto stub = v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+      cairnd_->address(), grpc::InsecureChannelCredentials(), args));
+  auto begin = [&](const v1::BeginSaveRequest& req) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
+    v1::BeginSaveResponse resp;
+    return stub->BeginSave(&ctx, req, &resp);
+  };
+  v1::BeginSaveRequest req;
+  req.set_job("big");
+  req.set_step(1);
+  req.set_rank(0);
+  req.set_world_size(1);
+  v1::LocalSavePlan* plan = req.mutable_local_plan();
+  plan->set_rank(0);
+  for (int i = 0; i < 1000000; ++i) {
+    v1::WriteItem* item = plan->add_items();
+    item->set_kind(v1::WriteItem::KIND_BYTES);
+    item->set_bytes_fqn(absl::StrCat("b", i));
+    item->set_length(1);
+  }
+  grpc::Status s = begin(req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("rank 0 of job 'big' step 1: the local plan has "
+                        "1000000 items; at most 65536"));
+  req.clear_local_plan();
+  req.set_plan_fingerprint(std::string(129 << 20, 'f'));
+  s = begin(req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("larger than max"));
 }
 
 // Waits until `p`'s log contains `text`; false if the process exits or 60 s

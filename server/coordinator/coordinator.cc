@@ -105,6 +105,52 @@ absl::Status CheckLocalPlanBounds(const v1::LocalSavePlan& plan,
   return absl::OkStatus();
 }
 
+// Checks the sizes of a PlanLoad or VerifyLoad request before any work:
+// as many chunks as a save plan may have items, fqns as long as a save's.
+absl::Status CheckLoadRequestBounds(int chunks, int bytes_entries,
+                                    const std::vector<const std::string*>& fqns,
+                                    const CoordinatorOptions& options,
+                                    absl::string_view who) {
+  if (chunks > options.max_plan_items_per_rank ||
+      bytes_entries > options.max_plan_items_per_rank) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        who, ": ", chunks, " chunks and ", bytes_entries,
+        " bytes entries; at most ", options.max_plan_items_per_rank,
+        " of each per rank are accepted (cairnd --max-plan-items-per-rank)"));
+  }
+  for (const std::string* fqn : fqns) {
+    if (fqn->size() > static_cast<size_t>(options.max_fqn_bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": fqn '", Truncated(*fqn, 64), "' is ", fqn->size(),
+          " bytes; at most ", options.max_fqn_bytes, " are accepted"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLoadRequestBounds(const v1::PlanLoadRequest& r,
+                                    const CoordinatorOptions& options) {
+  std::vector<const std::string*> fqns;
+  fqns.reserve(std::min(r.wanted_size() + r.wanted_bytes_size(), 1 << 20));
+  for (const v1::WantedChunk& w : r.wanted()) fqns.push_back(&w.tensor().fqn());
+  for (const std::string& b : r.wanted_bytes()) fqns.push_back(&b);
+  return CheckLoadRequestBounds(
+      r.wanted_size(), r.wanted_bytes_size(), fqns, options,
+      absl::StrCat("rank ", r.rank(), " loading job '", Truncated(r.job(), 128),
+                   "'"));
+}
+
+absl::Status CheckLoadRequestBounds(const v1::VerifyLoadRequest& r,
+                                    const CoordinatorOptions& options) {
+  std::vector<const std::string*> fqns;
+  fqns.reserve(std::min(r.pieces_size(), 1 << 20));
+  for (const v1::ChunkPiece& p : r.pieces()) fqns.push_back(&p.fqn());
+  return CheckLoadRequestBounds(
+      r.pieces_size(), 0, fqns, options,
+      absl::StrCat("rank ", r.rank(), " verifying its load of job '",
+                   Truncated(r.job(), 128), "'"));
+}
+
 // A short random name for one save attempt's directory.
 std::string NewAttemptName() {
   static absl::Mutex* mu = new absl::Mutex;
@@ -223,7 +269,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
                        "|prefix=", options.save_plan.object_prefix)),
       plan_cache_(options.plan_cache_bytes),
       manifests_(options.manifest_cache_entries),
-      load_plans_(options.load_plan_cache_entries),
+      load_plans_(options.load_plan_cache_bytes),
       known_plans_(kKnownPlanBytes),
       workers_(std::make_unique<ThreadPool>(options.worker_threads)) {
   reaper_ = std::thread([this] { ReaperLoop(); });
@@ -1000,6 +1046,7 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
     const v1::PlanLoadRequest& request) {
   const std::string& job = request.job();
   CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(job));
+  CAIRN_RETURN_IF_ERROR(CheckLoadRequestBounds(request, options_));
   int64_t step;
   if (request.ref_case() == v1::PlanLoadRequest::kStep) {
     step = request.step();
@@ -1085,7 +1132,8 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
     *resp.add_bytes_entries() = ckpt->manifest.bytes_entries(it->second);
   }
   load_plans_.Insert(cache_key,
-                     std::make_shared<const v1::PlanLoadResponse>(resp), 1);
+                     std::make_shared<const v1::PlanLoadResponse>(resp),
+                     resp.ByteSizeLong() + cache_key.size());
   return resp;
 }
 
@@ -1099,6 +1147,9 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
   const int rank = request.rank();
   const int world = request.world_size();
   if (absl::Status s = ValidateJobStep(job, step); !s.ok()) return done(s);
+  if (absl::Status s = CheckLoadRequestBounds(request, options_); !s.ok()) {
+    return done(s);
+  }
   const std::string who = absl::StrCat("rank ", rank, " verifying its load of ",
                                        SaveName(job, step));
   if (absl::Status s =

@@ -83,8 +83,9 @@ struct CoordinatorOptions {
   // Number of manifests (with their overlap indexes) kept in memory.
   // Default: 16.
   size_t manifest_cache_entries = 16;
-  // Number of PlanLoad answers kept in memory. Default: 4096.
-  size_t load_plan_cache_entries = 4096;
+  // Bytes of PlanLoad answers kept in memory (an answer is charged its
+  // serialized size: requests choose how large it is). Default: 256 MiB.
+  size_t load_plan_cache_bytes = size_t{256} << 20;
   // Threads for blocking work (storage, RocksDB, plan building). Default: 4.
   int worker_threads = 4;
   // Largest world size accepted. Default: 1 << 20. A save's memory grows

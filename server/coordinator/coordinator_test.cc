@@ -551,6 +551,44 @@ TEST_F(CoordinatorTest, LocalPlansAreBoundedPerRankAndPerSave) {
   EXPECT_EQ(first.get().status().code(), absl::StatusCode::kUnavailable);
 }
 
+TEST_F(CoordinatorTest, LoadRequestsAreBoundedAndLoadPlansCachedByBytes) {
+  options_.max_plan_items_per_rank = 4;
+  options_.max_fqn_bytes = 16;
+  options_.load_plan_cache_bytes = 64;  // smaller than any answer
+  Start();
+  Save("job", 1, 2);
+  v1::PlanLoadResponse one = PlanColumns(0, 0, 4);
+  PlanColumns(0, 0, 4);
+  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 0);
+
+  v1::PlanLoadRequest req;
+  req.set_job("job");
+  req.set_step(1);
+  req.set_rank(3);
+  for (int i = 0; i < 5; ++i) req.add_wanted_bytes("rng");
+  auto r = coordinator_->PlanLoad(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("rank 3 loading job 'job'"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("at most 4"));
+  req.clear_wanted_bytes();
+  req.add_wanted_bytes(std::string(1000, 'r'));
+  r = coordinator_->PlanLoad(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("1000 bytes"));
+
+  v1::VerifyLoadRequest verify;
+  verify.set_job("job");
+  verify.set_step(1);
+  verify.set_rank(1);
+  verify.set_world_size(2);
+  for (int i = 0; i < 5; ++i) verify.add_pieces()->set_fqn("w");
+  VerifyResult v = Verify(verify).get();
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(v.status().message()),
+              HasSubstr("rank 1 verifying its load of job 'job'"));
+}
+
 TEST_F(CoordinatorTest, CommitResultsMustMatchThePlan) {
   Start();
   BeginResult r = Begin("job", 1, 0, 1, RankPlan(0, 1)).get();
