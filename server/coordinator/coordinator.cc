@@ -62,6 +62,9 @@ constexpr size_t kMaxTombstones = 4096;
 constexpr size_t kKnownPlanBytes = size_t{256} << 20;
 // Jobs whose plan version is remembered.
 constexpr size_t kMaxPlanVersionJobs = 4096;
+// ABORTED catalog records kept per job (the newest): every abort used to add
+// one for good, until ListCheckpoints outgrew clients' message limits.
+constexpr size_t kMaxAbortedRecordsPerJob = 64;
 
 // `text` cut to `max` bytes, marked when cut.
 std::string Truncated(absl::string_view text, size_t max) {
@@ -80,6 +83,27 @@ size_t ApproximateLocalPlanBytes(const planner::LocalSavePlan& plan) {
              sizeof(int64_t);
   }
   return n;
+}
+
+// Drops all but the newest kMaxAbortedRecordsPerJob ABORTED records of `job`.
+void PruneAbortedRecords(storage::Catalog& catalog, const std::string& job) {
+  absl::StatusOr<std::vector<v1::CheckpointRecord>> records =
+      catalog.ListCheckpoints(job, true);
+  if (!records.ok()) return;
+  std::vector<const v1::CheckpointRecord*> aborted;
+  for (const v1::CheckpointRecord& r : *records) {
+    if (r.job() == job && r.state() == v1::CHECKPOINT_STATE_ABORTED) {
+      aborted.push_back(&r);
+    }
+  }
+  if (aborted.size() <= kMaxAbortedRecordsPerJob) return;
+  std::sort(aborted.begin(), aborted.end(), [](const auto* a, const auto* b) {
+    return std::make_pair(a->created_unix_micros(), a->step()) <
+           std::make_pair(b->created_unix_micros(), b->step());
+  });
+  for (size_t i = 0; i + kMaxAbortedRecordsPerJob < aborted.size(); ++i) {
+    (void)catalog.DeleteCheckpoint(job, aborted[i]->step());
+  }
 }
 
 // Checks the sizes of a rank's local plan before it is decoded.
@@ -749,9 +773,9 @@ void Coordinator::CommitSave(const v1::CommitSaveRequest& request,
         got.length() != want.length) {
       return done(absl::InvalidArgumentError(absl::StrCat(
           "rank ", rank, " of ", SaveName(job, step), " result ", i, " for '",
-          mine.writes[i].item.fqn, "' is at ", got.object_key(), "@",
-          got.offset(), "+", got.length(), " but the plan says ", want_key, "@",
-          want.offset, "+", want.length)));
+          mine.writes[i].item.fqn, "' is at ", Truncated(got.object_key(), 256),
+          "@", got.offset(), "+", got.length(), " but the plan says ", want_key,
+          "@", want.offset, "+", want.length)));
     }
   }
 
@@ -955,6 +979,7 @@ void Coordinator::AbortSessionLocked(
         catalog_->GetCheckpoint(session->job, session->step);
     if (!prev.ok() || prev->state() != v1::CHECKPOINT_STATE_COMMITTED) {
       (void)catalog_->PutCheckpoint(record);
+      PruneAbortedRecords(*catalog_, session->job);
     }
     absl::Status del = store_->DeletePrefix(
         absl::StrCat(session->step_prefix, session->attempt, "/"));

@@ -459,6 +459,35 @@ TEST_F(CoordinatorTest, AbortedSavesAreFreedAndLateCallsStillAnswered) {
   EXPECT_EQ(coordinator_->stats().saves_in_progress, 0);
 }
 
+// Every abort used to leave an ABORTED record for good.
+TEST_F(CoordinatorTest, AbortedRecordsOfAJobAreBounded) {
+  Start();
+  Save("job", 1000, 1);
+  for (int step = 1; step <= 70; ++step) {
+    auto parked = Begin("job", step, 0, 2, RankPlan(0, 2));
+    v1::AbortSaveRequest abort;
+    abort.set_job("job");
+    abort.set_step(step);
+    ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+    EXPECT_EQ(parked.get().status().code(), absl::StatusCode::kAborted);
+  }
+  v1::ListCheckpointsRequest list;
+  list.set_job("job");
+  list.set_include_uncommitted(true);
+  auto l = coordinator_->ListCheckpoints(list);
+  ASSERT_TRUE(l.ok()) << l.status();
+  std::vector<int64_t> aborted;
+  for (const auto& r : l->checkpoints()) {
+    if (r.state() == v1::CHECKPOINT_STATE_ABORTED) aborted.push_back(r.step());
+    if (r.step() == 1000) {
+      EXPECT_EQ(r.state(), v1::CHECKPOINT_STATE_COMMITTED);
+    }
+  }
+  ASSERT_EQ(aborted.size(), 64u);
+  EXPECT_EQ(*std::min_element(aborted.begin(), aborted.end()), 7);
+  EXPECT_EQ(LatestStep("job"), 1000);
+}
+
 TEST_F(CoordinatorTest, SavesInProgressAreBoundedPerJobAndInTotal) {
   options_.max_sessions_per_job = 2;
   options_.max_sessions = 3;
