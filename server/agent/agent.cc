@@ -1133,15 +1133,20 @@ absl::Status Agent::HandlePush(int peer, const v1::PushReplica& push) {
   set->rank = push.source_rank();
   set->replica = true;
   // Everything below indexes and sizes by what the peer sent: check it all
-  // before anything is allocated or copied.
+  // before anything is allocated or copied. A refused push's data messages
+  // are abandoned (dropped as they arrive).
+  auto refuse = [&](absl::Status s) {
+    for (uint64_t tag : push.message_tags()) transport_->Abandon(peer, tag);
+    return s;
+  };
   if (push.item_message_size() != push.items_size() ||
       push.item_offset_size() != push.items_size() ||
       push.message_bytes_size() != push.message_tags_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
         where, ": malformed push (", push.items_size(), " items, ",
         push.item_message_size(), " item messages, ", push.item_offset_size(),
         " item offsets, ", push.message_tags_size(), " message tags, ",
-        push.message_bytes_size(), " message sizes)"));
+        push.message_bytes_size(), " message sizes)")));
   }
   const uint64_t budget = pool_->budget;
   uint64_t total = 0;
@@ -1151,13 +1156,13 @@ absl::Status Agent::HandlePush(int peer, const v1::PushReplica& push) {
     const int m = push.item_message(i);
     if (m < 0 || m >= push.message_tags_size() || n > push.message_bytes(m) ||
         push.item_offset(i) > push.message_bytes(m) - n) {
-      return absl::InvalidArgumentError(
+      return refuse(absl::InvalidArgumentError(
           absl::StrCat(where, ": item '", ItemFqn(h.item()), "' (", n,
-                       " bytes) lies outside its message"));
+                       " bytes) lies outside its message")));
     }
     if (n > budget || total > budget - n) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          where, ": more than the staging budget of ", budget, " bytes"));
+      return refuse(absl::ResourceExhaustedError(absl::StrCat(
+          where, ": more than the staging budget of ", budget, " bytes")));
     }
     Item it;
     it.item = h.item();

@@ -144,6 +144,7 @@ class Agent {
   v1::AgentStatusResponse Status();
 
   int peer_port() const { return transport_->port(); }
+  size_t peer_mailbox_size_for_test() { return transport_->mailbox_size(); }
   const AgentOptions& options() const { return options_; }
 
  private:

@@ -637,6 +637,8 @@ TEST_F(AgentTest, MalformedPeerRequestsAreRefusedWithoutCrashing) {
   s = call(b);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("lies outside its message"));
+  // ...and its data message does not stay behind in the agent's memory.
+  EXPECT_EQ(agents_[0]->agent().peer_mailbox_size_for_test(), 0u);
 
   // A fetch of a 4 TiB region of something the agent does not hold.
   v1::PeerRequest f;

@@ -597,6 +597,13 @@ void TcpTransport::ReadLoop(Reader* reader) {
     m.payload = std::move(payload);
     payload = std::string();
     absl::MutexLock l(&mu_);
+    if (abandoned_.erase({peer, tag}) > 0) {
+      CAIRN_LOG(debug,
+                "node {}: dropping message tag {} from node {}: its "
+                "Recv gave up",
+                options_.node_id, tag, peer);
+      continue;
+    }
     mailbox_[{peer, tag}] = std::move(m);
   }
   absl::MutexLock l(&mu_);
@@ -759,12 +766,14 @@ absl::StatusOr<std::string> TcpTransport::RecvMessage(int peer, uint64_t tag,
            stopping_.load();
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+    AbandonLocked(key);
     return absl::DeadlineExceededError(absl::StrCat(
         "node ", options_.node_id, ": no message tag ", tag, " from peer node ",
         peer, " within ", absl::FormatDuration(timeout)));
   }
   auto it = mailbox_.find(key);
   if (it == mailbox_.end()) {
+    AbandonLocked(key);
     return absl::UnavailableError(
         absl::StrCat("node ", options_.node_id, ": connection from peer node ",
                      peer, " closed before message tag ", tag, " arrived"));
@@ -773,6 +782,26 @@ absl::StatusOr<std::string> TcpTransport::RecvMessage(int peer, uint64_t tag,
   mailbox_.erase(it);
   if (!m.status.ok()) return m.status;
   return std::move(m.payload);
+}
+
+void TcpTransport::Abandon(int peer, uint64_t tag) {
+  absl::MutexLock l(&mu_);
+  AbandonLocked({peer, tag});
+}
+
+void TcpTransport::AbandonLocked(const std::pair<int, uint64_t>& key) {
+  if (mailbox_.erase(key) > 0) return;
+  if (!abandoned_.insert(key).second) return;
+  abandoned_order_.push_back(key);
+  while (abandoned_order_.size() > kMaxAbandoned) {
+    abandoned_.erase(abandoned_order_.front());
+    abandoned_order_.pop_front();
+  }
+}
+
+size_t TcpTransport::mailbox_size() {
+  absl::MutexLock l(&mu_);
+  return mailbox_.size();
 }
 
 absl::Status TcpTransport::Recv(int peer, uint64_t tag, absl::Span<char> out,

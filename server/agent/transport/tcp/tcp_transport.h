@@ -40,7 +40,9 @@
 //
 // Each verified message either goes to the control handler (tags with
 // kControlTagBit) or is queued in a mailbox keyed by (peer, tag) for Recv.
-// A corrupt payload is delivered as DATA_LOSS to the matching Recv.
+// A corrupt payload is delivered as DATA_LOSS to the matching Recv. A
+// message whose Recv timed out (or that the caller Abandon()ed) is dropped
+// when it arrives instead of staying in the mailbox forever.
 //
 // Security: the token authenticates peers but travels in clear text; run
 // the peer network on a trusted fabric (or a VPN) as for NCCL.
@@ -52,10 +54,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -149,9 +153,18 @@ class TcpTransport : public Transport {
   absl::Status Recv(int peer, uint64_t tag, absl::Span<char> out,
                     absl::Duration timeout) override;
 
-  // Receives a message of any size (control replies).
+  // Receives a message of any size (control replies). A message whose Recv
+  // timed out or failed is abandoned (see Abandon).
   absl::StatusOr<std::string> RecvMessage(int peer, uint64_t tag,
                                           absl::Duration timeout);
+
+  // Gives up on message `tag` from `peer`: it is dropped now if it is here,
+  // or when it arrives (the last kMaxAbandoned such tags are remembered), so
+  // a message nobody will Recv does not stay in memory forever.
+  void Abandon(int peer, uint64_t tag);
+  static constexpr size_t kMaxAbandoned = 1 << 16;
+  // Messages received and waiting for a Recv.
+  size_t mailbox_size();
 
   // Test hook: the next data frame sent carries a payload byte flipped after
   // its checksum was computed.
@@ -190,6 +203,8 @@ class TcpTransport : public Transport {
   void StartReader(int fd, int peer);
   void ReadLoop(Reader* reader);
   void LogRefusal(const std::string& from, absl::string_view why);
+  void AbandonLocked(const std::pair<int, uint64_t>& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int> Connect(int peer, uint64_t* frame_bytes);
   absl::Status SendFrames(Outgoing& out, int peer, uint64_t tag,
                           absl::Span<const char> data)
@@ -221,6 +236,9 @@ class TcpTransport : public Transport {
   // after the peer's connection broke).
   absl::flat_hash_map<int, int> open_from_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, int64_t> broken_from_ ABSL_GUARDED_BY(mu_);
+  // Tags given up on (Abandon), oldest first.
+  std::set<std::pair<int, uint64_t>> abandoned_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<int, uint64_t>> abandoned_order_ ABSL_GUARDED_BY(mu_);
   // Reader threads; finished ones are joined when the next one starts.
   std::list<std::unique_ptr<Reader>> readers_ ABSL_GUARDED_BY(mu_);
   // The newest accepted connection of each peer.

@@ -384,6 +384,30 @@ TEST(TcpTransportTest, IdleAuthenticatedConnectionIsClosedAndSenderReconnects) {
   EXPECT_EQ(*got, "two");
 }
 
+TEST(TcpTransportTest, MessageWhoseRecvGaveUpIsDroppedWhenItArrives) {
+  auto c = Cluster::Make(2);
+  std::string out(4, '\0');
+  absl::Status s =
+      c->nodes[1]->Recv(0, 42, absl::MakeSpan(out), absl::Milliseconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  c->nodes[1]->Abandon(0, 43);  // given up on before it was even sent
+  ASSERT_TRUE(c->nodes[0]->Send(1, 42, std::string(1 << 20, 'l')).ok());
+  ASSERT_TRUE(c->nodes[0]->Send(1, 43, std::string(1 << 20, 'm')).ok());
+  ASSERT_TRUE(c->nodes[0]->Send(1, 44, std::string("next")).ok());
+  // One connection delivers in order: once 44 is here, 42 and 43 came.
+  absl::StatusOr<std::string> next =
+      c->nodes[1]->RecvMessage(0, 44, absl::Seconds(10));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(c->nodes[1]->mailbox_size(), 0u);
+  // A message already here is dropped by Abandon at once.
+  ASSERT_TRUE(c->nodes[0]->Send(1, 45, std::string("x")).ok());
+  ASSERT_TRUE(c->nodes[0]->Send(1, 46, std::string("y")).ok());
+  ASSERT_TRUE(c->nodes[1]->RecvMessage(0, 46, absl::Seconds(10)).ok());
+  EXPECT_EQ(c->nodes[1]->mailbox_size(), 1u);
+  c->nodes[1]->Abandon(0, 45);
+  EXPECT_EQ(c->nodes[1]->mailbox_size(), 0u);
+}
+
 // A real second process on loopback: the child echoes every message back
 // with its bytes reversed; the parent checks each against its own oracle.
 TEST(TcpTransportTest, ExchangesMessagesWithAnotherProcess) {
