@@ -174,6 +174,14 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(Spec spec) {
 absl::Status AgentServer::Listen(const Spec& spec, gid_t group) {
   const std::string& path = spec.unix_socket;
   CAIRN_ASSIGN_OR_RETURN(sockaddr_un final_sa, UnixAddress(path));
+  struct stat existing;
+  if (lstat(path.c_str(), &existing) == 0 && !S_ISSOCK(existing.st_mode)) {
+    // Only a socket (a previous agent's) is ever replaced.
+    return absl::FailedPreconditionError(
+        absl::StrCat(path,
+                     " exists and is not a socket; choose another "
+                     "--listen-unix"));
+  }
   {
     // A live agent on this path keeps it; a dead one's socket is replaced.
     const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

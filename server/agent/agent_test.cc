@@ -15,7 +15,9 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -397,6 +399,21 @@ TEST_F(AgentTest, SocketAndSegmentsHaveTheirModesWhateverTheUmask) {
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(second.status().message()),
               HasSubstr("another process is serving on " + Socket(0)));
+  // A path that is not a socket is never replaced.
+  const std::string file = dir_ + "/not-a-socket";
+  std::ofstream(file) << "keep me";
+  AgentServer::Spec on_file;
+  on_file.unix_socket = file;
+  on_file.agent.node_id = 0;
+  on_file.agent.coordinator = Address();
+  auto refused = AgentServer::Start(std::move(on_file));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("is not a socket"));
+  std::ifstream in(file);
+  std::string kept((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "keep me");
   SaveAll("modes", 1, 1, "1:R", 2);
 }
 
