@@ -121,11 +121,15 @@ void OverlapIndex::Walk(const ChunkBox& query, Visit&& visit) const {
   while (top > 0) {
     const Node& node = nodes_[stack[--top]];
     const size_t id = static_cast<size_t>(&node - nodes_.data());
-    if (!overlaps(&node_lo_[id * nd], &node_hi_[id * nd])) continue;
+    // data() + offset, not &v[offset]: with zero dims (scalars) the vectors
+    // are empty and indexing them is undefined behaviour.
+    if (!overlaps(node_lo_.data() + id * nd, node_hi_.data() + id * nd)) {
+      continue;
+    }
     if (node.left < 0) {
       for (int p = node.begin; p < node.end; ++p) {
         const size_t off = static_cast<size_t>(p) * nd;
-        if (overlaps(&box_lo_[off], &box_hi_[off])) {
+        if (overlaps(box_lo_.data() + off, box_hi_.data() + off)) {
           if (visit(order_[p])) return;
         }
       }
