@@ -4,13 +4,18 @@
 // that range backwards from its end.
 #include "storage/catalog/catalog.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "rocksdb/db.h"
@@ -35,7 +40,7 @@ std::string CkptJobPrefix(absl::string_view job) {
   return absl::StrCat(kCkptPrefix, job, absl::string_view("\0", 1));
 }
 std::string CkptKey(absl::string_view job, int64_t step) {
-  return absl::StrCat(CkptJobPrefix(job), Step16(step));
+  return CheckpointRecordKey(job, step);
 }
 std::string PlanJobPrefix(absl::string_view job) {
   return absl::StrCat(kPlanPrefix, job, absl::string_view("\0", 1));
@@ -61,19 +66,19 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
   return absl::InternalError(msg);
 }
 
+// `key` C-escaped, its '\0' separators shown as \0 ("ckpt/a\0" +
+// "0000000000000005"), which CHexEscape alone would render as \x00 followed
+// by every digit in hex.
+std::string PrintableKey(absl::string_view key) {
+  return absl::StrJoin(absl::StrSplit(key, '\0'), "\\0",
+                       [](std::string* out, absl::string_view piece) {
+                         out->append(absl::CHexEscape(piece));
+                       });
+}
+
 absl::Status CheckJobStep(absl::string_view job, int64_t step) {
   CAIRN_RETURN_IF_ERROR(ValidateJobName(job));
   return ValidateStep(step);
-}
-
-absl::StatusOr<v1::CheckpointRecord> ParseRecord(absl::string_view key,
-                                                 absl::string_view value) {
-  v1::CheckpointRecord record;
-  if (!record.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
-    return absl::DataLossError(absl::StrCat(
-        "catalog: record '", absl::CHexEscape(key), "' does not parse"));
-  }
-  return record;
 }
 
 rocksdb::WriteOptions SyncWrite() {
@@ -160,7 +165,7 @@ absl::StatusOr<v1::CheckpointRecord> Catalog::GetCheckpoint(
   }
   CAIRN_RETURN_IF_ERROR(
       FromRocks(s, absl::StrCat("reading job '", job, "' step ", step)));
-  return ParseRecord(key, value);
+  return DecodeCheckpointRecord(key, value);
 }
 
 absl::StatusOr<std::vector<v1::CheckpointRecord>> Catalog::ListCheckpoints(
@@ -175,8 +180,9 @@ absl::StatusOr<std::vector<v1::CheckpointRecord>> Catalog::ListCheckpoints(
       db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
        it->Next()) {
-    CAIRN_ASSIGN_OR_RETURN(v1::CheckpointRecord record,
-                           ParseRecord(ToView(it->key()), ToView(it->value())));
+    CAIRN_ASSIGN_OR_RETURN(
+        v1::CheckpointRecord record,
+        DecodeCheckpointRecord(ToView(it->key()), ToView(it->value())));
     if (include_uncommitted ||
         record.state() == v1::CHECKPOINT_STATE_COMMITTED) {
       out.push_back(std::move(record));
@@ -198,8 +204,9 @@ absl::StatusOr<v1::CheckpointRecord> Catalog::LatestCommitted(
       db_->NewIterator(rocksdb::ReadOptions()));
   for (it->SeekForPrev(end); it->Valid() && it->key().starts_with(prefix);
        it->Prev()) {
-    CAIRN_ASSIGN_OR_RETURN(v1::CheckpointRecord record,
-                           ParseRecord(ToView(it->key()), ToView(it->value())));
+    CAIRN_ASSIGN_OR_RETURN(
+        v1::CheckpointRecord record,
+        DecodeCheckpointRecord(ToView(it->key()), ToView(it->value())));
     if (record.state() == v1::CHECKPOINT_STATE_COMMITTED) return record;
   }
   CAIRN_RETURN_IF_ERROR(FromRocks(it->status(), "finding the latest step"));
@@ -278,6 +285,44 @@ bool Catalog::empty() {
     if (it->Valid() && it->key().starts_with(prefix)) return false;
   }
   return true;
+}
+
+std::string CheckpointRecordKey(absl::string_view job, int64_t step) {
+  return absl::StrCat(CkptJobPrefix(job), Step16(step));
+}
+
+absl::StatusOr<v1::CheckpointRecord> DecodeCheckpointRecord(
+    absl::string_view key, absl::string_view value) {
+  auto bad = [&](absl::string_view what) {
+    return absl::DataLossError(
+        absl::StrCat("catalog: record '", PrintableKey(key), "' ", what));
+  };
+  // "ckpt/" + job + '\0' + 16 decimal digits.
+  absl::string_view rest = key;
+  const size_t nul = rest.find('\0');
+  if (!absl::ConsumePrefix(&rest, kCkptPrefix) ||
+      nul == absl::string_view::npos || key.size() - nul - 1 != 16) {
+    return bad("is not a checkpoint key");
+  }
+  const absl::string_view job = rest.substr(0, rest.find('\0'));
+  const absl::string_view digits = key.substr(nul + 1);
+  int64_t step = 0;
+  if (!std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(digits, &step) || !ValidateStep(step).ok() ||
+      !ValidateJobName(job).ok()) {
+    return bad("is not a checkpoint key");
+  }
+  v1::CheckpointRecord record;
+  if (value.size() > static_cast<size_t>(INT32_MAX) ||
+      !record.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+    return bad("does not parse");
+  }
+  if (record.job() != job || record.step() != step) {
+    return bad(absl::StrCat("holds the record of job '",
+                            absl::CHexEscape(record.job().substr(0, 200)),
+                            "' step ", record.step()));
+  }
+  return record;
 }
 
 v1::CheckpointRecord RecordFromManifest(const v1::Manifest& manifest,

@@ -92,6 +92,17 @@ class Catalog {
   const std::unique_ptr<rocksdb::DB> db_;
 };
 
+// The catalog key of a checkpoint record: "ckpt/" + job + '\0' + step16.
+std::string CheckpointRecordKey(absl::string_view job, int64_t step);
+
+// Decodes the value stored under checkpoint key `key` (what every read of a
+// record does). DATA_LOSS naming the key when `key` is not a well-formed
+// checkpoint key, `value` does not parse as a cairn.v1.CheckpointRecord, or
+// the record names another job or step than its key does (a record is only
+// ever written under its own key).
+absl::StatusOr<v1::CheckpointRecord> DecodeCheckpointRecord(
+    absl::string_view key, absl::string_view value);
+
 // The record a committed manifest implies (state COMMITTED).
 v1::CheckpointRecord RecordFromManifest(const v1::Manifest& manifest,
                                         absl::string_view storage_uri);

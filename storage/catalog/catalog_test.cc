@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -237,6 +238,79 @@ TEST_F(CatalogTest, SecondOpenOfTheSameDatabaseFails) {
   EXPECT_THAT(std::string(second.status().message()), HasSubstr(path_));
   EXPECT_THAT(std::string(second.status().message()),
               HasSubstr("is in use by another process"));
+}
+
+// DecodeCheckpointRecord is what every read of a record goes through
+// (fuzz/catalog_record_fuzzer.cc fuzzes it).
+v1::CheckpointRecord TestRecord(const std::string& job, int64_t step) {
+  v1::CheckpointRecord r;
+  r.set_job(job);
+  r.set_step(step);
+  r.set_state(v1::CHECKPOINT_STATE_COMMITTED);
+  r.set_total_bytes(77);
+  return r;
+}
+
+TEST(CatalogRecordTest, DecodesTheRecordStoredUnderItsKey) {
+  const std::string key = CheckpointRecordKey("job-1", 42);
+  EXPECT_EQ(key, std::string("ckpt/job-1\0"
+                             "0000000000000042",
+                             27));
+  auto r =
+      DecodeCheckpointRecord(key, TestRecord("job-1", 42).SerializeAsString());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->total_bytes(), 77u);
+}
+
+TEST(CatalogRecordTest, RecordOfAnotherJobOrStepIsDataLoss) {
+  // A record that parses but is not the one its key names must never be
+  // served as that checkpoint (ls / latest / load would show another step).
+  for (const auto& [job, step] :
+       {std::pair<std::string, int64_t>{"job-2", 42}, {"job-1", 41}}) {
+    auto r = DecodeCheckpointRecord(CheckpointRecordKey("job-1", 42),
+                                    TestRecord(job, step).SerializeAsString());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr(absl::StrCat("catalog: record 'ckpt/job-1\\0"
+                                       "0000000000000042' holds the record of "
+                                       "job '",
+                                       job, "' step ", step)));
+  }
+}
+
+TEST(CatalogRecordTest, MalformedKeyOrValueIsDataLoss) {
+  const std::string value = TestRecord("j", 3).SerializeAsString();
+  for (const std::string& key : {std::string("ckpt/j"),
+                                 std::string("plan/j\0"
+                                             "0000000000000003",
+                                             23),
+                                 std::string("ckpt/j\0"
+                                             "000000000000003",
+                                             22),
+                                 std::string("ckpt/j\0"
+                                             "00000000000000-3",
+                                             23),
+                                 std::string("ckpt/j\0"
+                                             "9999999999999999",
+                                             23),
+                                 std::string("ckpt/\0"
+                                             "0000000000000003",
+                                             22),
+                                 std::string("ckpt/j/k\0"
+                                             "0000000000000003",
+                                             25)}) {
+    auto r = DecodeCheckpointRecord(key, value);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss)
+        << absl::CHexEscape(key);
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("is not a checkpoint key"));
+  }
+  auto r = DecodeCheckpointRecord(CheckpointRecordKey("j", 3), "\xff\xff");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("catalog: record 'ckpt/j\\0"
+                        "0000000000000003' does "
+                        "not parse"));
 }
 
 }  // namespace
