@@ -336,9 +336,11 @@ absl::Status ValidateManifest(const v1::Manifest& m) {
       return bad(what, ": object '", loc.object_key(),
                  "' is not in the manifest's object list");
     }
-    if (loc.length() > UINT64_MAX - loc.offset()) {
+    // Objects are files: every byte must be addressable by an off_t.
+    if (loc.offset() > static_cast<uint64_t>(INT64_MAX) ||
+        loc.length() > static_cast<uint64_t>(INT64_MAX) - loc.offset()) {
       return bad(what, ": location offset ", loc.offset(), " + length ",
-                 loc.length(), " overflows");
+                 loc.length(), " exceeds 2^63 - 1");
     }
     return absl::OkStatus();
   };

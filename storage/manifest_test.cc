@@ -231,6 +231,15 @@ TEST(ValidateManifestTest, RejectsEachKindOfInconsistency) {
              ->set_object_key("other.data");
        },
        "'other.data' is not in the manifest's object list"},
+      {"offset",
+       [](v1::Manifest& m) {
+         // Beyond any file (off_t), though offset + length fits in 64 bits.
+         m.mutable_tensors(0)
+             ->mutable_chunks(0)
+             ->mutable_location()
+             ->set_offset(uint64_t{1} << 63);
+       },
+       "location offset 9223372036854775808 + length 4096 exceeds 2^63 - 1"},
       {"escape", [](v1::Manifest& m) { m.set_objects(0, "../../etc/passwd"); },
        "../../etc/passwd"},
       {"writer",
