@@ -10,6 +10,7 @@ PACKAGES=(
   libisal-dev libspdlog-dev libcli11-dev nlohmann-json3-dev liburing-dev
   bazel-bootstrap bazel-rules-java
   clang-format fio python3-grpcio
+  clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: clang + libFuzzer/ASan/UBSan runtimes
 )
 
 missing=()
