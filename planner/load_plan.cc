@@ -87,6 +87,7 @@ absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
   std::vector<ReadItem> reads;
   reads.reserve(wanted.size());  // at least one read per non-empty chunk
   std::vector<int> hits;
+  uint64_t segments = 0;  // so far, checked before each allocation
   for (int w = 0; w < static_cast<int>(wanted.size()); ++w) {
     const WantedChunk& want = wanted[w];
     const IndexedTensor* it = FindIndexed(want.fqn);
@@ -121,6 +122,15 @@ absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
       item.source_chunk = c;
       item.source = chunk.location;
       item.source_crc32c = chunk.crc32c;
+      const uint64_t n = NumCopySegments(chunk.box, want.box, item.overlap);
+      if (n > kMaxCopySegmentsPerPlan - segments) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "'", want.fqn, "' wanted chunk ", w, " ", BoxToString(want.box),
+            ": reading it needs more than ", kMaxCopySegmentsPerPlan,
+            " copy segments in one plan (stored chunk ", BoxToString(chunk.box),
+            " alone needs ", n, "); load it as smaller chunks"));
+      }
+      segments += n;
       AppendCopySegments(chunk.box, want.box, item.overlap, elem,
                          &item.segments);
       reads.push_back(std::move(item));

@@ -21,7 +21,13 @@
 //                        wanted box (an incomplete checkpoint; retrying the
 //                        same call cannot succeed, and no data is corrupt, so
 //                        this is not DATA_LOSS). The message names the fqn,
-//                        the wanted box and an uncovered sub-box.
+//                        the wanted box and an uncovered sub-box;
+//   RESOURCE_EXHAUSTED   the reads of one call would need more than
+//                        kMaxCopySegmentsPerPlan copy segments (the stored
+//                        chunks split the wanted boxes too finely: a column
+//                        of a row-major chunk is one segment per row). Found
+//                        by fuzz/plan_convert_fuzzer: one wanted chunk of a
+//                        512 MiB checkpoint asked cairnd for 6 GiB.
 #ifndef CAIRN_PLANNER_LOAD_PLAN_H_
 #define CAIRN_PLANNER_LOAD_PLAN_H_
 
@@ -72,6 +78,12 @@ struct ReadItem {
   // buffer. Coalesced, sorted by src_offset.
   std::vector<CopySegment> segments;
 };
+
+// Copy segments one Plan() call may produce in all (24 bytes each in memory,
+// up to ~30 on the wire): 8 Mi, 192 MiB, far beyond real loads (a wanted
+// [131072, 8192] tensor stored as 8 column blocks needs 1 Mi) and within
+// cairnd's largest answer.
+inline constexpr uint64_t kMaxCopySegmentsPerPlan = uint64_t{1} << 23;
 
 // Thread-safe: built once per manifest; Plan() and Find() are const and may be
 // called concurrently without external locking.

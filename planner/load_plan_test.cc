@@ -66,6 +66,32 @@ TEST(LoadPlanTest, ReshardsRowsIntoColumns) {
   EXPECT_EQ((*reads)[1].segments[0], (CopySegment{16, 32, 16}));
 }
 
+TEST(LoadPlanTest, TooManyCopySegmentsIsResourceExhaustedBeforeAllocating) {
+  // Column halves of an int8 [2^22 + 1, 2] tensor (8 MiB stored): reading it
+  // whole is one segment per row and chunk, 2^23 + 2 in all. cairnd used to
+  // allocate them all (found by fuzz/plan_convert_fuzzer at 2^28 rows: 6 GiB
+  // for one request); now the call fails before any segment is built.
+  const int64_t rows = (int64_t{1} << 22) + 1;
+  auto planner = MustCreate(
+      {Tensor("emb", {rows, 2},
+              {Box({0, 0}, {rows, 1}), Box({0, 1}, {rows, 1})}, DType::kInt8)});
+  ASSERT_NE(planner, nullptr);
+  auto reads = planner->Plan(
+      {WantedChunk{"emb", DType::kInt8, {rows, 2}, Box({0, 0}, {rows, 2})}});
+  EXPECT_EQ(reads.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(
+      std::string(reads.status().message()),
+      HasSubstr("'emb' wanted chunk 0 [0:4194305, 0:2]: reading it needs more "
+                "than 8388608 copy segments in one plan (stored chunk "
+                "[0:4194305, 1:2] alone needs 4194305)"));
+  // Half the rows is within the bound, and exact.
+  reads = planner->Plan({WantedChunk{
+      "emb", DType::kInt8, {rows, 2}, Box({0, 0}, {rows / 2, 2})}});
+  ASSERT_TRUE(reads.ok()) << reads.status();
+  ASSERT_EQ(reads->size(), 2u);
+  EXPECT_EQ((*reads)[0].segments.size(), static_cast<size_t>(rows / 2));
+}
+
 TEST(LoadPlanTest, WholeTrailingDimsAreOneRange) {
   auto planner = MustCreate({Tensor("w", {8, 4}, {Box({0, 0}, {8, 4})})});
   auto reads = planner->Plan(
