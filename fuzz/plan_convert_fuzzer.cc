@@ -12,8 +12,9 @@
 //  3. A client decoding hostile answers: RankPlanFromProto, ReadItemFromProto.
 // Invariants checked (a violation aborts): every error is a status (never a
 // crash, hang or allocation bomb); conversions round-trip; a global plan has
-// one rank plan per rank, writes inside their objects, aligned and disjoint,
-// and total_bytes is the sum of the write lengths; the committed checkpoint
+// one rank plan per rank, writes inside their objects (at most 2^63 - 1
+// bytes), aligned and disjoint, and total_bytes is the sum of the write
+// lengths (at most 2^63, never wrapped); the committed checkpoint
 // always gets a LoadPlanner; read segments stay inside the stored chunk and
 // the wanted buffer and cover each wanted box exactly once.
 #include <algorithm>
@@ -88,8 +89,8 @@ void CheckGlobalPlan(const planner::GlobalSavePlan& plan, int world,
                  "planned write %zu of rank %d does not round-trip", i, r);
     }
   }
-  FUZZ_CHECK(total == plan.total_bytes && total <= INT64_MAX,
-             "total_bytes %llu != sum %llu (or beyond 2^63 - 1)",
+  FUZZ_CHECK(total == plan.total_bytes && total <= uint64_t{1} << 63,
+             "total_bytes %llu != sum %llu (or beyond 2^63)",
              ull(plan.total_bytes), ull(total));
 }
 
