@@ -16,9 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "common/version.h"
@@ -248,6 +251,79 @@ TEST_F(OpsTest, OversizedPlansAndRequestsAreResourceExhausted) {
   s = begin(req);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(s.error_message(), HasSubstr("larger than max"));
+}
+
+// Resident memory of process `pid` in bytes (VmRSS), or -1.
+int64_t ResidentBytes(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    int64_t kib = 0;
+    if (absl::StartsWith(line, "VmRSS:") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(
+                             absl::StripPrefix(line, "VmRSS:"), "kB")),
+                         &kib)) {
+      return kib * 1024;
+    }
+  }
+  return -1;
+}
+
+// Issue 11: 20 BeginSave calls claiming a world of 2^20, then aborted, grew
+// cairnd by 1.5 GB for good (world-sized vectors per session, sessions kept
+// after the abort).
+TEST_F(OpsTest, AbortedHugeWorldSavesLeaveNoMemoryBehind) {
+  StartCairnd();
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+      cairnd_->address(), grpc::InsecureChannelCredentials()));
+  const int64_t before = ResidentBytes(cairnd_->process().pid());
+  ASSERT_GT(before, 0);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::promise<grpc::Status>> done(20);
+  std::vector<v1::BeginSaveResponse> responses(20);
+  for (int step = 0; step < 20; ++step) {
+    v1::BeginSaveRequest req;
+    req.set_job(absl::StrCat("huge", step));  // under --max-sessions-per-job
+    req.set_step(1);
+    req.set_rank(0);
+    req.set_world_size(1 << 20);
+    req.mutable_local_plan()->set_rank(0);
+    v1::WriteItem* item = req.mutable_local_plan()->add_items();
+    item->set_kind(v1::WriteItem::KIND_BYTES);
+    item->set_bytes_fqn("rng");
+    item->set_length(16);
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    // Every call ends (so the test never hangs on a failure).
+    contexts.back()->set_deadline(std::chrono::system_clock::now() +
+                                  std::chrono::seconds(60));
+    stub->async()->BeginSave(
+        contexts.back().get(), &req, &responses[step],
+        [&done, step](grpc::Status s) { done[step].set_value(s); });
+  }
+  for (int step = 0; step < 20; ++step) {
+    grpc::ClientContext ctx;
+    v1::AbortSaveRequest abort;
+    abort.set_job(absl::StrCat("huge", step));
+    abort.set_step(1);
+    abort.set_reason("test");
+    v1::AbortSaveResponse resp;
+    // The BeginSave may still be on its way: retry NOT_FOUND briefly.
+    grpc::Status s;
+    for (int i = 0; i < 500; ++i) {
+      grpc::ClientContext c;
+      s = stub->AbortSave(&c, abort, &resp);
+      if (s.error_code() != grpc::StatusCode::NOT_FOUND) break;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  for (int step = 0; step < 20; ++step) {
+    grpc::Status s = done[step].get_future().get();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+  }
+  const int64_t after = ResidentBytes(cairnd_->process().pid());
+  EXPECT_LT(after - before, int64_t{200} << 20)
+      << "cairnd grew from " << before << " to " << after << " bytes";
 }
 
 // Waits until `p`'s log contains `text`; false if the process exits or 60 s
