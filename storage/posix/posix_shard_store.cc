@@ -79,6 +79,17 @@ bool IsTempName(absl::string_view name) {
   return absl::StartsWith(name, kTempPrefix);
 }
 
+// "FIFO", "socket", ... for messages about a file that should be regular.
+const char* FileTypeName(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
 // An owned file descriptor.
 class UniqueFd {
  public:
@@ -634,11 +645,20 @@ class PosixShardStore : public ShardStore {
     const std::string name = segs.back();
     segs.pop_back();
     CAIRN_ASSIGN_OR_RETURN(DirChain dirs, WalkExisting(key, segs));
-    UniqueFd fd(
-        ::openat(dirs.leaf(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    // O_NONBLOCK: opening a FIFO put where an object was would otherwise
+    // block until some process opens it for writing (a load or `cairn
+    // verify` hung forever). Non-regular files are refused before any read.
+    UniqueFd fd(::openat(dirs.leaf(), name.c_str(),
+                         O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
     if (!fd.valid()) {
       if (errno == ENOENT || errno == ELOOP) {
         return internal::ObjectNotFound(uri(), key);
+      }
+      if (errno == ENXIO) {  // a socket, or a device without a driver
+        return absl::DataLossError(
+            absl::StrCat("object '", key, "' in ", uri(),
+                         " is not a regular file (a socket or a device); "
+                         "refusing to read it"));
       }
       return ErrnoError(errno, absl::StrCat("opening '", key, "' in ", uri()));
     }
@@ -646,7 +666,15 @@ class PosixShardStore : public ShardStore {
     if (::fstat(fd.get(), &st) != 0) {
       return ErrnoError(errno, absl::StrCat("stat of '", key, "'"));
     }
-    if (!S_ISREG(st.st_mode)) return internal::ObjectNotFound(uri(), key);
+    if (!S_ISREG(st.st_mode)) {
+      return absl::DataLossError(absl::StrCat(
+          "object '", key, "' in ", uri(), " is not a regular file (",
+          FileTypeName(st.st_mode), "); refusing to read it"));
+    }
+    // Back to ordinary blocking reads (O_NONBLOCK means nothing for regular
+    // files on Linux, but keep the descriptor's flags plain).
+    const int fl = ::fcntl(fd.get(), F_GETFL);
+    if (fl >= 0) (void)::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK);
     const uint64_t size = static_cast<uint64_t>(st.st_size);
     for (const ByteRange& r : ranges) {
       CAIRN_RETURN_IF_ERROR(internal::CheckRange(uri(), key, r, size));

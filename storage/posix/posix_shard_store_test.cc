@@ -2,13 +2,17 @@
 
 #include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 #include <string>
 
@@ -220,6 +224,55 @@ TEST(PosixShardStoreTest, ObjectWhereADirectoryIsNeededFails) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("a/b"));
   EXPECT_EQ(ReadObject(**store, "a").value(), "file");
+}
+
+// A FIFO, socket or directory where an object should be is refused at once
+// (DATA_LOSS naming the key). Opening a FIFO for reading used to block until
+// a writer appeared: a load or `cairn verify` hung forever.
+TEST(PosixShardStoreTest, NonRegularFilesAreRefusedWithoutBlocking) {
+  const std::string root = NewTempDir();
+  auto store = OpenShardStore("file://" + root);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Put("job/1/obj", AsSpan(std::string("data"))).ok());
+  ASSERT_EQ(::mkfifo((root + "/job/1/fifo").c_str(), 0644), 0);
+  ASSERT_TRUE(fs::create_directory(root + "/job/1/dir"));
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(sock, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string sock_path = root + "/job/1/sock";
+  ASSERT_LT(sock_path.size(), sizeof(addr.sun_path));
+  std::strncpy(addr.sun_path, sock_path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+
+  for (const std::string name : {"fifo", "sock", "dir"}) {
+    SCOPED_TRACE(name);
+    const std::string key = "job/1/" + name;
+    auto read = std::async(std::launch::async, [&] {
+      std::string out(4, '\0');
+      absl::Status s =
+          (*store)->Read(key, ByteRange{0, 4}, absl::MakeSpan(out)).status();
+      std::vector<absl::Span<char>> outs = {absl::MakeSpan(out)};
+      const ByteRange r{0, 4};
+      absl::Status ranges = (*store)->ReadRanges(
+          key, absl::MakeConstSpan(&r, 1), absl::MakeConstSpan(outs));
+      return std::make_pair(s, ranges);
+    });
+    if (read.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+      // Unblock the reader so the test fails instead of hanging.
+      ::close(::open((root + "/job/1/fifo").c_str(), O_WRONLY | O_NONBLOCK));
+      ADD_FAILURE() << "reading " << key << " blocked";
+    }
+    auto [s, ranges] = read.get();
+    for (const absl::Status& st : {s, ranges}) {
+      EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+      EXPECT_THAT(std::string(st.message()), HasSubstr(key));
+      EXPECT_THAT(std::string(st.message()), HasSubstr("not a regular file"));
+    }
+  }
+  ::close(sock);
+  // The regular object next to them still reads.
+  EXPECT_EQ(ReadObject(**store, "job/1/obj").value(), "data");
 }
 
 TEST(PosixShardStoreTest, OdirectWritesExactBytesForAlignedAndUnalignedInput) {
