@@ -33,6 +33,44 @@ std::string SourceKey(absl::string_view fqn, const planner::ChunkBox& box) {
   return absl::StrCat(fqn, "\n", planner::BoxToString(box));
 }
 
+// "job 'j' step 7" or "job 'j' latest" for messages.
+std::string LoadRefName(absl::string_view job, const LoadRef& ref) {
+  return ref.latest() ? absl::StrCat("job '", job, "' latest")
+                      : absl::StrCat("job '", job, "' step ", ref.step());
+}
+
+// A read that a committed checkpoint's MANIFEST promises and storage cannot
+// serve. A missing or short object is damage (DATA_LOSS naming `what` and the
+// object), unless the step's MANIFEST is missing too: then this host does not
+// see the storage cairnd wrote to (not mounted, another path), which is not
+// corruption (FAILED_PRECONDITION).
+absl::Status ObjectReadError(storage::ShardStore& store,
+                             const v1::PlanLoadResponse& plan,
+                             const absl::Status& s, absl::string_view what,
+                             absl::string_view key) {
+  if (absl::IsNotFound(s) || absl::IsOutOfRange(s) || absl::IsDataLoss(s)) {
+    const std::string manifest =
+        absl::StrCat(plan.step_prefix(), storage::kManifestName);
+    if (absl::IsNotFound(s) &&
+        absl::IsNotFound(store.Size(manifest).status())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": object ", key,
+                       " and the step's MANIFEST are not in ", store.uri(),
+                       " as this host sees it (is the storage cairnd uses "
+                       "mounted here?): ",
+                       s.message()));
+    }
+    return absl::DataLossError(
+        absl::StrCat(what, ": object ", key, " of the committed checkpoint is ",
+                     absl::IsNotFound(s) ? "missing"
+                                         : "damaged or shorter than its "
+                                           "manifest says",
+                     ": ", s.message()));
+  }
+  return absl::Status(
+      s.code(), absl::StrCat(what, " in object ", key, ": ", s.message()));
+}
+
 // Runs `fns` on `pool` and returns the first error (all of them run).
 absl::Status RunAll(ThreadPool& pool,
                     std::vector<std::function<absl::Status()>> fns) {
@@ -227,9 +265,14 @@ absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
       "rank ", options_.rank, " saving job '", options_.job, "' step ", step);
   CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
   const absl::Time t0 = absl::Now();
-  CAIRN_ASSIGN_OR_RETURN(
-      v1::BeginSaveResponse plan,
-      BeginPlannedSave(step, state.ToLocalPlan(options_.rank)));
+  absl::StatusOr<planner::LocalSavePlan> local =
+      state.ToLocalPlan(options_.rank);
+  if (!local.ok()) {
+    return absl::Status(local.status().code(),
+                        absl::StrCat(where, ": ", local.status().message()));
+  }
+  CAIRN_ASSIGN_OR_RETURN(v1::BeginSaveResponse plan,
+                         BeginPlannedSave(step, *local));
   const absl::Time t1 = absl::Now();
   stats_.plan_time = t1 - t0;
 
@@ -256,11 +299,8 @@ absl::Status Checkpointer::WriteItems(int64_t step, const StateDict& state,
   // Where each planned item's bytes are in this process.
   absl::flat_hash_map<std::string, absl::Span<const char>> sources;
   for (const TensorShard& t : state.tensors()) {
-    const size_t elem = planner::DTypeSize(t.dtype);
     for (const TensorChunk& c : t.chunks) {
-      sources[SourceKey(t.fqn, c.box)] = absl::Span<const char>(
-          static_cast<const char*>(c.data),
-          static_cast<size_t>(planner::Volume(c.box)) * elem);
+      sources[SourceKey(t.fqn, c.box)] = c.data;
     }
   }
   for (const BytesEntry& b : state.bytes()) {
@@ -341,17 +381,26 @@ absl::Status Checkpointer::WriteItems(int64_t step, const StateDict& state,
 
 absl::StatusOr<int64_t> Checkpointer::Load(LoadRef ref, StateDict& state) {
   stats_ = TransferStats();
+  if (absl::Status s = state.CheckLoadable(); !s.ok()) {
+    return absl::Status(
+        s.code(),
+        absl::StrCat("rank ", options_.rank, " loading ",
+                     LoadRefName(options_.job, ref), ": ", s.message()));
+  }
   const absl::Time t0 = absl::Now();
   v1::PlanLoadRequest request;
   request.set_job(options_.job);
   request.set_rank(options_.rank);
+  // Every load joins cairnd's load round of the job: `latest` is resolved
+  // once for all its ranks, and world sizes are checked against each other.
+  request.set_world_size(options_.world_size);
+  request.set_verify_in_round(JoinsLoadCollective());
   if (ref.latest()) {
     request.set_latest(true);
   } else {
     request.set_step(ref.step());
   }
   std::vector<TensorChunk*> dests;
-  std::vector<const TensorShard*> dest_tensors;
   for (const TensorShard& t : state.tensors()) {
     for (const TensorChunk& c : t.chunks) {
       if (planner::Volume(c.box) == 0) continue;
@@ -362,7 +411,6 @@ absl::StatusOr<int64_t> Checkpointer::Load(LoadRef ref, StateDict& state) {
           t.global_shape.begin(), t.global_shape.end());
       convert::BoxToProto(c.box, w->mutable_box());
       dests.push_back(const_cast<TensorChunk*>(&c));
-      dest_tensors.push_back(&t);
     }
   }
   for (const BytesEntry& b : state.bytes()) request.add_wanted_bytes(b.fqn);
@@ -371,21 +419,30 @@ absl::StatusOr<int64_t> Checkpointer::Load(LoadRef ref, StateDict& state) {
       CallWithRetry(&v1::Coordinator::Stub::PlanLoad, *stub_, request,
                     options_.rpc_timeout, options_.max_retries);
   if (!planned.ok()) {
-    // This rank's request was refused (a dtype or shape that differs, say):
-    // the ranks whose plans succeeded must not wait for it at VerifyLoad.
-    LeaveLoadCollective(ref);
+    // Refused (a dtype or shape that differs, say): cairnd took this rank
+    // out of the load round, so the others do not wait for it.
     return planned.status();
   }
   const v1::PlanLoadResponse& plan = *planned;
+  if (options_.after_plan_load_for_test) {
+    options_.after_plan_load_for_test(plan.step());
+  }
   const absl::Time t1 = absl::Now();
   stats_.plan_time = t1 - t0;
-  absl::Status read = ReadItems(plan, dests, dest_tensors);
+  absl::Status read = ReadItems(plan, dests);
+  if (read.ok()) read = ReadBytesEntries(plan, state);
   if (!read.ok()) {
     return absl::Status(
         read.code(),
         absl::StrCat("rank ", options_.rank, " loading job '", options_.job,
                      "' step ", plan.step(), ": ", read.message()));
   }
+  stats_.io_time = absl::Now() - t1;
+  return plan.step();
+}
+
+absl::Status Checkpointer::ReadBytesEntries(const v1::PlanLoadResponse& plan,
+                                            StateDict& state) {
   // Bytes entries come back in request order.
   if (plan.bytes_entries_size() != static_cast<int>(state.bytes().size())) {
     return absl::InternalError(absl::StrCat(
@@ -399,36 +456,37 @@ absl::StatusOr<int64_t> Checkpointer::Load(LoadRef ref, StateDict& state) {
     const std::string key =
         absl::StrCat(plan.step_prefix(), e.location().object_key());
     std::string blob(e.location().length(), '\0');
-    CAIRN_RETURN_IF_ERROR(
+    absl::Status s =
         store
             ->Read(key, {e.location().offset(), e.location().length()},
                    absl::MakeSpan(blob))
-            .status());
+            .status();
+    if (!s.ok()) {
+      return ObjectReadError(*store, plan, s,
+                             absl::StrCat("bytes entry '", e.fqn(), "'"), key);
+    }
     const uint32_t crc = storage::Crc32c(blob.data(), blob.size());
     if (crc != e.crc32c()) {
       return absl::DataLossError(absl::StrFormat(
-          "rank %d loading job '%s' step %d: checksum mismatch in bytes entry "
-          "'%s' at %s: crc32c 0x%08x, manifest says 0x%08x",
-          options_.rank, options_.job, plan.step(), e.fqn(), key, crc,
-          e.crc32c()));
+          "checksum mismatch in bytes entry '%s' at %s: crc32c 0x%08x, "
+          "manifest says 0x%08x",
+          e.fqn(), key, crc, e.crc32c()));
     }
     stats_.bytes += blob.size();
     stats_.bytes_storage += blob.size();
     *state.bytes()[i].blob = std::move(blob);
   }
-  stats_.io_time = absl::Now() - t1;
-  return plan.step();
+  return absl::OkStatus();
 }
 
-absl::Status Checkpointer::ReadItems(
-    const v1::PlanLoadResponse& plan, const std::vector<TensorChunk*>& dests,
-    const std::vector<const TensorShard*>& tensors) {
+absl::Status Checkpointer::ReadItems(const v1::PlanLoadResponse& plan,
+                                     const std::vector<TensorChunk*>& dests) {
   const PartialChunkCheck check = options_.partial_chunk_check;
   // Whatever fails before this rank calls VerifyLoad, it still reports, so
   // that the other ranks are not kept waiting for it until cairnd's deadline.
-  bool reported = !JoinsLoadCollective();
+  bool reported = !JoinsLoadCollective() || plan.load_round() == 0;
   absl::Cleanup report_failure = [&] {
-    if (!reported) ReportLoadFailure(LoadReport(plan.step()));
+    if (!reported) ReportLoadFailure(LoadReport(plan));
   };
   CAIRN_ASSIGN_OR_RETURN(storage::ShardStore * store,
                          StoreFor(plan.storage_uri()));
@@ -444,10 +502,9 @@ absl::Status Checkpointer::ReadItems(
           "cairnd returned a read for '", it.fqn(), "' with destination ",
           it.dest_index(), " of ", dests.size()));
     }
-    dst[i] = static_cast<char*>(dests[it.dest_index()]->data);
-    const uint64_t dst_size =
-        static_cast<uint64_t>(planner::Volume(dests[it.dest_index()]->box)) *
-        planner::DTypeSize(tensors[it.dest_index()]->dtype);
+    dst[i] = dests[it.dest_index()]->data.data();
+    // StateDict checked that the buffer is exactly the chunk's size.
+    const uint64_t dst_size = dests[it.dest_index()]->data.size();
     uint64_t needed = 0;
     for (const auto& s : it.segments()) {
       if (s.dst_offset() + s.length() > dst_size ||
@@ -466,6 +523,10 @@ absl::Status Checkpointer::ReadItems(
   std::vector<uint32_t> terms(n);  // crc32c terms of partly read chunks
   auto key_of = [&](const v1::ReadItem& it) {
     return absl::StrCat(plan.step_prefix(), it.source().object_key());
+  };
+  auto chunk_name = [&](const v1::ReadItem& it) {
+    return absl::StrCat("'", it.fqn(), "' stored chunk at ",
+                        it.source().offset(), "+", it.source().length());
   };
   auto data_loss = [&](const v1::ReadItem& it, uint32_t got) {
     return absl::DataLossError(absl::StrFormat(
@@ -488,7 +549,9 @@ absl::Status Checkpointer::ReadItems(
       outs.push_back(absl::MakeSpan(dst[i] + s.dst_offset(), s.length()));
       needed += s.length();
     }
-    CAIRN_RETURN_IF_ERROR(store->ReadRanges(key_of(it), ranges, outs));
+    if (absl::Status s = store->ReadRanges(key_of(it), ranges, outs); !s.ok()) {
+      return ObjectReadError(*store, plan, s, chunk_name(it), key_of(it));
+    }
     storage_bytes += needed;
     if (whole[i]) {
       // Segments are sorted by source offset and tile the chunk.
@@ -510,11 +573,14 @@ absl::Status Checkpointer::ReadItems(
   auto read_whole = [&](int i) -> absl::Status {
     const v1::ReadItem& it = plan.reads(i);
     std::string scratch(it.source().length(), '\0');
-    CAIRN_RETURN_IF_ERROR(
-        store
-            ->Read(key_of(it), {it.source().offset(), it.source().length()},
-                   absl::MakeSpan(scratch))
-            .status());
+    if (absl::Status s =
+            store
+                ->Read(key_of(it), {it.source().offset(), it.source().length()},
+                       absl::MakeSpan(scratch))
+                .status();
+        !s.ok()) {
+      return ObjectReadError(*store, plan, s, chunk_name(it), key_of(it));
+    }
     storage_bytes += scratch.size();
     const uint32_t crc = storage::Crc32c(scratch.data(), scratch.size());
     if (crc != it.source_crc32c()) return data_loss(it, crc);
@@ -546,11 +612,10 @@ absl::Status Checkpointer::ReadItems(
   absl::Status read = run(exact, read_needed);
   if (read.ok()) read = run(local, read_whole);
   stats_.chunks_verified_locally += local.size();
-  if (JoinsLoadCollective() ||
-      (check == PartialChunkCheck::kCollective && !partial.empty())) {
+  if (!reported) {
     if (!read.ok()) return read;  // report_failure tells cairnd
     reported = true;
-    v1::VerifyLoadRequest verify = LoadReport(plan.step());
+    v1::VerifyLoadRequest verify = LoadReport(plan);
     for (int i : partial) {
       const v1::ReadItem& it = plan.reads(i);
       v1::ChunkPiece* p = verify.add_pieces();
@@ -563,6 +628,11 @@ absl::Status Checkpointer::ReadItems(
         CallWithRetry(&v1::Coordinator::Stub::VerifyLoad, *stub_, verify,
                       options_.collective_timeout, options_.max_retries);
     std::vector<int> recheck;
+    if (absl::IsInvalidArgument(verdict.status())) {
+      // The load itself is wrong (ranks disagree on world_size): no local
+      // check makes it right.
+      return verdict.status();
+    }
     if (verdict.ok()) {
       for (int k : verdict->verify_locally()) {
         if (k < 0 || k >= static_cast<int>(partial.size())) {
@@ -581,61 +651,43 @@ absl::Status Checkpointer::ReadItems(
     }
     read = run(recheck, read_whole);
     stats_.chunks_verified_locally += recheck.size();
+  } else if (read.ok() && !partial.empty()) {
+    // No load round to verify in (cairnd did not open one): check locally.
+    read = run(partial, read_whole);
+    stats_.chunks_verified_locally += partial.size();
   }
   stats_.bytes_storage = storage_bytes.load();
   return read;
 }
 
 bool Checkpointer::JoinsLoadCollective() const {
-  return options_.partial_chunk_check == PartialChunkCheck::kCollective &&
-         options_.world_size > 1;
+  return options_.partial_chunk_check == PartialChunkCheck::kCollective;
 }
 
-v1::VerifyLoadRequest Checkpointer::LoadReport(int64_t step) const {
+v1::VerifyLoadRequest Checkpointer::LoadReport(
+    const v1::PlanLoadResponse& plan) const {
   v1::VerifyLoadRequest report;
   report.set_job(options_.job);
-  report.set_step(step);
+  report.set_step(plan.step());
   report.set_rank(options_.rank);
   report.set_world_size(options_.world_size);
+  report.set_load_round(plan.load_round());
   return report;
 }
 
-void Checkpointer::LeaveLoadCollective(LoadRef ref) {
-  if (!JoinsLoadCollective()) return;
-  int64_t step = ref.latest() ? -1 : ref.step();
-  if (ref.latest()) {
-    // The step the others are loading: the newest committed one. One quick
-    // try; if cairnd cannot say, there is no round to leave either.
-    v1::ListCheckpointsRequest list;
-    list.set_job(options_.job);
-    absl::StatusOr<v1::ListCheckpointsResponse> listed =
-        CallWithRetry(&v1::Coordinator::Stub::ListCheckpoints, *stub_, list,
-                      absl::Seconds(10), /*max_retries=*/0);
-    if (!listed.ok()) return;
-    for (const v1::CheckpointRecord& c : listed->checkpoints()) {
-      if (c.state() == v1::CHECKPOINT_STATE_COMMITTED) {
-        step = std::max(step, c.step());
-      }
-    }
+void Checkpointer::ReportLoadFailure(const v1::VerifyLoadRequest& request) {
+  // A report without pieces is answered at once (cairnd only records that
+  // this rank is done), so this waits for nothing: no call outlives the
+  // Checkpointer. Best effort: if cairnd cannot be told, the others verify
+  // locally after its deadline.
+  absl::StatusOr<v1::VerifyLoadResponse> r =
+      CallWithRetry(&v1::Coordinator::Stub::VerifyLoad, *stub_, request,
+                    std::min(options_.rpc_timeout, absl::Seconds(30)),
+                    /*max_retries=*/0);
+  if (!r.ok()) {
+    CAIRN_LOG(warn, "rank {}: could not tell cairnd that its load failed: {}",
+              options_.rank, r.status().ToString());
   }
-  if (step >= 0) ReportLoadFailure(LoadReport(step));
-}
-
-void Checkpointer::ReportLoadFailure(v1::VerifyLoadRequest request) {
-  // Fire and forget: the call parks at cairnd until the other ranks report,
-  // and this rank has an error to return now. The channel outlives it or
-  // cancels it.
-  struct Call {
-    grpc::ClientContext ctx;
-    v1::VerifyLoadRequest request;
-    v1::VerifyLoadResponse response;
-  };
-  auto* call = new Call;
-  call->request = std::move(request);
-  call->ctx.set_deadline(
-      absl::ToChronoTime(absl::Now() + options_.collective_timeout));
-  stub_->async()->VerifyLoad(&call->ctx, &call->request, &call->response,
-                             [call](grpc::Status) { delete call; });
 }
 
 }  // namespace cairn::client

@@ -43,13 +43,15 @@ namespace cairn::client {
 // part of (resharding: rows saved, columns loaded).
 enum class PartialChunkCheck {
   // Read only the needed bytes and report their crc32c term to cairnd
-  // (VerifyLoad), which combines the terms of every rank of the load into the
-  // chunk's checksum. A collective: all world_size ranks must call Load.
-  // Pieces cairnd cannot verify (the ranks did not read the chunk completely
-  // between them, or it does not match) are re-read whole and checked here;
-  // if cairnd cannot be asked (a rank never reports, cairnd restarts), every
-  // partly read chunk is. Bytes read == bytes needed when the ranks together
-  // read every chunk they touch.
+  // (VerifyLoad), which combines the terms of every rank of the load round
+  // (the ranks whose Loads start within cairnd's --load-join-grace of each
+  // other, default 2 s) into the chunk's checksum. A rank loading alone or
+  // after the others waits at most that grace for peers. Pieces cairnd
+  // cannot verify (the ranks did not read the chunk completely between them,
+  // or it does not match) are re-read whole and checked here; if cairnd
+  // cannot be asked (a rank of the round never reports, cairnd restarts),
+  // every partly read chunk is. Bytes read == bytes needed when the ranks
+  // together read every chunk they touch.
   kCollective,
   // Read such chunks whole and check them locally: independent of other
   // ranks, but bytes read > bytes needed.
@@ -67,9 +69,12 @@ struct CheckpointerOptions {
   int world_size = 1;
   // Parallel reads/writes this rank issues to storage. Default: 4.
   int io_threads = 4;
-  // How long a BeginSave/CommitSave may wait for the other ranks. Should
-  // exceed cairnd's deadlines. Default: 2 hours.
-  absl::Duration collective_timeout = absl::Hours(2);
+  // How long a BeginSave/CommitSave/VerifyLoad may wait for the other
+  // ranks. A backstop for a cairnd that never answers: cairnd's own
+  // deadlines (begin 1 min, commit 60 min, load verify 1 min by default)
+  // answer first with the real reason, so this must exceed them.
+  // Default: 65 minutes.
+  absl::Duration collective_timeout = absl::Minutes(65);
   // Timeout of every other RPC. Default: 5 minutes.
   absl::Duration rpc_timeout = absl::Minutes(5);
   // Retries of a call that failed UNAVAILABLE or CANCELLED (cairnd down,
@@ -95,6 +100,9 @@ struct CheckpointerOptions {
   // Test hook: runs after this rank's bytes are written, before CommitSave
   // (fault tests kill the process here).
   std::function<void()> before_commit_for_test;
+  // Test hook: runs after PlanLoad answered (with the step it resolved),
+  // before any read (race tests hold a rank here).
+  std::function<void(int64_t step)> after_plan_load_for_test;
 };
 
 class LoadRef {
@@ -176,19 +184,18 @@ class Checkpointer {
                           const v1::BeginSaveResponse& plan,
                           v1::CommitSaveRequest* commit);
   absl::Status ReadItems(const v1::PlanLoadResponse& plan,
-                         const std::vector<TensorChunk*>& dests,
-                         const std::vector<const TensorShard*>& tensors);
-  // Whether a load takes part in cairnd's VerifyLoad round (a collective of
-  // every rank of the job).
+                         const std::vector<TensorChunk*>& dests);
+  absl::Status ReadBytesEntries(const v1::PlanLoadResponse& plan,
+                                StateDict& state);
+  // Whether a load reports its partly read chunks to cairnd (VerifyLoad in
+  // the load round PlanLoad joined).
   bool JoinsLoadCollective() const;
-  // This rank's VerifyLoad request for `step`, without pieces.
-  v1::VerifyLoadRequest LoadReport(int64_t step) const;
-  // Reports a failed load to cairnd's VerifyLoad round without waiting, so
-  // the other ranks are answered without this rank's pieces.
-  void ReportLoadFailure(v1::VerifyLoadRequest request);
-  // The same when the load failed before it had a plan (PlanLoad refused
-  // this rank's request): finds the step the other ranks are loading.
-  void LeaveLoadCollective(LoadRef ref);
+  // This rank's VerifyLoad request for `plan`'s round, without pieces.
+  v1::VerifyLoadRequest LoadReport(const v1::PlanLoadResponse& plan) const;
+  // Tells the load round this rank is done (its load failed), so the other
+  // ranks are answered without its pieces. Synchronous: cairnd answers a
+  // report without pieces at once, and nothing is left running.
+  void ReportLoadFailure(const v1::VerifyLoadRequest& request);
 
   // Constant after construction.
   const CheckpointerOptions options_;

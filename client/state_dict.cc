@@ -22,7 +22,7 @@ absl::Status StateDict::CheckNewName(const std::string& fqn) const {
 absl::Status StateDict::AddDTensor(std::string fqn, planner::DType dtype,
                                    planner::Shape global_shape,
                                    const planner::DTensorLayout& layout,
-                                   int rank, void* data) {
+                                   int rank, absl::Span<char> data) {
   absl::Status valid = planner::ValidateLayout(layout, global_shape);
   if (!valid.ok()) {
     return absl::Status(valid.code(),
@@ -34,15 +34,29 @@ absl::Status StateDict::AddDTensor(std::string fqn, planner::DType dtype,
   for (planner::ChunkBox& b : boxes) {
     chunks.push_back(TensorChunk{std::move(b), data});
   }
-  return AddChunks(std::move(fqn), dtype, std::move(global_shape),
+  if (chunks.empty() && !data.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", fqn, "': rank ", rank, " is not in the mesh of its layout ",
+        "but passed a buffer of ", data.size(), " bytes"));
+  }
+  return AddTensor(std::move(fqn), dtype, std::move(global_shape), layout,
                    std::move(chunks));
 }
 
 absl::Status StateDict::AddChunks(std::string fqn, planner::DType dtype,
                                   planner::Shape global_shape,
                                   std::vector<TensorChunk> chunks) {
+  return AddTensor(std::move(fqn), dtype, std::move(global_shape), std::nullopt,
+                   std::move(chunks));
+}
+
+absl::Status StateDict::AddTensor(std::string fqn, planner::DType dtype,
+                                  planner::Shape global_shape,
+                                  std::optional<planner::DTensorLayout> layout,
+                                  std::vector<TensorChunk> chunks) {
   CAIRN_RETURN_IF_ERROR(CheckNewName(fqn));
-  if (planner::DTypeSize(dtype) == 0) {
+  const size_t elem = planner::DTypeSize(dtype);
+  if (elem == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", fqn, "' has no valid dtype"));
   }
@@ -52,7 +66,15 @@ absl::Status StateDict::AddChunks(std::string fqn, planner::DType dtype,
       return absl::Status(s.code(),
                           absl::StrCat("tensor '", fqn, "': ", s.message()));
     }
-    if (c.data == nullptr && planner::Volume(c.box) > 0) {
+    // Volume(box) <= Volume(global_shape), which ValidateShape bounds.
+    const uint64_t need = static_cast<uint64_t>(planner::Volume(c.box)) * elem;
+    if (c.data.size() != need) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", fqn, "' chunk ", planner::BoxToString(c.box),
+                       " of ", planner::DTypeName(dtype), " needs a buffer of ",
+                       need, " bytes, got ", c.data.size()));
+    }
+    if (c.data.data() == nullptr && need > 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", fqn, "' chunk ", planner::BoxToString(c.box),
                        " has no data buffer"));
@@ -60,7 +82,7 @@ absl::Status StateDict::AddChunks(std::string fqn, planner::DType dtype,
   }
   names_[fqn] = static_cast<int>(tensors_.size());
   tensors_.push_back(TensorShard{std::move(fqn), dtype, std::move(global_shape),
-                                 std::move(chunks)});
+                                 std::move(layout), std::move(chunks)});
   return absl::OkStatus();
 }
 
@@ -75,10 +97,13 @@ absl::Status StateDict::AddBytes(std::string fqn, std::string* blob) {
   return absl::OkStatus();
 }
 
-planner::LocalSavePlan StateDict::ToLocalPlan(int rank) const {
+absl::StatusOr<planner::LocalSavePlan> StateDict::ToLocalPlan(int rank) const {
   planner::LocalSavePlan plan;
   plan.rank = rank;
   for (const TensorShard& t : tensors_) {
+    if (t.layout.has_value()) {
+      CAIRN_RETURN_IF_ERROR(planner::CheckSavable(*t.layout, t.fqn));
+    }
     const uint64_t elem = planner::DTypeSize(t.dtype);
     for (const TensorChunk& c : t.chunks) {
       planner::WriteItem item;
@@ -100,6 +125,21 @@ planner::LocalSavePlan StateDict::ToLocalPlan(int rank) const {
     plan.items.push_back(std::move(item));
   }
   return plan;
+}
+
+absl::Status StateDict::CheckLoadable() const {
+  for (const TensorShard& t : tensors_) {
+    if (!t.layout.has_value()) continue;
+    for (size_t i = 0; i < t.layout->placements.size(); ++i) {
+      if (t.layout->placements[i].kind == planner::Placement::Kind::kPartial) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "'", t.fqn, "' has a Partial() placement on mesh dim ", i,
+            " (a pending reduction): a checkpoint cannot be loaded into it; "
+            "load it Replicate() and reduce as needed"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace cairn::client

@@ -5,6 +5,7 @@
 // args), else from the paths CMake compiled in.
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "client/cli/cli.h"
@@ -70,6 +72,55 @@ class E2ETest : public ::testing::Test {
 
   // Runs `world` ranks of the example job; returns their exit codes. Rank
   // `odd_rank` gets `odd_extra` as well (fault injection).
+  // argv of rank `rank` of the example job.
+  std::vector<std::string> RankArgv(const std::string& job, int rank, int world,
+                                    const std::string& layout,
+                                    std::vector<std::string> extra) const {
+    std::vector<std::string> a = {g_rank,
+                                  "--coordinator",
+                                  cairnd_->address(),
+                                  "--job",
+                                  job,
+                                  "--rank",
+                                  std::to_string(rank),
+                                  "--world-size",
+                                  std::to_string(world),
+                                  "--layout",
+                                  layout};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+
+  // Starts one rank without waiting for it.
+  testing::Subprocess StartRank(const std::string& job, int rank, int world,
+                                const std::string& layout,
+                                std::vector<std::string> extra,
+                                const std::string& log_name) {
+    absl::StatusOr<testing::Subprocess> p =
+        testing::Subprocess::Start(RankArgv(job, rank, world, layout, extra),
+                                   absl::StrCat(dir_, "/", log_name, ".log"));
+    EXPECT_TRUE(p.ok()) << p.status();
+    return std::move(*p);
+  }
+
+  // Waits for `path` to exist (a rank's test hook writes it); its contents.
+  std::string WaitForFile(const std::string& path, testing::Subprocess& p) {
+    for (;;) {
+      std::ifstream in(path);
+      if (in) {
+        std::stringstream ss;
+        ss << in.rdbuf();
+        return ss.str();
+      }
+      absl::StatusOr<int> done = p.Wait(absl::Milliseconds(20));
+      if (done.ok()) {
+        ADD_FAILURE() << "rank exited (" << *done << ") before " << path << ": "
+                      << p.Log();
+        return "";
+      }
+    }
+  }
+
   std::vector<int> RunRanks(const std::string& job, int world,
                             const std::string& layout,
                             std::vector<std::string> extra, int odd_rank = -1,
@@ -563,6 +614,152 @@ TEST_F(E2ETest, CliRmAndGcApplyRetention) {
             1);
   EXPECT_THAT(err, HasSubstr("NOT_FOUND"));
   EXPECT_EQ(Cli({"ls"}, &out, &err), 2);  // neither --coordinator nor --storage
+}
+
+// Load(latest) racing a commit: rank 0 plans (step 1 is the newest), step 2
+// commits, then rank 1 plans. Both must load step 1 (they used to get
+// different steps: each bit-exact for its own step, a mixed model).
+TEST_F(E2ETest, LatestLoadRacingACommitGivesEveryRankTheSameStep) {
+  StartCairnd();
+  ASSERT_THAT(RunRanks("job", 2, "2:S0", {"--save-steps", "1"}), Each(Eq(0)))
+      << last_logs_;
+  const std::string hold0 = dir_ + "/hold0", hold1 = dir_ + "/hold1";
+  testing::Subprocess r0 =
+      StartRank("job", 0, 2, "2:S1",
+                {"--load", "latest", "--pause-after-plan-load", hold0}, "r0");
+  EXPECT_EQ(WaitForFile(hold0 + ".planned", r0), "1\n");
+  // A save of step 2 commits between the ranks' PlanLoads.
+  ASSERT_THAT(RunRanks("job", 2, "2:S0", {"--save-steps", "2"}), Each(Eq(0)))
+      << last_logs_;
+  std::string out;
+  ASSERT_EQ(Cli({"--coordinator", cairnd_->address(), "ls", "job"}, &out), 0);
+  ASSERT_THAT(out, HasSubstr(" 2 "));
+  testing::Subprocess r1 =
+      StartRank("job", 1, 2, "2:S1",
+                {"--load", "latest", "--pause-after-plan-load", hold1}, "r1");
+  EXPECT_EQ(WaitForFile(hold1 + ".planned", r1), "1\n");
+  std::ofstream(hold0 + ".go") << "go";
+  std::ofstream(hold1 + ".go") << "go";
+  for (testing::Subprocess* p : {&r0, &r1}) {
+    absl::StatusOr<int> rc = p->Wait(absl::Minutes(3));
+    ASSERT_TRUE(rc.ok()) << rc.status();
+    EXPECT_EQ(*rc, 0) << p->Log();
+    // Verify() checked every byte against step 1's values.
+    EXPECT_THAT(p->Log(), HasSubstr("load step 1:")) << p->Log();
+  }
+}
+
+// Ranks of a load that disagree on world size fail at once with both sizes
+// named (they used to load and get OK after the verify deadline).
+TEST_F(E2ETest, LoadRanksDisagreeingOnWorldSizeFailAtOnce) {
+  StartCairnd({"--load-verify-deadline", "3600", "--load-join-grace", "3600"});
+  ASSERT_THAT(RunRanks("job", 2, "2:S0", {"--save-steps", "1"}), Each(Eq(0)))
+      << last_logs_;
+  absl::StatusOr<std::vector<int>> codes =
+      testing::RunAll({RankArgv("job", 0, 2, "2:S1", {"--load", "1"}),
+                       RankArgv("job", 1, 3, "2:S1", {"--load", "1"})},
+                      dir_ + "/mismatch-rank", absl::Minutes(3));
+  ASSERT_TRUE(codes.ok()) << codes.status();
+  EXPECT_THAT(*codes, Each(Eq(1)));
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(absl::StrCat(dir_, "/mismatch-rank", r, ".log"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    EXPECT_THAT(ss.str(), HasSubstr("INVALID_ARGUMENT")) << ss.str();
+    EXPECT_THAT(ss.str(), HasSubstr("job 'job' step 1")) << ss.str();
+    EXPECT_THAT(ss.str(), HasSubstr("says world_size")) << ss.str();
+  }
+}
+
+// A save where one rank says another world size fails every rank at once
+// with the real reason (the others used to wait for the begin deadline and
+// then hear that a rank which did call BeginSave never had).
+TEST_F(E2ETest, SaveRanksDisagreeingOnWorldSizeFailAtOnce) {
+  StartCairnd({"--begin-deadline", "3600"});
+  absl::StatusOr<std::vector<int>> codes =
+      testing::RunAll({RankArgv("job", 0, 3, "3:S0", {"--save-steps", "1"}),
+                       RankArgv("job", 1, 2, "2:S0", {"--save-steps", "1"}),
+                       RankArgv("job", 2, 3, "3:S0", {"--save-steps", "1"})},
+                      dir_ + "/save-mismatch-rank", absl::Minutes(3));
+  ASSERT_TRUE(codes.ok()) << codes.status();
+  EXPECT_THAT(*codes, Each(Eq(1)));
+  for (int r = 0; r < 3; ++r) {
+    std::ifstream in(absl::StrCat(dir_, "/save-mismatch-rank", r, ".log"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    EXPECT_THAT(ss.str(), HasSubstr("INVALID_ARGUMENT")) << ss.str();
+    EXPECT_THAT(ss.str(), HasSubstr("says world_size")) << ss.str();
+    EXPECT_THAT(ss.str(), Not(HasSubstr("never called BeginSave")));
+  }
+}
+
+// With cairnd's defaults, a rank loading alone (its peers load later, one
+// after another) is not held for the ranks that are not loading: each
+// finishes, verified, within the join grace (it used to wait 10 minutes).
+TEST_F(E2ETest, RanksLoadingOneAfterAnotherDoNotWaitForAbsentPeers) {
+  StartCairnd();
+  ASSERT_THAT(RunRanks("job", 2, "2:S0", {"--save-steps", "1"}), Each(Eq(0)))
+      << last_logs_;
+  for (int r = 0; r < 2; ++r) {
+    testing::Subprocess p =
+        StartRank("job", r, 2, "2:S1", {"--load", "latest", "--json"},
+                  absl::StrCat("alone", r));
+    absl::StatusOr<int> rc = p.Wait(absl::Minutes(3));
+    ASSERT_TRUE(rc.ok()) << rc.status();
+    EXPECT_EQ(*rc, 0) << p.Log();
+    // Its partly read chunks, which nobody else read, were checked whole.
+    const std::string log = p.Log();
+    const size_t at = log.find("\"chunks_verified_locally\":");
+    ASSERT_NE(at, std::string::npos) << log;
+    EXPECT_GT(std::stoll(log.substr(at + 26)), 0) << log;
+  }
+}
+
+// A data object of a committed checkpoint that is truncated, or replaced by
+// a FIFO, is DATA_LOSS naming the tensor and the object, for loads and for
+// `cairn verify` alike (they were OUT_OF_RANGE, NOT_FOUND, or a hang).
+TEST_F(E2ETest, TruncatedOrNonRegularObjectIsDataLossForLoadAndVerify) {
+  StartCairnd();
+  ASSERT_THAT(RunRanks("job", 1, "1:R", {"--save-steps", "1,2"}), Each(Eq(0)))
+      << last_logs_;
+  auto object_of = [&](int64_t step) {
+    std::string path;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(
+             absl::StrFormat("%s/cairnd/checkpoints/job/%016d", dir_, step))) {
+      if (e.is_regular_file() && e.path().filename() != "MANIFEST") {
+        path = e.path();
+      }
+    }
+    return path;
+  };
+  const std::string truncated = object_of(1), fifo = object_of(2);
+  ASSERT_FALSE(truncated.empty());
+  ASSERT_FALSE(fifo.empty());
+  std::filesystem::resize_file(truncated,
+                               std::filesystem::file_size(truncated) / 2);
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  for (const auto& [step, path] :
+       {std::pair<std::string, std::string>{"1", truncated}, {"2", fifo}}) {
+    SCOPED_TRACE(step);
+    // The object's key inside the step: attempt-.../data/rank-....bin.
+    const std::string name = std::filesystem::relative(
+        path,
+        std::filesystem::path(path).parent_path().parent_path().parent_path());
+    std::string out, err;
+    EXPECT_EQ(Cli({"--coordinator", cairnd_->address(), "verify", "job", step},
+                  &out, &err),
+              1);
+    EXPECT_THAT(err, HasSubstr("DATA_LOSS"));
+    EXPECT_THAT(err, HasSubstr(name));
+    last_logs_.clear();
+    std::vector<int> codes = RunRanks("job", 1, "1:R", {"--load", step});
+    EXPECT_THAT(codes, Each(Eq(1)));
+    EXPECT_THAT(last_logs_, HasSubstr("DATA_LOSS"));
+    EXPECT_THAT(last_logs_, HasSubstr(name));
+    EXPECT_THAT(last_logs_, HasSubstr(absl::StrCat(
+                                "rank 0 loading job 'job' step ", step)));
+  }
 }
 
 }  // namespace

@@ -99,7 +99,12 @@ absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(
   const CheckpointerOptions& d = options_.direct;
   const std::string where = absl::StrCat("rank ", d.rank, " saving job '",
                                          d.job, "' step ", step, " via agent");
-  planner::LocalSavePlan local = state.ToLocalPlan(d.rank);
+  absl::StatusOr<planner::LocalSavePlan> planned = state.ToLocalPlan(d.rank);
+  if (!planned.ok()) {
+    return absl::Status(planned.status().code(),
+                        absl::StrCat(where, ": ", planned.status().message()));
+  }
+  const planner::LocalSavePlan& local = *planned;
   v1::BeginStageRequest begin;
   begin.set_job(d.job);
   begin.set_step(step);
@@ -151,10 +156,8 @@ absl::Status AgentCheckpointer::StreamBuckets(
   // Where each item's bytes are, in ToLocalPlan order.
   std::vector<absl::Span<const char>> items;
   for (const TensorShard& t : state.tensors()) {
-    const uint64_t elem = planner::DTypeSize(t.dtype);
     for (const TensorChunk& c : t.chunks) {
-      items.emplace_back(static_cast<const char*>(c.data),
-                         static_cast<size_t>(planner::Volume(c.box) * elem));
+      items.emplace_back(c.data);
     }
   }
   for (const BytesEntry& b : state.bytes()) {
@@ -243,7 +246,8 @@ absl::Status AgentCheckpointer::CopyAll(const v1::BeginStageResponse& staged_r,
     for (const TensorChunk& c : t.chunks) {
       const uint64_t n = static_cast<uint64_t>(planner::Volume(c.box)) * elem;
       CAIRN_ASSIGN_OR_RETURN(absl::Span<char> out, dst(n));
-      CAIRN_RETURN_IF_ERROR(copier_.Copy(agent::CopySource::Host(c.data), out));
+      CAIRN_RETURN_IF_ERROR(
+          copier_.Copy(agent::CopySource::Host(c.data.data()), out));
       save_stats_.bytes += n;
     }
   }
@@ -301,7 +305,8 @@ absl::StatusOr<int64_t> AgentCheckpointer::LoadFromAgent(LoadRef ref,
       if (off + dests[i].second > seg->size()) {
         return absl::InternalError("agent placed a chunk outside its segment");
       }
-      std::memcpy(dests[i].first->data, seg->data() + off, dests[i].second);
+      std::memcpy(dests[i].first->data.data(), seg->data() + off,
+                  dests[i].second);
     }
     for (size_t i = 0; i < state.bytes().size(); ++i) {
       const uint64_t off = resp.wanted_bytes_offsets(static_cast<int>(i));
@@ -325,6 +330,11 @@ absl::StatusOr<int64_t> AgentCheckpointer::LoadFromAgent(LoadRef ref,
 absl::StatusOr<int64_t> AgentCheckpointer::Load(LoadRef ref, StateDict& state) {
   load_source_ = LoadSource::kNone;
   bytes_local_ = bytes_peers_ = 0;
+  if (absl::Status s = state.CheckLoadable(); !s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("rank ", options_.direct.rank, " loading job '",
+                               options_.direct.job, "': ", s.message()));
+  }
   absl::StatusOr<int64_t> step = LoadFromAgent(ref, state);
   agent_error_ = step.status();
   if (step.ok()) {

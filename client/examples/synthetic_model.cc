@@ -210,7 +210,8 @@ absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::Create(
         std::memset(buf, 0xEE, n);
       }
       m->local_bytes_ += n;
-      chunks.push_back(client::TensorChunk{std::move(box), buf});
+      chunks.push_back(
+          client::TensorChunk{std::move(box), absl::MakeSpan(buf, n)});
     }
     CAIRN_RETURN_IF_ERROR(
         m->state_.AddChunks(t.fqn, t.dtype, t.shape, std::move(chunks)));
@@ -230,7 +231,7 @@ absl::Status ShardedModel::Verify(int64_t step) const {
     const size_t elem = planner::DTypeSize(t.dtype);
     const uint64_t h = FqnHash(t.fqn);
     for (const client::TensorChunk& c : t.chunks) {
-      const char* buf = static_cast<const char*>(c.data);
+      const char* buf = c.data.data();
       absl::Status status;
       char want[8];
       ForEachElement(t.global_shape, c.box, [&](uint64_t g, uint64_t local) {

@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   client::CheckpointerOptions opts;
   std::string model_name = "small", layout_spec = "1:R", save_steps, load_ref;
   bool die_before_commit = false, json = false;
+  std::string pause_after_plan_load;
   app.add_option("--coordinator", opts.coordinator, "cairnd host:port")
       ->required();
   app.add_option("--job", opts.job, "Job name")->required();
@@ -89,6 +90,9 @@ int main(int argc, char** argv) {
   app.add_flag("--die-before-commit", die_before_commit,
                "Fault injection: exit(137) after writing, before CommitSave");
   app.add_flag("--json", json, "Print one JSON line of stats per operation");
+  app.add_option("--pause-after-plan-load", pause_after_plan_load,
+                 "Test hook: after PlanLoad, write the step to PATH.planned "
+                 "and wait until PATH.go exists");
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<std::vector<examples::TensorSpec>> spec =
@@ -99,6 +103,18 @@ int main(int argc, char** argv) {
   if (!layout.ok()) return Fail(opts.rank, layout.status());
   if (die_before_commit) {
     opts.before_commit_for_test = [] { _exit(137); };
+  }
+  if (!pause_after_plan_load.empty()) {
+    opts.after_plan_load_for_test = [&](int64_t step) {
+      const std::string planned = pause_after_plan_load + ".planned";
+      if (std::FILE* f = std::fopen((planned + ".tmp").c_str(), "w")) {
+        std::fprintf(f, "%ld\n", static_cast<long>(step));
+        std::fclose(f);
+        std::rename((planned + ".tmp").c_str(), planned.c_str());
+      }
+      const std::string go = pause_after_plan_load + ".go";
+      while (::access(go.c_str(), F_OK) != 0) ::usleep(10000);
+    };
   }
   absl::StatusOr<std::unique_ptr<client::Checkpointer>> ckpt =
       client::Checkpointer::Connect(opts);

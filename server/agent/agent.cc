@@ -886,7 +886,9 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
     const v1::TensorEntry& t = by_fqn[fqn][0]->item.tensor();
     std::vector<client::TensorChunk> chunks;
     for (const Item* it : by_fqn[fqn]) {
-      chunks.push_back({ItemBox(it->item), set->segment->data() + it->offset});
+      chunks.push_back(
+          {ItemBox(it->item), absl::MakeSpan(set->segment->data() + it->offset,
+                                             it->item.length())});
     }
     s.Update(state.AddChunks(
         fqn, DTypeOf(t.dtype()),

@@ -772,7 +772,8 @@ TEST_F(AgentTest, SaveLargerThanBudgetStreamsThroughBucketsBitExact) {
   auto model = examples::ShardedModel::Create(*spec, *lay, 0, true, 5);
   ASSERT_TRUE(model.ok());
   uint64_t model_bytes = 0;
-  for (const auto& item : (*model)->state().ToLocalPlan(0).items) {
+  const planner::LocalSavePlan local = (*model)->state().ToLocalPlan(0).value();
+  for (const auto& item : local.items) {
     model_bytes += item.length;
   }
   ASSERT_GT(model_bytes, 4 * budget);
@@ -855,7 +856,7 @@ TEST_F(AgentTest, RankStoppingMidStreamAbortsAndPreviousStaysLatest) {
   b.set_allow_streaming(true);
   {
     v1::LocalSavePlan proto;
-    convert::LocalPlanToProto((*model)->state().ToLocalPlan(0), &proto);
+    convert::LocalPlanToProto((*model)->state().ToLocalPlan(0).value(), &proto);
     for (const v1::WriteItem& w : proto.items()) {
       *b.add_items()->mutable_item() = w;
     }

@@ -233,6 +233,7 @@ struct Coordinator::SaveSession {
   std::vector<Done<v1::CommitSaveResponse>> commit_waiters;
 
   absl::Status abort_status;
+  bool world_mismatch = false;  // aborted: ranks disagreed on world_size
 };
 
 struct Coordinator::LoadedCheckpoint {
@@ -244,20 +245,40 @@ struct Coordinator::LoadedCheckpoint {
       chunk_at;
 };
 
-// One VerifyLoad collective: the pieces every rank of a load reported.
+// One load round: the ranks of a job that load one step together (their
+// PlanLoads arrived within load_join_grace of each other). It resolved
+// `latest` once for all of them and gathers their VerifyLoad pieces.
 struct Coordinator::LoadRound {
+  uint64_t id = 0;
   std::string job;
   int64_t step = 0;
   int world_size = 0;
+  absl::Time last_join;  // the membership closes load_join_grace after it
+  bool closed = false;   // no rank joins any more
+  absl::Time deadline;   // once closed: for the next VerifyLoad report
+  absl::Status failed;   // the ranks disagreed: every member gets this
   std::shared_ptr<const LoadedCheckpoint> ckpt;
-  absl::Time deadline;
   struct Piece {
     std::pair<int, int> chunk;  // (tensor, chunk) in the manifest
     ChunkPieceReport report;
   };
-  std::vector<std::optional<std::vector<Piece>>> pieces;  // per rank
-  std::vector<Done<v1::VerifyLoadResponse>> waiters;      // per rank
-  int arrived = 0;
+  struct Member {
+    bool reports = true;  // calls VerifyLoad (else counted as reported)
+    std::optional<std::vector<Piece>> pieces;  // set once reported
+    Done<v1::VerifyLoadResponse> waiter;       // a parked report
+  };
+  std::map<int, Member> members;  // by rank
+  int reported = 0;               // members whose pieces are set
+
+  std::string Name() const {
+    return absl::StrCat("load of ", SaveName(job, step), " by ", world_size,
+                        " ranks");
+  }
+  std::vector<int> Ranks() const {
+    std::vector<int> r;
+    for (const auto& [rank, m] : members) r.push_back(rank);
+    return r;
+  }
 };
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
@@ -296,6 +317,13 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
       load_plans_(options.load_plan_cache_bytes),
       known_plans_(kKnownPlanBytes),
       workers_(std::make_unique<ThreadPool>(options.worker_threads)) {
+  {
+    // Round ids differ across restarts, so a report for a round of the
+    // previous process never lands in a new one.
+    absl::BitGen gen;
+    absl::MutexLock lock(&mu_);
+    next_load_round_ = absl::Uniform<uint64_t>(gen, 1, uint64_t{1} << 62);
+  }
   reaper_ = std::thread([this] { ReaperLoop(); });
 }
 
@@ -354,7 +382,7 @@ void Coordinator::Shutdown() {
                              SaveName(s->job, s->step))),
                          &answers);
     }
-    ExpireLoadRoundsLocked(absl::InfiniteFuture(), &answers);
+    AdvanceLoadRoundsLocked(absl::InfiniteFuture(), &answers);
   }
   for (auto& a : answers) a();
 }
@@ -382,7 +410,7 @@ void Coordinator::ReaperLoop() {
       }
     }
     std::vector<std::function<void()>> answers;
-    ExpireLoadRoundsLocked(now, &answers);
+    AdvanceLoadRoundsLocked(now, &answers);
     for (auto& s : expired) {
       std::vector<int> missing;
       if (s->phase == Phase::kGathering) {
@@ -488,6 +516,7 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
   using Reply = std::optional<absl::StatusOr<v1::BeginSaveResponse>>;
   std::shared_ptr<SaveSession> to_plan;
   Reply reply;
+  std::vector<std::function<void()>> answers;
   {
     absl::MutexLock lock(&mu_);
     reply = [&]() -> Reply {
@@ -513,6 +542,12 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
       const SaveKey key{job, step};
       auto it = sessions_.find(key);
       if (it == sessions_.end()) {
+        if (auto t = tombstones_.find(key);
+            t != tombstones_.end() && absl::Now() < t->second.refuse_until &&
+            !std::binary_search(t->second.arrived.begin(),
+                                t->second.arrived.end(), rank)) {
+          return t->second.status;
+        }
         // A new save (or a new attempt after an abort).
         int of_job = 0;
         for (const auto& [k, live] : sessions_) of_job += k.first == job;
@@ -538,9 +573,22 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
       }
       SaveSession& s = *it->second;
       if (s.world_size != world) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank, " of ", SaveName(job, step), " says world_size ",
-            world, " but other ranks said ", s.world_size));
+        // Fail the whole save now: the ranks already parked would otherwise
+        // wait for the begin deadline and hear of a missing rank.
+        std::vector<int> arrived;
+        for (const auto& [r, a] : s.arrivals) arrived.push_back(r);
+        std::sort(arrived.begin(), arrived.end());
+        const absl::Status status = absl::InvalidArgumentError(absl::StrCat(
+            "save of ", SaveName(job, step), " aborted: rank ", rank,
+            " says world_size ", world, " but ranks ",
+            RankList(arrived, s.world_size), " say world_size ", s.world_size,
+            "; every rank of a save must pass the same world_size"));
+        if (s.phase == Phase::kGathering) {
+          s.world_mismatch = true;
+          const std::shared_ptr<SaveSession> broken = it->second;  // erased
+          AbortSessionLocked(broken, status, &answers);
+        }
+        return status;
       }
       const std::string* arrived_fingerprint = nullptr;
       if (s.phase == Phase::kGathering) {
@@ -596,6 +644,7 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
       return std::nullopt;
     }();
   }
+  for (auto& a : answers) a();
   if (reply.has_value()) return done(std::move(*reply));
   if (to_plan != nullptr) {
     workers_->Schedule([this, to_plan] { PlanSession(to_plan); });
@@ -942,7 +991,15 @@ void Coordinator::AbortSessionLocked(
   auto live = sessions_.find(key);
   if (live != sessions_.end() && live->second == session) {
     sessions_.erase(live);
-    tombstones_[key] = Tombstone{status, ++tombstone_seq_};
+    Tombstone& t = tombstones_[key];
+    t = Tombstone();
+    t.status = status;
+    t.seq = ++tombstone_seq_;
+    if (session->world_mismatch) {
+      t.refuse_until = session->deadline;
+      for (const auto& [r, a] : session->arrivals) t.arrived.push_back(r);
+      std::sort(t.arrived.begin(), t.arrived.end());
+    }
     tombstone_order_.emplace_back(key, tombstone_seq_);
     while (tombstone_order_.size() > kMaxTombstones) {
       auto& [old_key, seq] = tombstone_order_.front();
@@ -1072,8 +1129,11 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
   const std::string& job = request.job();
   CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(job));
   CAIRN_RETURN_IF_ERROR(CheckLoadRequestBounds(request, options_));
-  int64_t step;
-  if (request.ref_case() == v1::PlanLoadRequest::kStep) {
+  const int rank = request.rank();
+  const int world = request.world_size();
+  const bool latest = request.ref_case() != v1::PlanLoadRequest::kStep;
+  int64_t step = -1;
+  if (!latest) {
     step = request.step();
     CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
     absl::StatusOr<v1::CheckpointRecord> rec =
@@ -1090,23 +1150,191 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
           absl::StrCat(SaveName(job, step), " is not committed (state ",
                        v1::CheckpointState_Name(rec->state()), ")"));
     }
-  } else {
-    absl::StatusOr<v1::CheckpointRecord> latest =
-        catalog_->LatestCommitted(job);
-    if (!latest.ok()) {
-      if (absl::IsNotFound(latest.status())) {
-        return absl::NotFoundError(
-            absl::StrCat("job '", job, "' has no committed checkpoint"));
-      }
-      return latest.status();
-    }
-    step = latest->step();
   }
+  // The newest committed step, read before the lock (no lock is held across
+  // catalog I/O); a live round's step takes precedence over it.
+  int64_t newest = -1;
+  if (latest) {
+    absl::StatusOr<v1::CheckpointRecord> rec = catalog_->LatestCommitted(job);
+    if (rec.ok()) {
+      newest = rec->step();
+    } else if (!absl::IsNotFound(rec.status())) {
+      return rec.status();
+    }
+  }
+  if (world == 0) {  // no round: a one-off load (old clients, tools)
+    if (latest && newest < 0) {
+      return absl::NotFoundError(
+          absl::StrCat("job '", job, "' has no committed checkpoint"));
+    }
+    return PlanLoadOfStep(request, latest ? newest : step);
+  }
+  CAIRN_RETURN_IF_ERROR(ValidateRankOfWorld(
+      rank, world, options_.max_world_size,
+      absl::StrCat("rank ", rank, " loading job '", job, "'")));
 
+  std::shared_ptr<LoadRound> round;
+  std::vector<std::function<void()>> answers;
+  absl::Status joined;
+  {
+    absl::MutexLock lock(&mu_);
+    joined = shutting_down_ ? absl::UnavailableError("cairnd is shutting down")
+                            : JoinLoadRoundLocked(
+                                  job, rank, world, request.verify_in_round(),
+                                  newest, &step, &round, &answers);
+  }
+  for (auto& a : answers) a();
+  CAIRN_RETURN_IF_ERROR(joined);
+  absl::StatusOr<v1::PlanLoadResponse> planned = PlanLoadOfStep(request, step);
+  if (!planned.ok()) {
+    LeaveLoadRound(round, rank);
+    return planned.status();
+  }
+  planned->set_load_round(round->id);
+  return planned;
+}
+
+absl::Status Coordinator::JoinLoadRoundLocked(
+    const std::string& job, int rank, int world, bool reports,
+    int64_t newest_committed, int64_t* step, std::shared_ptr<LoadRound>* joined,
+    std::vector<std::function<void()>>* answers) {
+  const bool latest = *step < 0;
+  const absl::Time now = absl::Now();
+  // A retried PlanLoad (the answer to the first was lost) finds its round:
+  // the rank is a member that has not reported yet (or, not reporting, of a
+  // round still open).
+  std::shared_ptr<LoadRound> newest_live;  // that this rank is not part of
+  std::shared_ptr<LoadRound> open;  // for the step, this rank not part of it
+  for (auto& [id, r] : load_rounds_) {
+    if (r->job != job) continue;
+    auto m = r->members.find(rank);
+    if (m != r->members.end()) {
+      const bool pending =
+          m->second.reports ? !m->second.pieces.has_value() : !r->closed;
+      if (pending && (latest || r->step == *step) && r->world_size == world) {
+        *step = r->step;
+        *joined = r;
+        return r->failed;
+      }
+      continue;
+    }
+    if (newest_live == nullptr || r->id > newest_live->id) newest_live = r;
+  }
+  if (latest) {
+    if (newest_live != nullptr) {
+      *step = newest_live->step;
+    } else if (newest_committed >= 0) {
+      *step = newest_committed;
+    } else {
+      return absl::NotFoundError(
+          absl::StrCat("job '", job, "' has no committed checkpoint"));
+    }
+  }
+  for (auto& [id, r] : load_rounds_) {
+    if (r->job != job || r->step != *step || r->closed ||
+        r->members.count(rank) > 0) {
+      continue;
+    }
+    if (open == nullptr || r->id > open->id) open = r;
+  }
+  if (open != nullptr && !open->failed.ok()) return open->failed;
+  if (open != nullptr && open->world_size != world) {
+    const absl::Status status = absl::InvalidArgumentError(absl::StrCat(
+        "load of ", SaveName(job, *step), ": rank ", rank, " says world_size ",
+        world, " but ranks ", RankList(open->Ranks(), open->world_size),
+        " of the load say world_size ", open->world_size,
+        "; every rank of a load must pass the same world_size"));
+    CAIRN_LOG(warn, "{}", std::string(status.message()));
+    FailLoadRoundLocked(*open, status, answers);
+    return status;
+  }
+  if (open == nullptr) {
+    open = std::make_shared<LoadRound>();
+    open->id = next_load_round_++;
+    open->job = job;
+    open->step = *step;
+    open->world_size = world;
+    load_rounds_[open->id] = open;
+  }
+  LoadRound::Member& m = open->members[rank];
+  m.reports = reports;
+  if (!reports) {
+    m.pieces.emplace();
+    ++open->reported;
+  }
+  open->last_join = now;
+  if (static_cast<int>(open->members.size()) == world) {
+    open->closed = true;
+    open->deadline = now + options_.load_verify_deadline;
+    MaybeFinishLoadRoundLocked(open, answers);
+  }
+  *joined = open;
+  return absl::OkStatus();
+}
+
+void Coordinator::LeaveLoadRound(const std::shared_ptr<LoadRound>& round,
+                                 int rank) {
+  std::vector<std::function<void()>> answers;
+  {
+    absl::MutexLock lock(&mu_);
+    auto live = load_rounds_.find(round->id);
+    if (live == load_rounds_.end()) return;
+    auto m = round->members.find(rank);
+    if (m == round->members.end()) return;
+    if (m->second.pieces.has_value()) {
+      if (m->second.reports) return;  // it reported: no longer planning
+      --round->reported;
+    }
+    round->members.erase(m);
+    if (round->members.empty()) {
+      load_rounds_.erase(live);
+      return;
+    }
+    // Closed only because every rank had joined: open again for the rank
+    // that left (it may plan again) while the grace lasts.
+    if (round->closed &&
+        absl::Now() <= round->last_join + options_.load_join_grace) {
+      round->closed = false;
+    }
+    MaybeFinishLoadRoundLocked(round, &answers);
+  }
+  for (auto& a : answers) a();
+}
+
+void Coordinator::FailLoadRoundLocked(
+    LoadRound& round, const absl::Status& status,
+    std::vector<std::function<void()>>* answers) {
+  round.failed = status;
+  for (auto& [rank, m] : round.members) {
+    if (!m.waiter) continue;
+    answers->push_back([done = std::move(m.waiter), status] { done(status); });
+    m.waiter = nullptr;
+  }
+}
+
+void Coordinator::MaybeFinishLoadRoundLocked(
+    const std::shared_ptr<LoadRound>& round,
+    std::vector<std::function<void()>>* answers) {
+  if (!round->closed ||
+      round->reported != static_cast<int>(round->members.size())) {
+    return;
+  }
+  load_rounds_.erase(round->id);
+  if (!round->failed.ok()) return;  // its waiters were answered
+  answers->push_back([this, round] {
+    workers_->Schedule([this, round] { FinishLoadRound(round); });
+  });
+}
+
+absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoadOfStep(
+    const v1::PlanLoadRequest& request, int64_t step) {
+  const std::string& job = request.job();
   // Identical requests (same rank layout) are answered from the cache.
   v1::PlanLoadRequest canonical = request;
   canonical.set_step(step);
   canonical.set_rank(0);
+  canonical.set_world_size(0);
+  canonical.set_verify_in_round(false);
   std::string cache_key;
   canonical.SerializeToString(&cache_key);
   cache_key =
@@ -1182,6 +1410,12 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
       !s.ok()) {
     return done(s);
   }
+  if (request.load_round() == 0) {
+    return done(absl::FailedPreconditionError(
+        absl::StrCat(who,
+                     ": no load round (PlanLoad was called without "
+                     "world_size); verify partly read chunks locally")));
+  }
   absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> ckpt =
       LoadCheckpoint(job, step);
   if (!ckpt.ok()) {
@@ -1231,63 +1465,79 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
         {{t, c}, ChunkPieceReport{rank, i, std::move(*overlap), p.crc_term()}});
   }
 
-  std::shared_ptr<LoadRound> complete;
-  absl::Status refused;
-  std::optional<Done<v1::VerifyLoadResponse>> superseded;
+  std::optional<absl::StatusOr<v1::VerifyLoadResponse>> reply;
+  Done<v1::VerifyLoadResponse> superseded;
+  std::vector<std::function<void()>> answers;
   {
     absl::MutexLock lock(&mu_);
-    if (shutting_down_) {
-      refused = absl::UnavailableError("cairnd is shutting down");
-    } else {
-      const LoadKey key{job, step, world};
-      std::shared_ptr<LoadRound>& round = load_rounds_[key];
-      if (round == nullptr) {
-        round = std::make_shared<LoadRound>();
-        round->job = job;
-        round->step = step;
-        round->world_size = world;
-        round->pieces.resize(world);
-        round->waiters.resize(world);
+    reply = [&]() -> std::optional<absl::StatusOr<v1::VerifyLoadResponse>> {
+      if (shutting_down_)
+        return absl::UnavailableError("cairnd is shutting down");
+      auto it = load_rounds_.find(request.load_round());
+      if (it == load_rounds_.end()) {
+        return absl::NotFoundError(absl::StrCat(
+            who, ": load round ", request.load_round(),
+            " is over (it expired, or cairnd restarted); verify partly read "
+            "chunks locally"));
       }
-      round->ckpt = *ckpt;
-      round->deadline = absl::Now() + options_.load_verify_deadline;
-      if (round->pieces[rank].has_value()) {
+      const std::shared_ptr<LoadRound> round = it->second;  // may be erased
+      if (round->job != job || round->step != step ||
+          round->world_size != world) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(who, " by ", world, " ranks: load round ", round->id,
+                         " is the ", round->Name()));
+      }
+      auto m = round->members.find(rank);
+      if (m == round->members.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, ": the rank did not plan in load round ", round->id));
+      }
+      if (!round->failed.ok()) return round->failed;
+      LoadRound::Member& member = m->second;
+      if (member.pieces.has_value()) {
         // A retry (the first call's connection dropped): the newest wins.
-        superseded = std::move(round->waiters[rank]);
+        superseded = std::move(member.waiter);
+        member.waiter = nullptr;
       } else {
-        ++round->arrived;
+        ++round->reported;
       }
-      round->pieces[rank] = std::move(pieces);
-      round->waiters[rank] = std::move(done);
-      if (round->arrived == world) {
-        complete = std::move(round);
-        load_rounds_.erase(key);
+      ++stats_.load_reports;
+      const bool has_pieces = !pieces.empty();
+      member.pieces = std::move(pieces);
+      round->ckpt = *ckpt;
+      if (round->closed) {
+        round->deadline = absl::Now() + options_.load_verify_deadline;
       }
-    }
+      MaybeFinishLoadRoundLocked(round, &answers);
+      // Nothing to verify for this rank: answered now, not parked.
+      if (!has_pieces) return v1::VerifyLoadResponse();
+      member.waiter = std::move(done);
+      return std::nullopt;
+    }();
   }
-  if (!refused.ok()) return done(refused);
-  if (superseded.has_value() && *superseded) {
-    (*superseded)(absl::AbortedError(
+  if (superseded) {
+    superseded(absl::AbortedError(
         absl::StrCat(who, ": superseded by a retry of the same call")));
   }
-  if (complete != nullptr) {
-    workers_->Schedule([this, complete] { FinishLoadRound(complete); });
-  }
+  for (auto& a : answers) a();
+  if (reply.has_value()) done(std::move(*reply));
 }
 
 void Coordinator::FinishLoadRound(std::shared_ptr<LoadRound> round) {
-  // Every rank has reported: the round is out of load_rounds_ and owned here.
+  // Every member has reported: the round is out of load_rounds_ and owned
+  // here.
   absl::flat_hash_map<std::pair<int, int>, std::vector<ChunkPieceReport>>
       by_chunk;
-  for (auto& rank_pieces : round->pieces) {
-    for (LoadRound::Piece& p : *rank_pieces) {
+  for (auto& [rank, m] : round->members) {
+    if (!m.pieces.has_value()) continue;
+    for (LoadRound::Piece& p : *m.pieces) {
       by_chunk[p.chunk].push_back(std::move(p.report));
     }
   }
-  const v1::Manifest& manifest = round->ckpt->manifest;
-  std::vector<v1::VerifyLoadResponse> answers(round->world_size);
+  std::map<int, v1::VerifyLoadResponse> answers;
   int64_t verified = 0, unverified = 0;
   for (auto& [id, reports] : by_chunk) {
+    const v1::Manifest& manifest = round->ckpt->manifest;
     const v1::ManifestTensor& tensor = manifest.tensors(id.first);
     const v1::StoredChunk& stored = tensor.chunks(id.second);
     StoredChunkRef ref;
@@ -1312,12 +1562,12 @@ void Coordinator::FinishLoadRound(std::shared_ptr<LoadRound> round) {
     ++unverified;
     if (verdict != ChunkVerdict::kNotCovered) {
       CAIRN_LOG(warn,
-                "load of {}: stored chunk {} of '{}' at {}@{}: {} (read by "
-                "ranks {}); they re-read it whole",
-                SaveName(round->job, round->step),
-                planner::BoxToString(ref.box), tensor.entry().fqn(),
-                stored.location().object_key(), stored.location().offset(),
-                ChunkVerdictName(verdict), absl::StrJoin(ranks, ", "));
+                "{}: stored chunk {} of '{}' at {}@{}: {} (read by ranks {}); "
+                "they re-read it whole",
+                round->Name(), planner::BoxToString(ref.box),
+                tensor.entry().fqn(), stored.location().object_key(),
+                stored.location().offset(), ChunkVerdictName(verdict),
+                absl::StrJoin(ranks, ", "));
     }
   }
   {
@@ -1325,38 +1575,46 @@ void Coordinator::FinishLoadRound(std::shared_ptr<LoadRound> round) {
     stats_.load_chunks_verified += verified;
     stats_.load_chunks_unverified += unverified;
   }
-  for (int r = 0; r < round->world_size; ++r) {
-    round->waiters[r](std::move(answers[r]));
+  for (auto& [rank, m] : round->members) {
+    if (m.waiter) m.waiter(std::move(answers[rank]));
   }
 }
 
-void Coordinator::ExpireLoadRoundsLocked(
+void Coordinator::AdvanceLoadRoundsLocked(
     absl::Time now, std::vector<std::function<void()>>* answers) {
-  for (auto it = load_rounds_.begin(); it != load_rounds_.end();) {
-    std::shared_ptr<LoadRound> round = it->second;
-    if (now <= round->deadline) {
-      ++it;
-      continue;
+  const bool shutdown = now == absl::InfiniteFuture();
+  std::vector<std::shared_ptr<LoadRound>> rounds;
+  for (auto& [id, round] : load_rounds_) rounds.push_back(round);
+  for (const std::shared_ptr<LoadRound>& round : rounds) {
+    if (!round->closed &&
+        (shutdown || now > round->last_join + options_.load_join_grace)) {
+      round->closed = true;
+      round->deadline = now + options_.load_verify_deadline;
     }
-    load_rounds_.erase(it++);
+    if (!round->closed) continue;
+    if (!shutdown) MaybeFinishLoadRoundLocked(round, answers);
+    if (!load_rounds_.contains(round->id)) continue;
+    if (!shutdown && now <= round->deadline) continue;
+    load_rounds_.erase(round->id);
     std::vector<int> missing;
-    for (int r = 0; r < round->world_size; ++r) {
-      if (!round->pieces[r].has_value()) missing.push_back(r);
+    for (const auto& [rank, m] : round->members) {
+      if (!m.pieces.has_value()) missing.push_back(rank);
     }
     const absl::Status status =
-        now == absl::InfiniteFuture()
-            ? absl::UnavailableError("cairnd is shutting down")
-            : absl::DeadlineExceededError(absl::StrCat(
-                  "load of ", SaveName(round->job, round->step), " by ",
-                  round->world_size, " ranks: ranks ",
-                  RankList(missing, round->world_size),
-                  " never called VerifyLoad within ",
-                  absl::FormatDuration(options_.load_verify_deadline),
-                  " of the previous rank; verify partly read chunks locally"));
-    for (int r = 0; r < round->world_size; ++r) {
-      if (!round->waiters[r]) continue;
+        shutdown ? absl::UnavailableError("cairnd is shutting down")
+                 : absl::DeadlineExceededError(absl::StrCat(
+                       round->Name(), ": ranks ",
+                       RankList(missing, round->world_size),
+                       " planned their reads but never called VerifyLoad "
+                       "within ",
+                       absl::FormatDuration(options_.load_verify_deadline),
+                       " of the previous report; verify partly read chunks "
+                       "locally"));
+    for (auto& [rank, m] : round->members) {
+      if (!m.waiter) continue;
       answers->push_back(
-          [done = std::move(round->waiters[r]), status] { done(status); });
+          [done = std::move(m.waiter), status] { done(status); });
+      m.waiter = nullptr;
     }
   }
 }

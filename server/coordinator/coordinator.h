@@ -20,14 +20,25 @@
 // Every call is idempotent: a retried BeginSave/CommitSave gets the same
 // answer as the first.
 //
-// Load protocol: PlanLoad resolves a step (or the latest COMMITTED one),
-// loads its manifest through a cache, and answers read items from the
-// planner's overlap index; identical requests are answered from a plan cache.
-// After reading, every rank calls VerifyLoad with the crc32c terms of the
-// stored chunks it read only in part; it parks until all world_size ranks of
-// the load have reported, then each chunk the ranks read completely between
-// them is checked against the manifest (load_verifier.h) and every rank is
-// told which of its pieces it must still verify by reading the chunk whole.
+// Load protocol: PlanLoad resolves a step, loads its manifest through a
+// cache, and answers read items from the planner's overlap index; identical
+// requests are answered from a plan cache. A rank that names its world size
+// joins a load round of the job: the ranks whose PlanLoads arrive within
+// load_join_grace of the previous one (or all world_size ranks, whichever
+// comes first) form the round's membership. `latest` is resolved once per
+// round: a rank asking for it gets the step of the newest live round of the
+// job it has not taken part in, else the newest COMMITTED step (and opens a
+// round), so a commit landing between two ranks' PlanLoads never hands them
+// different steps. Ranks of one round that disagree on world_size get
+// INVALID_ARGUMENT naming both sizes, at once. After reading, every member
+// calls VerifyLoad with the crc32c terms of the stored chunks it read only in
+// part; it parks until the membership is closed and every member has
+// reported (a report without pieces is answered at once), then each chunk the
+// ranks read completely between them is checked against the manifest
+// (load_verifier.h) and every rank is told which of its pieces it must still
+// verify by reading the chunk whole. A rank loading alone, or after the
+// others, therefore waits at most load_join_grace for peers, never for ranks
+// that are not loading.
 //
 // Thread-safe: every method may be called concurrently. No lock is held
 // across storage or RocksDB I/O, plan building, or a wait for other ranks.
@@ -65,16 +76,23 @@ struct CoordinatorOptions {
   std::string storage_uri;
   // RocksDB directory of the catalog; created if missing. Required.
   std::string catalog_path;
-  // All ranks of a save must call BeginSave within this time of the first.
-  // Default: 10 minutes.
-  absl::Duration begin_deadline = absl::Minutes(10);
+  // All ranks of a save must call BeginSave within this time of the first;
+  // the ranks of a training job reach a save together, so a missing rank is
+  // a dead or misconfigured process, reported to the others
+  // (DEADLINE_EXCEEDED naming it) within this time. Default: 1 minute.
+  absl::Duration begin_deadline = absl::Minutes(1);
   // All ranks must call CommitSave within this time of receiving the plan.
   // Default: 60 minutes.
   absl::Duration commit_deadline = absl::Minutes(60);
-  // All ranks of a load must call VerifyLoad within this time of the
-  // previous rank's call; then the waiting ranks get DEADLINE_EXCEEDED and
-  // verify locally. Default: 10 minutes.
-  absl::Duration load_verify_deadline = absl::Minutes(10);
+  // A load round's membership closes this long after the last PlanLoad that
+  // joined it (or when all world_size ranks have joined). A rank planning
+  // later joins a new round. Default: 2 seconds.
+  absl::Duration load_join_grace = absl::Seconds(2);
+  // Once a load round's membership is closed, its ranks must call VerifyLoad
+  // within this time of the previous report (or of the close); then the
+  // waiting ranks get DEADLINE_EXCEEDED and verify locally (only a rank that
+  // planned and then died or stalled can cause this). Default: 1 minute.
+  absl::Duration load_verify_deadline = absl::Minutes(1);
   // Retention: keep the newest N committed checkpoints of each job and delete
   // older ones after every commit. 0 keeps everything. Default: 0.
   int keep_last = 0;
@@ -171,6 +189,7 @@ class Coordinator {
     int64_t load_chunks_unverified = 0;  // sent back to verify locally
     int64_t saves_in_progress = 0;       // sessions held now
     int64_t aborts_remembered = 0;       // tombstones held now
+    int64_t load_reports = 0;            // VerifyLoad reports accepted
   };
   Stats stats() const;
 
@@ -179,7 +198,6 @@ class Coordinator {
   struct LoadedCheckpoint;
   struct LoadRound;
   using SaveKey = std::pair<std::string, int64_t>;
-  using LoadKey = std::tuple<std::string, int64_t, int>;  // job, step, world
 
   Coordinator(const CoordinatorOptions& options,
               std::unique_ptr<storage::ShardStore> store,
@@ -202,11 +220,38 @@ class Coordinator {
                           std::vector<std::function<void()>>* answers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Checks the chunks of a round every rank has reported and answers them.
-  void FinishLoadRound(std::shared_ptr<LoadRound> round);
-  void ExpireLoadRoundsLocked(absl::Time now,
-                              std::vector<std::function<void()>>* answers)
+  // Puts `rank` in a load round of `job` (a retry finds its round again) and
+  // sets `*step` to the round's step: `*step` when >= 0, else (`latest`) the
+  // newest live round's step or `newest_committed`. INVALID_ARGUMENT (and the
+  // round failed for every member) when the world sizes disagree.
+  absl::Status JoinLoadRoundLocked(const std::string& job, int rank, int world,
+                                   bool reports, int64_t newest_committed,
+                                   int64_t* step,
+                                   std::shared_ptr<LoadRound>* joined,
+                                   std::vector<std::function<void()>>* answers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `rank` out of `round` (its PlanLoad failed).
+  void LeaveLoadRound(const std::shared_ptr<LoadRound>& round, int rank);
+  // Fails `round` for every member with `status`.
+  void FailLoadRoundLocked(LoadRound& round, const absl::Status& status,
+                           std::vector<std::function<void()>>* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes memberships whose grace is over, finishes complete rounds and
+  // expires rounds past their verify deadline (every round at
+  // InfiniteFuture: shutdown).
+  void AdvanceLoadRoundsLocked(absl::Time now,
+                               std::vector<std::function<void()>>* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // If `round` is closed and every member has reported: removes it and
+  // schedules FinishLoadRound.
+  void MaybeFinishLoadRoundLocked(const std::shared_ptr<LoadRound>& round,
+                                  std::vector<std::function<void()>>* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks the chunks of a complete round and answers its parked ranks.
+  void FinishLoadRound(std::shared_ptr<LoadRound> round);
+  // PlanLoad once the step is known.
+  absl::StatusOr<v1::PlanLoadResponse> PlanLoadOfStep(
+      const v1::PlanLoadRequest& request, int64_t step);
 
   absl::StatusOr<v1::BeginSaveResponse> RankResponse(const SaveSession& session,
                                                      int rank) const;
@@ -239,14 +284,20 @@ class Coordinator {
   struct Tombstone {
     absl::Status status;
     uint64_t seq = 0;
+    // A save its ranks' world sizes broke: until its begin deadline, a rank
+    // that had not arrived (not in `arrived`, sorted) gets `status` rather
+    // than a new attempt waiting for ranks that were already answered.
+    absl::Time refuse_until = absl::InfinitePast();
+    std::vector<int> arrived;
   };
   absl::flat_hash_map<SaveKey, Tombstone> tombstones_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<SaveKey, uint64_t>> tombstone_order_
       ABSL_GUARDED_BY(mu_);
   uint64_t tombstone_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  // Open VerifyLoad rounds; one per (job, step, world size) at a time.
-  absl::flat_hash_map<LoadKey, std::shared_ptr<LoadRound>> load_rounds_
+  // Live load rounds by id (joining, or waiting for VerifyLoad reports).
+  absl::flat_hash_map<uint64_t, std::shared_ptr<LoadRound>> load_rounds_
       ABSL_GUARDED_BY(mu_);
+  uint64_t next_load_round_ ABSL_GUARDED_BY(mu_) = 0;  // random start
   // The last local plan each (job, rank) sent, for fingerprint-only saves.
   struct KnownPlan {
     std::string fingerprint;

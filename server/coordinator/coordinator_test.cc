@@ -195,12 +195,19 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   // PlanLoad of columns [col, col + cols) of every row of "w" (from Save's
-  // 8 x 4 tensor) for `rank`.
-  v1::PlanLoadResponse PlanColumns(int rank, int64_t col, int64_t cols) {
+  // 8 x 4 tensor) for `rank` of a load by `world` ranks, in a load round.
+  v1::PlanLoadRequest ColumnsRequest(int rank, int64_t col, int64_t cols,
+                                     int world = 2, int64_t step = 1) {
     v1::PlanLoadRequest req;
     req.set_job("job");
-    req.set_step(1);
+    if (step < 0) {
+      req.set_latest(true);
+    } else {
+      req.set_step(step);
+    }
     req.set_rank(rank);
+    req.set_world_size(world);
+    req.set_verify_in_round(true);
     v1::WantedChunk* w = req.add_wanted();
     w->mutable_tensor()->set_fqn("w");
     w->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
@@ -210,7 +217,12 @@ class CoordinatorTest : public ::testing::Test {
     w->mutable_box()->add_offsets(col);
     w->mutable_box()->add_sizes(8);
     w->mutable_box()->add_sizes(cols);
-    auto r = coordinator_->PlanLoad(req);
+    return req;
+  }
+  v1::PlanLoadResponse PlanColumns(int rank, int64_t col, int64_t cols,
+                                   int world = 2, int64_t step = 1) {
+    auto r =
+        coordinator_->PlanLoad(ColumnsRequest(rank, col, cols, world, step));
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : v1::PlanLoadResponse();
   }
@@ -226,6 +238,7 @@ class CoordinatorTest : public ::testing::Test {
     req.set_step(plan.step());
     req.set_rank(rank);
     req.set_world_size(world);
+    req.set_load_round(plan.load_round());
     for (const v1::ReadItem& it : plan.reads()) {
       std::string chunk(it.source().length(), '\0');
       EXPECT_TRUE(
@@ -342,10 +355,6 @@ TEST_F(CoordinatorTest, RetriedBeginSaveIsIdempotentAndDuplicateRankRejected) {
   BeginResult dup = Begin("job", 1, 0, 2, RankPlan(1, 2)).get();
   EXPECT_EQ(dup.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(dup.status().message()), HasSubstr("rank 0"));
-  BeginResult wrong_world = Begin("job", 1, 1, 3, RankPlan(1, 3)).get();
-  EXPECT_EQ(wrong_world.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(wrong_world.status().message()),
-              HasSubstr("world_size 3"));
   auto b = Begin("job", 1, 1, 2, RankPlan(1, 2));
   BeginResult ra = a.get(), rr = a_retry.get(), rb = b.get();
   ASSERT_TRUE(ra.ok() && rr.ok() && rb.ok());
@@ -830,7 +839,7 @@ TEST_F(CoordinatorTest, VerifyLoadSendsBackPiecesItCannotVerify) {
   EXPECT_EQ(rb->chunks_verified(), 1);
 
   // One rank loading only the left half alone covers no chunk completely.
-  v1::VerifyLoadRequest alone = Pieces(PlanColumns(0, 0, 2), 0, 1);
+  v1::VerifyLoadRequest alone = Pieces(PlanColumns(0, 0, 2, 1), 0, 1);
   VerifyResult rc = Verify(alone).get();
   ASSERT_TRUE(rc.ok()) << rc.status();
   EXPECT_EQ(rc->verify_locally_size(), 2);
@@ -842,17 +851,21 @@ TEST_F(CoordinatorTest, VerifyLoadRoundExpiresAtTheDeadlineAndRetriesReplace) {
   Start();
   Save("job", 1, 2);
   v1::VerifyLoadRequest left = Pieces(PlanColumns(0, 0, 2), 0, 2);
+  PlanColumns(1, 2, 2);  // rank 1 plans, then never reports (it died)
   // A retried call replaces the first; the first is answered ABORTED.
   auto first = Verify(left);
   auto retry = Verify(left);
   EXPECT_EQ(first.get().status().code(), absl::StatusCode::kAborted);
-  VerifyResult r = retry.get();  // rank 1 never reports
+  VerifyResult r = retry.get();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("ranks [1]"));
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("job 'job' step 1"));
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("never called VerifyLoad"));
 }
 
 TEST_F(CoordinatorTest, VerifyLoadRejectsBadRequests) {
+  options_.load_join_grace = absl::Hours(1);  // rank 1 plans at the end
   Start();
   Save("job", 1, 2);
   const v1::VerifyLoadRequest good = Pieces(PlanColumns(0, 0, 2), 0, 2);
@@ -885,12 +898,165 @@ TEST_F(CoordinatorTest, VerifyLoadRejectsBadRequests) {
   req = good;
   req.mutable_pieces(0)->mutable_source()->set_length(3);
   expect(req, absl::StatusCode::kInvalidArgument, "length 3");
+  req = good;
+  req.set_load_round(0);
+  expect(req, absl::StatusCode::kFailedPrecondition, "no load round");
+  req = good;
+  req.set_load_round(good.load_round() + 1);
+  expect(req, absl::StatusCode::kNotFound, "is over");
+  req = good;
+  req.set_world_size(3);
+  expect(req, absl::StatusCode::kInvalidArgument, "by 2 ranks");
+  req = good;
+  req.set_rank(1);
+  expect(req, absl::StatusCode::kInvalidArgument, "did not plan");
   // Nothing was parked by the bad calls: a good round still completes.
   auto a = Verify(good);
   VerifyResult b = Verify(Pieces(PlanColumns(1, 2, 2), 1, 2)).get();
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->chunks_verified(), 2);
   EXPECT_TRUE(a.get().ok());
+}
+
+// `latest` is resolved once per load round: a commit landing between two
+// ranks' PlanLoads does not hand them different steps.
+TEST_F(CoordinatorTest, LatestIsResolvedOncePerLoadRoundWhileACommitLands) {
+  options_.load_join_grace = absl::Hours(1);
+  Start();
+  Save("job", 1, 2);
+  v1::PlanLoadResponse a = PlanColumns(0, 0, 2, 2, /*step=*/-1);
+  EXPECT_EQ(a.step(), 1);
+  Save("job", 2, 2);  // commits between the ranks' PlanLoads
+  ASSERT_EQ(LatestStep("job"), 2);
+  v1::PlanLoadResponse b = PlanColumns(1, 2, 2, 2, /*step=*/-1);
+  EXPECT_EQ(b.step(), 1);
+  EXPECT_EQ(b.load_round(), a.load_round());
+  // Both report; the round verifies both stored chunks of step 1.
+  auto va = Verify(Pieces(a, 0, 2));
+  VerifyResult vb = Verify(Pieces(b, 1, 2)).get();
+  ASSERT_TRUE(vb.ok()) << vb.status();
+  EXPECT_EQ(vb->chunks_verified(), 2);
+  ASSERT_TRUE(va.get().ok());
+  // The next load is a new round: the newest step.
+  EXPECT_EQ(PlanColumns(0, 0, 2, 2, /*step=*/-1).step(), 2);
+}
+
+// A retried PlanLoad (its answer was lost) gets the same round and step.
+TEST_F(CoordinatorTest, RetriedPlanLoadRejoinsItsRound) {
+  options_.load_join_grace = absl::Hours(1);
+  Start();
+  Save("job", 1, 2);
+  v1::PlanLoadResponse a = PlanColumns(0, 0, 2, 2, -1);
+  Save("job", 2, 2);
+  v1::PlanLoadResponse again = PlanColumns(0, 0, 2, 2, -1);
+  EXPECT_EQ(again.step(), 1);
+  EXPECT_EQ(again.load_round(), a.load_round());
+}
+
+// Ranks of one load that disagree on world_size are refused at once, with
+// both sizes named; the rank already waiting in VerifyLoad gets it too
+// (it used to wait for the verify deadline and then be told OK).
+TEST_F(CoordinatorTest, LoadRanksDisagreeingOnWorldSizeFailAtOnce) {
+  options_.load_join_grace = absl::Hours(1);
+  options_.load_verify_deadline = absl::Hours(1);
+  Start();
+  Save("job", 1, 2);
+  v1::PlanLoadResponse a = PlanColumns(0, 0, 2, 2);
+  auto parked = Verify(Pieces(a, 0, 2));
+  absl::StatusOr<v1::PlanLoadResponse> b =
+      coordinator_->PlanLoad(ColumnsRequest(1, 2, 2, /*world=*/3));
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument)
+      << b.status();
+  const std::string msg(b.status().message());
+  EXPECT_THAT(msg, HasSubstr("job 'job' step 1"));
+  EXPECT_THAT(msg, HasSubstr("rank 1 says world_size 3"));
+  EXPECT_THAT(msg, HasSubstr("ranks [0] (1 of 2)"));
+  EXPECT_THAT(msg, HasSubstr("say world_size 2"));
+  ASSERT_EQ(parked.wait_for(std::chrono::seconds(60)),
+            std::future_status::ready);
+  VerifyResult r = parked.get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("world_size 3"));
+}
+
+// A rank loading alone (its peers load later, or never) is not held for
+// absent ranks: the round's membership closes after the join grace, and its
+// partly read chunks, which nobody else read, are sent back to verify
+// locally. The next rank forms its own round.
+TEST_F(CoordinatorTest, RanksLoadingOneAfterAnotherWaitOnlyForTheGrace) {
+  options_.load_join_grace = absl::Milliseconds(100);
+  options_.load_verify_deadline = absl::Hours(1);
+  Start();
+  Save("job", 1, 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(rank);
+    v1::PlanLoadResponse p = PlanColumns(rank, rank * 2, 2);
+    auto v = Verify(Pieces(p, rank, 2));
+    ASSERT_EQ(v.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    VerifyResult r = v.get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->verify_locally_size(), 2);
+    EXPECT_EQ(r->chunks_verified(), 0);
+  }
+}
+
+// A report without pieces (the rank's load failed, or it read every chunk
+// whole) is answered at once; a rank whose PlanLoad is refused leaves the
+// round, and the others complete without it.
+TEST_F(CoordinatorTest, EmptyReportsAreAnsweredAtOnceAndRefusedRanksLeave) {
+  options_.load_join_grace = absl::Hours(1);
+  options_.load_verify_deadline = absl::Hours(1);
+  Start();
+  Save("job", 1, 3);
+  v1::PlanLoadResponse a = PlanColumns(0, 0, 2, 3);
+  v1::PlanLoadResponse b = PlanColumns(1, 2, 2, 3);
+  v1::PlanLoadRequest bad = ColumnsRequest(2, 0, 4, 3);
+  bad.mutable_wanted(0)->mutable_tensor()->set_fqn("nope");
+  EXPECT_EQ(coordinator_->PlanLoad(bad).status().code(),
+            absl::StatusCode::kNotFound);
+  v1::VerifyLoadRequest empty = Pieces(a, 0, 3);
+  empty.clear_pieces();
+  VerifyResult e = Verify(empty).get();  // not parked
+  ASSERT_TRUE(e.ok()) << e.status();
+  // Rank 2 (refused) is not a member: the round is open (grace) with ranks
+  // 0 and 1; rank 2 plans again, fine this time, and completes it.
+  auto vb = Verify(Pieces(b, 1, 3));
+  v1::PlanLoadResponse c = PlanColumns(2, 0, 2, 3);
+  EXPECT_EQ(c.load_round(), a.load_round());
+  v1::VerifyLoadRequest vc = Pieces(c, 2, 3);
+  vc.clear_pieces();
+  ASSERT_TRUE(Verify(vc).get().ok());
+  VerifyResult rb = vb.get();
+  ASSERT_TRUE(rb.ok()) << rb.status();
+}
+
+// A rank that says another world size fails the whole save at once: the
+// parked ranks are told why (not "never called BeginSave" after the begin
+// deadline), and so is a rank of the broken save arriving later.
+TEST_F(CoordinatorTest, BeginSaveWorldSizeMismatchAbortsTheSaveAtOnce) {
+  options_.begin_deadline = absl::Hours(1);
+  Start();
+  auto r0 = Begin("job", 5, 0, 3, RankPlan(0, 3));
+  BeginResult r1 = Begin("job", 5, 1, 2, RankPlan(1, 2)).get();
+  ASSERT_EQ(r1.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string msg(r1.status().message());
+  EXPECT_THAT(msg, HasSubstr("job 'job' step 5"));
+  EXPECT_THAT(msg, HasSubstr("rank 1 says world_size 2"));
+  EXPECT_THAT(msg, HasSubstr("ranks [0] (1 of 3) say world_size 3"));
+  ASSERT_EQ(r0.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  BeginResult p0 = r0.get();
+  EXPECT_EQ(p0.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(p0.status().message()),
+              HasSubstr("rank 1 says world_size 2"));
+  BeginResult p2 = Begin("job", 5, 2, 3, RankPlan(2, 3)).get();
+  EXPECT_EQ(p2.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(p2.status().message()),
+              HasSubstr("rank 1 says world_size 2"));
+  // Rank 0 again is a new attempt (the job was restarted, fixed).
+  auto n0 = Begin("job", 5, 0, 2, RankPlan(0, 2));
+  auto n1 = Begin("job", 5, 1, 2, RankPlan(1, 2));
+  EXPECT_TRUE(n0.get().ok());
+  EXPECT_TRUE(n1.get().ok());
 }
 
 }  // namespace

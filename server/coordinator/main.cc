@@ -27,8 +27,14 @@ int main(int argc, char** argv) {
   std::string data_dir = "cairn-data";
   std::string port_file;
   std::string log_level = "info";
-  double begin_deadline_s = 600, commit_deadline_s = 3600, grace_s = 10;
-  double load_verify_deadline_s = 600;
+  // Defaults come from CoordinatorOptions (documented there).
+  const cairn::coordinator::CoordinatorOptions defaults;
+  double begin_deadline_s = absl::ToDoubleSeconds(defaults.begin_deadline);
+  double commit_deadline_s = absl::ToDoubleSeconds(defaults.commit_deadline);
+  double load_join_grace_s = absl::ToDoubleSeconds(defaults.load_join_grace);
+  double load_verify_deadline_s =
+      absl::ToDoubleSeconds(defaults.load_verify_deadline);
+  double grace_s = 10;
   int plan_cache_mib = 512;
   app.add_option("--listen", spec.listen_address,
                  "host:port to serve on (port 0 picks a free port)")
@@ -51,10 +57,17 @@ int main(int argc, char** argv) {
                  "Seconds all ranks have to call CommitSave after the plan")
       ->capture_default_str()
       ->check(cairn::flags::Positive());
+  app.add_option("--load-join-grace", load_join_grace_s,
+                 "Seconds after a rank's PlanLoad during which another rank "
+                 "of the job joins the same load round (same step for "
+                 "'latest', collective verification); a rank loading alone "
+                 "or after the others waits at most this long for peers")
+      ->capture_default_str()
+      ->check(cairn::flags::Positive());
   app.add_option("--load-verify-deadline", load_verify_deadline_s,
-                 "Seconds each rank of a load has to report its checksum "
-                 "pieces (VerifyLoad) after the previous one; then the "
-                 "waiting ranks verify partly read chunks themselves")
+                 "Seconds each rank of a load round has to report its "
+                 "checksum pieces (VerifyLoad) after the previous report; "
+                 "then the waiting ranks verify partly read chunks themselves")
       ->capture_default_str()
       ->check(cairn::flags::Positive());
   app.add_option("--keep-last", spec.coordinator.keep_last,
@@ -128,6 +141,7 @@ int main(int argc, char** argv) {
   }
   spec.coordinator.begin_deadline = absl::Seconds(begin_deadline_s);
   spec.coordinator.commit_deadline = absl::Seconds(commit_deadline_s);
+  spec.coordinator.load_join_grace = absl::Seconds(load_join_grace_s);
   spec.coordinator.load_verify_deadline = absl::Seconds(load_verify_deadline_s);
   spec.coordinator.plan_cache_bytes = static_cast<size_t>(plan_cache_mib) << 20;
 
