@@ -374,10 +374,11 @@ class Harness:
                 model, "--layout", layout]
 
     def run_group(self, argvs, names, envs, kill_at=None, timeout=120,
-                  on_tick=None):
+                  on_tick=None, kill_group=True):
         """Runs one process per argv, as a launcher does: when one fails the
-        others are killed. `kill_at` = (seconds, index): SIGKILL that process
-        then. Returns (procs, exit codes, killed index or None)."""
+        others are killed (unless not `kill_group`). `kill_at` = (seconds,
+        index): SIGKILL that process then. Returns (procs, exit codes, killed
+        index or None)."""
         procs = [Proc(n, a, self.log_path(n), e)
                  for a, n, e in zip(argvs, names, envs)]
         t0 = now()
@@ -395,7 +396,8 @@ class Harness:
                 else:
                     kill_at = None  # it was already done
             codes = [p.poll() for p in procs]
-            if not failed and any(c not in (None, 0) for c in codes):
+            if (kill_group and not failed and
+                    any(c not in (None, 0) for c in codes)):
                 failed = True
                 for p in procs:
                     if p.alive():
@@ -565,8 +567,11 @@ class Harness:
                 self.kills["agent:random"] += 1
                 self.note("agent SIGKILLed (random)")
 
+        # Ranks that kill themselves after AsyncSave must not take the
+        # others down before their AsyncSave returned.
         procs, codes, _ = self.run_group(argvs, names, [None] * world,
-                                         on_tick=tick)
+                                         on_tick=tick,
+                                         kill_group=not kill_ranks_after)
         got = set()
         for p in procs:
             for line in p.output().splitlines():
@@ -577,7 +582,10 @@ class Harness:
                         continue
                     if j.get("op") == "committed":
                         got.add(int(j["step"]))
-        if kill_ranks_after and agent.alive():
+        handed = all(
+            re.search(rf"async_save.*\"step\":{steps[0]}\b", p.output())
+            for p in procs)
+        if kill_ranks_after and handed and agent.alive():
             # Every rank died right after AsyncSave of the first step
             # returned: the agent owns the shards and must commit them.
             deadline = now() + 60
@@ -595,7 +603,8 @@ class Harness:
                     f"after AsyncSave returned and the agent, alive, did not "
                     f"commit it within 60 s (state {st.get(steps[0])}); "
                     f"agent log {agent.log_path}")
-            got.add(steps[0])
+            if st.get(steps[0]) == "COMMITTED":
+                got.add(steps[0])
         point = agent.crash_point() if not agent.alive() else None
         if point is not None:
             self.kills[f"agent@{point}"] += 1
@@ -944,7 +953,13 @@ class Harness:
                     continue
                 step = int(name)
                 if step not in committed:
-                    garbage.append(f"{path} (step {step} is not committed)")
+                    inside = []
+                    for dirpath, dirnames, filenames in os.walk(path):
+                        inside += [os.path.relpath(os.path.join(dirpath, f),
+                                                   path)
+                                   for f in dirnames + filenames]
+                    garbage.append(f"{path} (step {step} is not committed; "
+                                   f"holds {sorted(inside)[:6] or 'nothing'})")
                     continue
                 keep = {"MANIFEST"} | self.manifest_objects(job, step)
                 for dirpath, dirnames, filenames in os.walk(path):
