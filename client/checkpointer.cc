@@ -8,6 +8,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -92,8 +93,17 @@ absl::Status RunAll(ThreadPool& pool,
 
 }  // namespace
 
+uint64_t NewIncarnation() {
+  static absl::Mutex* mu = new absl::Mutex;
+  static absl::BitGen* gen = new absl::BitGen;
+  absl::MutexLock lock(mu);
+  uint64_t id = 0;
+  while (id == 0) id = absl::Uniform<uint64_t>(*gen);
+  return id;
+}
+
 Checkpointer::Checkpointer(const CheckpointerOptions& options)
-    : options_(options) {}
+    : options_(options), incarnation_(NewIncarnation()) {}
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
     const CheckpointerOptions& options) {
@@ -182,6 +192,7 @@ absl::StatusOr<v1::BeginSaveResponse> Checkpointer::BeginPlannedSave(
   begin.set_step(step);
   begin.set_rank(options_.rank);
   begin.set_world_size(options_.world_size);
+  begin.set_incarnation(incarnation_);
   if (fingerprint == last_fingerprint_) {
     begin.set_plan_fingerprint(fingerprint);
     stats_.sent_fingerprint_only = true;
@@ -210,6 +221,7 @@ v1::CommitSaveRequest Checkpointer::MakeCommitRequest(
   commit.set_job(options_.job);
   commit.set_step(step);
   commit.set_rank(options_.rank);
+  commit.set_incarnation(incarnation_);
   const auto& writes = plan.rank_plan().writes();
   commit.mutable_results()->Reserve(writes.size());
   for (const v1::PlannedWrite& w : writes) {
@@ -236,6 +248,7 @@ absl::Status Checkpointer::AbortPlannedSave(int64_t step,
   abort.set_step(step);
   abort.set_rank(options_.rank);
   abort.set_reason(std::string(failure.message()));
+  abort.set_incarnation(incarnation_);
   (void)CallWithRetry(&v1::Coordinator::Stub::AbortSave, *stub_, abort,
                       options_.rpc_timeout, 1);
   // cairnd records the first abort of a save (and deletes its objects only
@@ -284,8 +297,14 @@ absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
     const absl::Status s = AbortPlannedSave(step, written);
     return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
   }
-  CAIRN_ASSIGN_OR_RETURN(v1::CheckpointRecord record,
-                         CommitPlannedSave(commit));
+  absl::StatusOr<v1::CheckpointRecord> record = CommitPlannedSave(commit);
+  if (!record.ok()) {
+    // Refused (bad results, another process took this rank's place) or not
+    // answered in time: the save must not linger in cairnd until its commit
+    // deadline. cairnd ignores this if the save is already gone or started
+    // over without this process.
+    return AbortPlannedSave(step, record.status());
+  }
   stats_.commit_time = absl::Now() - t2;
   return record;
 }

@@ -169,6 +169,13 @@ class Checkpointer {
   // appended. Not prefixed with this rank's job/step (callers add it).
   absl::Status AbortPlannedSave(int64_t step, const absl::Status& failure);
 
+  // The id this Checkpointer's calls carry (BeginSaveRequest.incarnation): a
+  // random nonzero 64-bit nonce made by Connect, so cairnd tells a restarted
+  // rank from a retry of the same process. A process acting for the rank
+  // (cairn-agent) sets the rank process's id before each save.
+  uint64_t incarnation() const { return incarnation_; }
+  void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
+
   // Fills every chunk and bytes entry of `state` from checkpoint `ref`,
   // resharding from whatever layout saved it. Returns the step loaded.
   absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
@@ -206,8 +213,13 @@ class Checkpointer {
   std::string store_uri_;
   std::unique_ptr<storage::ShardStore> store_;
   std::string last_fingerprint_;
+  uint64_t incarnation_ = 0;
   TransferStats stats_;
 };
+
+// A random nonzero 64-bit id for one process's part in saves (see
+// Checkpointer::incarnation()).
+uint64_t NewIncarnation();
 
 }  // namespace cairn::client
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -285,6 +286,42 @@ absl::Status DeleteStep(ShardStore& store, absl::string_view job,
   }
   CAIRN_CRASH_POINT("storage.delete_step.end");
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> DeleteUnreferenced(ShardStore& store,
+                                       const v1::Manifest& manifest) {
+  const std::string& job = manifest.job();
+  const int64_t step = manifest.step();
+  CAIRN_RETURN_IF_ERROR(ValidateJobName(job));
+  CAIRN_RETURN_IF_ERROR(ValidateStep(step));
+  const std::string prefix = StepPrefix(job, step);
+  CAIRN_RETURN_IF_ERROR(store.DeleteAbandonedWrites(prefix));
+  // Every object any location names is kept, listed in `objects` or not.
+  std::set<std::string> keep = {ManifestKey(job, step)};
+  for (const std::string& o : manifest.objects()) {
+    keep.insert(ObjectKey(job, step, o));
+  }
+  for (const v1::ManifestTensor& t : manifest.tensors()) {
+    for (const v1::StoredChunk& c : t.chunks()) {
+      keep.insert(ObjectKey(job, step, c.location().object_key()));
+    }
+  }
+  for (const v1::ManifestBytes& b : manifest.bytes_entries()) {
+    keep.insert(ObjectKey(job, step, b.location().object_key()));
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> keys, store.List(prefix));
+  int removed = 0;
+  for (const std::string& key : keys) {
+    if (keep.count(key) > 0) continue;
+    absl::Status s = store.Delete(key);
+    if (!s.ok() && !absl::IsNotFound(s)) {
+      return absl::Status(s.code(),
+                          absl::StrCat("removing '", key, "', not part of ",
+                                       Where(job, step), ": ", s.message()));
+    }
+    ++removed;
+  }
+  return removed;
 }
 
 absl::Status ReadVerified(ShardStore& store, absl::string_view job,

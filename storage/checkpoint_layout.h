@@ -15,7 +15,10 @@
 //      directory fsync. The rename is the commit point.
 // A step whose MANIFEST is absent is incomplete: never listed as committed,
 // never loadable, and its bytes are garbage (ListIncompleteSteps).
-// Deletion runs the protocol backwards: MANIFEST first, then the data.
+// Deletion runs the protocol backwards: MANIFEST first, then the data. Temp
+// files of writers that died are not objects: ListIncompleteSteps does not
+// see a step holding only those, DeleteStep removes them with the step, and
+// DeleteUnreferenced removes them from a committed step.
 //
 // Thread-safe: these functions only call the (thread-safe) store.
 #ifndef CAIRN_STORAGE_CHECKPOINT_LAYOUT_H_
@@ -79,6 +82,15 @@ absl::StatusOr<std::vector<int64_t>> ListIncompleteSteps(ShardStore& store,
 // Deletes MANIFEST first (the checkpoint stops being loadable atomically),
 // then every object of the step. OK if the step does not exist.
 absl::Status DeleteStep(ShardStore& store, absl::string_view job, int64_t step);
+
+// Removes from the step of a committed `manifest` everything it does not
+// need: temp files of writers that died (ShardStore::DeleteAbandonedWrites)
+// and objects neither the MANIFEST nor named by it (objects of other,
+// aborted attempts that a crash or a zombie rank left behind). Only for a
+// step no writer can still be writing into (a committed one: every other
+// attempt of it is aborted). Returns the number of objects removed.
+absl::StatusOr<int> DeleteUnreferenced(ShardStore& store,
+                                       const v1::Manifest& manifest);
 
 // Reads location (relative to the step prefix of job/step) into `out`
 // (out.size() must be >= location.length()) and checks its crc32c.

@@ -1,10 +1,13 @@
 #include "storage/checkpoint_layout.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -44,6 +47,10 @@ std::string NewTempDir() {
   EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
   CreatedDirs().push_back(tmpl);
   return tmpl;
+}
+
+absl::Span<const char> AsSpan(absl::string_view s) {
+  return absl::Span<const char>(s.data(), s.size());
 }
 
 // Every test runs on both real backends.
@@ -441,6 +448,40 @@ TEST_P(CheckpointLayoutTest, CrashBeforeManifestRenameLeavesStepIncomplete) {
   auto restarted = Reopen(*base);
   ExpectConsistent(*restarted, *previous, false);
   EXPECT_THAT(ListIncompleteSteps(*restarted, "job").value(), ElementsAre(2));
+}
+
+TEST_P(CheckpointLayoutTest, DeleteUnreferencedKeepsOnlyWhatTheManifestNames) {
+  auto store = NewStore();
+  TestCheckpointSpec spec;
+  auto manifest = WriteTestCheckpoint(*store, spec);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  const std::string step = StepPrefix("job", 1);
+  // Another attempt's object, a writer of the committed step that died
+  // mid-write (posix leaves its temp file), and a neighbouring step's object.
+  ASSERT_TRUE(store->Put(step + "attempt-old/data-0", AsSpan("old")).ok());
+  auto dead = store->NewWriter(step + manifest->objects(0) + ".retry");
+  ASSERT_TRUE(dead.ok());
+  ASSERT_TRUE((*dead)->Append(AsSpan(std::string(4096, 'd'))).ok());
+  (*dead)->SimulateCrashForTest();
+  ASSERT_TRUE(store->Put(StepPrefix("job", 2) + "data-0", AsSpan("2")).ok());
+
+  auto removed = DeleteUnreferenced(*store, *manifest);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 1);
+  std::vector<std::string> want = {ManifestKey("job", 1)};
+  for (const std::string& o : manifest->objects()) want.push_back(step + o);
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(store->List(step).value(), want);
+  EXPECT_THAT(store->List(StepPrefix("job", 2)).value(),
+              ElementsAre(StepPrefix("job", 2) + "data-0"));
+  EXPECT_TRUE(VerifyCheckpoint(*store, *manifest).ok());
+  if (GetParam() == "posix") {
+    const std::string root = store->uri().substr(strlen("file://"));
+    for (const auto& e : fs::recursive_directory_iterator(root)) {
+      EXPECT_FALSE(absl::StartsWith(e.path().filename().string(), ".cairn-tmp"))
+          << e.path();
+    }
+  }
 }
 
 TEST_P(CheckpointLayoutTest, CorruptedReadsAreDetected) {

@@ -118,6 +118,15 @@ absl::Status ValidatePrefix(absl::string_view prefix) {
   return absl::OkStatus();
 }
 
+absl::Status ShardStore::DeleteAbandonedWrites(absl::string_view dir_prefix) {
+  if (!dir_prefix.empty() && !absl::EndsWith(dir_prefix, "/")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeleteAbandonedWrites: prefix ", Quote(dir_prefix),
+                     " must be empty or end in '/'"));
+  }
+  return ValidatePrefix(dir_prefix);
+}
+
 absl::StatusOr<std::vector<std::string>> ShardStore::ListChildren(
     absl::string_view dir_prefix) {
   if (!dir_prefix.empty() && !absl::EndsWith(dir_prefix, "/")) {

@@ -147,6 +147,16 @@ class ShardStore {
   // still open under the prefix are not part of it (backend-defined: posix
   // fails their Close, memory publishes them).
   virtual absl::Status DeletePrefix(absl::string_view prefix) = 0;
+
+  // Removes what unfinished writes left in the tree below `dir_prefix` ("" or
+  // ending in '/'): the temp files of ObjectWriters never Closed because their
+  // process died (posix: ".cairn-tmp.*", up to 64 MiB each, invisible to List
+  // and kept by DeletePrefix of a prefix inside their directory), and the
+  // directories that leaves empty. The caller must know that no writer below
+  // `dir_prefix` is still live, in any process: a live writer's Close would
+  // fail. OK if there is nothing to remove. The default does nothing (for
+  // backends whose unfinished writes leave nothing behind, as memory).
+  virtual absl::Status DeleteAbandonedWrites(absl::string_view dir_prefix);
 };
 
 // Options for OpenShardStore. Backends ignore what does not apply to them.

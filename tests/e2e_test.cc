@@ -7,9 +7,11 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "client/cli/cli.h"
 #include "common/grpc_status.h"
@@ -26,6 +29,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "storage/shard_store.h"
 #include "tests/testing/cairnd_process.h"
 #include "tests/testing/subprocess.h"
 
@@ -264,6 +268,88 @@ TEST_F(E2ETest, RankKilledMidSaveLeavesPreviousCheckpointLatest) {
   // A new attempt at step 2 succeeds.
   EXPECT_THAT(RunRanks("job", 4, "4:S0", {"--save-steps", "2"}), Each(Eq(0)))
       << last_logs_;
+}
+
+// A restarted job re-saves a step whose old attempt is still open: rank 0's
+// old process reported its writes and waits, rank 1's old process died after
+// writing. The new rank 0 process holds different values for the same step.
+// It must never rewrite the object whose crc32c the old process reported
+// (that committed a checkpoint failing verify): the old attempt is aborted,
+// the new processes save in a fresh one, and every byte verifies.
+TEST_F(E2ETest, RestartedRanksNeverCommitBytesThatFailVerify) {
+  StartCairnd();
+  auto rank_argv = [&](int rank, std::vector<std::string> extra) {
+    std::vector<std::string> a = {g_rank,
+                                  "--coordinator",
+                                  cairnd_->address(),
+                                  "--job",
+                                  "job",
+                                  "--rank",
+                                  std::to_string(rank),
+                                  "--world-size",
+                                  "2",
+                                  "--layout",
+                                  "2:S0",
+                                  "--save-steps",
+                                  "1"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  absl::StatusOr<testing::Subprocess> old0 =
+      testing::Subprocess::Start(rank_argv(0, {}), dir_ + "/old-rank0.log");
+  absl::StatusOr<testing::Subprocess> old1 = testing::Subprocess::Start(
+      rank_argv(1, {"--die-before-commit"}), dir_ + "/old-rank1.log");
+  ASSERT_TRUE(old0.ok() && old1.ok());
+  absl::StatusOr<int> died = old1->Wait();
+  ASSERT_TRUE(died.ok());
+  ASSERT_EQ(*died, 137) << old1->Log();
+  // Rank 0 reports right after its object is durable: wait for the object.
+  auto store = storage::OpenShardStore(StorageUri());
+  ASSERT_TRUE(store.ok());
+  bool written = false;
+  for (int i = 0; i < 3000 && !written; ++i) {
+    auto keys = (*store)->List("job/0000000000000001/");
+    ASSERT_TRUE(keys.ok());
+    for (const std::string& k : *keys) {
+      written = written || absl::StrContains(k, "rank-00000");
+    }
+    if (!written) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(written) << old0->Log();
+
+  // The job restarts: new processes for both ranks save step 1 again.
+  std::vector<int> codes = RunRanks("job", 2, "2:S0", {"--save-steps", "1"},
+                                    /*odd_rank=*/0, {"--fill-step", "9"});
+  EXPECT_THAT(codes, Each(Eq(0))) << last_logs_;
+  absl::StatusOr<int> old_rc = old0->Wait();
+  ASSERT_TRUE(old_rc.ok());
+  EXPECT_EQ(*old_rc, 1) << old0->Log();
+  // (Its CommitSave came before or after the new rank 0's BeginSave.)
+  EXPECT_THAT(
+      old0->Log(),
+      ::testing::AnyOf(HasSubstr("save of job 'job' step 1 aborted: rank 0 "
+                                 "restarted during the save"),
+                       HasSubstr("rank 0 of job 'job' step 1 called CommitSave "
+                                 "before the plan was built")))
+      << old0->Log();
+  std::string out, err;
+  EXPECT_EQ(Cli({"--coordinator", cairnd_->address(), "verify", "job", "1"},
+                &out, &err),
+            0)
+      << out << err;
+  ASSERT_EQ(
+      Cli({"--coordinator", cairnd_->address(), "ls", "job", "--all"}, &out),
+      0);
+  EXPECT_THAT(out, HasSubstr("COMMITTED")) << out;
+  // Only the committed attempt is left on storage.
+  auto keys = (*store)->List("job/0000000000000001/");
+  ASSERT_TRUE(keys.ok());
+  std::set<std::string> attempts;
+  for (const std::string& k : *keys) {
+    const std::string rest = k.substr(strlen("job/0000000000000001/"));
+    if (rest != "MANIFEST") attempts.insert(rest.substr(0, rest.find('/')));
+  }
+  EXPECT_EQ(attempts.size(), 1u) << absl::StrJoin(*keys, "\n");
 }
 
 TEST_F(E2ETest, CairndKilledAndRestartedLosesNoCommittedCheckpoint) {

@@ -110,6 +110,7 @@ absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(
   begin.set_step(step);
   begin.set_rank(d.rank);
   begin.set_world_size(d.world_size);
+  begin.set_incarnation(incarnation_);
   begin.set_wait_for_space_ms(
       absl::ToInt64Milliseconds(options_.wait_for_space));
   begin.set_allow_streaming(options_.allow_streaming);

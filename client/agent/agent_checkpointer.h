@@ -133,6 +133,7 @@ class AgentCheckpointer {
  private:
   explicit AgentCheckpointer(const AgentCheckpointerOptions& options)
       : options_(options),
+        incarnation_(NewIncarnation()),
         copier_(agent::HostCopierOptions{options.copy_threads}) {}
 
   absl::StatusOr<agent::ShmSegment*> MapSegment(const std::string& name,
@@ -147,6 +148,8 @@ class AgentCheckpointer {
                              const StateDict& state, const std::string& where);
 
   const AgentCheckpointerOptions options_;
+  // This process's id for saves (BeginStageRequest.incarnation).
+  const uint64_t incarnation_;
   std::shared_ptr<v1::Agent::Stub> stub_;
   agent::HostCopier copier_;
   // Recently used staging mappings (the agent reuses segments, so steady

@@ -59,6 +59,8 @@ std::string StateName(v1::CheckpointState s) {
       return "COMMITTED";
     case v1::CHECKPOINT_STATE_ABORTED:
       return "ABORTED";
+    case v1::CHECKPOINT_STATE_DELETING:
+      return "DELETING";
     case v1::CHECKPOINT_STATE_UNSPECIFIED:
       return "DAMAGED";  // offline: a MANIFEST that cannot be read
     default:

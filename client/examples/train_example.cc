@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   std::string model_name = "small", layout_spec = "1:R", save_steps, load_ref;
   bool die_before_commit = false, json = false;
   std::string pause_after_plan_load;
+  int64_t fill_step = -1;
   app.add_option("--coordinator", opts.coordinator, "cairnd host:port")
       ->required();
   app.add_option("--job", opts.job, "Job name")->required();
@@ -89,6 +90,9 @@ int main(int argc, char** argv) {
       "Write data objects through the page cache instead of O_DIRECT");
   app.add_flag("--die-before-commit", die_before_commit,
                "Fault injection: exit(137) after writing, before CommitSave");
+  app.add_option("--fill-step", fill_step,
+                 "Fault injection: save the values of this step instead of "
+                 "the saved step's (a restarted process whose state differs)");
   app.add_flag("--json", json, "Print one JSON line of stats per operation");
   app.add_option("--pause-after-plan-load", pause_after_plan_load,
                  "Test hook: after PlanLoad, write the step to PATH.planned "
@@ -161,7 +165,8 @@ int main(int argc, char** argv) {
                                    absl::StrCat("bad step '", part, "'")));
       }
       absl::StatusOr<std::unique_ptr<examples::ShardedModel>> model =
-          examples::ShardedModel::Create(*spec, *layout, opts.rank, true, step);
+          examples::ShardedModel::Create(*spec, *layout, opts.rank, true,
+                                         fill_step >= 0 ? fill_step : step);
       if (!model.ok()) return Fail(opts.rank, model.status());
       io_before = ReadIoCounters();
       absl::StatusOr<v1::CheckpointRecord> rec =

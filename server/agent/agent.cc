@@ -366,6 +366,7 @@ absl::StatusOr<v1::BeginStageResponse> Agent::BeginStage(
   set->step = request.step();
   set->rank = request.rank();
   set->world_size = request.world_size();
+  set->incarnation = request.incarnation();
   v1::BeginStageResponse response;
   uint64_t total = 0;
   for (const v1::StageItem& si : request.items()) {
@@ -697,6 +698,7 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
     lock = m.get();
   }
   absl::MutexLock pl(lock);
+  if (set.incarnation != 0) ckpt->set_incarnation(set.incarnation);
   v1::LocalSavePlan proto;
   proto.set_rank(set.rank);
   for (const Item& it : set.items) *proto.add_items() = it.item;
@@ -704,7 +706,6 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
                          convert::LocalPlanFromProto(proto));
   CAIRN_ASSIGN_OR_RETURN(v1::BeginSaveResponse plan,
                          ckpt->BeginPlannedSave(set.step, local));
-  bool committing = false;
   absl::StatusOr<v1::CheckpointRecord> result =
       [&]() -> absl::StatusOr<v1::CheckpointRecord> {
     // Storage order of cairnd's writes for this rank, each matched to the
@@ -834,10 +835,11 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
       die = st.die_before_commit;
     }
     tls_die_before_commit = die;
-    committing = true;
     return ckpt->CommitPlannedSave(commit);
   }();
-  if (!result.ok() && !committing) {
+  if (!result.ok()) {
+    // A refused CommitSave too: the save must not linger until cairnd's
+    // commit deadline.
     return ckpt->AbortPlannedSave(set.step, result.status());
   }
   return result;
@@ -916,6 +918,7 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
         lock = m.get();
       }
       absl::MutexLock pl(lock);
+      if (set->incarnation != 0) (*ckpt)->set_incarnation(set->incarnation);
       record = (*ckpt)->Save(set->step, state);
     }
   }

@@ -160,6 +160,7 @@ class Agent {
     int64_t step = 0;
     int rank = 0;
     int world_size = 0;
+    uint64_t incarnation = 0;  // of the rank's process; 0: not sent
     bool replica = false;
     std::vector<Item> items;
     std::shared_ptr<ShmSegment> segment;

@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -201,7 +202,10 @@ struct Coordinator::SaveSession {
   std::string job;
   int64_t step = 0;
   int world_size = 0;
-  std::string attempt;      // directory of this attempt's objects
+  std::string attempt;  // directory of this attempt's objects
+  // The commit failed after the MANIFEST may have become visible and it
+  // could not be removed: the objects it names stay (recovery decides).
+  bool keep_objects = false;
   std::string step_prefix;  // "<job>/<step>/"
   absl::Time created;
   absl::Time deadline;
@@ -212,6 +216,7 @@ struct Coordinator::SaveSession {
   struct Arrival {
     std::shared_ptr<const planner::LocalSavePlan> plan;
     std::string fingerprint;
+    uint64_t incarnation = 0;  // of the rank's process; 0: not sent
   };
   absl::flat_hash_map<int, Arrival> arrivals;
   int arrived = 0;
@@ -221,6 +226,8 @@ struct Coordinator::SaveSession {
   // Once every rank arrived (kPlanning on): the arrivals by rank.
   std::vector<std::shared_ptr<const planner::LocalSavePlan>> plans;
   std::vector<std::string> fingerprints;
+  // Once planned: the incarnation of each rank's process (0: not sent).
+  std::vector<uint64_t> incarnations;
 
   // Planned.
   std::shared_ptr<const planner::GlobalSavePlan> plan;
@@ -333,6 +340,32 @@ Coordinator::~Coordinator() {
   workers_.reset();  // drains pending work while members are alive
 }
 
+// Start-up recovery: storage is the truth (a MANIFEST's presence is the
+// commit), the catalog is made to agree with it, and what a crash left is
+// removed. No writer of this process is live yet; ranks of the previous one
+// that are still writing will find their save gone and restart it.
+//   * temp files of writers that died: removed (DeleteAbandonedWrites).
+//   * DELETING record: the deletion is finished (MANIFEST, data, record).
+//   * WRITING or ABORTED record, MANIFEST present and valid: COMMITTED,
+//     filled from the manifest (cairnd stopped between publishing the
+//     MANIFEST and recording the commit; a durable checkpoint is never
+//     hidden). The step's unreferenced objects are removed.
+//   * WRITING or ABORTED record, MANIFEST damaged (no decode, or another
+//     job/step): ABORTED, naming the damage, and the step deleted: no rank
+//     was ever told it committed.
+//   * WRITING record, no MANIFEST: ABORTED ("cairnd restarted during the
+//     save"); its bytes go with the incomplete steps below.
+//   * COMMITTED record, no MANIFEST (deleted outside cairnd, or by a crashed
+//     delete of an older version): ABORTED with the reason, so it is neither
+//     listed nor `latest`. Should the MANIFEST come back, the next start
+//     makes it COMMITTED again. When no committed record has its MANIFEST,
+//     the storage is more likely not mounted than empty: cairnd refuses to
+//     start (FAILED_PRECONDITION) rather than hide every checkpoint.
+//   * COMMITTED record, MANIFEST present: kept as is (reading every manifest
+//     at start costs too much; a damaged one is DATA_LOSS at load/verify).
+//   * MANIFEST with no record: COMMITTED from the manifest, as the rebuild of
+//     an empty catalog does; a damaged one is left for an operator, logged.
+//   * a step with objects but no MANIFEST: deleted.
 absl::Status Coordinator::Recover() {
   if (catalog_->empty()) {
     CAIRN_ASSIGN_OR_RETURN(int n, catalog_->RebuildFromStore(*store_));
@@ -342,21 +375,130 @@ absl::Status Coordinator::Recover() {
     }
   }
   if (!options_.clean_incomplete_on_start) return absl::OkStatus();
-  // Saves in flight when the previous process stopped can never finish:
-  // their ranks were answered UNAVAILABLE and will restart the save.
-  CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> records,
-                         catalog_->ListCheckpoints("", true));
-  for (v1::CheckpointRecord& r : records) {
-    if (r.state() != v1::CHECKPOINT_STATE_WRITING) continue;
-    r.set_state(v1::CHECKPOINT_STATE_ABORTED);
-    r.set_abort_reason("cairnd restarted during the save");
-    CAIRN_RETURN_IF_ERROR(catalog_->PutCheckpoint(r));
-  }
+  const std::string uri = store_->uri();
   CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> jobs,
                          storage::ListJobs(*store_));
   for (const std::string& job : jobs) {
+    CAIRN_RETURN_IF_ERROR(
+        store_->DeleteAbandonedWrites(absl::StrCat(job, "/")));
+  }
+  std::set<SaveKey> with_manifest;
+  std::map<std::string, std::vector<int64_t>> incomplete;
+  for (const std::string& job : jobs) {
     CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                           storage::ListCommittedSteps(*store_, job));
+    for (int64_t step : steps) with_manifest.insert({job, step});
+    CAIRN_ASSIGN_OR_RETURN(incomplete[job],
                            storage::ListIncompleteSteps(*store_, job));
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> records,
+                         catalog_->ListCheckpoints("", true));
+
+  // Refuse to hide every checkpoint because the storage is not there.
+  int committed = 0, lost = 0;
+  for (const v1::CheckpointRecord& r : records) {
+    if (r.state() != v1::CHECKPOINT_STATE_COMMITTED) continue;
+    ++committed;
+    if (with_manifest.count({r.job(), r.step()}) == 0) ++lost;
+  }
+  if (lost > 0 && lost == committed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the catalog '", options_.catalog_path, "' lists ", committed,
+        " committed checkpoints but none of their MANIFESTs is in ", uri,
+        ": is the storage mounted, and is it the one this catalog belongs "
+        "to? If the checkpoints were deleted on purpose, remove the catalog "
+        "directory and cairnd rebuilds it from storage"));
+  }
+
+  std::set<SaveKey> recorded;
+  for (v1::CheckpointRecord& r : records) {
+    const SaveKey key{r.job(), r.step()};
+    const std::string name = SaveName(r.job(), r.step());
+    recorded.insert(key);
+    const bool has_manifest = with_manifest.count(key) > 0;
+    switch (r.state()) {
+      case v1::CHECKPOINT_STATE_DELETING:
+        CAIRN_LOG(info, "finishing the deletion of {}", name);
+        CAIRN_RETURN_IF_ERROR(DeleteStepRecord(r));
+        continue;
+      case v1::CHECKPOINT_STATE_COMMITTED:
+        if (has_manifest) continue;
+        CAIRN_LOG(error,
+                  "{} is COMMITTED in the catalog but has no MANIFEST "
+                  "in {}: marking it ABORTED",
+                  name, uri);
+        r.set_state(v1::CHECKPOINT_STATE_ABORTED);
+        r.set_abort_reason(
+            absl::StrCat("its MANIFEST was missing from ", uri,
+                         " when cairnd started (deleted outside cairnd?)"));
+        CAIRN_RETURN_IF_ERROR(catalog_->PutCheckpoint(r));
+        continue;
+      default:
+        break;
+    }
+    // WRITING, ABORTED (or a state this build does not know).
+    if (has_manifest) {
+      absl::StatusOr<v1::Manifest> m =
+          storage::ReadManifest(*store_, r.job(), r.step());
+      if (m.ok()) {
+        v1::CheckpointRecord c = storage::RecordFromManifest(*m, uri);
+        if (r.created_unix_micros() != 0) {
+          c.set_created_unix_micros(r.created_unix_micros());
+        }
+        CAIRN_LOG(warn,
+                  "{} was {} in the catalog but its MANIFEST is "
+                  "durable in {}: COMMITTED",
+                  name, v1::CheckpointState_Name(r.state()), uri);
+        CAIRN_RETURN_IF_ERROR(catalog_->PutCheckpoint(c));
+        SweepCommittedStep(*m);
+        continue;
+      }
+      if (!absl::IsDataLoss(m.status()) && !absl::IsNotFound(m.status())) {
+        return m.status();
+      }
+      if (absl::IsDataLoss(m.status())) {
+        CAIRN_LOG(error, "{} ({}): {}; deleting the step", name,
+                  v1::CheckpointState_Name(r.state()), m.status().ToString());
+        CAIRN_RETURN_IF_ERROR(storage::DeleteStep(*store_, r.job(), r.step()));
+        r.set_state(v1::CHECKPOINT_STATE_ABORTED);
+        r.set_abort_reason(
+            absl::StrCat("its MANIFEST was damaged: ", m.status().message()));
+        CAIRN_RETURN_IF_ERROR(catalog_->PutCheckpoint(r));
+        continue;
+      }
+    }
+    if (r.state() == v1::CHECKPOINT_STATE_WRITING) {
+      // Saves in flight when the previous process stopped can never finish:
+      // their ranks were answered UNAVAILABLE and will restart the save.
+      r.set_state(v1::CHECKPOINT_STATE_ABORTED);
+      r.set_abort_reason("cairnd restarted during the save");
+      CAIRN_RETURN_IF_ERROR(catalog_->PutCheckpoint(r));
+    }
+  }
+
+  // MANIFESTs the catalog does not know (it lost entries, or is older than
+  // the storage).
+  for (const SaveKey& key : with_manifest) {
+    if (recorded.count(key) > 0) continue;
+    absl::StatusOr<v1::Manifest> m =
+        storage::ReadManifest(*store_, key.first, key.second);
+    if (!m.ok()) {
+      if (absl::IsUnavailable(m.status())) return m.status();
+      CAIRN_LOG(warn,
+                "{} has a MANIFEST but it is unusable, left for an "
+                "operator: {}",
+                SaveName(key.first, key.second), m.status().ToString());
+      continue;
+    }
+    CAIRN_LOG(warn,
+              "{} is committed in {} but was not in the catalog: "
+              "COMMITTED",
+              SaveName(key.first, key.second), uri);
+    CAIRN_RETURN_IF_ERROR(
+        catalog_->PutCheckpoint(storage::RecordFromManifest(*m, uri)));
+  }
+
+  for (const auto& [job, steps] : incomplete) {
     for (int64_t step : steps) {
       CAIRN_CRASH_POINT("coordinator.recover.before_removing_incomplete");
       CAIRN_LOG(info, "removing incomplete {} left by a crash",
@@ -376,6 +518,9 @@ void Coordinator::Shutdown() {
     std::vector<std::shared_ptr<SaveSession>> live;
     for (auto& [key, s] : sessions_) live.push_back(s);
     for (auto& s : live) {
+      // A commit under way finishes (the destructor drains the workers):
+      // aborting it could delete objects a published MANIFEST names.
+      if (s->phase == Phase::kCommitting) continue;
       AbortSessionLocked(s,
                          absl::UnavailableError(absl::StrCat(
                              "cairnd is shutting down; restart the save of ",
@@ -510,6 +655,12 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
     return done(absl::AlreadyExistsError(absl::StrCat(
         SaveName(job, step), " is already committed; save a new step")));
   }
+  if (existing.ok() && existing->state() == v1::CHECKPOINT_STATE_DELETING) {
+    return done(absl::FailedPreconditionError(
+        absl::StrCat(SaveName(job, step),
+                     " is being deleted; finish with `cairn rm` first")));
+  }
+  const uint64_t incarnation = request.incarnation();
 
   // Join (or create) the session. Either `done` is parked until the plan is
   // built, or `reply` holds the immediate answer, given after the lock.
@@ -522,6 +673,10 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
     reply = [&]() -> Reply {
       if (shutting_down_) {
         return absl::UnavailableError("cairnd is shutting down");
+      }
+      if (deleting_.contains(SaveKey{job, step})) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            SaveName(job, step), " is being deleted; save it once it is gone"));
       }
       if (plan == nullptr) {
         std::shared_ptr<const KnownPlan> known =
@@ -541,6 +696,54 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
 
       const SaveKey key{job, step};
       auto it = sessions_.find(key);
+      if (it != sessions_.end() && it->second->world_size == world) {
+        // Is this rank already in the save, and from which process?
+        SaveSession& old = *it->second;
+        bool in_save = false, reported = false;
+        uint64_t was = 0;
+        if (old.phase == Phase::kGathering) {
+          auto a = old.arrivals.find(rank);
+          if (a != old.arrivals.end()) {
+            in_save = true;
+            was = a->second.incarnation;
+          }
+        } else if (static_cast<size_t>(rank) < old.incarnations.size()) {
+          in_save = true;
+          was = old.incarnations[rank];
+          reported = static_cast<size_t>(rank) < old.results.size() &&
+                     old.results[rank].has_value();
+        }
+        // The same process asking again before it reported its writes is a
+        // retry (answered below). A new process (the rank restarted), or the
+        // same one after it reported (it is saving again and may rewrite
+        // what it reported), would write into objects whose crc32c cairnd
+        // already holds: abort this attempt and give the save a fresh one.
+        const bool restarted =
+            in_save && incarnation != 0 && was != 0 && was != incarnation;
+        const bool again = in_save && !restarted && reported;
+        if (restarted || again) {
+          if (old.phase == Phase::kCommitting) {
+            return absl::UnavailableError(absl::StrCat(
+                "rank ", rank, " of ", SaveName(job, step),
+                ": the previous attempt is being committed; retry"));
+          }
+          // A copy: AbortSessionLocked takes the session out of sessions_.
+          const std::shared_ptr<SaveSession> victim = it->second;
+          AbortSessionLocked(
+              victim,
+              absl::AbortedError(absl::StrCat(
+                  "save of ", SaveName(job, step), " aborted: rank ", rank,
+                  restarted
+                      ? absl::StrFormat(
+                            " restarted during the save (process %016x "
+                            "replaced %016x)",
+                            incarnation, was)
+                      : " called BeginSave again after reporting its writes",
+                  "; the save starts over")),
+              &answers);
+          it = sessions_.end();
+        }
+      }
       if (it == sessions_.end()) {
         if (auto t = tombstones_.find(key);
             t != tombstones_.end() && absl::Now() < t->second.refuse_until &&
@@ -625,7 +828,7 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
             " per save are accepted (cairnd --max-plan-items-per-save)"));
       }
       s.plan_items += items;
-      s.arrivals[rank] = SaveSession::Arrival{plan, fingerprint};
+      s.arrivals[rank] = SaveSession::Arrival{plan, fingerprint, incarnation};
       s.begin_waiters[rank].push_back(std::move(done));
       CAIRN_LOG(debug, "rank {} of {} joined the save ({} of {} ranks)", rank,
                 SaveName(job, step), s.arrived + 1, s.world_size);
@@ -634,9 +837,11 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
         s.phase = Phase::kPlanning;
         s.plans.resize(world);
         s.fingerprints.resize(world);
+        s.incarnations.resize(world);
         for (auto& [r, a] : s.arrivals) {
           s.plans[r] = std::move(a.plan);
           s.fingerprints[r] = std::move(a.fingerprint);
+          s.incarnations[r] = a.incarnation;
         }
         s.arrivals.clear();
         to_plan = it->second;
@@ -644,6 +849,7 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
       return std::nullopt;
     }();
   }
+  // The aborted attempt is recorded and cleaned before the new one can be.
   for (auto& a : answers) a();
   if (reply.has_value()) return done(std::move(*reply));
   if (to_plan != nullptr) {
@@ -807,6 +1013,19 @@ void Coordinator::CommitSave(const v1::CommitSaveRequest& request,
         absl::StrCat("rank ", rank, " of ", SaveName(job, step),
                      " is out of range for world_size ", session->world_size)));
   }
+  {
+    absl::MutexLock lock(&mu_);
+    const uint64_t in_save = session->incarnations[rank];
+    if (request.incarnation() != 0 && in_save != 0 &&
+        request.incarnation() != in_save) {
+      // An old process of a rank that restarted: its objects belong to an
+      // attempt that was aborted, never to this one.
+      return done(absl::AbortedError(absl::StrFormat(
+          "rank %d of %s: this process (%016x) is not the one in the save "
+          "(%016x): the rank restarted and the save started over",
+          rank, SaveName(job, step), request.incarnation(), in_save)));
+    }
+  }
   const planner::RankSavePlan& mine = plan->ranks[rank];
   if (request.results_size() != static_cast<int>(mine.writes.size())) {
     return done(absl::InvalidArgumentError(
@@ -829,33 +1048,50 @@ void Coordinator::CommitSave(const v1::CommitSaveRequest& request,
   }
 
   bool commit_now = false;
+  std::vector<std::function<void()>> answers;
   {
     absl::MutexLock lock(&mu_);
     if (session->phase == Phase::kAborted) return done(session->abort_status);
     auto& slot = session->results[rank];
     std::vector<v1::WriteResult> results(request.results().begin(),
                                          request.results().end());
+    bool same = true;
     if (slot.has_value()) {
-      bool same = slot->size() == results.size();
+      same = slot->size() == results.size();
       for (size_t i = 0; same && i < results.size(); ++i) {
         same = (*slot)[i].crc32c() == results[i].crc32c();
       }
-      if (!same) {
-        return done(absl::InvalidArgumentError(
-            absl::StrCat("rank ", rank, " of ", SaveName(job, step),
-                         " committed twice with different checksums")));
-      }
-    } else {
-      slot = std::move(results);
-      ++session->committed;
     }
-    session->commit_waiters.push_back(std::move(done));
-    if (session->committed == session->world_size &&
-        session->phase == Phase::kWriting) {
-      session->phase = Phase::kCommitting;
-      commit_now = true;
+    if (!same && session->phase == Phase::kWriting) {
+      // The rank rewrote objects it had reported: what is on storage now
+      // cannot be trusted to match either report.
+      AbortSessionLocked(
+          session,
+          absl::AbortedError(absl::StrCat(
+              "save of ", SaveName(job, step), " aborted: rank ", rank,
+              " committed twice with different checksums (its objects may "
+              "have been rewritten); the save starts over")),
+          &answers);
+      answers.push_back([done = std::move(done),
+                         status = session->abort_status] { done(status); });
+    } else if (!same) {
+      return done(absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, " of ", SaveName(job, step),
+                       " committed twice with different checksums")));
+    } else {
+      if (!slot.has_value()) {
+        slot = std::move(results);
+        ++session->committed;
+      }
+      session->commit_waiters.push_back(std::move(done));
+      if (session->committed == session->world_size &&
+          session->phase == Phase::kWriting) {
+        session->phase = Phase::kCommitting;
+        commit_now = true;
+      }
     }
   }
+  for (auto& a : answers) a();
   if (commit_now) {
     workers_->Schedule([this, session] { CommitSession(session); });
   }
@@ -929,6 +1165,18 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
 
   // PublishManifest checks that every object holds every planned byte.
   if (absl::Status s = storage::PublishManifest(*store_, *manifest); !s.ok()) {
+    // The MANIFEST may be visible even so (a failure after the rename): it
+    // goes before the objects it names, or they stay.
+    absl::Status undo =
+        store_->Delete(storage::ManifestKey(session->job, session->step));
+    if (!undo.ok() && !absl::IsNotFound(undo)) {
+      CAIRN_LOG(error,
+                "{}: the commit failed and its MANIFEST cannot be removed "
+                "({}); keeping its objects for recovery",
+                name, undo.ToString());
+      absl::MutexLock lock(&mu_);
+      session->keep_objects = true;
+    }
     return AbortSession(session, s);
   }
   CAIRN_CRASH_POINT("coordinator.commit.after_manifest_publish");
@@ -971,6 +1219,9 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
                 gc.status().ToString());
     }
   }
+  // Every other attempt of this step is aborted: what they (or ranks that
+  // died mid-write) left in the step is garbage.
+  SweepCommittedStep(*manifest);
   for (auto& done : waiters) {
     v1::CommitSaveResponse resp;
     *resp.mutable_checkpoint() = record;
@@ -1032,12 +1283,23 @@ void Coordinator::AbortSessionLocked(
     record.set_created_unix_micros(absl::ToUnixMicros(session->created));
     record.set_storage_uri(store_->uri());
     record.set_abort_reason(Truncated(status.message(), 4 * kMaxReasonBytes));
+    bool newer = false;  // a later attempt owns the record now
+    bool keep_objects = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = sessions_.find(SaveKey{session->job, session->step});
+      newer = it != sessions_.end() && it->second != session;
+      keep_objects = session->keep_objects;
+    }
     absl::StatusOr<v1::CheckpointRecord> prev =
         catalog_->GetCheckpoint(session->job, session->step);
-    if (!prev.ok() || prev->state() != v1::CHECKPOINT_STATE_COMMITTED) {
+    if (!newer &&
+        (!prev.ok() || (prev->state() != v1::CHECKPOINT_STATE_COMMITTED &&
+                        prev->state() != v1::CHECKPOINT_STATE_DELETING))) {
       (void)catalog_->PutCheckpoint(record);
       PruneAbortedRecords(*catalog_, session->job);
     }
+    if (keep_objects) return;
     absl::Status del = store_->DeletePrefix(
         absl::StrCat(session->step_prefix, session->attempt, "/"));
     if (!del.ok()) {
@@ -1076,6 +1338,30 @@ absl::Status Coordinator::AbortSave(const v1::AbortSaveRequest& request) {
   }
   {
     absl::MutexLock lock(&mu_);
+    const int rank = request.rank();
+    bool in_save = false;
+    uint64_t was = 0;
+    if (session->phase == Phase::kGathering) {
+      auto a = session->arrivals.find(rank);
+      if (a != session->arrivals.end()) {
+        in_save = true;
+        was = a->second.incarnation;
+      }
+    } else if (rank >= 0 &&
+               static_cast<size_t>(rank) < session->incarnations.size()) {
+      in_save = true;
+      was = session->incarnations[rank];
+    }
+    if (request.incarnation() != 0 &&
+        (!in_save || (was != 0 && was != request.incarnation()))) {
+      // An old process of a restarted rank, aborting the save it was in:
+      // that one is already gone, and this one is not its to abort.
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "rank %d (process %016x) is not part of the save of %s in progress "
+          "(the save started over without it); not aborted",
+          rank, request.incarnation(),
+          SaveName(request.job(), request.step())));
+    }
     if (session->phase == Phase::kCommitting) {
       return absl::FailedPreconditionError(
           absl::StrCat("save of ", SaveName(request.job(), request.step()),
@@ -1663,20 +1949,59 @@ void Coordinator::ForgetCheckpoint(const std::string& job, int64_t step) {
   });
 }
 
+absl::Status Coordinator::DeleteStepRecord(v1::CheckpointRecord record) {
+  const std::string& job = record.job();
+  const int64_t step = record.step();
+  // The record first: from here on the step is never listed, loaded or
+  // `latest`, and a crash at any later point leaves a DELETING record that
+  // recovery finishes. Then MANIFEST (the checkpoint stops being loadable
+  // on storage too), data, and the record last.
+  if (record.state() != v1::CHECKPOINT_STATE_DELETING) {
+    record.set_state(v1::CHECKPOINT_STATE_DELETING);
+    CAIRN_RETURN_IF_ERROR(catalog_->PutCheckpoint(record));
+  }
+  ForgetCheckpoint(job, step);
+  CAIRN_RETURN_IF_ERROR(storage::DeleteStep(*store_, job, step));
+  absl::Status s = catalog_->DeleteCheckpoint(job, step);
+  if (!s.ok() && !absl::IsNotFound(s)) return s;
+  return absl::OkStatus();
+}
+
+void Coordinator::SweepCommittedStep(const v1::Manifest& manifest) {
+  absl::StatusOr<int> removed = storage::DeleteUnreferenced(*store_, manifest);
+  if (!removed.ok()) {
+    CAIRN_LOG(warn, "cleaning {}: {}",
+              SaveName(manifest.job(), manifest.step()),
+              removed.status().ToString());
+  } else if (*removed > 0) {
+    CAIRN_LOG(info, "{}: removed {} objects of other attempts",
+              SaveName(manifest.job(), manifest.step()), *removed);
+  }
+}
+
 absl::Status Coordinator::DeleteCheckpoint(
     const v1::DeleteCheckpointRequest& request) {
   const std::string& job = request.job();
   const int64_t step = request.step();
   CAIRN_RETURN_IF_ERROR(ValidateJobStep(job, step));
+  const SaveKey key{job, step};
   {
     absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(SaveKey{job, step});
+    auto it = sessions_.find(key);
     if (it != sessions_.end() && it->second->phase != Phase::kAborted) {
       return absl::FailedPreconditionError(
           absl::StrCat("cannot delete ", SaveName(job, step),
                        ": a save is in progress (abort it first)"));
     }
+    if (!deleting_.insert(key).second) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(SaveName(job, step), " is already being deleted"));
+    }
   }
+  absl::Cleanup done = [&] {
+    absl::MutexLock lock(&mu_);
+    deleting_.erase(key);
+  };
   absl::StatusOr<v1::CheckpointRecord> rec = catalog_->GetCheckpoint(job, step);
   if (!rec.ok()) {
     if (absl::IsNotFound(rec.status())) {
@@ -1685,9 +2010,7 @@ absl::Status Coordinator::DeleteCheckpoint(
     }
     return rec.status();
   }
-  ForgetCheckpoint(job, step);
-  CAIRN_RETURN_IF_ERROR(storage::DeleteStep(*store_, job, step));
-  CAIRN_RETURN_IF_ERROR(catalog_->DeleteCheckpoint(job, step));
+  CAIRN_RETURN_IF_ERROR(DeleteStepRecord(*rec));
   CAIRN_LOG(info, "deleted {}", SaveName(job, step));
   return absl::OkStatus();
 }
@@ -1706,9 +2029,18 @@ absl::StatusOr<v1::GarbageCollectResponse> Coordinator::ApplyRetention(
   for (size_t i = static_cast<size_t>(keep_last); i < committed.size(); ++i) {
     const v1::CheckpointRecord& r = committed[i];
     if (!dry_run) {
-      ForgetCheckpoint(job, r.step());
-      CAIRN_RETURN_IF_ERROR(storage::DeleteStep(*store_, job, r.step()));
-      CAIRN_RETURN_IF_ERROR(catalog_->DeleteCheckpoint(job, r.step()));
+      const SaveKey key{job, r.step()};
+      {
+        absl::MutexLock lock(&mu_);
+        // Another deletion (cairn rm, a concurrent retention) has it.
+        if (!deleting_.insert(key).second) continue;
+      }
+      absl::Status s = DeleteStepRecord(r);
+      {
+        absl::MutexLock lock(&mu_);
+        deleting_.erase(key);
+      }
+      CAIRN_RETURN_IF_ERROR(s);
     }
     resp.add_deleted_steps(r.step());
     resp.set_freed_bytes(resp.freed_bytes() + r.total_bytes());
@@ -1730,7 +2062,26 @@ absl::StatusOr<v1::GarbageCollectResponse> Coordinator::GarbageCollect(
                      "committed checkpoint is never deleted), got ",
                      request.keep_last()));
   }
-  return ApplyRetention(request.job(), request.keep_last(), request.dry_run());
+  CAIRN_ASSIGN_OR_RETURN(
+      v1::GarbageCollectResponse resp,
+      ApplyRetention(request.job(), request.keep_last(), request.dry_run()));
+  if (request.dry_run()) return resp;
+  // What is kept is cleaned: temp files of ranks that died mid-write and
+  // objects of other attempts can sit in a committed step (a zombie rank of
+  // an aborted attempt may write after its cleanup). No writer is live in a
+  // committed step; in-flight saves of other steps are not touched.
+  CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> kept,
+                         catalog_->ListCheckpoints(request.job(), false));
+  for (const v1::CheckpointRecord& r : kept) {
+    absl::StatusOr<v1::Manifest> m =
+        storage::ReadManifest(*store_, r.job(), r.step());
+    if (!m.ok()) {
+      CAIRN_LOG(warn, "gc of job '{}': {}", r.job(), m.status().ToString());
+      continue;
+    }
+    SweepCommittedStep(*m);
+  }
+  return resp;
 }
 
 }  // namespace cairn::coordinator

@@ -18,7 +18,20 @@
 //      deadline, or an AbortSave, aborts: ABORTED/DEADLINE_EXCEEDED to every
 //      waiting rank, catalog ABORTED, the attempt's objects deleted.
 // Every call is idempotent: a retried BeginSave/CommitSave gets the same
-// answer as the first.
+// answer as the first. Ranks identify their process (`incarnation`): a
+// BeginSave from a new process for a rank already in a save (the rank
+// restarted), or from a rank that already reported its writes (it may have
+// rewritten them), aborts that save and starts a fresh attempt, so a commit
+// never publishes an object whose bytes differ from the crc32c reported for
+// them. Results or aborts from a process not in the save are refused.
+//
+// Deletion (DeleteCheckpoint, GarbageCollect, retention) marks the catalog
+// record DELETING before touching storage, then removes the MANIFEST, then
+// the data, then the record; a step being deleted is never listed, loaded or
+// `latest`, and cannot be saved until the record is gone.
+//
+// Recovery (Create): the catalog is reconciled with storage, which is the
+// truth — see Recover() in coordinator.cc for every case.
 //
 // Load protocol: PlanLoad resolves a step, loads its manifest through a
 // cache, and answers read items from the planner's overlap index; identical
@@ -57,6 +70,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -124,8 +138,10 @@ struct CoordinatorOptions {
   int64_t max_plan_items_per_save = int64_t{1} << 26;
   // Storage placement of planned items (alignment, object names).
   planner::SavePlanOptions save_plan;
-  // On start, delete steps on storage that have no MANIFEST (left by a crash)
-  // and mark WRITING catalog records ABORTED. Default: true.
+  // On start, reconcile the catalog with storage (a valid MANIFEST makes its
+  // step COMMITTED, a record without one is not), finish interrupted
+  // deletions, delete steps that have no MANIFEST and temp files of writers
+  // that died (all left by a crash). Default: true.
   bool clean_incomplete_on_start = true;
 };
 
@@ -260,7 +276,11 @@ class Coordinator {
       const std::string& job, int64_t step);
   absl::StatusOr<v1::GarbageCollectResponse> ApplyRetention(
       const std::string& job, int keep_last, bool dry_run);
-  absl::Status DeleteStepLocked(const std::string& job, int64_t step);
+  // Deletes a step whose (job, step) is in deleting_: record DELETING,
+  // MANIFEST, data, record (see the top of this file).
+  absl::Status DeleteStepRecord(v1::CheckpointRecord record);
+  // Removes temp files and other attempts' objects from a committed step.
+  void SweepCommittedStep(const v1::Manifest& manifest);
   void ForgetCheckpoint(const std::string& job, int64_t step);
 
   // Constant after construction.
@@ -310,6 +330,8 @@ class Coordinator {
   // then the versions of jobs without a save in progress are forgotten.
   absl::flat_hash_map<std::string, uint64_t> plan_versions_
       ABSL_GUARDED_BY(mu_);
+  // Steps being deleted by this process: no save may start on them.
+  absl::flat_hash_set<SaveKey> deleting_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 

@@ -4,16 +4,19 @@
 #include "server/coordinator/coordinator.h"
 
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/plan_cache.h"
 #include "proto/convert/plan_convert.h"
+#include "storage/catalog/catalog.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
 #include "storage/memory/memory_shard_store.h"
@@ -23,6 +26,7 @@ namespace cairn::coordinator {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A "faulty://name" scheme: a FaultInjectionStore over mem://name whose
 // rules the test programs through g_faults.
@@ -35,6 +39,18 @@ void RegisterFaultyScheme() {
         [](absl::string_view rest, const storage::StoreOptions&)
             -> absl::StatusOr<std::unique_ptr<storage::ShardStore>> {
           auto base = storage::OpenMemoryShardStore(rest);
+          if (!base.ok()) return base.status();
+          auto f =
+              std::make_unique<storage::FaultInjectionStore>(std::move(*base));
+          g_faults = f.get();
+          return std::unique_ptr<storage::ShardStore>(std::move(f));
+        });
+    // "faultyfile:///dir": the same over a real directory (posix).
+    storage::RegisterShardStoreScheme(
+        "faultyfile",
+        [](absl::string_view rest, const storage::StoreOptions& o)
+            -> absl::StatusOr<std::unique_ptr<storage::ShardStore>> {
+          auto base = storage::OpenShardStore(absl::StrCat("file://", rest), o);
           if (!base.ok()) return base.status();
           auto f =
               std::make_unique<storage::FaultInjectionStore>(std::move(*base));
@@ -99,7 +115,100 @@ class CoordinatorTest : public ::testing::Test {
   void TearDown() override {
     coordinator_.reset();
     std::filesystem::remove_all(options_.catalog_path);
+    if (!data_dir_.empty()) std::filesystem::remove_all(data_dir_);
   }
+
+  // Storage in a real directory (the posix store), behind the fault injector
+  // ("faultyfile://") when `faulty`. Fresh catalog and storage each call.
+  void UsePosix(bool faulty = false) {
+    const std::string name =
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    coordinator_.reset();
+    disk_.reset();
+    std::filesystem::remove_all(options_.catalog_path);
+    data_dir_ = TempDir(name + "-data");
+    std::filesystem::create_directories(data_dir_);
+    options_.storage_uri =
+        absl::StrCat(faulty ? "faultyfile://" : "file://", data_dir_);
+  }
+  // The storage directory as a restarted cairnd (or the CLI) opens it.
+  storage::ShardStore& Disk() {
+    if (disk_ == nullptr) {
+      disk_ = storage::OpenShardStore("file://" + data_dir_).value();
+    }
+    return *disk_;
+  }
+  // A cairnd that died (its catalog and storage as they are) starts again,
+  // without injected faults.
+  void Restart() {
+    coordinator_.reset();
+    options_.storage_uri = "file://" + data_dir_;
+    Start();
+  }
+  // Edits the catalog while no coordinator has it open.
+  void EditCatalog(const std::function<void(storage::Catalog&)>& edit) {
+    ASSERT_EQ(coordinator_, nullptr);
+    auto catalog = storage::Catalog::Open(options_.catalog_path);
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    edit(**catalog);
+  }
+  // A writer of `key` that dies mid-write: its temp file stays.
+  void DeadWriter(const std::string& key) {
+    auto w = Disk().NewWriter(key);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Append(absl::MakeConstSpan(std::string(5000, 'z'))).ok());
+    (*w)->SimulateCrashForTest();
+  }
+  int TempFiles() {
+    int n = 0;
+    for (const auto& e :
+         std::filesystem::recursive_directory_iterator(data_dir_)) {
+      if (absl::StartsWith(e.path().filename().string(), ".cairn-tmp")) ++n;
+    }
+    return n;
+  }
+  absl::StatusOr<v1::CheckpointRecord> Record(const std::string& job,
+                                              int64_t step) {
+    v1::GetCheckpointRequest get;
+    get.set_job(job);
+    get.set_step(step);
+    auto r = coordinator_->GetCheckpoint(get);
+    if (!r.ok()) return r.status();
+    return r->checkpoint();
+  }
+  std::vector<int64_t> ListedSteps(const std::string& job) {
+    v1::ListCheckpointsRequest list;
+    list.set_job(job);
+    auto l = coordinator_->ListCheckpoints(list);
+    EXPECT_TRUE(l.ok()) << l.status();
+    std::vector<int64_t> steps;
+    if (l.ok()) {
+      for (const auto& r : l->checkpoints()) steps.push_back(r.step());
+    }
+    return steps;
+  }
+  // What every restart must guarantee: each listed checkpoint has a MANIFEST
+  // whose every byte verifies, `latest` is the newest of them, every
+  // MANIFEST on storage is listed, and nothing else is left on storage.
+  void ExpectCatalogAndStorageAgree(const std::string& job) {
+    std::vector<int64_t> listed = ListedSteps(job);
+    for (int64_t step : listed) {
+      auto m = storage::ReadManifest(Disk(), job, step);
+      ASSERT_TRUE(m.ok()) << "listed step " << step << ": " << m.status();
+      EXPECT_TRUE(storage::VerifyCheckpoint(Disk(), *m).ok()) << step;
+    }
+    EXPECT_EQ(LatestStep(job), listed.empty() ? -1 : listed.back());
+    auto on_disk = storage::ListCommittedSteps(Disk(), job);
+    ASSERT_TRUE(on_disk.ok());
+    EXPECT_EQ(*on_disk, listed);
+    auto incomplete = storage::ListIncompleteSteps(Disk(), job);
+    ASSERT_TRUE(incomplete.ok());
+    EXPECT_THAT(*incomplete, ::testing::IsEmpty());
+    EXPECT_EQ(TempFiles(), 0);
+  }
+
+  std::string data_dir_;
+  std::unique_ptr<storage::ShardStore> disk_;
 
   void Start() {
     auto c = Coordinator::Create(options_);
@@ -113,12 +222,14 @@ class CoordinatorTest : public ::testing::Test {
   std::future<BeginResult> Begin(const std::string& job, int64_t step, int rank,
                                  int world,
                                  std::optional<v1::LocalSavePlan> plan,
-                                 std::string fingerprint = "") {
+                                 std::string fingerprint = "",
+                                 uint64_t incarnation = 0) {
     v1::BeginSaveRequest req;
     req.set_job(job);
     req.set_step(step);
     req.set_rank(rank);
     req.set_world_size(world);
+    req.set_incarnation(incarnation);
     if (plan) {
       *req.mutable_local_plan() = *plan;
     } else {
@@ -1057,6 +1168,355 @@ TEST_F(CoordinatorTest, BeginSaveWorldSizeMismatchAbortsTheSaveAtOnce) {
   auto n1 = Begin("job", 5, 1, 2, RankPlan(1, 2));
   EXPECT_TRUE(n0.get().ok());
   EXPECT_TRUE(n1.get().ok());
+}
+
+// ---------------------------------------------------------------------------
+// Crash windows between the catalog and storage (real posix store, RocksDB).
+
+// The attempt directory of a plan ("attempt-...").
+std::string AttemptOf(const v1::BeginSaveResponse& plan) {
+  const std::string& key = plan.rank_plan().writes(0).location().object_key();
+  return key.substr(0, key.find('/'));
+}
+
+TEST_F(CoordinatorTest, CrashAfterManifestPublishIsCommittedOnRestart) {
+  UsePosix();
+  Start();
+  Save("job", 1, 2);
+  std::vector<v1::BeginSaveResponse> plans = Save("job", 2, 2);
+  auto committed = Record("job", 2);
+  ASSERT_TRUE(committed.ok());
+  coordinator_.reset();
+  // What a SIGKILL between publishing the MANIFEST and recording the commit
+  // leaves: the WRITING record PlanSession wrote and a durable MANIFEST.
+  // Also a rank of another attempt that died mid-write, and that attempt's
+  // object a zombie wrote after its cleanup.
+  EditCatalog([&](storage::Catalog& catalog) {
+    v1::CheckpointRecord writing;
+    writing.set_job("job");
+    writing.set_step(2);
+    writing.set_state(v1::CHECKPOINT_STATE_WRITING);
+    writing.set_world_size(2);
+    writing.set_created_unix_micros(committed->created_unix_micros());
+    writing.set_storage_uri(committed->storage_uri());
+    ASSERT_TRUE(catalog.PutCheckpoint(writing).ok());
+  });
+  const std::string step2 = storage::StepPrefix("job", 2);
+  DeadWriter(step2 + AttemptOf(plans[0]) + "/data-rank1");
+  DeadWriter(step2 + "attempt-000000000bad/data-0");
+  ASSERT_TRUE(Disk()
+                  .Put(step2 + "attempt-000000000bad/data-1",
+                       absl::MakeConstSpan("zombie", 6))
+                  .ok());
+  ASSERT_EQ(TempFiles(), 2);
+
+  Start();
+  auto rec = Record("job", 2);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->state(), v1::CHECKPOINT_STATE_COMMITTED)
+      << v1::CheckpointState_Name(rec->state()) << " " << rec->abort_reason();
+  EXPECT_EQ(rec->total_bytes(), committed->total_bytes());
+  EXPECT_EQ(rec->num_tensors(), committed->num_tensors());
+  EXPECT_EQ(rec->num_bytes_entries(), committed->num_bytes_entries());
+  EXPECT_EQ(rec->world_size(), 2);
+  EXPECT_EQ(rec->created_unix_micros(), committed->created_unix_micros());
+  EXPECT_EQ(LatestStep("job"), 2);
+  EXPECT_THAT(ListedSteps("job"), ::testing::ElementsAre(1, 2));
+  auto keys = Disk().List(step2);
+  ASSERT_TRUE(keys.ok());
+  for (const std::string& k : *keys) EXPECT_THAT(k, Not(HasSubstr("bad")));
+  ExpectCatalogAndStorageAgree("job");
+  // Retention sees it like any other committed checkpoint.
+  v1::GarbageCollectRequest gc;
+  gc.set_job("job");
+  gc.set_keep_last(1);
+  auto collected = coordinator_->GarbageCollect(gc);
+  ASSERT_TRUE(collected.ok()) << collected.status();
+  EXPECT_THAT(collected->deleted_steps(), ::testing::ElementsAre(1));
+  ExpectCatalogAndStorageAgree("job");
+}
+
+TEST_F(CoordinatorTest, RestartAbortsSavesWithoutManifestAndRemovesTheirBytes) {
+  UsePosix();
+  Start();
+  Save("job", 1, 1);
+  Save("job", 2, 1);
+  coordinator_.reset();
+  // Step 2 was in flight (written, no MANIFEST yet); step 3 had just begun:
+  // its only rank died mid-write, so its directory holds only a temp file.
+  ASSERT_TRUE(Disk().Delete(storage::ManifestKey("job", 2)).ok());
+  DeadWriter(storage::StepPrefix("job", 3) + "attempt-000000000003/data-0");
+  EditCatalog([&](storage::Catalog& catalog) {
+    for (int64_t step : {2, 3}) {
+      v1::CheckpointRecord writing;
+      writing.set_job("job");
+      writing.set_step(step);
+      writing.set_state(v1::CHECKPOINT_STATE_WRITING);
+      writing.set_world_size(1);
+      ASSERT_TRUE(catalog.PutCheckpoint(writing).ok());
+    }
+  });
+  Start();
+  for (int64_t step : {2, 3}) {
+    auto rec = Record("job", step);
+    ASSERT_TRUE(rec.ok()) << rec.status();
+    EXPECT_EQ(rec->state(), v1::CHECKPOINT_STATE_ABORTED) << step;
+    EXPECT_THAT(rec->abort_reason(), HasSubstr("restarted during the save"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(data_dir_ + "/job/0000000000000002"));
+  EXPECT_FALSE(std::filesystem::exists(data_dir_ + "/job/0000000000000003"));
+  ExpectCatalogAndStorageAgree("job");
+  EXPECT_EQ(LatestStep("job"), 1);
+}
+
+TEST_F(CoordinatorTest, RestartReconcilesRecordsAndManifestsBothWays) {
+  UsePosix();
+  Start();
+  for (int64_t step : {1, 2, 3}) Save("job", step, 1);
+  coordinator_.reset();
+  // The catalog lost step 2's record (it is not empty, so no rebuild), and
+  // step 3's MANIFEST is gone from storage (removed by hand).
+  EditCatalog([&](storage::Catalog& catalog) {
+    ASSERT_TRUE(catalog.DeleteCheckpoint("job", 2).ok());
+  });
+  ASSERT_TRUE(Disk().Delete(storage::ManifestKey("job", 3)).ok());
+  Start();
+  auto two = Record("job", 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->state(), v1::CHECKPOINT_STATE_COMMITTED);
+  auto three = Record("job", 3);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->state(), v1::CHECKPOINT_STATE_ABORTED);
+  EXPECT_THAT(three->abort_reason(), HasSubstr("MANIFEST was missing"));
+  EXPECT_EQ(LatestStep("job"), 2);
+  ExpectCatalogAndStorageAgree("job");
+
+  // No committed record has its MANIFEST: storage not mounted, not empty.
+  coordinator_.reset();
+  for (int64_t step : {1, 2}) {
+    ASSERT_TRUE(Disk().Delete(storage::ManifestKey("job", step)).ok());
+  }
+  auto refused = Coordinator::Create(options_);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("is the storage mounted"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr(options_.catalog_path));
+}
+
+// Kills storage at every mutation of a `cairn rm` of the newest step, and of
+// a commit whose retention deletes the older one: while cairnd runs on, no
+// listed checkpoint or `latest` is one that cannot load, and after a restart
+// catalog and storage agree with nothing left over.
+TEST_F(CoordinatorTest, CrashAtEveryStorageMutationOfADeleteOrRetention) {
+  for (bool retention : {false, true}) {
+    for (int64_t n = 1;; ++n) {
+      SCOPED_TRACE(absl::StrCat(retention ? "retention" : "rm",
+                                ", crash at mutation ", n));
+      UsePosix(/*faulty=*/true);
+      options_.keep_last = retention ? 1 : 0;
+      Start();
+      Save("job", 1, 1);
+      if (!retention) Save("job", 2, 1);
+      g_faults->CrashAtMutation(n);
+      if (retention) {
+        BeginResult b = Begin("job", 2, 0, 1, RankPlan(0, 1)).get();
+        ASSERT_TRUE(b.ok()) << b.status();
+        (void)Commit(Write("job", 2, 0, *b)).get();
+      } else {
+        v1::DeleteCheckpointRequest del;
+        del.set_job("job");
+        del.set_step(2);
+        (void)coordinator_->DeleteCheckpoint(del);
+      }
+      const bool crashed = g_faults->crashed();
+      // (`latest` is the newest listed step; loading it needs the storage
+      // that just "died", so only the MANIFEST is checked, on the disk.)
+      for (int64_t step : ListedSteps("job")) {
+        auto m = storage::ReadManifest(Disk(), "job", step);
+        EXPECT_TRUE(m.ok()) << "listed step " << step << ": " << m.status();
+      }
+      Restart();
+      ExpectCatalogAndStorageAgree("job");
+      if (!retention) {
+        EXPECT_EQ(LatestStep("job"), 1);
+      }
+      if (HasFailure() || !crashed) break;  // every crash point was tried
+    }
+  }
+}
+
+TEST_F(CoordinatorTest, GcAndCommitRemoveTempFilesAndOtherAttemptsObjects) {
+  UsePosix();
+  Start();
+  std::vector<v1::BeginSaveResponse> plans = Save("job", 1, 2);
+  const std::string step1 = storage::StepPrefix("job", 1);
+  // A rank that died mid-write (its 64 MiB temp file), and a zombie of an
+  // aborted attempt writing after that attempt's cleanup.
+  DeadWriter(step1 + AttemptOf(plans[0]) + "/data-9");
+  ASSERT_TRUE(Disk()
+                  .Put(step1 + "attempt-00000000dead/data-0",
+                       absl::MakeConstSpan("zombie", 6))
+                  .ok());
+  ASSERT_EQ(TempFiles(), 1);
+  v1::GarbageCollectRequest gc;
+  gc.set_job("job");
+  gc.set_keep_last(1);
+  ASSERT_TRUE(coordinator_->GarbageCollect(gc).ok());
+  ExpectCatalogAndStorageAgree("job");
+  EXPECT_FALSE(std::filesystem::exists(data_dir_ + "/" + step1 +
+                                       "attempt-00000000dead"));
+
+  // The same garbage in a step before its commit goes with the commit.
+  BeginResult b = Begin("job", 2, 0, 1, RankPlan(0, 1)).get();
+  ASSERT_TRUE(b.ok());
+  const std::string step2 = storage::StepPrefix("job", 2);
+  DeadWriter(step2 + "attempt-00000000dead/data-0");
+  ASSERT_TRUE(Disk()
+                  .Put(step2 + "attempt-00000000dead/data-1",
+                       absl::MakeConstSpan("zombie", 6))
+                  .ok());
+  ASSERT_TRUE(Commit(Write("job", 2, 0, *b)).get().ok());
+  ExpectCatalogAndStorageAgree("job");
+  EXPECT_EQ(LatestStep("job"), 2);
+}
+
+TEST_F(CoordinatorTest,
+       DeletingStepIsNeverListedLoadedOrSavedAndRestartEndsIt) {
+  UsePosix(/*faulty=*/true);
+  Start();
+  Save("job", 1, 1);
+  Save("job", 2, 1);
+  // The data of step 2 cannot be deleted: `cairn rm` fails half-way.
+  storage::FaultRule rule;
+  rule.ops = storage::kFaultDelete;
+  rule.key_contains = "0000000000000002/";
+  rule.count = -1;
+  rule.status = absl::UnavailableError("disk went away");
+  g_faults->AddRule(rule);
+  v1::DeleteCheckpointRequest del;
+  del.set_job("job");
+  del.set_step(2);
+  absl::Status s = coordinator_->DeleteCheckpoint(del);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("disk went away"));
+  auto rec = Record("job", 2);
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ(rec->state(), v1::CHECKPOINT_STATE_DELETING);
+  EXPECT_THAT(ListedSteps("job"), ::testing::ElementsAre(1));
+  EXPECT_EQ(LatestStep("job"), 1);
+  v1::PlanLoadRequest load;
+  load.set_job("job");
+  load.set_step(2);
+  EXPECT_EQ(coordinator_->PlanLoad(load).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  BeginResult again = Begin("job", 2, 0, 1, RankPlan(0, 1)).get();
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(again.status().message()),
+              HasSubstr("job 'job' step 2 is being deleted"));
+  // A restart finishes the deletion.
+  Restart();
+  EXPECT_EQ(Record("job", 2).status().code(), absl::StatusCode::kNotFound);
+  ExpectCatalogAndStorageAgree("job");
+}
+
+// ---------------------------------------------------------------------------
+// A commit never publishes an object whose bytes differ from its crc32c.
+
+TEST_F(CoordinatorTest, RestartedRankStartsTheSaveOverInsteadOfRejoiningIt) {
+  UsePosix();
+  Start();
+  constexpr uint64_t kRank0 = 0xa0, kRank1 = 0xb1, kRank1Again = 0xb2;
+  auto b0 = Begin("job", 7, 0, 2, RankPlan(0, 2), "", kRank0);
+  auto b1 = Begin("job", 7, 1, 2, RankPlan(1, 2), "", kRank1);
+  BeginResult r0 = b0.get(), r1 = b1.get();
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  v1::CommitSaveRequest c0 = Write("job", 7, 0, *r0);
+  c0.set_incarnation(kRank0);
+  auto committed0 = Commit(c0);  // parked: rank 1 has not reported
+  // Rank 1's process is killed and a new one saves the same step: it must
+  // not get the old attempt (where rank 0's reported objects are).
+  auto b1_again = Begin("job", 7, 1, 2, RankPlan(1, 2), "", kRank1Again);
+  CommitResult aborted = committed0.get();
+  EXPECT_EQ(aborted.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(aborted.status().message()),
+              HasSubstr("save of job 'job' step 7 aborted: rank 1 restarted "
+                        "during the save"));
+  // The old rank-1 process is refused in whatever follows.
+  v1::CommitSaveRequest stale = Write("job", 7, 1, *r1);
+  stale.set_incarnation(kRank1);
+  // Rank 0 saves again (same process) and joins the new attempt.
+  auto b0_again = Begin("job", 7, 0, 2, RankPlan(0, 2), "", kRank0);
+  BeginResult n0 = b0_again.get(), n1 = b1_again.get();
+  ASSERT_TRUE(n0.ok() && n1.ok()) << n0.status() << n1.status();
+  EXPECT_NE(AttemptOf(*n0), AttemptOf(*r0));
+  CommitResult old = Commit(stale).get();
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(old.status().message()),
+              HasSubstr("rank 1 of job 'job' step 7: this process"));
+  v1::AbortSaveRequest stale_abort;
+  stale_abort.set_job("job");
+  stale_abort.set_step(7);
+  stale_abort.set_rank(1);
+  stale_abort.set_incarnation(kRank1);
+  stale_abort.set_reason("its CommitSave failed");
+  EXPECT_EQ(coordinator_->AbortSave(stale_abort).code(),
+            absl::StatusCode::kFailedPrecondition);
+  v1::CommitSaveRequest n0c = Write("job", 7, 0, *n0);
+  n0c.set_incarnation(kRank0);
+  v1::CommitSaveRequest n1c = Write("job", 7, 1, *n1);
+  n1c.set_incarnation(kRank1Again);
+  auto f0 = Commit(n0c);
+  auto f1 = Commit(n1c);
+  ASSERT_TRUE(f0.get().ok());
+  ASSERT_TRUE(f1.get().ok());
+  EXPECT_EQ(LatestStep("job"), 7);
+  ExpectCatalogAndStorageAgree("job");  // every byte verifies
+  // The aborted attempt's directory is gone.
+  EXPECT_FALSE(std::filesystem::exists(absl::StrCat(
+      data_dir_, "/", storage::StepPrefix("job", 7), AttemptOf(*r0))));
+}
+
+TEST_F(CoordinatorTest, RankThatSavesAgainAfterReportingStartsTheSaveOver) {
+  UsePosix();
+  Start();
+  auto b0 = Begin("job", 3, 0, 2, RankPlan(0, 2), "", 5);
+  auto b1 = Begin("job", 3, 1, 2, RankPlan(1, 2), "", 6);
+  BeginResult r0 = b0.get(), r1 = b1.get();
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  v1::CommitSaveRequest c0 = Write("job", 3, 0, *r0);
+  c0.set_incarnation(5);
+  auto parked = Commit(c0);
+  // The same process calls Save(3) again (its CommitSave timed out on its
+  // side): it would rewrite objects whose crc32c cairnd holds.
+  auto again = Begin("job", 3, 0, 2, RankPlan(0, 2), "", 5);
+  CommitResult first = parked.get();
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(first.status().message()),
+              HasSubstr("rank 0 called BeginSave again after reporting its "
+                        "writes"));
+  // A retry of BeginSave before reporting is still a retry.
+  auto b1_retry = Begin("job", 3, 1, 2, RankPlan(1, 2), "", 6);
+  BeginResult n0 = again.get(), n1 = b1_retry.get();
+  ASSERT_TRUE(n0.ok() && n1.ok());
+  EXPECT_EQ(AttemptOf(*n0), AttemptOf(*n1));
+  EXPECT_NE(AttemptOf(*n0), AttemptOf(*r0));
+  auto b1_retry2 = Begin("job", 3, 1, 2, RankPlan(1, 2), "", 6).get();
+  ASSERT_TRUE(b1_retry2.ok());
+  EXPECT_EQ(AttemptOf(*b1_retry2), AttemptOf(*n1));
+
+  // Two reports with different checksums: the first can no longer be
+  // trusted to describe what is on storage.
+  v1::CommitSaveRequest n0c = Write("job", 3, 0, *n0);
+  n0c.set_incarnation(5);
+  auto p0 = Commit(n0c);
+  n0c.mutable_results(0)->set_crc32c(n0c.results(0).crc32c() ^ 1);
+  CommitResult twice = Commit(n0c).get();
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(twice.status().message()),
+              HasSubstr("rank 0 committed twice with different checksums"));
+  EXPECT_EQ(p0.get().status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(LatestStep("job"), -1);
 }
 
 }  // namespace

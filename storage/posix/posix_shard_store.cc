@@ -562,6 +562,28 @@ class PosixShardStore : public ShardStore {
     return absl::OkStatus();
   }
 
+  absl::Status DeleteAbandonedWrites(absl::string_view dir_prefix) override {
+    CAIRN_RETURN_IF_ERROR(ShardStore::DeleteAbandonedWrites(dir_prefix));
+    // Temp files only (Recurse offers those of every directory inside the
+    // prefix), then every directory that became empty, deepest first.
+    return ForEachUnder(
+        dir_prefix, /*include_temp=*/true,
+        [&](int dir_fd, const std::string& name,
+            const std::string& key) -> absl::Status {
+          if (!IsTempName(name)) return absl::OkStatus();
+          if (::unlinkat(dir_fd, name.c_str(), 0) != 0 && errno != ENOENT) {
+            return ErrnoError(errno, absl::StrCat("deleting abandoned '", key,
+                                                  "' in ", uri()));
+          }
+          CAIRN_LOG(info, "removed {} of an unfinished write in {}", key,
+                    uri());
+          return absl::OkStatus();
+        },
+        [&](int parent_fd, const std::string& name) {
+          ::unlinkat(parent_fd, name.c_str(), AT_REMOVEDIR);  // if empty
+        });
+  }
+
   // Walks `segs` from the root, creating missing directories when `create`.
   absl::StatusOr<DirChain> Walk(absl::string_view key,
                                 const std::vector<std::string>& segs,

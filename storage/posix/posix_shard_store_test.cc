@@ -204,6 +204,42 @@ TEST(PosixShardStoreTest, TempFilesOfCrashedWritersAreHiddenAndDeletable) {
   EXPECT_FALSE(fs::exists(root + "/job"));
 }
 
+TEST(PosixShardStoreTest, DeleteAbandonedWritesRemovesOnlyTempFilesBelow) {
+  const std::string root = NewTempDir();
+  auto store = OpenShardStore("file://" + root);
+  ASSERT_TRUE(store.ok());
+  // A committed object next to a crashed writer's temp file in one directory,
+  // a directory holding only a crashed temp file, and a crashed writer of
+  // another job.
+  ASSERT_TRUE((*store)->Put("job/0001/a/obj", AsSpan("kept")).ok());
+  for (const char* key : {"job/0001/a/dead", "job/0002/b/dead", "other/x"}) {
+    auto w = (*store)->NewWriter(key);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Append(AsSpan(std::string(5000, 'x'))).ok());
+    (*w)->SimulateCrashForTest();
+  }
+  auto temps_under = [&](const std::string& dir) {
+    int n = 0;
+    if (!fs::exists(dir)) return 0;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      if (absl::StartsWith(e.path().filename().string(), ".cairn-tmp")) ++n;
+    }
+    return n;
+  };
+  ASSERT_EQ(temps_under(root + "/job"), 2);
+  EXPECT_EQ((*store)->DeleteAbandonedWrites("job/0001").code(),
+            absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE((*store)->DeleteAbandonedWrites("job/").ok());
+  EXPECT_EQ(temps_under(root + "/job"), 0);
+  EXPECT_EQ(temps_under(root + "/other"), 1);    // outside the prefix
+  EXPECT_FALSE(fs::exists(root + "/job/0002"));  // left empty: removed
+  EXPECT_THAT((*store)->List("").value(), ElementsAre("job/0001/a/obj"));
+  EXPECT_EQ(ReadFile(root + "/job/0001/a/obj"), "kept");
+  ASSERT_TRUE((*store)->DeleteAbandonedWrites("").ok());
+  EXPECT_EQ(temps_under(root), 0);
+}
+
 TEST(PosixShardStoreTest, DeleteRemovesEmptyDirectoriesButNotTheRoot) {
   const std::string root = NewTempDir();
   auto store = OpenShardStore("file://" + root);

@@ -403,4 +403,11 @@ absl::Status FaultInjectionStore::DeletePrefix(absl::string_view prefix) {
   return base_->DeletePrefix(prefix);
 }
 
+absl::Status FaultInjectionStore::DeleteAbandonedWrites(
+    absl::string_view dir_prefix) {
+  const Decision d = Decide(kFaultDelete, dir_prefix, 0);
+  if (d.kind == Decision::kFail || d.kind == Decision::kCrash) return d.status;
+  return base_->DeleteAbandonedWrites(dir_prefix);
+}
+
 }  // namespace cairn::storage

@@ -140,6 +140,7 @@ class FaultInjectionStore : public ShardStore {
       absl::string_view dir_prefix) override;
   absl::Status Delete(absl::string_view key) override;
   absl::Status DeletePrefix(absl::string_view prefix) override;
+  absl::Status DeleteAbandonedWrites(absl::string_view dir_prefix) override;
 
   // What a call should do; used by the writer class. Public for it only.
   struct Decision {
