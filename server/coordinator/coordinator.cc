@@ -878,6 +878,24 @@ void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
     plan_cache_.Insert(key, plan);
   }
 
+  // Storage, not the catalog, says what is committed: a step whose MANIFEST
+  // is there (its catalog write failed after the publish, say) is never
+  // saved over. Its record is repaired; the ranks hear ALREADY_EXISTS.
+  if (absl::StatusOr<v1::Manifest> m =
+          storage::ReadManifest(*store_, session->job, session->step);
+      m.ok() || !absl::IsNotFound(m.status())) {
+    if (m.ok()) {
+      (void)catalog_->PutCheckpoint(
+          storage::RecordFromManifest(*m, store_->uri()));
+    }
+    AbortSession(session, m.ok()
+                              ? absl::AlreadyExistsError(absl::StrCat(
+                                    SaveName(session->job, session->step),
+                                    " is already committed; save a new step"))
+                              : m.status());
+    return;
+  }
+
   v1::CheckpointRecord record;
   record.set_job(session->job);
   record.set_step(session->step);

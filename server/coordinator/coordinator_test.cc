@@ -21,6 +21,7 @@
 #include "storage/checksum.h"
 #include "storage/memory/memory_shard_store.h"
 #include "storage/testing/fault_injection_store.h"
+#include "storage/testing/test_checkpoint.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -1379,6 +1380,28 @@ TEST_F(CoordinatorTest, GcAndCommitRemoveTempFilesAndOtherAttemptsObjects) {
   ASSERT_TRUE(Commit(Write("job", 2, 0, *b)).get().ok());
   ExpectCatalogAndStorageAgree("job");
   EXPECT_EQ(LatestStep("job"), 2);
+}
+
+TEST_F(CoordinatorTest,
+       StepCommittedOnStorageButNotInTheCatalogIsNotSavedOver) {
+  UsePosix();
+  Start();
+  Save("job", 1, 1);
+  // Step 2 is committed on storage while the catalog does not know it (its
+  // catalog write failed after the publish).
+  storage::TestCheckpointSpec spec;
+  spec.step = 2;
+  auto manifest = storage::WriteTestCheckpoint(Disk(), spec);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  BeginResult r = Begin("job", 2, 0, 1, RankPlan(0, 1)).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("job 'job' step 2 is already committed"));
+  auto rec = Record("job", 2);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_EQ(LatestStep("job"), 2);
+  ExpectCatalogAndStorageAgree("job");
 }
 
 TEST_F(CoordinatorTest,
