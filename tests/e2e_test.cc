@@ -333,7 +333,8 @@ TEST_F(E2ETest, RestartedRanksNeverCommitBytesThatFailVerify) {
                        HasSubstr("save of job 'job' step 1 aborted: rank 1 "
                                  "restarted during the save"),
                        HasSubstr("rank 0 of job 'job' step 1 called CommitSave "
-                                 "before the plan was built")))
+                                 "before the plan was built"),
+                       HasSubstr("rank 0 of job 'job' step 1: this process")))
       << old0->Log();
   std::string out, err;
   EXPECT_EQ(Cli({"--coordinator", cairnd_->address(), "verify", "job", "1"},
