@@ -302,8 +302,10 @@ absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
     // Refused (bad results, another process took this rank's place) or not
     // answered in time: the save must not linger in cairnd until its commit
     // deadline. cairnd ignores this if the save is already gone or started
-    // over without this process.
-    return AbortPlannedSave(step, record.status());
+    // over without this process. cairnd's answer already names the cause
+    // (and its code, e.g. DEADLINE_EXCEEDED, is what callers act on).
+    (void)AbortPlannedSave(step, record.status());
+    return record.status();
   }
   stats_.commit_time = absl::Now() - t2;
   return record;

@@ -706,6 +706,7 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
                          convert::LocalPlanFromProto(proto));
   CAIRN_ASSIGN_OR_RETURN(v1::BeginSaveResponse plan,
                          ckpt->BeginPlannedSave(set.step, local));
+  bool committing = false;
   absl::StatusOr<v1::CheckpointRecord> result =
       [&]() -> absl::StatusOr<v1::CheckpointRecord> {
     // Storage order of cairnd's writes for this rank, each matched to the
@@ -835,12 +836,14 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
       die = st.die_before_commit;
     }
     tls_die_before_commit = die;
+    committing = true;
     return ckpt->CommitPlannedSave(commit);
   }();
   if (!result.ok()) {
     // A refused CommitSave too: the save must not linger until cairnd's
-    // commit deadline.
-    return ckpt->AbortPlannedSave(set.step, result.status());
+    // commit deadline (cairnd's answer then names the cause).
+    absl::Status reported = ckpt->AbortPlannedSave(set.step, result.status());
+    return committing ? result.status() : reported;
   }
   return result;
 }
