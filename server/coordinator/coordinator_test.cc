@@ -1041,8 +1041,8 @@ TEST_F(CoordinatorTest, LatestIsResolvedOncePerLoadRoundWhileACommitLands) {
   Save("job", 2, 2);  // commits between the ranks' PlanLoads
   ASSERT_EQ(LatestStep("job"), 2);
   v1::PlanLoadResponse b = PlanColumns(1, 2, 2, 2, /*step=*/-1);
-  EXPECT_EQ(b.step(), 1);
-  EXPECT_EQ(b.load_round(), a.load_round());
+  ASSERT_EQ(b.step(), 1);  // (a wrong step would park rank 1 alone below)
+  ASSERT_EQ(b.load_round(), a.load_round());
   // Both report; the round verifies both stored chunks of step 1.
   auto va = Verify(Pieces(a, 0, 2));
   VerifyResult vb = Verify(Pieces(b, 1, 2)).get();
@@ -1061,7 +1061,7 @@ TEST_F(CoordinatorTest, RetriedPlanLoadRejoinsItsRound) {
   v1::PlanLoadResponse a = PlanColumns(0, 0, 2, 2, -1);
   Save("job", 2, 2);
   v1::PlanLoadResponse again = PlanColumns(0, 0, 2, 2, -1);
-  EXPECT_EQ(again.step(), 1);
+  ASSERT_EQ(again.step(), 1);
   EXPECT_EQ(again.load_round(), a.load_round());
 }
 
