@@ -376,12 +376,11 @@ absl::Status Coordinator::Recover() {
   }
   if (!options_.clean_incomplete_on_start) return absl::OkStatus();
   const std::string uri = store_->uri();
+  // From the root: a job whose only save died mid-write holds nothing but
+  // temp files, so ListJobs (visible keys) does not name it.
+  CAIRN_RETURN_IF_ERROR(store_->DeleteAbandonedWrites(""));
   CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> jobs,
                          storage::ListJobs(*store_));
-  for (const std::string& job : jobs) {
-    CAIRN_RETURN_IF_ERROR(
-        store_->DeleteAbandonedWrites(absl::StrCat(job, "/")));
-  }
   std::set<SaveKey> with_manifest;
   std::map<std::string, std::vector<int64_t>> incomplete;
   for (const std::string& job : jobs) {

@@ -1347,6 +1347,20 @@ TEST_F(CoordinatorTest, CrashAtEveryStorageMutationOfADeleteOrRetention) {
   }
 }
 
+// The first save of a job killed mid-write leaves nothing but temp files:
+// no object is visible, so the job itself is not listed. Recovery must still
+// find and remove them (a crash test found 64 MiB files kept forever).
+TEST_F(CoordinatorTest, RestartRemovesTempFilesOfAJobWithNothingElse) {
+  UsePosix();
+  Start();
+  DeadWriter(storage::StepPrefix("fresh", 1) + "attempt-000000000001/data-0");
+  ASSERT_EQ(TempFiles(), 1);
+  Restart();
+  EXPECT_EQ(TempFiles(), 0);
+  EXPECT_FALSE(std::filesystem::exists(data_dir_ + "/fresh"));
+  ExpectCatalogAndStorageAgree("fresh");
+}
+
 TEST_F(CoordinatorTest, GcAndCommitRemoveTempFilesAndOtherAttemptsObjects) {
   UsePosix();
   Start();
