@@ -276,10 +276,17 @@ TEST(PosixShardStoreTest, NonRegularFilesAreRefusedWithoutBlocking) {
   ASSERT_GE(sock, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  const std::string sock_path = root + "/job/1/sock";
-  ASSERT_LT(sock_path.size(), sizeof(addr.sun_path));
-  std::strncpy(addr.sun_path, sock_path.c_str(), sizeof(addr.sun_path) - 1);
-  ASSERT_EQ(::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  // Bound by a relative name from inside the directory: a test's temp dir
+  // (Bazel's TEST_TMPDIR) can be longer than sun_path's 108 bytes.
+  std::strncpy(addr.sun_path, "sock", sizeof(addr.sun_path) - 1);
+  const int cwd = ::open(".", O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(cwd, 0);
+  ASSERT_EQ(::chdir((root + "/job/1").c_str()), 0);
+  const int bound =
+      ::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ASSERT_EQ(::fchdir(cwd), 0);
+  ::close(cwd);
+  ASSERT_EQ(bound, 0);
 
   for (const std::string name : {"fifo", "sock", "dir"}) {
     SCOPED_TRACE(name);
