@@ -20,8 +20,14 @@ table also gives the per-round Cairn / DCP ratios (same minutes, same disk).
 
 Usage: bench/e2e_bench.py [--build build] [--dir /tmp/cairn-bench] [--bytes 1.6e9]
        [--repeat 2] [--skip-dcp] [--skip-limits] [--no-drop-caches] [--timeout S]
+       [--baseline-build OTHER_BUILD]
        bench/e2e_bench.py --smoke [--build build] [--dir DIR]
 Prints one JSON line per tool and a markdown table of ratios.
+
+--baseline-build DIR also runs Cairn from another build tree (e.g. the commit before a
+refactor) in every round, alternating which of the two goes first, and prints a second
+table: this build / baseline, best of rounds and per round. That is how a change is shown
+to cost nothing beyond noise: same run, same minutes, same disk.
 
 --smoke checks in seconds that everything still runs end to end (ctest label
 bench-smoke): 32 MiB, one round, no page-cache drop (it would disturb every
@@ -89,10 +95,11 @@ def run_ranks(rank_bin, addr, job, world, model, layout, extra, timeout=None):
     return stats
 
 
-def cairn_run(args, model, total_bytes):
+def cairn_run(args, model, total_bytes, build=None):
     """One round: fresh cairnd and data directory, one save and the three loads."""
-    cairnd = os.path.join(args.build, "server/coordinator/cairnd")
-    rank_bin = os.path.join(args.build, "client/examples/cairn_train_example")
+    build = build or args.build
+    cairnd = os.path.join(build, "server/coordinator/cairnd")
+    rank_bin = os.path.join(build, "client/examples/cairn_train_example")
     data = os.path.join(args.dir, "cairn")
     shutil.rmtree(data, ignore_errors=True)
     os.makedirs(data)
@@ -154,6 +161,8 @@ def main():
                    help="never drop the page cache (loads are warm)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds each tool's processes may run (default: none; 120 with --smoke)")
+    p.add_argument("--baseline-build", default=None,
+                   help="another build tree whose Cairn runs in every round too (see the top)")
     p.add_argument("--smoke", action="store_true",
                    help="tiny and quick: check that every part still runs (see the top)")
     args = p.parse_args()
@@ -198,9 +207,16 @@ def main():
                            (["--no-drop-caches"] if args.no_drop_caches else []),
                            timeout=args.timeout)
             print(json.dumps(dcp), flush=True)
+        base = None
+        if args.baseline_build and i % 2 == 1:
+            base = dict(cairn_run(args, model, total, args.baseline_build), tool="baseline")
+            print(json.dumps(base), flush=True)
         cairn = cairn_run(args, model, total)
         print(json.dumps(cairn), flush=True)
-        rounds.append((limit, dcp, cairn))
+        if args.baseline_build and i % 2 == 0:
+            base = dict(cairn_run(args, model, total, args.baseline_build), tool="baseline")
+            print(json.dumps(base), flush=True)
+        rounds.append((limit, dcp, cairn, base))
 
     def best(key, tool):
         vals = [r[tool][key] for r in rounds if r[tool] is not None]
@@ -239,6 +255,16 @@ def main():
         print("| %s | %.2f | %.2f | %.2fx | %s | %.2f | %.0f%% | %s | %s |" %
               (name, c, d, c / d if dcp else nan, vs_dcp, lim, 100 * c / lim, vs_lim,
                ratio))
+
+    if args.baseline_build:
+        print()
+        print("| phase | this build GB/s | baseline GB/s | this / baseline | per round |")
+        print("|---|---|---|---|---|")
+        for name in ("save", "load2", "load2_whole", "load4"):
+            c, b = best(name + "_GBps", 2), best(name + "_GBps", 3)
+            per = ", ".join("%.2fx" % (rd[2][name + "_GBps"] / rd[3][name + "_GBps"])
+                            for rd in rounds)
+            print("| %s | %.2f | %.2f | %.2fx | %s |" % (name, c, b, c / b, per))
 
 
 if __name__ == "__main__":
