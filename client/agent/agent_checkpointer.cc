@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<AgentCheckpointer>> AgentCheckpointer::Connect(
   return c;
 }
 
-absl::StatusOr<agent::ShmSegment*> AgentCheckpointer::MapSegment(
+absl::StatusOr<shm::ShmSegment*> AgentCheckpointer::MapSegment(
     const std::string& name, uint64_t size) {
   for (auto it = mapped_.begin(); it != mapped_.end(); ++it) {
     if ((*it)->name() == name && (*it)->size() >= size) {
@@ -85,8 +85,8 @@ absl::StatusOr<agent::ShmSegment*> AgentCheckpointer::MapSegment(
       return mapped_.front().get();
     }
   }
-  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<agent::ShmSegment> seg,
-                         agent::ShmSegment::Open(name, size));
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<shm::ShmSegment> seg,
+                         shm::ShmSegment::Open(name, size));
   mapped_.push_front(std::move(seg));
   while (mapped_.size() > kMaxMappings) mapped_.pop_back();
   return mapped_.front().get();
@@ -185,7 +185,7 @@ absl::Status AgentCheckpointer::StreamBuckets(
     }
     if (bucket->end_of_stream()) return absl::OkStatus();
     const absl::Time c0 = absl::Now();
-    absl::StatusOr<agent::ShmSegment*> mapped =
+    absl::StatusOr<shm::ShmSegment*> mapped =
         MapSegment(bucket->shm_name(), bucket->shm_size());
     if (!mapped.ok()) {
       // The agent destroys the buckets of a stream that failed (its segment
@@ -196,7 +196,7 @@ absl::Status AgentCheckpointer::StreamBuckets(
       const absl::Status& s = why.ok() ? mapped.status() : why.status();
       return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
     }
-    agent::ShmSegment* seg = *mapped;
+    shm::ShmSegment* seg = *mapped;
     for (const v1::StagePiece& p : bucket->pieces()) {
       if (p.item() < 0 || p.item() >= static_cast<int>(items.size()) ||
           p.item_offset() + p.length() > items[p.item()].size() ||
@@ -206,7 +206,7 @@ absl::Status AgentCheckpointer::StreamBuckets(
                          " outside its item or bucket ", bucket->bucket()));
       }
       CAIRN_RETURN_IF_ERROR(copier_.Copy(
-          agent::CopySource::Host(items[p.item()].data() + p.item_offset()),
+          copier::CopySource::Host(items[p.item()].data() + p.item_offset()),
           absl::MakeSpan(seg->data() + p.staging_offset(), p.length())));
       save_stats_.bytes += p.length();
     }
@@ -225,7 +225,7 @@ absl::Status AgentCheckpointer::CopyAll(const v1::BeginStageResponse& staged_r,
                                         const planner::LocalSavePlan& local,
                                         const std::string& where) {
   const v1::BeginStageResponse* staged = &staged_r;
-  CAIRN_ASSIGN_OR_RETURN(agent::ShmSegment * seg,
+  CAIRN_ASSIGN_OR_RETURN(shm::ShmSegment * seg,
                          MapSegment(staged->shm_name(), staged->shm_size()));
   // Items come back in ToLocalPlan order: tensors' chunks, then bytes.
   int i = 0;
@@ -248,7 +248,7 @@ absl::Status AgentCheckpointer::CopyAll(const v1::BeginStageResponse& staged_r,
       const uint64_t n = static_cast<uint64_t>(planner::Volume(c.box)) * elem;
       CAIRN_ASSIGN_OR_RETURN(absl::Span<char> out, dst(n));
       CAIRN_RETURN_IF_ERROR(
-          copier_.Copy(agent::CopySource::Host(c.data.data()), out));
+          copier_.Copy(copier::CopySource::Host(c.data.data()), out));
       save_stats_.bytes += n;
     }
   }
@@ -299,8 +299,8 @@ absl::StatusOr<int64_t> AgentCheckpointer::LoadFromAgent(LoadRef ref,
       return absl::InternalError("agent answered a malformed load");
     }
     CAIRN_ASSIGN_OR_RETURN(
-        std::unique_ptr<agent::ShmSegment> seg,
-        agent::ShmSegment::Open(resp.shm_name(), resp.shm_size()));
+        std::unique_ptr<shm::ShmSegment> seg,
+        shm::ShmSegment::Open(resp.shm_name(), resp.shm_size()));
     for (size_t i = 0; i < dests.size(); ++i) {
       const uint64_t off = resp.wanted_offsets(static_cast<int>(i));
       if (off + dests[i].second > seg->size()) {

@@ -44,8 +44,8 @@
 #include "cairn/v1/agent.grpc.pb.h"
 #include "client/checkpointer.h"
 #include "client/state_dict.h"
-#include "server/agent/copier/host/host_copier.h"
-#include "server/agent/shm_segment.h"
+#include "common/copier/host_copier.h"
+#include "common/shm/shm_segment.h"
 
 namespace cairn::client {
 
@@ -134,10 +134,10 @@ class AgentCheckpointer {
   explicit AgentCheckpointer(const AgentCheckpointerOptions& options)
       : options_(options),
         incarnation_(NewIncarnation()),
-        copier_(agent::HostCopierOptions{options.copy_threads}) {}
+        copier_(copier::HostCopierOptions{options.copy_threads}) {}
 
-  absl::StatusOr<agent::ShmSegment*> MapSegment(const std::string& name,
-                                                uint64_t size);
+  absl::StatusOr<shm::ShmSegment*> MapSegment(const std::string& name,
+                                              uint64_t size);
   absl::StatusOr<int64_t> LoadFromAgent(LoadRef ref, StateDict& state);
   // AsyncSave's copy phase: the whole save into one segment, or streamed.
   absl::Status CopyAll(const v1::BeginStageResponse& staged,
@@ -151,10 +151,10 @@ class AgentCheckpointer {
   // This process's id for saves (BeginStageRequest.incarnation).
   const uint64_t incarnation_;
   std::shared_ptr<v1::Agent::Stub> stub_;
-  agent::HostCopier copier_;
+  copier::HostCopier copier_;
   // Recently used staging mappings (the agent reuses segments, so steady
   // state saves copy into memory that is already mapped).
-  std::list<std::unique_ptr<agent::ShmSegment>> mapped_;
+  std::list<std::unique_ptr<shm::ShmSegment>> mapped_;
   std::unique_ptr<Checkpointer> direct_;
   AgentSaveStats save_stats_;
   LoadSource load_source_ = LoadSource::kNone;

@@ -25,6 +25,11 @@
 #include "storage/checksum.h"
 
 namespace cairn::agent {
+
+using copier::CopySource;
+using shm::RemoveStaleSegments;
+using shm::ShmSegment;
+
 namespace {
 
 constexpr uint64_t kAlign = 64;

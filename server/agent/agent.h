@@ -69,8 +69,8 @@
 #include "cairn/v1/agent.pb.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "client/checkpointer.h"
-#include "server/agent/copier/device_copier.h"
-#include "server/agent/shm_segment.h"
+#include "common/copier/device_copier.h"
+#include "common/shm/shm_segment.h"
 #include "server/agent/transport/tcp/tcp_transport.h"
 
 namespace cairn::agent {
@@ -113,7 +113,7 @@ struct AgentOptions {
   // waits on it is aborted. Default: 60 s.
   absl::Duration stream_idle_timeout = absl::Seconds(60);
   // Copier for GPU items (cuda); null rejects GPU items FAILED_PRECONDITION.
-  std::unique_ptr<DeviceCopier> device_copier;
+  std::unique_ptr<copier::DeviceCopier> device_copier;
   // Group owning the shared-memory segments ranks map (staging, loads);
   // they are 0660 for it. -1: segments are 0600 (the agent's user only).
   // AgentServer sets it to its socket group. Default: -1.
@@ -163,7 +163,7 @@ class Agent {
     uint64_t incarnation = 0;  // of the rank's process; 0: not sent
     bool replica = false;
     std::vector<Item> items;
-    std::shared_ptr<ShmSegment> segment;
+    std::shared_ptr<shm::ShmSegment> segment;
   };
   struct SaveResult {
     bool done = false;
@@ -176,8 +176,8 @@ class Agent {
 
   explicit Agent(AgentOptions options);
 
-  absl::StatusOr<std::shared_ptr<ShmSegment>> Allocate(uint64_t bytes,
-                                                       absl::Time deadline);
+  absl::StatusOr<std::shared_ptr<shm::ShmSegment>> Allocate(
+      uint64_t bytes, absl::Time deadline);
   bool EvictOne();
   void Persist(std::shared_ptr<Set> set, bool die_before_commit);
   absl::Status StartPersistThread(std::function<void()> fn);
@@ -227,7 +227,8 @@ class Agent {
       ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, std::shared_ptr<Set>> replicas_
       ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::shared_ptr<ShmSegment>> loads_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<shm::ShmSegment>> loads_
+      ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, std::unique_ptr<client::Checkpointer>>
       checkpointers_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, std::unique_ptr<absl::Mutex>>

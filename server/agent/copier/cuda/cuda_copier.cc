@@ -44,9 +44,10 @@ absl::Status CudaCopier::RegisterHostMemory(char* data, size_t size) {
   return absl::OkStatus();
 }
 
-absl::Status CudaCopier::Copy(const CopySource& src, absl::Span<char> dst) {
+absl::Status CudaCopier::Copy(const copier::CopySource& src,
+                              absl::Span<char> dst) {
   if (dst.empty()) return absl::OkStatus();
-  if (src.kind == CopySource::Kind::kHost) {
+  if (src.kind == copier::CopySource::Kind::kHost) {
     std::memcpy(dst.data(), src.host, dst.size());
     return absl::OkStatus();
   }

@@ -18,18 +18,19 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/agent/copier/device_copier.h"
+#include "common/copier/device_copier.h"
 
 namespace cairn::agent {
 
-class CudaCopier : public DeviceCopier {
+class CudaCopier : public copier::DeviceCopier {
  public:
   // Creates a stream on `device`. FAILED_PRECONDITION without a device.
   static absl::StatusOr<std::unique_ptr<CudaCopier>> Create(int device);
   ~CudaCopier() override;
 
   absl::string_view name() const override { return "cuda"; }
-  absl::Status Copy(const CopySource& src, absl::Span<char> dst) override;
+  absl::Status Copy(const copier::CopySource& src,
+                    absl::Span<char> dst) override;
   absl::Status Flush() override;
 
   // Page-locks [data, data + size) for DMA (idempotent per range start).

@@ -31,8 +31,8 @@ TEST(CudaCopierTest, CopiesDeviceMemoryThroughIpcHandle) {
   ASSERT_TRUE(gpu::FillDeviceBytes(dev, 1 << 20, 0x5a).ok());
   cudaIpcMemHandle_t h;
   ASSERT_EQ(cudaIpcGetMemHandle(&h, dev), cudaSuccess);
-  CopySource src;
-  src.kind = CopySource::Kind::kCudaIpc;
+  copier::CopySource src;
+  src.kind = copier::CopySource::Kind::kCudaIpc;
   src.cuda_ipc_handle.assign(reinterpret_cast<const char*>(&h), sizeof(h));
   src.offset = 4096;
   std::string dst(8192, '\0');

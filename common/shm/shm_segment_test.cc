@@ -1,4 +1,4 @@
-#include "server/agent/shm_segment.h"
+#include "common/shm/shm_segment.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace cairn::agent {
+namespace cairn::shm {
 namespace {
 
 using ::testing::HasSubstr;
@@ -80,4 +80,4 @@ TEST(ShmSegmentTest, RemoveStaleSegmentsRemovesOnlyDeadCreatorsSegments) {
 }
 
 }  // namespace
-}  // namespace cairn::agent
+}  // namespace cairn::shm

@@ -1,4 +1,4 @@
-#include "server/agent/copier/host/host_copier.h"
+#include "common/copier/host_copier.h"
 
 #include <random>
 #include <string>
@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace cairn::agent {
+namespace cairn::copier {
 namespace {
 
 std::string RandomBytes(size_t n, uint32_t seed) {
@@ -51,4 +51,4 @@ TEST(HostCopierTest, RejectsCudaSourcesAndNull) {
 }
 
 }  // namespace
-}  // namespace cairn::agent
+}  // namespace cairn::copier

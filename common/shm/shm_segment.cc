@@ -1,4 +1,4 @@
-#include "server/agent/shm_segment.h"
+#include "common/shm/shm_segment.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace cairn::agent {
+namespace cairn::shm {
 namespace {
 
 absl::Status ErrnoStatus(int err, absl::string_view what) {
@@ -132,4 +132,4 @@ int RemoveStaleSegments(absl::string_view prefix) {
   return removed;
 }
 
-}  // namespace cairn::agent
+}  // namespace cairn::shm

@@ -2,10 +2,10 @@
 // memory. The only step of a save that training waits for.
 //
 // Implementations:
-//   host (copier/host/): the source is host memory of this process; memcpy,
-//        split over threads for large items. Fully tested.
-//   cuda (copier/cuda/): the source is device memory of another process,
-//        exported as a CUDA IPC handle; the agent opens it and copies
+//   host (common/copier/host_copier.h): the source is host memory of this
+//        process; memcpy, split over threads for large items. Fully tested.
+//   cuda (server/agent/copier/cuda/): the source is device memory of another
+//        process, exported as a CUDA IPC handle; the agent opens it and copies
 //        device-to-host with cudaMemcpyAsync on its own stream into pinned
 //        (cudaHostRegister'ed) staging memory. Built when CAIRN_HAVE_CUDA;
 //        its tests skip without a device.
@@ -16,8 +16,8 @@
 // Example:
 //   CAIRN_RETURN_IF_ERROR(copier.Copy(CopySource::Host(ptr), staging_span));
 //   CAIRN_RETURN_IF_ERROR(copier.Flush());  // the snapshot is complete
-#ifndef CAIRN_SERVER_AGENT_COPIER_DEVICE_COPIER_H_
-#define CAIRN_SERVER_AGENT_COPIER_DEVICE_COPIER_H_
+#ifndef CAIRN_COMMON_COPIER_DEVICE_COPIER_H_
+#define CAIRN_COMMON_COPIER_DEVICE_COPIER_H_
 
 #include <cstdint>
 #include <string>
@@ -26,7 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace cairn::agent {
+namespace cairn::copier {
 
 // Where an item's bytes are.
 struct CopySource {
@@ -61,6 +61,6 @@ class DeviceCopier {
   virtual absl::Status Flush() = 0;
 };
 
-}  // namespace cairn::agent
+}  // namespace cairn::copier
 
-#endif  // CAIRN_SERVER_AGENT_COPIER_DEVICE_COPIER_H_
+#endif  // CAIRN_COMMON_COPIER_DEVICE_COPIER_H_

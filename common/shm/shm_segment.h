@@ -11,8 +11,8 @@
 //
 // Thread-compatible: the mapping may be read and written concurrently by
 // callers that coordinate their own byte ranges.
-#ifndef CAIRN_SERVER_AGENT_SHM_SEGMENT_H_
-#define CAIRN_SERVER_AGENT_SHM_SEGMENT_H_
+#ifndef CAIRN_COMMON_SHM_SHM_SEGMENT_H_
+#define CAIRN_COMMON_SHM_SHM_SEGMENT_H_
 
 #include <sys/types.h>
 
@@ -24,7 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace cairn::agent {
+namespace cairn::shm {
 
 class ShmSegment {
  public:
@@ -67,6 +67,6 @@ class ShmSegment {
 // left behind. Live agents' segments are kept. Returns how many were removed.
 int RemoveStaleSegments(absl::string_view prefix);
 
-}  // namespace cairn::agent
+}  // namespace cairn::shm
 
-#endif  // CAIRN_SERVER_AGENT_SHM_SEGMENT_H_
+#endif  // CAIRN_COMMON_SHM_SHM_SEGMENT_H_

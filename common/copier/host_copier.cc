@@ -1,11 +1,11 @@
-#include "server/agent/copier/host/host_copier.h"
+#include "common/copier/host_copier.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "absl/synchronization/blocking_counter.h"
 
-namespace cairn::agent {
+namespace cairn::copier {
 
 HostCopier::HostCopier(HostCopierOptions options) : options_(options) {
   if (options_.threads > 1) {
@@ -46,4 +46,4 @@ absl::Status HostCopier::Copy(const CopySource& src, absl::Span<char> dst) {
   return absl::OkStatus();
 }
 
-}  // namespace cairn::agent
+}  // namespace cairn::copier

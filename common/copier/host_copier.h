@@ -2,15 +2,15 @@
 // `parallel_min_bytes` are split into equal slices copied by `threads`
 // threads (one memcpy stream per core saturates little of the memory
 // bandwidth on large hosts); smaller items are a single memcpy.
-#ifndef CAIRN_SERVER_AGENT_COPIER_HOST_HOST_COPIER_H_
-#define CAIRN_SERVER_AGENT_COPIER_HOST_HOST_COPIER_H_
+#ifndef CAIRN_COMMON_COPIER_HOST_COPIER_H_
+#define CAIRN_COMMON_COPIER_HOST_COPIER_H_
 
 #include <memory>
 
+#include "common/copier/device_copier.h"
 #include "common/thread_pool.h"
-#include "server/agent/copier/device_copier.h"
 
-namespace cairn::agent {
+namespace cairn::copier {
 
 struct HostCopierOptions {
   // Threads copying one large item. Default: 1 (the caller's thread only).
@@ -31,6 +31,6 @@ class HostCopier : public DeviceCopier {
   std::unique_ptr<ThreadPool> pool_;  // null with one thread
 };
 
-}  // namespace cairn::agent
+}  // namespace cairn::copier
 
-#endif  // CAIRN_SERVER_AGENT_COPIER_HOST_HOST_COPIER_H_
+#endif  // CAIRN_COMMON_COPIER_HOST_COPIER_H_
