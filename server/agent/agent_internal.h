@@ -1,0 +1,196 @@
+// Internals shared by the files of the agent library (agent.cc,
+// staging_pool.cc, streaming_save.cc, persister.cc, replicator.cc,
+// peer_service.cc, peer_load.cc): item helpers, the staging pool's and a
+// streaming save's state. Not part of the agent's interface.
+#ifndef CAIRN_SERVER_AGENT_AGENT_INTERNAL_H_
+#define CAIRN_SERVER_AGENT_AGENT_INTERNAL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cairn/v1/agent.pb.h"
+#include "common/shm/shm_segment.h"
+#include "planner/box.h"
+#include "planner/dtype.h"
+#include "proto/convert/plan_convert.h"
+#include "server/agent/agent.h"
+
+namespace cairn::agent {
+namespace internal {
+
+constexpr uint64_t kAlign = 64;
+constexpr uint64_t kSegmentGranule = 4096;
+
+inline uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+inline planner::DType DTypeOf(v1::DType d) {
+  absl::StatusOr<planner::DType> r = convert::DTypeFromProto(d, "");
+  return r.ok() ? *r : planner::DType::kUnspecified;
+}
+
+inline bool IsBytes(const v1::WriteItem& item) {
+  return item.kind() == v1::WriteItem::KIND_BYTES;
+}
+
+inline const std::string& ItemFqn(const v1::WriteItem& item) {
+  return IsBytes(item) ? item.bytes_fqn() : item.tensor().fqn();
+}
+
+// The box of an item: its chunk, or [0, length) for a bytes entry (which the
+// transfer planner sees as a 1-D uint8 tensor).
+inline planner::ChunkBox ItemBox(const v1::WriteItem& item) {
+  planner::ChunkBox box;
+  if (IsBytes(item)) {
+    box.offsets = {0};
+    box.sizes = {static_cast<int64_t>(item.length())};
+    return box;
+  }
+  box.offsets.assign(item.chunk().offsets().begin(),
+                     item.chunk().offsets().end());
+  box.sizes.assign(item.chunk().sizes().begin(), item.chunk().sizes().end());
+  return box;
+}
+
+inline size_t ItemElemSize(const v1::WriteItem& item) {
+  if (IsBytes(item)) return 1;
+  return planner::DTypeSize(DTypeOf(item.tensor().dtype()));
+}
+
+// Transfer-planner name of an item: bytes entries get their own namespace.
+inline std::string PlanName(const v1::WriteItem& item) {
+  return IsBytes(item) ? absl::StrCat("\x01bytes:", item.bytes_fqn())
+                       : item.tensor().fqn();
+}
+
+inline bool SameItem(const v1::WriteItem& a, const v1::WriteItem& b) {
+  return a.kind() == b.kind() && ItemFqn(a) == ItemFqn(b) &&
+         ItemBox(a) == ItemBox(b);
+}
+
+inline std::string Where(absl::string_view job, int64_t step, int rank) {
+  return absl::StrCat("job '", job, "' step ", step, " rank ", rank);
+}
+
+inline absl::Status ToStatus(const v1::PeerResponse& r) {
+  if (r.code() == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(r.code()), r.message());
+}
+
+// The agent that is exiting on purpose for a fault test (per persist
+// thread). Defined in persister.cc.
+extern thread_local bool tls_die_before_commit;
+
+}  // namespace internal
+
+// Staging memory: shm segments counted against the budget. Released segments
+// are kept (still counted) for reuse by a save of the same size — the rank
+// keeps its mapping of them, so a steady-state save copies into memory that
+// is already mapped and faulted — and destroyed when space is needed.
+struct Agent::Pool {
+  std::string prefix;
+  uint64_t budget = 0;
+  absl::Mutex mu;
+  uint64_t used ABSL_GUARDED_BY(mu) = 0;
+  uint64_t seq ABSL_GUARDED_BY(mu) = 0;
+  uint64_t peak ABSL_GUARDED_BY(mu) = 0;
+  std::vector<std::unique_ptr<shm::ShmSegment>> free ABSL_GUARDED_BY(mu);
+  int64_t releases ABSL_GUARDED_BY(mu) = 0;
+  // Segments destroyed instead of reused when released: buckets of a failed
+  // stream, which a still-running rank might write into.
+  std::set<const shm::ShmSegment*> discard ABSL_GUARDED_BY(mu);
+  std::atomic<int64_t> streamed_buckets{0};
+
+  void Release(shm::ShmSegment* s) {
+    absl::MutexLock l(&mu);
+    if (discard.erase(s) > 0) {
+      used -= s->size();
+      delete s;  // unlinks it; a rank's mapping stays valid but private
+    } else {
+      free.emplace_back(s);
+    }
+    ++releases;
+  }
+  void Discard(const shm::ShmSegment* s) {
+    absl::MutexLock l(&mu);
+    discard.insert(s);
+  }
+};
+
+// One streaming save (see agent.h). The persist thread produces `pieces`
+// once (plan_ready); StageBucket hands out consecutive runs of them as
+// buckets; the persist thread takes filled buckets in order.
+struct Agent::Stream {
+  struct Piece {
+    int write = 0;  // index in cairnd's plan for this rank
+    uint64_t item_offset = 0;
+    uint64_t length = 0;
+  };
+  struct Bucket {
+    uint64_t seq = 0;
+    std::shared_ptr<shm::ShmSegment> segment;
+    size_t begin = 0, end = 0;      // pieces [begin, end)
+    std::vector<uint64_t> offsets;  // per piece, in the segment
+  };
+
+  std::shared_ptr<Set> set;  // items only, no segment
+  uint64_t save_id = 0;
+  uint64_t bucket_bytes = 0;
+  absl::Duration wait_for_space;
+  std::string where;
+
+  absl::Mutex mu;
+  absl::Status failed ABSL_GUARDED_BY(mu);
+  bool plan_ready ABSL_GUARDED_BY(mu) = false;
+  std::vector<Piece> pieces ABSL_GUARDED_BY(mu);
+  std::vector<int> write_item ABSL_GUARDED_BY(mu);  // plan write -> item
+  size_t next_piece ABSL_GUARDED_BY(mu) = 0;
+  uint64_t next_seq ABSL_GUARDED_BY(mu) = 1;
+  std::optional<Bucket> handed ABSL_GUARDED_BY(mu);  // with the rank
+  std::deque<Bucket> filled ABSL_GUARDED_BY(mu);     // for the persist thread
+  bool finished ABSL_GUARDED_BY(mu) = false;         // FinishStage arrived
+  bool die_before_commit ABSL_GUARDED_BY(mu) = false;
+  bool rank_in_call ABSL_GUARDED_BY(mu) = false;
+  absl::Time last_call ABSL_GUARDED_BY(mu);
+
+  // Waits (mu held) until `ready`, failing when the stream failed, the agent
+  // stops, or the rank has made no call for `idle` (it died mid-stream).
+  absl::Status AwaitRank(const std::function<bool()>& ready,
+                         absl::Duration idle, const std::atomic<bool>& stopping)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto cond = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return ready() || !failed.ok();
+    };
+    while (true) {
+      if (!failed.ok()) return failed;
+      if (ready()) return absl::OkStatus();
+      if (stopping.load()) {
+        return absl::UnavailableError(
+            absl::StrCat(where, ": cairn-agent is stopping"));
+      }
+      if (!rank_in_call && absl::Now() - last_call > idle) {
+        return absl::AbortedError(
+            absl::StrCat(where, ": the rank made no streaming call for ",
+                         absl::FormatDuration(idle),
+                         " (killed mid-stream?); the save is aborted"));
+      }
+      mu.AwaitWithTimeout(absl::Condition(&cond), absl::Milliseconds(50));
+    }
+  }
+};
+
+}  // namespace cairn::agent
+
+#endif  // CAIRN_SERVER_AGENT_AGENT_INTERNAL_H_
