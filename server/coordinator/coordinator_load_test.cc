@@ -1,0 +1,290 @@
+// The load protocol through the coordinator (no gRPC): PlanLoad and its
+// cache, load rounds (`latest` once per round, join grace, world-size
+// disagreement) and VerifyLoad combining the ranks' pieces.
+#include <filesystem>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "server/coordinator/coordinator_test_fixture.h"
+
+namespace cairn::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST_F(CoordinatorTest, IdenticalLoadPlansComeFromTheCache) {
+  Start();
+  Save("job", 1, 2);
+  v1::PlanLoadRequest req;
+  req.set_job("job");
+  req.set_latest(true);
+  v1::WantedChunk* w = req.add_wanted();
+  w->mutable_tensor()->set_fqn("w");
+  w->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+  w->mutable_tensor()->add_global_shape(8);
+  w->mutable_tensor()->add_global_shape(4);
+  w->mutable_box()->add_offsets(2);
+  w->mutable_box()->add_offsets(0);
+  w->mutable_box()->add_sizes(4);
+  w->mutable_box()->add_sizes(4);
+  req.add_wanted_bytes("rng");
+  auto a = coordinator_->PlanLoad(req);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->reads_size(), 2);  // rows 2..5 span both stored chunks
+  EXPECT_EQ(a->bytes_entries_size(), 1);
+  req.set_rank(5);
+  auto b = coordinator_->PlanLoad(req);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(a->SerializeAsString(), b->SerializeAsString());
+  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 1);
+  req.add_wanted_bytes("missing");
+  auto c = coordinator_->PlanLoad(req);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("'missing'"));
+}
+
+TEST_F(CoordinatorTest, VerifyLoadCombinesThePiecesOfEveryRank) {
+  Start();
+  Save("job", 1, 2);  // "w" [8, 4] stored as rows 0-3 and rows 4-7
+  // Two ranks load it by columns: each needs half of both stored chunks.
+  v1::VerifyLoadRequest left = Pieces(PlanColumns(0, 0, 2), 0, 2);
+  v1::VerifyLoadRequest right = Pieces(PlanColumns(1, 2, 2), 1, 2);
+  ASSERT_EQ(left.pieces_size(), 2);
+  ASSERT_EQ(right.pieces_size(), 2);
+  auto a = Verify(left);
+  // Rank 0 is parked until rank 1 reports.
+  EXPECT_EQ(a.wait_for(std::chrono::milliseconds(50)),
+            std::future_status::timeout);
+  auto b = Verify(right);
+  VerifyResult ra = a.get(), rb = b.get();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  EXPECT_EQ(ra->verify_locally_size(), 0);
+  EXPECT_EQ(rb->verify_locally_size(), 0);
+  EXPECT_EQ(ra->chunks_verified(), 2);
+  EXPECT_EQ(rb->chunks_verified(), 2);
+  EXPECT_EQ(coordinator_->stats().load_chunks_verified, 2);
+  EXPECT_EQ(coordinator_->stats().load_chunks_unverified, 0);
+}
+
+TEST_F(CoordinatorTest, VerifyLoadSendsBackPiecesItCannotVerify) {
+  Start();
+  Save("job", 1, 2);
+  v1::VerifyLoadRequest left = Pieces(PlanColumns(0, 0, 2), 0, 2);
+  v1::VerifyLoadRequest right = Pieces(PlanColumns(1, 2, 2), 1, 2);
+  // Rank 1 read damaged bytes of the second stored chunk (rows 4-7).
+  int damaged = -1;
+  for (int i = 0; i < right.pieces_size(); ++i) {
+    if (right.pieces(i).overlap().offsets(0) == 4) damaged = i;
+  }
+  ASSERT_GE(damaged, 0);
+  right.mutable_pieces(damaged)->set_crc_term(right.pieces(damaged).crc_term() ^
+                                              0x100);
+  auto a = Verify(left);
+  auto b = Verify(right);
+  VerifyResult ra = a.get(), rb = b.get();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  // Both readers of the damaged chunk re-read it; the other chunk passed.
+  ASSERT_EQ(ra->verify_locally_size(), 1);
+  EXPECT_EQ(left.pieces(ra->verify_locally(0)).overlap().offsets(0), 4);
+  EXPECT_THAT(rb->verify_locally(), ::testing::ElementsAre(damaged));
+  EXPECT_EQ(ra->chunks_verified(), 1);
+  EXPECT_EQ(rb->chunks_verified(), 1);
+
+  // One rank loading only the left half alone covers no chunk completely.
+  v1::VerifyLoadRequest alone = Pieces(PlanColumns(0, 0, 2, 1), 0, 1);
+  VerifyResult rc = Verify(alone).get();
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  EXPECT_EQ(rc->verify_locally_size(), 2);
+  EXPECT_EQ(rc->chunks_verified(), 0);
+}
+
+TEST_F(CoordinatorTest, VerifyLoadRoundExpiresAtTheDeadlineAndRetriesReplace) {
+  options_.load_verify_deadline = absl::Milliseconds(300);
+  Start();
+  Save("job", 1, 2);
+  v1::VerifyLoadRequest left = Pieces(PlanColumns(0, 0, 2), 0, 2);
+  PlanColumns(1, 2, 2);  // rank 1 plans, then never reports (it died)
+  // A retried call replaces the first; the first is answered ABORTED.
+  auto first = Verify(left);
+  auto retry = Verify(left);
+  EXPECT_EQ(first.get().status().code(), absl::StatusCode::kAborted);
+  VerifyResult r = retry.get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("ranks [1]"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("job 'job' step 1"));
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("never called VerifyLoad"));
+}
+
+TEST_F(CoordinatorTest, VerifyLoadRejectsBadRequests) {
+  options_.load_join_grace = absl::Hours(1);  // rank 1 plans at the end
+  Start();
+  Save("job", 1, 2);
+  const v1::VerifyLoadRequest good = Pieces(PlanColumns(0, 0, 2), 0, 2);
+  ASSERT_EQ(good.pieces_size(), 2);
+  auto expect = [&](v1::VerifyLoadRequest req, absl::StatusCode code,
+                    const std::string& text) {
+    VerifyResult r = Verify(req).get();
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(text));
+  };
+  v1::VerifyLoadRequest req = good;
+  req.set_rank(2);
+  expect(req, absl::StatusCode::kInvalidArgument, "out of range");
+  req = good;
+  req.set_step(7);
+  expect(req, absl::StatusCode::kNotFound, "step 7");
+  req = good;
+  req.set_job("../etc");
+  expect(req, absl::StatusCode::kInvalidArgument, "../etc");
+  req = good;
+  req.mutable_pieces(1)->mutable_source()->set_offset(12345);
+  expect(req, absl::StatusCode::kInvalidArgument,
+         "rank 0 verifying its load of job 'job' step 1: piece 1 of 'w'");
+  req = good;
+  req.mutable_pieces(0)->set_fqn("b");
+  expect(req, absl::StatusCode::kInvalidArgument, "belongs to 'w'");
+  req = good;
+  req.mutable_pieces(0)->mutable_overlap()->set_sizes(1, 9);
+  expect(req, absl::StatusCode::kInvalidArgument, "not inside the stored");
+  req = good;
+  req.mutable_pieces(0)->mutable_source()->set_length(3);
+  expect(req, absl::StatusCode::kInvalidArgument, "length 3");
+  req = good;
+  req.set_load_round(0);
+  expect(req, absl::StatusCode::kFailedPrecondition, "no load round");
+  req = good;
+  req.set_load_round(good.load_round() + 1);
+  expect(req, absl::StatusCode::kNotFound, "is over");
+  req = good;
+  req.set_world_size(3);
+  expect(req, absl::StatusCode::kInvalidArgument, "by 2 ranks");
+  req = good;
+  req.set_rank(1);
+  expect(req, absl::StatusCode::kInvalidArgument, "did not plan");
+  // Nothing was parked by the bad calls: a good round still completes.
+  auto a = Verify(good);
+  VerifyResult b = Verify(Pieces(PlanColumns(1, 2, 2), 1, 2)).get();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->chunks_verified(), 2);
+  EXPECT_TRUE(a.get().ok());
+}
+
+// `latest` is resolved once per load round: a commit landing between two
+// ranks' PlanLoads does not hand them different steps.
+TEST_F(CoordinatorTest, LatestIsResolvedOncePerLoadRoundWhileACommitLands) {
+  options_.load_join_grace = absl::Hours(1);
+  Start();
+  Save("job", 1, 2);
+  v1::PlanLoadResponse a = PlanColumns(0, 0, 2, 2, /*step=*/-1);
+  EXPECT_EQ(a.step(), 1);
+  Save("job", 2, 2);  // commits between the ranks' PlanLoads
+  ASSERT_EQ(LatestStep("job"), 2);
+  v1::PlanLoadResponse b = PlanColumns(1, 2, 2, 2, /*step=*/-1);
+  ASSERT_EQ(b.step(), 1);  // (a wrong step would park rank 1 alone below)
+  ASSERT_EQ(b.load_round(), a.load_round());
+  // Both report; the round verifies both stored chunks of step 1.
+  auto va = Verify(Pieces(a, 0, 2));
+  VerifyResult vb = Verify(Pieces(b, 1, 2)).get();
+  ASSERT_TRUE(vb.ok()) << vb.status();
+  EXPECT_EQ(vb->chunks_verified(), 2);
+  ASSERT_TRUE(va.get().ok());
+  // The next load is a new round: the newest step.
+  EXPECT_EQ(PlanColumns(0, 0, 2, 2, /*step=*/-1).step(), 2);
+}
+
+// A retried PlanLoad (its answer was lost) gets the same round and step.
+TEST_F(CoordinatorTest, RetriedPlanLoadRejoinsItsRound) {
+  options_.load_join_grace = absl::Hours(1);
+  Start();
+  Save("job", 1, 2);
+  v1::PlanLoadResponse a = PlanColumns(0, 0, 2, 2, -1);
+  Save("job", 2, 2);
+  v1::PlanLoadResponse again = PlanColumns(0, 0, 2, 2, -1);
+  ASSERT_EQ(again.step(), 1);
+  EXPECT_EQ(again.load_round(), a.load_round());
+}
+
+// Ranks of one load that disagree on world_size are refused at once, with
+// both sizes named; the rank already waiting in VerifyLoad gets it too
+// (it used to wait for the verify deadline and then be told OK).
+TEST_F(CoordinatorTest, LoadRanksDisagreeingOnWorldSizeFailAtOnce) {
+  options_.load_join_grace = absl::Hours(1);
+  options_.load_verify_deadline = absl::Hours(1);
+  Start();
+  Save("job", 1, 2);
+  v1::PlanLoadResponse a = PlanColumns(0, 0, 2, 2);
+  auto parked = Verify(Pieces(a, 0, 2));
+  absl::StatusOr<v1::PlanLoadResponse> b =
+      coordinator_->PlanLoad(ColumnsRequest(1, 2, 2, /*world=*/3));
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument)
+      << b.status();
+  const std::string msg(b.status().message());
+  EXPECT_THAT(msg, HasSubstr("job 'job' step 1"));
+  EXPECT_THAT(msg, HasSubstr("rank 1 says world_size 3"));
+  EXPECT_THAT(msg, HasSubstr("ranks [0] (1 of 2)"));
+  EXPECT_THAT(msg, HasSubstr("say world_size 2"));
+  ASSERT_EQ(parked.wait_for(std::chrono::seconds(60)),
+            std::future_status::ready);
+  VerifyResult r = parked.get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("world_size 3"));
+}
+
+// A rank loading alone (its peers load later, or never) is not held for
+// absent ranks: the round's membership closes after the join grace, and its
+// partly read chunks, which nobody else read, are sent back to verify
+// locally. The next rank forms its own round.
+TEST_F(CoordinatorTest, RanksLoadingOneAfterAnotherWaitOnlyForTheGrace) {
+  options_.load_join_grace = absl::Milliseconds(100);
+  options_.load_verify_deadline = absl::Hours(1);
+  Start();
+  Save("job", 1, 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(rank);
+    v1::PlanLoadResponse p = PlanColumns(rank, rank * 2, 2);
+    auto v = Verify(Pieces(p, rank, 2));
+    ASSERT_EQ(v.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    VerifyResult r = v.get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->verify_locally_size(), 2);
+    EXPECT_EQ(r->chunks_verified(), 0);
+  }
+}
+
+// A report without pieces (the rank's load failed, or it read every chunk
+// whole) is answered at once; a rank whose PlanLoad is refused leaves the
+// round, and the others complete without it.
+TEST_F(CoordinatorTest, EmptyReportsAreAnsweredAtOnceAndRefusedRanksLeave) {
+  options_.load_join_grace = absl::Hours(1);
+  options_.load_verify_deadline = absl::Hours(1);
+  Start();
+  Save("job", 1, 3);
+  v1::PlanLoadResponse a = PlanColumns(0, 0, 2, 3);
+  v1::PlanLoadResponse b = PlanColumns(1, 2, 2, 3);
+  v1::PlanLoadRequest bad = ColumnsRequest(2, 0, 4, 3);
+  bad.mutable_wanted(0)->mutable_tensor()->set_fqn("nope");
+  EXPECT_EQ(coordinator_->PlanLoad(bad).status().code(),
+            absl::StatusCode::kNotFound);
+  v1::VerifyLoadRequest empty = Pieces(a, 0, 3);
+  empty.clear_pieces();
+  VerifyResult e = Verify(empty).get();  // not parked
+  ASSERT_TRUE(e.ok()) << e.status();
+  // Rank 2 (refused) is not a member: the round is open (grace) with ranks
+  // 0 and 1; rank 2 plans again, fine this time, and completes it.
+  auto vb = Verify(Pieces(b, 1, 3));
+  v1::PlanLoadResponse c = PlanColumns(2, 0, 2, 3);
+  EXPECT_EQ(c.load_round(), a.load_round());
+  v1::VerifyLoadRequest vc = Pieces(c, 2, 3);
+  vc.clear_pieces();
+  ASSERT_TRUE(Verify(vc).get().ok());
+  VerifyResult rb = vb.get();
+  ASSERT_TRUE(rb.ok()) << rb.status();
+}
+
+}  // namespace
+}  // namespace cairn::coordinator

@@ -1,0 +1,452 @@
+// The save protocol through the coordinator (no gRPC): BeginSave,
+// CommitSave, AbortSave; plan and fingerprint caching, deadlines,
+// idempotent retries, restarted ranks, bounded sessions and tombstones.
+#include <filesystem>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "server/coordinator/coordinator_test_fixture.h"
+
+namespace cairn::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST_F(CoordinatorTest, UnchangedPlansSendFingerprintsAndHitThePlanCache) {
+  Start();
+  std::vector<v1::BeginSaveResponse> first = Save("job", 1, 2);
+  EXPECT_FALSE(first[0].plan_from_cache());
+  // Step 2: both ranks send only the fingerprint they got back.
+  std::vector<std::future<BeginResult>> begins;
+  for (int r = 0; r < 2; ++r) {
+    begins.push_back(
+        Begin("job", 2, r, 2, std::nullopt, first[r].plan_fingerprint()));
+  }
+  std::vector<v1::BeginSaveResponse> second;
+  for (auto& f : begins) {
+    BeginResult b = f.get();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_FALSE(b->resend_plan());
+    EXPECT_TRUE(b->plan_from_cache());
+    second.push_back(*b);
+  }
+  std::vector<std::future<CommitResult>> commits;
+  for (int r = 0; r < 2; ++r)
+    commits.push_back(Commit(Write("job", 2, r, second[r])));
+  for (auto& f : commits) ASSERT_TRUE(f.get().ok());
+  EXPECT_EQ(coordinator_->stats().plans_built, 1);
+  EXPECT_EQ(coordinator_->stats().plans_from_cache, 1);
+  // One rank changes its plan (a bigger tensor): a rebuild, not the cache.
+  Save("job", 3, 2, /*rows=*/10);
+  EXPECT_EQ(coordinator_->stats().plans_built, 2);
+  EXPECT_EQ(LatestStep("job"), 3);
+}
+
+TEST_F(CoordinatorTest, UnknownFingerprintAsksTheRankToResend) {
+  Start();
+  BeginResult r =
+      Begin("job", 1, 0, 1, std::nullopt, "not-a-fingerprint").get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->resend_plan());
+}
+
+TEST_F(CoordinatorTest, RetriedBeginSaveIsIdempotentAndDuplicateRankRejected) {
+  Start();
+  auto a = Begin("job", 1, 0, 2, RankPlan(0, 2));
+  auto a_retry = Begin("job", 1, 0, 2, RankPlan(0, 2));
+  BeginResult dup = Begin("job", 1, 0, 2, RankPlan(1, 2)).get();
+  EXPECT_EQ(dup.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(dup.status().message()), HasSubstr("rank 0"));
+  auto b = Begin("job", 1, 1, 2, RankPlan(1, 2));
+  BeginResult ra = a.get(), rr = a_retry.get(), rb = b.get();
+  ASSERT_TRUE(ra.ok() && rr.ok() && rb.ok());
+  EXPECT_EQ(ra->rank_plan().SerializeAsString(),
+            rr->rank_plan().SerializeAsString());
+  // A retry after the plan was built gets the same answer at once.
+  BeginResult late = Begin("job", 1, 1, 2, RankPlan(1, 2)).get();
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(late->rank_plan().SerializeAsString(),
+            rb->rank_plan().SerializeAsString());
+  // Commits, including a retried one, then a retry after the commit.
+  v1::CommitSaveRequest c0 = Write("job", 1, 0, *ra);
+  auto f0 = Commit(c0);
+  auto f0_retry = Commit(c0);
+  auto f1 = Commit(Write("job", 1, 1, *rb));
+  EXPECT_TRUE(f0.get().ok());
+  EXPECT_TRUE(f0_retry.get().ok());
+  EXPECT_TRUE(f1.get().ok());
+  CommitResult after = Commit(c0).get();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->checkpoint().state(), v1::CHECKPOINT_STATE_COMMITTED);
+  // The committed step cannot be saved again.
+  BeginResult again = Begin("job", 1, 0, 2, RankPlan(0, 2)).get();
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(CoordinatorTest, MissingRankAbortsAtTheBeginDeadline) {
+  options_.begin_deadline = absl::Milliseconds(200);
+  Start();
+  BeginResult r = Begin("job", 4, 0, 3, RankPlan(0, 3)).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("[1, 2]"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("job 'job' step 4"));
+  v1::ListCheckpointsRequest list;
+  list.set_include_uncommitted(true);
+  // The abort is recorded off the lock; wait for it briefly.
+  for (int i = 0; i < 100; ++i) {
+    auto l = coordinator_->ListCheckpoints(list);
+    ASSERT_TRUE(l.ok());
+    if (l->checkpoints_size() == 1) {
+      EXPECT_EQ(l->checkpoints(0).state(), v1::CHECKPOINT_STATE_ABORTED);
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ADD_FAILURE() << "abort never recorded";
+}
+
+TEST_F(CoordinatorTest, AbortSaveAnswersWaitingRanksAndKeepsLatest) {
+  Start();
+  Save("job", 1, 2);
+  auto b0 = Begin("job", 2, 0, 2, RankPlan(0, 2));
+  auto b1 = Begin("job", 2, 1, 2, RankPlan(1, 2));
+  BeginResult r0 = b0.get();
+  ASSERT_TRUE(r0.ok());
+  ASSERT_TRUE(b1.get().ok());
+  auto waiting = Commit(Write("job", 2, 0, *r0));
+  v1::AbortSaveRequest abort;
+  abort.set_job("job");
+  abort.set_step(2);
+  abort.set_rank(1);
+  abort.set_reason("disk full on node 7");
+  ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+  CommitResult c = waiting.get();
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("disk full on node 7"));
+  EXPECT_EQ(LatestStep("job"), 1);
+}
+
+// Issue 11: an aborted save used to stay in memory (with world_size-sized
+// vectors) until the same step was saved again.
+TEST_F(CoordinatorTest, AbortedSavesAreFreedAndLateCallsStillAnswered) {
+  Start();
+  constexpr int kHugeWorld = 1 << 20;
+  std::vector<std::future<BeginResult>> parked;
+  for (int step = 1; step <= 6; ++step) {
+    parked.push_back(Begin("big", step, 0, kHugeWorld, RankPlan(0, 1)));
+  }
+  EXPECT_EQ(coordinator_->stats().saves_in_progress, 6);
+  for (int step = 1; step <= 6; ++step) {
+    v1::AbortSaveRequest abort;
+    abort.set_job("big");
+    abort.set_step(step);
+    abort.set_rank(0);
+    abort.set_reason("operator gave up");
+    ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+    // A retried AbortSave of the same save is fine.
+    ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+  }
+  for (auto& f : parked) {
+    BeginResult r = f.get();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("operator gave up"));
+  }
+  EXPECT_EQ(coordinator_->stats().saves_in_progress, 0);
+  EXPECT_EQ(coordinator_->stats().aborts_remembered, 6);
+  // A late CommitSave of an aborted save learns why.
+  v1::CommitSaveRequest late;
+  late.set_job("big");
+  late.set_step(3);
+  late.set_rank(0);
+  CommitResult c = Commit(late).get();
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("job 'big' step 3"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("operator gave up"));
+  // The same step can be saved again, in a fresh attempt.
+  Save("big", 3, 2);
+  EXPECT_EQ(LatestStep("big"), 3);
+  EXPECT_EQ(coordinator_->stats().saves_in_progress, 0);
+}
+
+// Every abort used to leave an ABORTED record for good.
+TEST_F(CoordinatorTest, AbortedRecordsOfAJobAreBounded) {
+  Start();
+  Save("job", 1000, 1);
+  for (int step = 1; step <= 70; ++step) {
+    auto parked = Begin("job", step, 0, 2, RankPlan(0, 2));
+    v1::AbortSaveRequest abort;
+    abort.set_job("job");
+    abort.set_step(step);
+    ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+    EXPECT_EQ(parked.get().status().code(), absl::StatusCode::kAborted);
+  }
+  v1::ListCheckpointsRequest list;
+  list.set_job("job");
+  list.set_include_uncommitted(true);
+  auto l = coordinator_->ListCheckpoints(list);
+  ASSERT_TRUE(l.ok()) << l.status();
+  std::vector<int64_t> aborted;
+  for (const auto& r : l->checkpoints()) {
+    if (r.state() == v1::CHECKPOINT_STATE_ABORTED) aborted.push_back(r.step());
+    if (r.step() == 1000) {
+      EXPECT_EQ(r.state(), v1::CHECKPOINT_STATE_COMMITTED);
+    }
+  }
+  ASSERT_EQ(aborted.size(), 64u);
+  EXPECT_EQ(*std::min_element(aborted.begin(), aborted.end()), 7);
+  EXPECT_EQ(LatestStep("job"), 1000);
+}
+
+TEST_F(CoordinatorTest, SavesInProgressAreBoundedPerJobAndInTotal) {
+  options_.max_sessions_per_job = 2;
+  options_.max_sessions = 3;
+  Start();
+  auto a1 = Begin("a", 1, 0, 2, RankPlan(0, 2));
+  auto a2 = Begin("a", 2, 0, 2, RankPlan(0, 2));
+  BeginResult a3 = Begin("a", 3, 0, 2, RankPlan(0, 2)).get();
+  EXPECT_EQ(a3.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(a3.status().message()),
+              HasSubstr("rank 0 of job 'a' step 3"));
+  EXPECT_THAT(std::string(a3.status().message()), HasSubstr("2 of job 'a'"));
+  auto b1 = Begin("b", 1, 0, 2, RankPlan(0, 2));
+  BeginResult c1 = Begin("c", 1, 0, 2, RankPlan(0, 2)).get();
+  EXPECT_EQ(c1.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(c1.status().message()), HasSubstr("3 in total"));
+  // Ranks of a save already in progress are never refused.
+  auto a1_rank1 = Begin("a", 1, 1, 2, RankPlan(1, 2));
+  ASSERT_TRUE(a1.get().ok());
+  ASSERT_TRUE(a1_rank1.get().ok());
+  // Freeing a slot (an abort) lets a new save in.
+  v1::AbortSaveRequest abort;
+  abort.set_job("a");
+  abort.set_step(2);
+  ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+  EXPECT_EQ(a2.get().status().code(), absl::StatusCode::kAborted);
+  auto a3_again = Begin("a", 3, 0, 2, RankPlan(0, 2));
+  auto a3_rank1 = Begin("a", 3, 1, 2, RankPlan(1, 2));
+  EXPECT_TRUE(a3_again.get().ok());
+  EXPECT_TRUE(a3_rank1.get().ok());
+  coordinator_.reset();  // answers b1 UNAVAILABLE
+  EXPECT_EQ(b1.get().status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A 64 MiB abort reason used to land whole in the catalog (and in the log).
+TEST_F(CoordinatorTest, AbortReasonIsTruncated) {
+  Start();
+  auto parked = Begin("job", 5, 0, 2, RankPlan(0, 2));
+  v1::AbortSaveRequest abort;
+  abort.set_job("job");
+  abort.set_step(5);
+  abort.set_rank(0);
+  abort.set_reason(std::string(64 << 20, 'x'));
+  ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+  BeginResult r = parked.get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_LT(r.status().message().size(), 2048u);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("...(truncated, 67108864 bytes)"));
+  v1::ListCheckpointsRequest list;
+  list.set_include_uncommitted(true);
+  auto l = coordinator_->ListCheckpoints(list);
+  ASSERT_TRUE(l.ok()) << l.status();
+  ASSERT_EQ(l->checkpoints_size(), 1);
+  EXPECT_EQ(l->checkpoints(0).state(), v1::CHECKPOINT_STATE_ABORTED);
+  EXPECT_LT(l->checkpoints(0).abort_reason().size(), 2048u);
+  EXPECT_LT(l->ByteSizeLong(), size_t{4} << 10);
+}
+
+TEST_F(CoordinatorTest, CommitResultsMustMatchThePlan) {
+  Start();
+  BeginResult r = Begin("job", 1, 0, 1, RankPlan(0, 1)).get();
+  ASSERT_TRUE(r.ok());
+  v1::CommitSaveRequest c = Write("job", 1, 0, *r);
+  c.mutable_results(0)->mutable_location()->set_offset(12345);
+  CommitResult bad = Commit(c).get();
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("the plan says"));
+  c.mutable_results()->RemoveLast();
+  bad = Commit(c).get();
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, FailedManifestPublishAbortsAndKeepsPreviousLatest) {
+  options_.storage_uri = "faulty://publishfail";
+  Start();
+  ASSERT_NE(g_faults, nullptr);
+  Save("job", 1, 2);
+  storage::FaultRule rule;
+  rule.ops = storage::kFaultPut;
+  rule.key_contains = "MANIFEST";
+  rule.action = storage::FaultAction::kCrashBeforeRename;
+  g_faults->AddRule(rule);
+  auto b0 = Begin("job", 2, 0, 2, RankPlan(0, 2));
+  auto b1 = Begin("job", 2, 1, 2, RankPlan(1, 2));
+  BeginResult r0 = b0.get(), r1 = b1.get();
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  // Data goes to the base store directly (the fault is on the coordinator's).
+  auto c0 = Commit(Write("job", 2, 0, *r0));
+  auto c1 = Commit(Write("job", 2, 1, *r1));
+  EXPECT_FALSE(c0.get().ok());
+  EXPECT_FALSE(c1.get().ok());
+  EXPECT_EQ(LatestStep("job"), 1);
+  auto steps = storage::ListCommittedSteps(
+      *storage::OpenMemoryShardStore("publishfail").value(), "job");
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(*steps, std::vector<int64_t>({1}));
+}
+
+// A rank that says another world size fails the whole save at once: the
+// parked ranks are told why (not "never called BeginSave" after the begin
+// deadline), and so is a rank of the broken save arriving later.
+TEST_F(CoordinatorTest, BeginSaveWorldSizeMismatchAbortsTheSaveAtOnce) {
+  options_.begin_deadline = absl::Hours(1);
+  Start();
+  auto r0 = Begin("job", 5, 0, 3, RankPlan(0, 3));
+  BeginResult r1 = Begin("job", 5, 1, 2, RankPlan(1, 2)).get();
+  ASSERT_EQ(r1.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string msg(r1.status().message());
+  EXPECT_THAT(msg, HasSubstr("job 'job' step 5"));
+  EXPECT_THAT(msg, HasSubstr("rank 1 says world_size 2"));
+  EXPECT_THAT(msg, HasSubstr("ranks [0] (1 of 3) say world_size 3"));
+  ASSERT_EQ(r0.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  BeginResult p0 = r0.get();
+  EXPECT_EQ(p0.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(p0.status().message()),
+              HasSubstr("rank 1 says world_size 2"));
+  BeginResult p2 = Begin("job", 5, 2, 3, RankPlan(2, 3)).get();
+  EXPECT_EQ(p2.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(p2.status().message()),
+              HasSubstr("rank 1 says world_size 2"));
+  // Rank 0 again is a new attempt (the job was restarted, fixed).
+  auto n0 = Begin("job", 5, 0, 2, RankPlan(0, 2));
+  auto n1 = Begin("job", 5, 1, 2, RankPlan(1, 2));
+  EXPECT_TRUE(n0.get().ok());
+  EXPECT_TRUE(n1.get().ok());
+}
+
+// Storage, not the catalog, says what is committed (real posix store).
+TEST_F(CoordinatorTest,
+       StepCommittedOnStorageButNotInTheCatalogIsNotSavedOver) {
+  UsePosix();
+  Start();
+  Save("job", 1, 1);
+  // Step 2 is committed on storage while the catalog does not know it (its
+  // catalog write failed after the publish).
+  storage::TestCheckpointSpec spec;
+  spec.step = 2;
+  auto manifest = storage::WriteTestCheckpoint(Disk(), spec);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  BeginResult r = Begin("job", 2, 0, 1, RankPlan(0, 1)).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("job 'job' step 2 is already committed"));
+  auto rec = Record("job", 2);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_EQ(LatestStep("job"), 2);
+  ExpectCatalogAndStorageAgree("job");
+}
+
+// A commit never publishes an object whose bytes differ from its crc32c.
+TEST_F(CoordinatorTest, RestartedRankStartsTheSaveOverInsteadOfRejoiningIt) {
+  UsePosix();
+  Start();
+  constexpr uint64_t kRank0 = 0xa0, kRank1 = 0xb1, kRank1Again = 0xb2;
+  auto b0 = Begin("job", 7, 0, 2, RankPlan(0, 2), "", kRank0);
+  auto b1 = Begin("job", 7, 1, 2, RankPlan(1, 2), "", kRank1);
+  BeginResult r0 = b0.get(), r1 = b1.get();
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  v1::CommitSaveRequest c0 = Write("job", 7, 0, *r0);
+  c0.set_incarnation(kRank0);
+  auto committed0 = Commit(c0);  // parked: rank 1 has not reported
+  // Rank 1's process is killed and a new one saves the same step: it must
+  // not get the old attempt (where rank 0's reported objects are).
+  auto b1_again = Begin("job", 7, 1, 2, RankPlan(1, 2), "", kRank1Again);
+  CommitResult aborted = committed0.get();
+  EXPECT_EQ(aborted.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(aborted.status().message()),
+              HasSubstr("save of job 'job' step 7 aborted: rank 1 restarted "
+                        "during the save"));
+  // The old rank-1 process is refused in whatever follows.
+  v1::CommitSaveRequest stale = Write("job", 7, 1, *r1);
+  stale.set_incarnation(kRank1);
+  // Rank 0 saves again (same process) and joins the new attempt.
+  auto b0_again = Begin("job", 7, 0, 2, RankPlan(0, 2), "", kRank0);
+  BeginResult n0 = b0_again.get(), n1 = b1_again.get();
+  ASSERT_TRUE(n0.ok() && n1.ok()) << n0.status() << n1.status();
+  EXPECT_NE(AttemptOf(*n0), AttemptOf(*r0));
+  CommitResult old = Commit(stale).get();
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(old.status().message()),
+              HasSubstr("rank 1 of job 'job' step 7: this process"));
+  v1::AbortSaveRequest stale_abort;
+  stale_abort.set_job("job");
+  stale_abort.set_step(7);
+  stale_abort.set_rank(1);
+  stale_abort.set_incarnation(kRank1);
+  stale_abort.set_reason("its CommitSave failed");
+  EXPECT_EQ(coordinator_->AbortSave(stale_abort).code(),
+            absl::StatusCode::kFailedPrecondition);
+  v1::CommitSaveRequest n0c = Write("job", 7, 0, *n0);
+  n0c.set_incarnation(kRank0);
+  v1::CommitSaveRequest n1c = Write("job", 7, 1, *n1);
+  n1c.set_incarnation(kRank1Again);
+  auto f0 = Commit(n0c);
+  auto f1 = Commit(n1c);
+  ASSERT_TRUE(f0.get().ok());
+  ASSERT_TRUE(f1.get().ok());
+  EXPECT_EQ(LatestStep("job"), 7);
+  ExpectCatalogAndStorageAgree("job");  // every byte verifies
+  // The aborted attempt's directory is gone.
+  EXPECT_FALSE(std::filesystem::exists(absl::StrCat(
+      data_dir_, "/", storage::StepPrefix("job", 7), AttemptOf(*r0))));
+}
+
+TEST_F(CoordinatorTest, RankThatSavesAgainAfterReportingStartsTheSaveOver) {
+  UsePosix();
+  Start();
+  auto b0 = Begin("job", 3, 0, 2, RankPlan(0, 2), "", 5);
+  auto b1 = Begin("job", 3, 1, 2, RankPlan(1, 2), "", 6);
+  BeginResult r0 = b0.get(), r1 = b1.get();
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  v1::CommitSaveRequest c0 = Write("job", 3, 0, *r0);
+  c0.set_incarnation(5);
+  auto parked = Commit(c0);
+  // The same process calls Save(3) again (its CommitSave timed out on its
+  // side): it would rewrite objects whose crc32c cairnd holds.
+  auto again = Begin("job", 3, 0, 2, RankPlan(0, 2), "", 5);
+  CommitResult first = parked.get();
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(first.status().message()),
+              HasSubstr("rank 0 called BeginSave again after reporting its "
+                        "writes"));
+  // A retry of BeginSave before reporting is still a retry.
+  auto b1_retry = Begin("job", 3, 1, 2, RankPlan(1, 2), "", 6);
+  BeginResult n0 = again.get(), n1 = b1_retry.get();
+  ASSERT_TRUE(n0.ok() && n1.ok());
+  EXPECT_EQ(AttemptOf(*n0), AttemptOf(*n1));
+  EXPECT_NE(AttemptOf(*n0), AttemptOf(*r0));
+  auto b1_retry2 = Begin("job", 3, 1, 2, RankPlan(1, 2), "", 6).get();
+  ASSERT_TRUE(b1_retry2.ok());
+  EXPECT_EQ(AttemptOf(*b1_retry2), AttemptOf(*n1));
+
+  // Two reports with different checksums: the first can no longer be
+  // trusted to describe what is on storage.
+  v1::CommitSaveRequest n0c = Write("job", 3, 0, *n0);
+  n0c.set_incarnation(5);
+  auto p0 = Commit(n0c);
+  n0c.mutable_results(0)->set_crc32c(n0c.results(0).crc32c() ^ 1);
+  CommitResult twice = Commit(n0c).get();
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(twice.status().message()),
+              HasSubstr("rank 0 committed twice with different checksums"));
+  EXPECT_EQ(p0.get().status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(LatestStep("job"), -1);
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
