@@ -59,6 +59,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/task_group.h"
 #include "common/thread_pool.h"
 #include "storage/store_util.h"
 
@@ -134,59 +135,6 @@ absl::Status NoSpaceError(int fd, int err, absl::string_view key,
                    " on device writing '", key, "' (", needed,
                    " bytes needed, ", free, " free)"));
 }
-
-// Runs closures on a shared pool (or inline without one) and collects the
-// first error. Thread-safe.
-class TaskGroup {
- public:
-  explicit TaskGroup(ThreadPool* pool) : pool_(pool) {}
-  ~TaskGroup() { Wait().IgnoreError(); }
-
-  void Run(std::function<absl::Status()> fn) {
-    if (pool_ == nullptr) {
-      Record(fn());
-      return;
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      ++pending_;
-    }
-    pool_->Schedule([this, fn = std::move(fn)] {
-      absl::Status s = fn();
-      absl::MutexLock lock(&mu_);
-      if (!s.ok() && status_.ok()) status_ = std::move(s);
-      --pending_;
-    });
-  }
-
-  // Runs `fn` on the calling thread.
-  void RunHere(const std::function<absl::Status()>& fn) { Record(fn()); }
-
-  absl::Status Wait() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](int* p) { return *p == 0; }, &pending_));
-    return status_;
-  }
-
-  // First error so far (without waiting).
-  absl::Status status() {
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-
- private:
-  void Record(absl::Status s) {
-    if (s.ok()) return;
-    absl::MutexLock lock(&mu_);
-    if (status_.ok()) status_ = std::move(s);
-  }
-
-  ThreadPool* const pool_;
-  absl::Mutex mu_;
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
 
 // Writes all of [data, data + n) at `offset`, retrying short writes and EINTR.
 absl::Status PwriteAll(int fd, const char* data, size_t n, uint64_t offset,
@@ -769,7 +717,7 @@ class PosixShardStore : public ShardStore {
       });
     }
     for (size_t i = 0; i < pieces.size(); i += stride) {
-      group.RunHere([fdv, &pieces, i, key] {
+      group.RunInline([fdv, &pieces, i, key] {
         return PreadvAll(fdv, std::move(pieces[i]), key);
       });
     }
@@ -1020,7 +968,8 @@ absl::Status PosixObjectWriter::WriteParallel(const char* data, size_t n,
   }
   if (!pieces.empty()) {
     const size_t len = pieces[0].second;
-    group.RunHere([=, &key] { return PwriteAll(fd, data, len, offset, key); });
+    group.RunInline(
+        [=, &key] { return PwriteAll(fd, data, len, offset, key); });
   }
   return group.Wait();
 }
