@@ -14,12 +14,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
+#include "client/protocol/coordinator_call.h"
 #include "common/crash_point.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "planner/plan_cache.h"
 #include "proto/convert/plan_convert.h"
 #include "storage/checkpoint_layout.h"
@@ -27,12 +26,6 @@
 
 namespace cairn::client {
 namespace {
-
-constexpr size_t kZeroPadBytes = 1 << 16;  // alignment padding is < 4096
-
-std::string SourceKey(absl::string_view fqn, const planner::ChunkBox& box) {
-  return absl::StrCat(fqn, "\n", planner::BoxToString(box));
-}
 
 // "job 'j' step 7" or "job 'j' latest" for messages.
 std::string LoadRefName(absl::string_view job, const LoadRef& ref) {
@@ -93,17 +86,8 @@ absl::Status RunAll(ThreadPool& pool,
 
 }  // namespace
 
-uint64_t NewIncarnation() {
-  static absl::Mutex* mu = new absl::Mutex;
-  static absl::BitGen* gen = new absl::BitGen;
-  absl::MutexLock lock(mu);
-  uint64_t id = 0;
-  while (id == 0) id = absl::Uniform<uint64_t>(*gen);
-  return id;
-}
-
 Checkpointer::Checkpointer(const CheckpointerOptions& options)
-    : options_(options), incarnation_(NewIncarnation()) {}
+    : options_(options) {}
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
     const CheckpointerOptions& options) {
@@ -118,101 +102,35 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
     return absl::InvalidArgumentError("cairnd address is required");
   }
   std::unique_ptr<Checkpointer> c(new Checkpointer(options));
-  grpc::ChannelArguments args;
-  // cairnd answers up to 1 GiB (a rank's PlanLoad of a large checkpoint) and
-  // accepts requests of up to 128 MiB (CoordinatorServer::Spec).
-  args.SetMaxReceiveMessageSize(1 << 30);
-  args.SetMaxSendMessageSize(128 << 20);
-  // Reconnect to a restarted cairnd within the retry backoff (gRPC's own
-  // reconnect backoff grows to 2 minutes).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
-  c->channel_ = grpc::CreateCustomChannel(
-      options.coordinator, grpc::InsecureChannelCredentials(), args);
+  c->channel_ = protocol::NewCoordinatorChannel(options.coordinator);
   c->stub_ = v1::Coordinator::NewStub(c->channel_);
+  protocol::SaveProtocolOptions p;
+  p.job = options.job;
+  p.rank = options.rank;
+  p.world_size = options.world_size;
+  p.collective_timeout = options.collective_timeout;
+  p.rpc_timeout = options.rpc_timeout;
+  p.max_retries = options.max_retries;
+  p.store = options.store;
+  c->protocol_ = std::make_unique<protocol::SaveProtocol>(c->stub_.get(), p);
   c->io_pool_ = std::make_unique<ThreadPool>(std::max(1, options.io_threads));
   return c;
 }
 
-namespace {
-
-// One unary call with retries on UNAVAILABLE (cairnd restarting or
-// unreachable) and CANCELLED (this client never cancels its calls: cairnd
-// went away under the call, e.g. a retry that reached it while it drained),
-// exponential backoff from 100 ms to 5 s.
-template <typename Req, typename Resp>
-absl::StatusOr<Resp> CallWithRetry(
-    grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
-                                                  const Req&, Resp*),
-    v1::Coordinator::Stub& stub, const Req& request, absl::Duration timeout,
-    int max_retries) {
-  // No wait_for_ready: a cairnd that is down fails each attempt at once, so
-  // the retries (not a call deadline of hours) bound the wait.
-  absl::Duration backoff = absl::Milliseconds(100);
-  const absl::Time start = absl::Now();
-  for (int attempt = 0;; ++attempt) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    Resp response;
-    absl::Status s = FromGrpcStatus((stub.*method)(&ctx, request, &response));
-    if (s.ok()) return response;
-    const bool retryable = absl::IsUnavailable(s) || absl::IsCancelled(s);
-    if (!retryable || max_retries == 0) return s;
-    if (attempt >= max_retries) {
-      return absl::UnavailableError(absl::StrCat(
-          "cairnd did not answer after ", attempt + 1, " attempts over ",
-          absl::FormatDuration(
-              absl::Trunc(absl::Now() - start, absl::Milliseconds(100))),
-          " (is it running and reachable?); last error: ", s.ToString()));
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(5));
-  }
-}
-
-}  // namespace
+using protocol::CallWithRetry;
 
 absl::StatusOr<storage::ShardStore*> Checkpointer::StoreFor(
     const std::string& uri) {
-  if (store_ == nullptr || store_uri_ != uri) {
-    CAIRN_ASSIGN_OR_RETURN(store_,
-                           storage::OpenShardStore(uri, options_.store));
-    store_uri_ = uri;
-  }
-  return store_.get();
+  return protocol_->StoreFor(uri);
 }
 
 absl::StatusOr<v1::BeginSaveResponse> Checkpointer::BeginPlannedSave(
     int64_t step, const planner::LocalSavePlan& local) {
-  CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
-  const std::string fingerprint = planner::FingerprintLocalPlan(local);
-  v1::BeginSaveRequest begin;
-  begin.set_job(options_.job);
-  begin.set_step(step);
-  begin.set_rank(options_.rank);
-  begin.set_world_size(options_.world_size);
-  begin.set_incarnation(incarnation_);
-  if (fingerprint == last_fingerprint_) {
-    begin.set_plan_fingerprint(fingerprint);
-    stats_.sent_fingerprint_only = true;
-  } else {
-    convert::LocalPlanToProto(local, begin.mutable_local_plan());
-  }
-  CAIRN_ASSIGN_OR_RETURN(
-      v1::BeginSaveResponse plan,
-      CallWithRetry(&v1::Coordinator::Stub::BeginSave, *stub_, begin,
-                    options_.collective_timeout, options_.max_retries));
-  if (plan.resend_plan()) {
-    stats_.sent_fingerprint_only = false;
-    convert::LocalPlanToProto(local, begin.mutable_local_plan());
-    CAIRN_ASSIGN_OR_RETURN(
-        plan, CallWithRetry(&v1::Coordinator::Stub::BeginSave, *stub_, begin,
-                            options_.collective_timeout, options_.max_retries));
-  }
-  last_fingerprint_ = fingerprint;
-  stats_.plan_from_cache = plan.plan_from_cache();
-  return plan;
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<protocol::PlannedSave> save,
+                         protocol_->Begin(step, local));
+  stats_.sent_fingerprint_only = save->sent_fingerprint_only();
+  stats_.plan_from_cache = save->plan().plan_from_cache();
+  return save->plan();
 }
 
 v1::CommitSaveRequest Checkpointer::MakeCommitRequest(
@@ -221,7 +139,7 @@ v1::CommitSaveRequest Checkpointer::MakeCommitRequest(
   commit.set_job(options_.job);
   commit.set_step(step);
   commit.set_rank(options_.rank);
-  commit.set_incarnation(incarnation_);
+  commit.set_incarnation(incarnation());
   const auto& writes = plan.rank_plan().writes();
   commit.mutable_results()->Reserve(writes.size());
   for (const v1::PlannedWrite& w : writes) {
@@ -248,7 +166,7 @@ absl::Status Checkpointer::AbortPlannedSave(int64_t step,
   abort.set_step(step);
   abort.set_rank(options_.rank);
   abort.set_reason(std::string(failure.message()));
-  abort.set_incarnation(incarnation_);
+  abort.set_incarnation(incarnation());
   (void)CallWithRetry(&v1::Coordinator::Stub::AbortSave, *stub_, abort,
                       options_.rpc_timeout, 1);
   // cairnd records the first abort of a save (and deletes its objects only
@@ -284,120 +202,45 @@ absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
     return absl::Status(local.status().code(),
                         absl::StrCat(where, ": ", local.status().message()));
   }
-  CAIRN_ASSIGN_OR_RETURN(v1::BeginSaveResponse plan,
-                         BeginPlannedSave(step, *local));
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<protocol::PlannedSave> save,
+                         protocol_->Begin(step, *local));
+  stats_.sent_fingerprint_only = save->sent_fingerprint_only();
+  stats_.plan_from_cache = save->plan().plan_from_cache();
+  if (options_.before_commit_for_test) {
+    save->SetBeforeCommitForTest(options_.before_commit_for_test);
+  }
   const absl::Time t1 = absl::Now();
   stats_.plan_time = t1 - t0;
 
-  v1::CommitSaveRequest commit = MakeCommitRequest(step, plan);
-  absl::Status written = WriteItems(step, state, plan, &commit);
+  // Where each planned item's bytes are in this process.
+  protocol::ItemSources sources;
+  for (const TensorShard& t : state.tensors()) {
+    for (const TensorChunk& c : t.chunks)
+      sources.AddChunk(t.fqn, c.box, c.data);
+  }
+  for (const BytesEntry& b : state.bytes()) {
+    sources.AddBytes(b.fqn,
+                     absl::Span<const char>(b.blob->data(), b.blob->size()));
+  }
+  stats_.bytes = save->planned_bytes();
+  stats_.bytes_storage = stats_.bytes;
+  stats_.items = save->plan().rank_plan().writes_size();
+  absl::Status written = save->WriteAll(sources, *io_pool_);
   const absl::Time t2 = absl::Now();
   stats_.io_time = t2 - t1;
-  if (!written.ok()) {
-    const absl::Status s = AbortPlannedSave(step, written);
-    return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
-  }
-  absl::StatusOr<v1::CheckpointRecord> record = CommitPlannedSave(commit);
+  if (!written.ok()) return save->Abort(written);
+  absl::StatusOr<v1::CheckpointRecord> record = save->Commit();
   if (!record.ok()) {
     // Refused (bad results, another process took this rank's place) or not
     // answered in time: the save must not linger in cairnd until its commit
     // deadline. cairnd ignores this if the save is already gone or started
     // over without this process. cairnd's answer already names the cause
     // (and its code, e.g. DEADLINE_EXCEEDED, is what callers act on).
-    (void)AbortPlannedSave(step, record.status());
+    (void)save->Abort(record.status());
     return record.status();
   }
   stats_.commit_time = absl::Now() - t2;
   return record;
-}
-
-absl::Status Checkpointer::WriteItems(int64_t step, const StateDict& state,
-                                      const v1::BeginSaveResponse& plan,
-                                      v1::CommitSaveRequest* commit) {
-  CAIRN_ASSIGN_OR_RETURN(storage::ShardStore * store,
-                         StoreFor(plan.storage_uri()));
-  (void)step;
-  // Where each planned item's bytes are in this process.
-  absl::flat_hash_map<std::string, absl::Span<const char>> sources;
-  for (const TensorShard& t : state.tensors()) {
-    for (const TensorChunk& c : t.chunks) {
-      sources[SourceKey(t.fqn, c.box)] = c.data;
-    }
-  }
-  for (const BytesEntry& b : state.bytes()) {
-    sources[SourceKey(b.fqn, planner::ChunkBox())] =
-        absl::Span<const char>(b.blob->data(), b.blob->size());
-  }
-
-  // commit->results() are prefilled (MakeCommitRequest), in writes order.
-  const auto& writes = plan.rank_plan().writes();
-  std::map<std::string, std::vector<int>> by_object;
-  for (int i = 0; i < writes.size(); ++i) {
-    by_object[writes[i].location().object_key()].push_back(i);
-  }
-
-  std::vector<std::function<absl::Status()>> jobs;
-  for (auto& [object, indexes] : by_object) {
-    std::sort(indexes.begin(), indexes.end(), [&](int a, int b) {
-      return writes[a].location().offset() < writes[b].location().offset();
-    });
-    // The object's planned size: the store reserves exactly that up front.
-    storage::WriterOptions wo;
-    for (int i : indexes) {
-      wo.expected_bytes = std::max<uint64_t>(
-          wo.expected_bytes,
-          writes[i].location().offset() + writes[i].location().length());
-    }
-    jobs.push_back([&, object = object, indexes = indexes,
-                    wo]() -> absl::Status {
-      const std::string key = absl::StrCat(plan.step_prefix(), object);
-      CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectWriter> writer,
-                             store->NewWriter(key, wo));
-      static const std::string* zeros = new std::string(kZeroPadBytes, '\0');
-      uint64_t cursor = 0;
-      for (int i : indexes) {
-        const v1::PlannedWrite& w = writes[i];
-        const bool is_bytes = w.item().kind() == v1::WriteItem::KIND_BYTES;
-        const std::string fqn =
-            is_bytes ? w.item().bytes_fqn() : w.item().tensor().fqn();
-        planner::ChunkBox box;
-        if (!is_bytes) {
-          CAIRN_ASSIGN_OR_RETURN(box,
-                                 convert::BoxFromProto(w.item().chunk(), fqn));
-        }
-        auto src = sources.find(SourceKey(fqn, box));
-        if (src == sources.end() ||
-            src->second.size() != w.location().length()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "cairnd planned '", fqn, "' ", planner::BoxToString(box),
-              " for this rank, which does not hold it with that length"));
-        }
-        if (w.location().offset() < cursor) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "cairnd planned overlapping writes in object ", key));
-        }
-        while (cursor < w.location().offset()) {
-          const uint64_t n =
-              std::min<uint64_t>(w.location().offset() - cursor, zeros->size());
-          CAIRN_RETURN_IF_ERROR(writer->Append(
-              absl::MakeConstSpan(zeros->data(), static_cast<size_t>(n))));
-          cursor += n;
-        }
-        commit->mutable_results(i)->set_crc32c(
-            storage::Crc32c(src->second.data(), src->second.size()));
-        CAIRN_RETURN_IF_ERROR(writer->Append(src->second));
-        CAIRN_CRASH_POINT("client.write.mid_object");
-        cursor += src->second.size();
-      }
-      return writer->Close();
-    });
-  }
-  for (const v1::PlannedWrite& w : writes) {
-    stats_.bytes += w.location().length();
-    ++stats_.items;
-  }
-  stats_.bytes_storage = stats_.bytes;
-  return RunAll(*io_pool_, std::move(jobs));
 }
 
 absl::StatusOr<int64_t> Checkpointer::Load(LoadRef ref, StateDict& state) {

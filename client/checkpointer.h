@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "cairn/v1/cairn.pb.h"
+#include "client/protocol/save_protocol.h"
 #include "client/state_dict.h"
 #include "common/thread_pool.h"
 #include "planner/save_plan.h"
@@ -173,8 +174,10 @@ class Checkpointer {
   // random nonzero 64-bit nonce made by Connect, so cairnd tells a restarted
   // rank from a retry of the same process. A process acting for the rank
   // (cairn-agent) sets the rank process's id before each save.
-  uint64_t incarnation() const { return incarnation_; }
-  void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
+  uint64_t incarnation() const { return protocol_->incarnation(); }
+  void set_incarnation(uint64_t incarnation) {
+    protocol_->set_incarnation(incarnation);
+  }
 
   // Fills every chunk and bytes entry of `state` from checkpoint `ref`,
   // resharding from whatever layout saved it. Returns the step loaded.
@@ -187,9 +190,6 @@ class Checkpointer {
  private:
   explicit Checkpointer(const CheckpointerOptions& options);
 
-  absl::Status WriteItems(int64_t step, const StateDict& state,
-                          const v1::BeginSaveResponse& plan,
-                          v1::CommitSaveRequest* commit);
   absl::Status ReadItems(const v1::PlanLoadResponse& plan,
                          const std::vector<TensorChunk*>& dests);
   absl::Status ReadBytesEntries(const v1::PlanLoadResponse& plan,
@@ -209,17 +209,14 @@ class Checkpointer {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::unique_ptr<ThreadPool> io_pool_;
+  std::unique_ptr<protocol::SaveProtocol> protocol_;
 
-  std::string store_uri_;
-  std::unique_ptr<storage::ShardStore> store_;
-  std::string last_fingerprint_;
-  uint64_t incarnation_ = 0;
   TransferStats stats_;
 };
 
 // A random nonzero 64-bit id for one process's part in saves (see
 // Checkpointer::incarnation()).
-uint64_t NewIncarnation();
+using protocol::NewIncarnation;
 
 }  // namespace cairn::client
 

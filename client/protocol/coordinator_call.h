@@ -1,0 +1,67 @@
+// Calls to cairnd (the Coordinator service) as every rank-side caller makes
+// them: one channel setup and one retry policy, shared by libcairn's
+// Checkpointer and by cairn-agent (which saves on behalf of ranks).
+#ifndef CAIRN_CLIENT_PROTOCOL_COORDINATOR_CALL_H_
+#define CAIRN_CLIENT_PROTOCOL_COORDINATOR_CALL_H_
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cairn/v1/cairn.grpc.pb.h"
+#include "common/grpc_status.h"
+#include "grpcpp/channel.h"
+
+namespace cairn::protocol {
+
+// A channel to cairnd at `address` (host:port): message limits that match
+// cairnd's (answers up to 1 GiB, requests up to 128 MiB) and a reconnect
+// backoff of 100 ms to 5 s, so a restarted cairnd is reached within the
+// retry backoff of CallWithRetry.
+std::shared_ptr<grpc::Channel> NewCoordinatorChannel(
+    const std::string& address);
+
+// One unary call with retries on UNAVAILABLE (cairnd restarting or
+// unreachable) and CANCELLED (these callers never cancel their calls: cairnd
+// went away under the call, e.g. a retry that reached it while it drained),
+// exponential backoff from 100 ms to 5 s. `timeout` bounds each attempt.
+// With max_retries == 0 the first answer is returned as is; after
+// max_retries retries, UNAVAILABLE naming the attempts and the last error.
+template <typename Req, typename Resp>
+absl::StatusOr<Resp> CallWithRetry(
+    grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                  const Req&, Resp*),
+    v1::Coordinator::Stub& stub, const Req& request, absl::Duration timeout,
+    int max_retries) {
+  // No wait_for_ready: a cairnd that is down fails each attempt at once, so
+  // the retries (not a call deadline of hours) bound the wait.
+  absl::Duration backoff = absl::Milliseconds(100);
+  const absl::Time start = absl::Now();
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    Resp response;
+    absl::Status s = FromGrpcStatus((stub.*method)(&ctx, request, &response));
+    if (s.ok()) return response;
+    const bool retryable = absl::IsUnavailable(s) || absl::IsCancelled(s);
+    if (!retryable || max_retries == 0) return s;
+    if (attempt >= max_retries) {
+      return absl::UnavailableError(absl::StrCat(
+          "cairnd did not answer after ", attempt + 1, " attempts over ",
+          absl::FormatDuration(
+              absl::Trunc(absl::Now() - start, absl::Milliseconds(100))),
+          " (is it running and reachable?); last error: ", s.ToString()));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
+}
+
+}  // namespace cairn::protocol
+
+#endif  // CAIRN_CLIENT_PROTOCOL_COORDINATOR_CALL_H_

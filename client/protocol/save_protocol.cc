@@ -1,0 +1,247 @@
+// The one save protocol (see save_protocol.h).
+#include "client/protocol/save_protocol.h"
+
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
+#include "client/protocol/coordinator_call.h"
+#include "common/crash_point.h"
+#include "common/status_macros.h"
+#include "planner/plan_cache.h"
+#include "proto/convert/plan_convert.h"
+#include "storage/checkpoint_layout.h"
+
+namespace cairn::protocol {
+namespace {
+
+// The ItemSources key of a tensor chunk (a bytes entry has an empty box).
+std::string SourceKey(absl::string_view fqn, const planner::ChunkBox& box) {
+  return absl::StrCat(fqn, "\n", planner::BoxToString(box));
+}
+
+// Runs `fns` on `pool` and returns the first error (all of them run).
+absl::Status RunAll(ThreadPool& pool,
+                    std::vector<std::function<absl::Status()>> fns) {
+  if (fns.size() == 1) return fns[0]();
+  std::vector<absl::Status> results(fns.size());
+  absl::BlockingCounter pending(static_cast<int>(fns.size()));
+  for (size_t i = 0; i < fns.size(); ++i) {
+    pool.Schedule([&, i] {
+      results[i] = fns[i]();
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  for (absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint64_t NewIncarnation() {
+  static absl::Mutex* mu = new absl::Mutex;
+  static absl::BitGen* gen = new absl::BitGen;
+  absl::MutexLock lock(mu);
+  uint64_t id = 0;
+  while (id == 0) id = absl::Uniform<uint64_t>(*gen);
+  return id;
+}
+
+// ---------------------------------------------------------------------------
+// ItemSources
+
+void ItemSources::AddChunk(absl::string_view fqn, const planner::ChunkBox& box,
+                           absl::Span<const char> data) {
+  spans_[SourceKey(fqn, box)] = data;
+}
+
+void ItemSources::AddBytes(absl::string_view fqn, absl::Span<const char> data) {
+  spans_[SourceKey(fqn, planner::ChunkBox())] = data;
+}
+
+absl::StatusOr<absl::Span<const char>> ItemSources::Find(
+    const v1::PlannedWrite& w) const {
+  const bool is_bytes = w.item().kind() == v1::WriteItem::KIND_BYTES;
+  const std::string& fqn =
+      is_bytes ? w.item().bytes_fqn() : w.item().tensor().fqn();
+  planner::ChunkBox box;
+  if (!is_bytes) {
+    CAIRN_ASSIGN_OR_RETURN(box, convert::BoxFromProto(w.item().chunk(), fqn));
+  }
+  auto it = spans_.find(SourceKey(fqn, box));
+  if (it == spans_.end() || it->second.size() != w.location().length()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cairnd planned ", ItemName(w.item()), " (", w.location().length(),
+        " bytes) for this rank, which does not hold it with "
+        "that length"));
+  }
+  return it->second;
+}
+
+// ---------------------------------------------------------------------------
+// SaveProtocol
+
+SaveProtocol::SaveProtocol(v1::Coordinator::Stub* stub,
+                           SaveProtocolOptions options)
+    : stub_(stub),
+      options_(std::move(options)),
+      incarnation_(NewIncarnation()) {}
+
+absl::StatusOr<storage::ShardStore*> SaveProtocol::StoreFor(
+    const std::string& uri) {
+  if (store_ == nullptr || store_uri_ != uri) {
+    CAIRN_ASSIGN_OR_RETURN(store_,
+                           storage::OpenShardStore(uri, options_.store));
+    store_uri_ = uri;
+  }
+  return store_.get();
+}
+
+absl::StatusOr<std::unique_ptr<PlannedSave>> SaveProtocol::Begin(
+    int64_t step, const planner::LocalSavePlan& local) {
+  CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
+  const std::string fingerprint = planner::FingerprintLocalPlan(local);
+  v1::BeginSaveRequest begin;
+  begin.set_job(options_.job);
+  begin.set_step(step);
+  begin.set_rank(options_.rank);
+  begin.set_world_size(options_.world_size);
+  begin.set_incarnation(incarnation_);
+  bool fingerprint_only = false;
+  if (fingerprint == last_fingerprint_) {
+    begin.set_plan_fingerprint(fingerprint);
+    fingerprint_only = true;
+  } else {
+    convert::LocalPlanToProto(local, begin.mutable_local_plan());
+  }
+  CAIRN_ASSIGN_OR_RETURN(
+      v1::BeginSaveResponse plan,
+      CallWithRetry(&v1::Coordinator::Stub::BeginSave, *stub_, begin,
+                    options_.collective_timeout, options_.max_retries));
+  if (plan.resend_plan()) {
+    // cairnd no longer holds the plan of that fingerprint: send it whole.
+    fingerprint_only = false;
+    convert::LocalPlanToProto(local, begin.mutable_local_plan());
+    CAIRN_ASSIGN_OR_RETURN(
+        plan, CallWithRetry(&v1::Coordinator::Stub::BeginSave, *stub_, begin,
+                            options_.collective_timeout, options_.max_retries));
+  }
+  last_fingerprint_ = fingerprint;
+  std::unique_ptr<PlannedSave> save(
+      new PlannedSave(this, step, std::move(plan), fingerprint_only));
+  absl::Status ready = [&]() -> absl::Status {
+    CAIRN_ASSIGN_OR_RETURN(save->objects_, GroupByObject(save->plan_));
+    CAIRN_ASSIGN_OR_RETURN(save->store_, StoreFor(save->plan_.storage_uri()));
+    return absl::OkStatus();
+  }();
+  if (!ready.ok()) return save->Abort(ready);
+  return save;
+}
+
+// ---------------------------------------------------------------------------
+// PlannedSave
+
+PlannedSave::PlannedSave(SaveProtocol* protocol, int64_t step,
+                         v1::BeginSaveResponse plan, bool sent_fingerprint_only)
+    : protocol_(protocol),
+      step_(step),
+      where_(absl::StrCat("rank ", protocol->options_.rank, " saving job '",
+                          protocol->options_.job, "' step ", step)),
+      plan_(std::move(plan)),
+      sent_fingerprint_only_(sent_fingerprint_only) {
+  commit_.set_job(protocol->options_.job);
+  commit_.set_step(step);
+  commit_.set_rank(protocol->options_.rank);
+  commit_.set_incarnation(protocol->incarnation_);
+  const auto& writes = plan_.rank_plan().writes();
+  commit_.mutable_results()->Reserve(writes.size());
+  for (const v1::PlannedWrite& w : writes) {
+    *commit_.add_results()->mutable_location() = w.location();
+  }
+}
+
+uint64_t PlannedSave::planned_bytes() const {
+  uint64_t bytes = 0;
+  for (const v1::PlannedWrite& w : plan_.rank_plan().writes()) {
+    bytes += w.location().length();
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::unique_ptr<PlannedObjectWriter>> PlannedSave::OpenObject(
+    size_t i) {
+  if (i >= objects_.size()) {
+    return absl::OutOfRangeError(absl::StrCat(where_, ": object ", i, " of ",
+                                              objects_.size(), " planned"));
+  }
+  return PlannedObjectWriter::Open(*store_, plan_, objects_[i], &commit_);
+}
+
+absl::Status PlannedSave::WriteAll(const ItemSources& sources,
+                                   ThreadPool& pool) {
+  std::vector<std::function<absl::Status()>> jobs;
+  jobs.reserve(objects_.size());
+  for (size_t i = 0; i < objects_.size(); ++i) {
+    jobs.push_back([&, i]() -> absl::Status {
+      CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<PlannedObjectWriter> writer,
+                             OpenObject(i));
+      for (int w : objects_[i].writes) {
+        CAIRN_ASSIGN_OR_RETURN(absl::Span<const char> data,
+                               sources.Find(plan_.rank_plan().writes(w)));
+        CAIRN_RETURN_IF_ERROR(writer->WriteItem(data));
+        CAIRN_CRASH_POINT("client.write.mid_object");
+      }
+      return writer->Close();
+    });
+  }
+  return RunAll(pool, std::move(jobs));
+}
+
+absl::StatusOr<v1::CheckpointRecord> PlannedSave::Commit() {
+  CAIRN_CRASH_POINT("client.before_commit");
+  if (before_commit_for_test_) before_commit_for_test_();
+  const SaveProtocolOptions& o = protocol_->options_;
+  CAIRN_ASSIGN_OR_RETURN(
+      v1::CommitSaveResponse done,
+      CallWithRetry(&v1::Coordinator::Stub::CommitSave, *protocol_->stub_,
+                    commit_, o.collective_timeout, o.max_retries));
+  return done.checkpoint();
+}
+
+absl::Status PlannedSave::Abort(const absl::Status& failure) {
+  const SaveProtocolOptions& o = protocol_->options_;
+  v1::Coordinator::Stub& stub = *protocol_->stub_;
+  v1::AbortSaveRequest abort;
+  abort.set_job(o.job);
+  abort.set_step(step_);
+  abort.set_rank(o.rank);
+  abort.set_reason(std::string(failure.message()));
+  abort.set_incarnation(protocol_->incarnation_);
+  (void)CallWithRetry(&v1::Coordinator::Stub::AbortSave, stub, abort,
+                      o.rpc_timeout, 1);
+  // cairnd records the first abort of a save (and deletes its objects only
+  // after recording it): if that was not this rank's, it is the cause.
+  v1::GetCheckpointRequest get;
+  get.set_job(o.job);
+  get.set_step(step_);
+  absl::StatusOr<v1::GetCheckpointResponse> rec = CallWithRetry(
+      &v1::Coordinator::Stub::GetCheckpoint, stub, get, o.rpc_timeout, 1);
+  if (rec.ok() && rec->checkpoint().state() == v1::CHECKPOINT_STATE_ABORTED &&
+      !rec->checkpoint().abort_reason().empty() &&
+      !absl::StrContains(rec->checkpoint().abort_reason(),
+                         absl::StrCat("aborted by rank ", o.rank, ":"))) {
+    return absl::AbortedError(
+        absl::StrCat(where_, ": ", rec->checkpoint().abort_reason(),
+                     " (this rank then failed: ", failure.message(), ")"));
+  }
+  return absl::Status(failure.code(),
+                      absl::StrCat(where_, ": ", failure.message()));
+}
+
+}  // namespace cairn::protocol

@@ -1,0 +1,251 @@
+// The save protocol against a real cairnd (the Coordinator library behind its
+// gRPC service, in-process, on loopback port 0, posix storage in a temp
+// dir): fingerprints, writes, commit, the before-commit hook, and the errors
+// of a failed save (naming job, step, rank, item and object; ABORTED with the
+// first reason when another rank aborted first).
+#include "client/protocol/save_protocol.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/protocol/coordinator_call.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/coordinator/coordinator_server.h"
+#include "storage/checksum.h"
+#include "storage/testing/status_testing.h"
+
+namespace cairn::protocol {
+namespace {
+
+using ::testing::HasSubstr;
+
+class SaveProtocolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* base = std::getenv("TEST_TMPDIR");
+    dir_ = absl::StrCat(
+        base ? base : "/tmp", "/cairn-protocol-",
+        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
+        getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_ + "/checkpoints");
+    spec_.listen_address = "127.0.0.1:0";
+    spec_.coordinator.storage_uri =
+        absl::StrCat("file://", dir_, "/checkpoints");
+    spec_.coordinator.catalog_path = dir_ + "/catalog";
+    StartServer();
+  }
+  void TearDown() override {
+    server_.reset();
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  void StartServer() {
+    auto s = coordinator::CoordinatorServer::Start(spec_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+    stub_ = v1::Coordinator::NewStub(
+        NewCoordinatorChannel(absl::StrCat("127.0.0.1:", server_->port())));
+  }
+
+  std::unique_ptr<SaveProtocol> Protocol(int rank, int world) {
+    SaveProtocolOptions o;
+    o.job = "job";
+    o.rank = rank;
+    o.world_size = world;
+    o.max_retries = 0;
+    return std::make_unique<SaveProtocol>(stub_.get(), o);
+  }
+
+  // Rank `rank`'s plan: one fp32 chunk of "w" [8] (rows split by rank) and,
+  // on rank 0, a bytes entry "rng".
+  static planner::LocalSavePlan Local(int rank, int world) {
+    planner::LocalSavePlan local;
+    local.rank = rank;
+    planner::WriteItem w;
+    w.fqn = "w";
+    w.dtype = planner::DType::kFloat32;
+    w.global_shape = {8};
+    w.box = {{rank * 8 / world}, {8 / world}};
+    w.length = static_cast<uint64_t>(8 / world) * 4;
+    local.items.push_back(w);
+    if (rank == 0) {
+      planner::WriteItem b;
+      b.kind = planner::WriteItem::Kind::kBytes;
+      b.fqn = "rng";
+      b.dtype = planner::DType::kUInt8;  // as StateDict::ToLocalPlan makes it
+      b.length = 5;
+      local.items.push_back(b);
+    }
+    return local;
+  }
+
+  std::string dir_;
+  coordinator::CoordinatorServer::Spec spec_;
+  std::unique_ptr<coordinator::CoordinatorServer> server_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+TEST_F(SaveProtocolTest, SavesAndSendsOnlyTheFingerprintWhenThePlanIsSame) {
+  std::unique_ptr<SaveProtocol> p = Protocol(0, 1);
+  const planner::LocalSavePlan local = Local(0, 1);
+  std::string w(32, 'w'), rng = "seed!";
+  ItemSources sources;
+  sources.AddChunk("w", local.items[0].box, w);
+  sources.AddBytes("rng", rng);
+  ThreadPool pool(2);
+  for (int64_t step = 1; step <= 3; ++step) {
+    SCOPED_TRACE(step);
+    auto save = p->Begin(step, local);
+    ASSERT_TRUE(save.ok()) << save.status();
+    EXPECT_EQ((*save)->sent_fingerprint_only(), step > 1);
+    EXPECT_EQ((*save)->where(),
+              absl::StrCat("rank 0 saving job 'job' step ", step));
+    EXPECT_EQ((*save)->planned_bytes(), 32u + 5);
+    ASSERT_TRUE((*save)->WriteAll(sources, pool).ok());
+    bool hook_ran = false;
+    (*save)->SetBeforeCommitForTest([&] { hook_ran = true; });
+    absl::StatusOr<v1::CheckpointRecord> record = (*save)->Commit();
+    ASSERT_TRUE(record.ok()) << record.status();
+    EXPECT_TRUE(hook_ran);
+    EXPECT_EQ(record->state(), v1::CHECKPOINT_STATE_COMMITTED);
+    EXPECT_EQ(record->step(), step);
+    EXPECT_EQ(record->total_bytes(), 32u + 5);
+  }
+  EXPECT_EQ(server_->coordinator().stats().commits, 3);
+
+  // A restarted cairnd (same address) no longer holds the plan: it asks
+  // for it, and the same Begin sends it.
+  const int port = server_->port();
+  server_.reset();
+  spec_.listen_address = absl::StrCat("127.0.0.1:", port);
+  auto restarted = coordinator::CoordinatorServer::Start(spec_);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  server_ = std::move(*restarted);
+  auto save = p->Begin(4, local);
+  ASSERT_TRUE(save.ok()) << save.status();
+  EXPECT_FALSE((*save)->sent_fingerprint_only());
+  ASSERT_TRUE((*save)->WriteAll(sources, pool).ok());
+  ASSERT_TRUE((*save)->Commit().ok());
+  EXPECT_EQ(server_->coordinator().stats().plans_built, 1);
+  // And from then on the fingerprint again.
+  save = p->Begin(5, local);
+  ASSERT_TRUE(save.ok()) << save.status();
+  EXPECT_TRUE((*save)->sent_fingerprint_only());
+}
+
+TEST_F(SaveProtocolTest, CommittedItemsCarryTheCrcOfTheirBytes) {
+  std::unique_ptr<SaveProtocol> p = Protocol(0, 1);
+  const planner::LocalSavePlan local = Local(0, 1);
+  std::string w(32, '\0'), rng = "seed!";
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<char>(i * 13);
+  ItemSources sources;
+  sources.AddChunk("w", local.items[0].box, w);
+  sources.AddBytes("rng", rng);
+  ThreadPool pool(2);
+  auto save = p->Begin(9, local);
+  ASSERT_TRUE(save.ok()) << save.status();
+  ASSERT_TRUE((*save)->WriteAll(sources, pool).ok());
+  ASSERT_TRUE((*save)->Commit().ok());
+  v1::GetCheckpointRequest get;
+  get.set_job("job");
+  get.set_step(9);
+  v1::GetCheckpointResponse got;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->GetCheckpoint(&ctx, get, &got).ok());
+  ASSERT_EQ(got.manifest().tensors_size(), 1);
+  ASSERT_EQ(got.manifest().tensors(0).chunks_size(), 1);
+  EXPECT_EQ(got.manifest().tensors(0).chunks(0).crc32c(), storage::Crc32c(w));
+  ASSERT_EQ(got.manifest().bytes_entries_size(), 1);
+  EXPECT_EQ(got.manifest().bytes_entries(0).crc32c(), storage::Crc32c(rng));
+  // The bytes are where the manifest says, padding included.
+  const v1::StorageLocation& loc = got.manifest().bytes_entries(0).location();
+  auto store = p->StoreFor(got.checkpoint().storage_uri());
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::string back(loc.length(), '\0');
+  ASSERT_TRUE((*store)
+                  ->Read((*save)->plan().step_prefix() + loc.object_key(),
+                         {loc.offset(), loc.length()}, absl::MakeSpan(back))
+                  .ok());
+  EXPECT_EQ(back, rng);
+}
+
+TEST_F(SaveProtocolTest, MissingSourceAbortsNamingJobStepRankAndItem) {
+  std::unique_ptr<SaveProtocol> p = Protocol(0, 1);
+  const planner::LocalSavePlan local = Local(0, 1);
+  std::string w(32, 'w');
+  ItemSources sources;
+  sources.AddChunk("w", local.items[0].box, w);  // "rng" is missing
+  ThreadPool pool(2);
+  auto save = p->Begin(3, local);
+  ASSERT_TRUE(save.ok()) << save.status();
+  const absl::Status written = (*save)->WriteAll(sources, pool);
+  EXPECT_STATUS(written, kFailedPrecondition,
+                "cairnd planned bytes entry 'rng' (5 bytes) for this rank, "
+                "which does not hold it with that length");
+  const absl::Status reported = (*save)->Abort(written);
+  EXPECT_STATUS(reported, kFailedPrecondition,
+                "rank 0 saving job 'job' step 3: cairnd planned bytes entry "
+                "'rng'");
+  EXPECT_EQ(server_->coordinator().stats().aborts, 1);
+  // The save is gone: committing now is refused.
+  EXPECT_FALSE((*save)->Commit().ok());
+}
+
+TEST_F(SaveProtocolTest, AbortAfterAnotherRankAbortedReportsTheFirstReason) {
+  std::vector<std::unique_ptr<SaveProtocol>> p;
+  for (int r = 0; r < 2; ++r) p.push_back(Protocol(r, 2));
+  std::vector<std::unique_ptr<PlannedSave>> saves(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto s = p[r]->Begin(7, Local(r, 2));
+      EXPECT_TRUE(s.ok()) << s.status();
+      if (s.ok()) saves[r] = std::move(*s);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  ASSERT_NE(saves[0], nullptr);
+  ASSERT_NE(saves[1], nullptr);
+  // Rank 0 fails first: its own failure comes back (with where it was).
+  EXPECT_STATUS(
+      saves[0]->Abort(absl::ResourceExhaustedError("no space left on device")),
+      kResourceExhausted,
+      "rank 0 saving job 'job' step 7: no space left on device");
+  // Rank 1 then runs into the cleanup: ABORTED with rank 0's reason first.
+  const absl::Status s =
+      saves[1]->Abort(absl::NotFoundError("temp file vanished"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 1 saving job 'job' step 7: save of job 'job' "
+                        "step 7 aborted by rank 0: no space left on device "
+                        "(this rank then failed: temp file vanished)"));
+}
+
+TEST_F(SaveProtocolTest, BadStepIsInvalidBeforeAnyCall) {
+  std::unique_ptr<SaveProtocol> p = Protocol(0, 1);
+  EXPECT_EQ(p->Begin(-1, Local(0, 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(server_->coordinator().stats().plans_built, 0);
+}
+
+TEST(IncarnationTest, NonzeroAndDistinct) {
+  std::set<uint64_t> seen;
+  for (int i = 0; i < 1000; ++i) {
+    const uint64_t id = NewIncarnation();
+    EXPECT_NE(id, 0u);
+    seen.insert(id);
+  }
+  EXPECT_EQ(seen.size(), 1000u);
+}
+
+}  // namespace
+}  // namespace cairn::protocol
