@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/protocol/coordinator_call.h"
 #include "common/crash_point.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -77,10 +78,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
                                            kMinFrameBytes, uint64_t{1} << 30);
   CAIRN_ASSIGN_OR_RETURN(a->transport_, TcpTransport::Start(std::move(t)));
 
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(1 << 30);
-  a->channel_ = grpc::CreateCustomChannel(
-      a->options_.coordinator, grpc::InsecureChannelCredentials(), args);
+  // One channel to cairnd for loads and for the save protocol.
+  a->channel_ = protocol::NewCoordinatorChannel(a->options_.coordinator);
   a->coordinator_ = v1::Coordinator::NewStub(a->channel_);
   return a;
 }

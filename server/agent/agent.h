@@ -9,9 +9,9 @@
 //               rank a shared-memory segment and an offset per item;
 //   (rank)      memcpy host tensors into the segment — all training waits for;
 //   FinishStage copy GPU items (DeviceCopier), then persist on a thread:
-//               crc32c of every item, then client::Checkpointer::Save over a
-//               StateDict whose chunks point into the segment — the same
-//               BeginSave / write / CommitSave protocol as direct mode, so a
+//               crc32c of every item, then the save protocol
+//               (client/protocol: BeginSave / write / CommitSave) over the
+//               items in the segment — the same protocol as direct mode, so a
 //               checkpoint is committed exactly when every rank's agent has
 //               committed. The training process may exit right after
 //               FinishStage: the agent owns the bytes.
@@ -68,9 +68,10 @@
 #include "absl/time/time.h"
 #include "cairn/v1/agent.pb.h"
 #include "cairn/v1/cairn.grpc.pb.h"
-#include "client/checkpointer.h"
+#include "client/protocol/save_protocol.h"
 #include "common/copier/device_copier.h"
 #include "common/shm/shm_segment.h"
+#include "common/thread_pool.h"
 #include "server/agent/transport/tcp/tcp_transport.h"
 
 namespace cairn::agent {
@@ -118,7 +119,8 @@ struct AgentOptions {
   // they are 0660 for it. -1: segments are 0600 (the agent's user only).
   // AgentServer sets it to its socket group. Default: -1.
   gid_t shm_group = static_cast<gid_t>(-1);
-  // Options of the Checkpointer the agent persists with (timeouts, storage).
+  // Parallel object writes of one rank's persist, and the options of the
+  // store it writes to. Default: 4 threads, StoreOptions's defaults.
   int io_threads = 4;
   storage::StoreOptions store;
 };
@@ -186,7 +188,12 @@ class Agent {
   void RecordStreamResult(const Set& set,
                           const absl::StatusOr<v1::CheckpointRecord>& r);
   absl::Status Replicate(const std::shared_ptr<const Set>& set, int peer);
-  absl::StatusOr<client::Checkpointer*> CheckpointerFor(const Set& set);
+  // The save protocol of (set.job, set.rank) with its write threads.
+  struct RankProtocol {
+    std::unique_ptr<protocol::SaveProtocol> protocol;
+    std::unique_ptr<ThreadPool> io_pool;
+  };
+  absl::StatusOr<RankProtocol*> ProtocolFor(const Set& set);
 
   void HandleControl(int peer, uint64_t tag, std::string payload);
   absl::Status HandlePush(int peer, const v1::PushReplica& push);
@@ -229,8 +236,8 @@ class Agent {
       ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<shm::ShmSegment>> loads_
       ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<std::string, int>, std::unique_ptr<client::Checkpointer>>
-      checkpointers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, std::unique_ptr<RankProtocol>>
+      protocols_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, std::unique_ptr<absl::Mutex>>
       persist_locks_ ABSL_GUARDED_BY(mu_);
   // Persist threads with their "finished" flags; finished ones are joined

@@ -89,10 +89,6 @@ inline absl::Status ToStatus(const v1::PeerResponse& r) {
   return absl::Status(static_cast<absl::StatusCode>(r.code()), r.message());
 }
 
-// The agent that is exiting on purpose for a fault test (per persist
-// thread). Defined in persister.cc.
-extern thread_local bool tls_die_before_commit;
-
 }  // namespace internal
 
 // Staging memory: shm segments counted against the budget. Released segments

@@ -34,12 +34,7 @@ using internal::IsBytes;
 using internal::ItemBox;
 using internal::ItemFqn;
 using internal::PlanName;
-using internal::tls_die_before_commit;
 using internal::Where;
-
-namespace internal {
-thread_local bool tls_die_before_commit = false;
-}  // namespace internal
 
 absl::Status Agent::StartPersistThread(std::function<void()> fn) {
   std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>>
@@ -102,7 +97,7 @@ void Agent::PersistStream(std::shared_ptr<Stream> st) {
 
 absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
   const Set& set = *st.set;
-  CAIRN_ASSIGN_OR_RETURN(client::Checkpointer * ckpt, CheckpointerFor(set));
+  CAIRN_ASSIGN_OR_RETURN(RankProtocol * rp, ProtocolFor(set));
   absl::Mutex* lock;
   {
     absl::MutexLock l(&mu_);
@@ -111,19 +106,21 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
     lock = m.get();
   }
   absl::MutexLock pl(lock);
-  if (set.incarnation != 0) ckpt->set_incarnation(set.incarnation);
+  if (set.incarnation != 0) rp->protocol->set_incarnation(set.incarnation);
   v1::LocalSavePlan proto;
   proto.set_rank(set.rank);
   for (const Item& it : set.items) *proto.add_items() = it.item;
   CAIRN_ASSIGN_OR_RETURN(planner::LocalSavePlan local,
                          convert::LocalPlanFromProto(proto));
-  CAIRN_ASSIGN_OR_RETURN(v1::BeginSaveResponse plan,
-                         ckpt->BeginPlannedSave(set.step, local));
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<protocol::PlannedSave> save,
+                         rp->protocol->Begin(set.step, local));
+  const v1::BeginSaveResponse& plan = save->plan();
   bool committing = false;
   absl::StatusOr<v1::CheckpointRecord> result =
       [&]() -> absl::StatusOr<v1::CheckpointRecord> {
-    // Storage order of cairnd's writes for this rank, each matched to the
-    // staged item it names, cut into pieces of at most one bucket.
+    // Storage order of cairnd's writes for this rank (the protocol's object
+    // order, writes by offset), each matched to the staged item it names,
+    // cut into pieces of at most one bucket.
     const auto& writes = plan.rank_plan().writes();
     std::map<std::pair<std::string, planner::ChunkBox>, int> by_key;
     for (size_t i = 0; i < set.items.size(); ++i) {
@@ -131,33 +128,25 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
           static_cast<int>(i);
     }
     std::vector<int> write_item(writes.size());
-    std::vector<int> order(writes.size());
     for (int i = 0; i < writes.size(); ++i) {
       const v1::WriteItem& w = writes[i].item();
       auto it = by_key.find({PlanName(w), ItemBox(w)});
       if (it == by_key.end() || set.items[it->second].item.length() !=
                                     writes[i].location().length()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            st.where, ": cairnd planned '", ItemFqn(w), "' ",
+            "cairnd planned '", ItemFqn(w), "' ",
             planner::BoxToString(ItemBox(w)),
             " for this rank, which did not stage it with that length"));
       }
       write_item[i] = it->second;
-      order[i] = i;
     }
-    std::sort(order.begin(), order.end(), [&](int a, int b) {
-      const auto& la = writes[a].location();
-      const auto& lb = writes[b].location();
-      if (la.object_key() != lb.object_key()) {
-        return la.object_key() < lb.object_key();
-      }
-      return la.offset() < lb.offset();
-    });
     std::vector<Stream::Piece> pieces;
-    for (int i : order) {
-      const uint64_t len = writes[i].location().length();
-      for (uint64_t off = 0; off < len; off += st.bucket_bytes) {
-        pieces.push_back({i, off, std::min(st.bucket_bytes, len - off)});
+    for (const protocol::PlannedObject& object : save->objects()) {
+      for (int i : object.writes) {
+        const uint64_t len = writes[i].location().length();
+        for (uint64_t off = 0; off < len; off += st.bucket_bytes) {
+          pieces.push_back({i, off, std::min(st.bucket_bytes, len - off)});
+        }
       }
     }
     {
@@ -166,178 +155,135 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
       st.write_item = std::move(write_item);
       st.plan_ready = true;
     }
-    CAIRN_ASSIGN_OR_RETURN(storage::ShardStore * store,
-                           ckpt->StoreFor(plan.storage_uri()));
-    v1::CommitSaveRequest commit = ckpt->MakeCommitRequest(set.step, plan);
-    static const std::string* zeros = new std::string(1 << 16, '\0');
     std::optional<Stream::Bucket> cur;
     size_t pi = 0;
-    std::string object;
-    std::unique_ptr<storage::ObjectWriter> writer;
-    uint64_t cursor = 0;
-    std::map<std::string, uint64_t> object_bytes;
-    for (const v1::PlannedWrite& w : writes) {
-      uint64_t& end = object_bytes[w.location().object_key()];
-      end = std::max<uint64_t>(end,
-                               w.location().offset() + w.location().length());
-    }
-    for (int i : order) {
-      const v1::StorageLocation& loc = writes[i].location();
-      if (writer == nullptr || loc.object_key() != object) {
-        if (writer != nullptr) CAIRN_RETURN_IF_ERROR(writer->Close());
-        object = loc.object_key();
-        // The object's planned size: the store reserves exactly that.
-        storage::WriterOptions wo;
-        wo.expected_bytes = object_bytes[object];
-        CAIRN_ASSIGN_OR_RETURN(
-            writer,
-            store->NewWriter(absl::StrCat(plan.step_prefix(), object), wo));
-        cursor = 0;
-      }
-      if (loc.offset() < cursor) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(st.where,
-                         ": cairnd planned overlapping writes in "
-                         "object ",
-                         plan.step_prefix(), object));
-      }
-      while (cursor < loc.offset()) {
-        const uint64_t n =
-            std::min<uint64_t>(loc.offset() - cursor, zeros->size());
-        CAIRN_RETURN_IF_ERROR(writer->Append(
-            absl::MakeConstSpan(zeros->data(), static_cast<size_t>(n))));
-        cursor += n;
-      }
-      uint32_t crc = 0;
-      for (uint64_t done = 0; done < loc.length();) {
-        if (!cur.has_value() || pi == cur->end) {
-          cur.reset();  // frees the written bucket for the rank's next one
-          absl::MutexLock l(&st.mu);
-          CAIRN_RETURN_IF_ERROR(st.AwaitRank(
-              [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
-                return !st.filled.empty();
-              },
-              options_.stream_idle_timeout, stopping_flag_));
-          cur = std::move(st.filled.front());
-          st.filled.pop_front();
-          if (cur->begin != pi) {
-            return absl::InternalError(
-                absl::StrCat(st.where, ": bucket ", cur->seq, " out of order"));
+    for (size_t o = 0; o < save->objects().size(); ++o) {
+      CAIRN_ASSIGN_OR_RETURN(
+          std::unique_ptr<protocol::PlannedObjectWriter> writer,
+          save->OpenObject(o));
+      for (int i : save->objects()[o].writes) {
+        for (uint64_t done = 0; done < writes[i].location().length();) {
+          if (!cur.has_value() || pi == cur->end) {
+            cur.reset();  // frees the written bucket for the rank's next one
+            absl::MutexLock l(&st.mu);
+            CAIRN_RETURN_IF_ERROR(st.AwaitRank(
+                [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+                  return !st.filled.empty();
+                },
+                options_.stream_idle_timeout, stopping_flag_));
+            cur = std::move(st.filled.front());
+            st.filled.pop_front();
+            if (cur->begin != pi) {
+              return absl::InternalError(
+                  absl::StrCat("bucket ", cur->seq, " out of order"));
+            }
           }
+          const Stream::Piece& p = pieces[pi];
+          const char* data =
+              cur->segment->data() + cur->offsets[pi - cur->begin];
+          CAIRN_RETURN_IF_ERROR(writer->Append(
+              absl::MakeConstSpan(data, static_cast<size_t>(p.length))));
+          CAIRN_CRASH_POINT("agent.stream.mid_write");
+          done += p.length;
+          ++pi;
         }
-        const Stream::Piece& p = pieces[pi];
-        const char* data = cur->segment->data() + cur->offsets[pi - cur->begin];
-        crc = storage::Crc32cExtend(crc, data, p.length);
-        CAIRN_RETURN_IF_ERROR(writer->Append(
-            absl::MakeConstSpan(data, static_cast<size_t>(p.length))));
-        CAIRN_CRASH_POINT("agent.stream.mid_write");
-        done += p.length;
-        cursor += p.length;
-        ++pi;
+        CAIRN_RETURN_IF_ERROR(writer->FinishItem());
       }
-      commit.mutable_results(i)->set_crc32c(crc);
+      // Every byte durable before the commit.
+      CAIRN_RETURN_IF_ERROR(writer->Close());
     }
     cur.reset();
-    // Every byte durable before the commit.
-    if (writer != nullptr) CAIRN_RETURN_IF_ERROR(writer->Close());
-    bool die = false;
     {
       absl::MutexLock l(&st.mu);
       CAIRN_RETURN_IF_ERROR(st.AwaitRank(
           [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.finished; },
           options_.stream_idle_timeout, stopping_flag_));
-      die = st.die_before_commit;
+      if (st.die_before_commit) {
+        save->SetBeforeCommitForTest([] { _exit(137); });
+      }
     }
-    tls_die_before_commit = die;
     committing = true;
-    return ckpt->CommitPlannedSave(commit);
+    return save->Commit();
   }();
   if (!result.ok()) {
     // A refused CommitSave too: the save must not linger until cairnd's
     // commit deadline (cairnd's answer then names the cause).
-    absl::Status reported = ckpt->AbortPlannedSave(set.step, result.status());
+    absl::Status reported = save->Abort(result.status());
     return committing ? result.status() : reported;
   }
   return result;
 }
 
-absl::StatusOr<client::Checkpointer*> Agent::CheckpointerFor(const Set& set) {
+absl::StatusOr<Agent::RankProtocol*> Agent::ProtocolFor(const Set& set) {
   absl::MutexLock l(&mu_);
-  std::unique_ptr<client::Checkpointer>& c =
-      checkpointers_[{set.job, set.rank}];
-  if (c == nullptr || c->options().world_size != set.world_size) {
-    client::CheckpointerOptions o;
-    o.coordinator = options_.coordinator;
+  std::unique_ptr<RankProtocol>& rp = protocols_[{set.job, set.rank}];
+  if (rp == nullptr || rp->protocol->options().world_size != set.world_size) {
+    CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(set.job));
+    if (set.world_size < 1 || set.rank < 0 || set.rank >= set.world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job '", set.job, "': rank ", set.rank,
+                       " is out of range for world_size ", set.world_size));
+    }
+    protocol::SaveProtocolOptions o;
     o.job = set.job;
     o.rank = set.rank;
     o.world_size = set.world_size;
-    o.io_threads = options_.io_threads;
     o.store = options_.store;
-    o.before_commit_for_test = [] {
-      if (tls_die_before_commit) _exit(137);
-    };
-    CAIRN_ASSIGN_OR_RETURN(c, client::Checkpointer::Connect(o));
+    auto fresh = std::make_unique<RankProtocol>();
+    fresh->protocol =
+        std::make_unique<protocol::SaveProtocol>(coordinator_.get(), o);
+    fresh->io_pool =
+        std::make_unique<ThreadPool>(std::max(1, options_.io_threads));
+    rp = std::move(fresh);
   }
-  return c.get();
+  return rp.get();
 }
 
 void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
-  tls_die_before_commit = die_before_commit;
   CAIRN_CRASH_POINT("agent.persist.begin");
   const std::string where = Where(set->job, set->step, set->rank);
   const absl::Time t0 = absl::Now();
-  // A StateDict over the staged bytes; chunks of one tensor are grouped.
-  client::StateDict state;
-  std::vector<std::unique_ptr<std::string>> blobs;
-  std::map<std::string, std::vector<const Item*>> by_fqn;
-  std::vector<std::string> order;
+  // The items' bytes are in the segment; cairnd plans them as staged.
+  protocol::ItemSources sources;
+  v1::LocalSavePlan proto;
+  proto.set_rank(set->rank);
   for (Item& it : set->items) {
-    it.crc32c =
-        storage::Crc32c(set->segment->data() + it.offset, it.item.length());
-    if (IsBytes(it.item)) continue;
-    auto& v = by_fqn[it.item.tensor().fqn()];
-    if (v.empty()) order.push_back(it.item.tensor().fqn());
-    v.push_back(&it);
-  }
-  absl::Status s;
-  for (const std::string& fqn : order) {
-    const v1::TensorEntry& t = by_fqn[fqn][0]->item.tensor();
-    std::vector<client::TensorChunk> chunks;
-    for (const Item* it : by_fqn[fqn]) {
-      chunks.push_back(
-          {ItemBox(it->item), absl::MakeSpan(set->segment->data() + it->offset,
-                                             it->item.length())});
+    const char* data = set->segment->data() + it.offset;
+    it.crc32c = storage::Crc32c(data, it.item.length());
+    const absl::Span<const char> span(data, it.item.length());
+    if (IsBytes(it.item)) {
+      sources.AddBytes(it.item.bytes_fqn(), span);
+    } else {
+      sources.AddChunk(it.item.tensor().fqn(), ItemBox(it.item), span);
     }
-    s.Update(state.AddChunks(
-        fqn, DTypeOf(t.dtype()),
-        planner::Shape(t.global_shape().begin(), t.global_shape().end()),
-        std::move(chunks)));
-  }
-  for (const Item& it : set->items) {
-    if (!IsBytes(it.item)) continue;
-    blobs.push_back(std::make_unique<std::string>(
-        set->segment->data() + it.offset, it.item.length()));
-    s.Update(state.AddBytes(it.item.bytes_fqn(), blobs.back().get()));
+    *proto.add_items() = it.item;
   }
   absl::StatusOr<v1::CheckpointRecord> record =
-      s.ok() ? absl::UnknownError("not persisted") : s;
-  if (s.ok()) {
-    absl::StatusOr<client::Checkpointer*> ckpt = CheckpointerFor(*set);
-    if (!ckpt.ok()) {
-      record = ckpt.status();
-    } else {
-      absl::Mutex* lock;
-      {
-        absl::MutexLock l(&mu_);
-        auto& m = persist_locks_[{set->job, set->rank}];
-        if (!m) m = std::make_unique<absl::Mutex>();
-        lock = m.get();
-      }
-      absl::MutexLock pl(lock);
-      if (set->incarnation != 0) (*ckpt)->set_incarnation(set->incarnation);
-      record = (*ckpt)->Save(set->step, state);
+      [&]() -> absl::StatusOr<v1::CheckpointRecord> {
+    CAIRN_ASSIGN_OR_RETURN(planner::LocalSavePlan local,
+                           convert::LocalPlanFromProto(proto));
+    CAIRN_ASSIGN_OR_RETURN(RankProtocol * rp, ProtocolFor(*set));
+    absl::Mutex* lock;
+    {
+      absl::MutexLock l(&mu_);
+      auto& m = persist_locks_[{set->job, set->rank}];
+      if (!m) m = std::make_unique<absl::Mutex>();
+      lock = m.get();
     }
-  }
+    absl::MutexLock pl(lock);
+    if (set->incarnation != 0) rp->protocol->set_incarnation(set->incarnation);
+    CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<protocol::PlannedSave> save,
+                           rp->protocol->Begin(set->step, local));
+    if (die_before_commit) save->SetBeforeCommitForTest([] { _exit(137); });
+    if (absl::Status s = save->WriteAll(sources, *rp->io_pool); !s.ok()) {
+      return save->Abort(s);
+    }
+    absl::StatusOr<v1::CheckpointRecord> committed = save->Commit();
+    // A refused CommitSave: the save must not linger until cairnd's commit
+    // deadline (cairnd's answer names the cause).
+    if (!committed.ok()) (void)save->Abort(committed.status());
+    return committed;
+  }();
   std::vector<int> peers;
   {
     absl::MutexLock l(&mu_);
