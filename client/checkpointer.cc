@@ -14,11 +14,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
+#include "cairn/v1/cairn.grpc.pb.h"
+#include "client/checkpoint_info_proto.h"
 #include "client/protocol/coordinator_call.h"
+#include "client/protocol/save_protocol.h"
 #include "common/crash_point.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "planner/plan_cache.h"
 #include "proto/convert/plan_convert.h"
 #include "storage/checkpoint_layout.h"
@@ -86,11 +90,53 @@ absl::Status RunAll(ThreadPool& pool,
 
 }  // namespace
 
-Checkpointer::Checkpointer(const CheckpointerOptions& options)
-    : options_(options) {}
+// Everything behind the public Checkpointer (which holds only this).
+class Checkpointer::Impl {
+ public:
+  explicit Impl(const CheckpointerOptions& options) : options_(options) {}
 
-absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
-    const CheckpointerOptions& options) {
+  absl::Status Connect();
+  absl::StatusOr<v1::CheckpointRecord> Save(int64_t step,
+                                            const StateDict& state);
+  absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
+  absl::StatusOr<std::vector<CheckpointInfo>> List(bool include_uncommitted);
+  absl::StatusOr<CheckpointSummary> Describe(int64_t step);
+
+  uint64_t incarnation() const { return protocol_->incarnation(); }
+  const TransferStats& last_stats() const { return stats_; }
+  const CheckpointerOptions& options() const { return options_; }
+
+ private:
+  // The store of a plan's storage URI (cached).
+  absl::StatusOr<storage::ShardStore*> StoreFor(const std::string& uri) {
+    return protocol_->StoreFor(uri);
+  }
+  absl::Status ReadItems(const v1::PlanLoadResponse& plan,
+                         const std::vector<TensorChunk*>& dests);
+  absl::Status ReadBytesEntries(const v1::PlanLoadResponse& plan,
+                                StateDict& state);
+  // Whether a load reports its partly read chunks to cairnd (VerifyLoad in
+  // the load round PlanLoad joined).
+  bool JoinsLoadCollective() const;
+  // This rank's VerifyLoad request for `plan`'s round, without pieces.
+  v1::VerifyLoadRequest LoadReport(const v1::PlanLoadResponse& plan) const;
+  // Tells the load round this rank is done (its load failed), so the other
+  // ranks are answered without its pieces. Synchronous: cairnd answers a
+  // report without pieces at once, and nothing is left running.
+  void ReportLoadFailure(const v1::VerifyLoadRequest& request);
+
+  // Constant after construction.
+  const CheckpointerOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<ThreadPool> io_pool_;
+  std::unique_ptr<protocol::SaveProtocol> protocol_;
+
+  TransferStats stats_;
+};
+
+absl::Status Checkpointer::Impl::Connect() {
+  const CheckpointerOptions& options = options_;
   CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(options.job));
   if (options.world_size < 1 || options.rank < 0 ||
       options.rank >= options.world_size) {
@@ -101,9 +147,8 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
   if (options.coordinator.empty()) {
     return absl::InvalidArgumentError("cairnd address is required");
   }
-  std::unique_ptr<Checkpointer> c(new Checkpointer(options));
-  c->channel_ = protocol::NewCoordinatorChannel(options.coordinator);
-  c->stub_ = v1::Coordinator::NewStub(c->channel_);
+  channel_ = protocol::NewCoordinatorChannel(options.coordinator);
+  stub_ = v1::Coordinator::NewStub(channel_);
   protocol::SaveProtocolOptions p;
   p.job = options.job;
   p.rank = options.rank;
@@ -112,84 +157,14 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
   p.rpc_timeout = options.rpc_timeout;
   p.max_retries = options.max_retries;
   p.store = options.store;
-  c->protocol_ = std::make_unique<protocol::SaveProtocol>(c->stub_.get(), p);
-  c->io_pool_ = std::make_unique<ThreadPool>(std::max(1, options.io_threads));
-  return c;
+  protocol_ = std::make_unique<protocol::SaveProtocol>(stub_.get(), p);
+  io_pool_ = std::make_unique<ThreadPool>(std::max(1, options.io_threads));
+  return absl::OkStatus();
 }
 
 using protocol::CallWithRetry;
 
-absl::StatusOr<storage::ShardStore*> Checkpointer::StoreFor(
-    const std::string& uri) {
-  return protocol_->StoreFor(uri);
-}
-
-absl::StatusOr<v1::BeginSaveResponse> Checkpointer::BeginPlannedSave(
-    int64_t step, const planner::LocalSavePlan& local) {
-  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<protocol::PlannedSave> save,
-                         protocol_->Begin(step, local));
-  stats_.sent_fingerprint_only = save->sent_fingerprint_only();
-  stats_.plan_from_cache = save->plan().plan_from_cache();
-  return save->plan();
-}
-
-v1::CommitSaveRequest Checkpointer::MakeCommitRequest(
-    int64_t step, const v1::BeginSaveResponse& plan) const {
-  v1::CommitSaveRequest commit;
-  commit.set_job(options_.job);
-  commit.set_step(step);
-  commit.set_rank(options_.rank);
-  commit.set_incarnation(incarnation());
-  const auto& writes = plan.rank_plan().writes();
-  commit.mutable_results()->Reserve(writes.size());
-  for (const v1::PlannedWrite& w : writes) {
-    *commit.add_results()->mutable_location() = w.location();
-  }
-  return commit;
-}
-
-absl::StatusOr<v1::CheckpointRecord> Checkpointer::CommitPlannedSave(
-    const v1::CommitSaveRequest& commit) {
-  CAIRN_CRASH_POINT("client.before_commit");
-  if (options_.before_commit_for_test) options_.before_commit_for_test();
-  CAIRN_ASSIGN_OR_RETURN(
-      v1::CommitSaveResponse done,
-      CallWithRetry(&v1::Coordinator::Stub::CommitSave, *stub_, commit,
-                    options_.collective_timeout, options_.max_retries));
-  return done.checkpoint();
-}
-
-absl::Status Checkpointer::AbortPlannedSave(int64_t step,
-                                            const absl::Status& failure) {
-  v1::AbortSaveRequest abort;
-  abort.set_job(options_.job);
-  abort.set_step(step);
-  abort.set_rank(options_.rank);
-  abort.set_reason(std::string(failure.message()));
-  abort.set_incarnation(incarnation());
-  (void)CallWithRetry(&v1::Coordinator::Stub::AbortSave, *stub_, abort,
-                      options_.rpc_timeout, 1);
-  // cairnd records the first abort of a save (and deletes its objects only
-  // after recording it): if that was not this rank's, it is the cause.
-  v1::GetCheckpointRequest get;
-  get.set_job(options_.job);
-  get.set_step(step);
-  absl::StatusOr<v1::GetCheckpointResponse> rec =
-      CallWithRetry(&v1::Coordinator::Stub::GetCheckpoint, *stub_, get,
-                    options_.rpc_timeout, 1);
-  if (rec.ok() && rec->checkpoint().state() == v1::CHECKPOINT_STATE_ABORTED &&
-      !rec->checkpoint().abort_reason().empty() &&
-      !absl::StrContains(
-          rec->checkpoint().abort_reason(),
-          absl::StrCat("aborted by rank ", options_.rank, ":"))) {
-    return absl::AbortedError(
-        absl::StrCat(rec->checkpoint().abort_reason(),
-                     " (this rank then failed: ", failure.message(), ")"));
-  }
-  return failure;
-}
-
-absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
+absl::StatusOr<v1::CheckpointRecord> Checkpointer::Impl::Save(
     int64_t step, const StateDict& state) {
   stats_ = TransferStats();
   const std::string where = absl::StrCat(
@@ -243,7 +218,8 @@ absl::StatusOr<v1::CheckpointRecord> Checkpointer::Save(
   return record;
 }
 
-absl::StatusOr<int64_t> Checkpointer::Load(LoadRef ref, StateDict& state) {
+absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
+                                                 StateDict& state) {
   stats_ = TransferStats();
   if (absl::Status s = state.CheckLoadable(); !s.ok()) {
     return absl::Status(
@@ -305,8 +281,8 @@ absl::StatusOr<int64_t> Checkpointer::Load(LoadRef ref, StateDict& state) {
   return plan.step();
 }
 
-absl::Status Checkpointer::ReadBytesEntries(const v1::PlanLoadResponse& plan,
-                                            StateDict& state) {
+absl::Status Checkpointer::Impl::ReadBytesEntries(
+    const v1::PlanLoadResponse& plan, StateDict& state) {
   // Bytes entries come back in request order.
   if (plan.bytes_entries_size() != static_cast<int>(state.bytes().size())) {
     return absl::InternalError(absl::StrCat(
@@ -343,8 +319,8 @@ absl::Status Checkpointer::ReadBytesEntries(const v1::PlanLoadResponse& plan,
   return absl::OkStatus();
 }
 
-absl::Status Checkpointer::ReadItems(const v1::PlanLoadResponse& plan,
-                                     const std::vector<TensorChunk*>& dests) {
+absl::Status Checkpointer::Impl::ReadItems(
+    const v1::PlanLoadResponse& plan, const std::vector<TensorChunk*>& dests) {
   const PartialChunkCheck check = options_.partial_chunk_check;
   // Whatever fails before this rank calls VerifyLoad, it still reports, so
   // that the other ranks are not kept waiting for it until cairnd's deadline.
@@ -524,11 +500,11 @@ absl::Status Checkpointer::ReadItems(const v1::PlanLoadResponse& plan,
   return read;
 }
 
-bool Checkpointer::JoinsLoadCollective() const {
+bool Checkpointer::Impl::JoinsLoadCollective() const {
   return options_.partial_chunk_check == PartialChunkCheck::kCollective;
 }
 
-v1::VerifyLoadRequest Checkpointer::LoadReport(
+v1::VerifyLoadRequest Checkpointer::Impl::LoadReport(
     const v1::PlanLoadResponse& plan) const {
   v1::VerifyLoadRequest report;
   report.set_job(options_.job);
@@ -539,7 +515,8 @@ v1::VerifyLoadRequest Checkpointer::LoadReport(
   return report;
 }
 
-void Checkpointer::ReportLoadFailure(const v1::VerifyLoadRequest& request) {
+void Checkpointer::Impl::ReportLoadFailure(
+    const v1::VerifyLoadRequest& request) {
   // A report without pieces is answered at once (cairnd only records that
   // this rank is done), so this waits for nothing: no call outlives the
   // Checkpointer. Best effort: if cairnd cannot be told, the others verify
@@ -552,6 +529,110 @@ void Checkpointer::ReportLoadFailure(const v1::VerifyLoadRequest& request) {
     CAIRN_LOG(warn, "rank {}: could not tell cairnd that its load failed: {}",
               options_.rank, r.status().ToString());
   }
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> Checkpointer::Impl::List(
+    bool include_uncommitted) {
+  v1::ListCheckpointsRequest request;
+  request.set_job(options_.job);
+  request.set_include_uncommitted(include_uncommitted);
+  absl::StatusOr<v1::ListCheckpointsResponse> listed =
+      CallWithRetry(&v1::Coordinator::Stub::ListCheckpoints, *stub_, request,
+                    options_.rpc_timeout, options_.max_retries);
+  if (!listed.ok()) {
+    return absl::Status(
+        listed.status().code(),
+        absl::StrCat("rank ", options_.rank,
+                     " listing the checkpoints of job '", options_.job,
+                     "': ", listed.status().message()));
+  }
+  std::vector<CheckpointInfo> out;
+  out.reserve(listed->checkpoints_size());
+  for (const v1::CheckpointRecord& r : listed->checkpoints()) {
+    if (r.job() != options_.job) continue;
+    out.push_back(CheckpointInfoFromProto(r));
+  }
+  return out;
+}
+
+absl::StatusOr<CheckpointSummary> Checkpointer::Impl::Describe(int64_t step) {
+  const std::string what =
+      absl::StrCat("rank ", options_.rank, " describing job '", options_.job,
+                   "' step ", step);
+  if (absl::Status s = storage::ValidateStep(step); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  }
+  v1::GetCheckpointRequest request;
+  request.set_job(options_.job);
+  request.set_step(step);
+  absl::StatusOr<v1::GetCheckpointResponse> got =
+      CallWithRetry(&v1::Coordinator::Stub::GetCheckpoint, *stub_, request,
+                    options_.rpc_timeout, options_.max_retries);
+  if (!got.ok()) {
+    return absl::Status(got.status().code(),
+                        absl::StrCat(what, ": ", got.status().message()));
+  }
+  if (got->checkpoint().state() != v1::CHECKPOINT_STATE_COMMITTED) {
+    const CheckpointState state =
+        CheckpointStateFromProto(got->checkpoint().state());
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": it is ", CheckpointStateName(state),
+        got->checkpoint().abort_reason().empty()
+            ? std::string()
+            : absl::StrCat(" (", got->checkpoint().abort_reason(), ")"),
+        ", not committed: it has no manifest to describe"));
+  }
+  absl::StatusOr<CheckpointSummary> summary =
+      SummaryFromProto(got->checkpoint(), got->manifest());
+  if (!summary.ok()) {
+    return absl::Status(summary.status().code(),
+                        absl::StrCat(what, ": ", summary.status().message()));
+  }
+  return summary;
+}
+
+// ---------------------------------------------------------------------------
+// Checkpointer: the public face, forwarding to Impl.
+
+Checkpointer::Checkpointer(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+
+Checkpointer::~Checkpointer() = default;
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
+    const CheckpointerOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  CAIRN_RETURN_IF_ERROR(impl->Connect());
+  return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(impl)));
+}
+
+absl::StatusOr<CheckpointInfo> Checkpointer::Save(int64_t step,
+                                                  const StateDict& state) {
+  CAIRN_ASSIGN_OR_RETURN(v1::CheckpointRecord record, impl_->Save(step, state));
+  return CheckpointInfoFromProto(record);
+}
+
+absl::StatusOr<int64_t> Checkpointer::Load(LoadRef ref, StateDict& state) {
+  return impl_->Load(ref, state);
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> Checkpointer::List(
+    bool include_uncommitted) {
+  return impl_->List(include_uncommitted);
+}
+
+absl::StatusOr<CheckpointSummary> Checkpointer::Describe(int64_t step) {
+  return impl_->Describe(step);
+}
+
+uint64_t Checkpointer::incarnation() const { return impl_->incarnation(); }
+
+const TransferStats& Checkpointer::last_stats() const {
+  return impl_->last_stats();
+}
+
+const CheckpointerOptions& Checkpointer::options() const {
+  return impl_->options();
 }
 
 }  // namespace cairn::client

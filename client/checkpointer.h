@@ -9,16 +9,31 @@
 //   Load:  PlanLoad for this rank's chunks, whatever layout saved them ->
 //          read exactly the planned byte ranges -> verify crc32c -> fill the
 //          caller's buffers.
+//   Queries (read-only, any rank): List, Describe.
 //
-// Thread-compatible: one Checkpointer per rank, used by one thread at a time.
+// Errors are absl::Status: a message names the job, step, rank and tensor
+// (fqn) involved, and the code says what to do (UNAVAILABLE: cairnd did not
+// answer, retry later; ABORTED: the save was aborted, by this rank or
+// another — the message names which and why; INVALID_ARGUMENT: the state
+// dict or step is wrong; NOT_FOUND: no such checkpoint; DATA_LOSS: stored
+// bytes are damaged).
+//
+// Thread safety: a Checkpointer is thread-compatible — one Checkpointer per
+// rank, used by one thread at a time (Save, Load and the queries must not
+// overlap; different Checkpointers may be used concurrently). Its internal
+// I/O threads never call back into caller code except the *_for_test hooks.
 //
 // Example:
-//   CheckpointerOptions opts{.coordinator = "cairnd:7070", .job = "llama",
-//                            .rank = rank, .world_size = world};
-//   CAIRN_ASSIGN_OR_RETURN(auto ckpt, Checkpointer::Connect(opts));
-//   CAIRN_RETURN_IF_ERROR(ckpt->Save(step, state).status());
-//   CAIRN_ASSIGN_OR_RETURN(int64_t loaded, ckpt->Load(LoadRef::Latest(),
-//   state));
+//   CheckpointerOptions opts;
+//   opts.coordinator = "cairnd:7070";
+//   opts.job = "llama";
+//   opts.rank = rank;
+//   opts.world_size = world;
+//   CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<Checkpointer> ckpt,
+//                          Checkpointer::Connect(opts));
+//   CAIRN_ASSIGN_OR_RETURN(CheckpointInfo saved, ckpt->Save(step, state));
+//   CAIRN_ASSIGN_OR_RETURN(int64_t loaded,
+//                          ckpt->Load(LoadRef::Latest(), state));
 #ifndef CAIRN_CLIENT_CHECKPOINTER_H_
 #define CAIRN_CLIENT_CHECKPOINTER_H_
 
@@ -26,16 +41,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "cairn/v1/cairn.grpc.pb.h"
-#include "cairn/v1/cairn.pb.h"
-#include "client/protocol/save_protocol.h"
 #include "client/state_dict.h"
-#include "common/thread_pool.h"
-#include "planner/save_plan.h"
+#include "planner/box.h"
+#include "planner/dtype.h"
 #include "storage/shard_store.h"
 
 namespace cairn::client {
@@ -132,91 +146,100 @@ struct TransferStats {
   absl::Duration commit_time;
 };
 
+enum class CheckpointState {
+  kUnknown,    // a state this library does not know (a newer cairnd)
+  kWriting,    // a save in progress: not loadable
+  kCommitted,  // every rank's bytes durable and the MANIFEST published
+  kAborted,    // never loadable; abort_reason says why
+  kDeleting,   // being deleted (cairn rm, gc, retention): never loadable
+};
+
+// "WRITING", "COMMITTED", "ABORTED", "DELETING" or "UNKNOWN".
+absl::string_view CheckpointStateName(CheckpointState state);
+
+// cairnd's record of one checkpoint (job, step).
+struct CheckpointInfo {
+  std::string job;
+  int64_t step = 0;
+  CheckpointState state = CheckpointState::kUnknown;
+  int world_size = 0;  // ranks that saved it
+  uint64_t bytes = 0;  // stored bytes of every tensor and entry
+  int num_tensors = 0;
+  int num_bytes_entries = 0;
+  absl::Time created = absl::InfinitePast();    // when its save began
+  absl::Time committed = absl::InfinitePast();  // kCommitted only
+  std::string storage_uri;                      // where its bytes are
+  std::string abort_reason;  // kAborted only: which rank aborted and why
+};
+
+// One tensor of a committed checkpoint, as its manifest records it.
+struct TensorSummary {
+  std::string fqn;
+  planner::DType dtype = planner::DType::kUnspecified;
+  planner::Shape shape;  // global
+  int chunks = 0;        // stored chunks (a resharding load reads any subset)
+  uint64_t bytes = 0;    // stored bytes of all its chunks
+};
+
+// One bytes entry of a committed checkpoint.
+struct BytesEntrySummary {
+  std::string fqn;
+  uint64_t bytes = 0;
+};
+
+// What a committed checkpoint holds (Describe).
+struct CheckpointSummary {
+  CheckpointInfo info;
+  std::vector<TensorSummary> tensors;            // sorted by fqn
+  std::vector<BytesEntrySummary> bytes_entries;  // sorted by fqn
+};
+
 class Checkpointer {
  public:
+  // Checks `options` (INVALID_ARGUMENT naming the job and rank) and sets up
+  // the channel to cairnd; does not wait for cairnd to be up.
   static absl::StatusOr<std::unique_ptr<Checkpointer>> Connect(
       const CheckpointerOptions& options);
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // Saves `state` as `step` and returns the committed record. On a local
-  // failure the save is aborted for every rank (AbortSave) and the error is
-  // returned; a committed checkpoint is never affected.
-  absl::StatusOr<v1::CheckpointRecord> Save(int64_t step,
-                                            const StateDict& state);
-
-  // Phased save, for callers that produce the bytes themselves instead of
-  // pointing a StateDict at them (cairn-agent streaming a save larger than
-  // its memory). Save() is exactly BeginPlannedSave -> write every planned
-  // item (crc32c into the CommitSaveRequest's results) -> CommitPlannedSave,
-  // or AbortPlannedSave on a local failure.
-  //
-  // BeginPlannedSave: BeginSave (collective) for `local` (this rank's item
-  // set); returns cairnd's plan. The commit request's results are in
-  // plan.rank_plan().writes() order; MakeCommitRequest prefills them.
-  absl::StatusOr<v1::BeginSaveResponse> BeginPlannedSave(
-      int64_t step, const planner::LocalSavePlan& local);
-  v1::CommitSaveRequest MakeCommitRequest(
-      int64_t step, const v1::BeginSaveResponse& plan) const;
-  // The store of the plan's storage URI (cached).
-  absl::StatusOr<storage::ShardStore*> StoreFor(const std::string& uri);
-  // Runs before_commit_for_test, then CommitSave (collective).
-  absl::StatusOr<v1::CheckpointRecord> CommitPlannedSave(
-      const v1::CommitSaveRequest& commit);
-  // Aborts the save for every rank (best effort) after this rank's part
-  // failed with `failure`, and returns the error to report: `failure`, or,
-  // when the save had already been aborted (by another rank, or by cairnd)
-  // — so what this rank ran into was that abort's cleanup: a temp file
-  // deleted under it, say — ABORTED with the first reason, which names the
-  // rank and the real cause (e.g. no space left), this rank's own failure
-  // appended. Not prefixed with this rank's job/step (callers add it).
-  absl::Status AbortPlannedSave(int64_t step, const absl::Status& failure);
-
-  // The id this Checkpointer's calls carry (BeginSaveRequest.incarnation): a
-  // random nonzero 64-bit nonce made by Connect, so cairnd tells a restarted
-  // rank from a retry of the same process. A process acting for the rank
-  // (cairn-agent) sets the rank process's id before each save.
-  uint64_t incarnation() const { return protocol_->incarnation(); }
-  void set_incarnation(uint64_t incarnation) {
-    protocol_->set_incarnation(incarnation);
-  }
+  // Saves `state` as `step` (collective: every rank of the job calls it) and
+  // returns the committed checkpoint. On a local failure the save is aborted
+  // for every rank (AbortSave) and the error is returned, naming this rank,
+  // the job and step: ABORTED with the first reason when another rank's
+  // failure aborted it. A committed checkpoint is never affected.
+  absl::StatusOr<CheckpointInfo> Save(int64_t step, const StateDict& state);
 
   // Fills every chunk and bytes entry of `state` from checkpoint `ref`,
   // resharding from whatever layout saved it. Returns the step loaded.
   absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
 
-  const TransferStats& last_stats() const { return stats_; }
-  const CheckpointerOptions& options() const { return options_; }
-  v1::Coordinator::Stub& stub() { return *stub_; }
+  // The job's checkpoints, by step: committed ones, and with
+  // `include_uncommitted` also those being written, aborted or deleted.
+  absl::StatusOr<std::vector<CheckpointInfo>> List(
+      bool include_uncommitted = false);
+
+  // The record and the manifest summary (tensors with dtype, shape, chunk
+  // count and bytes; bytes entries) of `step`. NOT_FOUND naming the job and
+  // step when cairnd has no record of it; FAILED_PRECONDITION naming its
+  // state when it is not committed (no manifest).
+  absl::StatusOr<CheckpointSummary> Describe(int64_t step);
+
+  // The id this Checkpointer's saves carry (a random nonzero 64-bit nonce
+  // made by Connect), so cairnd tells a restarted rank from a retry of the
+  // same process.
+  uint64_t incarnation() const;
+
+  // What the last Save or Load did.
+  const TransferStats& last_stats() const;
+  const CheckpointerOptions& options() const;
 
  private:
-  explicit Checkpointer(const CheckpointerOptions& options);
-
-  absl::Status ReadItems(const v1::PlanLoadResponse& plan,
-                         const std::vector<TensorChunk*>& dests);
-  absl::Status ReadBytesEntries(const v1::PlanLoadResponse& plan,
-                                StateDict& state);
-  // Whether a load reports its partly read chunks to cairnd (VerifyLoad in
-  // the load round PlanLoad joined).
-  bool JoinsLoadCollective() const;
-  // This rank's VerifyLoad request for `plan`'s round, without pieces.
-  v1::VerifyLoadRequest LoadReport(const v1::PlanLoadResponse& plan) const;
-  // Tells the load round this rank is done (its load failed), so the other
-  // ranks are answered without its pieces. Synchronous: cairnd answers a
-  // report without pieces at once, and nothing is left running.
-  void ReportLoadFailure(const v1::VerifyLoadRequest& request);
-
-  // Constant after construction.
-  const CheckpointerOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
-  std::unique_ptr<ThreadPool> io_pool_;
-  std::unique_ptr<protocol::SaveProtocol> protocol_;
-
-  TransferStats stats_;
+  class Impl;
+  explicit Checkpointer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
-
-// A random nonzero 64-bit id for one process's part in saves (see
-// Checkpointer::incarnation()).
-using protocol::NewIncarnation;
 
 }  // namespace cairn::client
 

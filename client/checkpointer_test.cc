@@ -7,12 +7,15 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/checkpoint_info_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_server.h"
+#include "storage/testing/status_testing.h"
 
 namespace cairn::client {
 namespace {
@@ -77,6 +80,29 @@ class CheckpointerTest : public ::testing::Test {
     }
     return state.AddDTensor("w", DType::kFloat32, {8, 4}, layout, rank,
                             absl::MakeSpan(buf));
+  }
+
+  // Saves step `step` of "w" (rows split over `world` ranks, one thread
+  // each) and returns what each rank's Save returned.
+  std::vector<absl::StatusOr<CheckpointInfo>> SaveRanks(int64_t step,
+                                                        int world) {
+    std::vector<absl::StatusOr<CheckpointInfo>> out(
+        world, absl::UnknownError("not run"));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.emplace_back([&, r] {
+        std::unique_ptr<Checkpointer> c = Connect(r, world);
+        if (c == nullptr) return;
+        StateDict state;
+        std::vector<char> buf;
+        std::string rng = "rng-state";
+        absl::Status added = AddW(state, r, world, buf, Placement::Shard(0));
+        if (added.ok()) added = state.AddBytes("rng", &rng);
+        out[r] = added.ok() ? c->Save(step, state) : added;
+      });
+    }
+    for (auto& t : ranks) t.join();
+    return out;
   }
 
   // Saves step `step` of "w" with one rank (the whole tensor).
@@ -164,6 +190,163 @@ TEST_F(CheckpointerTest, RefusedLoadsLeaveNoCall) {
     c.reset();
   }
   EXPECT_EQ(server_->coordinator().stats().load_reports, 0);
+}
+
+TEST_F(CheckpointerTest, SaveReturnsTheCommittedCheckpoint) {
+  StartServer();
+  const absl::Time before = absl::Now();
+  std::vector<absl::StatusOr<CheckpointInfo>> saved = SaveRanks(12, 2);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    ASSERT_TRUE(saved[r].ok()) << saved[r].status();
+    const CheckpointInfo& info = *saved[r];
+    EXPECT_EQ(info.job, "job");
+    EXPECT_EQ(info.step, 12);
+    EXPECT_EQ(info.state, CheckpointState::kCommitted);
+    EXPECT_EQ(info.world_size, 2);
+    EXPECT_EQ(info.bytes, 8u * 4 * 4 + 9);  // "w" fp32 [8, 4] + "rng"
+    EXPECT_EQ(info.num_tensors, 1);
+    EXPECT_EQ(info.num_bytes_entries, 1);
+    EXPECT_GE(info.created, before - absl::Seconds(1));
+    EXPECT_GE(info.committed, info.created);
+    EXPECT_THAT(info.storage_uri, HasSubstr(dir_));
+    EXPECT_TRUE(info.abort_reason.empty());
+  }
+}
+
+TEST_F(CheckpointerTest, ListReturnsThisJobsCheckpointsByStep) {
+  StartServer();
+  std::unique_ptr<Checkpointer> c = Connect(0, 1);
+  ASSERT_NE(c, nullptr);
+  absl::StatusOr<std::vector<CheckpointInfo>> none = c->List();
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+  for (int64_t step : {30, 10, 20}) SaveOneRank(step);
+  // Another job's checkpoint is not listed.
+  CheckpointerOptions other = Options(0, 1);
+  other.job = "other";
+  auto o = Checkpointer::Connect(other);
+  ASSERT_TRUE(o.ok()) << o.status();
+  {
+    StateDict state;
+    std::vector<char> buf;
+    ASSERT_TRUE(AddW(state, 0, 1, buf, Placement::Shard(0)).ok());
+    ASSERT_TRUE((*o)->Save(5, state).ok());
+  }
+  absl::StatusOr<std::vector<CheckpointInfo>> listed = c->List();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  std::vector<int64_t> steps;
+  for (const CheckpointInfo& i : *listed) {
+    EXPECT_EQ(i.job, "job");
+    EXPECT_EQ(i.state, CheckpointState::kCommitted);
+    EXPECT_EQ(i.bytes, 128u);
+    steps.push_back(i.step);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{10, 20, 30}));
+}
+
+TEST_F(CheckpointerTest, DescribeSummarizesTheManifest) {
+  StartServer();
+  std::vector<absl::StatusOr<CheckpointInfo>> saved = SaveRanks(4, 2);
+  ASSERT_TRUE(saved[0].ok()) << saved[0].status();
+  std::unique_ptr<Checkpointer> c = Connect(0, 1);
+  ASSERT_NE(c, nullptr);
+  absl::StatusOr<CheckpointSummary> d = c->Describe(4);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->info.step, 4);
+  EXPECT_EQ(d->info.state, CheckpointState::kCommitted);
+  ASSERT_EQ(d->tensors.size(), 1u);
+  EXPECT_EQ(d->tensors[0].fqn, "w");
+  EXPECT_EQ(d->tensors[0].dtype, DType::kFloat32);
+  EXPECT_EQ(d->tensors[0].shape, (planner::Shape{8, 4}));
+  EXPECT_EQ(d->tensors[0].chunks, 2);  // rows split over two ranks
+  EXPECT_EQ(d->tensors[0].bytes, 128u);
+  ASSERT_EQ(d->bytes_entries.size(), 1u);
+  EXPECT_EQ(d->bytes_entries[0].fqn, "rng");
+  EXPECT_EQ(d->bytes_entries[0].bytes, 9u);
+}
+
+TEST_F(CheckpointerTest, DescribeErrorsNameJobStepAndRank) {
+  StartServer();
+  std::unique_ptr<Checkpointer> c = Connect(0, 1);
+  ASSERT_NE(c, nullptr);
+  EXPECT_STATUS(c->Describe(99).status(), kNotFound,
+                "rank 0 describing job 'job' step 99");
+  EXPECT_STATUS(c->Describe(-3).status(), kInvalidArgument,
+                "rank 0 describing job 'job' step -3");
+}
+
+TEST_F(CheckpointerTest, FailedSaveNamesRankJobStepAndTensor) {
+  StartServer();
+  std::unique_ptr<Checkpointer> c = Connect(1, 2);
+  ASSERT_NE(c, nullptr);
+  StateDict state;
+  std::vector<char> buf;
+  // A pending reduction cannot be saved: refused before any call.
+  ASSERT_TRUE(AddW(state, 1, 2, buf, Placement::Partial()).ok());
+  EXPECT_STATUS(c->Save(3, state).status(), kInvalidArgument,
+                "rank 1 saving job 'job' step 3: ");
+  EXPECT_THAT(std::string(c->Save(3, state).status().message()),
+              HasSubstr("'w'"));
+  EXPECT_EQ(server_->coordinator().stats().plans_built, 0);
+}
+
+TEST_F(CheckpointerTest, ConnectRefusesBadOptionsNamingJobAndRank) {
+  CheckpointerOptions o;
+  o.coordinator = "127.0.0.1:1";
+  o.job = "job";
+  o.rank = 4;
+  o.world_size = 4;
+  EXPECT_STATUS(Checkpointer::Connect(o).status(), kInvalidArgument,
+                "job 'job': rank 4 is out of range for world_size 4");
+  o.rank = 0;
+  o.job = "bad/name";
+  EXPECT_EQ(Checkpointer::Connect(o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.job = "job";
+  o.coordinator.clear();
+  EXPECT_STATUS(Checkpointer::Connect(o).status(), kInvalidArgument,
+                "cairnd address is required");
+}
+
+TEST(CheckpointInfoTest, FromRecordKeepsEveryFieldAndMapsUnknownStates) {
+  v1::CheckpointRecord r;
+  r.set_job("llama");
+  r.set_step(1200);
+  r.set_state(v1::CHECKPOINT_STATE_ABORTED);
+  r.set_world_size(8);
+  r.set_total_bytes(1 << 20);
+  r.set_num_tensors(3);
+  r.set_num_bytes_entries(2);
+  r.set_created_unix_micros(1'700'000'000'000'000);
+  r.set_storage_uri("file:///ckpt");
+  r.set_abort_reason("aborted by rank 3: no space left on device");
+  const CheckpointInfo info = CheckpointInfoFromProto(r);
+  EXPECT_EQ(info.job, "llama");
+  EXPECT_EQ(info.step, 1200);
+  EXPECT_EQ(info.state, CheckpointState::kAborted);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.bytes, 1u << 20);
+  EXPECT_EQ(info.num_tensors, 3);
+  EXPECT_EQ(info.num_bytes_entries, 2);
+  EXPECT_EQ(info.created, absl::FromUnixMicros(1'700'000'000'000'000));
+  EXPECT_EQ(info.committed, absl::InfinitePast());  // never committed
+  EXPECT_EQ(info.storage_uri, "file:///ckpt");
+  EXPECT_EQ(info.abort_reason, "aborted by rank 3: no space left on device");
+  EXPECT_EQ(CheckpointStateFromProto(static_cast<v1::CheckpointState>(99)),
+            CheckpointState::kUnknown);
+  EXPECT_EQ(CheckpointStateFromProto(v1::CHECKPOINT_STATE_WRITING),
+            CheckpointState::kWriting);
+  EXPECT_EQ(CheckpointStateFromProto(v1::CHECKPOINT_STATE_DELETING),
+            CheckpointState::kDeleting);
+}
+
+TEST(CheckpointStateTest, NamesEveryState) {
+  EXPECT_EQ(CheckpointStateName(CheckpointState::kWriting), "WRITING");
+  EXPECT_EQ(CheckpointStateName(CheckpointState::kCommitted), "COMMITTED");
+  EXPECT_EQ(CheckpointStateName(CheckpointState::kAborted), "ABORTED");
+  EXPECT_EQ(CheckpointStateName(CheckpointState::kDeleting), "DELETING");
+  EXPECT_EQ(CheckpointStateName(CheckpointState::kUnknown), "UNKNOWN");
 }
 
 }  // namespace

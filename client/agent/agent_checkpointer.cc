@@ -3,10 +3,16 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <list>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cairn/v1/agent.grpc.pb.h"
+#include "client/checkpoint_info_proto.h"
+#include "client/protocol/save_protocol.h"
+#include "common/copier/host_copier.h"
 #include "common/grpc_status.h"
+#include "common/shm/shm_segment.h"
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -33,21 +39,74 @@ absl::StatusOr<Resp> Call(grpc::Status (v1::Agent::Stub::*method)(
 
 }  // namespace
 
-absl::StatusOr<v1::CheckpointRecord> SaveFuture::Wait(
-    absl::Duration timeout) const {
+struct SaveFuture::Target {
+  std::shared_ptr<v1::Agent::Stub> stub;
+  std::string job;
+  int rank = 0;
+};
+
+absl::StatusOr<CheckpointInfo> SaveFuture::Wait(absl::Duration timeout) const {
   v1::WaitSaveRequest req;
-  req.set_job(job_);
+  req.set_job(target_->job);
   req.set_step(step_);
-  req.set_rank(rank_);
+  req.set_rank(target_->rank);
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   CAIRN_ASSIGN_OR_RETURN(v1::WaitSaveResponse resp,
-                         Call(&v1::Agent::Stub::WaitSave, *stub_, req,
+                         Call(&v1::Agent::Stub::WaitSave, *target_->stub, req,
                               timeout + absl::Seconds(10)));
-  return resp.checkpoint();
+  return CheckpointInfoFromProto(resp.checkpoint());
 }
 
-absl::StatusOr<std::unique_ptr<AgentCheckpointer>> AgentCheckpointer::Connect(
-    const AgentCheckpointerOptions& options) {
+// Everything behind the public AgentCheckpointer (which holds only this).
+class AgentCheckpointer::Impl {
+ public:
+  explicit Impl(const AgentCheckpointerOptions& options)
+      : options_(options),
+        incarnation_(protocol::NewIncarnation()),
+        copier_(copier::HostCopierOptions{options.copy_threads}) {}
+
+  absl::Status Connect();
+  absl::StatusOr<SaveFuture> AsyncSave(int64_t step, const StateDict& state);
+  absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
+
+  const AgentSaveStats& last_save_stats() const { return save_stats_; }
+  LoadSource last_load_source() const { return load_source_; }
+  const absl::Status& last_agent_load_error() const { return agent_error_; }
+  uint64_t last_load_bytes_local() const { return bytes_local_; }
+  uint64_t last_load_bytes_peers() const { return bytes_peers_; }
+
+ private:
+  absl::StatusOr<shm::ShmSegment*> MapSegment(const std::string& name,
+                                              uint64_t size);
+  absl::StatusOr<int64_t> LoadFromAgent(LoadRef ref, StateDict& state);
+  // AsyncSave's copy phase: the whole save into one segment, or streamed.
+  absl::Status CopyAll(const v1::BeginStageResponse& staged,
+                       const StateDict& state,
+                       const planner::LocalSavePlan& local,
+                       const std::string& where);
+  absl::Status StreamBuckets(const v1::BeginStageResponse& staged,
+                             const StateDict& state, const std::string& where);
+
+  // Constant after construction.
+  const AgentCheckpointerOptions options_;
+  // This process's id for saves (BeginStageRequest.incarnation).
+  const uint64_t incarnation_;
+  std::shared_ptr<v1::Agent::Stub> stub_;
+  std::unique_ptr<Checkpointer> direct_;
+
+  copier::HostCopier copier_;
+  // Recently used staging mappings (the agent reuses segments, so steady
+  // state saves copy into memory that is already mapped).
+  std::list<std::unique_ptr<shm::ShmSegment>> mapped_;
+  AgentSaveStats save_stats_;
+  LoadSource load_source_ = LoadSource::kNone;
+  absl::Status agent_error_;
+  uint64_t bytes_local_ = 0;
+  uint64_t bytes_peers_ = 0;
+};
+
+absl::Status AgentCheckpointer::Impl::Connect() {
+  const AgentCheckpointerOptions& options = options_;
   if (options.agent_socket.empty()) {
     return absl::InvalidArgumentError("agent mode needs the agent's socket");
   }
@@ -58,11 +117,10 @@ absl::StatusOr<std::unique_ptr<AgentCheckpointer>> AgentCheckpointer::Connect(
         absl::StrCat("job '", d.job, "': rank ", d.rank,
                      " is out of range for world_size ", d.world_size));
   }
-  std::unique_ptr<AgentCheckpointer> c(new AgentCheckpointer(options));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(1 << 30);
   args.SetMaxSendMessageSize(1 << 30);
-  c->stub_ = v1::Agent::NewStub(
+  stub_ = v1::Agent::NewStub(
       grpc::CreateCustomChannel(absl::StrCat("unix:", options.agent_socket),
                                 grpc::InsecureChannelCredentials(), args));
   if (!d.coordinator.empty()) {
@@ -72,12 +130,12 @@ absl::StatusOr<std::unique_ptr<AgentCheckpointer>> AgentCheckpointer::Connect(
     if (fallback.partial_chunk_check == PartialChunkCheck::kCollective) {
       fallback.partial_chunk_check = PartialChunkCheck::kReadWhole;
     }
-    CAIRN_ASSIGN_OR_RETURN(c->direct_, Checkpointer::Connect(fallback));
+    CAIRN_ASSIGN_OR_RETURN(direct_, Checkpointer::Connect(fallback));
   }
-  return c;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<shm::ShmSegment*> AgentCheckpointer::MapSegment(
+absl::StatusOr<shm::ShmSegment*> AgentCheckpointer::Impl::MapSegment(
     const std::string& name, uint64_t size) {
   for (auto it = mapped_.begin(); it != mapped_.end(); ++it) {
     if ((*it)->name() == name && (*it)->size() >= size) {
@@ -92,7 +150,7 @@ absl::StatusOr<shm::ShmSegment*> AgentCheckpointer::MapSegment(
   return mapped_.front().get();
 }
 
-absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(
+absl::StatusOr<SaveFuture> AgentCheckpointer::Impl::AsyncSave(
     int64_t step, const StateDict& state) {
   const absl::Time t0 = absl::Now();
   save_stats_ = AgentSaveStats();
@@ -148,10 +206,14 @@ absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(
   save_stats_.begin_time = t1 - t0;
   if (save_stats_.streamed_buckets == 0) save_stats_.copy_time = t2 - t1;
   save_stats_.blocked = absl::Now() - t0;
-  return SaveFuture(stub_, d.job, step, d.rank);
+  auto target = std::make_shared<SaveFuture::Target>();
+  target->stub = stub_;
+  target->job = d.job;
+  target->rank = d.rank;
+  return SaveFuture(std::move(target), step);
 }
 
-absl::Status AgentCheckpointer::StreamBuckets(
+absl::Status AgentCheckpointer::Impl::StreamBuckets(
     const v1::BeginStageResponse& staged, const StateDict& state,
     const std::string& where) {
   // Where each item's bytes are, in ToLocalPlan order.
@@ -220,10 +282,9 @@ absl::Status AgentCheckpointer::StreamBuckets(
   }
 }
 
-absl::Status AgentCheckpointer::CopyAll(const v1::BeginStageResponse& staged_r,
-                                        const StateDict& state,
-                                        const planner::LocalSavePlan& local,
-                                        const std::string& where) {
+absl::Status AgentCheckpointer::Impl::CopyAll(
+    const v1::BeginStageResponse& staged_r, const StateDict& state,
+    const planner::LocalSavePlan& local, const std::string& where) {
   const v1::BeginStageResponse* staged = &staged_r;
   CAIRN_ASSIGN_OR_RETURN(shm::ShmSegment * seg,
                          MapSegment(staged->shm_name(), staged->shm_size()));
@@ -260,8 +321,8 @@ absl::Status AgentCheckpointer::CopyAll(const v1::BeginStageResponse& staged_r,
   return copier_.Flush();
 }
 
-absl::StatusOr<int64_t> AgentCheckpointer::LoadFromAgent(LoadRef ref,
-                                                         StateDict& state) {
+absl::StatusOr<int64_t> AgentCheckpointer::Impl::LoadFromAgent(
+    LoadRef ref, StateDict& state) {
   const CheckpointerOptions& d = options_.direct;
   v1::AgentLoadRequest req;
   req.set_job(d.job);
@@ -328,7 +389,8 @@ absl::StatusOr<int64_t> AgentCheckpointer::LoadFromAgent(LoadRef ref,
   return resp.step();
 }
 
-absl::StatusOr<int64_t> AgentCheckpointer::Load(LoadRef ref, StateDict& state) {
+absl::StatusOr<int64_t> AgentCheckpointer::Impl::Load(LoadRef ref,
+                                                      StateDict& state) {
   load_source_ = LoadSource::kNone;
   bytes_local_ = bytes_peers_ = 0;
   if (absl::Status s = state.CheckLoadable(); !s.ok()) {
@@ -347,6 +409,47 @@ absl::StatusOr<int64_t> AgentCheckpointer::Load(LoadRef ref, StateDict& state) {
   step = direct_->Load(ref, state);
   if (step.ok()) load_source_ = LoadSource::kStorage;
   return step;
+}
+
+// ---------------------------------------------------------------------------
+// AgentCheckpointer: the public face, forwarding to Impl.
+
+AgentCheckpointer::AgentCheckpointer(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+
+AgentCheckpointer::~AgentCheckpointer() = default;
+
+absl::StatusOr<std::unique_ptr<AgentCheckpointer>> AgentCheckpointer::Connect(
+    const AgentCheckpointerOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  CAIRN_RETURN_IF_ERROR(impl->Connect());
+  return std::unique_ptr<AgentCheckpointer>(
+      new AgentCheckpointer(std::move(impl)));
+}
+
+absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(
+    int64_t step, const StateDict& state) {
+  return impl_->AsyncSave(step, state);
+}
+
+absl::StatusOr<int64_t> AgentCheckpointer::Load(LoadRef ref, StateDict& state) {
+  return impl_->Load(ref, state);
+}
+
+const AgentSaveStats& AgentCheckpointer::last_save_stats() const {
+  return impl_->last_save_stats();
+}
+LoadSource AgentCheckpointer::last_load_source() const {
+  return impl_->last_load_source();
+}
+const absl::Status& AgentCheckpointer::last_agent_load_error() const {
+  return impl_->last_agent_load_error();
+}
+uint64_t AgentCheckpointer::last_load_bytes_local() const {
+  return impl_->last_load_bytes_local();
+}
+uint64_t AgentCheckpointer::last_load_bytes_peers() const {
+  return impl_->last_load_bytes_peers();
 }
 
 }  // namespace cairn::client

@@ -18,8 +18,8 @@
 //              falls back to the direct path (Checkpointer::Load from
 //              storage). last_load_source() tells which tier served it.
 //
-// Thread-compatible: one AgentCheckpointer per rank, used by one thread at a
-// time (SaveFuture::Wait may be called from another thread).
+// Thread safety: thread-compatible — one AgentCheckpointer per rank, used by
+// one thread at a time; a SaveFuture may be waited on from any thread.
 //
 // Example:
 //   AgentCheckpointerOptions o;
@@ -29,23 +29,20 @@
 //   CAIRN_ASSIGN_OR_RETURN(auto ckpt, AgentCheckpointer::Connect(o));
 //   CAIRN_ASSIGN_OR_RETURN(SaveFuture f, ckpt->AsyncSave(step, state));
 //   ... train ...
-//   CAIRN_RETURN_IF_ERROR(f.Wait().status());
+//   CAIRN_ASSIGN_OR_RETURN(CheckpointInfo committed, f.Wait());
 #ifndef CAIRN_CLIENT_AGENT_AGENT_CHECKPOINTER_H_
 #define CAIRN_CLIENT_AGENT_AGENT_CHECKPOINTER_H_
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <string>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "cairn/v1/agent.grpc.pb.h"
 #include "client/checkpointer.h"
 #include "client/state_dict.h"
-#include "common/copier/host_copier.h"
-#include "common/shm/shm_segment.h"
 
 namespace cairn::client {
 
@@ -74,28 +71,25 @@ struct AgentCheckpointerOptions {
   int exit_after_stream_buckets_for_test = 0;
 };
 
-// Durability of one AsyncSave.
+// Durability of one AsyncSave. Copyable; may be waited on from any thread.
 class SaveFuture {
  public:
-  SaveFuture(std::shared_ptr<v1::Agent::Stub> stub, std::string job,
-             int64_t step, int rank)
-      : stub_(std::move(stub)),
-        job_(std::move(job)),
-        step_(step),
-        rank_(rank) {}
   // Waits until the checkpoint is committed (every rank's agent done) and
-  // this rank's tier 0 is replicated to its peers,
-  // returns its record; the save's error otherwise (e.g. ABORTED,
-  // UNAVAILABLE when the agent died).
-  absl::StatusOr<v1::CheckpointRecord> Wait(
+  // this rank's tier 0 is replicated to its peers, and returns it; the
+  // save's error otherwise (e.g. ABORTED, UNAVAILABLE when the agent died).
+  absl::StatusOr<CheckpointInfo> Wait(
       absl::Duration timeout = absl::Hours(2)) const;
   int64_t step() const { return step_; }
 
+  // The agent connection and save key a future waits on (defined in the
+  // .cc; made by AgentCheckpointer::AsyncSave).
+  struct Target;
+  SaveFuture(std::shared_ptr<const Target> target, int64_t step)
+      : target_(std::move(target)), step_(step) {}
+
  private:
-  std::shared_ptr<v1::Agent::Stub> stub_;
-  std::string job_;
+  std::shared_ptr<const Target> target_;
   int64_t step_;
-  int rank_;
 };
 
 enum class LoadSource { kNone, kAgentMemory, kStorage };
@@ -112,6 +106,9 @@ class AgentCheckpointer {
  public:
   static absl::StatusOr<std::unique_ptr<AgentCheckpointer>> Connect(
       const AgentCheckpointerOptions& options);
+  ~AgentCheckpointer();
+  AgentCheckpointer(const AgentCheckpointer&) = delete;
+  AgentCheckpointer& operator=(const AgentCheckpointer&) = delete;
 
   // Snapshots `state` into the agent's staging memory and returns once the
   // buffers of `state` may change again.
@@ -121,46 +118,18 @@ class AgentCheckpointer {
   // Returns the step loaded.
   absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
 
-  const AgentSaveStats& last_save_stats() const { return save_stats_; }
-  LoadSource last_load_source() const { return load_source_; }
+  const AgentSaveStats& last_save_stats() const;
+  LoadSource last_load_source() const;
   // Why the agent could not serve the last load (OK if it did).
-  const absl::Status& last_agent_load_error() const { return agent_error_; }
+  const absl::Status& last_agent_load_error() const;
   // Bytes the agent served from its own memory / from peers on the last load.
-  uint64_t last_load_bytes_local() const { return bytes_local_; }
-  uint64_t last_load_bytes_peers() const { return bytes_peers_; }
-  v1::Agent::Stub& stub() { return *stub_; }
+  uint64_t last_load_bytes_local() const;
+  uint64_t last_load_bytes_peers() const;
 
  private:
-  explicit AgentCheckpointer(const AgentCheckpointerOptions& options)
-      : options_(options),
-        incarnation_(NewIncarnation()),
-        copier_(copier::HostCopierOptions{options.copy_threads}) {}
-
-  absl::StatusOr<shm::ShmSegment*> MapSegment(const std::string& name,
-                                              uint64_t size);
-  absl::StatusOr<int64_t> LoadFromAgent(LoadRef ref, StateDict& state);
-  // AsyncSave's copy phase: the whole save into one segment, or streamed.
-  absl::Status CopyAll(const v1::BeginStageResponse& staged,
-                       const StateDict& state,
-                       const planner::LocalSavePlan& local,
-                       const std::string& where);
-  absl::Status StreamBuckets(const v1::BeginStageResponse& staged,
-                             const StateDict& state, const std::string& where);
-
-  const AgentCheckpointerOptions options_;
-  // This process's id for saves (BeginStageRequest.incarnation).
-  const uint64_t incarnation_;
-  std::shared_ptr<v1::Agent::Stub> stub_;
-  copier::HostCopier copier_;
-  // Recently used staging mappings (the agent reuses segments, so steady
-  // state saves copy into memory that is already mapped).
-  std::list<std::unique_ptr<shm::ShmSegment>> mapped_;
-  std::unique_ptr<Checkpointer> direct_;
-  AgentSaveStats save_stats_;
-  LoadSource load_source_ = LoadSource::kNone;
-  absl::Status agent_error_;
-  uint64_t bytes_local_ = 0;
-  uint64_t bytes_peers_ = 0;
+  class Impl;
+  explicit AgentCheckpointer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace cairn::client

@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
                                          fill_step >= 0 ? fill_step : step);
       if (!model.ok()) return Fail(opts.rank, model.status());
       io_before = ReadIoCounters();
-      absl::StatusOr<v1::CheckpointRecord> rec =
+      absl::StatusOr<client::CheckpointInfo> rec =
           (*ckpt)->Save(step, (*model)->state());
       if (!rec.ok()) return Fail(opts.rank, rec.status());
       report("save", step, (*model)->local_bytes());

@@ -245,8 +245,8 @@ class AgentTest : public ::testing::Test {
     for (auto& f : futures) {
       auto rec = f.Wait(absl::Seconds(30));
       ASSERT_TRUE(rec.ok()) << rec.status();
-      EXPECT_EQ(rec->state(), v1::CHECKPOINT_STATE_COMMITTED);
-      EXPECT_EQ(rec->step(), step);
+      EXPECT_EQ(rec->state, client::CheckpointState::kCommitted);
+      EXPECT_EQ(rec->step, step);
     }
   }
 
@@ -812,7 +812,7 @@ TEST_F(AgentTest, SaveLargerThanBudgetStreamsThroughBucketsBitExact) {
   model->reset();  // the agent owns nothing of it: every byte is on storage
   auto rec = f->Wait(absl::Seconds(30));
   ASSERT_TRUE(rec.ok()) << rec.status();
-  EXPECT_EQ(rec->state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_EQ(rec->state, client::CheckpointState::kCommitted);
   v1::AgentStatusResponse st = agents_[0]->agent().Status();
   EXPECT_EQ(st.streamed_saves(), 1);
   EXPECT_EQ(st.streamed_buckets(), ckpt->last_save_stats().streamed_buckets);
