@@ -174,12 +174,12 @@ function(_cairn_link_closure out_internal out_external out_public roots)
 endfunction()
 
 # The project headers `roots` include, transitively (paths relative to the
-# source dir), and the generated proto headers among them (relative to the
-# proto generation dir). Re-runs configure when one of them changes.
-function(_cairn_header_closure out_headers out_generated roots)
+# source dir). Re-runs configure when one of them changes. Includes of
+# anything else are dependencies' headers (absl/..., <vector>); a public
+# header must not include generated proto/gRPC code (tests/install checks).
+function(_cairn_header_closure out_headers roots)
   set(queue ${roots})
   set(seen "")
-  set(generated "")
   while(queue)
     list(POP_FRONT queue h)
     if(h IN_LIST seen)
@@ -199,26 +199,11 @@ function(_cairn_header_closure out_headers out_generated roots)
       if(EXISTS "${PROJECT_SOURCE_DIR}/${inc}" AND
          NOT IS_DIRECTORY "${PROJECT_SOURCE_DIR}/${inc}")
         list(APPEND queue ${inc})
-      elseif(inc MATCHES "^cairn/v1/[^/]+\\.pb\\.h$")
-        list(APPEND generated ${inc})
       endif()
-      # Anything else is a dependency's header (absl/..., grpcpp/...).
     endforeach()
   endwhile()
-  if(generated)
-    # Generated headers include each other (cairn.grpc.pb.h -> cairn.pb.h,
-    # imports): all of them go along.
-    file(GLOB protos RELATIVE "${PROJECT_SOURCE_DIR}/proto"
-      "${PROJECT_SOURCE_DIR}/proto/cairn/v1/*.proto")
-    set(generated "")
-    foreach(p IN LISTS protos)
-      string(REGEX REPLACE "\\.proto$" "" base "${p}")
-      list(APPEND generated "${base}.pb.h" "${base}.grpc.pb.h")
-    endforeach()
-  endif()
   list(SORT seen)
   set(${out_headers} ${seen} PARENT_SCOPE)
-  set(${out_generated} ${generated} PARENT_SCOPE)
 endfunction()
 
 # Called once at the end of the top-level CMakeLists.txt, after every
@@ -295,21 +280,16 @@ function(cairn_finalize_install)
     DESTINATION ${CAIRN_INSTALL_CMAKEDIR})
 
   # Headers.
-  _cairn_header_closure(headers generated "${CAIRN_PUBLIC_HEADERS}")
+  _cairn_header_closure(headers "${CAIRN_PUBLIC_HEADERS}")
   foreach(h IN LISTS headers)
     get_filename_component(dir "${h}" DIRECTORY)
     install(FILES "${PROJECT_SOURCE_DIR}/${h}"
       DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/cairn/${dir}")
   endforeach()
-  foreach(h IN LISTS generated)
-    get_filename_component(dir "${h}" DIRECTORY)
-    install(FILES "${PROJECT_BINARY_DIR}/proto/gen/${h}"
-      DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/cairn/${dir}")
-  endforeach()
   list(LENGTH headers n_headers)
   list(LENGTH static_bundle n_libs)
-  message(STATUS "libcairn: ${n_libs} static libraries, ${n_headers} "
-    "headers installed (+ ${generated})")
+  message(STATUS "libcairn: made of ${n_libs} static libraries; "
+    "${n_headers} headers installed")
 
   # CMake package: find_dependency() for every package behind the
   # interface's imported targets.
