@@ -157,22 +157,13 @@ class CoordinatorBackend : public Backend {
 
   absl::StatusOr<v1::GetCheckpointResponse> Get(const std::string& job,
                                                 int64_t step) override {
-    if (step < 0) {
-      CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> all,
-                             List(job, false));
-      for (const auto& r : all) {
-        if (r.job() == job && r.state() == v1::CHECKPOINT_STATE_COMMITTED) {
-          step = std::max(step, r.step());
-        }
-      }
-      if (step < 0) {
-        return absl::NotFoundError(
-            absl::StrCat("job '", job, "' has no committed checkpoint"));
-      }
-    }
     v1::GetCheckpointRequest req;
     req.set_job(job);
-    req.set_step(step);
+    if (step < 0) {
+      req.set_latest(true);  // cairnd resolves it with the lookup
+    } else {
+      req.set_step(step);
+    }
     v1::GetCheckpointResponse resp;
     CAIRN_RETURN_IF_ERROR(
         Call(&v1::Coordinator::Stub::GetCheckpoint, req, &resp));

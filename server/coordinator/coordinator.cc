@@ -214,13 +214,48 @@ absl::StatusOr<v1::ListCheckpointsResponse> Coordinator::ListCheckpoints(
 
 absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpoint(
     const v1::GetCheckpointRequest& request) {
-  CAIRN_RETURN_IF_ERROR(ValidateJobStep(request.job(), request.step()));
-  absl::StatusOr<v1::CheckpointRecord> rec =
-      catalog_->GetCheckpoint(request.job(), request.step());
+  const std::string& job = request.job();
+  if (request.ref_case() != v1::GetCheckpointRequest::kLatest) {
+    CAIRN_RETURN_IF_ERROR(ValidateJobStep(job, request.step()));
+    return GetCheckpointOfStep(job, request.step());
+  }
+  CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(job));
+  if (!request.latest()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GetCheckpoint of job '", job,
+                     "': latest must be true (or give a step)"));
+  }
+  // The newest COMMITTED record (the catalog skips WRITING, ABORTED and
+  // DELETING ones). A deletion may start between resolving and reading the
+  // manifest: then the next newest is resolved again.
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<v1::CheckpointRecord> newest =
+        catalog_->LatestCommitted(job);
+    if (absl::IsNotFound(newest.status())) {
+      return absl::NotFoundError(
+          absl::StrCat("job '", job, "' has no committed checkpoint"));
+    }
+    CAIRN_RETURN_IF_ERROR(newest.status());
+    absl::StatusOr<v1::GetCheckpointResponse> got =
+        GetCheckpointOfStep(job, newest->step());
+    if (attempt < 3 && (!got.ok() || !got->has_manifest())) {
+      absl::StatusOr<v1::CheckpointRecord> now =
+          catalog_->GetCheckpoint(job, newest->step());
+      if (!now.ok() || now->state() != v1::CHECKPOINT_STATE_COMMITTED) {
+        continue;  // deleted meanwhile
+      }
+    }
+    return got;
+  }
+}
+
+absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpointOfStep(
+    const std::string& job, int64_t step) {
+  absl::StatusOr<v1::CheckpointRecord> rec = catalog_->GetCheckpoint(job, step);
   if (!rec.ok()) {
     if (absl::IsNotFound(rec.status())) {
-      return absl::NotFoundError(absl::StrCat(
-          "no checkpoint ", SaveName(request.job(), request.step())));
+      return absl::NotFoundError(
+          absl::StrCat("no checkpoint ", SaveName(job, step)));
     }
     return rec.status();
   }
@@ -228,7 +263,7 @@ absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpoint(
   *resp.mutable_checkpoint() = *rec;
   if (rec->state() == v1::CHECKPOINT_STATE_COMMITTED) {
     CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedCheckpoint> ckpt,
-                           LoadCheckpoint(request.job(), request.step()));
+                           LoadCheckpoint(job, step));
     *resp.mutable_manifest() = ckpt->manifest;
   }
   return resp;

@@ -177,6 +177,9 @@ class Coordinator {
                   Done<v1::VerifyLoadResponse> done);
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(
       const v1::ListCheckpointsRequest& request);
+  // The record of a step (with its manifest when COMMITTED), or with
+  // `latest` that of the newest COMMITTED step, resolved here (NOT_FOUND
+  // naming the job when it has none).
   absl::StatusOr<v1::GetCheckpointResponse> GetCheckpoint(
       const v1::GetCheckpointRequest& request);
   absl::Status DeleteCheckpoint(const v1::DeleteCheckpointRequest& request);
@@ -265,6 +268,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks the chunks of a complete round and answers its parked ranks.
   void FinishLoadRound(std::shared_ptr<LoadRound> round);
+  // GetCheckpoint once the step is known.
+  absl::StatusOr<v1::GetCheckpointResponse> GetCheckpointOfStep(
+      const std::string& job, int64_t step);
   // PlanLoad once the step is known.
   absl::StatusOr<v1::PlanLoadResponse> PlanLoadOfStep(
       const v1::PlanLoadRequest& request, int64_t step);

@@ -1,5 +1,6 @@
 // The coordinator facade in-process (no gRPC): a whole save by several
-// ranks, shutdown, and many ranks of two jobs at once.
+// ranks, shutdown, many ranks of two jobs at once, and GetCheckpoint of
+// `latest`.
 #include <filesystem>
 #include <future>
 #include <string>
@@ -74,6 +75,97 @@ TEST_F(CoordinatorTest, ThousandRanksOfTwoJobsSaveConcurrently) {
   ASSERT_EQ(got->manifest().tensors_size(), 2);
   EXPECT_EQ(got->manifest().tensors(1).chunks_size(), kWorld);  // "w"
   EXPECT_EQ(got->checkpoint().world_size(), kWorld);
+}
+
+// GetCheckpoint with `latest`: cairnd resolves the newest COMMITTED step
+// with the lookup; newer WRITING, ABORTED and DELETING steps are never it.
+TEST_F(CoordinatorTest, GetCheckpointLatestIsTheNewestCommittedStep) {
+  options_.storage_uri = "faulty://GetCheckpointLatest";
+  Start();
+  auto latest = [&](const std::string& job) {
+    v1::GetCheckpointRequest get;
+    get.set_job(job);
+    get.set_latest(true);
+    return coordinator_->GetCheckpoint(get);
+  };
+  absl::StatusOr<v1::GetCheckpointResponse> none = latest("job");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(none.status().message()),
+              HasSubstr("job 'job' has no committed checkpoint"));
+
+  Save("job", 1, 2);
+  Save("job", 2, 2);
+  Save("job", 3, 2);
+  Save("other", 9, 1);  // another job's newer step is not this job's latest
+  // Step 4 ABORTED, step 5 WRITING (planned, never committed).
+  auto a0 = Begin("job", 4, 0, 2, RankPlan(0, 2));
+  auto a1 = Begin("job", 4, 1, 2, RankPlan(1, 2));
+  ASSERT_TRUE(a0.get().ok());
+  ASSERT_TRUE(a1.get().ok());
+  v1::AbortSaveRequest abort;
+  abort.set_job("job");
+  abort.set_step(4);
+  abort.set_rank(0);
+  abort.set_reason("test");
+  ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+  auto w0 = Begin("job", 5, 0, 2, RankPlan(0, 2));
+  auto w1 = Begin("job", 5, 1, 2, RankPlan(1, 2));
+  ASSERT_TRUE(w0.get().ok());
+  ASSERT_TRUE(w1.get().ok());
+  ASSERT_EQ(Record("job", 4)->state(), v1::CHECKPOINT_STATE_ABORTED);
+  ASSERT_EQ(Record("job", 5)->state(), v1::CHECKPOINT_STATE_WRITING);
+
+  absl::StatusOr<v1::GetCheckpointResponse> got = latest("job");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->checkpoint().step(), 3);
+  EXPECT_EQ(got->checkpoint().state(), v1::CHECKPOINT_STATE_COMMITTED);
+  ASSERT_TRUE(got->has_manifest());
+  EXPECT_EQ(got->manifest().step(), 3);
+  EXPECT_EQ(got->manifest().job(), "job");
+
+  // Step 3's deletion stops at its first storage delete: the record stays
+  // DELETING (its MANIFEST is still on storage) and is never `latest`.
+  g_faults->AddRule({.ops = storage::kFaultDelete,
+                     .key_contains = "",
+                     .count = -1,
+                     .action = storage::FaultAction::kFail});
+  v1::DeleteCheckpointRequest del;
+  del.set_job("job");
+  del.set_step(3);
+  EXPECT_FALSE(coordinator_->DeleteCheckpoint(del).ok());
+  ASSERT_EQ(Record("job", 3)->state(), v1::CHECKPOINT_STATE_DELETING);
+  got = latest("job");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->checkpoint().step(), 2);
+  EXPECT_EQ(got->manifest().step(), 2);
+
+  // Deleted for good, the next newest: step 1 after step 2 goes too.
+  g_faults->Reset();
+  ASSERT_TRUE(coordinator_->DeleteCheckpoint(del).ok());
+  del.set_step(2);
+  ASSERT_TRUE(coordinator_->DeleteCheckpoint(del).ok());
+  got = latest("job");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->checkpoint().step(), 1);
+
+  // Nothing committed left (only ABORTED and WRITING): NOT_FOUND naming it.
+  del.set_step(1);
+  ASSERT_TRUE(coordinator_->DeleteCheckpoint(del).ok());
+  none = latest("job");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(none.status().message()),
+              HasSubstr("job 'job' has no committed checkpoint"));
+
+  // `latest: false` is not a step; a bad job name is refused as before.
+  v1::GetCheckpointRequest bad;
+  bad.set_job("job");
+  bad.set_latest(false);
+  EXPECT_EQ(coordinator_->GetCheckpoint(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad.set_job("../x");
+  bad.set_latest(true);
+  EXPECT_EQ(coordinator_->GetCheckpoint(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
