@@ -15,6 +15,13 @@
 #                          Packages may add to it: cairn_libcairn_add(target).
 #   CAIRN_INSTALL_BINARIES the executables installed into bin/.
 #
+# libcairn's link interface (cairn::client's INTERFACE_LINK_LIBRARIES, and
+# cairn.pc's Requires) is what the installed headers need: the external
+# targets the bundle links PUBLIC whose headers they include (today only
+# Abseil). Everything else (gRPC, protobuf, spdlog, ISA-L, ...) is linked
+# into libcairn.so, so consumers need only those packages' runtime
+# libraries.
+#
 # The in-tree build keeps its static libraries: only the libraries that go
 # into libcairn.so are compiled position-independent, and libcairn.so is a
 # separate target (cairn_client_shared) that nothing in the tree links.
@@ -64,6 +71,16 @@ set(_CAIRN_DEP_nlohmann_json "nlohmann_json CONFIG")
 set(_CAIRN_DEP_CLI11 "CLI11 CONFIG")
 set(_CAIRN_DEP_Threads "Threads")
 set(_CAIRN_DEP_CUDA "CUDAToolkit")
+# The include directory of each namespace's headers: libcairn's interface
+# keeps a namespace's targets only if an installed header includes from it
+# (e.g. absl/...); the rest are linked into libcairn.so and consumers need
+# neither their headers nor their CMake/pkg-config packages.
+set(_CAIRN_INCLUDE_absl "absl")
+set(_CAIRN_INCLUDE_gRPC "grpcpp;grpc")
+set(_CAIRN_INCLUDE_protobuf "google")
+set(_CAIRN_INCLUDE_spdlog "spdlog")
+set(_CAIRN_INCLUDE_nlohmann_json "nlohmann")
+set(_CAIRN_INCLUDE_CLI11 "CLI")
 
 # The pkg-config module (or linker flag) for an imported target in libcairn's
 # interface; FATAL_ERROR for one this file does not know.
@@ -174,12 +191,14 @@ function(_cairn_link_closure out_internal out_external out_public roots)
 endfunction()
 
 # The project headers `roots` include, transitively (paths relative to the
-# source dir). Re-runs configure when one of them changes. Includes of
+# source dir), and the top directories of the other headers they include
+# (absl, ...). Re-runs configure when one of them changes. Includes of
 # anything else are dependencies' headers (absl/..., <vector>); a public
 # header must not include generated proto/gRPC code (tests/install checks).
-function(_cairn_header_closure out_headers roots)
+function(_cairn_header_closure out_headers out_external_dirs roots)
   set(queue ${roots})
   set(seen "")
+  set(external_dirs "")
   while(queue)
     list(POP_FRONT queue h)
     if(h IN_LIST seen)
@@ -193,17 +212,22 @@ function(_cairn_header_closure out_headers roots)
     set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY
       CMAKE_CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/${h}")
     file(STRINGS "${PROJECT_SOURCE_DIR}/${h}" lines
-      REGEX "^[ \t]*#[ \t]*include[ \t]*\"[^\"]+\"")
+      REGEX "^[ \t]*#[ \t]*include[ \t]*[\"<][^\">]+[\">]")
     foreach(line IN LISTS lines)
-      string(REGEX REPLACE "^[^\"]*\"([^\"]+)\".*$" "\\1" inc "${line}")
-      if(EXISTS "${PROJECT_SOURCE_DIR}/${inc}" AND
+      string(REGEX REPLACE "^[^\"<]*[\"<]([^\">]+)[\">].*$" "\\1" inc
+        "${line}")
+      if(line MATCHES "\"" AND EXISTS "${PROJECT_SOURCE_DIR}/${inc}" AND
          NOT IS_DIRECTORY "${PROJECT_SOURCE_DIR}/${inc}")
         list(APPEND queue ${inc})
+      elseif(inc MATCHES "^([^/]+)/")
+        list(APPEND external_dirs ${CMAKE_MATCH_1})
       endif()
     endforeach()
   endwhile()
   list(SORT seen)
+  list(REMOVE_DUPLICATES external_dirs)
   set(${out_headers} ${seen} PARENT_SCOPE)
+  set(${out_external_dirs} ${external_dirs} PARENT_SCOPE)
 endfunction()
 
 # Called once at the end of the top-level CMakeLists.txt, after every
@@ -211,7 +235,30 @@ endfunction()
 function(cairn_finalize_install)
   get_property(extra GLOBAL PROPERTY CAIRN_LIBCAIRN_EXTRA)
   set(roots ${CAIRN_LIBCAIRN_ROOTS} ${extra})
-  _cairn_link_closure(bundle external public "${roots}")
+  _cairn_link_closure(bundle external public_links "${roots}")
+  _cairn_header_closure(headers header_dirs "${CAIRN_PUBLIC_HEADERS}")
+
+  # libcairn's interface: the external targets the bundle links PUBLIC
+  # whose headers the installed headers include (Threads always).
+  set(public "")
+  foreach(item IN LISTS public_links)
+    set(keep TRUE)
+    set(ns "")
+    if(item MATCHES "^([A-Za-z0-9_]+)::")
+      set(ns "${CMAKE_MATCH_1}")
+    endif()
+    if(ns AND DEFINED _CAIRN_INCLUDE_${ns})
+      set(keep FALSE)
+      foreach(dir IN LISTS _CAIRN_INCLUDE_${ns})
+        if(dir IN_LIST header_dirs)
+          set(keep TRUE)
+        endif()
+      endforeach()
+    endif()
+    if(keep)
+      list(APPEND public ${item})
+    endif()
+  endforeach()
 
   # libcairn.so: the bundle's archives, each linked whole exactly once (a
   # repeated whole archive defines everything twice, so the archives are
@@ -280,7 +327,6 @@ function(cairn_finalize_install)
     DESTINATION ${CAIRN_INSTALL_CMAKEDIR})
 
   # Headers.
-  _cairn_header_closure(headers "${CAIRN_PUBLIC_HEADERS}")
   foreach(h IN LISTS headers)
     get_filename_component(dir "${h}" DIRECTORY)
     install(FILES "${PROJECT_SOURCE_DIR}/${h}"
@@ -289,7 +335,7 @@ function(cairn_finalize_install)
   list(LENGTH headers n_headers)
   list(LENGTH static_bundle n_libs)
   message(STATUS "libcairn: made of ${n_libs} static libraries; "
-    "${n_headers} headers installed")
+    "${n_headers} headers installed; interface: ${public}")
 
   # CMake package: find_dependency() for every package behind the
   # interface's imported targets.
