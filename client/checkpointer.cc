@@ -12,7 +12,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "client/checkpoint_info_proto.h"
@@ -22,6 +21,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/task_group.h"
 #include "common/thread_pool.h"
 #include "planner/plan_cache.h"
 #include "proto/convert/plan_convert.h"
@@ -67,25 +67,6 @@ absl::Status ObjectReadError(storage::ShardStore& store,
   }
   return absl::Status(
       s.code(), absl::StrCat(what, " in object ", key, ": ", s.message()));
-}
-
-// Runs `fns` on `pool` and returns the first error (all of them run).
-absl::Status RunAll(ThreadPool& pool,
-                    std::vector<std::function<absl::Status()>> fns) {
-  if (fns.size() == 1) return fns[0]();
-  std::vector<absl::Status> results(fns.size());
-  absl::BlockingCounter pending(static_cast<int>(fns.size()));
-  for (size_t i = 0; i < fns.size(); ++i) {
-    pool.Schedule([&, i] {
-      results[i] = fns[i]();
-      pending.DecrementCount();
-    });
-  }
-  pending.Wait();
-  for (absl::Status& s : results) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -435,7 +416,7 @@ absl::Status Checkpointer::Impl::ReadItems(
     std::vector<std::function<absl::Status()>> jobs;
     jobs.reserve(items.size());
     for (int i : items) jobs.push_back([&read, i] { return read(i); });
-    return RunAll(*io_pool_, std::move(jobs));
+    return RunAll(io_pool_.get(), std::move(jobs));
   };
 
   std::vector<int> exact, partial, local;

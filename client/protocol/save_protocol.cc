@@ -6,11 +6,11 @@
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "client/protocol/coordinator_call.h"
 #include "common/crash_point.h"
 #include "common/status_macros.h"
+#include "common/task_group.h"
 #include "planner/plan_cache.h"
 #include "proto/convert/plan_convert.h"
 #include "storage/checkpoint_layout.h"
@@ -21,25 +21,6 @@ namespace {
 // The ItemSources key of a tensor chunk (a bytes entry has an empty box).
 std::string SourceKey(absl::string_view fqn, const planner::ChunkBox& box) {
   return absl::StrCat(fqn, "\n", planner::BoxToString(box));
-}
-
-// Runs `fns` on `pool` and returns the first error (all of them run).
-absl::Status RunAll(ThreadPool& pool,
-                    std::vector<std::function<absl::Status()>> fns) {
-  if (fns.size() == 1) return fns[0]();
-  std::vector<absl::Status> results(fns.size());
-  absl::BlockingCounter pending(static_cast<int>(fns.size()));
-  for (size_t i = 0; i < fns.size(); ++i) {
-    pool.Schedule([&, i] {
-      results[i] = fns[i]();
-      pending.DecrementCount();
-    });
-  }
-  pending.Wait();
-  for (absl::Status& s : results) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -200,7 +181,7 @@ absl::Status PlannedSave::WriteAll(const ItemSources& sources,
       return writer->Close();
     });
   }
-  return RunAll(pool, std::move(jobs));
+  return RunAll(&pool, std::move(jobs));
 }
 
 absl::StatusOr<v1::CheckpointRecord> PlannedSave::Commit() {
