@@ -81,6 +81,7 @@ class Checkpointer::Impl {
                                             const StateDict& state);
   absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
   absl::StatusOr<std::vector<CheckpointInfo>> List(bool include_uncommitted);
+  absl::StatusOr<int64_t> LatestStep();
   absl::StatusOr<CheckpointSummary> Describe(int64_t step);
 
   uint64_t incarnation() const { return protocol_->incarnation(); }
@@ -536,6 +537,24 @@ absl::StatusOr<std::vector<CheckpointInfo>> Checkpointer::Impl::List(
   return out;
 }
 
+absl::StatusOr<int64_t> Checkpointer::Impl::LatestStep() {
+  // cairnd resolves `latest` (the newest COMMITTED step) with the lookup.
+  v1::GetCheckpointRequest request;
+  request.set_job(options_.job);
+  request.set_latest(true);
+  absl::StatusOr<v1::GetCheckpointResponse> got =
+      CallWithRetry(&v1::Coordinator::Stub::GetCheckpoint, *stub_, request,
+                    options_.rpc_timeout, options_.max_retries);
+  if (!got.ok()) {
+    return absl::Status(
+        got.status().code(),
+        absl::StrCat("rank ", options_.rank,
+                     " asking for the latest committed step of job '",
+                     options_.job, "': ", got.status().message()));
+  }
+  return got->checkpoint().step();
+}
+
 absl::StatusOr<CheckpointSummary> Checkpointer::Impl::Describe(int64_t step) {
   const std::string what =
       absl::StrCat("rank ", options_.rank, " describing job '", options_.job,
@@ -600,6 +619,10 @@ absl::StatusOr<int64_t> Checkpointer::Load(LoadRef ref, StateDict& state) {
 absl::StatusOr<std::vector<CheckpointInfo>> Checkpointer::List(
     bool include_uncommitted) {
   return impl_->List(include_uncommitted);
+}
+
+absl::StatusOr<int64_t> Checkpointer::LatestStep() {
+  return impl_->LatestStep();
 }
 
 absl::StatusOr<CheckpointSummary> Checkpointer::Describe(int64_t step) {

@@ -9,7 +9,7 @@
 //   Load:  PlanLoad for this rank's chunks, whatever layout saved them ->
 //          read exactly the planned byte ranges -> verify crc32c -> fill the
 //          caller's buffers.
-//   Queries (read-only, any rank): List, Describe.
+//   Queries (read-only, any rank): List, LatestStep, Describe.
 //
 // Errors are absl::Status: a message names the job, step, rank and tensor
 // (fqn) involved, and the code says what to do (UNAVAILABLE: cairnd did not
@@ -219,6 +219,11 @@ class Checkpointer {
   // `include_uncommitted` also those being written, aborted or deleted.
   absl::StatusOr<std::vector<CheckpointInfo>> List(
       bool include_uncommitted = false);
+
+  // The job's newest committed step, as cairnd resolves `latest` for a load
+  // (never a step being written, aborted or deleted). NOT_FOUND naming the
+  // job when it has none.
+  absl::StatusOr<int64_t> LatestStep();
 
   // The record and the manifest summary (tensors with dtype, shape, chunk
   // count and bytes; bytes entries) of `step`. NOT_FOUND naming the job and

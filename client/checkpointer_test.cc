@@ -245,6 +245,30 @@ TEST_F(CheckpointerTest, ListReturnsThisJobsCheckpointsByStep) {
   EXPECT_EQ(steps, (std::vector<int64_t>{10, 20, 30}));
 }
 
+TEST_F(CheckpointerTest, LatestStepIsTheNewestCommittedOrNotFoundNamingJob) {
+  spec_.coordinator.begin_deadline = absl::Milliseconds(300);
+  StartServer();
+  std::unique_ptr<Checkpointer> c = Connect(0, 1);
+  ASSERT_NE(c, nullptr);
+  EXPECT_STATUS(c->LatestStep().status(), kNotFound,
+                "rank 0 asking for the latest committed step of job 'job': ");
+  for (int64_t step : {7, 21, 14}) SaveOneRank(step);
+  absl::StatusOr<int64_t> latest = c->LatestStep();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 21);
+  // A newer save that never commits (rank 1 of 2 never joins; cairnd's
+  // begin deadline aborts it) does not become latest.
+  std::unique_ptr<Checkpointer> r0 = Connect(0, 2);
+  ASSERT_NE(r0, nullptr);
+  StateDict state;
+  std::vector<char> buf;
+  ASSERT_TRUE(AddW(state, 0, 2, buf, Placement::Shard(0)).ok());
+  EXPECT_FALSE(r0->Save(30, state).ok());
+  latest = c->LatestStep();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 21);
+}
+
 TEST_F(CheckpointerTest, DescribeSummarizesTheManifest) {
   StartServer();
   std::vector<absl::StatusOr<CheckpointInfo>> saved = SaveRanks(4, 2);
