@@ -24,6 +24,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "cairn/v1/cairn.grpc.pb.h"
+#include "common/gpu/gpu_info.h"
 #include "common/version.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
@@ -156,6 +157,28 @@ TEST_F(OpsTest, OutOfRangeFlagsAreUsageErrorsWithClearMessages) {
     // CLI11's own range checks printed DBL_MAX as 309 digits.
     EXPECT_THAT(out, Not(HasSubstr("17976931348623157")));
   }
+}
+
+TEST_F(OpsTest, AgentTransportFlagIsCheckedAndNcclFailsFastWithItsReason) {
+  const std::vector<std::string> base = {
+      g_agent,          "--node-id",     "0",          "--listen-unix",
+      dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"};
+  std::string out;
+  std::vector<std::string> argv = base;
+  argv.insert(argv.end(), {"--transport", "udp"});
+  EXPECT_EQ(Run(argv, &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--transport: udp not in {tcp,nccl}"));
+  // No GPU here (or no CUDA build): the agent refuses at start, saying why,
+  // instead of waiting for peers.
+  absl::StatusOr<int> devices = gpu::DeviceCount();
+  ASSERT_TRUE(devices.ok());
+  if (*devices > 0) GTEST_SKIP() << "host has a CUDA device";
+  argv = base;
+  argv.insert(argv.end(), {"--transport", "nccl"});
+  EXPECT_EQ(Run(argv, &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("--transport=nccl: "));
+  EXPECT_THAT(out, gpu::BuiltWithCuda() ? HasSubstr("no CUDA device")
+                                        : HasSubstr("built without CUDA"));
 }
 
 TEST_F(OpsTest, SecondCairndOnAPortInUseRefusesToStart) {

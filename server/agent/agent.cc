@@ -25,6 +25,8 @@
 #include "planner/transfer_plan.h"
 #include "proto/convert/plan_convert.h"
 #include "server/agent/agent_internal.h"
+#include "server/agent/transport/nccl/nccl_transport.h"
+#include "server/agent/transport/tcp/tcp_transport.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
 
@@ -76,7 +78,27 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   // Frames carry at most one transfer bucket (larger messages are split).
   t.max_frame_bytes = std::clamp<uint64_t>(a->options_.bucket_cap_bytes,
                                            kMinFrameBytes, uint64_t{1} << 30);
-  CAIRN_ASSIGN_OR_RETURN(a->transport_, TcpTransport::Start(std::move(t)));
+  switch (a->options_.transport) {
+    case AgentOptions::TransportKind::kTcp: {
+      CAIRN_ASSIGN_OR_RETURN(a->transport_, TcpTransport::Start(std::move(t)));
+      break;
+    }
+    case AgentOptions::TransportKind::kNccl: {
+      if (a->options_.device_link == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "agent node ", a->options_.node_id,
+            ": --transport=nccl needs a device link (a CUDA build with a "
+            "GPU)"));
+      }
+      NcclTransportOptions n;
+      n.control = std::move(t);
+      n.max_message_bytes = a->options_.staging_budget_bytes;
+      CAIRN_ASSIGN_OR_RETURN(
+          a->transport_, NcclTransport::Start(
+                             std::move(n), std::move(a->options_.device_link)));
+      break;
+    }
+  }
 
   // One channel to cairnd for loads and for the save protocol.
   a->channel_ = protocol::NewCoordinatorChannel(a->options_.coordinator);

@@ -72,7 +72,8 @@
 #include "common/copier/device_copier.h"
 #include "common/shm/shm_segment.h"
 #include "common/thread_pool.h"
-#include "server/agent/transport/tcp/tcp_transport.h"
+#include "server/agent/transport/nccl/device_link.h"
+#include "server/agent/transport/transport.h"
 
 namespace cairn::agent {
 
@@ -91,8 +92,17 @@ struct AgentOptions {
   int replicas = 0;
   // Peer transport listen address. Default: 127.0.0.1:0.
   std::string peer_listen = "127.0.0.1:0";
+  // The peer transport (cairn-agent --transport): kTcp moves bulk bytes over
+  // TCP sockets; kNccl stages them into GPU memory and moves them with
+  // ncclSend/ncclRecv through `device_link` (required then), its control
+  // messages over TCP on peer_listen. Every agent of a cluster must use the
+  // same. Default: kTcp.
+  enum class TransportKind { kTcp, kNccl };
+  TransportKind transport = TransportKind::kTcp;
+  std::unique_ptr<DeviceLink> device_link;
   // Shared secret every peer agent must present when it connects (see
-  // TcpTransportOptions::peer_token). Default: empty (none required).
+  // TcpTransportOptions::peer_token; also nccl's control). Default: empty (none
+  // required).
   std::string peer_token;
   // Returns node n's peer address. Required when num_nodes > 1.
   std::function<absl::StatusOr<std::string>(int node)> resolve_peer;
@@ -147,6 +157,7 @@ class Agent {
 
   int peer_port() const { return transport_->port(); }
   size_t peer_mailbox_size_for_test() { return transport_->mailbox_size(); }
+  Transport& peer_transport_for_test() { return *transport_; }
   const AgentOptions& options() const { return options_; }
 
  private:
@@ -213,7 +224,7 @@ class Agent {
   // Constant after construction.
   AgentOptions options_;
   std::shared_ptr<Pool> pool_;
-  std::unique_ptr<TcpTransport> transport_;
+  std::unique_ptr<Transport> transport_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
 

@@ -35,6 +35,9 @@
 #include "gtest/gtest.h"
 #include "proto/convert/plan_convert.h"
 #include "server/agent/agent_server.h"
+#include "server/agent/transport/nccl/loopback_device_link.h"
+#include "server/agent/transport/nccl/nccl_transport.h"
+#include "server/agent/transport/tcp/tcp_transport.h"
 #include "server/coordinator/coordinator_server.h"
 #include "storage/shard_store.h"
 
@@ -718,6 +721,54 @@ TEST_F(AgentTest, AsyncSaveCommitsAndReshardsFromMemoryBitExact) {
   EXPECT_EQ(st.commits(), 2);
   EXPECT_EQ(st.tier0_sets(), 2);
   EXPECT_EQ(st.replica_sets(), 0);
+}
+
+// The same save, replication and resharded load with --transport=nccl: the
+// agents only see the Transport interface; bulk bytes go through the device
+// link (here the loopback one: the NCCL transport's host-side logic runs,
+// the GPU copies are not).
+TEST_F(AgentTest, NcclTransportReplicatesAndReshardsFromMemoryBitExact) {
+  auto fabric = std::make_shared<LoopbackFabric>();
+  auto nccl = [&](AgentServer::Spec& spec) {
+    spec.agent.transport = AgentOptions::TransportKind::kNccl;
+    spec.agent.device_link = std::make_unique<LoopbackDeviceLink>(fabric);
+    // Buckets above the inline limit, so data goes through the device.
+    spec.agent.bucket_cap_bytes = 4 * NcclTransport::kInlineBytes;
+  };
+  for (int n = 0; n < 3; ++n) StartAgent(n, 3, 1, uint64_t{256} << 20, nccl);
+  SaveAll("jn", 3, 1, "3:S0", 4);
+  EXPECT_GT(DeleteStoredData(), 0);  // memory must serve everything
+  std::vector<Loaded> loaded = LoadAll("jn", 3, 1, "3:S1", 4);
+  ASSERT_EQ(loaded.size(), 3u);
+  uint64_t peers = 0;
+  for (const Loaded& l : loaded) {
+    EXPECT_EQ(l.source, client::LoadSource::kAgentMemory);
+    peers += l.peers;
+  }
+  EXPECT_GT(peers, 0u);
+  uint64_t device_sent = 0, device_received = 0;
+  for (int n = 0; n < 3; ++n) {
+    Transport& t = agents_[n]->agent().peer_transport_for_test();
+    EXPECT_EQ(t.name(), "nccl");
+    auto& nt = static_cast<NcclTransport&>(t);
+    device_sent += nt.device_messages_sent();
+    device_received += nt.device_messages_received();
+    EXPECT_EQ(agents_[n]->agent().Status().replica_sets(), 1) << "node " << n;
+  }
+  EXPECT_GT(device_sent, 0u);
+  EXPECT_EQ(device_sent, device_received);
+}
+
+TEST_F(AgentTest, NcclTransportWithoutDeviceLinkFailsAtStart) {
+  AgentServer::Spec spec;
+  spec.unix_socket = absl::StrCat(dir_, "/nccl.sock");
+  spec.agent.node_id = 0;
+  spec.agent.coordinator = Address();
+  spec.agent.transport = AgentOptions::TransportKind::kNccl;
+  auto s = AgentServer::Start(std::move(spec));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.status().message()),
+              HasSubstr("--transport=nccl needs a device link"));
 }
 
 TEST_F(AgentTest, ReplicatesTierZeroToTheNextNodes) {

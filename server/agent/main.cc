@@ -5,6 +5,7 @@
 //       --peer-listen 0.0.0.0:7071 --peers n0:7071,n1:7071,n2:7071
 //       --coordinator cairnd:7070 --staging-budget-mib 65536 --replicas 1
 //       --peer-token-file /etc/cairn/peer-token --socket-group training
+//       [--transport nccl --cuda-device 0]
 #include <signal.h>
 #include <unistd.h>
 
@@ -26,8 +27,10 @@
 #include "common/gpu/gpu_info.h"
 #include "common/logging.h"
 #include "server/agent/agent_server.h"
+#include "server/agent/transport/tcp/tcp_transport.h"
 #ifdef CAIRN_HAVE_CUDA
 #include "server/agent/copier/cuda/cuda_copier.h"
+#include "server/agent/transport/nccl/nccl_device_link.h"
 #endif
 
 int main(int argc, char** argv) {
@@ -87,8 +90,18 @@ int main(int argc, char** argv) {
                  "Parallel storage writes per rank")
       ->capture_default_str()
       ->check(cairn::flags::InRange(1, 256));
+  std::string transport = "tcp";
+  app.add_option("--transport", transport,
+                 "Peer transport for replication and peer loads: tcp (host "
+                 "memory over TCP) or nccl (bytes staged into GPU memory and "
+                 "moved with ncclSend/ncclRecv; needs a CUDA build and a GPU; "
+                 "control messages still use --peer-listen). Every agent of "
+                 "a cluster must use the same")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"tcp", "nccl"}));
   app.add_option("--cuda-device", cuda_device,
-                 "Device of the cuda copier (CUDA builds)")
+                 "Device of the cuda copier and the nccl transport (CUDA "
+                 "builds)")
       ->capture_default_str()
       ->check(cairn::flags::AtLeast(0));
   std::string peer_token_file, socket_mode = "0660";
@@ -194,6 +207,24 @@ int main(int argc, char** argv) {
 #else
   (void)cuda_device;
 #endif
+  if (transport == "nccl") {
+#ifdef CAIRN_HAVE_CUDA
+    auto link = cairn::agent::NcclDeviceLink::Create(cuda_device);
+    if (!link.ok()) {
+      std::fprintf(stderr, "cairn-agent: --transport=nccl: %s\n",
+                   std::string(link.status().message()).c_str());
+      return 1;
+    }
+    spec.agent.transport = cairn::agent::AgentOptions::TransportKind::kNccl;
+    spec.agent.device_link = std::move(*link);
+#else
+    std::fprintf(stderr,
+                 "cairn-agent: --transport=nccl: this cairn-agent was built "
+                 "without CUDA/NCCL (configure with -DCAIRN_WITH_CUDA=ON "
+                 "where nvcc and NCCL are installed); use --transport=tcp\n");
+    return 1;
+#endif
+  }
 
   sigset_t stop_signals;
   sigemptyset(&stop_signals);

@@ -7,7 +7,7 @@
 
 #include "common/gpu/gpu_info.h"
 #include "gtest/gtest.h"
-#include "server/agent/transport/nccl/nccl_transport.h"
+#include "server/agent/transport/nccl/nccl_device_link.h"
 
 namespace cairn::agent {
 namespace {
@@ -46,22 +46,22 @@ TEST(CudaCopierTest, CopiesDeviceMemoryThroughIpcHandle) {
   cudaFree(dev);
 }
 
-TEST(NcclTransportTest, CreateWithoutDeviceIsFailedPrecondition) {
+TEST(NcclDeviceLinkTest, CreateWithoutDeviceNamesTheReason) {
   absl::StatusOr<int> n = gpu::DeviceCount();
   ASSERT_TRUE(n.ok());
   if (*n > 0) GTEST_SKIP() << "host has a CUDA device";
-  TcpTransportOptions o;
-  o.node_id = 0;
-  o.num_nodes = 1;
-  o.resolve_peer = [](int) -> absl::StatusOr<std::string> {
-    return absl::NotFoundError("none");
-  };
-  auto control = TcpTransport::Start(o);
-  ASSERT_TRUE(control.ok());
-  EXPECT_EQ(NcclTransport::Create(control->get(), 1, 0, absl::Seconds(1))
-                .status()
-                .code(),
-            absl::StatusCode::kFailedPrecondition);
+  absl::Status s = NcclDeviceLink::Create(0).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("no CUDA device"), absl::string_view::npos) << s;
+}
+
+TEST(NcclDeviceLinkTest, MissingDeviceIndexIsNamed) {
+  absl::StatusOr<int> n = gpu::DeviceCount();
+  ASSERT_TRUE(n.ok());
+  if (*n == 0) GTEST_SKIP() << "no CUDA device";
+  absl::Status s = NcclDeviceLink::Create(*n).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("does not exist"), absl::string_view::npos) << s;
 }
 
 }  // namespace

@@ -146,25 +146,19 @@ class TcpTransport : public Transport {
   absl::string_view name() const override { return "tcp"; }
   MemoryKind memory_kind() const override { return MemoryKind::kHost; }
   int node_id() const override { return options_.node_id; }
-  int port() const { return port_; }
+  int port() const override { return port_; }
 
   absl::Status Send(int peer, uint64_t tag,
                     absl::Span<const char> data) override;
   absl::Status Recv(int peer, uint64_t tag, absl::Span<char> out,
                     absl::Duration timeout) override;
 
-  // Receives a message of any size (control replies). A message whose Recv
-  // timed out or failed is abandoned (see Abandon).
   absl::StatusOr<std::string> RecvMessage(int peer, uint64_t tag,
-                                          absl::Duration timeout);
-
-  // Gives up on message `tag` from `peer`: it is dropped now if it is here,
-  // or when it arrives (the last kMaxAbandoned such tags are remembered), so
-  // a message nobody will Recv does not stay in memory forever.
-  void Abandon(int peer, uint64_t tag);
+                                          absl::Duration timeout) override;
+  // The last kMaxAbandoned abandoned tags are remembered.
+  void Abandon(int peer, uint64_t tag) override;
   static constexpr size_t kMaxAbandoned = 1 << 16;
-  // Messages received and waiting for a Recv.
-  size_t mailbox_size();
+  size_t mailbox_size() override;
 
   // Test hook: the next data frame sent carries a payload byte flipped after
   // its checksum was computed.
