@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   // Frames carry at most one transfer bucket (larger messages are split).
   t.max_frame_bytes = std::clamp<uint64_t>(a->options_.bucket_cap_bytes,
                                            kMinFrameBytes, uint64_t{1} << 30);
+  a->fetch_pool_ = std::make_unique<ThreadPool>(kFetchThreads);
   switch (a->options_.transport) {
     case AgentOptions::TransportKind::kTcp: {
       CAIRN_ASSIGN_OR_RETURN(a->transport_, TcpTransport::Start(std::move(t)));

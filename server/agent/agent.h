@@ -225,6 +225,10 @@ class Agent {
   AgentOptions options_;
   std::shared_ptr<Pool> pool_;
   std::unique_ptr<Transport> transport_;
+  // Runs a peer load's fetches (one per planned message): at most
+  // kFetchThreads at once, whatever the plan's size.
+  static constexpr int kFetchThreads = 8;
+  std::unique_ptr<ThreadPool> fetch_pool_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
 

@@ -18,6 +18,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/task_group.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "planner/transfer_plan.h"
@@ -259,62 +260,66 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::Load(
     }
     response.set_bytes_local(response.bytes_local() + send.bytes);
   }
-  // Remote pieces: one Fetch per planned message, peers in parallel.
+  // Remote pieces: one Fetch per planned message, peers in parallel on the
+  // agent's bounded fetch pool (this thread runs the ones not started yet).
   std::vector<absl::Status> results(plan->messages.size());
-  std::vector<std::thread> fetchers;
+  auto fetch = [&](size_t m) {
+    const planner::TransferMessage& msg = plan->messages[m];
+    v1::PeerRequest pr;
+    v1::FetchRequest* f = pr.mutable_fetch();
+    f->set_job(request.job());
+    f->set_step(step);
+    f->set_data_tag(NewTag());
+    for (const auto& part : msg.parts) {
+      const planner::TransferSend& send = plan->sends[part.send];
+      auto [item, src_box, crc] = held_item(send);
+      v1::FetchPiece* p = f->add_pieces();
+      *p->mutable_item() = item;
+      p->set_expected_crc32c(crc);
+      convert::BoxToProto(send.box, p->mutable_region());
+    }
+    absl::StatusOr<v1::PeerResponse> r =
+        CallPeer(msg.src_rank, std::move(pr), nullptr);
+    if (!r.ok()) {
+      results[m] = r.status();
+      return;
+    }
+    if (!ToStatus(*r).ok()) {
+      results[m] = ToStatus(*r);
+      return;
+    }
+    absl::StatusOr<std::string> payload = transport_->RecvMessage(
+        msg.src_rank, f->data_tag(), options_.peer_timeout);
+    if (!payload.ok() || payload->size() != msg.bytes) {
+      results[m] = payload.ok()
+                       ? absl::DataLossError(absl::StrCat(
+                             "fetch from node ", msg.src_rank, " returned ",
+                             payload->size(), " bytes, planned ", msg.bytes))
+                       : payload.status();
+      return;
+    }
+    std::vector<planner::CopySegment> local_segs;
+    for (const auto& part : msg.parts) {
+      const planner::TransferSend& send = plan->sends[part.send];
+      const Dest& d = dests[send.tensor][send.dest_index];
+      local_segs.clear();
+      planner::AppendCopySegments(send.box, d.box, send.box,
+                                  planner::DTypeSize(send.dtype), &local_segs);
+      for (const auto& s : local_segs) {
+        std::memcpy(seg->data() + d.offset + s.dst_offset,
+                    payload->data() + part.payload_offset + s.src_offset,
+                    s.length);
+      }
+    }
+  };
+  TaskGroup fetches(fetch_pool_.get());
   for (size_t m = 0; m < plan->messages.size(); ++m) {
-    fetchers.emplace_back([&, m] {
-      const planner::TransferMessage& msg = plan->messages[m];
-      v1::PeerRequest pr;
-      v1::FetchRequest* f = pr.mutable_fetch();
-      f->set_job(request.job());
-      f->set_step(step);
-      f->set_data_tag(NewTag());
-      for (const auto& part : msg.parts) {
-        const planner::TransferSend& send = plan->sends[part.send];
-        auto [item, src_box, crc] = held_item(send);
-        v1::FetchPiece* p = f->add_pieces();
-        *p->mutable_item() = item;
-        p->set_expected_crc32c(crc);
-        convert::BoxToProto(send.box, p->mutable_region());
-      }
-      absl::StatusOr<v1::PeerResponse> r =
-          CallPeer(msg.src_rank, std::move(pr), nullptr);
-      if (!r.ok()) {
-        results[m] = r.status();
-        return;
-      }
-      if (!ToStatus(*r).ok()) {
-        results[m] = ToStatus(*r);
-        return;
-      }
-      absl::StatusOr<std::string> payload = transport_->RecvMessage(
-          msg.src_rank, f->data_tag(), options_.peer_timeout);
-      if (!payload.ok() || payload->size() != msg.bytes) {
-        results[m] = payload.ok()
-                         ? absl::DataLossError(absl::StrCat(
-                               "fetch from node ", msg.src_rank, " returned ",
-                               payload->size(), " bytes, planned ", msg.bytes))
-                         : payload.status();
-        return;
-      }
-      std::vector<planner::CopySegment> local_segs;
-      for (const auto& part : msg.parts) {
-        const planner::TransferSend& send = plan->sends[part.send];
-        const Dest& d = dests[send.tensor][send.dest_index];
-        local_segs.clear();
-        planner::AppendCopySegments(send.box, d.box, send.box,
-                                    planner::DTypeSize(send.dtype),
-                                    &local_segs);
-        for (const auto& s : local_segs) {
-          std::memcpy(seg->data() + d.offset + s.dst_offset,
-                      payload->data() + part.payload_offset + s.src_offset,
-                      s.length);
-        }
-      }
+    fetches.Run([&fetch, m] {
+      fetch(m);
+      return absl::OkStatus();  // errors are kept per message in `results`
     });
   }
-  for (std::thread& t : fetchers) t.join();
+  fetches.Wait().IgnoreError();
   for (const absl::Status& s : results) {
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
