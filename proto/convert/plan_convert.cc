@@ -1,5 +1,7 @@
 #include "proto/convert/plan_convert.h"
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -50,6 +52,13 @@ absl::StatusOr<planner::ChunkBox> BoxFromProto(const v1::ChunkBox& box,
       return absl::InvalidArgumentError(
           absl::StrCat("chunk of ", Quoted(fqn),
                        " has a negative offset or size in dim ", d));
+    }
+    // offset + size must not wrap: every later Contains or Intersect adds
+    // them.
+    if (out.offsets[d] > std::numeric_limits<int64_t>::max() - out.sizes[d]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk of ", Quoted(fqn), " ends past 2^63 - 1 in dim ", d,
+          " (offset ", out.offsets[d], ", size ", out.sizes[d], ")"));
     }
   }
   return out;
@@ -112,11 +121,11 @@ absl::StatusOr<planner::WriteItem> WriteItemFromProto(
       return out;
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat("write item for ",
-                       Quoted(item.kind() == v1::WriteItem::KIND_BYTES
-                                  ? item.bytes_fqn()
-                                  : item.tensor().fqn()),
-                       " has no kind (tensor chunk or bytes)"));
+          absl::StrCat("write item for ", Quoted(item.tensor().fqn()),
+                       item.kind() == v1::WriteItem::KIND_UNSPECIFIED
+                           ? " has no kind"
+                           : absl::StrCat(" has unknown kind ", item.kind()),
+                       " (tensor chunk or bytes)"));
   }
 }
 

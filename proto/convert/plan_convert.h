@@ -2,9 +2,11 @@
 //
 // The planner is a pure library with its own structs; the coordinator and the
 // client speak cairn.v1. Every *FromProto function validates what the wire
-// can get wrong (unknown dtype, offsets/sizes of different rank, too many
-// dims, negative sizes) and names the fqn in its error; deeper semantic checks
-// (coverage, bounds against the global shape) stay in the planner.
+// can get wrong (unknown dtype or write item kind, offsets/sizes of different
+// rank, too many dims, negative offsets or sizes, a chunk ending past 2^63 - 1)
+// as INVALID_ARGUMENT naming the fqn; deeper semantic checks (empty fqns,
+// coverage, bounds against the global shape, lengths) stay in the planner,
+// which knows the job and rank for its messages.
 #ifndef CAIRN_PROTO_CONVERT_PLAN_CONVERT_H_
 #define CAIRN_PROTO_CONVERT_PLAN_CONVERT_H_
 
