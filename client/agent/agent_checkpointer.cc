@@ -78,7 +78,10 @@ class AgentCheckpointer::Impl {
  private:
   absl::StatusOr<shm::ShmSegment*> MapSegment(const std::string& name,
                                               uint64_t size);
-  absl::StatusOr<int64_t> LoadFromAgent(LoadRef ref, StateDict& state);
+  // Sets *resolved to the step the agent resolved when it could not serve
+  // the load from memory.
+  absl::StatusOr<int64_t> LoadFromAgent(LoadRef ref, StateDict& state,
+                                        int64_t* resolved);
   // AsyncSave's copy phase: the whole save into one segment, or streamed.
   absl::Status CopyAll(const v1::BeginStageResponse& staged,
                        const StateDict& state,
@@ -322,11 +325,12 @@ absl::Status AgentCheckpointer::Impl::CopyAll(
 }
 
 absl::StatusOr<int64_t> AgentCheckpointer::Impl::LoadFromAgent(
-    LoadRef ref, StateDict& state) {
+    LoadRef ref, StateDict& state, int64_t* resolved) {
   const CheckpointerOptions& d = options_.direct;
   v1::AgentLoadRequest req;
   req.set_job(d.job);
   req.set_rank(d.rank);
+  req.set_world_size(d.world_size);  // `latest` is resolved once per load
   if (ref.latest()) {
     req.set_latest(true);
   } else {
@@ -351,6 +355,11 @@ absl::StatusOr<int64_t> AgentCheckpointer::Impl::LoadFromAgent(
   CAIRN_ASSIGN_OR_RETURN(
       v1::AgentLoadResponse resp,
       Call(&v1::Agent::Stub::Load, *stub_, req, options_.rpc_timeout));
+  if (resp.unserved_code() != 0) {
+    *resolved = resp.step();
+    return absl::Status(static_cast<absl::StatusCode>(resp.unserved_code()),
+                        resp.unserved_message());
+  }
   absl::Status copied = [&]() -> absl::Status {
     if (resp.wanted_offsets_size() != static_cast<int>(dests.size()) ||
         resp.wanted_bytes_offsets_size() !=
@@ -398,15 +407,17 @@ absl::StatusOr<int64_t> AgentCheckpointer::Impl::Load(LoadRef ref,
         s.code(), absl::StrCat("rank ", options_.direct.rank, " loading job '",
                                options_.direct.job, "': ", s.message()));
   }
-  absl::StatusOr<int64_t> step = LoadFromAgent(ref, state);
+  int64_t resolved = -1;
+  absl::StatusOr<int64_t> step = LoadFromAgent(ref, state, &resolved);
   agent_error_ = step.status();
   if (step.ok()) {
     load_source_ = LoadSource::kAgentMemory;
     return step;
   }
   if (direct_ == nullptr) return step.status();
-  // The next tier: storage, through the direct path.
-  step = direct_->Load(ref, state);
+  // The next tier: storage, through the direct path; of the step the agent
+  // resolved, if it did, which the other ranks of the load got too.
+  step = direct_->Load(resolved >= 0 ? LoadRef::Step(resolved) : ref, state);
   if (step.ok()) load_source_ = LoadSource::kStorage;
   return step;
 }

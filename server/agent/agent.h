@@ -210,6 +210,10 @@ class Agent {
   absl::Status HandlePush(int peer, const v1::PushReplica& push);
   v1::InventoryResponse HandleInventory(const v1::InventoryRequest& request);
   absl::StatusOr<uint64_t> HandleFetch(int peer, const v1::FetchRequest& req);
+  // Load once the step is resolved and its manifest fetched.
+  absl::StatusOr<v1::AgentLoadResponse> LoadFromMemory(
+      const v1::AgentLoadRequest& request, int64_t step,
+      const v1::Manifest& manifest);
   absl::StatusOr<v1::PeerResponse> CallPeer(
       int peer, v1::PeerRequest request,
       const std::function<absl::Status()>& after_send);

@@ -771,6 +771,61 @@ TEST_F(AgentTest, NcclTransportWithoutDeviceLinkFailsAtStart) {
               HasSubstr("--transport=nccl needs a device link"));
 }
 
+// Ranks of one agent-mode load of `latest` agree on its step even when a
+// save commits between their loads: the agents resolve it through cairnd's
+// load round, and a rank whose agent cannot serve that step falls back to
+// storage for the same step (it used to be resolved per rank, and rank 1 got
+// step 2).
+TEST_F(AgentTest, LatestLoadRacingACommitGivesEveryRankTheSameStep) {
+  // A cairnd whose load rounds stay open for the whole test.
+  cairnd_.reset();
+  coordinator::CoordinatorServer::Spec spec;
+  spec.listen_address = "127.0.0.1:0";
+  spec.coordinator.storage_uri = absl::StrCat("file://", dir_, "/ckpt");
+  spec.coordinator.catalog_path = dir_ + "/catalog";
+  spec.coordinator.load_join_grace = absl::Hours(1);
+  auto c = coordinator::CoordinatorServer::Start(spec);
+  ASSERT_TRUE(c.ok()) << c.status();
+  cairnd_ = std::move(*c);
+  StartAgent(0, 2, 0);
+  StartAgent(1, 2, 0);
+  SaveAll("jr", 2, 1, "2:S0", 1);
+  auto model_spec = examples::ModelSpec("small");
+  ASSERT_TRUE(model_spec.ok());
+  auto layout = examples::ParseLayout("2:S1");
+  ASSERT_TRUE(layout.ok());
+  client::LoadSource source = client::LoadSource::kNone;
+  absl::Status agent_error;
+  auto load = [&](int rank) -> absl::StatusOr<int64_t> {
+    auto model =
+        examples::ShardedModel::Create(*model_spec, *layout, rank, false, 0);
+    if (!model.ok()) return model.status();
+    auto ckpt = Rank(rank, "jr", rank, 2);
+    if (ckpt == nullptr) return absl::InternalError("no rank");
+    auto step = ckpt->Load(client::LoadRef::Latest(), (*model)->state());
+    source = ckpt->last_load_source();
+    agent_error = ckpt->last_agent_load_error();
+    if (!step.ok()) return step.status();
+    absl::Status v = (*model)->Verify(*step);  // the bytes are that step's
+    EXPECT_TRUE(v.ok()) << "rank " << rank << ": " << v;
+    return step;
+  };
+  absl::StatusOr<int64_t> first = load(0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, 1);
+  EXPECT_EQ(source, client::LoadSource::kAgentMemory) << agent_error;
+  SaveAll("jr", 2, 1, "2:S0", 2);  // commits between the ranks' loads
+  absl::StatusOr<int64_t> second = load(1);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*second, 1) << "rank 1 loaded another step than rank 0";
+  // Tier 0 holds each rank's newest save only, so step 1 now comes from
+  // storage: the fallback loads the step the agent resolved, not `latest`.
+  EXPECT_EQ(source, client::LoadSource::kStorage);
+  EXPECT_EQ(agent_error.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(agent_error.message()),
+              HasSubstr("job 'jr' step 1 rank 1"));
+}
+
 TEST_F(AgentTest, ReplicatesTierZeroToTheNextNodes) {
   StartAgent(0, 3, 2);
   StartAgent(1, 3, 2);

@@ -42,31 +42,31 @@ using shm::ShmSegment;
 absl::StatusOr<v1::AgentLoadResponse> Agent::Load(
     const v1::AgentLoadRequest& request) {
   const absl::Duration rpc_timeout = absl::Seconds(60);
-  int64_t step = request.step();
-  if (request.ref_case() == v1::AgentLoadRequest::kLatest) {
-    v1::ListCheckpointsRequest lr;
-    lr.set_job(request.job());
-    v1::ListCheckpointsResponse list;
+  const bool latest = request.ref_case() == v1::AgentLoadRequest::kLatest;
+  v1::GetCheckpointRequest gr;
+  gr.set_job(request.job());
+  if (latest && request.world_size() > 0) {
+    // The ranks of the load join cairnd's load round of the job, which
+    // resolves `latest` once for all of them: a save committing between two
+    // ranks' loads never hands them different steps. (Only the step is
+    // taken: memory tiers serve the bytes, so nothing is read or reported.)
+    v1::PlanLoadRequest pr;
+    pr.set_job(request.job());
+    pr.set_latest(true);
+    pr.set_rank(request.rank());
+    pr.set_world_size(request.world_size());
+    pr.set_verify_in_round(false);
+    v1::PlanLoadResponse round;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout));
     CAIRN_RETURN_IF_ERROR(
-        FromGrpcStatus(coordinator_->ListCheckpoints(&ctx, lr, &list)));
-    step = -1;
-    for (const v1::CheckpointRecord& r : list.checkpoints()) {
-      if (r.job() == request.job() &&
-          r.state() == v1::CHECKPOINT_STATE_COMMITTED) {
-        step = std::max(step, r.step());
-      }
-    }
-    if (step < 0) {
-      return absl::NotFoundError(absl::StrCat("job '", request.job(),
-                                              "' has no committed checkpoint"));
-    }
+        FromGrpcStatus(coordinator_->PlanLoad(&ctx, pr, &round)));
+    gr.set_step(round.step());
+  } else if (latest) {
+    gr.set_latest(true);  // a rank on its own: cairnd resolves it
+  } else {
+    gr.set_step(request.step());
   }
-  const std::string where = Where(request.job(), step, request.rank());
-  v1::GetCheckpointRequest gr;
-  gr.set_job(request.job());
-  gr.set_step(step);
   v1::GetCheckpointResponse got;
   {
     grpc::ClientContext ctx;
@@ -74,11 +74,27 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::Load(
     CAIRN_RETURN_IF_ERROR(
         FromGrpcStatus(coordinator_->GetCheckpoint(&ctx, gr, &got)));
   }
+  const int64_t step = got.checkpoint().step();
   if (got.checkpoint().state() != v1::CHECKPOINT_STATE_COMMITTED) {
     return absl::FailedPreconditionError(
-        absl::StrCat(where, ": checkpoint is not committed"));
+        absl::StrCat(Where(request.job(), step, request.rank()),
+                     ": checkpoint is not committed"));
   }
-  const v1::Manifest& manifest = got.manifest();
+  absl::StatusOr<v1::AgentLoadResponse> served =
+      LoadFromMemory(request, step, got.manifest());
+  if (served.ok()) return served;
+  // The step is resolved: the rank's storage fallback must load that one.
+  v1::AgentLoadResponse unserved;
+  unserved.set_step(step);
+  unserved.set_unserved_code(static_cast<int32_t>(served.status().code()));
+  unserved.set_unserved_message(std::string(served.status().message()));
+  return unserved;
+}
+
+absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
+    const v1::AgentLoadRequest& request, int64_t step,
+    const v1::Manifest& manifest) {
+  const std::string where = Where(request.job(), step, request.rank());
 
   // Who holds what, in memory: every reachable agent (this one directly).
   struct Holding {
