@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -378,10 +379,13 @@ absl::StatusOr<std::unique_ptr<storage::ShardStore>> OpenReachableStore(
 absl::StatusOr<int64_t> ParseStepArg(const std::string& s) {
   if (s == "latest") return -1;
   int64_t step;
-  if (!absl::SimpleAtoi(s, &step) || step < 0) {
+  // Digits only: SimpleAtoi also takes a sign, spaces and a 0x prefix.
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(s, &step)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step must be a non-negative integer or 'latest', got '", s, "'"));
   }
+  CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
   return step;
 }
 
@@ -450,6 +454,11 @@ void PrintShow(const v1::GetCheckpointResponse& resp, bool chunks,
 
 int RunCli(int argc, const char* const* argv, std::ostream& out,
            std::ostream& err) {
+  return RunCli(argc, argv, std::cin, out, err);
+}
+
+int RunCli(int argc, const char* const* argv, std::istream& in,
+           std::ostream& out, std::ostream& err) {
   CLI::App app{
       "cairn: list, inspect, verify and delete Cairn checkpoints.\n"
       "Talks to a running cairnd (--coordinator) or reads storage directly "
@@ -536,8 +545,16 @@ int RunCli(int argc, const char* const* argv, std::ostream& out,
       err << "cairn: " << note << "\n";
     }
   };
+  // A malformed job name or step is a usage error, in both modes.
+  const bool job_given = !ls->parsed() || ls->count("job") > 0;
+  if (job_given) {
+    if (absl::Status s = storage::ValidateJobName(job); !s.ok()) {
+      err << "cairn: " << s.message() << "\n";
+      return 2;
+    }
+  }
   int64_t step = -1;
-  if (!step_arg.empty()) {
+  if (show->parsed() || verify->parsed() || rm->parsed()) {
     absl::StatusOr<int64_t> parsed = ParseStepArg(step_arg);
     if (!parsed.ok()) {
       err << "cairn: " << parsed.status().message() << "\n";
@@ -634,7 +651,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out,
       out << "delete job " << job << " step " << step << "? [y/N] "
           << std::flush;
       std::string answer;
-      if (!std::getline(std::cin, answer) ||
+      if (!std::getline(in, answer) ||
           (answer != "y" && answer != "Y" && answer != "yes")) {
         out << "not deleted\n";
         return 1;

@@ -9,14 +9,21 @@
 //
 // With --coordinator it asks a running cairnd; with --storage it reads the
 // MANIFESTs on storage directly (offline: no cairnd needed).
-// Exit codes: 0 success, 1 the operation failed, 2 usage error.
+// Exit codes: 0 success, 1 the operation failed, 2 usage error (a bad flag,
+// job name or step).
 #ifndef CAIRN_CLIENT_CLI_CLI_H_
 #define CAIRN_CLIENT_CLI_CLI_H_
 
+#include <istream>
 #include <ostream>
 
 namespace cairn::cli {
 
+// Runs the tool on argv (argv[0] is the program name) and returns its exit
+// code; `in` answers rm's confirmation prompt.
+int RunCli(int argc, const char* const* argv, std::istream& in,
+           std::ostream& out, std::ostream& err);
+// The same with std::cin.
 int RunCli(int argc, const char* const* argv, std::ostream& out,
            std::ostream& err);
 

@@ -1,0 +1,423 @@
+// Unit tests for the `cairn` CLI (RunCli in-process): argument handling of
+// every subcommand and flag, usage errors (exit 2) against failures (exit 1)
+// with their messages, the --help text the README relies on, and both modes:
+// offline on a real file:// storage and online through a real cairnd on
+// loopback (port 0) over the same storage.
+#include "client/cli/cli.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/coordinator/coordinator_server.h"
+#include "storage/checkpoint_layout.h"
+#include "storage/shard_store.h"
+#include "storage/testing/test_checkpoint.h"
+
+namespace cairn::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs `cairn args...` with `input` on stdin.
+Result Cairn(const std::vector<std::string>& args,
+             const std::string& input = "") {
+  std::vector<const char*> argv = {"cairn"};
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  std::istringstream in(input);
+  std::ostringstream out, err;
+  Result r;
+  r.code = RunCli(static_cast<int>(argv.size()), argv.data(), in, out, err);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+std::ostream& operator<<(std::ostream& os, const Result& r) {
+  return os << "exit " << r.code << "\nstdout:\n"
+            << r.out << "stderr:\n"
+            << r.err;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    unsetenv("CAIRN_COORDINATOR");
+    unsetenv("CAIRN_STORAGE");
+    char tmpl[] = "/tmp/cairn-cli-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    root_ = dir_ + "/ckpt";
+    std::filesystem::create_directories(root_);
+    uri_ = "file://" + root_;
+    store_ = storage::OpenShardStore(uri_).value();
+  }
+  void TearDown() override {
+    cairnd_.reset();
+    unsetenv("CAIRN_COORDINATOR");
+    unsetenv("CAIRN_STORAGE");
+    std::filesystem::remove_all(dir_);
+  }
+
+  void Write(const std::string& job, int64_t step) {
+    storage::TestCheckpointSpec spec;
+    spec.job = job;
+    spec.step = step;
+    spec.seed = static_cast<uint64_t>(step);
+    auto m = storage::WriteTestCheckpoint(*store_, spec);
+    ASSERT_TRUE(m.ok()) << m.status();
+  }
+  std::string ManifestPath(const std::string& job, int64_t step) const {
+    return root_ + "/" + storage::ManifestKey(job, step);
+  }
+  // Any data object of the step (the first regular file that is not the
+  // MANIFEST).
+  std::string DataObject(const std::string& job, int64_t step) const {
+    const std::string prefix = root_ + "/" + storage::StepPrefix(job, step);
+    for (const auto& e :
+         std::filesystem::recursive_directory_iterator(prefix)) {
+      if (e.is_regular_file() && e.path() != ManifestPath(job, step)) {
+        return e.path().string();
+      }
+    }
+    return "";
+  }
+
+  // A cairnd on loopback over the same storage (its catalog is rebuilt from
+  // the MANIFESTs written so far).
+  std::string StartCairnd() {
+    coordinator::CoordinatorServer::Spec spec;
+    spec.listen_address = "127.0.0.1:0";
+    spec.coordinator.storage_uri = uri_;
+    spec.coordinator.catalog_path = dir_ + "/catalog";
+    auto c = coordinator::CoordinatorServer::Start(spec);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return "";
+    cairnd_ = std::move(*c);
+    return absl::StrCat("127.0.0.1:", cairnd_->port());
+  }
+
+  std::string dir_, root_, uri_;
+  std::unique_ptr<storage::ShardStore> store_;
+  std::unique_ptr<coordinator::CoordinatorServer> cairnd_;
+};
+
+// --- Help, version, usage errors ---
+
+TEST_F(CliTest, HelpNamesEverySubcommandFlagAndEnvironmentVariable) {
+  Result r = Cairn({"--help"});
+  ASSERT_EQ(r.code, 0) << r;
+  for (const char* s :
+       {"ls", "show", "verify", "rm", "gc", "--coordinator", "-c", "--storage",
+        "-s", "CAIRN_COORDINATOR", "CAIRN_STORAGE", "--version"}) {
+    EXPECT_THAT(r.out, HasSubstr(s)) << s;
+  }
+  struct Sub {
+    const char* name;
+    std::vector<std::string> flags;
+  };
+  for (const Sub& sub : std::vector<Sub>{{"ls", {"--all", "-a"}},
+                                         {"show", {"--json", "--chunks"}},
+                                         {"verify", {"crc32c"}},
+                                         {"rm", {"--yes", "-y"}},
+                                         {"gc", {"--keep", "--dry-run"}}}) {
+    Result h = Cairn({sub.name, "--help"});
+    EXPECT_EQ(h.code, 0) << h;
+    for (const std::string& f : sub.flags) {
+      EXPECT_THAT(h.out, HasSubstr(f)) << sub.name << " " << f;
+    }
+  }
+}
+
+TEST_F(CliTest, VersionPrintsTheProgramAndExitsZero) {
+  Result r = Cairn({"--version"});
+  EXPECT_EQ(r.code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("cairn"));
+}
+
+TEST_F(CliTest, MissingOrUnknownSubcommandsAndFlagsAreUsageErrors) {
+  EXPECT_EQ(Cairn({}).code, 2);
+  EXPECT_EQ(Cairn({"-s", uri_}).code, 2);
+  EXPECT_EQ(Cairn({"-s", uri_, "frobnicate"}).code, 2);
+  EXPECT_EQ(Cairn({"-s", uri_, "ls", "--bogus"}).code, 2);
+  EXPECT_EQ(Cairn({"-s", uri_, "show", "job"}).code, 2);  // no step
+  EXPECT_EQ(Cairn({"-s", uri_, "verify"}).code, 2);
+  EXPECT_EQ(Cairn({"-s", uri_, "rm", "job"}).code, 2);
+  Result r = Cairn({"-s", uri_, "ls", "a", "b"});  // one job at most
+  EXPECT_EQ(r.code, 2) << r;
+}
+
+TEST_F(CliTest, ExactlyOneOfCoordinatorAndStorageIsRequired) {
+  Result none = Cairn({"ls"});
+  EXPECT_EQ(none.code, 2) << none;
+  EXPECT_THAT(none.err, HasSubstr("give exactly one of --coordinator"));
+  Result both = Cairn({"-c", "127.0.0.1:1", "-s", uri_, "ls"});
+  EXPECT_EQ(both.code, 2) << both;
+  EXPECT_THAT(both.err, HasSubstr("give exactly one of --coordinator"));
+}
+
+TEST_F(CliTest, BadStepsAreUsageErrorsNamingTheStep) {
+  Write("job", 1);
+  for (const std::string step : {"abc", "1.5", "12x", "latest1", "0x10", "+5",
+                                 " 7", "99999999999999999999"}) {
+    Result r = Cairn({"-s", uri_, "show", "job", step});
+    EXPECT_EQ(r.code, 2) << step << ": " << r;
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat(
+                           "step must be a non-negative integer or 'latest', "
+                           "got '",
+                           step, "'")));
+  }
+  // Beyond the largest step a checkpoint can have (10^15).
+  Result big = Cairn({"-s", uri_, "verify", "job", "1000000000000001"});
+  EXPECT_EQ(big.code, 2) << big;
+  EXPECT_THAT(big.err, HasSubstr("invalid step 1000000000000001"));
+  // A negative number is not a step either (whatever the parser makes of it).
+  EXPECT_EQ(Cairn({"-s", uri_, "show", "job", "-3"}).code, 2);
+}
+
+TEST_F(CliTest, BadJobNamesAreUsageErrorsNamingTheJob) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"ls", "../etc"},
+                                             {"show", "a/b", "latest"},
+                                             {"verify", "..", "1"},
+                                             {"rm", "x y", "1", "-y"},
+                                             {"gc", "", "--keep", "1"}}) {
+    for (bool online : {false, true}) {
+      std::vector<std::string> full = {online ? "-c" : "-s",
+                                       online ? "127.0.0.1:1" : uri_};
+      full.insert(full.end(), args.begin(), args.end());
+      Result r = Cairn(full);
+      EXPECT_EQ(r.code, 2) << args[0] << ": " << r;
+      EXPECT_THAT(r.err, HasSubstr("invalid job name")) << r;
+    }
+  }
+}
+
+TEST_F(CliTest, RmNeedsAnExplicitStep) {
+  Write("job", 1);
+  Result r = Cairn({"-s", uri_, "rm", "job", "latest", "-y"});
+  EXPECT_EQ(r.code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("give an explicit step, not 'latest'"));
+  EXPECT_TRUE(std::filesystem::exists(ManifestPath("job", 1)));
+}
+
+TEST_F(CliTest, GcNeedsKeepOfAtLeastOne) {
+  Write("job", 1);
+  EXPECT_EQ(Cairn({"-s", uri_, "gc", "job"}).code, 2);
+  Result zero = Cairn({"-s", uri_, "gc", "job", "--keep", "0"});
+  EXPECT_EQ(zero.code, 2) << zero;
+  EXPECT_THAT(zero.err, HasSubstr("--keep"));
+  EXPECT_EQ(Cairn({"-s", uri_, "gc", "job", "--keep", "many"}).code, 2);
+  EXPECT_TRUE(std::filesystem::exists(ManifestPath("job", 1)));
+}
+
+// --- Offline (--storage) ---
+
+TEST_F(CliTest, OfflineStorageRootMustExistAndBeADirectory) {
+  Result missing = Cairn({"-s", "file://" + dir_ + "/nope", "ls"});
+  EXPECT_EQ(missing.code, 1) << missing;
+  EXPECT_THAT(missing.err, HasSubstr("does not exist"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/nope"));  // not created
+  std::ofstream(dir_ + "/file") << "x";
+  Result file = Cairn({"-s", "file://" + dir_ + "/file", "ls"});
+  EXPECT_EQ(file.code, 1) << file;
+  EXPECT_THAT(file.err, HasSubstr("is not a directory"));
+  Result scheme = Cairn({"-s", "nosuch://bucket", "ls"});
+  EXPECT_EQ(scheme.code, 1) << scheme;
+  EXPECT_THAT(scheme.err, HasSubstr("nosuch"));
+}
+
+TEST_F(CliTest, OfflineListsShowsAndVerifiesCheckpoints) {
+  Result empty = Cairn({"-s", uri_, "ls"});
+  EXPECT_EQ(empty.code, 0) << empty;
+  EXPECT_THAT(empty.out, HasSubstr("no checkpoints"));
+  Write("job", 1);
+  Write("job", 2);
+  Write("other", 5);
+  Result ls = Cairn({"-s", uri_, "ls"});
+  ASSERT_EQ(ls.code, 0) << ls;
+  for (const char* s : {"JOB", "STEP", "STATE", "SIZE", "CREATED", "job",
+                        "other", "COMMITTED"}) {
+    EXPECT_THAT(ls.out, HasSubstr(s)) << s;
+  }
+  Result one = Cairn({"-s", uri_, "ls", "other"});
+  EXPECT_EQ(one.code, 0) << one;
+  EXPECT_THAT(one.out, HasSubstr("other"));
+  EXPECT_THAT(one.out, Not(HasSubstr("job ")));
+
+  Result show = Cairn({"-s", uri_, "show", "job", "latest"});
+  ASSERT_EQ(show.code, 0) << show;
+  EXPECT_THAT(show.out, HasSubstr("job job  step 2  COMMITTED"));
+  for (const char* s : {"ENTRY", "DTYPE", "SHAPE", "CHUNKS", "float32"}) {
+    EXPECT_THAT(show.out, HasSubstr(s)) << s;
+  }
+  EXPECT_THAT(show.out, Not(HasSubstr("CRC32C")));
+  Result chunks = Cairn({"-s", uri_, "show", "job", "1", "--chunks"});
+  ASSERT_EQ(chunks.code, 0) << chunks;
+  EXPECT_THAT(chunks.out, HasSubstr("job job  step 1"));
+  for (const char* s : {"CHUNK", "RANK", "OBJECT", "OFFSET", "CRC32C"}) {
+    EXPECT_THAT(chunks.out, HasSubstr(s)) << s;
+  }
+  Result json = Cairn({"-s", uri_, "show", "job", "2", "--json"});
+  ASSERT_EQ(json.code, 0) << json;
+  EXPECT_EQ(json.out.front(), '{') << json;
+  EXPECT_THAT(json.out, HasSubstr("\"job\""));
+
+  Result verify = Cairn({"-s", uri_, "verify", "job", "latest"});
+  ASSERT_EQ(verify.code, 0) << verify;
+  EXPECT_THAT(verify.out, HasSubstr("OK: job job step 2"));
+  EXPECT_THAT(verify.err, HasSubstr("100%"));  // progress (not a tty)
+
+  Result none = Cairn({"-s", uri_, "show", "job", "7"});
+  EXPECT_EQ(none.code, 1) << none;
+  EXPECT_THAT(none.err, HasSubstr("step 7"));
+  Result nojob = Cairn({"-s", uri_, "show", "nojob", "latest"});
+  EXPECT_EQ(nojob.code, 1) << nojob;
+  EXPECT_THAT(nojob.err, HasSubstr("job 'nojob' has no committed checkpoint"));
+}
+
+TEST_F(CliTest, OfflineDamagedStepIsListedAndLatestIsTheNewestReadable) {
+  Write("job", 1);
+  Write("job", 2);
+  std::ofstream(ManifestPath("job", 2), std::ios::trunc) << "not a manifest";
+  Result ls = Cairn({"-s", uri_, "ls", "job"});
+  ASSERT_EQ(ls.code, 0) << ls;
+  EXPECT_THAT(ls.out, HasSubstr("DAMAGED: job job step 2"));
+  Result show = Cairn({"-s", uri_, "show", "job", "latest"});
+  ASSERT_EQ(show.code, 0) << show;
+  EXPECT_THAT(show.out, HasSubstr("job job  step 1"));
+  EXPECT_THAT(show.err, HasSubstr("skipping damaged job 'job' step 2"));
+}
+
+TEST_F(CliTest, OfflineVerifyReportsDamagedDataAsFailure) {
+  Write("job", 1);
+  const std::string object = DataObject("job", 1);
+  ASSERT_FALSE(object.empty());
+  {
+    std::fstream f(object, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(10);
+    f.put('\x7f');
+  }
+  Result r = Cairn({"-s", uri_, "verify", "job", "1"});
+  EXPECT_EQ(r.code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("DATA_LOSS"));
+  std::filesystem::remove(object);
+  Result gone = Cairn({"-s", uri_, "verify", "job", "1"});
+  EXPECT_EQ(gone.code, 1) << gone;
+  EXPECT_THAT(gone.err, HasSubstr("DATA_LOSS"));
+}
+
+TEST_F(CliTest, OfflineRmAsksUnlessYes) {
+  Write("job", 1);
+  Write("job", 2);
+  Result no = Cairn({"-s", uri_, "rm", "job", "1"}, "n\n");
+  EXPECT_EQ(no.code, 1) << no;
+  EXPECT_THAT(no.out, HasSubstr("delete job job step 1? [y/N]"));
+  EXPECT_THAT(no.out, HasSubstr("not deleted"));
+  EXPECT_TRUE(std::filesystem::exists(ManifestPath("job", 1)));
+  Result eof = Cairn({"-s", uri_, "rm", "job", "1"}, "");
+  EXPECT_EQ(eof.code, 1) << eof;
+  Result yes = Cairn({"-s", uri_, "rm", "job", "1"}, "y\n");
+  EXPECT_EQ(yes.code, 0) << yes;
+  EXPECT_THAT(yes.out, HasSubstr("deleted job job step 1"));
+  EXPECT_FALSE(std::filesystem::exists(ManifestPath("job", 1)));
+  Result flag = Cairn({"-s", uri_, "rm", "job", "2", "--yes"});
+  EXPECT_EQ(flag.code, 0) << flag;
+  EXPECT_FALSE(std::filesystem::exists(ManifestPath("job", 2)));
+}
+
+TEST_F(CliTest, OfflineGcKeepsTheNewestAndDryRunDeletesNothing) {
+  for (int64_t step : {1, 2, 3}) Write("job", step);
+  Result dry = Cairn({"-s", uri_, "gc", "job", "--keep", "1", "--dry-run"});
+  ASSERT_EQ(dry.code, 0) << dry;
+  EXPECT_THAT(dry.out,
+              HasSubstr("would delete 2 checkpoints of job job (steps 2, 1)"));
+  EXPECT_TRUE(std::filesystem::exists(ManifestPath("job", 1)));
+  Result gc = Cairn({"-s", uri_, "gc", "job", "--keep", "1", "-n"});
+  EXPECT_THAT(gc.out, HasSubstr("would delete"));
+  gc = Cairn({"-s", uri_, "gc", "job", "--keep", "1"});
+  ASSERT_EQ(gc.code, 0) << gc;
+  EXPECT_THAT(gc.out, HasSubstr("deleted 2 checkpoints of job job"));
+  EXPECT_FALSE(std::filesystem::exists(ManifestPath("job", 1)));
+  EXPECT_FALSE(std::filesystem::exists(ManifestPath("job", 2)));
+  EXPECT_TRUE(std::filesystem::exists(ManifestPath("job", 3)));
+}
+
+TEST_F(CliTest, StorageFromTheEnvironment) {
+  Write("job", 4);
+  setenv("CAIRN_STORAGE", uri_.c_str(), 1);
+  Result r = Cairn({"show", "job", "latest"});
+  EXPECT_EQ(r.code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("step 4"));
+}
+
+// --- Online (--coordinator) ---
+
+TEST_F(CliTest, OnlineCommandsAskCairnd) {
+  Write("job", 1);
+  Write("job", 2);
+  Write("job", 3);
+  const std::string addr = StartCairnd();
+  ASSERT_FALSE(addr.empty());
+  Result ls = Cairn({"-c", addr, "ls", "job"});
+  ASSERT_EQ(ls.code, 0) << ls;
+  EXPECT_THAT(ls.out, HasSubstr("COMMITTED"));
+  Result show = Cairn({"-c", addr, "show", "job", "latest"});
+  ASSERT_EQ(show.code, 0) << show;
+  EXPECT_THAT(show.out, HasSubstr("job job  step 3  COMMITTED"));
+  EXPECT_THAT(show.out, HasSubstr(uri_));  // the storage cairnd names
+  Result json = Cairn({"-c", addr, "show", "job", "2", "--json", "--chunks"});
+  ASSERT_EQ(json.code, 0) << json;
+  EXPECT_EQ(json.out.front(), '{') << json;
+  Result verify = Cairn({"-c", addr, "verify", "job", "latest"});
+  ASSERT_EQ(verify.code, 0) << verify;
+  EXPECT_THAT(verify.out, HasSubstr("OK: job job step 3"));
+
+  Result missing = Cairn({"-c", addr, "show", "job", "9"});
+  EXPECT_EQ(missing.code, 1) << missing;
+  EXPECT_THAT(missing.err, HasSubstr("no checkpoint job 'job' step 9"));
+  Result nojob = Cairn({"-c", addr, "verify", "nojob", "latest"});
+  EXPECT_EQ(nojob.code, 1) << nojob;
+  EXPECT_THAT(nojob.err, HasSubstr("job 'nojob' has no committed checkpoint"));
+
+  // `latest` is resolved by cairnd: after deleting the newest, the next.
+  Result rm = Cairn({"-c", addr, "rm", "job", "3", "-y"});
+  ASSERT_EQ(rm.code, 0) << rm;
+  EXPECT_THAT(rm.out, HasSubstr("deleted job job step 3"));
+  show = Cairn({"-c", addr, "show", "job", "latest"});
+  EXPECT_THAT(show.out, HasSubstr("job job  step 2"));
+  Result gc = Cairn({"-c", addr, "gc", "job", "--keep", "1"});
+  ASSERT_EQ(gc.code, 0) << gc;
+  EXPECT_THAT(gc.out, HasSubstr("deleted 1 checkpoints of job job (steps 1)"));
+  ls = Cairn({"-c", addr, "ls", "job", "--all"});
+  EXPECT_EQ(ls.code, 0) << ls;
+  EXPECT_THAT(ls.out, Not(HasSubstr("ABORTED")));
+
+  setenv("CAIRN_COORDINATOR", addr.c_str(), 1);
+  Result env = Cairn({"show", "job", "latest"});
+  EXPECT_EQ(env.code, 0) << env;
+  EXPECT_THAT(env.out, HasSubstr("step 2"));
+}
+
+TEST_F(CliTest, OnlineUnreachableCairndIsAFailureSayingSo) {
+  Result r = Cairn({"-c", "127.0.0.1:1", "ls"});
+  EXPECT_EQ(r.code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("cannot reach cairnd"));
+}
+
+}  // namespace
+}  // namespace cairn::cli
