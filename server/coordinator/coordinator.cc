@@ -24,6 +24,7 @@
 #include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator_internal.h"
 #include "server/coordinator/load_verifier.h"
+#include "server/coordinator/recovery.h"
 #include "server/coordinator/request_bounds.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
@@ -49,7 +50,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
                          storage::Catalog::Open(options.catalog_path));
   std::unique_ptr<Coordinator> c(
       new Coordinator(options, std::move(store), std::move(catalog)));
-  CAIRN_RETURN_IF_ERROR(c->Recover());
+  CAIRN_RETURN_IF_ERROR(
+      Recover(*c->store_, *c->catalog_,
+              RecoveryOptions{options.catalog_path,
+                              options.clean_incomplete_on_start}));
   return c;
 }
 

@@ -31,7 +31,7 @@
 // `latest`, and cannot be saved until the record is gone.
 //
 // Recovery (Create): the catalog is reconciled with storage, which is the
-// truth — see Recover() in coordinator.cc for every case.
+// truth — see recovery.h for every case.
 //
 // Load protocol: PlanLoad resolves a step, loads its manifest through a
 // cache, and answers read items from the planner's overlap index; identical
@@ -222,7 +222,6 @@ class Coordinator {
               std::unique_ptr<storage::ShardStore> store,
               std::unique_ptr<storage::Catalog> catalog);
 
-  absl::Status Recover();
   void ReaperLoop();
 
   // Builds (or fetches) the global plan for a session whose ranks have all
@@ -285,8 +284,6 @@ class Coordinator {
   // Deletes a step whose (job, step) is in deleting_: record DELETING,
   // MANIFEST, data, record (see the top of this file).
   absl::Status DeleteStepRecord(v1::CheckpointRecord record);
-  // Removes temp files and other attempts' objects from a committed step.
-  void SweepCommittedStep(const v1::Manifest& manifest);
   void ForgetCheckpoint(const std::string& job, int64_t step);
 
   // Constant after construction.

@@ -23,6 +23,7 @@
 #include "server/coordinator/coordinator_internal.h"
 #include "server/coordinator/load_verifier.h"
 #include "server/coordinator/request_bounds.h"
+#include "server/coordinator/retention.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
 #include "storage/manifest.h"
@@ -38,33 +39,10 @@ void Coordinator::ForgetCheckpoint(const std::string& job, int64_t step) {
 }
 
 absl::Status Coordinator::DeleteStepRecord(v1::CheckpointRecord record) {
-  const std::string& job = record.job();
+  const std::string job = record.job();
   const int64_t step = record.step();
-  // The record first: from here on the step is never listed, loaded or
-  // `latest`, and a crash at any later point leaves a DELETING record that
-  // recovery finishes. Then MANIFEST (the checkpoint stops being loadable
-  // on storage too), data, and the record last.
-  if (record.state() != v1::CHECKPOINT_STATE_DELETING) {
-    record.set_state(v1::CHECKPOINT_STATE_DELETING);
-    CAIRN_RETURN_IF_ERROR(catalog_->PutCheckpoint(record));
-  }
-  ForgetCheckpoint(job, step);
-  CAIRN_RETURN_IF_ERROR(storage::DeleteStep(*store_, job, step));
-  absl::Status s = catalog_->DeleteCheckpoint(job, step);
-  if (!s.ok() && !absl::IsNotFound(s)) return s;
-  return absl::OkStatus();
-}
-
-void Coordinator::SweepCommittedStep(const v1::Manifest& manifest) {
-  absl::StatusOr<int> removed = storage::DeleteUnreferenced(*store_, manifest);
-  if (!removed.ok()) {
-    CAIRN_LOG(warn, "cleaning {}: {}",
-              SaveName(manifest.job(), manifest.step()),
-              removed.status().ToString());
-  } else if (*removed > 0) {
-    CAIRN_LOG(info, "{}: removed {} objects of other attempts",
-              SaveName(manifest.job(), manifest.step()), *removed);
-  }
+  return DeleteCheckpointInOrder(*store_, *catalog_, std::move(record),
+                                 [&] { ForgetCheckpoint(job, step); });
 }
 
 absl::Status Coordinator::DeleteCheckpoint(
@@ -107,15 +85,8 @@ absl::StatusOr<v1::GarbageCollectResponse> Coordinator::ApplyRetention(
     const std::string& job, int keep_last, bool dry_run) {
   CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> records,
                          catalog_->ListCheckpoints(job, false));
-  std::vector<v1::CheckpointRecord> committed;
-  for (auto& r : records) {
-    if (r.state() == v1::CHECKPOINT_STATE_COMMITTED) committed.push_back(r);
-  }
-  std::sort(committed.begin(), committed.end(),
-            [](const auto& a, const auto& b) { return a.step() > b.step(); });
   v1::GarbageCollectResponse resp;
-  for (size_t i = static_cast<size_t>(keep_last); i < committed.size(); ++i) {
-    const v1::CheckpointRecord& r = committed[i];
+  for (const v1::CheckpointRecord& r : RetentionVictims(records, keep_last)) {
     if (!dry_run) {
       const SaveKey key{job, r.step()};
       {
@@ -167,7 +138,7 @@ absl::StatusOr<v1::GarbageCollectResponse> Coordinator::GarbageCollect(
       CAIRN_LOG(warn, "gc of job '{}': {}", r.job(), m.status().ToString());
       continue;
     }
-    SweepCommittedStep(*m);
+    SweepCommittedStep(*store_, *m);
   }
   return resp;
 }

@@ -23,6 +23,7 @@
 #include "server/coordinator/coordinator_internal.h"
 #include "server/coordinator/load_verifier.h"
 #include "server/coordinator/request_bounds.h"
+#include "server/coordinator/retention.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
 #include "storage/manifest.h"
@@ -722,7 +723,7 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   }
   // Every other attempt of this step is aborted: what they (or ranks that
   // died mid-write) left in the step is garbage.
-  SweepCommittedStep(*manifest);
+  SweepCommittedStep(*store_, *manifest);
   for (auto& done : waiters) {
     v1::CommitSaveResponse resp;
     *resp.mutable_checkpoint() = record;

@@ -1,84 +1,54 @@
-// Start-up recovery: the catalog is reconciled with storage, the truth.
+#include "server/coordinator/recovery.h"
 
-#include <algorithm>
 #include <map>
-#include <optional>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
-#include "absl/cleanup/cleanup.h"
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 #include "common/crash_point.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "planner/box.h"
-#include "proto/convert/plan_convert.h"
-#include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_internal.h"
-#include "server/coordinator/load_verifier.h"
-#include "server/coordinator/request_bounds.h"
+#include "server/coordinator/retention.h"
 #include "storage/checkpoint_layout.h"
-#include "storage/checksum.h"
 #include "storage/manifest.h"
 
 namespace cairn::coordinator {
+namespace {
 
-// Start-up recovery: storage is the truth (a MANIFEST's presence is the
-// commit), the catalog is made to agree with it, and what a crash left is
-// removed. No writer of this process is live yet; ranks of the previous one
-// that are still writing will find their save gone and restart it.
-//   * temp files of writers that died: removed (DeleteAbandonedWrites).
-//   * DELETING record: the deletion is finished (MANIFEST, data, record).
-//   * WRITING or ABORTED record, MANIFEST present and valid: COMMITTED,
-//     filled from the manifest (cairnd stopped between publishing the
-//     MANIFEST and recording the commit; a durable checkpoint is never
-//     hidden). The step's unreferenced objects are removed.
-//   * WRITING or ABORTED record, MANIFEST damaged (no decode, or another
-//     job/step): ABORTED, naming the damage, and the step deleted: no rank
-//     was ever told it committed.
-//   * WRITING record, no MANIFEST: ABORTED ("cairnd restarted during the
-//     save"); its bytes go with the incomplete steps below.
-//   * COMMITTED record, no MANIFEST (deleted outside cairnd, or by a crashed
-//     delete of an older version): ABORTED with the reason, so it is neither
-//     listed nor `latest`. Should the MANIFEST come back, the next start
-//     makes it COMMITTED again. When no committed record has its MANIFEST,
-//     the storage is more likely not mounted than empty: cairnd refuses to
-//     start (FAILED_PRECONDITION) rather than hide every checkpoint.
-//   * COMMITTED record, MANIFEST present: kept as is (reading every manifest
-//     at start costs too much; a damaged one is DATA_LOSS at load/verify).
-//   * MANIFEST with no record: COMMITTED from the manifest, as the rebuild of
-//     an empty catalog does; a damaged one is left for an operator, logged.
-//   * a step with objects but no MANIFEST: deleted.
-absl::Status Coordinator::Recover() {
-  if (catalog_->empty()) {
-    CAIRN_ASSIGN_OR_RETURN(int n, catalog_->RebuildFromStore(*store_));
+using SaveKey = std::pair<std::string, int64_t>;  // (job, step)
+
+}  // namespace
+
+absl::Status Recover(storage::ShardStore& store, storage::Catalog& catalog,
+                     const RecoveryOptions& options) {
+  if (catalog.empty()) {
+    CAIRN_ASSIGN_OR_RETURN(int n, catalog.RebuildFromStore(store));
     if (n > 0) {
       CAIRN_LOG(info, "catalog rebuilt from {}: {} committed checkpoints",
-                store_->uri(), n);
+                store.uri(), n);
     }
   }
-  if (!options_.clean_incomplete_on_start) return absl::OkStatus();
-  const std::string uri = store_->uri();
+  if (!options.clean_incomplete) return absl::OkStatus();
+  const std::string uri = store.uri();
   // From the root: a job whose only save died mid-write holds nothing but
   // temp files, so ListJobs (visible keys) does not name it.
-  CAIRN_RETURN_IF_ERROR(store_->DeleteAbandonedWrites(""));
+  CAIRN_RETURN_IF_ERROR(store.DeleteAbandonedWrites(""));
   CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> jobs,
-                         storage::ListJobs(*store_));
+                         storage::ListJobs(store));
   std::set<SaveKey> with_manifest;
   std::map<std::string, std::vector<int64_t>> incomplete;
   for (const std::string& job : jobs) {
     CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
-                           storage::ListCommittedSteps(*store_, job));
+                           storage::ListCommittedSteps(store, job));
     for (int64_t step : steps) with_manifest.insert({job, step});
     CAIRN_ASSIGN_OR_RETURN(incomplete[job],
-                           storage::ListIncompleteSteps(*store_, job));
+                           storage::ListIncompleteSteps(store, job));
   }
   CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> records,
-                         catalog_->ListCheckpoints("", true));
+                         catalog.ListCheckpoints("", true));
 
   // Refuse to hide every checkpoint because the storage is not there.
   int committed = 0, lost = 0;
@@ -89,7 +59,7 @@ absl::Status Coordinator::Recover() {
   }
   if (lost > 0 && lost == committed) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the catalog '", options_.catalog_path, "' lists ", committed,
+        "the catalog '", options.catalog_path, "' lists ", committed,
         " committed checkpoints but none of their MANIFESTs is in ", uri,
         ": is the storage mounted, and is it the one this catalog belongs "
         "to? If the checkpoints were deleted on purpose, remove the catalog "
@@ -105,7 +75,8 @@ absl::Status Coordinator::Recover() {
     switch (r.state()) {
       case v1::CHECKPOINT_STATE_DELETING:
         CAIRN_LOG(info, "finishing the deletion of {}", name);
-        CAIRN_RETURN_IF_ERROR(DeleteStepRecord(r));
+        CAIRN_RETURN_IF_ERROR(
+            DeleteCheckpointInOrder(store, catalog, r, nullptr));
         continue;
       case v1::CHECKPOINT_STATE_COMMITTED:
         if (has_manifest) continue;
@@ -117,7 +88,7 @@ absl::Status Coordinator::Recover() {
         r.set_abort_reason(
             absl::StrCat("its MANIFEST was missing from ", uri,
                          " when cairnd started (deleted outside cairnd?)"));
-        CAIRN_RETURN_IF_ERROR(catalog_->PutCheckpoint(r));
+        CAIRN_RETURN_IF_ERROR(catalog.PutCheckpoint(r));
         continue;
       default:
         break;
@@ -125,7 +96,7 @@ absl::Status Coordinator::Recover() {
     // WRITING, ABORTED (or a state this build does not know).
     if (has_manifest) {
       absl::StatusOr<v1::Manifest> m =
-          storage::ReadManifest(*store_, r.job(), r.step());
+          storage::ReadManifest(store, r.job(), r.step());
       if (m.ok()) {
         v1::CheckpointRecord c = storage::RecordFromManifest(*m, uri);
         if (r.created_unix_micros() != 0) {
@@ -135,8 +106,8 @@ absl::Status Coordinator::Recover() {
                   "{} was {} in the catalog but its MANIFEST is "
                   "durable in {}: COMMITTED",
                   name, v1::CheckpointState_Name(r.state()), uri);
-        CAIRN_RETURN_IF_ERROR(catalog_->PutCheckpoint(c));
-        SweepCommittedStep(*m);
+        CAIRN_RETURN_IF_ERROR(catalog.PutCheckpoint(c));
+        SweepCommittedStep(store, *m);
         continue;
       }
       if (!absl::IsDataLoss(m.status()) && !absl::IsNotFound(m.status())) {
@@ -145,11 +116,11 @@ absl::Status Coordinator::Recover() {
       if (absl::IsDataLoss(m.status())) {
         CAIRN_LOG(error, "{} ({}): {}; deleting the step", name,
                   v1::CheckpointState_Name(r.state()), m.status().ToString());
-        CAIRN_RETURN_IF_ERROR(storage::DeleteStep(*store_, r.job(), r.step()));
+        CAIRN_RETURN_IF_ERROR(storage::DeleteStep(store, r.job(), r.step()));
         r.set_state(v1::CHECKPOINT_STATE_ABORTED);
         r.set_abort_reason(
             absl::StrCat("its MANIFEST was damaged: ", m.status().message()));
-        CAIRN_RETURN_IF_ERROR(catalog_->PutCheckpoint(r));
+        CAIRN_RETURN_IF_ERROR(catalog.PutCheckpoint(r));
         continue;
       }
     }
@@ -158,7 +129,7 @@ absl::Status Coordinator::Recover() {
       // their ranks were answered UNAVAILABLE and will restart the save.
       r.set_state(v1::CHECKPOINT_STATE_ABORTED);
       r.set_abort_reason("cairnd restarted during the save");
-      CAIRN_RETURN_IF_ERROR(catalog_->PutCheckpoint(r));
+      CAIRN_RETURN_IF_ERROR(catalog.PutCheckpoint(r));
     }
   }
 
@@ -167,7 +138,7 @@ absl::Status Coordinator::Recover() {
   for (const SaveKey& key : with_manifest) {
     if (recorded.count(key) > 0) continue;
     absl::StatusOr<v1::Manifest> m =
-        storage::ReadManifest(*store_, key.first, key.second);
+        storage::ReadManifest(store, key.first, key.second);
     if (!m.ok()) {
       if (absl::IsUnavailable(m.status())) return m.status();
       CAIRN_LOG(warn,
@@ -181,7 +152,7 @@ absl::Status Coordinator::Recover() {
               "COMMITTED",
               SaveName(key.first, key.second), uri);
     CAIRN_RETURN_IF_ERROR(
-        catalog_->PutCheckpoint(storage::RecordFromManifest(*m, uri)));
+        catalog.PutCheckpoint(storage::RecordFromManifest(*m, uri)));
   }
 
   for (const auto& [job, steps] : incomplete) {
@@ -189,7 +160,7 @@ absl::Status Coordinator::Recover() {
       CAIRN_CRASH_POINT("coordinator.recover.before_removing_incomplete");
       CAIRN_LOG(info, "removing incomplete {} left by a crash",
                 SaveName(job, step));
-      CAIRN_RETURN_IF_ERROR(storage::DeleteStep(*store_, job, step));
+      CAIRN_RETURN_IF_ERROR(storage::DeleteStep(store, job, step));
     }
   }
   return absl::OkStatus();

@@ -1,5 +1,7 @@
 // Start-up recovery through the coordinator (no gRPC): what a crash or an
 // outside edit leaves in the catalog and on storage is reconciled at start.
+#include "server/coordinator/recovery.h"
+
 #include <filesystem>
 #include <future>
 #include <string>
@@ -168,6 +170,130 @@ TEST_F(CoordinatorTest, RestartRemovesTempFilesOfAJobWithNothingElse) {
   EXPECT_EQ(TempFiles(), 0);
   EXPECT_FALSE(std::filesystem::exists(data_dir_ + "/fresh"));
   ExpectCatalogAndStorageAgree("fresh");
+}
+
+// ---------------------------------------------------------------------------
+// Recover() alone, on a memory store and a real catalog: every case of the
+// reconciliation table in recovery.h.
+
+class RecoverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string name =
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    catalog_dir_ = TempDir("recover-" + name);
+    store_ = storage::OpenMemoryShardStore("recover-" + name).value();
+    catalog_ = storage::Catalog::Open(catalog_dir_).value();
+  }
+  void TearDown() override {
+    catalog_.reset();
+    std::filesystem::remove_all(catalog_dir_);
+  }
+  // A checkpoint of `step` on storage (MANIFEST published when `publish`).
+  v1::Manifest Checkpoint(int64_t step, bool publish = true) {
+    storage::TestCheckpointSpec spec;
+    spec.step = step;
+    auto m = publish ? storage::WriteTestCheckpoint(*store_, spec)
+                     : storage::WriteTestCheckpointData(*store_, spec);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? *m : v1::Manifest();
+  }
+  void Put(int64_t step, v1::CheckpointState state,
+           int64_t created_micros = 0) {
+    v1::CheckpointRecord r;
+    r.set_job("job");
+    r.set_step(step);
+    r.set_state(state);
+    r.set_world_size(2);
+    r.set_created_unix_micros(created_micros);
+    ASSERT_TRUE(catalog_->PutCheckpoint(r).ok());
+  }
+  absl::StatusOr<v1::CheckpointRecord> Get(int64_t step) {
+    return catalog_->GetCheckpoint("job", step);
+  }
+  absl::Status Run(bool clean = true) {
+    return Recover(*store_, *catalog_, RecoveryOptions{catalog_dir_, clean});
+  }
+  bool StepOnStorage(int64_t step) {
+    auto keys = store_->List(storage::StepPrefix("job", step));
+    return keys.ok() && !keys->empty();
+  }
+
+  std::string catalog_dir_;
+  std::unique_ptr<storage::ShardStore> store_;
+  std::unique_ptr<storage::Catalog> catalog_;
+};
+
+TEST_F(RecoverTest, ReconcilesEveryRecordStateWithStorage) {
+  Checkpoint(1);
+  Put(1, v1::CHECKPOINT_STATE_COMMITTED);  // kept as is
+  Checkpoint(2);
+  Put(2, v1::CHECKPOINT_STATE_WRITING, 1234);  // MANIFEST durable: COMMITTED
+  Checkpoint(3, /*publish=*/false);
+  Put(3, v1::CHECKPOINT_STATE_WRITING);    // no MANIFEST: ABORTED, removed
+  Put(4, v1::CHECKPOINT_STATE_COMMITTED);  // MANIFEST gone: ABORTED
+  Checkpoint(5);
+  Put(5, v1::CHECKPOINT_STATE_DELETING);  // the deletion is finished
+  Checkpoint(6);                          // no record: COMMITTED
+  Checkpoint(7);
+  ASSERT_TRUE(store_
+                  ->Put(storage::ManifestKey("job", 7),
+                        absl::MakeConstSpan("garbage", 7))
+                  .ok());
+  Put(7, v1::CHECKPOINT_STATE_ABORTED);  // damaged MANIFEST: step deleted
+  Checkpoint(8, /*publish=*/false);      // no record, no MANIFEST: removed
+  ASSERT_TRUE(Run().ok());
+
+  auto expect = [&](int64_t step, v1::CheckpointState state,
+                    const std::string& reason) {
+    SCOPED_TRACE(step);
+    auto r = Get(step);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->state(), state) << v1::CheckpointState_Name(r->state());
+    EXPECT_THAT(r->abort_reason(), HasSubstr(reason));
+  };
+  expect(1, v1::CHECKPOINT_STATE_COMMITTED, "");
+  expect(2, v1::CHECKPOINT_STATE_COMMITTED, "");
+  EXPECT_EQ(Get(2)->created_unix_micros(), 1234);
+  EXPECT_GT(Get(2)->total_bytes(), 0u);
+  expect(3, v1::CHECKPOINT_STATE_ABORTED, "cairnd restarted during the save");
+  expect(4, v1::CHECKPOINT_STATE_ABORTED, "its MANIFEST was missing from");
+  EXPECT_EQ(Get(5).status().code(), absl::StatusCode::kNotFound);
+  expect(6, v1::CHECKPOINT_STATE_COMMITTED, "");
+  expect(7, v1::CHECKPOINT_STATE_ABORTED, "its MANIFEST was damaged");
+  EXPECT_EQ(Get(8).status().code(), absl::StatusCode::kNotFound);
+  for (int64_t step : {3, 5, 7, 8}) EXPECT_FALSE(StepOnStorage(step)) << step;
+  for (int64_t step : {1, 2, 6}) EXPECT_TRUE(StepOnStorage(step)) << step;
+  auto committed = storage::ListCommittedSteps(*store_, "job");
+  ASSERT_TRUE(committed.ok());
+  EXPECT_THAT(*committed, ::testing::ElementsAre(1, 2, 6));
+}
+
+TEST_F(RecoverTest, RefusesToStartWhenNoCommittedRecordHasItsManifest) {
+  Put(1, v1::CHECKPOINT_STATE_COMMITTED);
+  Put(2, v1::CHECKPOINT_STATE_COMMITTED);
+  absl::Status s = Run();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("lists 2 committed"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr(catalog_dir_));
+  EXPECT_THAT(std::string(s.message()), HasSubstr(store_->uri()));
+  // Nothing was changed.
+  EXPECT_EQ(Get(1)->state(), v1::CHECKPOINT_STATE_COMMITTED);
+}
+
+TEST_F(RecoverTest, EmptyCatalogIsRebuiltAndNoCleaningWhenDisabled) {
+  Checkpoint(1);
+  Checkpoint(2, /*publish=*/false);
+  ASSERT_TRUE(Run(/*clean=*/false).ok());
+  ASSERT_TRUE(Get(1).ok());
+  EXPECT_EQ(Get(1)->state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_TRUE(StepOnStorage(2));  // incomplete, but cleaning is off
+  Put(3, v1::CHECKPOINT_STATE_WRITING);
+  ASSERT_TRUE(Run(/*clean=*/false).ok());
+  EXPECT_EQ(Get(3)->state(), v1::CHECKPOINT_STATE_WRITING);
+  ASSERT_TRUE(Run().ok());
+  EXPECT_FALSE(StepOnStorage(2));
+  EXPECT_EQ(Get(3)->state(), v1::CHECKPOINT_STATE_ABORTED);
 }
 
 }  // namespace

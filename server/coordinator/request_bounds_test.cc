@@ -1,4 +1,7 @@
-// Request validation and bounds, through the coordinator (no gRPC).
+// Request validation and bounds: the checks alone (request_bounds.h), then
+// through the coordinator (no gRPC).
+#include "server/coordinator/request_bounds.h"
+
 #include <filesystem>
 #include <future>
 #include <string>
@@ -11,6 +14,105 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+
+TEST(RequestBoundsTest, JobStepAndRankOfWorldAreValidated) {
+  EXPECT_TRUE(ValidateJobStep("job", 0).ok());
+  absl::Status s = ValidateJobStep("../etc", 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("../etc"));
+  EXPECT_EQ(ValidateJobStep("job", -1).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  EXPECT_TRUE(ValidateRankOfWorld(3, 4, 8, "rank 3 of x").ok());
+  s = ValidateRankOfWorld(0, 9, 8, "rank 0 of job 'j' step 2");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "rank 0 of job 'j' step 2: world_size 9 is not in [1, 8]");
+  s = ValidateRankOfWorld(0, 0, 8, "who");
+  EXPECT_THAT(std::string(s.message()), HasSubstr("world_size 0"));
+  s = ValidateRankOfWorld(4, 4, 8, "rank 4 of job 'j' step 2");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "rank 4 of job 'j' step 2: rank is out of range for world_size 4");
+  EXPECT_EQ(ValidateRankOfWorld(-1, 4, 8, "who").code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RequestBoundsTest, TruncatedMarksWhatItCut) {
+  EXPECT_EQ(Truncated("abc", 3), "abc");
+  EXPECT_EQ(Truncated("abcdef", 2), "ab...(truncated, 6 bytes)");
+  EXPECT_EQ(Truncated("", 0), "");
+}
+
+TEST(RequestBoundsTest, LocalPlanItemsAndFqnsAreBounded) {
+  CoordinatorOptions options;
+  options.max_plan_items_per_rank = 3;
+  options.max_fqn_bytes = 8;
+  v1::LocalSavePlan plan = RankPlan(0, 1);  // w, b, rng
+  EXPECT_TRUE(CheckLocalPlanBounds(plan, options, "rank 0").ok());
+  v1::LocalSavePlan more = plan;
+  *more.add_items() = plan.items(0);
+  absl::Status s = CheckLocalPlanBounds(more, options, "rank 0 of job 'j'");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 0 of job 'j': the local plan has 4 items; at "
+                        "most 3"));
+  // A tensor fqn and a bytes fqn are both measured.
+  v1::LocalSavePlan tensor = plan;
+  tensor.mutable_items(0)->mutable_tensor()->set_fqn("model.layer.weight");
+  s = CheckLocalPlanBounds(tensor, options, "rank 2");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 2: fqn 'model.layer.weight' is 18 bytes; at "
+                        "most 8"));
+  v1::LocalSavePlan bytes = plan;
+  bytes.mutable_items(2)->set_bytes_fqn(std::string(9, 'r'));
+  EXPECT_EQ(CheckLocalPlanBounds(bytes, options, "rank 2").code(),
+            absl::StatusCode::kInvalidArgument);
+  // A huge fqn is cut in the message.
+  bytes.mutable_items(2)->set_bytes_fqn(std::string(1 << 16, 'r'));
+  s = CheckLocalPlanBounds(bytes, options, "rank 2");
+  EXPECT_LT(s.message().size(), 256u);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("(truncated, 65536 bytes)"));
+}
+
+TEST(RequestBoundsTest, LoadRequestsAreBoundedByChunksBytesAndFqns) {
+  CoordinatorOptions options;
+  options.max_plan_items_per_rank = 2;
+  options.max_fqn_bytes = 4;
+  v1::PlanLoadRequest load;
+  load.set_job("job");
+  load.set_rank(5);
+  load.add_wanted()->mutable_tensor()->set_fqn("w");
+  load.add_wanted_bytes("rng");
+  EXPECT_TRUE(CheckLoadRequestBounds(load, options).ok());
+  load.add_wanted_bytes("rng");
+  load.add_wanted_bytes("rng");
+  absl::Status s = CheckLoadRequestBounds(load, options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 5 loading job 'job': 1 chunks and 3 bytes "
+                        "entries; at most 2"));
+  load.clear_wanted_bytes();
+  load.mutable_wanted(0)->mutable_tensor()->set_fqn("model.w");
+  s = CheckLoadRequestBounds(load, options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 5 loading job 'job': fqn 'model.w' is 7 bytes"));
+
+  v1::VerifyLoadRequest verify;
+  verify.set_job("job");
+  verify.set_rank(1);
+  for (int i = 0; i < 3; ++i) verify.add_pieces()->set_fqn("w");
+  s = CheckLoadRequestBounds(verify, options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 1 verifying its load of job 'job': 3 chunks"));
+  verify.mutable_pieces()->RemoveLast();
+  verify.mutable_pieces(0)->set_fqn("longer");
+  EXPECT_EQ(CheckLoadRequestBounds(verify, options).code(),
+            absl::StatusCode::kInvalidArgument);
+}
 
 TEST_F(CoordinatorTest, LocalPlansAreBoundedPerRankAndPerSave) {
   options_.max_plan_items_per_rank = 3;
