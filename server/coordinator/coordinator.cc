@@ -69,15 +69,17 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
       plan_cache_(options.plan_cache_bytes),
       manifests_(options.manifest_cache_entries),
       load_plans_(options.load_plan_cache_bytes),
+      // Round ids differ across restarts, so a report for a round of the
+      // previous process never lands in a new one.
+      load_rounds_(
+          LoadRounds::Options{options.load_join_grace,
+                              options.load_verify_deadline},
+          absl::Uniform<uint64_t>(absl::BitGen(), 1, uint64_t{1} << 62),
+          [this](std::function<void()> work) {
+            workers_->Schedule(std::move(work));
+          }),
       known_plans_(kKnownPlanBytes),
       workers_(std::make_unique<ThreadPool>(options.worker_threads)) {
-  {
-    // Round ids differ across restarts, so a report for a round of the
-    // previous process never lands in a new one.
-    absl::BitGen gen;
-    absl::MutexLock lock(&mu_);
-    next_load_round_ = absl::Uniform<uint64_t>(gen, 1, uint64_t{1} << 62);
-  }
   reaper_ = std::thread([this] { ReaperLoop(); });
 }
 
@@ -98,16 +100,16 @@ void Coordinator::Shutdown() {
     for (auto& s : live) {
       // A commit under way finishes (the destructor drains the workers):
       // aborting it could delete objects a published MANIFEST names.
-      if (s->phase == Phase::kCommitting) continue;
+      if (s->phase() == Phase::kCommitting) continue;
       AbortSessionLocked(s,
                          absl::UnavailableError(absl::StrCat(
                              "cairnd is shutting down; restart the save of ",
-                             SaveName(s->job, s->step))),
+                             SaveName(s->job(), s->step()))),
                          &answers);
     }
-    AdvanceLoadRoundsLocked(absl::InfiniteFuture(), &answers);
   }
   for (auto& a : answers) a();
+  load_rounds_.Shutdown();
 }
 
 Coordinator::Stats Coordinator::stats() const {
@@ -115,6 +117,10 @@ Coordinator::Stats Coordinator::stats() const {
   Stats stats = stats_;
   stats.saves_in_progress = static_cast<int64_t>(sessions_.size());
   stats.aborts_remembered = static_cast<int64_t>(tombstones_.size());
+  const LoadRounds::Stats rounds = load_rounds_.stats();
+  stats.load_reports = rounds.reports;
+  stats.load_chunks_verified = rounds.chunks_verified;
+  stats.load_chunks_unverified = rounds.chunks_unverified;
   return stats;
 }
 
@@ -127,46 +133,19 @@ void Coordinator::ReaperLoop() {
     const absl::Time now = absl::Now();
     std::vector<std::shared_ptr<SaveSession>> expired;
     for (auto& [key, s] : sessions_) {
-      if ((s->phase == Phase::kGathering || s->phase == Phase::kWriting) &&
-          now > s->deadline) {
-        expired.push_back(s);
-      }
+      if (s->Expired(now)) expired.push_back(s);
     }
     std::vector<std::function<void()>> answers;
-    AdvanceLoadRoundsLocked(now, &answers);
     for (auto& s : expired) {
-      std::vector<int> missing;
-      if (s->phase == Phase::kGathering) {
-        for (int r = 0; r < s->world_size; ++r) {
-          if (!s->arrivals.contains(r)) missing.push_back(r);
-        }
-        AbortSessionLocked(
-            s,
-            absl::DeadlineExceededError(absl::StrCat(
-                "save of ", SaveName(s->job, s->step), " aborted: ranks ",
-                RankList(missing, s->world_size),
-                " never called BeginSave within ",
-                absl::FormatDuration(options_.begin_deadline))),
-            &answers);
-      } else {
-        for (int r = 0; r < s->world_size; ++r) {
-          if (!s->results[r].has_value()) missing.push_back(r);
-        }
-        AbortSessionLocked(
-            s,
-            absl::DeadlineExceededError(absl::StrCat(
-                "save of ", SaveName(s->job, s->step), " aborted: ranks ",
-                RankList(missing, s->world_size),
-                " never called CommitSave within ",
-                absl::FormatDuration(options_.commit_deadline))),
-            &answers);
-      }
+      AbortSessionLocked(
+          s,
+          s->DeadlineStatus(options_.begin_deadline, options_.commit_deadline),
+          &answers);
     }
-    if (!answers.empty()) {
-      mu_.Unlock();
-      for (auto& a : answers) a();
-      mu_.Lock();
-    }
+    mu_.Unlock();
+    for (auto& a : answers) a();
+    load_rounds_.Advance(now);
+    mu_.Lock();
   }
 }
 

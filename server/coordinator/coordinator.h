@@ -53,8 +53,21 @@
 // others, therefore waits at most load_join_grace for peers, never for ranks
 // that are not loading.
 //
+// Parts (each with its own tests beside it):
+//   save_session.h    the state machine of one save attempt (pure)
+//   load_rounds.h     load rounds: membership, `latest`, VerifyLoad combining
+//   retention.h       which steps retention deletes; the crash-safe delete
+//   recovery.h        catalog <-> storage reconciliation at start
+//   request_bounds.h  validation and bounds of every request
+// This class owns the shared state (catalog, caches, sessions, the mutex)
+// and wires the parts: coordinator_save.cc (BeginSave/CommitSave/AbortSave
+// steps), coordinator_load.cc (PlanLoad/VerifyLoad), coordinator_retention.cc
+// (DeleteCheckpoint/GarbageCollect/retention after a commit).
+//
 // Thread-safe: every method may be called concurrently. No lock is held
 // across storage or RocksDB I/O, plan building, or a wait for other ranks.
+// Lock order: mu_ is never held while calling into load_rounds_ (which has
+// its own mutex).
 #ifndef CAIRN_SERVER_COORDINATOR_COORDINATOR_H_
 #define CAIRN_SERVER_COORDINATOR_COORDINATOR_H_
 
@@ -62,6 +75,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -80,10 +94,13 @@
 #include "planner/load_plan.h"
 #include "planner/plan_cache.h"
 #include "planner/save_plan.h"
+#include "server/coordinator/load_rounds.h"
 #include "storage/catalog/catalog.h"
 #include "storage/shard_store.h"
 
 namespace cairn::coordinator {
+
+class SaveSession;
 
 struct CoordinatorOptions {
   // Where checkpoints live: file:///path or mem:// (tests). Required.
@@ -213,9 +230,7 @@ class Coordinator {
   Stats stats() const;
 
  private:
-  struct SaveSession;
   struct LoadedCheckpoint;
-  struct LoadRound;
   using SaveKey = std::pair<std::string, int64_t>;
 
   Coordinator(const CoordinatorOptions& options,
@@ -224,6 +239,39 @@ class Coordinator {
 
   void ReaperLoop();
 
+  // BeginSave's steps. The rank's plan: decoded and fingerprinted (a local
+  // plan), or only its fingerprint (resolved from known_plans_ later).
+  struct RankPlan {
+    std::shared_ptr<const planner::LocalSavePlan> plan;
+    std::string fingerprint;
+  };
+  absl::StatusOr<RankPlan> DecodeRankPlan(
+      const v1::BeginSaveRequest& request) const;
+  // ALREADY_EXISTS for a committed step, FAILED_PRECONDITION for one being
+  // deleted (catalog I/O: no lock).
+  absl::Status CheckStepIsSavable(const std::string& job, int64_t step);
+  // The rank joins a session: nullopt when `done` was parked (`*to_plan` set
+  // when it completed the arrivals), else the answer to give now.
+  std::optional<absl::StatusOr<v1::BeginSaveResponse>> JoinSaveLocked(
+      const v1::BeginSaveRequest& request, RankPlan mine,
+      Done<v1::BeginSaveResponse>& done, std::shared_ptr<SaveSession>* to_plan,
+      std::vector<std::function<void()>>* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills a fingerprint-only plan from known_plans_ (false: unknown, the rank
+  // must resend it), or remembers a sent one.
+  bool ResolveKnownPlanLocked(const std::string& job, int rank, RankPlan* mine)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Aborts the attempt the rank is in when its process restarted or it saves
+  // again after reporting; UNAVAILABLE while that attempt commits.
+  absl::Status RestartIfRankReturnedLocked(
+      const v1::BeginSaveRequest& request,
+      std::vector<std::function<void()>>* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live session of (job, step), or a new attempt: refused while a
+  // world-size tombstone stands for this rank, or beyond the session limits.
+  absl::StatusOr<std::shared_ptr<SaveSession>> SessionToJoinLocked(
+      const std::string& job, int64_t step, int rank, int world)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds (or fetches) the global plan for a session whose ranks have all
   // arrived, then answers every waiting BeginSave.
   void PlanSession(std::shared_ptr<SaveSession> session);
@@ -238,35 +286,6 @@ class Coordinator {
                           std::vector<std::function<void()>>* answers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Puts `rank` in a load round of `job` (a retry finds its round again) and
-  // sets `*step` to the round's step: `*step` when >= 0, else (`latest`) the
-  // newest live round's step or `newest_committed`. INVALID_ARGUMENT (and the
-  // round failed for every member) when the world sizes disagree.
-  absl::Status JoinLoadRoundLocked(const std::string& job, int rank, int world,
-                                   bool reports, int64_t newest_committed,
-                                   int64_t* step,
-                                   std::shared_ptr<LoadRound>* joined,
-                                   std::vector<std::function<void()>>* answers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes `rank` out of `round` (its PlanLoad failed).
-  void LeaveLoadRound(const std::shared_ptr<LoadRound>& round, int rank);
-  // Fails `round` for every member with `status`.
-  void FailLoadRoundLocked(LoadRound& round, const absl::Status& status,
-                           std::vector<std::function<void()>>* answers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Closes memberships whose grace is over, finishes complete rounds and
-  // expires rounds past their verify deadline (every round at
-  // InfiniteFuture: shutdown).
-  void AdvanceLoadRoundsLocked(absl::Time now,
-                               std::vector<std::function<void()>>* answers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // If `round` is closed and every member has reported: removes it and
-  // schedules FinishLoadRound.
-  void MaybeFinishLoadRoundLocked(const std::shared_ptr<LoadRound>& round,
-                                  std::vector<std::function<void()>>* answers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Checks the chunks of a complete round and answers its parked ranks.
-  void FinishLoadRound(std::shared_ptr<LoadRound> round);
   // GetCheckpoint once the step is known.
   absl::StatusOr<v1::GetCheckpointResponse> GetCheckpointOfStep(
       const std::string& job, int64_t step);
@@ -274,9 +293,6 @@ class Coordinator {
   absl::StatusOr<v1::PlanLoadResponse> PlanLoadOfStep(
       const v1::PlanLoadRequest& request, int64_t step);
 
-  absl::StatusOr<v1::BeginSaveResponse> RankResponse(const SaveSession& session,
-                                                     int rank) const;
-  absl::StatusOr<v1::Manifest> BuildManifest(const SaveSession& session) const;
   absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadCheckpoint(
       const std::string& job, int64_t step);
   absl::StatusOr<v1::GarbageCollectResponse> ApplyRetention(
@@ -295,6 +311,7 @@ class Coordinator {
   planner::PlanCache plan_cache_;  // thread-safe
   LruCache<SaveKey, LoadedCheckpoint> manifests_;
   LruCache<std::string, v1::PlanLoadResponse> load_plans_;
+  LoadRounds load_rounds_;  // thread-safe (its own mutex, never held with mu_)
 
   // State below is protected by mu_.
   mutable absl::Mutex mu_;
@@ -317,10 +334,6 @@ class Coordinator {
   std::deque<std::pair<SaveKey, uint64_t>> tombstone_order_
       ABSL_GUARDED_BY(mu_);
   uint64_t tombstone_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  // Live load rounds by id (joining, or waiting for VerifyLoad reports).
-  absl::flat_hash_map<uint64_t, std::shared_ptr<LoadRound>> load_rounds_
-      ABSL_GUARDED_BY(mu_);
-  uint64_t next_load_round_ ABSL_GUARDED_BY(mu_) = 0;  // random start
   // The last local plan each (job, rank) sent, for fingerprint-only saves.
   struct KnownPlan {
     std::string fingerprint;

@@ -23,6 +23,7 @@
 #include "planner/save_plan.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/load_verifier.h"
+#include "server/coordinator/save_session.h"
 
 namespace cairn::coordinator {
 
@@ -50,52 +51,7 @@ inline constexpr size_t kMaxPlanVersionJobs = 4096;
 // one for good, until ListCheckpoints outgrew clients' message limits.
 inline constexpr size_t kMaxAbortedRecordsPerJob = 64;
 
-enum class Phase { kGathering, kPlanning, kWriting, kCommitting, kAborted };
-
-struct Coordinator::SaveSession {
-  std::string job;
-  int64_t step = 0;
-  int world_size = 0;
-  std::string attempt;  // directory of this attempt's objects
-  // The commit failed after the MANIFEST may have become visible and it
-  // could not be removed: the objects it names stay (recovery decides).
-  bool keep_objects = false;
-  std::string step_prefix;  // "<job>/<step>/"
-  absl::Time created;
-  absl::Time deadline;
-  Phase phase = Phase::kGathering;
-
-  // Gathering: one entry per rank that arrived, so a session costs what its
-  // ranks sent, never what the world size it claims would need.
-  struct Arrival {
-    std::shared_ptr<const planner::LocalSavePlan> plan;
-    std::string fingerprint;
-    uint64_t incarnation = 0;  // of the rank's process; 0: not sent
-  };
-  absl::flat_hash_map<int, Arrival> arrivals;
-  int arrived = 0;
-  int64_t plan_items = 0;  // of every arrived plan
-  absl::flat_hash_map<int, std::vector<Done<v1::BeginSaveResponse>>>
-      begin_waiters;
-  // Once every rank arrived (kPlanning on): the arrivals by rank.
-  std::vector<std::shared_ptr<const planner::LocalSavePlan>> plans;
-  std::vector<std::string> fingerprints;
-  // Once planned: the incarnation of each rank's process (0: not sent).
-  std::vector<uint64_t> incarnations;
-
-  // Planned.
-  std::shared_ptr<const planner::GlobalSavePlan> plan;
-  uint64_t plan_version = 0;
-  bool plan_from_cache = false;
-
-  // Committing (sized world_size once planned).
-  std::vector<std::optional<std::vector<v1::WriteResult>>> results;
-  int committed = 0;
-  std::vector<Done<v1::CommitSaveResponse>> commit_waiters;
-
-  absl::Status abort_status;
-  bool world_mismatch = false;  // aborted: ranks disagreed on world_size
-};
+using Phase = SaveSession::Phase;
 
 struct Coordinator::LoadedCheckpoint {
   v1::Manifest manifest;
@@ -104,42 +60,6 @@ struct Coordinator::LoadedCheckpoint {
   // (object key, offset) of a stored chunk -> (tensor, chunk) indexes.
   absl::flat_hash_map<std::pair<std::string, uint64_t>, std::pair<int, int>>
       chunk_at;
-};
-
-// One load round: the ranks of a job that load one step together (their
-// PlanLoads arrived within load_join_grace of each other). It resolved
-// `latest` once for all of them and gathers their VerifyLoad pieces.
-struct Coordinator::LoadRound {
-  uint64_t id = 0;
-  std::string job;
-  int64_t step = 0;
-  int world_size = 0;
-  absl::Time last_join;  // the membership closes load_join_grace after it
-  bool closed = false;   // no rank joins any more
-  absl::Time deadline;   // once closed: for the next VerifyLoad report
-  absl::Status failed;   // the ranks disagreed: every member gets this
-  std::shared_ptr<const LoadedCheckpoint> ckpt;
-  struct Piece {
-    std::pair<int, int> chunk;  // (tensor, chunk) in the manifest
-    ChunkPieceReport report;
-  };
-  struct Member {
-    bool reports = true;  // calls VerifyLoad (else counted as reported)
-    std::optional<std::vector<Piece>> pieces;  // set once reported
-    Done<v1::VerifyLoadResponse> waiter;       // a parked report
-  };
-  std::map<int, Member> members;  // by rank
-  int reported = 0;               // members whose pieces are set
-
-  std::string Name() const {
-    return absl::StrCat("load of ", SaveName(job, step), " by ", world_size,
-                        " ranks");
-  }
-  std::vector<int> Ranks() const {
-    std::vector<int> r;
-    for (const auto& [rank, m] : members) r.push_back(rank);
-    return r;
-  }
 };
 
 }  // namespace cairn::coordinator

@@ -54,7 +54,7 @@ absl::Status Coordinator::DeleteCheckpoint(
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(key);
-    if (it != sessions_.end() && it->second->phase != Phase::kAborted) {
+    if (it != sessions_.end() && it->second->phase() != Phase::kAborted) {
       return absl::FailedPreconditionError(
           absl::StrCat("cannot delete ", SaveName(job, step),
                        ": a save is in progress (abort it first)"));

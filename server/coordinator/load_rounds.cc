@@ -1,0 +1,361 @@
+#include "server/coordinator/load_rounds.h"
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "proto/convert/plan_convert.h"
+#include "server/coordinator/coordinator_internal.h"
+
+namespace cairn::coordinator {
+
+// One round: the ranks of a job that load one step together.
+struct LoadRounds::Round {
+  uint64_t id = 0;
+  std::string job;
+  int64_t step = 0;
+  int world_size = 0;
+  absl::Time last_join;  // the membership closes join_grace after it
+  bool closed = false;   // no rank joins any more
+  absl::Time deadline;   // once closed: for the next report
+  absl::Status failed;   // the ranks disagreed: every member gets this
+  std::shared_ptr<const v1::Manifest> manifest;
+  struct Member {
+    bool reports = true;  // calls Report (else counted as reported)
+    std::optional<std::vector<Piece>> pieces;  // set once reported
+    Done<v1::VerifyLoadResponse> waiter;       // a parked report
+  };
+  std::map<int, Member> members;  // by rank
+  int reported = 0;               // members whose pieces are set
+
+  std::string Name() const {
+    return absl::StrCat("load of ", SaveName(job, step), " by ", world_size,
+                        " ranks");
+  }
+  std::vector<int> Ranks() const {
+    std::vector<int> r;
+    for (const auto& [rank, m] : members) r.push_back(rank);
+    return r;
+  }
+};
+
+LoadRounds::LoadRounds(Options options, uint64_t first_id, Schedule schedule)
+    : options_(options), schedule_(std::move(schedule)), next_id_(first_id) {}
+
+absl::StatusOr<LoadRounds::Joined> LoadRounds::Join(const std::string& job,
+                                                    int rank, int world,
+                                                    bool reports, int64_t step,
+                                                    int64_t newest_committed,
+                                                    absl::Time now) {
+  Answers answers;
+  absl::StatusOr<Joined> joined = [&]() -> absl::StatusOr<Joined> {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("cairnd is shutting down");
+    const bool latest = step < 0;
+    // A retried PlanLoad (the answer to the first was lost) finds its round:
+    // the rank is a member that has not reported yet (or, not reporting, of
+    // a round still open).
+    std::shared_ptr<Round> newest_live;  // that this rank is not part of
+    std::shared_ptr<Round> open;  // for the step, this rank not part of it
+    for (auto& [id, r] : rounds_) {
+      if (r->job != job) continue;
+      auto m = r->members.find(rank);
+      if (m != r->members.end()) {
+        const bool pending =
+            m->second.reports ? !m->second.pieces.has_value() : !r->closed;
+        if (pending && (latest || r->step == step) && r->world_size == world) {
+          if (!r->failed.ok()) return r->failed;
+          return Joined{r->id, r->step};
+        }
+        continue;
+      }
+      if (newest_live == nullptr || r->id > newest_live->id) newest_live = r;
+    }
+    if (latest) {
+      if (newest_live != nullptr) {
+        step = newest_live->step;
+      } else if (newest_committed >= 0) {
+        step = newest_committed;
+      } else {
+        return absl::NotFoundError(
+            absl::StrCat("job '", job, "' has no committed checkpoint"));
+      }
+    }
+    for (auto& [id, r] : rounds_) {
+      if (r->job != job || r->step != step || r->closed ||
+          r->members.count(rank) > 0) {
+        continue;
+      }
+      if (open == nullptr || r->id > open->id) open = r;
+    }
+    if (open != nullptr && !open->failed.ok()) return open->failed;
+    if (open != nullptr && open->world_size != world) {
+      const absl::Status status = absl::InvalidArgumentError(absl::StrCat(
+          "load of ", SaveName(job, step), ": rank ", rank, " says world_size ",
+          world, " but ranks ", RankList(open->Ranks(), open->world_size),
+          " of the load say world_size ", open->world_size,
+          "; every rank of a load must pass the same world_size"));
+      CAIRN_LOG(warn, "{}", std::string(status.message()));
+      FailLocked(*open, status, &answers);
+      return status;
+    }
+    if (open == nullptr) {
+      open = std::make_shared<Round>();
+      open->id = next_id_++;
+      open->job = job;
+      open->step = step;
+      open->world_size = world;
+      rounds_[open->id] = open;
+    }
+    Round::Member& m = open->members[rank];
+    m.reports = reports;
+    if (!reports) {
+      m.pieces.emplace();
+      ++open->reported;
+    }
+    open->last_join = now;
+    if (static_cast<int>(open->members.size()) == world) {
+      open->closed = true;
+      open->deadline = now + options_.verify_deadline;
+      MaybeFinishLocked(open, &answers);
+    }
+    return Joined{open->id, open->step};
+  }();
+  for (auto& a : answers) a();
+  return joined;
+}
+
+void LoadRounds::Leave(uint64_t id, int rank, absl::Time now) {
+  Answers answers;
+  {
+    absl::MutexLock lock(&mu_);
+    auto live = rounds_.find(id);
+    if (live == rounds_.end()) return;
+    const std::shared_ptr<Round> round = live->second;
+    auto m = round->members.find(rank);
+    if (m == round->members.end()) return;
+    if (m->second.pieces.has_value()) {
+      if (m->second.reports) return;  // it reported: no longer planning
+      --round->reported;
+    }
+    round->members.erase(m);
+    if (round->members.empty()) {
+      rounds_.erase(live);
+      return;
+    }
+    // Closed only because every rank had joined: open again for the rank
+    // that left (it may plan again) while the grace lasts.
+    if (round->closed && now <= round->last_join + options_.join_grace) {
+      round->closed = false;
+    }
+    MaybeFinishLocked(round, &answers);
+  }
+  for (auto& a : answers) a();
+}
+
+void LoadRounds::Report(uint64_t id, const std::string& job, int64_t step,
+                        int rank, int world, const std::string& who,
+                        std::shared_ptr<const v1::Manifest> manifest,
+                        std::vector<Piece> pieces, absl::Time now,
+                        Done<v1::VerifyLoadResponse> done) {
+  std::optional<absl::StatusOr<v1::VerifyLoadResponse>> reply;
+  Done<v1::VerifyLoadResponse> superseded;
+  Answers answers;
+  {
+    reply = [&]() -> std::optional<absl::StatusOr<v1::VerifyLoadResponse>> {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return absl::UnavailableError("cairnd is shutting down");
+      auto it = rounds_.find(id);
+      if (it == rounds_.end()) {
+        return absl::NotFoundError(absl::StrCat(
+            who, ": load round ", id,
+            " is over (it expired, or cairnd restarted); verify partly read "
+            "chunks locally"));
+      }
+      const std::shared_ptr<Round> round = it->second;  // may be erased
+      if (round->job != job || round->step != step ||
+          round->world_size != world) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(who, " by ", world, " ranks: load round ", round->id,
+                         " is the ", round->Name()));
+      }
+      auto m = round->members.find(rank);
+      if (m == round->members.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, ": the rank did not plan in load round ", round->id));
+      }
+      if (!round->failed.ok()) return round->failed;
+      Round::Member& member = m->second;
+      if (member.pieces.has_value()) {
+        // A retry (the first call's connection dropped): the newest wins.
+        superseded = std::move(member.waiter);
+        member.waiter = nullptr;
+      } else {
+        ++round->reported;
+      }
+      ++stats_.reports;
+      const bool has_pieces = !pieces.empty();
+      member.pieces = std::move(pieces);
+      round->manifest = std::move(manifest);
+      if (round->closed) round->deadline = now + options_.verify_deadline;
+      MaybeFinishLocked(round, &answers);
+      // Nothing to verify for this rank: answered now, not parked.
+      if (!has_pieces) return v1::VerifyLoadResponse();
+      member.waiter = std::move(done);
+      return std::nullopt;
+    }();
+  }
+  if (superseded) {
+    superseded(absl::AbortedError(
+        absl::StrCat(who, ": superseded by a retry of the same call")));
+  }
+  for (auto& a : answers) a();
+  if (reply.has_value()) done(std::move(*reply));
+}
+
+void LoadRounds::Advance(absl::Time now) {
+  Answers answers;
+  {
+    absl::MutexLock lock(&mu_);
+    AdvanceLocked(now, /*shutdown=*/false, &answers);
+  }
+  for (auto& a : answers) a();
+}
+
+void LoadRounds::Shutdown() {
+  Answers answers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    AdvanceLocked(absl::InfiniteFuture(), /*shutdown=*/true, &answers);
+  }
+  for (auto& a : answers) a();
+}
+
+LoadRounds::Stats LoadRounds::stats() const {
+  absl::MutexLock lock(&mu_);
+  Stats stats = stats_;
+  stats.live_rounds = static_cast<int64_t>(rounds_.size());
+  return stats;
+}
+
+void LoadRounds::FailLocked(Round& round, const absl::Status& status,
+                            Answers* answers) {
+  round.failed = status;
+  for (auto& [rank, m] : round.members) {
+    if (!m.waiter) continue;
+    answers->push_back([done = std::move(m.waiter), status] { done(status); });
+    m.waiter = nullptr;
+  }
+}
+
+void LoadRounds::MaybeFinishLocked(const std::shared_ptr<Round>& round,
+                                   Answers* answers) {
+  if (!round->closed ||
+      round->reported != static_cast<int>(round->members.size())) {
+    return;
+  }
+  rounds_.erase(round->id);
+  if (!round->failed.ok()) return;  // its waiters were answered
+  answers->push_back(
+      [this, round] { schedule_([this, round] { Finish(round); }); });
+}
+
+void LoadRounds::Finish(std::shared_ptr<Round> round) {
+  // Every member has reported: the round is out of rounds_ and owned here.
+  absl::flat_hash_map<std::pair<int, int>, std::vector<ChunkPieceReport>>
+      by_chunk;
+  for (auto& [rank, m] : round->members) {
+    if (!m.pieces.has_value()) continue;
+    for (Piece& p : *m.pieces) {
+      by_chunk[p.chunk].push_back(std::move(p.report));
+    }
+  }
+  std::map<int, v1::VerifyLoadResponse> answers;
+  int64_t verified = 0, unverified = 0;
+  for (auto& [id, reports] : by_chunk) {
+    const v1::Manifest& manifest = *round->manifest;
+    const v1::ManifestTensor& tensor = manifest.tensors(id.first);
+    const v1::StoredChunk& stored = tensor.chunks(id.second);
+    StoredChunkRef ref;
+    ref.box = convert::BoxFromProto(stored.box(), "").value();  // validated
+    ref.length = stored.location().length();
+    ref.crc32c = stored.crc32c();
+    const ChunkVerdict verdict = VerifyChunk(ref, reports);
+    std::set<int> ranks;
+    for (const ChunkPieceReport& r : reports) {
+      ranks.insert(r.rank);
+      if (verdict != ChunkVerdict::kVerified) {
+        answers[r.rank].add_verify_locally(r.index);
+      }
+    }
+    if (verdict == ChunkVerdict::kVerified) {
+      ++verified;
+      for (int r : ranks) {
+        answers[r].set_chunks_verified(answers[r].chunks_verified() + 1);
+      }
+      continue;
+    }
+    ++unverified;
+    if (verdict != ChunkVerdict::kNotCovered) {
+      CAIRN_LOG(warn,
+                "{}: stored chunk {} of '{}' at {}@{}: {} (read by ranks {}); "
+                "they re-read it whole",
+                round->Name(), planner::BoxToString(ref.box),
+                tensor.entry().fqn(), stored.location().object_key(),
+                stored.location().offset(), ChunkVerdictName(verdict),
+                absl::StrJoin(ranks, ", "));
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.chunks_verified += verified;
+    stats_.chunks_unverified += unverified;
+  }
+  for (auto& [rank, m] : round->members) {
+    if (m.waiter) m.waiter(std::move(answers[rank]));
+  }
+}
+
+void LoadRounds::AdvanceLocked(absl::Time now, bool shutdown,
+                               Answers* answers) {
+  std::vector<std::shared_ptr<Round>> rounds;
+  for (auto& [id, round] : rounds_) rounds.push_back(round);
+  for (const std::shared_ptr<Round>& round : rounds) {
+    if (!round->closed &&
+        (shutdown || now > round->last_join + options_.join_grace)) {
+      round->closed = true;
+      round->deadline = now + options_.verify_deadline;
+    }
+    if (!round->closed) continue;
+    if (!shutdown) MaybeFinishLocked(round, answers);
+    if (!rounds_.contains(round->id)) continue;
+    if (!shutdown && now <= round->deadline) continue;
+    rounds_.erase(round->id);
+    std::vector<int> missing;
+    for (const auto& [rank, m] : round->members) {
+      if (!m.pieces.has_value()) missing.push_back(rank);
+    }
+    const absl::Status status =
+        shutdown ? absl::UnavailableError("cairnd is shutting down")
+                 : absl::DeadlineExceededError(absl::StrCat(
+                       round->Name(), ": ranks ",
+                       RankList(missing, round->world_size),
+                       " planned their reads but never called VerifyLoad "
+                       "within ",
+                       absl::FormatDuration(options_.verify_deadline),
+                       " of the previous report; verify partly read chunks "
+                       "locally"));
+    for (auto& [rank, m] : round->members) {
+      if (!m.waiter) continue;
+      answers->push_back(
+          [done = std::move(m.waiter), status] { done(status); });
+      m.waiter = nullptr;
+    }
+  }
+}
+
+}  // namespace cairn::coordinator

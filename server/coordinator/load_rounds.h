@@ -1,0 +1,153 @@
+// Load rounds: the ranks of a job that load one step together, so that
+// `latest` is resolved once for all of them and the chunks they read only in
+// part are verified by combining their pieces (load_verifier.h).
+//
+// A rank that names its world size joins a round of its job: the ranks whose
+// PlanLoads arrive within `join_grace` of the previous one (or all
+// world_size ranks, whichever comes first) form the round's membership.
+// `latest` is resolved once per round: a rank asking for it gets the step of
+// the newest live round of the job it has not taken part in, else the newest
+// committed step (and opens a round), so a commit landing between two ranks'
+// PlanLoads never hands them different steps. Ranks of one round that
+// disagree on world_size get INVALID_ARGUMENT naming both sizes, at once,
+// and so does every member waiting in VerifyLoad. After reading, every
+// member reports the pieces it read in part; a report is parked until the
+// membership is closed and every member has reported (a report without
+// pieces is answered at once), then each chunk the ranks read completely
+// between them is checked and every rank is told which of its pieces it must
+// still verify by reading the chunk whole. A closed round whose members stop
+// reporting expires `verify_deadline` after the previous report
+// (DEADLINE_EXCEEDED naming the missing ranks).
+//
+// Times are arguments (tests drive the rounds with explicit times); the
+// combining of a complete round runs through `schedule` (the coordinator's
+// workers). Thread-safe: every method may be called concurrently; answers
+// are given with no lock held.
+#ifndef CAIRN_SERVER_COORDINATOR_LOAD_ROUNDS_H_
+#define CAIRN_SERVER_COORDINATOR_LOAD_ROUNDS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cairn/v1/cairn.pb.h"
+#include "server/coordinator/load_verifier.h"
+
+namespace cairn::coordinator {
+
+class LoadRounds {
+ public:
+  template <typename T>
+  using Done = std::function<void(absl::StatusOr<T>)>;
+  using Schedule = std::function<void(std::function<void()>)>;
+
+  struct Options {
+    // A round's membership closes this long after the last rank joined.
+    absl::Duration join_grace = absl::Seconds(2);
+    // A closed round expires this long after its previous report.
+    absl::Duration verify_deadline = absl::Minutes(1);
+  };
+
+  // Round ids start at `first_id` (random in cairnd, so a report for a round
+  // of a previous process never lands in a new one).
+  LoadRounds(Options options, uint64_t first_id, Schedule schedule);
+
+  LoadRounds(const LoadRounds&) = delete;
+  LoadRounds& operator=(const LoadRounds&) = delete;
+
+  // Puts `rank` (of `world` ranks) in a round of `job` at `now`; a retry
+  // finds its round again. `step` >= 0 names the step; -1 asks for `latest`:
+  // the newest live round's step, else `newest_committed` (NOT_FOUND when
+  // that is -1 too). `reports`: the rank will call Report (else it counts as
+  // reported). INVALID_ARGUMENT (and the round failed for every member) when
+  // the world sizes disagree; UNAVAILABLE once shut down.
+  struct Joined {
+    uint64_t round = 0;
+    int64_t step = 0;
+  };
+  absl::StatusOr<Joined> Join(const std::string& job, int rank, int world,
+                              bool reports, int64_t step,
+                              int64_t newest_committed, absl::Time now);
+
+  // Takes `rank` out of `round` (its PlanLoad failed after joining); while
+  // the grace lasts the round opens again for it.
+  void Leave(uint64_t round, int rank, absl::Time now);
+
+  // One rank's piece of a stored chunk: (tensor, chunk) indexes in the
+  // manifest, and what it read.
+  struct Piece {
+    std::pair<int, int> chunk;
+    ChunkPieceReport report;
+  };
+  // `rank`'s VerifyLoad report for `round` (checked against the job, step
+  // and world size it joined with; `who` names the rank in messages), with
+  // its pieces checked against `manifest` already. `done` is answered at
+  // once when it has no pieces or the call is refused, else when the round
+  // is complete. A retry replaces a parked report (the first is answered
+  // ABORTED).
+  void Report(uint64_t round, const std::string& job, int64_t step, int rank,
+              int world, const std::string& who,
+              std::shared_ptr<const v1::Manifest> manifest,
+              std::vector<Piece> pieces, absl::Time now,
+              Done<v1::VerifyLoadResponse> done);
+
+  // Closes memberships whose grace is over at `now`, completes full rounds
+  // and expires rounds past their verify deadline.
+  void Advance(absl::Time now);
+
+  // Answers every parked report UNAVAILABLE and refuses new calls.
+  void Shutdown();
+
+  struct Stats {
+    int64_t reports = 0;            // Report calls accepted
+    int64_t chunks_verified = 0;    // by combining ranks' pieces
+    int64_t chunks_unverified = 0;  // sent back to verify locally
+    int64_t live_rounds = 0;        // joining or waiting for reports now
+  };
+  Stats stats() const;
+
+ private:
+  struct Round;
+  using Answers = std::vector<std::function<void()>>;
+
+  void FailLocked(Round& round, const absl::Status& status, Answers* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes memberships, finishes complete rounds, expires late ones (every
+  // round when `shutdown`).
+  void AdvanceLocked(absl::Time now, bool shutdown, Answers* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // If `round` is closed and every member has reported: removes it and
+  // schedules Finish.
+  void MaybeFinishLocked(const std::shared_ptr<Round>& round, Answers* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks the chunks of a complete round (no longer in rounds_) and answers
+  // its parked members.
+  void Finish(std::shared_ptr<Round> round);
+
+  // Constant after construction.
+  const Options options_;
+  const Schedule schedule_;
+
+  // State below is protected by mu_.
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Round>> rounds_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace cairn::coordinator
+
+#endif  // CAIRN_SERVER_COORDINATOR_LOAD_ROUNDS_H_

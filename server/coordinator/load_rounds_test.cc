@@ -1,0 +1,279 @@
+// Load rounds alone (load_rounds.h), driven with explicit times and an inline
+// scheduler: membership by join grace or full world, `latest` once per
+// round, world-size disagreement, report deadlines, retries, and the pieces
+// of several ranks combined against a hand-made manifest.
+#include "server/coordinator/load_rounds.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/box.h"
+#include "storage/checksum.h"
+
+namespace cairn::coordinator {
+namespace {
+
+using planner::ChunkBox;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+using VerifyResult = absl::StatusOr<v1::VerifyLoadResponse>;
+
+const absl::Time kT0 = absl::FromUnixSeconds(2000000);
+constexpr size_t kElem = 4;  // float32
+
+// "w" [8, 4] float32 stored as rows 0-3 and rows 4-7, and their bytes.
+struct Stored {
+  v1::Manifest manifest;
+  std::string bytes[2];
+  ChunkBox boxes[2] = {ChunkBox{{0, 0}, {4, 4}}, ChunkBox{{4, 0}, {4, 4}}};
+};
+
+std::shared_ptr<const Stored> MakeStored() {
+  auto s = std::make_shared<Stored>();
+  s->manifest.set_job("job");
+  s->manifest.set_step(5);
+  v1::ManifestTensor* t = s->manifest.add_tensors();
+  t->mutable_entry()->set_fqn("w");
+  t->mutable_entry()->set_dtype(v1::DTYPE_FLOAT32);
+  t->mutable_entry()->add_global_shape(8);
+  t->mutable_entry()->add_global_shape(4);
+  for (int c = 0; c < 2; ++c) {
+    s->bytes[c].resize(4 * 4 * kElem);
+    for (size_t i = 0; i < s->bytes[c].size(); ++i) {
+      s->bytes[c][i] = static_cast<char>(i * 7 + c * 13);
+    }
+    v1::StoredChunk* chunk = t->add_chunks();
+    for (int d = 0; d < 2; ++d) {
+      chunk->mutable_box()->add_offsets(s->boxes[c].offsets[d]);
+      chunk->mutable_box()->add_sizes(s->boxes[c].sizes[d]);
+    }
+    chunk->mutable_location()->set_object_key("data-0");
+    chunk->mutable_location()->set_offset(c * s->bytes[c].size());
+    chunk->mutable_location()->set_length(s->bytes[c].size());
+    chunk->set_crc32c(storage::Crc32c(s->bytes[c]));
+  }
+  return s;
+}
+
+class LoadRoundsTest : public ::testing::Test {
+ protected:
+  LoadRoundsTest() : stored_(MakeStored()) { Make(); }
+
+  void Make(absl::Duration grace = absl::Seconds(2),
+            absl::Duration deadline = absl::Seconds(10)) {
+    rounds_ = std::make_unique<LoadRounds>(
+        LoadRounds::Options{grace, deadline}, 100,
+        [](std::function<void()> work) { work(); });
+  }
+  LoadRounds::Joined Join(int rank, int world = 2, int64_t step = 5,
+                          absl::Time now = kT0, int64_t newest = 5) {
+    auto j = rounds_->Join("job", rank, world, true, step, newest, now);
+    EXPECT_TRUE(j.ok()) << j.status();
+    return j.ok() ? *j : LoadRounds::Joined();
+  }
+  // The pieces `rank` read of both stored chunks: columns [2 * rank,
+  // 2 * rank + 2), with chunk 1's term damaged when `damage`.
+  std::vector<LoadRounds::Piece> Pieces(int rank, bool damage = false) {
+    std::vector<LoadRounds::Piece> pieces;
+    for (int c = 0; c < 2; ++c) {
+      const ChunkBox& box = stored_->boxes[c];
+      ChunkBox piece{{box.offsets[0], 2 * rank}, {4, 2}};
+      storage::Crc32cPieces crc;
+      for (const planner::CopySegment& s :
+           planner::CopySegments(box, piece, piece, kElem)) {
+        crc.Add(s.src_offset, stored_->bytes[c].data() + s.src_offset,
+                s.length);
+      }
+      uint32_t term = crc.Finish(stored_->bytes[c].size());
+      if (damage && c == 1) term ^= 1;
+      pieces.push_back({{0, c}, ChunkPieceReport{rank, c, piece, term}});
+    }
+    return pieces;
+  }
+  // Rank `rank` reports; its answer lands in results_[rank].
+  void Report(const LoadRounds::Joined& j, int rank,
+              std::vector<LoadRounds::Piece> pieces, int world = 2,
+              absl::Time now = kT0, int64_t step = 5) {
+    rounds_->Report(
+        j.round, "job", step, rank, world, "rank " + std::to_string(rank),
+        std::shared_ptr<const v1::Manifest>(stored_, &stored_->manifest),
+        std::move(pieces), now,
+        [this, rank](VerifyResult r) { results_[rank].push_back(r); });
+  }
+
+  std::shared_ptr<const Stored> stored_;
+  std::unique_ptr<LoadRounds> rounds_;
+  std::map<int, std::vector<VerifyResult>> results_;
+};
+
+TEST_F(LoadRoundsTest, FullRoundCombinesThePiecesOfEveryRank) {
+  LoadRounds::Joined a = Join(0), b = Join(1);
+  EXPECT_EQ(a.round, 100u);
+  EXPECT_EQ(b.round, a.round);
+  EXPECT_EQ(b.step, 5);
+  Report(a, 0, Pieces(0));
+  EXPECT_TRUE(results_[0].empty());  // parked until rank 1 reports
+  Report(b, 1, Pieces(1));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(results_[r].size(), 1u) << r;
+    ASSERT_TRUE(results_[r][0].ok()) << results_[r][0].status();
+    EXPECT_EQ(results_[r][0]->chunks_verified(), 2);
+    EXPECT_THAT(results_[r][0]->verify_locally(), IsEmpty());
+  }
+  const LoadRounds::Stats stats = rounds_->stats();
+  EXPECT_EQ(stats.reports, 2);
+  EXPECT_EQ(stats.chunks_verified, 2);
+  EXPECT_EQ(stats.chunks_unverified, 0);
+  EXPECT_EQ(stats.live_rounds, 0);
+}
+
+TEST_F(LoadRoundsTest, DamagedChunkIsSentBackToEveryReader) {
+  LoadRounds::Joined a = Join(0), b = Join(1);
+  Report(a, 0, Pieces(0));
+  Report(b, 1, Pieces(1, /*damage=*/true));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(results_[r].size(), 1u);
+    ASSERT_TRUE(results_[r][0].ok());
+    EXPECT_EQ(results_[r][0]->chunks_verified(), 1);
+    EXPECT_THAT(results_[r][0]->verify_locally(), ElementsAre(1)) << r;
+  }
+  EXPECT_EQ(rounds_->stats().chunks_unverified, 1);
+}
+
+TEST_F(LoadRoundsTest, LatestIsResolvedOncePerRound) {
+  EXPECT_EQ(rounds_->Join("job", 0, 2, true, -1, -1, kT0).status().code(),
+            absl::StatusCode::kNotFound);
+  LoadRounds::Joined a = Join(0, 2, -1, kT0, /*newest=*/5);
+  EXPECT_EQ(a.step, 5);
+  // A commit of step 6 lands before rank 1 plans: it still gets step 5.
+  LoadRounds::Joined b = Join(1, 2, -1, kT0 + absl::Seconds(1), 6);
+  EXPECT_EQ(b.step, 5);
+  EXPECT_EQ(b.round, a.round);
+  // A retry of rank 0 finds its round and step again.
+  LoadRounds::Joined again = Join(0, 2, -1, kT0 + absl::Seconds(1), 6);
+  EXPECT_EQ(again.round, a.round);
+  EXPECT_EQ(again.step, 5);
+  Report(a, 0, {});
+  Report(b, 1, {});
+  // The next load is a new round of the newest step.
+  LoadRounds::Joined next = Join(0, 2, -1, kT0 + absl::Seconds(2), 6);
+  EXPECT_EQ(next.step, 6);
+  EXPECT_NE(next.round, a.round);
+}
+
+TEST_F(LoadRoundsTest, WorldSizeDisagreementFailsTheRoundAndItsWaiters) {
+  LoadRounds::Joined a = Join(0, 3);
+  Report(a, 0, Pieces(0), 3);
+  EXPECT_TRUE(results_[0].empty());
+  auto b = rounds_->Join("job", 1, 2, true, 5, 5, kT0);
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.status().message(),
+            "load of job 'job' step 5: rank 1 says world_size 2 but ranks "
+            "[0] (1 of 3) of the load say world_size 3; every rank of a load "
+            "must pass the same world_size");
+  ASSERT_EQ(results_[0].size(), 1u);
+  EXPECT_EQ(results_[0][0].status(), b.status());
+  // The failed round answers its other members the same way.
+  auto c = rounds_->Join("job", 2, 3, true, 5, 5, kT0);
+  EXPECT_EQ(c.status(), b.status());
+}
+
+TEST_F(LoadRoundsTest, MembershipClosesAfterTheGraceOnly) {
+  LoadRounds::Joined a = Join(0);
+  Report(a, 0, Pieces(0));
+  rounds_->Advance(kT0 + absl::Seconds(2));  // the grace is not over
+  EXPECT_TRUE(results_[0].empty());
+  rounds_->Advance(kT0 + absl::Seconds(2) + absl::Microseconds(1));
+  ASSERT_EQ(results_[0].size(), 1u);
+  ASSERT_TRUE(results_[0][0].ok());
+  // Alone, it covered no chunk whole: both pieces go back to it.
+  EXPECT_THAT(results_[0][0]->verify_locally(), UnorderedElementsAre(0, 1));
+  EXPECT_EQ(results_[0][0]->chunks_verified(), 0);
+  // The next rank forms its own round.
+  LoadRounds::Joined b = Join(1, 2, 5, kT0 + absl::Seconds(3));
+  EXPECT_NE(b.round, a.round);
+}
+
+TEST_F(LoadRoundsTest, ClosedRoundExpiresAfterTheVerifyDeadline) {
+  LoadRounds::Joined a = Join(0);
+  Join(1);  // the world is complete: closed, deadline kT0 + 10s
+  Report(a, 0, Pieces(0), 2, kT0 + absl::Seconds(1));  // now kT0 + 11s
+  rounds_->Advance(kT0 + absl::Seconds(11));
+  EXPECT_TRUE(results_[0].empty());
+  rounds_->Advance(kT0 + absl::Seconds(11) + absl::Microseconds(1));
+  ASSERT_EQ(results_[0].size(), 1u);
+  EXPECT_EQ(results_[0][0].status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(results_[0][0].status().message(),
+            "load of job 'job' step 5 by 2 ranks: ranks [1] (1 of 2) planned "
+            "their reads but never called VerifyLoad within 10s of the "
+            "previous report; verify partly read chunks locally");
+  EXPECT_EQ(rounds_->stats().live_rounds, 0);
+}
+
+TEST_F(LoadRoundsTest, EmptyReportsAreAnsweredAtOnceAndLeaversReopen) {
+  LoadRounds::Joined a = Join(0, 3), b = Join(1, 3), c = Join(2, 3);
+  EXPECT_EQ(c.round, a.round);                         // complete: closed
+  rounds_->Leave(c.round, 2, kT0 + absl::Seconds(1));  // its plan failed
+  Report(a, 0, {}, 3);
+  ASSERT_EQ(results_[0].size(), 1u);
+  EXPECT_TRUE(results_[0][0].ok());
+  EXPECT_EQ(results_[0][0]->chunks_verified(), 0);
+  // Within the grace the round took rank 2 back.
+  LoadRounds::Joined c2 = Join(2, 3, 5, kT0 + absl::Seconds(1));
+  EXPECT_EQ(c2.round, a.round);
+  Report(b, 1, Pieces(1), 3);
+  EXPECT_TRUE(results_[1].empty());
+  Report(c2, 2, {}, 3);
+  ASSERT_EQ(results_[1].size(), 1u);
+  ASSERT_TRUE(results_[1][0].ok());
+  EXPECT_THAT(results_[1][0]->verify_locally(), UnorderedElementsAre(0, 1));
+}
+
+TEST_F(LoadRoundsTest, ReportsAreCheckedAndARetryReplacesTheFirst) {
+  LoadRounds::Joined a = Join(0);
+  Report({a.round + 7, 5}, 0, Pieces(0));
+  ASSERT_EQ(results_[0].size(), 1u);
+  EXPECT_EQ(results_[0][0].status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(results_[0][0].status().message()),
+              HasSubstr("rank 0: load round 107 is over"));
+  Report(a, 0, Pieces(0), /*world=*/3);
+  EXPECT_THAT(std::string(results_[0][1].status().message()),
+              HasSubstr("rank 0 by 3 ranks: load round 100 is the load of "
+                        "job 'job' step 5 by 2 ranks"));
+  Report(a, 0, Pieces(0), 2, kT0, /*step=*/4);
+  EXPECT_EQ(results_[0][2].status().code(), absl::StatusCode::kInvalidArgument);
+  Report(a, 1, Pieces(1));
+  EXPECT_THAT(std::string(results_[1][0].status().message()),
+              HasSubstr("rank 1: the rank did not plan in load round 100"));
+  // Parked, then retried: the first call is answered ABORTED.
+  Report(a, 0, Pieces(0));
+  Report(a, 0, Pieces(0));
+  ASSERT_EQ(results_[0].size(), 4u);
+  EXPECT_EQ(results_[0][3].status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(results_[0][3].status().message()),
+              HasSubstr("superseded by a retry"));
+  EXPECT_EQ(rounds_->stats().reports, 2);
+}
+
+TEST_F(LoadRoundsTest, ShutdownAnswersParkedReportsAndRefusesNewCalls) {
+  LoadRounds::Joined a = Join(0);
+  Report(a, 0, Pieces(0));
+  rounds_->Shutdown();
+  ASSERT_EQ(results_[0].size(), 1u);
+  EXPECT_EQ(results_[0][0].status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(rounds_->Join("job", 1, 2, true, 5, 5, kT0).status().code(),
+            absl::StatusCode::kUnavailable);
+  Report(a, 0, {});
+  EXPECT_EQ(results_[0][1].status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace cairn::coordinator

@@ -1,0 +1,353 @@
+#include "server/coordinator/save_session.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "proto/convert/plan_convert.h"
+#include "server/coordinator/coordinator_internal.h"
+#include "server/coordinator/request_bounds.h"
+#include "storage/checkpoint_layout.h"
+#include "storage/manifest.h"
+
+namespace cairn::coordinator {
+
+SaveSession::SaveSession(std::string job, int64_t step, int world_size,
+                         std::string attempt, std::string storage_uri,
+                         absl::Time now, absl::Duration begin_deadline)
+    : job_(std::move(job)),
+      step_(step),
+      world_size_(world_size),
+      attempt_(std::move(attempt)),
+      storage_uri_(std::move(storage_uri)),
+      step_prefix_(storage::StepPrefix(job_, step_)),
+      created_(now),
+      deadline_(now + begin_deadline) {}
+
+SaveSession::RankState SaveSession::Rank(int rank) const {
+  RankState state;
+  if (phase_ == Phase::kGathering) {
+    auto a = arrivals_.find(rank);
+    if (a != arrivals_.end()) {
+      state.in_save = true;
+      state.incarnation = a->second.incarnation;
+    }
+  } else if (rank >= 0 && static_cast<size_t>(rank) < incarnations_.size()) {
+    state.in_save = true;
+    state.incarnation = incarnations_[rank];
+    state.reported = static_cast<size_t>(rank) < results_.size() &&
+                     results_[rank].has_value();
+  }
+  return state;
+}
+
+std::vector<int> SaveSession::ArrivedRanks() const {
+  std::vector<int> arrived;
+  for (const auto& [r, a] : arrivals_) arrived.push_back(r);
+  std::sort(arrived.begin(), arrived.end());
+  return arrived;
+}
+
+absl::Status SaveSession::WorldSizeMismatch(int rank, int world) const {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "save of ", SaveName(job_, step_), " aborted: rank ", rank,
+      " says world_size ", world, " but ranks ",
+      RankList(ArrivedRanks(), world_size_), " say world_size ", world_size_,
+      "; every rank of a save must pass the same world_size"));
+}
+
+SaveSession::Arrival SaveSession::Arrive(
+    int rank, std::shared_ptr<const planner::LocalSavePlan> plan,
+    std::string fingerprint, uint64_t incarnation, int64_t max_plan_items,
+    Done<v1::BeginSaveResponse>& done,
+    absl::StatusOr<v1::BeginSaveResponse>* answer) {
+  const std::string* arrived_fingerprint = nullptr;
+  if (phase_ == Phase::kGathering) {
+    auto a = arrivals_.find(rank);
+    if (a != arrivals_.end()) arrived_fingerprint = &a->second.fingerprint;
+  } else {
+    arrived_fingerprint = &fingerprints_[rank];
+  }
+  if (arrived_fingerprint != nullptr) {
+    // A retry (or a duplicate rank): same plan, same answer.
+    if (*arrived_fingerprint != fingerprint) {
+      *answer = absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, " of ", SaveName(job_, step_),
+          " called BeginSave twice with different plans (duplicate "
+          "rank?)"));
+      return Arrival::kAnswered;
+    }
+    if (phase_ == Phase::kGathering || phase_ == Phase::kPlanning) {
+      begin_waiters_[rank].push_back(std::move(done));
+      return Arrival::kParked;
+    }
+    *answer = RankResponse(rank);
+    return Arrival::kAnswered;
+  }
+  if (phase_ != Phase::kGathering) {
+    *answer = absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " of ", SaveName(job_, step_),
+                     " arrived after the plan was built"));
+    return Arrival::kAnswered;
+  }
+  const int64_t items = static_cast<int64_t>(plan->items.size());
+  if (plan_items_ + items > max_plan_items) {
+    *answer = absl::ResourceExhaustedError(absl::StrCat(
+        "rank ", rank, " of ", SaveName(job_, step_), ": its ", items,
+        " plan items would bring the save to ", plan_items_ + items,
+        " items; at most ", max_plan_items,
+        " per save are accepted (cairnd --max-plan-items-per-save)"));
+    return Arrival::kAnswered;
+  }
+  plan_items_ += items;
+  arrivals_[rank] =
+      Arrived{std::move(plan), std::move(fingerprint), incarnation};
+  begin_waiters_[rank].push_back(std::move(done));
+  if (++arrived_ < world_size_) return Arrival::kParked;
+  // Every rank is here: the world is real, lay the session out densely.
+  phase_ = Phase::kPlanning;
+  plans_.resize(world_size_);
+  fingerprints_.resize(world_size_);
+  incarnations_.resize(world_size_);
+  for (auto& [r, a] : arrivals_) {
+    plans_[r] = std::move(a.plan);
+    fingerprints_[r] = std::move(a.fingerprint);
+    incarnations_[r] = a.incarnation;
+  }
+  arrivals_.clear();
+  return Arrival::kAllArrived;
+}
+
+std::vector<SaveSession::BeginWaiter> SaveSession::Planned(
+    std::shared_ptr<const planner::GlobalSavePlan> plan, uint64_t version,
+    bool from_cache, absl::Time now, absl::Duration commit_deadline) {
+  plan_ = std::move(plan);
+  plan_version_ = version;
+  plan_from_cache_ = from_cache;
+  phase_ = Phase::kWriting;
+  results_.resize(world_size_);
+  deadline_ = now + commit_deadline;
+  std::vector<BeginWaiter> waiters;
+  for (auto& [r, dones] : begin_waiters_) {
+    for (auto& done : dones) waiters.emplace_back(r, std::move(done));
+  }
+  begin_waiters_.clear();
+  return waiters;
+}
+
+absl::StatusOr<v1::BeginSaveResponse> SaveSession::RankResponse(
+    int rank) const {
+  v1::BeginSaveResponse r;
+  r.set_plan_version(plan_version_);
+  r.set_plan_from_cache(plan_from_cache_);
+  r.set_plan_fingerprint(fingerprints_[rank]);
+  r.set_storage_uri(storage_uri_);
+  r.set_step_prefix(step_prefix_);
+  convert::RankPlanToProto(plan_->ranks[rank], r.mutable_rank_plan());
+  // Object keys of this attempt live in its own directory.
+  for (v1::PlannedWrite& w : *r.mutable_rank_plan()->mutable_writes()) {
+    w.mutable_location()->set_object_key(
+        absl::StrCat(attempt_, "/", w.location().object_key()));
+  }
+  return r;
+}
+
+absl::Status SaveSession::CheckIncarnation(int rank,
+                                           uint64_t incarnation) const {
+  const uint64_t in_save = incarnations_[rank];
+  if (incarnation != 0 && in_save != 0 && incarnation != in_save) {
+    // An old process of a rank that restarted: its objects belong to an
+    // attempt that was aborted, never to this one.
+    return absl::AbortedError(absl::StrFormat(
+        "rank %d of %s: this process (%016x) is not the one in the save "
+        "(%016x): the rank restarted and the save started over",
+        rank, SaveName(job_, step_), incarnation, in_save));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SaveSession::CheckResults(
+    int rank,
+    const google::protobuf::RepeatedPtrField<v1::WriteResult>& results) const {
+  const planner::RankSavePlan& mine = plan_->ranks[rank];
+  if (results.size() != static_cast<int>(mine.writes.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " of ", SaveName(job_, step_), " reported ",
+                     results.size(), " write results but its plan has ",
+                     mine.writes.size(), " writes"));
+  }
+  for (int i = 0; i < results.size(); ++i) {
+    const v1::StorageLocation& got = results[i].location();
+    const planner::StorageLocation& want = mine.writes[i].location;
+    const std::string want_key = absl::StrCat(attempt_, "/", want.object_key);
+    if (got.object_key() != want_key || got.offset() != want.offset ||
+        got.length() != want.length) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, " of ", SaveName(job_, step_), " result ", i, " for '",
+          mine.writes[i].item.fqn, "' is at ", Truncated(got.object_key(), 256),
+          "@", got.offset(), "+", got.length(), " but the plan says ", want_key,
+          "@", want.offset, "+", want.length));
+    }
+  }
+  return absl::OkStatus();
+}
+
+SaveSession::Report SaveSession::Commit(int rank,
+                                        std::vector<v1::WriteResult> results,
+                                        Done<v1::CommitSaveResponse>& done,
+                                        absl::Status* answer) {
+  if (phase_ == Phase::kAborted) {
+    *answer = abort_status_;
+    return Report::kAnswered;
+  }
+  auto& slot = results_[rank];
+  bool same = true;
+  if (slot.has_value()) {
+    same = slot->size() == results.size();
+    for (size_t i = 0; same && i < results.size(); ++i) {
+      same = (*slot)[i].crc32c() == results[i].crc32c();
+    }
+  }
+  if (!same && phase_ == Phase::kWriting) {
+    // The rank rewrote objects it had reported: what is on storage now
+    // cannot be trusted to match either report.
+    return Report::kConflict;
+  }
+  if (!same) {
+    *answer = absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " of ", SaveName(job_, step_),
+                     " committed twice with different checksums"));
+    return Report::kAnswered;
+  }
+  if (!slot.has_value()) {
+    slot = std::move(results);
+    ++reported_;
+  }
+  commit_waiters_.push_back(std::move(done));
+  if (reported_ == world_size_ && phase_ == Phase::kWriting) {
+    phase_ = Phase::kCommitting;
+    return Report::kAllReported;
+  }
+  return Report::kParked;
+}
+
+std::vector<SaveSession::Done<v1::CommitSaveResponse>>
+SaveSession::TakeCommitWaiters() {
+  std::vector<Done<v1::CommitSaveResponse>> waiters =
+      std::move(commit_waiters_);
+  commit_waiters_.clear();
+  return waiters;
+}
+
+std::vector<int> SaveSession::MissingRanks() const {
+  std::vector<int> missing;
+  for (int r = 0; r < world_size_; ++r) {
+    const bool in = phase_ == Phase::kGathering
+                        ? arrivals_.contains(r)
+                        : static_cast<size_t>(r) < results_.size() &&
+                              results_[r].has_value();
+    if (!in) missing.push_back(r);
+  }
+  return missing;
+}
+
+bool SaveSession::Expired(absl::Time now) const {
+  return (phase_ == Phase::kGathering || phase_ == Phase::kWriting) &&
+         now > deadline_;
+}
+
+absl::Status SaveSession::DeadlineStatus(absl::Duration begin_deadline,
+                                         absl::Duration commit_deadline) const {
+  const bool gathering = phase_ == Phase::kGathering;
+  return absl::DeadlineExceededError(absl::StrCat(
+      "save of ", SaveName(job_, step_), " aborted: ranks ",
+      RankList(MissingRanks(), world_size_),
+      gathering ? " never called BeginSave within "
+                : " never called CommitSave within ",
+      absl::FormatDuration(gathering ? begin_deadline : commit_deadline)));
+}
+
+bool SaveSession::Abort(absl::Status status,
+                        std::vector<std::function<void()>>* answers) {
+  if (phase_ == Phase::kAborted) return false;
+  phase_ = Phase::kAborted;
+  abort_status_ = status;
+  arrivals_.clear();  // (plans may still be read by the planning step)
+  for (auto& [r, waiters] : begin_waiters_) {
+    for (auto& done : waiters) {
+      answers->push_back([done = std::move(done), status] { done(status); });
+    }
+  }
+  begin_waiters_.clear();
+  for (auto& done : commit_waiters_) {
+    answers->push_back([done = std::move(done), status] { done(status); });
+  }
+  commit_waiters_.clear();
+  return true;
+}
+
+absl::StatusOr<v1::Manifest> SaveSession::BuildManifest() const {
+  v1::Manifest m;
+  m.set_format_version(storage::kManifestFormatVersion);
+  m.set_job(job_);
+  m.set_step(step_);
+  m.set_world_size(world_size_);
+  m.set_created_unix_micros(absl::ToUnixMicros(created_));
+
+  // Every tensor of the plan appears, even one with no bytes.
+  std::map<std::string, v1::ManifestTensor> tensors;
+  std::map<std::string, v1::ManifestBytes> bytes;
+  for (const planner::PlannedEntry& entry : plan_->entries) {
+    if (entry.kind != planner::WriteItem::Kind::kTensorChunk) continue;
+    v1::TensorEntry* e = tensors[entry.fqn].mutable_entry();
+    e->set_fqn(entry.fqn);
+    e->set_dtype(convert::DTypeToProto(entry.dtype));
+    e->mutable_global_shape()->Assign(entry.global_shape.begin(),
+                                      entry.global_shape.end());
+  }
+  std::set<std::string> objects;
+  uint64_t total = 0;
+  for (int r = 0; r < world_size_; ++r) {
+    const planner::RankSavePlan& rp = plan_->ranks[r];
+    const std::vector<v1::WriteResult>& results = *results_[r];
+    for (size_t i = 0; i < rp.writes.size(); ++i) {
+      const planner::PlannedWrite& w = rp.writes[i];
+      const v1::WriteResult& res = results[i];
+      objects.insert(res.location().object_key());
+      total += w.location.length;
+      if (w.item.kind == planner::WriteItem::Kind::kBytes) {
+        v1::ManifestBytes& b = bytes[w.item.fqn];
+        b.set_fqn(w.item.fqn);
+        *b.mutable_location() = res.location();
+        b.set_crc32c(res.crc32c());
+        b.set_writer_rank(r);
+        continue;
+      }
+      v1::StoredChunk* c = tensors[w.item.fqn].add_chunks();
+      convert::BoxToProto(w.item.box, c->mutable_box());
+      *c->mutable_location() = res.location();
+      c->set_crc32c(res.crc32c());
+      c->set_writer_rank(r);
+    }
+  }
+  for (auto& [fqn, t] : tensors) {
+    std::sort(t.mutable_chunks()->begin(), t.mutable_chunks()->end(),
+              [](const v1::StoredChunk& a, const v1::StoredChunk& b) {
+                return std::lexicographical_compare(
+                    a.box().offsets().begin(), a.box().offsets().end(),
+                    b.box().offsets().begin(), b.box().offsets().end());
+              });
+    *m.add_tensors() = std::move(t);
+  }
+  for (auto& [fqn, b] : bytes) *m.add_bytes_entries() = std::move(b);
+  for (const std::string& o : objects) m.add_objects(o);
+  m.set_total_bytes(total);
+  CAIRN_RETURN_IF_ERROR(storage::ValidateManifest(m));
+  return m;
+}
+
+}  // namespace cairn::coordinator

@@ -1,0 +1,219 @@
+// The state machine of one save attempt: (job, step) saved by world_size
+// ranks. It holds what the ranks sent and their parked calls, and decides
+// the answer to each call; it does no I/O, reads no clock (times are
+// arguments) and takes no lock, so every transition is tested without
+// storage, threads or gRPC (save_session_test.cc).
+//
+//   kGathering --every rank arrived--> kPlanning --Planned()--> kWriting
+//   kWriting --every rank reported--> kCommitting --(committed: dropped)
+//   any phase but kCommitting --Abort()--> kAborted
+//
+// Gathering costs what the ranks that arrived sent, never what the world
+// size the first rank claims would need; once every rank is in, the arrivals
+// are laid out densely by rank.
+//
+// Not thread-safe: the coordinator owns its sessions under its mutex and
+// calls every method with that mutex held, except the accessors of what is
+// immutable once the phase is kPlanning (plans(), fingerprints(), and plan()
+// once kWriting), which its planning and commit steps read without it.
+#ifndef CAIRN_SERVER_COORDINATOR_SAVE_SESSION_H_
+#define CAIRN_SERVER_COORDINATOR_SAVE_SESSION_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cairn/v1/cairn.pb.h"
+#include "google/protobuf/repeated_field.h"
+#include "planner/save_plan.h"
+
+namespace cairn::coordinator {
+
+class SaveSession {
+ public:
+  template <typename T>
+  using Done = std::function<void(absl::StatusOr<T>)>;
+  using BeginWaiter = std::pair<int, Done<v1::BeginSaveResponse>>;
+
+  enum class Phase { kGathering, kPlanning, kWriting, kCommitting, kAborted };
+
+  // A fresh attempt; ranks must all arrive by `now + begin_deadline`.
+  // `attempt` names the directory of its objects under "<job>/<step>/";
+  // `storage_uri` is told to the ranks.
+  SaveSession(std::string job, int64_t step, int world_size,
+              std::string attempt, std::string storage_uri, absl::Time now,
+              absl::Duration begin_deadline);
+
+  SaveSession(const SaveSession&) = delete;
+  SaveSession& operator=(const SaveSession&) = delete;
+
+  // --- BeginSave.
+
+  // What this attempt knows of `rank`: whether it arrived, the incarnation
+  // of its process (0: not sent), and whether it reported its writes.
+  struct RankState {
+    bool in_save = false;
+    uint64_t incarnation = 0;
+    bool reported = false;
+  };
+  RankState Rank(int rank) const;
+
+  // INVALID_ARGUMENT naming `rank`, `world`, the ranks that arrived and the
+  // session's world size, for a rank whose world size differs.
+  absl::Status WorldSizeMismatch(int rank, int world) const;
+
+  // A rank's BeginSave. kParked: `done` was taken and is answered when the
+  // plan is built; kAllArrived: the same, and it was the last rank (the phase
+  // is kPlanning: build the plan); kAnswered: `*answer` holds the answer now
+  // (a retry after the plan was built, or an error: a different plan from a
+  // rank that arrived, a rank arriving after the plan was built, or more
+  // than `max_plan_items` items in the save).
+  enum class Arrival { kParked, kAllArrived, kAnswered };
+  Arrival Arrive(int rank, std::shared_ptr<const planner::LocalSavePlan> plan,
+                 std::string fingerprint, uint64_t incarnation,
+                 int64_t max_plan_items, Done<v1::BeginSaveResponse>& done,
+                 absl::StatusOr<v1::BeginSaveResponse>* answer);
+
+  // The plan is built (phase kPlanning -> kWriting): every rank must report
+  // by `now + commit_deadline`. Returns the parked BeginSave calls, to be
+  // answered with RankResponse(rank) off the lock.
+  std::vector<BeginWaiter> Planned(
+      std::shared_ptr<const planner::GlobalSavePlan> plan, uint64_t version,
+      bool from_cache, absl::Time now, absl::Duration commit_deadline);
+
+  // `rank`'s part of the plan, its object keys in this attempt's directory.
+  // Requires phase kWriting or later.
+  absl::StatusOr<v1::BeginSaveResponse> RankResponse(int rank) const;
+
+  // --- CommitSave.
+
+  // ABORTED when `incarnation` (non-zero) is not the process of `rank` in
+  // this attempt (requires phase kWriting or later).
+  absl::Status CheckIncarnation(int rank, uint64_t incarnation) const;
+  // INVALID_ARGUMENT unless `results` are exactly `rank`'s planned writes:
+  // their count, object keys (in this attempt), offsets and lengths. Reads
+  // only the plan (immutable once kWriting).
+  absl::Status CheckResults(
+      int rank,
+      const google::protobuf::RepeatedPtrField<v1::WriteResult>& results) const;
+
+  // A rank's CommitSave with checked results. kParked: `done` was taken and
+  // is answered by the commit; kAllReported: the same, and it was the last
+  // rank (the phase is kCommitting: publish the manifest); kConflict: the
+  // rank reported other checksums than before while writing (its objects may
+  // have been rewritten), the caller must abort the attempt; kAnswered:
+  // `*answer` holds the answer now (the attempt was aborted, or the rank
+  // reported other checksums once the commit had begun).
+  enum class Report { kParked, kAllReported, kConflict, kAnswered };
+  Report Commit(int rank, std::vector<v1::WriteResult> results,
+                Done<v1::CommitSaveResponse>& done, absl::Status* answer);
+
+  // The manifest of a session whose ranks have all reported (kCommitting).
+  absl::StatusOr<v1::Manifest> BuildManifest() const;
+
+  // The commit is done: the parked CommitSave calls, to be answered.
+  std::vector<Done<v1::CommitSaveResponse>> TakeCommitWaiters();
+
+  // --- Deadlines and aborts.
+
+  // Ranks that have not arrived (kGathering) or not reported (otherwise).
+  std::vector<int> MissingRanks() const;
+  // Past its deadline while waiting for ranks (kGathering or kWriting).
+  bool Expired(absl::Time now) const;
+  // DEADLINE_EXCEEDED naming the missing ranks and the deadline's length.
+  absl::Status DeadlineStatus(absl::Duration begin_deadline,
+                              absl::Duration commit_deadline) const;
+
+  // Marks the attempt aborted with `status` and appends to `answers` the
+  // answers of every parked call. False (and nothing done) if it already
+  // was aborted.
+  bool Abort(absl::Status status, std::vector<std::function<void()>>* answers);
+
+  // --- State.
+  const std::string& job() const { return job_; }
+  int64_t step() const { return step_; }
+  int world_size() const { return world_size_; }
+  const std::string& attempt() const { return attempt_; }
+  const std::string& step_prefix() const { return step_prefix_; }
+  absl::Time created() const { return created_; }
+  absl::Time deadline() const { return deadline_; }
+  Phase phase() const { return phase_; }
+  const absl::Status& abort_status() const { return abort_status_; }
+  // Ranks that arrived so far (world_size once kPlanning).
+  int arrived() const { return arrived_; }
+  // Ranks that arrived, sorted (kGathering; empty afterwards).
+  std::vector<int> ArrivedRanks() const;
+  // By rank, once kPlanning.
+  const std::vector<std::shared_ptr<const planner::LocalSavePlan>>& plans()
+      const {
+    return plans_;
+  }
+  const std::vector<std::string>& fingerprints() const { return fingerprints_; }
+  // Once kWriting.
+  const std::shared_ptr<const planner::GlobalSavePlan>& plan() const {
+    return plan_;
+  }
+  uint64_t plan_version() const { return plan_version_; }
+  bool plan_from_cache() const { return plan_from_cache_; }
+  // The commit failed after the MANIFEST may have become visible and it
+  // could not be removed: the objects it names stay (recovery decides).
+  bool keep_objects() const { return keep_objects_; }
+  void set_keep_objects() { keep_objects_ = true; }
+  // Aborted because its ranks disagreed on world_size.
+  bool world_mismatch() const { return world_mismatch_; }
+  void set_world_mismatch() { world_mismatch_ = true; }
+
+ private:
+  struct Arrived {
+    std::shared_ptr<const planner::LocalSavePlan> plan;
+    std::string fingerprint;
+    uint64_t incarnation = 0;  // of the rank's process; 0: not sent
+  };
+
+  const std::string job_;
+  const int64_t step_;
+  const int world_size_;
+  const std::string attempt_;
+  const std::string storage_uri_;
+  const std::string step_prefix_;  // "<job>/<step>/"
+  const absl::Time created_;
+  absl::Time deadline_;
+  Phase phase_ = Phase::kGathering;
+  bool keep_objects_ = false;
+  bool world_mismatch_ = false;
+
+  // Gathering: one entry per rank that arrived.
+  absl::flat_hash_map<int, Arrived> arrivals_;
+  int arrived_ = 0;
+  int64_t plan_items_ = 0;  // of every arrived plan
+  absl::flat_hash_map<int, std::vector<Done<v1::BeginSaveResponse>>>
+      begin_waiters_;
+  // Once every rank arrived (kPlanning on): the arrivals by rank.
+  std::vector<std::shared_ptr<const planner::LocalSavePlan>> plans_;
+  std::vector<std::string> fingerprints_;
+  std::vector<uint64_t> incarnations_;
+
+  // Planned.
+  std::shared_ptr<const planner::GlobalSavePlan> plan_;
+  uint64_t plan_version_ = 0;
+  bool plan_from_cache_ = false;
+
+  // Committing (sized world_size once planned).
+  std::vector<std::optional<std::vector<v1::WriteResult>>> results_;
+  int reported_ = 0;
+  std::vector<Done<v1::CommitSaveResponse>> commit_waiters_;
+
+  absl::Status abort_status_;
+};
+
+}  // namespace cairn::coordinator
+
+#endif  // CAIRN_SERVER_COORDINATOR_SAVE_SESSION_H_

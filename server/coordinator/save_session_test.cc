@@ -1,0 +1,322 @@
+// The save-session state machine alone (save_session.h): arrivals, planning,
+// reports, deadlines and aborts, with explicit times and no storage, threads
+// or gRPC.
+#include "server/coordinator/save_session.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/save_plan.h"
+#include "proto/convert/plan_convert.h"
+#include "server/coordinator/coordinator_test_fixture.h"
+
+namespace cairn::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using Phase = SaveSession::Phase;
+using BeginResult = absl::StatusOr<v1::BeginSaveResponse>;
+using CommitResult = absl::StatusOr<v1::CommitSaveResponse>;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000000);
+
+std::shared_ptr<const planner::LocalSavePlan> Plan(int rank, int world) {
+  return std::make_shared<const planner::LocalSavePlan>(
+      convert::LocalPlanFromProto(RankPlan(rank, world)).value());
+}
+
+class SaveSessionTest : public ::testing::Test {
+ protected:
+  void Open(int world) {
+    session_ = std::make_unique<SaveSession>("job", 7, world, "attempt-1",
+                                             "mem://x", kT0, absl::Minutes(1));
+  }
+  // Rank `rank` arrives with its RankPlan (or `fingerprint` for it).
+  SaveSession::Arrival Arrive(int rank, std::string fingerprint = "",
+                              uint64_t incarnation = 0,
+                              int64_t max_items = 1000) {
+    auto plan = Plan(rank, session_->world_size());
+    if (fingerprint.empty()) fingerprint = planner::FingerprintLocalPlan(*plan);
+    SaveSession::Done<v1::BeginSaveResponse> done =
+        [this, rank](BeginResult r) { begun_.emplace_back(rank, r); };
+    return session_->Arrive(rank, plan, fingerprint, incarnation, max_items,
+                            done, &answer_);
+  }
+  // Every rank arrives, the plan is built and given to the session; returns
+  // the parked calls answered.
+  void ArriveAllAndPlan(int world, uint64_t incarnation = 0) {
+    Open(world);
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(Arrive(r, "", incarnation),
+                r + 1 < world ? SaveSession::Arrival::kParked
+                              : SaveSession::Arrival::kAllArrived);
+    }
+    std::vector<planner::LocalSavePlan> locals;
+    for (const auto& p : session_->plans()) locals.push_back(*p);
+    auto plan = planner::BuildGlobalSavePlan("job", 7, locals, {});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (auto& [r, done] : session_->Planned(
+             std::make_shared<const planner::GlobalSavePlan>(*plan), 3, false,
+             kT0 + absl::Seconds(5), absl::Hours(1))) {
+      done(session_->RankResponse(r));
+    }
+  }
+  // What rank `rank` reports after writing its plan (crc `crc` each).
+  std::vector<v1::WriteResult> Results(int rank, uint32_t crc = 1) {
+    std::vector<v1::WriteResult> results;
+    const absl::StatusOr<v1::BeginSaveResponse> plan =
+        session_->RankResponse(rank);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    for (const v1::PlannedWrite& w : plan->rank_plan().writes()) {
+      v1::WriteResult r;
+      *r.mutable_location() = w.location();
+      r.set_crc32c(crc);
+      results.push_back(r);
+    }
+    return results;
+  }
+  SaveSession::Report Commit(int rank, uint32_t crc = 1) {
+    SaveSession::Done<v1::CommitSaveResponse> done =
+        [this, rank](CommitResult r) { committed_.emplace_back(rank, r); };
+    return session_->Commit(rank, Results(rank, crc), done, &commit_answer_);
+  }
+
+  std::unique_ptr<SaveSession> session_;
+  BeginResult answer_;
+  absl::Status commit_answer_;
+  std::vector<std::pair<int, BeginResult>> begun_;
+  std::vector<std::pair<int, CommitResult>> committed_;
+};
+
+TEST_F(SaveSessionTest, GathersArrivalsThenLaysThemOutByRank) {
+  Open(3);
+  EXPECT_EQ(Arrive(2, "", 22), SaveSession::Arrival::kParked);
+  EXPECT_EQ(Arrive(0, "", 20), SaveSession::Arrival::kParked);
+  EXPECT_EQ(session_->phase(), Phase::kGathering);
+  EXPECT_THAT(session_->ArrivedRanks(), ElementsAre(0, 2));
+  EXPECT_THAT(session_->MissingRanks(), ElementsAre(1));
+  EXPECT_TRUE(session_->Rank(2).in_save);
+  EXPECT_EQ(session_->Rank(2).incarnation, 22u);
+  EXPECT_FALSE(session_->Rank(1).in_save);
+  EXPECT_TRUE(session_->plans().empty());  // nothing sized by world_size yet
+  EXPECT_EQ(Arrive(1, "", 21), SaveSession::Arrival::kAllArrived);
+  EXPECT_EQ(session_->phase(), Phase::kPlanning);
+  ASSERT_EQ(session_->plans().size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(session_->fingerprints()[r],
+              planner::FingerprintLocalPlan(*Plan(r, 3)));
+    EXPECT_EQ(session_->Rank(r).incarnation, static_cast<uint64_t>(20 + r));
+  }
+  EXPECT_TRUE(begun_.empty());  // all parked until the plan is built
+}
+
+TEST_F(SaveSessionTest, RetryIsParkedAndAnotherPlanForTheRankIsRefused) {
+  Open(2);
+  EXPECT_EQ(Arrive(0), SaveSession::Arrival::kParked);
+  EXPECT_EQ(Arrive(0), SaveSession::Arrival::kParked);  // a retry
+  EXPECT_EQ(Arrive(0, "another-fingerprint"), SaveSession::Arrival::kAnswered);
+  EXPECT_EQ(answer_.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(answer_.status().message()),
+              HasSubstr("rank 0 of job 'job' step 7 called BeginSave twice "
+                        "with different plans"));
+  EXPECT_EQ(session_->arrived(), 1);
+}
+
+TEST_F(SaveSessionTest, PlanItemsOfTheWholeSaveAreBounded) {
+  Open(2);
+  EXPECT_EQ(Arrive(0, "", 0, /*max_items=*/5), SaveSession::Arrival::kParked);
+  EXPECT_EQ(Arrive(1, "", 0, /*max_items=*/5), SaveSession::Arrival::kAnswered);
+  EXPECT_EQ(answer_.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(answer_.status().message()),
+              HasSubstr("rank 1 of job 'job' step 7: its 3 plan items would "
+                        "bring the save to 6 items; at most 5"));
+  EXPECT_THAT(session_->ArrivedRanks(), ElementsAre(0));
+}
+
+TEST_F(SaveSessionTest, PlannedAnswersEveryParkedCallInTheAttemptDirectory) {
+  ArriveAllAndPlan(2);
+  ASSERT_EQ(begun_.size(), 2u);
+  EXPECT_EQ(session_->phase(), Phase::kWriting);
+  EXPECT_EQ(session_->deadline(), kT0 + absl::Seconds(5) + absl::Hours(1));
+  for (const auto& [rank, r] : begun_) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->plan_version(), 3u);
+    EXPECT_EQ(r->storage_uri(), "mem://x");
+    EXPECT_EQ(r->step_prefix(), session_->step_prefix());
+    EXPECT_EQ(r->plan_fingerprint(), session_->fingerprints()[rank]);
+    ASSERT_GT(r->rank_plan().writes_size(), 0);
+    for (const auto& w : r->rank_plan().writes()) {
+      EXPECT_TRUE(absl::StartsWith(w.location().object_key(), "attempt-1/"))
+          << w.location().object_key();
+    }
+  }
+  // A retry after the plan was built is answered at once, the same way.
+  EXPECT_EQ(Arrive(1), SaveSession::Arrival::kAnswered);
+  ASSERT_TRUE(answer_.ok());
+  const auto& first = begun_[0].first == 1 ? begun_[0] : begun_[1];
+  EXPECT_EQ(answer_->SerializeAsString(), first.second->SerializeAsString());
+}
+
+TEST_F(SaveSessionTest, ResultsMustMatchThePlanAndTheProcess) {
+  ArriveAllAndPlan(2, /*incarnation=*/5);
+  std::vector<v1::WriteResult> results = Results(0);
+  google::protobuf::RepeatedPtrField<v1::WriteResult> field(results.begin(),
+                                                            results.end());
+  EXPECT_TRUE(session_->CheckResults(0, field).ok());
+  ASSERT_GE(field.size(), 1);
+  field[0].mutable_location()->set_offset(12345);
+  absl::Status s = session_->CheckResults(0, field);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 0 of job 'job' step 7 result 0 for '"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("the plan says attempt-1/"));
+  field.RemoveLast();
+  s = session_->CheckResults(0, field);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("reported " + std::to_string(field.size()) +
+                        " write results but its plan has"));
+
+  EXPECT_TRUE(session_->CheckIncarnation(0, 5).ok());
+  EXPECT_TRUE(session_->CheckIncarnation(0, 0).ok());  // not sent
+  s = session_->CheckIncarnation(1, 6);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 1 of job 'job' step 7: this process "
+                        "(0000000000000006) is not the one in the save "
+                        "(0000000000000005)"));
+}
+
+TEST_F(SaveSessionTest, ReportsCommitOnceEveryRankIsInAndConflictsAbort) {
+  ArriveAllAndPlan(3);
+  EXPECT_EQ(Commit(0), SaveSession::Report::kParked);
+  EXPECT_TRUE(session_->Rank(0).reported);
+  EXPECT_EQ(Commit(0), SaveSession::Report::kParked);  // a retry
+  EXPECT_EQ(Commit(0, /*crc=*/2), SaveSession::Report::kConflict);
+  EXPECT_EQ(Commit(2), SaveSession::Report::kParked);
+  EXPECT_THAT(session_->MissingRanks(), ElementsAre(1));
+  EXPECT_EQ(Commit(1), SaveSession::Report::kAllReported);
+  EXPECT_EQ(session_->phase(), Phase::kCommitting);
+  // Other checksums once the commit began: refused, the commit goes on.
+  EXPECT_EQ(Commit(2, /*crc=*/9), SaveSession::Report::kAnswered);
+  EXPECT_EQ(commit_answer_.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(commit_answer_.message()),
+              HasSubstr("rank 2 of job 'job' step 7 committed twice with "
+                        "different checksums"));
+  EXPECT_EQ(session_->TakeCommitWaiters().size(), 4u);  // 0, 0, 2, 1
+  EXPECT_TRUE(session_->TakeCommitWaiters().empty());
+}
+
+TEST_F(SaveSessionTest, ManifestNamesEveryTensorChunkSortedAndEveryObject) {
+  ArriveAllAndPlan(3);
+  for (int r = 0; r < 3; ++r) Commit(r, /*crc=*/100 + r);
+  absl::StatusOr<v1::Manifest> m = session_->BuildManifest();
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->job(), "job");
+  EXPECT_EQ(m->step(), 7);
+  EXPECT_EQ(m->world_size(), 3);
+  EXPECT_EQ(m->created_unix_micros(), absl::ToUnixMicros(kT0));
+  ASSERT_EQ(m->tensors_size(), 2);  // "b" (replicated, written once), "w"
+  EXPECT_EQ(m->tensors(0).entry().fqn(), "b");
+  EXPECT_EQ(m->tensors(0).chunks_size(), 1);
+  const v1::ManifestTensor& w = m->tensors(1);
+  EXPECT_EQ(w.entry().fqn(), "w");
+  ASSERT_EQ(w.chunks_size(), 3);
+  uint64_t total = 0;
+  for (int c = 0; c < 3; ++c) {
+    // Sorted by offsets: rank c wrote rows [3c, 3c + 3).
+    EXPECT_EQ(w.chunks(c).box().offsets(0), 3 * c);
+    EXPECT_EQ(w.chunks(c).writer_rank(), c);
+    EXPECT_EQ(w.chunks(c).crc32c(), 100u + c);
+  }
+  ASSERT_EQ(m->bytes_entries_size(), 1);
+  EXPECT_EQ(m->bytes_entries(0).fqn(), "rng");
+  for (const auto& t : m->tensors()) {
+    for (const auto& c : t.chunks()) total += c.location().length();
+  }
+  total += m->bytes_entries(0).location().length();
+  EXPECT_EQ(m->total_bytes(), total);
+  for (const std::string& o : m->objects()) {
+    EXPECT_TRUE(absl::StartsWith(o, "attempt-1/")) << o;
+  }
+}
+
+TEST_F(SaveSessionTest, DeadlinesNameTheMissingRanks) {
+  Open(4);
+  Arrive(1);
+  Arrive(3);
+  const absl::Time deadline = kT0 + absl::Minutes(1);
+  EXPECT_FALSE(session_->Expired(deadline));
+  EXPECT_TRUE(session_->Expired(deadline + absl::Microseconds(1)));
+  absl::Status s = session_->DeadlineStatus(absl::Minutes(1), absl::Hours(2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.message(),
+            "save of job 'job' step 7 aborted: ranks [0, 2] (2 of 4) never "
+            "called BeginSave within 1m");
+
+  ArriveAllAndPlan(3);
+  Commit(0);
+  EXPECT_FALSE(session_->Expired(kT0 + absl::Minutes(30)));
+  EXPECT_TRUE(session_->Expired(kT0 + absl::Hours(2)));
+  s = session_->DeadlineStatus(absl::Minutes(1), absl::Hours(2));
+  EXPECT_EQ(s.message(),
+            "save of job 'job' step 7 aborted: ranks [1, 2] (2 of 3) never "
+            "called CommitSave within 2h");
+  Commit(1);
+  Commit(2);  // committing: no deadline applies any more
+  EXPECT_FALSE(session_->Expired(kT0 + absl::Hours(100)));
+}
+
+TEST_F(SaveSessionTest, AbortAnswersEveryParkedCallOnce) {
+  Open(3);
+  Arrive(0);
+  Arrive(0);
+  Arrive(2);
+  const absl::Status status = absl::AbortedError("operator gave up");
+  std::vector<std::function<void()>> answers;
+  EXPECT_TRUE(session_->Abort(status, &answers));
+  EXPECT_EQ(session_->phase(), Phase::kAborted);
+  EXPECT_EQ(session_->abort_status(), status);
+  EXPECT_TRUE(session_->ArrivedRanks().empty());
+  ASSERT_EQ(answers.size(), 3u);
+  for (auto& a : answers) a();
+  ASSERT_EQ(begun_.size(), 3u);
+  for (const auto& [rank, r] : begun_) EXPECT_EQ(r.status(), status);
+  answers.clear();
+  EXPECT_FALSE(session_->Abort(absl::CancelledError("again"), &answers));
+  EXPECT_TRUE(answers.empty());
+  EXPECT_EQ(session_->abort_status(), status);
+}
+
+TEST_F(SaveSessionTest, AbortAnswersParkedCommitsAndLaterReports) {
+  ArriveAllAndPlan(2);
+  Commit(0);
+  std::vector<std::function<void()>> answers;
+  ASSERT_TRUE(session_->Abort(absl::AbortedError("rank 1 died"), &answers));
+  ASSERT_EQ(answers.size(), 1u);
+  answers[0]();
+  ASSERT_EQ(committed_.size(), 1u);
+  EXPECT_THAT(std::string(committed_[0].second.status().message()),
+              HasSubstr("rank 1 died"));
+  EXPECT_EQ(Commit(1), SaveSession::Report::kAnswered);
+  EXPECT_EQ(commit_answer_.code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(SaveSessionTest, WorldSizeMismatchNamesBothSizes) {
+  Open(3);
+  Arrive(0);
+  const absl::Status s = session_->WorldSizeMismatch(1, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "save of job 'job' step 7 aborted: rank 1 says world_size 2 but "
+            "ranks [0] (1 of 3) say world_size 3; every rank of a save must "
+            "pass the same world_size");
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
