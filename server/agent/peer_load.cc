@@ -1,6 +1,7 @@
 // Peer load: serves a rank's load from the agents' memory (Load): resolves
-// the checkpoint, asks every agent what it holds, plans the transfers and
-// fetches them into a load segment; ReleaseLoad frees it.
+// the checkpoint, asks every agent what it holds, plans the transfers
+// (PlanPeerLoad, peer_load_plan.h) and fetches them into a load segment;
+// ReleaseLoad frees it.
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,7 +11,6 @@
 #include <set>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -25,16 +25,12 @@
 #include "proto/convert/plan_convert.h"
 #include "server/agent/agent.h"
 #include "server/agent/agent_internal.h"
+#include "server/agent/peer_load_plan.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
 
 namespace cairn::agent {
 
-using internal::AlignUp;
-using internal::DTypeOf;
-using internal::ItemBox;
-using internal::kAlign;
-using internal::PlanName;
 using internal::ToStatus;
 using internal::Where;
 using shm::ShmSegment;
@@ -97,10 +93,6 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
   const std::string where = Where(request.job(), step, request.rank());
 
   // Who holds what, in memory: every reachable agent (this one directly).
-  struct Holding {
-    int node;
-    v1::HeldItem held;
-  };
   std::vector<std::vector<v1::HeldSet>> held_by(options_.num_nodes);
   {
     v1::InventoryRequest inv;
@@ -123,141 +115,22 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
                         r->inventory().sets().end());
     }
   }
-  // (plan name, box) -> holder nodes whose copy claims the manifest's crc.
-  std::map<std::pair<std::string, planner::ChunkBox>, std::vector<int>> holders;
-  std::map<std::pair<std::string, planner::ChunkBox>, v1::WriteItem> items;
-  for (int n = 0; n < options_.num_nodes; ++n) {
-    for (const v1::HeldSet& s : held_by[n]) {
-      for (const v1::HeldItem& h : s.items()) {
-        auto key = std::make_pair(PlanName(h.item()), ItemBox(h.item()));
-        std::vector<int>& v = holders[key];
-        if (std::find(v.begin(), v.end(), n) == v.end()) v.push_back(n);
-        items[key] = h.item();
-      }
-    }
-  }
-  absl::flat_hash_map<std::string, const v1::ManifestTensor*> mtensors;
-  for (const v1::ManifestTensor& t : manifest.tensors()) {
-    mtensors[t.entry().fqn()] = &t;
-  }
-  absl::flat_hash_map<std::string, const v1::ManifestBytes*> mbytes;
-  for (const v1::ManifestBytes& b : manifest.bytes_entries()) {
-    mbytes[b.fqn()] = &b;
-  }
-  // Expected crc per (plan name, box), from the manifest.
-  std::map<std::pair<std::string, planner::ChunkBox>, uint32_t> expected;
-
-  // The transfer plan: sources = holders of the manifest's chunks,
-  // destinations = this rank's wanted boxes (all on this node).
-  std::vector<planner::TransferTensor> tensors;
-  std::map<std::string, int> tindex;
-  struct Dest {
-    uint64_t offset;  // in the load segment
-    planner::ChunkBox box;
-  };
-  std::vector<std::vector<Dest>> dests;
-  uint64_t total = 0;
-  v1::AgentLoadResponse response;
-  auto tensor_for = [&](const std::string& name, planner::DType dtype,
-                        planner::Shape shape) -> int {
-    auto [it, inserted] =
-        tindex.emplace(name, static_cast<int>(tensors.size()));
-    if (inserted) {
-      planner::TransferTensor t;
-      t.fqn = name;
-      t.dtype = dtype;
-      t.global_shape = std::move(shape);
-      tensors.push_back(std::move(t));
-      dests.emplace_back();
-    }
-    return it->second;
-  };
-  auto add_sources = [&](int ti, const v1::WriteItem& proto_item,
-                         const planner::ChunkBox& box, uint32_t crc) {
-    const std::string& name = tensors[ti].fqn;
-    expected[{name, box}] = crc;
-    auto h = holders.find({name, box});
-    if (h == holders.end()) return;
-    (void)proto_item;
-    for (int n : h->second) tensors[ti].sources.push_back({n, box});
-  };
-  for (const v1::WantedChunk& w : request.wanted()) {
-    const std::string& fqn = w.tensor().fqn();
-    auto mt = mtensors.find(fqn);
-    if (mt == mtensors.end()) {
-      return absl::NotFoundError(
-          absl::StrCat(where, ": checkpoint has no tensor '", fqn, "'"));
-    }
-    const v1::TensorEntry& e = mt->second->entry();
-    if (e.dtype() != w.tensor().dtype() ||
-        !std::equal(e.global_shape().begin(), e.global_shape().end(),
-                    w.tensor().global_shape().begin(),
-                    w.tensor().global_shape().end())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": tensor '", fqn,
-                       "' dtype or shape differs from the saved "
-                       "one"));
-    }
-    CAIRN_ASSIGN_OR_RETURN(planner::ChunkBox box,
-                           convert::BoxFromProto(w.box(), fqn));
-    const planner::DType dtype = DTypeOf(e.dtype());
-    const bool first = tindex.count(fqn) == 0;
-    const int ti = tensor_for(
-        fqn, dtype,
-        planner::Shape(e.global_shape().begin(), e.global_shape().end()));
-    if (first) {
-      for (const v1::StoredChunk& c : mt->second->chunks()) {
-        CAIRN_ASSIGN_OR_RETURN(planner::ChunkBox cb,
-                               convert::BoxFromProto(c.box(), fqn));
-        add_sources(ti, v1::WriteItem(), cb, c.crc32c());
-      }
-    }
-    dests[ti].push_back({total, box});
-    tensors[ti].destinations.push_back({options_.node_id, box});
-    response.add_wanted_offsets(total);
-    total = AlignUp(total + static_cast<uint64_t>(planner::Volume(box)) *
-                                planner::DTypeSize(dtype),
-                    kAlign);
-  }
-  for (const std::string& fqn : request.wanted_bytes()) {
-    auto mb = mbytes.find(fqn);
-    if (mb == mbytes.end()) {
-      return absl::NotFoundError(
-          absl::StrCat(where, ": checkpoint has no bytes entry '", fqn, "'"));
-    }
-    const uint64_t len = mb->second->location().length();
-    response.add_wanted_bytes_offsets(total);
-    response.add_wanted_bytes_lengths(len);
-    if (len > 0) {
-      const std::string name = absl::StrCat("\x01bytes:", fqn);
-      planner::ChunkBox box{{0}, {static_cast<int64_t>(len)}};
-      const bool first = tindex.count(name) == 0;
-      const int ti =
-          tensor_for(name, planner::DType::kUInt8, {static_cast<int64_t>(len)});
-      if (first) add_sources(ti, v1::WriteItem(), box, mb->second->crc32c());
-      dests[ti].push_back({total, box});
-      tensors[ti].destinations.push_back({options_.node_id, box});
-    }
-    total = AlignUp(total + len, kAlign);
-  }
-  planner::TransferPlanOptions po;
-  po.bucket_cap_bytes = options_.bucket_cap_bytes;
-  absl::StatusOr<planner::TransferPlan> plan =
-      planner::BuildTransferPlan(tensors, po);
-  if (!plan.ok()) {
-    return absl::Status(plan.status().code(),
-                        absl::StrCat(where, ": memory tiers cannot serve it: ",
-                                     plan.status().message()));
-  }
-  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<ShmSegment> seg,
-                         Allocate(total, absl::Now() + options_.peer_timeout));
+  PeerLoadPlanOptions plan_options;
+  plan_options.node_id = options_.node_id;
+  plan_options.bucket_cap_bytes = options_.bucket_cap_bytes;
+  CAIRN_ASSIGN_OR_RETURN(
+      PeerLoadPlan planned,
+      PlanPeerLoad(request, step, manifest, held_by, plan_options));
+  const planner::TransferPlan* plan = &planned.transfers;
+  const auto& dests = planned.dests;
+  v1::AgentLoadResponse& response = planned.response;
+  CAIRN_ASSIGN_OR_RETURN(
+      std::shared_ptr<ShmSegment> seg,
+      Allocate(planned.total_bytes, absl::Now() + options_.peer_timeout));
 
   auto held_item = [&](const planner::TransferSend& send) {
-    const planner::ChunkBox& src_box =
-        tensors[send.tensor].sources[send.source_index].box;
-    const std::string& name = tensors[send.tensor].fqn;
-    return std::make_tuple(items[{name, src_box}], src_box,
-                           expected[{name, src_box}]);
+    PeerLoadSource s = planned.SourceOf(send);
+    return std::make_tuple(std::move(s.item), std::move(s.box), s.crc32c);
   };
   std::vector<planner::CopySegment> segs;
   // Local pieces: from this agent's own memory.
@@ -265,7 +138,7 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
     if (!send.local) continue;
     auto [item, src_box, crc] = held_item(send);
     CAIRN_ASSIGN_OR_RETURN(auto held, FindHeld(request.job(), step, item, crc));
-    const Dest& d = dests[send.tensor][send.dest_index];
+    const PeerLoadDest& d = dests[send.tensor][send.dest_index];
     segs.clear();
     const size_t elem = planner::DTypeSize(send.dtype);
     planner::AppendCopySegments(src_box, d.box, send.box, elem, &segs);
@@ -317,7 +190,7 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
     std::vector<planner::CopySegment> local_segs;
     for (const auto& part : msg.parts) {
       const planner::TransferSend& send = plan->sends[part.send];
-      const Dest& d = dests[send.tensor][send.dest_index];
+      const PeerLoadDest& d = dests[send.tensor][send.dest_index];
       local_segs.clear();
       planner::AppendCopySegments(send.box, d.box, send.box,
                                   planner::DTypeSize(send.dtype), &local_segs);
