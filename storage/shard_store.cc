@@ -1,5 +1,6 @@
 // ShardStore helpers shared by every backend: key validation, the URI-scheme
-// registry and the default ListChildren.
+// registry (drivers add themselves; nothing here knows a scheme) and the
+// default ListChildren.
 //
 // Key rules exist to keep every backend's objects inside its root: a key is a
 // relative path of non-empty segments that are neither "." nor "..", so
@@ -12,11 +13,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
-#include "storage/memory/memory_shard_store.h"
-#include "storage/posix/posix_shard_store.h"
 
 namespace cairn::storage {
 namespace {
@@ -158,6 +158,16 @@ void RegisterShardStoreScheme(absl::string_view scheme,
   registry.factories[std::string(scheme)] = std::move(factory);
 }
 
+std::vector<std::string> RegisteredShardStoreSchemes() {
+  Registry& registry = GetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  std::vector<std::string> schemes;
+  for (const auto& [scheme, factory] : registry.factories) {
+    schemes.push_back(scheme);
+  }
+  return schemes;  // sorted: the map is
+}
+
 absl::StatusOr<std::unique_ptr<ShardStore>> OpenShardStore(
     absl::string_view uri, const StoreOptions& options) {
   if (options.io_threads < 1) {
@@ -165,38 +175,41 @@ absl::StatusOr<std::unique_ptr<ShardStore>> OpenShardStore(
         absl::StrCat("store '", uri, "': io_threads must be >= 1, got ",
                      options.io_threads));
   }
-  if (absl::StartsWith(uri, "/")) return OpenPosixShardStore(uri, options);
-  const size_t sep = uri.find("://");
-  if (sep == absl::string_view::npos || sep == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "malformed store URI '", uri,
-        "': expected scheme://..., e.g. file:///data/ckpt or mem://"));
-  }
-  const absl::string_view scheme = uri.substr(0, sep);
-  const absl::string_view rest = uri.substr(sep + 3);
-  {
-    Registry& registry = GetRegistry();
-    ShardStoreFactory factory;
-    {
-      absl::MutexLock lock(&registry.mu);
-      auto it = registry.factories.find(scheme);
-      if (it != registry.factories.end()) factory = it->second;
-    }
-    if (factory) return factory(rest, options);
-  }
-  if (scheme == "file") {
-    if (!absl::StartsWith(rest, "/")) {
+  absl::string_view scheme;
+  absl::string_view rest;
+  if (absl::StartsWith(uri, "/")) {
+    scheme = "file";  // a bare absolute path
+    rest = uri;
+  } else {
+    const size_t sep = uri.find("://");
+    if (sep == absl::string_view::npos || sep == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "malformed store URI '", uri,
-          "': file URIs name an absolute path (file:///path); hosts are not "
-          "supported"));
+          "': expected scheme://..., e.g. file:///data/ckpt or mem://"));
     }
-    return OpenPosixShardStore(rest, options);
+    scheme = uri.substr(0, sep);
+    rest = uri.substr(sep + 3);
   }
-  if (scheme == "mem") return OpenMemoryShardStore(rest);
-  return absl::InvalidArgumentError(
-      absl::StrCat("store URI '", uri, "': unsupported scheme '", scheme,
-                   "' (supported: file, mem)"));
+  ShardStoreFactory factory;
+  std::vector<std::string> registered;
+  {
+    Registry& registry = GetRegistry();
+    absl::MutexLock lock(&registry.mu);
+    auto it = registry.factories.find(scheme);
+    if (it != registry.factories.end()) {
+      factory = it->second;
+    } else {
+      for (const auto& entry : registry.factories) {
+        registered.push_back(entry.first);
+      }
+    }
+  }
+  if (factory) return factory(rest, options);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "store URI '", uri, "': unsupported scheme '", scheme, "' (registered: ",
+      registered.empty() ? "none, no storage driver is linked"
+                         : absl::StrJoin(registered, ", "),
+      ")"));
 }
 
 absl::StatusOr<std::string> ReadObject(ShardStore& store, absl::string_view key,

@@ -3,11 +3,16 @@
 // metadata published atomically (Put), ranged reads straight into caller
 // buffers (Read / ReadRanges), listing by prefix and deletion.
 //
-// Backends register by URI scheme and are opened with OpenShardStore():
+// Backends (drivers) are libraries of their own that register their URI
+// scheme when linked (see ShardStoreRegistrar); OpenShardStore() opens a URI
+// with whichever driver registered its scheme:
 //   file:///data/ckpt   posix (storage/posix/): local disk, Lustre, GPFS
 //   mem://              memory (storage/memory/): a fresh private store
 //   mem://name          memory, shared by every opener in the process
 //   s3://bucket/prefix  (later)
+// This library includes no driver: a binary gets a scheme by linking its
+// driver (CMake cairn_storage_posix / cairn_storage_memory, linked whole;
+// Bazel //storage/posix, //storage/memory, alwayslink).
 //
 // Keys are relative, '/'-separated paths (see ValidateKey). A key is an
 // object, never a "directory": List("a/") lists every key starting with
@@ -27,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -178,9 +184,10 @@ struct StoreOptions {
   bool durable = true;
 };
 
-// Opens the store named by `uri` (see the table at the top). A bare absolute
-// path is taken as file://. INVALID_ARGUMENT for a malformed URI or unknown
-// scheme.
+// Opens the store named by `uri` (see the table at the top) with the driver
+// registered for its scheme. A bare absolute path is short for file://path.
+// INVALID_ARGUMENT for a malformed URI, or for a scheme no linked driver
+// registered (the message lists the registered schemes).
 absl::StatusOr<std::unique_ptr<ShardStore>> OpenShardStore(
     absl::string_view uri, const StoreOptions& options = {});
 
@@ -190,10 +197,29 @@ using ShardStoreFactory =
     std::function<absl::StatusOr<std::unique_ptr<ShardStore>>(
         absl::string_view rest, const StoreOptions& options)>;
 
-// Registers (or replaces) the factory for `scheme`. posix ("file") and memory
-// ("mem") are built in. Thread-safe.
+// Registers (or replaces) the factory for `scheme`.
+// Thread-safe. Drivers call it through a ShardStoreRegistrar; tests may call
+// it directly to add a scheme of their own (a fault-injecting wrapper, say).
 void RegisterShardStoreScheme(absl::string_view scheme,
                               ShardStoreFactory factory);
+
+// The schemes registered so far, sorted.
+std::vector<std::string> RegisteredShardStoreSchemes();
+
+// Registers a driver's scheme during static initialization. A driver defines
+// one at namespace scope in its .cc:
+//   const ShardStoreRegistrar kRegistrar("file", &OpenFromUri);
+// The linker drops an object file of a static archive that nothing
+// references, and the registrar with it: driver libraries are therefore
+// linked whole (CMake WHOLE_ARCHIVE, Bazel alwayslink = True).
+class ShardStoreRegistrar {
+ public:
+  ShardStoreRegistrar(absl::string_view scheme, ShardStoreFactory factory) {
+    RegisterShardStoreScheme(scheme, std::move(factory));
+  }
+  ShardStoreRegistrar(const ShardStoreRegistrar&) = delete;
+  ShardStoreRegistrar& operator=(const ShardStoreRegistrar&) = delete;
+};
 
 inline constexpr size_t kMaxKeyBytes = 1024;
 

@@ -249,4 +249,14 @@ absl::StatusOr<std::unique_ptr<ShardStore>> OpenMemoryShardStore(
                                             std::move(state));
 }
 
+namespace {
+
+// "mem://" and "mem://name"; the store options do not apply.
+const ShardStoreRegistrar kMemScheme("mem", [](absl::string_view rest,
+                                               const StoreOptions&) {
+  return OpenMemoryShardStore(rest);
+});
+
+}  // namespace
+
 }  // namespace cairn::storage

@@ -1,5 +1,7 @@
 // The memory ShardStore: a sorted map from key to immutable byte strings,
 // for unit tests and as the reference behaviour of the conformance suite.
+// Its own library (CMake cairn_storage_memory, Bazel //storage/memory), which
+// registers the "mem" scheme when linked.
 //
 // "mem://" opens a fresh private store. "mem://name" opens a handle on the
 // process-wide store called `name` (created on first use): every opener in

@@ -1149,4 +1149,22 @@ absl::StatusOr<std::unique_ptr<ShardStore>> OpenPosixShardStore(
       new PosixShardStore(path, std::move(fd), options));
 }
 
+namespace {
+
+// "file:///path" (and a bare "/path"): `rest` is the absolute root.
+absl::StatusOr<std::unique_ptr<ShardStore>> OpenFileUri(
+    absl::string_view rest, const StoreOptions& options) {
+  if (!absl::StartsWith(rest, "/")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "malformed store URI 'file://", rest,
+        "': file URIs name an absolute path (file:///path); hosts are not "
+        "supported"));
+  }
+  return OpenPosixShardStore(rest, options);
+}
+
+const ShardStoreRegistrar kFileScheme("file", &OpenFileUri);
+
+}  // namespace
+
 }  // namespace cairn::storage

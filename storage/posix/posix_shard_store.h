@@ -1,4 +1,6 @@
-// The posix ShardStore: objects are files under a root directory.
+// The posix ShardStore: objects are files under a root directory. Its own
+// library (CMake cairn_storage_posix, Bazel //storage/posix), which registers
+// the "file" scheme (file:///path, and bare absolute paths) when linked.
 //
 // Writes: an ObjectWriter writes a temp file ".cairn-tmp.<name>.<random>" in
 // the object's directory. Appends are split into io_chunk_bytes pieces and

@@ -506,15 +506,5 @@ TEST(PosixShardStoreTest, BadUrisAndOptions) {
   EXPECT_FALSE(OpenShardStore(dir + "/file").ok());
 }
 
-TEST(PosixShardStoreTest, CustomSchemeRegistration) {
-  RegisterShardStoreScheme(
-      "testscheme", [](absl::string_view rest, const StoreOptions&) {
-        return OpenShardStore(absl::StrCat("mem://", rest));
-      });
-  auto store = OpenShardStore("testscheme://reg");
-  ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_EQ((*store)->uri(), "mem://reg");
-}
-
 }  // namespace
 }  // namespace cairn::storage
