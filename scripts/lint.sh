@@ -10,3 +10,29 @@ if [[ "${1:-}" == "--fix" ]]; then
 fi
 clang-format --dry-run -Werror "${files[@]}"
 echo "lint: ${#files[@]} files formatted correctly"
+
+# Layering, as //:BUILD.bazel enforces it with Bazel visibility (so a
+# CMake-only change cannot break it either): production sources (not tests,
+# test fixtures or testing/ libraries) of a package include no header of a
+# package above it.
+layering_errors=0
+check_layer() {  # check_layer DIR REGEX-OF-FORBIDDEN-INCLUDES
+  local hits
+  hits=$(git ls-files "$1" | grep -E '\.(h|cc|cu)$' |
+    grep -vE '(_test\.cc|_test_fixture\.h|/testing/)' |
+    xargs -r grep -nE "^#include \"($2)/" || true)
+  if [[ -n "$hits" ]]; then
+    echo "lint: $1 may not include $2:"
+    echo "$hits"
+    layering_errors=1
+  fi
+}
+check_layer common 'proto|planner|storage|client|server'
+check_layer planner 'proto|storage|client|server'
+check_layer proto 'storage|client|server'
+check_layer storage 'planner|client|server'
+check_layer client 'server'
+check_layer server/coordinator 'client'
+check_layer server/agent 'client/(agent|cli|examples)|client/[a-z_]+\.h'
+if [[ $layering_errors != 0 ]]; then exit 1; fi
+echo "lint: layering respected"
