@@ -177,6 +177,12 @@ def main():
             print("e2e_bench --smoke: torch is not importable (apt-get install "
                   "python3-torch): DCP skipped", file=sys.stderr)
             args.skip_dcp = True
+    elif not args.skip_dcp and subprocess.run(
+            ["/usr/bin/python3", "-c", "import torch"], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL).returncode != 0:
+        sys.exit("e2e_bench: PyTorch DCP is the peer this benchmark compares against, but "
+                 "/usr/bin/python3 cannot import torch: run bench/baselines/install.sh "
+                 "(Debian's python3-torch), or pass --skip-dcp")
     args.bytes = args.bytes or 1.6e9
     args.repeat = args.repeat or 2
     os.makedirs(args.dir, exist_ok=True)
