@@ -234,14 +234,8 @@ absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpoint(
 
 absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpointOfStep(
     const std::string& job, int64_t step) {
-  absl::StatusOr<v1::CheckpointRecord> rec = catalog_->GetCheckpoint(job, step);
-  if (!rec.ok()) {
-    if (absl::IsNotFound(rec.status())) {
-      return absl::NotFoundError(
-          absl::StrCat("no checkpoint ", SaveName(job, step)));
-    }
-    return rec.status();
-  }
+  absl::StatusOr<v1::CheckpointRecord> rec = RecordOfStep(*catalog_, job, step);
+  if (!rec.ok()) return rec.status();
   v1::GetCheckpointResponse resp;
   *resp.mutable_checkpoint() = *rec;
   if (rec->state() == v1::CHECKPOINT_STATE_COMMITTED) {

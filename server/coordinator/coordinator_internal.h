@@ -33,6 +33,18 @@ inline std::string SaveName(absl::string_view job, int64_t step) {
 }
 
 // Summarises a list of ranks for an error message: "[3, 5, 9] (3 of 8)".
+// The catalog record of job/step; NOT_FOUND "no checkpoint <job>/<step>" when
+// there is none (other catalog errors as they are).
+inline absl::StatusOr<v1::CheckpointRecord> RecordOfStep(
+    storage::Catalog& catalog, const std::string& job, int64_t step) {
+  absl::StatusOr<v1::CheckpointRecord> rec = catalog.GetCheckpoint(job, step);
+  if (absl::IsNotFound(rec.status())) {
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoint ", SaveName(job, step)));
+  }
+  return rec;
+}
+
 inline std::string RankList(const std::vector<int>& ranks, int world_size) {
   std::vector<int> shown(ranks.begin(),
                          ranks.begin() + std::min<size_t>(ranks.size(), 16));

@@ -68,14 +68,8 @@ absl::Status Coordinator::DeleteCheckpoint(
     absl::MutexLock lock(&mu_);
     deleting_.erase(key);
   };
-  absl::StatusOr<v1::CheckpointRecord> rec = catalog_->GetCheckpoint(job, step);
-  if (!rec.ok()) {
-    if (absl::IsNotFound(rec.status())) {
-      return absl::NotFoundError(
-          absl::StrCat("no checkpoint ", SaveName(job, step)));
-    }
-    return rec.status();
-  }
+  absl::StatusOr<v1::CheckpointRecord> rec = RecordOfStep(*catalog_, job, step);
+  if (!rec.ok()) return rec.status();
   CAIRN_RETURN_IF_ERROR(DeleteStepRecord(*rec));
   CAIRN_LOG(info, "deleted {}", SaveName(job, step));
   return absl::OkStatus();
