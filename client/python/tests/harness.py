@@ -1,0 +1,263 @@
+"""Real processes for the Python tests: cairnd, cairn-agent and rank groups.
+
+Nothing here is mocked: `Cairnd` and `Agent` run the built binaries on
+loopback / a Unix socket, and `run_ranks` runs each rank in its own process
+(torch.multiprocessing's spawn context) with a real gloo process group, the
+way a training job's ranks run.
+"""
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+import traceback
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+# How long a server may take to come up before the test fails naming it.
+_START_TIMEOUT_S = 60.0
+
+
+class Binaries:
+    """Paths of the built binaries, from CAIRN_BUILD_DIR (set by ctest)."""
+
+    def __init__(self, build_dir: pathlib.Path):
+        self.build_dir = build_dir
+        self.cairnd = build_dir / "server/coordinator/cairnd"
+        self.agent = build_dir / "server/agent/cairn-agent"
+        self.cli = build_dir / "client/cli/cairn"
+        missing = [str(p) for p in (self.cairnd, self.agent, self.cli)
+                   if not os.access(p, os.X_OK)]
+        if missing:
+            raise RuntimeError(
+                f"binaries not built: {', '.join(missing)} (build the tree "
+                f"with CMake and set CAIRN_BUILD_DIR to the build directory)")
+
+    @staticmethod
+    def from_env() -> "Binaries":
+        build_dir = os.environ.get("CAIRN_BUILD_DIR")
+        if not build_dir:
+            raise RuntimeError(
+                "CAIRN_BUILD_DIR is not set: run these tests through ctest, or "
+                "set it to the CMake build directory")
+        return Binaries(pathlib.Path(build_dir).resolve())
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_file(path: pathlib.Path, proc: subprocess.Popen, what: str,
+                   log: pathlib.Path) -> str:
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before "
+                               f"serving:\n{tail(log)}")
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{what} did not serve within {_START_TIMEOUT_S} s:\n"
+                       f"{tail(log)}")
+
+
+def tail(path: pathlib.Path, lines: int = 60) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(no log: {e})"
+
+
+class _Server:
+    """A child process with a log file; stopped by `stop` or `kill`."""
+
+    proc: Optional[subprocess.Popen] = None
+    log: pathlib.Path
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then waits; returns the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"{self.log.stem} ignored SIGTERM for "
+                               f"{timeout} s:\n{tail(self.log)}")
+
+    def kill(self) -> None:
+        """SIGKILL (a crash), then reaps it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log_tail(self) -> str:
+        return tail(self.log)
+
+
+class Cairnd(_Server):
+    """cairnd on 127.0.0.1 with its data directory (storage + catalog)."""
+
+    def __init__(self, binaries: Binaries, workdir: pathlib.Path,
+                 flags: Sequence[str] = ()):
+        self.binaries = binaries
+        self.data_dir = pathlib.Path(workdir) / "cairnd-data"
+        self.storage_dir = self.data_dir / "checkpoints"
+        self.flags = list(flags)
+        self.port = 0
+        self.address = ""
+        self.log = pathlib.Path(workdir) / "cairnd.log"
+
+    @staticmethod
+    def start(binaries: Binaries, workdir: pathlib.Path,
+              flags: Sequence[str] = ()) -> "Cairnd":
+        c = Cairnd(binaries, workdir, flags)
+        c._launch()
+        return c
+
+    def _launch(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        port_file = self.data_dir.parent / "cairnd.port"
+        port_file.unlink(missing_ok=True)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(self.binaries.cairnd), "--listen",
+                 f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir),
+                 "--port-file", str(port_file), *self.flags],
+                stdout=log, stderr=subprocess.STDOUT)
+        self.port = int(_wait_for_file(port_file, self.proc, "cairnd",
+                                       self.log))
+        self.address = f"127.0.0.1:{self.port}"
+
+    def restart(self, kill: bool = False) -> None:
+        """Stops (or kills) cairnd and starts it again on the same port and
+        data directory."""
+        if kill:
+            self.kill()
+        else:
+            self.stop()
+        self._launch()
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Runs `cairn --coordinator ADDRESS args...`."""
+        r = subprocess.run([str(self.binaries.cli), "--coordinator",
+                            self.address, *args],
+                           capture_output=True, text=True, timeout=120)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"cairn {' '.join(args)} failed "
+                               f"({r.returncode}):\n{r.stdout}{r.stderr}")
+        return r
+
+
+class Agent(_Server):
+    """cairn-agent serving ranks on a Unix socket."""
+
+    def __init__(self, binaries: Binaries, workdir: pathlib.Path,
+                 coordinator: str, node_id: int, num_nodes: int,
+                 flags: Sequence[str]):
+        self.binaries = binaries
+        self.workdir = pathlib.Path(workdir) / f"agent-{node_id}"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.socket = str(self.workdir / "agent.sock")
+        self.coordinator = coordinator
+        self.node_id = node_id
+        self.num_nodes = num_nodes
+        self.flags = list(flags)
+        self.log = self.workdir / "agent.log"
+
+    @staticmethod
+    def start(binaries: Binaries, workdir: pathlib.Path, coordinator: str,
+              node_id: int = 0, num_nodes: int = 1,
+              flags: Sequence[str] = ()) -> "Agent":
+        a = Agent(binaries, workdir, coordinator, node_id, num_nodes, flags)
+        ready = a.workdir / "ready"
+        ready.unlink(missing_ok=True)
+        peer_dir = pathlib.Path(workdir) / "agent-peers"
+        peer_dir.mkdir(exist_ok=True)
+        with open(a.log, "ab") as log:
+            a.proc = subprocess.Popen(
+                [str(binaries.agent), "--node-id", str(node_id),
+                 "--num-nodes", str(num_nodes), "--listen-unix", a.socket,
+                 "--peer-dir", str(peer_dir), "--coordinator", coordinator,
+                 "--ready-file", str(ready), *a.flags],
+                stdout=log, stderr=subprocess.STDOUT)
+        _wait_for_file(ready, a.proc, f"cairn-agent {node_id}", a.log)
+        return a
+
+
+# ---------------------------------------------------------------- ranks
+
+def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
+               queue: Any, args: Tuple) -> None:
+    """Body of one rank process: gloo group up, fn, result to the parent."""
+    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      RANK=str(rank), WORLD_SIZE=str(world_size))
+    try:
+        import datetime  # pylint: disable=import-outside-toplevel
+        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=120))
+        result = fn(rank, world_size, *args)
+        queue.put((rank, True, result))
+    except BaseException:  # report everything, KeyboardInterrupt included
+        queue.put((rank, False, traceback.format_exc()))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks_raw(fn: Callable, world_size: int, *args: Any,
+                  timeout: float = 300.0
+                  ) -> List[Tuple[Optional[int], bool, Any]]:
+    """Runs fn(rank, world_size, *args) in `world_size` spawned processes
+    with a gloo group. Returns per rank (exitcode, ok, result-or-traceback);
+    a rank that died without reporting has ok False and result None. Ranks
+    still running after `timeout` are killed (exitcode -9)."""
+    import torch.multiprocessing as mp  # pylint: disable=import-outside-toplevel
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main,
+                         args=(fn, r, world_size, port, queue, args),
+                         daemon=False)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    reports = {}
+    while not queue.empty():
+        rank, ok, value = queue.get()
+        reports[rank] = (ok, value)
+    return [(procs[r].exitcode,) + reports.get(r, (False, None))
+            for r in range(world_size)]
+
+
+def run_ranks(fn: Callable, world_size: int, *args: Any,
+              timeout: float = 300.0) -> List[Any]:
+    """Like run_ranks_raw, but returns each rank's result and raises
+    AssertionError with every failed rank's traceback if any rank failed."""
+    results = run_ranks_raw(fn, world_size, *args, timeout=timeout)
+    failures = []
+    for rank, (exitcode, ok, value) in enumerate(results):
+        if not ok or exitcode != 0:
+            failures.append(f"--- rank {rank} (exit code {exitcode}):\n"
+                            f"{value if value else '(no report: it died)'}")
+    if failures:
+        raise AssertionError(f"{len(failures)} of {world_size} ranks of "
+                             f"{getattr(fn, '__name__', fn)} failed:\n" +
+                             "\n".join(failures))
+    return [value for _, _, value in results]
