@@ -11,6 +11,10 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java
   clang-format fio python3-grpcio
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: clang + libFuzzer/ASan/UBSan runtimes
+  # The Python package (client/python): pybind11 binding, PyTorch 1.13 (DCP,
+  # ShardedTensor, gloo), pytest, and pip/venv for its documented install.
+  python3 python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch
+  python3-pytest python3-venv python3-pip python3-setuptools
 )
 
 missing=()
