@@ -75,8 +75,15 @@ absl::StatusOr<CheckpointSummary> SummaryFromProto(
     CAIRN_ASSIGN_OR_RETURN(
         s.shape, convert::ShapeFromProto(t.entry().global_shape(), s.fqn));
     s.chunks = t.chunks_size();
-    for (const v1::StoredChunk& c : t.chunks())
+    s.chunk_boxes.reserve(t.chunks_size());
+    for (const v1::StoredChunk& c : t.chunks()) {
       s.bytes += c.location().length();
+      CAIRN_ASSIGN_OR_RETURN(planner::ChunkBox box,
+                             convert::BoxFromProto(c.box(), s.fqn));
+      s.chunk_boxes.push_back(std::move(box));
+    }
+    // The manifest sorts them by offsets; by box makes it a total order.
+    std::stable_sort(s.chunk_boxes.begin(), s.chunk_boxes.end());
     summary.tensors.push_back(std::move(s));
   }
   for (const v1::ManifestBytes& b : manifest.bytes_entries()) {

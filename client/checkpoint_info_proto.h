@@ -15,7 +15,8 @@ CheckpointState CheckpointStateFromProto(v1::CheckpointState state);
 CheckpointInfo CheckpointInfoFromProto(const v1::CheckpointRecord& record);
 
 // The summary of a committed checkpoint's manifest. INVALID_ARGUMENT naming
-// the tensor if the manifest has a dtype or shape this library cannot read.
+// the tensor if the manifest has a dtype, shape or chunk box this library
+// cannot read.
 absl::StatusOr<CheckpointSummary> SummaryFromProto(
     const v1::CheckpointRecord& record, const v1::Manifest& manifest);
 

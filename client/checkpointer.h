@@ -179,6 +179,10 @@ struct TensorSummary {
   planner::Shape shape;  // global
   int chunks = 0;        // stored chunks (a resharding load reads any subset)
   uint64_t bytes = 0;    // stored bytes of all its chunks
+  // The global box of every stored chunk (chunks of them), sorted by box
+  // (offsets, then sizes: the manifest's order): how the saving ranks split
+  // the tensor, e.g. [0:4, 0:4] and [4:8, 0:4] for rows split over 2 ranks.
+  std::vector<planner::ChunkBox> chunk_boxes;
 };
 
 // One bytes entry of a committed checkpoint.
@@ -225,9 +229,9 @@ class Checkpointer {
   // job when it has none.
   absl::StatusOr<int64_t> LatestStep();
 
-  // The record and the manifest summary (tensors with dtype, shape, chunk
-  // count and bytes; bytes entries) of `step`. NOT_FOUND naming the job and
-  // step when cairnd has no record of it; FAILED_PRECONDITION naming its
+  // The record and the manifest summary (tensors with dtype, shape, stored
+  // chunks' boxes and bytes; bytes entries) of `step`. NOT_FOUND naming the job
+  // and step when cairnd has no record of it; FAILED_PRECONDITION naming its
   // state when it is not committed (no manifest).
   absl::StatusOr<CheckpointSummary> Describe(int64_t step);
 

@@ -14,6 +14,7 @@
 #include "client/checkpoint_info_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator_server.h"
 #include "storage/testing/status_testing.h"
 
@@ -285,6 +286,10 @@ TEST_F(CheckpointerTest, DescribeSummarizesTheManifest) {
   EXPECT_EQ(d->tensors[0].shape, (planner::Shape{8, 4}));
   EXPECT_EQ(d->tensors[0].chunks, 2);  // rows split over two ranks
   EXPECT_EQ(d->tensors[0].bytes, 128u);
+  // Rank 0 saved rows [0, 4), rank 1 rows [4, 8), all 4 columns each.
+  EXPECT_EQ(
+      d->tensors[0].chunk_boxes,
+      (std::vector<planner::ChunkBox>{{{0, 0}, {4, 4}}, {{4, 0}, {4, 4}}}));
   ASSERT_EQ(d->bytes_entries.size(), 1u);
   EXPECT_EQ(d->bytes_entries[0].fqn, "rng");
   EXPECT_EQ(d->bytes_entries[0].bytes, 9u);
@@ -363,6 +368,38 @@ TEST(CheckpointInfoTest, FromRecordKeepsEveryFieldAndMapsUnknownStates) {
             CheckpointState::kWriting);
   EXPECT_EQ(CheckpointStateFromProto(v1::CHECKPOINT_STATE_DELETING),
             CheckpointState::kDeleting);
+}
+
+TEST(CheckpointSummaryTest, ChunkBoxesAreTheManifestsBoxesSortedByBox) {
+  v1::CheckpointRecord r;
+  r.set_job("llama");
+  r.set_step(5);
+  r.set_state(v1::CHECKPOINT_STATE_COMMITTED);
+  v1::Manifest m;
+  v1::ManifestTensor* t = m.add_tensors();
+  t->mutable_entry()->set_fqn("wq");
+  t->mutable_entry()->set_dtype(convert::DTypeToProto(DType::kFloat32));
+  for (int64_t d : {6, 4}) t->mutable_entry()->add_global_shape(d);
+  // Columns split in three (the last one narrower), stored out of order.
+  const std::vector<planner::ChunkBox> boxes = {
+      {{0, 3}, {6, 1}}, {{0, 0}, {6, 2}}, {{0, 2}, {6, 1}}};
+  for (const planner::ChunkBox& b : boxes) {
+    v1::StoredChunk* c = t->add_chunks();
+    convert::BoxToProto(b, c->mutable_box());
+    c->mutable_location()->set_length(planner::Volume(b) * 4);
+  }
+  absl::StatusOr<CheckpointSummary> s = SummaryFromProto(r, m);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->tensors.size(), 1u);
+  EXPECT_EQ(s->tensors[0].chunks, 3);
+  EXPECT_EQ(s->tensors[0].bytes, 6u * 4 * 4);
+  EXPECT_EQ(s->tensors[0].chunk_boxes,
+            (std::vector<planner::ChunkBox>{
+                {{0, 0}, {6, 2}}, {{0, 2}, {6, 1}}, {{0, 3}, {6, 1}}}));
+  // A box this library cannot read is refused naming the tensor.
+  t->mutable_chunks(1)->mutable_box()->add_offsets(0);
+  EXPECT_STATUS(SummaryFromProto(r, m).status(), kInvalidArgument,
+                "chunk of 'wq' has 3 offsets but 2 sizes");
 }
 
 TEST(CheckpointStateTest, NamesEveryState) {
