@@ -1,0 +1,294 @@
+// cairn._cairn.AgentCheckpointer and SaveFuture (see agent_checkpointer.h).
+#include "client/python/src/agent_checkpointer.h"
+
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/agent/agent_checkpointer.h"
+#include "client/python/src/checkpointer.h"
+#include "client/python/src/errors.h"
+#include "client/python/src/options.h"
+#include "client/python/src/results.h"
+#include "client/python/src/state_dict.h"
+
+namespace cairn::python {
+
+namespace py = pybind11;
+
+namespace {
+
+// How long SaveFuture.wait(None) waits: "forever" for a training job.
+constexpr absl::Duration kWaitForever = absl::Hours(24 * 365);
+
+// A SaveFuture plus its outcome once known (so done() followed by wait()
+// asks the agent once). Thread-safe.
+class PySaveFuture {
+ public:
+  explicit PySaveFuture(client::SaveFuture future)
+      : future_(std::move(future)) {}
+
+  int64_t step() const { return future_.step(); }
+
+  client::CheckpointInfo Wait(std::optional<double> timeout_s) {
+    absl::Duration timeout = kWaitForever;
+    if (timeout_s.has_value()) {
+      if (!std::isfinite(*timeout_s) || *timeout_s < 0) {
+        ThrowStatus(absl::InvalidArgumentError(
+            absl::StrCat("SaveFuture of step ", step(), ": wait timeout ",
+                         *timeout_s, " s is not a finite duration >= 0")));
+      }
+      timeout = absl::Seconds(*timeout_s);
+    }
+    absl::StatusOr<client::CheckpointInfo> r;
+    {
+      py::gil_scoped_release release;
+      r = WaitFor(timeout);
+    }
+    return ValueOrThrow(std::move(r));
+  }
+
+  bool Done() {
+    py::gil_scoped_release release;
+    absl::StatusOr<client::CheckpointInfo> r = WaitFor(absl::Milliseconds(1));
+    return !NotYet(r.status());
+  }
+
+ private:
+  // The agent answers a wait that ran out of time DEADLINE_EXCEEDED "...
+  // not persisted within ..." (server/agent/persister.cc); any other answer
+  // is the save's outcome.
+  static bool NotYet(const absl::Status& s) {
+    return s.code() == absl::StatusCode::kDeadlineExceeded &&
+           absl::StrContains(s.message(), "not persisted within");
+  }
+
+  absl::StatusOr<client::CheckpointInfo> WaitFor(absl::Duration timeout) {
+    {
+      absl::MutexLock l(&mu_);
+      if (outcome_.has_value()) return *outcome_;
+    }
+    absl::StatusOr<client::CheckpointInfo> r = future_.Wait(timeout);
+    if (!NotYet(r.status())) {
+      absl::MutexLock l(&mu_);
+      outcome_ = r;
+    }
+    return r;
+  }
+
+  const client::SaveFuture future_;
+  absl::Mutex mu_;
+  std::optional<absl::StatusOr<client::CheckpointInfo>> outcome_
+      ABSL_GUARDED_BY(mu_);
+};
+
+const char* LoadSourceName(client::LoadSource s) {
+  switch (s) {
+    case client::LoadSource::kAgentMemory:
+      return "agent_memory";
+    case client::LoadSource::kStorage:
+      return "storage";
+    case client::LoadSource::kNone:
+      break;
+  }
+  return "none";
+}
+
+class PyAgentCheckpointer {
+ public:
+  explicit PyAgentCheckpointer(const client::AgentCheckpointerOptions& o)
+      : job_(o.direct.job),
+        who_(absl::StrCat("job '", o.direct.job, "' rank ", o.direct.rank)) {
+    absl::StatusOr<std::unique_ptr<client::AgentCheckpointer>> c;
+    {
+      py::gil_scoped_release release;
+      c = client::AgentCheckpointer::Connect(o);
+    }
+    impl_ = ValueOrThrow(std::move(c));
+  }
+
+  std::unique_ptr<PySaveFuture> AsyncSave(int64_t step,
+                                          const PyStateDict& state) {
+    OneCallAtATime guard(busy_, who_, "async_save");
+    absl::StatusOr<client::SaveFuture> r;
+    {
+      py::gil_scoped_release release;
+      r = impl_->AsyncSave(step, state.state());
+    }
+    if (!r.ok()) {
+      ThrowStatus(WithJobContext(
+          r.status(), job_, absl::StrCat(who_, " step ", step, " async_save")));
+    }
+    return std::make_unique<PySaveFuture>(*std::move(r));
+  }
+
+  int64_t Load(PyStateDict& state, std::optional<int64_t> step) {
+    OneCallAtATime guard(busy_, who_, "load");
+    if (step.has_value() && *step < 0) {
+      ThrowStatus(absl::InvalidArgumentError(absl::StrCat(
+          who_, ": step ", *step, " is negative (None loads the latest)")));
+    }
+    const client::LoadRef ref = step.has_value() ? client::LoadRef::Step(*step)
+                                                 : client::LoadRef::Latest();
+    absl::StatusOr<int64_t> r;
+    {
+      py::gil_scoped_release release;
+      r = impl_->Load(ref, state.state());
+    }
+    if (!r.ok()) {
+      ThrowStatus(WithJobContext(
+          r.status(), job_,
+          absl::StrCat(who_, " load of ",
+                       step.has_value() ? absl::StrCat("step ", *step)
+                                        : std::string("the latest step"))));
+    }
+    return *std::move(r);
+  }
+
+  std::string LastLoadSource() const {
+    return LoadSourceName(impl_->last_load_source());
+  }
+
+  py::dict LastSaveStats() const {
+    const client::AgentSaveStats& s = impl_->last_save_stats();
+    py::dict d;
+    d["bytes"] = s.bytes;
+    d["blocked"] = absl::ToDoubleSeconds(s.blocked);
+    d["copy_time"] = absl::ToDoubleSeconds(s.copy_time);
+    d["begin_time"] = absl::ToDoubleSeconds(s.begin_time);
+    d["streamed_buckets"] = s.streamed_buckets;
+    return d;
+  }
+
+ private:
+  std::unique_ptr<client::AgentCheckpointer> impl_;
+  std::string job_;
+  std::string who_;
+  std::atomic<bool> busy_{false};
+};
+
+}  // namespace
+
+void RegisterAgentCheckpointer(py::module_& m) {
+  py::class_<PySaveFuture>(m, "SaveFuture", R"doc(
+Durability of one AgentCheckpointer.async_save. May be waited on from any
+thread; the outcome is remembered once known.
+
+Attributes:
+  step: the step being saved.
+)doc")
+      .def_property_readonly("step", &PySaveFuture::step)
+      .def("wait", &PySaveFuture::Wait, py::arg("timeout") = py::none(),
+           R"doc(
+Waits (GIL released) until the checkpoint is committed by every rank's agent
+and this rank's copy is replicated to its peers; returns its CheckpointInfo.
+
+Args:
+  timeout: seconds to wait; None waits without limit.
+
+Raises:
+  DeadlineExceededError: not persisted within `timeout`.
+  AbortedError, UnavailableError (the agent died), ...: the save failed.
+)doc")
+      .def("done", &PySaveFuture::Done,
+           "True once the save's outcome is known (committed or failed); "
+           "does not block.");
+
+  py::class_<PyAgentCheckpointer>(m, "AgentCheckpointer", R"doc(
+One rank's connection to its node's cairn-agent (agent mode): async_save
+copies the state into the agent's shared memory and returns; the agent
+persists and replicates it. Loads come from agent memory (local, then peer
+agents) and fall back to storage (direct mode).
+
+Every blocking call releases the GIL; one call at a time per object.
+)doc")
+      .def(py::init([](std::string agent_socket, std::string coordinator,
+                       std::string job, int rank, int world_size,
+                       int copy_threads, double wait_for_space,
+                       bool allow_streaming, int io_threads, double rpc_timeout,
+                       double collective_timeout, int max_retries,
+                       std::string partial_chunk_check, bool use_odirect) {
+             DirectOptions d;
+             d.coordinator = std::move(coordinator);
+             d.job = std::move(job);
+             d.rank = rank;
+             d.world_size = world_size;
+             d.io_threads = io_threads;
+             d.rpc_timeout = rpc_timeout;
+             d.collective_timeout = collective_timeout;
+             d.max_retries = max_retries;
+             d.partial_chunk_check = std::move(partial_chunk_check);
+             d.use_odirect = use_odirect;
+             client::AgentCheckpointerOptions o;
+             o.agent_socket = std::move(agent_socket);
+             o.direct = ValueOrThrow(ToCheckpointerOptions(d));
+             o.copy_threads = copy_threads;
+             o.wait_for_space = ValueOrThrow(
+                 SecondsOption(wait_for_space, "wait_for_space", d.job, rank));
+             o.rpc_timeout = o.direct.rpc_timeout;
+             o.allow_streaming = allow_streaming;
+             return std::make_unique<PyAgentCheckpointer>(o);
+           }),
+           py::arg("agent_socket"), py::arg("coordinator"), py::arg("job"),
+           py::arg("rank"), py::arg("world_size"), py::kw_only(),
+           py::arg("copy_threads") = 1, py::arg("wait_for_space") = 600.0,
+           py::arg("allow_streaming") = true, py::arg("io_threads") = 4,
+           py::arg("rpc_timeout") = 300.0,
+           py::arg("collective_timeout") = 3900.0, py::arg("max_retries") = 16,
+           py::arg("partial_chunk_check") = "collective",
+           py::arg("use_odirect") = true, R"doc(
+Connects to the agent's Unix socket.
+
+Args:
+  agent_socket: path of cairn-agent's Unix domain socket.
+  coordinator, job, rank, world_size: as for Checkpointer.
+  copy_threads: threads copying one large tensor into staging memory.
+  wait_for_space: seconds async_save may wait for staging space.
+  allow_streaming: let a save larger than the agent's staging budget stream
+    through buckets (otherwise ResourceExhaustedError).
+  io_threads, rpc_timeout, collective_timeout, max_retries,
+  partial_chunk_check, use_odirect: as for Checkpointer (used by the storage
+    fallback of load; rpc_timeout also bounds calls to the agent).
+
+Raises:
+  InvalidArgumentError naming job and rank: a bad option.
+  UnavailableError: the agent does not answer on `agent_socket`.
+)doc")
+      .def("async_save", &PyAgentCheckpointer::AsyncSave, py::arg("step"),
+           py::arg("state"), R"doc(
+Snapshots `state` into the agent's staging memory and returns a SaveFuture
+as soon as the buffers of `state` may change again (training blocks only
+for the copy). The agent commits the checkpoint even if this process exits.
+
+Raises:
+  ResourceExhaustedError: no staging space within wait_for_space.
+  UnavailableError: the agent is down.
+  InvalidArgumentError: the state dict is invalid.
+)doc")
+      .def("load", &PyAgentCheckpointer::Load, py::arg("state"),
+           py::arg("step") = py::none(), R"doc(
+Fills `state` from checkpoint `step` (None: the latest): agent memory tiers
+first, storage otherwise. Returns the step loaded; last_load_source says
+which tier served it. Errors as Checkpointer.load.
+)doc")
+      .def_property_readonly("last_load_source",
+                             &PyAgentCheckpointer::LastLoadSource,
+                             "Which tier served the last load: "
+                             "\"agent_memory\", \"storage\" or \"none\".")
+      .def_property_readonly("last_save_stats",
+                             &PyAgentCheckpointer::LastSaveStats, R"doc(
+The last async_save, a dict: bytes (copied into staging), blocked (seconds
+inside async_save), copy_time, begin_time (seconds waiting for space),
+streamed_buckets (> 0: the save streamed through buckets).
+)doc");
+}
+
+}  // namespace cairn::python

@@ -1,0 +1,53 @@
+// Python keyword options -> client::CheckpointerOptions (see options.h).
+#include "client/python/src/options.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace cairn::python {
+
+absl::StatusOr<absl::Duration> SecondsOption(double seconds,
+                                             const std::string& what,
+                                             const std::string& job, int rank) {
+  if (!std::isfinite(seconds) || seconds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", job, "' rank ", rank, ": ", what, " = ", seconds,
+                     " s is not a finite duration >= 0"));
+  }
+  return absl::Seconds(seconds);
+}
+
+absl::StatusOr<client::CheckpointerOptions> ToCheckpointerOptions(
+    const DirectOptions& o) {
+  client::CheckpointerOptions out;
+  out.coordinator = o.coordinator;
+  out.job = o.job;
+  out.rank = o.rank;
+  out.world_size = o.world_size;
+  out.io_threads = o.io_threads;
+  CAIRN_ASSIGN_OR_RETURN(
+      out.rpc_timeout,
+      SecondsOption(o.rpc_timeout, "rpc_timeout", o.job, o.rank));
+  CAIRN_ASSIGN_OR_RETURN(
+      out.collective_timeout,
+      SecondsOption(o.collective_timeout, "collective_timeout", o.job, o.rank));
+  out.max_retries = o.max_retries;
+  if (o.partial_chunk_check == "collective") {
+    out.partial_chunk_check = client::PartialChunkCheck::kCollective;
+  } else if (o.partial_chunk_check == "read_whole") {
+    out.partial_chunk_check = client::PartialChunkCheck::kReadWhole;
+  } else if (o.partial_chunk_check == "none") {
+    out.partial_chunk_check = client::PartialChunkCheck::kNone;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", o.job, "' rank ", o.rank,
+                     ": partial_chunk_check '", o.partial_chunk_check,
+                     "' is not one of 'collective', 'read_whole', 'none'"));
+  }
+  out.store.use_odirect = o.use_odirect;
+  return out;
+}
+
+}  // namespace cairn::python

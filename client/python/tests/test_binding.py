@@ -1,0 +1,322 @@
+"""The extension cairn._cairn against a real cairnd: saves from numpy arrays
+and torch CPU tensors (their own memory), loads into differently chunked
+buffers bit-exact, every error class and its message, the queries, and agent
+mode through a real cairn-agent."""
+
+import pickle
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import cairn
+from cairn import _cairn
+from cairn import errors
+
+
+def _ptr(a):
+    """(ptr, nbytes) of a contiguous numpy array or CPU tensor."""
+    if isinstance(a, torch.Tensor):
+        assert a.is_contiguous()
+        n = a.numel() * a.element_size()
+        return (a.data_ptr() if n else 0), n
+    assert a.flags["C_CONTIGUOUS"]
+    return (a.ctypes.data if a.nbytes else 0), a.nbytes
+
+
+def _whole(sd, fqn, dtype, a):
+    """Adds `a` as one chunk covering the whole tensor."""
+    shape = list(a.shape)
+    ptr, n = _ptr(a)
+    sd.add_chunks(fqn, dtype, shape, [([0] * len(shape), shape, ptr, n)])
+
+
+def _rows(sd, fqn, dtype, parts, shape):
+    """Adds row blocks `parts` (stacked along dim 0) of a tensor of `shape`."""
+    chunks, row = [], 0
+    for p in parts:
+        ptr, n = _ptr(p)
+        chunks.append(([row] + [0] * (len(shape) - 1), list(p.shape), ptr, n))
+        row += p.shape[0]
+    sd.add_chunks(fqn, dtype, shape, chunks)
+
+
+def _ckpt(cairnd, job="job1", rank=0, world_size=1, **kw):
+    return _cairn.Checkpointer(cairnd.address, job, rank, world_size, **kw)
+
+
+def _source_state(rng):
+    state = {
+        "w": rng.standard_normal((6, 5)).astype(np.float32),
+        "mask": rng.integers(0, 2, size=(7,)).astype(np.bool_),
+        "ids": rng.integers(-2**62, 2**62, size=(3, 4), dtype=np.int64),
+        "bf": torch.randn(4, 3).to(torch.bfloat16),
+    }
+    sd = _cairn.StateDict()
+    _whole(sd, "w", "float32", state["w"])
+    _whole(sd, "mask", "bool", state["mask"])
+    _whole(sd, "ids", "int64", state["ids"])
+    _whole(sd, "bf", "bfloat16", state["bf"])
+    sd.add_bytes("meta", b"\x00pickled\xffobject")
+    sd.add_bytes("empty", b"")
+    return state, sd
+
+
+def test_save_and_load_into_differently_chunked_buffers(cairnd):
+    rng = np.random.default_rng(1)
+    src, sd = _source_state(rng)
+    assert len(sd) == 6
+    ckpt = _ckpt(cairnd)
+    info = ckpt.save(10, sd)
+    assert (info.job, info.step, info.state) == ("job1", 10, "COMMITTED")
+    assert info.world_size == 1
+    assert info.num_tensors == 4 and info.num_bytes_entries == 2
+    assert info.committed is not None and info.created is not None
+    assert info.committed >= info.created
+    assert ckpt.last_stats["bytes"] >= (6 * 5 * 4 + 7 + 3 * 4 * 8 + 4 * 3 * 2)
+
+    # Load: "w" as 3 row blocks, "ids" as two column halves, "bf" into a
+    # torch tensor's memory in two row blocks, "mask" whole.
+    w_parts = [np.zeros((2, 5), np.float32) for _ in range(3)]
+    ids_cols = [np.zeros((3, 2), np.int64), np.zeros((3, 2), np.int64)]
+    bf_parts = [torch.zeros(1, 3, dtype=torch.bfloat16),
+                torch.zeros(3, 3, dtype=torch.bfloat16)]
+    mask = np.zeros(7, np.bool_)
+    dst = _cairn.StateDict()
+    _rows(dst, "w", "float32", w_parts, [6, 5])
+    dst.add_chunks("ids", "int64", [3, 4], [
+        ([0, 0], [3, 2]) + _ptr(ids_cols[0]),
+        ([0, 2], [3, 2]) + _ptr(ids_cols[1])])
+    _rows(dst, "bf", "bfloat16", bf_parts, [4, 3])
+    _whole(dst, "mask", "bool", mask)
+    dst.add_bytes("meta")
+    dst.add_bytes("empty")
+    loader = _ckpt(cairnd)
+    assert loader.load(dst) == 10  # latest
+    np.testing.assert_array_equal(np.concatenate(w_parts), src["w"])
+    np.testing.assert_array_equal(np.concatenate(ids_cols, axis=1), src["ids"])
+    assert torch.equal(torch.cat(bf_parts), src["bf"])
+    np.testing.assert_array_equal(mask, src["mask"])
+    assert dst.get_bytes("meta") == b"\x00pickled\xffobject"
+    assert dst.get_bytes("empty") == b""
+    assert loader.last_stats["bytes"] > 0
+
+
+def test_queries_list_latest_describe(cairnd):
+    _, sd = _source_state(np.random.default_rng(2))
+    ckpt = _ckpt(cairnd, job="queries")
+    with pytest.raises(cairn.NotFoundError, match="queries"):
+        ckpt.latest_step()
+    assert ckpt.list() == []
+    ckpt.save(3, sd)
+    ckpt.save(7, sd)
+    assert ckpt.latest_step() == 7
+    assert [i.step for i in ckpt.list()] == [3, 7]
+    assert all(i.state == "COMMITTED" for i in ckpt.list())
+
+    summary = ckpt.describe(3)
+    assert summary.info.step == 3 and summary.info.job == "queries"
+    tensors = {t.fqn: t for t in summary.tensors}
+    assert [t.fqn for t in summary.tensors] == sorted(tensors)
+    assert (tensors["w"].dtype, tensors["w"].shape) == ("float32", [6, 5])
+    assert tensors["w"].bytes == 6 * 5 * 4
+    assert (tensors["bf"].dtype, tensors["bf"].bytes) == ("bfloat16", 24)
+    assert (tensors["mask"].dtype, tensors["ids"].dtype) == ("bool", "int64")
+    assert {(b.fqn, b.bytes) for b in summary.bytes_entries} == {
+        ("meta", 15), ("empty", 0)}
+    # Results outlive the objects they came from.
+    first = summary.tensors[0]
+    del summary
+    assert first.fqn == "bf"
+
+    with pytest.raises(cairn.NotFoundError) as e:
+        ckpt.describe(99)
+    assert "queries" in e.value.message and "99" in e.value.message
+    assert e.value.code == "NOT_FOUND"
+
+
+def test_checkpoint_info_pickles(cairnd):
+    _, sd = _source_state(np.random.default_rng(3))
+    info = _ckpt(cairnd).save(1, sd)
+    back = pickle.loads(pickle.dumps(info))
+    for attr in ("job", "step", "state", "world_size", "bytes", "num_tensors",
+                 "num_bytes_entries", "created", "committed", "storage_uri",
+                 "abort_reason"):
+        assert getattr(back, attr) == getattr(info, attr), attr
+    assert "step=1" in repr(back) and "COMMITTED" in repr(back)
+
+
+def test_load_of_unknown_step_is_not_found_naming_job_and_step(cairnd):
+    _, sd = _source_state(np.random.default_rng(4))
+    ckpt = _ckpt(cairnd, job="nf-job")
+    ckpt.save(1, sd)
+    dst = _cairn.StateDict()
+    dst.add_bytes("meta")
+    with pytest.raises(cairn.NotFoundError) as e:
+        ckpt.load(dst, step=5)
+    assert isinstance(e.value, cairn.Error)
+    assert "nf-job" in str(e.value) and "5" in e.value.message
+    with pytest.raises(cairn.InvalidArgumentError, match="negative"):
+        ckpt.load(dst, step=-1)
+
+
+def test_wrong_buffer_size_is_invalid_argument_naming_fqn():
+    a = np.zeros((4, 4), np.float32)
+    sd = _cairn.StateDict()
+    with pytest.raises(cairn.InvalidArgumentError) as e:
+        sd.add_chunks("layer.wq", "float32", [4, 4],
+                      [([0, 0], [4, 4], a.ctypes.data, a.nbytes - 4)])
+    assert "layer.wq" in e.value.message
+    with pytest.raises(cairn.InvalidArgumentError, match="layer.wk"):
+        sd.add_chunks("layer.wk", "float33", [4, 4], [])
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match="layer.wv.*null address"):
+        sd.add_chunks("layer.wv", "float32", [4, 4],
+                      [([0, 0], [4, 4], 0, a.nbytes)])
+    with pytest.raises(cairn.InvalidArgumentError, match="layer.wo"):
+        sd.add_chunks("layer.wo", "float32", [4, 4],
+                      [([0, 0], [8, 4], a.ctypes.data, a.nbytes * 2)])
+    _whole(sd, "ok", "float32", a)
+    with pytest.raises(cairn.AlreadyExistsError, match="'ok'"):
+        sd.add_bytes("ok", b"x")
+    with pytest.raises(cairn.NotFoundError, match="'nope'"):
+        sd.get_bytes("nope")
+    assert len(sd) == 1
+
+
+def test_load_with_wrong_shape_is_invalid_argument_naming_fqn(cairnd):
+    _, sd = _source_state(np.random.default_rng(5))
+    ckpt = _ckpt(cairnd, job="shape-job")
+    ckpt.save(2, sd)
+    dst = _cairn.StateDict()
+    _whole(dst, "w", "float32", np.zeros((5, 6), np.float32))
+    with pytest.raises(cairn.InvalidArgumentError) as e:
+        ckpt.load(dst, step=2)
+    assert "'w'" in e.value.message
+
+
+def test_cairnd_down_is_unavailable(cairnd):
+    address = cairnd.address
+    cairnd.kill()
+    ckpt = _cairn.Checkpointer(address, "down-job", 0, 1, max_retries=1,
+                               rpc_timeout=5.0)
+    with pytest.raises(cairn.UnavailableError) as e:
+        ckpt.list()
+    assert e.value.code == "UNAVAILABLE"
+    assert "job 'down-job'" in e.value.message and "rank 0" in e.value.message
+    sd = _cairn.StateDict()
+    sd.add_bytes("x", b"1")
+    with pytest.raises(cairn.UnavailableError,
+                       match="job 'down-job' rank 0 step 1 save"):
+        ckpt.save(1, sd)
+
+
+def test_bad_options_are_invalid_argument_naming_job_and_rank(cairnd):
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match="job 'opt' rank 0.*partial_chunk_check"):
+        _cairn.Checkpointer(cairnd.address, "opt", 0, 1,
+                            partial_chunk_check="sometimes")
+    with pytest.raises(cairn.InvalidArgumentError, match="rpc_timeout"):
+        _cairn.Checkpointer(cairnd.address, "opt", 0, 1, rpc_timeout=-1.0)
+    with pytest.raises(cairn.InvalidArgumentError, match="opt"):
+        _cairn.Checkpointer(cairnd.address, "opt", 2, 2)
+    c = _cairn.Checkpointer(cairnd.address, "opt", 1, 3)
+    assert (c.job, c.rank, c.world_size, c.coordinator) == (
+        "opt", 1, 3, cairnd.address)
+    assert c.incarnation != 0
+
+
+def _save_rank(address, rank, results, step=1):
+    sd = _cairn.StateDict()
+    a = np.full(4, rank, np.int32)
+    sd.add_chunks("t", "int32", [8], [([4 * rank], [4], a.ctypes.data, 16)])
+    try:
+        results[rank] = _cairn.Checkpointer(address, "busy", rank, 2).save(
+            step, sd) if rank else results["ckpt0"].save(step, sd)
+    except BaseException as e:  # pylint: disable=broad-except
+        results[rank] = e
+
+
+def test_save_releases_the_gil_and_calls_do_not_overlap(cairnd):
+    """Rank 0's save blocks in a thread until rank 1 arrives; meanwhile this
+    thread runs Python (the GIL is free) and a second call on the same
+    Checkpointer is refused instead of racing."""
+    results = {"ckpt0": _cairn.Checkpointer(cairnd.address, "busy", 0, 2)}
+    t0 = threading.Thread(target=_save_rank, args=(cairnd.address, 0, results))
+    t0.start()
+    refused = None
+    while refused is None and t0.is_alive():
+        try:
+            results["ckpt0"].list()
+        except cairn.FailedPreconditionError as e:
+            refused = e
+    assert refused is not None, results.get(0)
+    assert "job 'busy' rank 0" in refused.message
+    assert "list()" in refused.message
+    t1 = threading.Thread(target=_save_rank, args=(cairnd.address, 1, results))
+    t1.start()
+    t0.join()
+    t1.join()
+    assert results[0].state == "COMMITTED", results[0]
+    assert results[1].state == "COMMITTED", results[1]
+    assert [i.step for i in results["ckpt0"].list()] == [1]
+
+
+@pytest.mark.parametrize("code,cls", [
+    ("CANCELLED", errors.CancelledError), ("UNKNOWN", errors.UnknownError),
+    ("INVALID_ARGUMENT", errors.InvalidArgumentError),
+    ("DEADLINE_EXCEEDED", errors.DeadlineExceededError),
+    ("NOT_FOUND", errors.NotFoundError),
+    ("ALREADY_EXISTS", errors.AlreadyExistsError),
+    ("PERMISSION_DENIED", errors.PermissionDeniedError),
+    ("RESOURCE_EXHAUSTED", errors.ResourceExhaustedError),
+    ("FAILED_PRECONDITION", errors.FailedPreconditionError),
+    ("ABORTED", errors.AbortedError), ("OUT_OF_RANGE", errors.OutOfRangeError),
+    ("UNIMPLEMENTED", errors.UnimplementedError),
+    ("INTERNAL", errors.InternalError),
+    ("UNAVAILABLE", errors.UnavailableError),
+    ("DATA_LOSS", errors.DataLossError),
+    ("UNAUTHENTICATED", errors.UnauthenticatedError)])
+def test_from_status_maps_every_code(code, cls):
+    e = errors.from_status(code, "job 'j' step 3 rank 1: why")
+    assert type(e) is cls  # pylint: disable=unidiomatic-typecheck
+    assert isinstance(e, cairn.Error) and isinstance(e, Exception)
+    assert (e.code, e.message) == (code, "job 'j' step 3 rank 1: why")
+    assert str(e) == f"{code}: job 'j' step 3 rank 1: why"
+    assert getattr(cairn, cls.__name__) is cls
+    assert type(pickle.loads(pickle.dumps(e))) is cls  # pylint: disable=unidiomatic-typecheck
+
+
+def test_from_status_keeps_an_unknown_code():
+    e = errors.from_status("NEW_CODE", "m")
+    assert isinstance(e, errors.UnknownError) and e.code == "NEW_CODE"
+
+
+def test_agent_async_save_and_load(cairnd, start_agent):
+    agent = start_agent(cairnd.address)
+    src = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    sd = _cairn.StateDict()
+    _whole(sd, "x", "float32", src)
+    sd.add_bytes("rng", b"state")
+    ac = _cairn.AgentCheckpointer(agent.socket, cairnd.address, "agent-job",
+                                  0, 1)
+    fut = ac.async_save(5, sd)
+    assert fut.step == 5
+    assert ac.last_save_stats["bytes"] >= src.numel() * 4
+    info = fut.wait(timeout=120.0)
+    assert (info.step, info.state) == (5, "COMMITTED")
+    assert fut.done()
+    assert fut.wait().step == 5
+
+    dst_t = torch.zeros(4, 6)
+    dst = _cairn.StateDict()
+    _rows(dst, "x", "float32", [dst_t[:1], dst_t[1:]], [4, 6])
+    dst.add_bytes("rng")
+    # Views of one tensor: rows [0:1] and [1:4] are contiguous slices.
+    assert ac.load(dst) == 5
+    assert torch.equal(dst_t, src)
+    assert dst.get_bytes("rng") == b"state"
+    assert ac.last_load_source in ("agent_memory", "storage")
+    with pytest.raises(cairn.InvalidArgumentError, match="timeout"):
+        fut.wait(timeout=-1.0)
