@@ -67,7 +67,10 @@ CheckpointInfo InfoFromState(const py::tuple& t) {
 std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> ChunkList(
     const TensorSummary& t) {
   std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> out;
-  (void)t;  // Filled from t.chunk_boxes once libcairn reports them.
+  out.reserve(t.chunk_boxes.size());
+  for (const planner::ChunkBox& box : t.chunk_boxes) {
+    out.emplace_back(box.offsets, box.sizes);
+  }
   return out;
 }
 

@@ -123,6 +123,8 @@ def test_queries_list_latest_describe(cairnd):
     assert tensors["w"].bytes == 6 * 5 * 4
     assert (tensors["bf"].dtype, tensors["bf"].bytes) == ("bfloat16", 24)
     assert (tensors["mask"].dtype, tensors["ids"].dtype) == ("bool", "int64")
+    assert tensors["w"].chunks == [([0, 0], [6, 5])]
+    assert tensors["mask"].chunks == [([0], [7])]
     assert {(b.fqn, b.bytes) for b in summary.bytes_entries} == {
         ("meta", 15), ("empty", 0)}
     # Results outlive the objects they came from.
@@ -261,6 +263,9 @@ def test_save_releases_the_gil_and_calls_do_not_overlap(cairnd):
     assert results[0].state == "COMMITTED", results[0]
     assert results[1].state == "COMMITTED", results[1]
     assert [i.step for i in results["ckpt0"].list()] == [1]
+    # Each rank's chunk is stored where it saved it.
+    chunks = results["ckpt0"].describe(1).tensors[0].chunks
+    assert chunks == [([0], [4]), ([4], [4])]
 
 
 @pytest.mark.parametrize("code,cls", [
