@@ -2,9 +2,10 @@
 # copies cairn/*.py, *.pyi and py.typed from SRC_DIR into DST_DIR/cairn
 # (only when changed), removes staged Python files whose source is gone,
 # copies libcairn (LIBCAIRN) as DST_DIR/cairn/LIBCAIRN_SONAME, and puts
-# pyproject.toml next to cairn/ so `pip install DST_DIR` works.
+# pyproject.toml (VERSION filled in) and setup.py next to cairn/ so
+# `pip install DST_DIR` works.
 cmake_minimum_required(VERSION 3.24)
-foreach(var SRC_DIR DST_DIR LIBCAIRN LIBCAIRN_SONAME)
+foreach(var SRC_DIR DST_DIR LIBCAIRN LIBCAIRN_SONAME VERSION)
   if(NOT ${var})
     message(FATAL_ERROR "stage.cmake: ${var} is not set")
   endif()
@@ -28,7 +29,6 @@ foreach(old IN LISTS staged)
   endif()
 endforeach()
 file(COPY_FILE "${LIBCAIRN}" "${pkg}/${LIBCAIRN_SONAME}" ONLY_IF_DIFFERENT)
-if(EXISTS "${SRC_DIR}/pyproject.toml")
-  file(COPY_FILE "${SRC_DIR}/pyproject.toml" "${DST_DIR}/pyproject.toml"
-    ONLY_IF_DIFFERENT)
-endif()
+set(CAIRN_VERSION "${VERSION}")
+configure_file("${SRC_DIR}/pyproject.toml" "${DST_DIR}/pyproject.toml" @ONLY)
+file(COPY_FILE "${SRC_DIR}/setup.py" "${DST_DIR}/setup.py" ONLY_IF_DIFFERENT)

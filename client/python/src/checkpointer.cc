@@ -153,6 +153,11 @@ AbortedError (the save was aborted by this or another rank: the message says
 which and why), InvalidArgumentError (the state dict, step or an option is
 wrong), NotFoundError (no such checkpoint), DataLossError (stored bytes are
 damaged).
+
+Attributes:
+  job, rank, world_size, coordinator: as given to the constructor.
+  incarnation: the random nonzero id this object's saves carry.
+  last_stats: what the last save or load did (a dict).
 )doc")
       .def(py::init([](std::string coordinator, std::string job, int rank,
                        int world_size, int io_threads, double rpc_timeout,

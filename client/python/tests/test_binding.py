@@ -325,3 +325,40 @@ def test_agent_async_save_and_load(cairnd, start_agent):
     assert ac.last_load_source in ("agent_memory", "storage")
     with pytest.raises(cairn.InvalidArgumentError, match="timeout"):
         fut.wait(timeout=-1.0)
+
+
+def _stub_classes():
+    """{class name: set of public member names} declared in _cairn.pyi."""
+    import ast  # pylint: disable=import-outside-toplevel
+    import pathlib  # pylint: disable=import-outside-toplevel
+    tree = ast.parse(pathlib.Path(_cairn.__file__).with_name(
+        "_cairn.pyi").read_text())
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            out[node.name] = {
+                n.name for n in node.body
+                if isinstance(n, ast.FunctionDef) and
+                (not n.name.startswith("_") or n.name in ("__len__",))}
+    return out
+
+
+def test_stubs_match_the_extension_and_everything_has_a_docstring():
+    stubs = _stub_classes()
+    public = {n for n in dir(_cairn) if not n.startswith("_")}
+    assert set(stubs) == public
+    for name, members in stubs.items():
+        cls = getattr(_cairn, name)
+        assert cls.__doc__ and len(cls.__doc__.strip()) > 20, name
+        actual = {m for m in vars(cls) if not m.startswith("_")}
+        if "__len__" in vars(cls):
+            actual.add("__len__")
+        assert members == actual, name
+        # Methods carry their own docstring; attributes are described in
+        # the class docstring.
+        for m in actual - {"__len__"}:
+            if isinstance(vars(cls)[m], property):
+                assert vars(cls)[m].__doc__ or m in cls.__doc__, (
+                    f"{name}.{m} is documented nowhere")
+            else:
+                assert len(getattr(cls, m).__doc__) > 80, f"{name}.{m}"

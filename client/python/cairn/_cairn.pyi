@@ -1,0 +1,167 @@
+"""Type stubs of the extension cairn._cairn (client/python/src/*.cc).
+
+libcairn's public C++ API for Python. Every blocking call releases the GIL;
+errors are raised as cairn.errors classes (never RuntimeError) whose message
+names the job, step, rank and tensor (fqn).
+"""
+
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+class StateDict:
+    """What one rank saves or loads: tensor chunks in caller-owned memory
+    (borrowed: keep the owners alive, unchanged for a save and writable for a
+    load, until the call returns) and bytes entries (owned copies)."""
+
+    def __init__(self) -> None: ...
+    def add_chunks(
+        self, fqn: str, dtype: str, global_shape: Sequence[int],
+        chunks: Sequence[Tuple[Sequence[int], Sequence[int], int, int]]
+    ) -> None:
+        """Adds tensor `fqn`: each chunk is (offsets, sizes, ptr, nbytes), its
+        box in global coordinates and a contiguous row-major buffer of
+        exactly prod(sizes) * itemsize bytes (ptr 0 only if nbytes is 0).
+        InvalidArgumentError naming fqn for a bad dtype, box or size;
+        AlreadyExistsError for a repeated fqn."""
+    def add_bytes(self, fqn: str, data: Optional[bytes] = None) -> None:
+        """Adds bytes entry `fqn`: `data` to save, None to load into."""
+    def get_bytes(self, fqn: str) -> bytes:
+        """The entry's current (after a load: loaded) value; NotFoundError if
+        there is no bytes entry `fqn`."""
+    def __len__(self) -> int: ...
+
+class CheckpointInfo:
+    """cairnd's record of one checkpoint (read-only; picklable)."""
+
+    @property
+    def job(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def state(self) -> str:
+        """"WRITING", "COMMITTED", "ABORTED", "DELETING" or "UNKNOWN"."""
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def num_tensors(self) -> int: ...
+    @property
+    def num_bytes_entries(self) -> int: ...
+    @property
+    def created(self) -> Optional[float]:
+        """When its save began, Unix seconds."""
+    @property
+    def committed(self) -> Optional[float]:
+        """When it was committed, Unix seconds (None unless COMMITTED)."""
+    @property
+    def storage_uri(self) -> str: ...
+    @property
+    def abort_reason(self) -> str:
+        """ABORTED only: which rank aborted the save and why."""
+
+class TensorSummary:
+    """One tensor of a committed checkpoint."""
+
+    @property
+    def fqn(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> List[int]: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def chunks(self) -> List[Tuple[List[int], List[int]]]:
+        """(offsets, sizes) of every stored chunk, sorted."""
+
+class BytesEntrySummary:
+    """One bytes entry of a committed checkpoint."""
+
+    @property
+    def fqn(self) -> str: ...
+    @property
+    def bytes(self) -> int: ...
+
+class CheckpointSummary:
+    """What a committed checkpoint holds (Checkpointer.describe)."""
+
+    @property
+    def info(self) -> CheckpointInfo: ...
+    @property
+    def tensors(self) -> List[TensorSummary]: ...
+    @property
+    def bytes_entries(self) -> List[BytesEntrySummary]: ...
+
+class Checkpointer:
+    """One rank's connection to cairnd in direct mode. One call at a time
+    per object (FailedPreconditionError otherwise)."""
+
+    def __init__(self, coordinator: str, job: str, rank: int, world_size: int,
+                 *, io_threads: int = 4, rpc_timeout: float = 300.0,
+                 collective_timeout: float = 3900.0, max_retries: int = 16,
+                 partial_chunk_check: str = "collective",
+                 use_odirect: bool = True) -> None:
+        """partial_chunk_check: "collective" | "read_whole" | "none".
+        InvalidArgumentError naming job and rank for a bad option."""
+    def save(self, step: int, state: StateDict) -> CheckpointInfo:
+        """Collective save of `state` as `step`; returns the committed
+        record. AbortedError, AlreadyExistsError,
+        InvalidArgumentError, UnavailableError."""
+    def load(self, state: StateDict, step: Optional[int] = None) -> int:
+        """Fills `state` from `step` (None: the latest), resharding; returns
+        the step loaded. NotFoundError,
+        InvalidArgumentError, DataLossError, UnavailableError."""
+    def list(self, include_uncommitted: bool = False) -> List[CheckpointInfo]:
+        ...
+    def latest_step(self) -> int:
+        """NotFoundError naming the job if it has no committed checkpoint."""
+    def describe(self, step: int) -> CheckpointSummary:
+        """NotFoundError (no record), FailedPreconditionError (not
+        committed)."""
+    @property
+    def last_stats(self) -> Dict[str, Union[int, float, bool]]:
+        """bytes, bytes_storage, items, chunks_verified_by_cairnd,
+        chunks_verified_locally, plan_from_cache, sent_fingerprint_only,
+        plan_time, io_time, commit_time (seconds)."""
+    @property
+    def job(self) -> str: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def coordinator(self) -> str: ...
+    @property
+    def incarnation(self) -> int: ...
+
+class SaveFuture:
+    """Durability of one AgentCheckpointer.async_save."""
+
+    @property
+    def step(self) -> int: ...
+    def wait(self, timeout: Optional[float] = None) -> CheckpointInfo:
+        """Waits (GIL released) for the commit; DeadlineExceededError after
+        `timeout` seconds, the save's error if it failed."""
+    def done(self) -> bool:
+        """True once the outcome is known; does not block."""
+
+class AgentCheckpointer:
+    """One rank's connection to its node's cairn-agent (agent mode)."""
+
+    def __init__(self, agent_socket: str, coordinator: str, job: str,
+                 rank: int, world_size: int, *, copy_threads: int = 1,
+                 wait_for_space: float = 600.0, allow_streaming: bool = True,
+                 io_threads: int = 4, rpc_timeout: float = 300.0,
+                 collective_timeout: float = 3900.0, max_retries: int = 16,
+                 partial_chunk_check: str = "collective",
+                 use_odirect: bool = True) -> None: ...
+    def async_save(self, step: int, state: StateDict) -> SaveFuture:
+        """Returns once `state` is copied into the agent's staging memory."""
+    def load(self, state: StateDict, step: Optional[int] = None) -> int:
+        """Agent memory first, storage otherwise; returns the step loaded."""
+    @property
+    def last_load_source(self) -> str:
+        """"agent_memory", "storage" or "none"."""
+    @property
+    def last_save_stats(self) -> Dict[str, Union[int, float]]:
+        """bytes, blocked, copy_time, begin_time, streamed_buckets."""
