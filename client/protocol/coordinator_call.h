@@ -1,6 +1,7 @@
 // Calls to cairnd (the Coordinator service) as every rank-side caller makes
-// them: one channel setup and one retry policy, shared by libcairn's
-// Checkpointer and by cairn-agent (which saves on behalf of ranks).
+// them: one channel setup and one retry policy (cancellable), shared by
+// libcairn's Checkpointer and by cairn-agent (which saves on behalf of
+// ranks).
 #ifndef CAIRN_CLIENT_PROTOCOL_COORDINATOR_CALL_H_
 #define CAIRN_CLIENT_PROTOCOL_COORDINATOR_CALL_H_
 
@@ -14,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.grpc.pb.h"
+#include "client/protocol/cancellation.h"
 #include "common/grpc_status.h"
 #include "grpcpp/channel.h"
 
@@ -27,27 +29,40 @@ std::shared_ptr<grpc::Channel> NewCoordinatorChannel(
     const std::string& address);
 
 // One unary call with retries on UNAVAILABLE (cairnd restarting or
-// unreachable) and CANCELLED (these callers never cancel their calls: cairnd
-// went away under the call, e.g. a retry that reached it while it drained),
-// exponential backoff from 100 ms to 5 s. `timeout` bounds each attempt.
-// With max_retries == 0 the first answer is returned as is; after
-// max_retries retries, UNAVAILABLE naming the attempts and the last error.
+// unreachable) and CANCELLED (not by `cancellation`: cairnd went away under
+// the call, e.g. a retry that reached it while it drained), exponential
+// backoff from 100 ms to 5 s. `timeout` bounds each attempt. With
+// max_retries == 0 the first answer is returned as is; after max_retries
+// retries, UNAVAILABLE naming the attempts and the last error.
+// With a `cancellation` (not owned), its Cancel() cancels the attempt in
+// flight or the backoff: the call then fails with cancellation->status(),
+// never retried (an answer that arrived first is still returned).
 template <typename Req, typename Resp>
 absl::StatusOr<Resp> CallWithRetry(
     grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
                                                   const Req&, Resp*),
     v1::Coordinator::Stub& stub, const Req& request, absl::Duration timeout,
-    int max_retries) {
+    int max_retries, Cancellation* cancellation = nullptr) {
   // No wait_for_ready: a cairnd that is down fails each attempt at once, so
   // the retries (not a call deadline of hours) bound the wait.
   absl::Duration backoff = absl::Milliseconds(100);
   const absl::Time start = absl::Now();
   for (int attempt = 0;; ++attempt) {
+    if (cancellation != nullptr && cancellation->cancelled()) {
+      return cancellation->status();
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     Resp response;
-    absl::Status s = FromGrpcStatus((stub.*method)(&ctx, request, &response));
+    absl::Status s;
+    {
+      Cancellation::ScopedCall registered(cancellation, &ctx);
+      s = FromGrpcStatus((stub.*method)(&ctx, request, &response));
+    }
     if (s.ok()) return response;
+    if (cancellation != nullptr && cancellation->cancelled()) {
+      return cancellation->status();
+    }
     const bool retryable = absl::IsUnavailable(s) || absl::IsCancelled(s);
     if (!retryable || max_retries == 0) return s;
     if (attempt >= max_retries) {
@@ -57,7 +72,11 @@ absl::StatusOr<Resp> CallWithRetry(
               absl::Trunc(absl::Now() - start, absl::Milliseconds(100))),
           " (is it running and reachable?); last error: ", s.ToString()));
     }
-    absl::SleepFor(backoff);
+    if (cancellation == nullptr) {
+      absl::SleepFor(backoff);
+    } else if (cancellation->WaitFor(backoff)) {
+      return cancellation->status();
+    }
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }
 }

@@ -84,9 +84,20 @@ absl::StatusOr<storage::ShardStore*> SaveProtocol::StoreFor(
   return store_.get();
 }
 
+std::string SaveProtocol::Where(int64_t step) const {
+  return absl::StrCat("rank ", options_.rank, " saving job '", options_.job,
+                      "' step ", step);
+}
+
 absl::StatusOr<std::unique_ptr<PlannedSave>> SaveProtocol::Begin(
     int64_t step, const planner::LocalSavePlan& local) {
   CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
+  Cancellation* const cancel = options_.cancellation;
+  if (cancel != nullptr && cancel->cancelled()) {
+    // Nothing at cairnd yet: nothing to abort.
+    return absl::CancelledError(
+        absl::StrCat(Where(step), ": ", cancel->status().message()));
+  }
   const std::string fingerprint = planner::FingerprintLocalPlan(local);
   v1::BeginSaveRequest begin;
   begin.set_job(options_.job);
@@ -101,17 +112,23 @@ absl::StatusOr<std::unique_ptr<PlannedSave>> SaveProtocol::Begin(
   } else {
     convert::LocalPlanToProto(local, begin.mutable_local_plan());
   }
-  CAIRN_ASSIGN_OR_RETURN(
-      v1::BeginSaveResponse plan,
-      CallWithRetry(&v1::Coordinator::Stub::BeginSave, *stub_, begin,
-                    options_.collective_timeout, options_.max_retries));
+  auto begin_save = [&]() -> absl::StatusOr<v1::BeginSaveResponse> {
+    absl::StatusOr<v1::BeginSaveResponse> plan = CallWithRetry(
+        &v1::Coordinator::Stub::BeginSave, *stub_, begin,
+        options_.collective_timeout, options_.max_retries, cancel);
+    if (!plan.ok() && cancel != nullptr && cancel->cancelled()) {
+      // cairnd may hold this rank in the save (waiting for the others):
+      // abort it there, so the other ranks fail now, not at its deadline.
+      return AbortStep(step, plan.status());
+    }
+    return plan;
+  };
+  CAIRN_ASSIGN_OR_RETURN(v1::BeginSaveResponse plan, begin_save());
   if (plan.resend_plan()) {
     // cairnd no longer holds the plan of that fingerprint: send it whole.
     fingerprint_only = false;
     convert::LocalPlanToProto(local, begin.mutable_local_plan());
-    CAIRN_ASSIGN_OR_RETURN(
-        plan, CallWithRetry(&v1::Coordinator::Stub::BeginSave, *stub_, begin,
-                            options_.collective_timeout, options_.max_retries));
+    CAIRN_ASSIGN_OR_RETURN(plan, begin_save());
   }
   last_fingerprint_ = fingerprint;
   std::unique_ptr<PlannedSave> save(
@@ -125,6 +142,40 @@ absl::StatusOr<std::unique_ptr<PlannedSave>> SaveProtocol::Begin(
   return save;
 }
 
+absl::Status SaveProtocol::AbortStep(int64_t step, const absl::Status& failure,
+                                     absl::Status* abort_answer) {
+  const SaveProtocolOptions& o = options_;
+  v1::Coordinator::Stub& stub = *stub_;
+  v1::AbortSaveRequest abort;
+  abort.set_job(o.job);
+  abort.set_step(step);
+  abort.set_rank(o.rank);
+  abort.set_reason(std::string(failure.message()));
+  abort.set_incarnation(incarnation_);
+  // Never cancelled: an abort is how a cancelled save ends.
+  absl::Status answer = CallWithRetry(&v1::Coordinator::Stub::AbortSave, stub,
+                                      abort, o.rpc_timeout, 1)
+                            .status();
+  if (abort_answer != nullptr) *abort_answer = answer;
+  // cairnd records the first abort of a save (and deletes its objects only
+  // after recording it): if that was not this rank's, it is the cause.
+  v1::GetCheckpointRequest get;
+  get.set_job(o.job);
+  get.set_step(step);
+  absl::StatusOr<v1::GetCheckpointResponse> rec = CallWithRetry(
+      &v1::Coordinator::Stub::GetCheckpoint, stub, get, o.rpc_timeout, 1);
+  if (rec.ok() && rec->checkpoint().state() == v1::CHECKPOINT_STATE_ABORTED &&
+      !rec->checkpoint().abort_reason().empty() &&
+      !absl::StrContains(rec->checkpoint().abort_reason(),
+                         absl::StrCat("aborted by rank ", o.rank, ":"))) {
+    return absl::AbortedError(
+        absl::StrCat(Where(step), ": ", rec->checkpoint().abort_reason(),
+                     " (this rank then failed: ", failure.message(), ")"));
+  }
+  return absl::Status(failure.code(),
+                      absl::StrCat(Where(step), ": ", failure.message()));
+}
+
 // ---------------------------------------------------------------------------
 // PlannedSave
 
@@ -132,8 +183,7 @@ PlannedSave::PlannedSave(SaveProtocol* protocol, int64_t step,
                          v1::BeginSaveResponse plan, bool sent_fingerprint_only)
     : protocol_(protocol),
       step_(step),
-      where_(absl::StrCat("rank ", protocol->options_.rank, " saving job '",
-                          protocol->options_.job, "' step ", step)),
+      where_(protocol->Where(step)),
       plan_(std::move(plan)),
       sent_fingerprint_only_(sent_fingerprint_only) {
   commit_.set_job(protocol->options_.job);
@@ -166,13 +216,22 @@ absl::StatusOr<std::unique_ptr<PlannedObjectWriter>> PlannedSave::OpenObject(
 
 absl::Status PlannedSave::WriteAll(const ItemSources& sources,
                                    ThreadPool& pool) {
+  const Cancellation* cancel = protocol_->options_.cancellation;
+  // Checked before each object and item: once cancelled nothing new starts
+  // (the objects left unfinished are deleted when the save is aborted).
+  auto check_cancelled = [cancel]() -> absl::Status {
+    if (cancel != nullptr && cancel->cancelled()) return cancel->status();
+    return absl::OkStatus();
+  };
   std::vector<std::function<absl::Status()>> jobs;
   jobs.reserve(objects_.size());
   for (size_t i = 0; i < objects_.size(); ++i) {
     jobs.push_back([&, i]() -> absl::Status {
+      CAIRN_RETURN_IF_ERROR(check_cancelled());
       CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<PlannedObjectWriter> writer,
                              OpenObject(i));
       for (int w : objects_[i].writes) {
+        CAIRN_RETURN_IF_ERROR(check_cancelled());
         CAIRN_ASSIGN_OR_RETURN(absl::Span<const char> data,
                                sources.Find(plan_.rank_plan().writes(w)));
         CAIRN_RETURN_IF_ERROR(writer->WriteItem(data));
@@ -188,41 +247,32 @@ absl::StatusOr<v1::CheckpointRecord> PlannedSave::Commit() {
   CAIRN_CRASH_POINT("client.before_commit");
   if (before_commit_for_test_) before_commit_for_test_();
   const SaveProtocolOptions& o = protocol_->options_;
-  CAIRN_ASSIGN_OR_RETURN(
-      v1::CommitSaveResponse done,
+  Cancellation* const cancel = o.cancellation;
+  absl::StatusOr<v1::CommitSaveResponse> done =
       CallWithRetry(&v1::Coordinator::Stub::CommitSave, *protocol_->stub_,
-                    commit_, o.collective_timeout, o.max_retries));
-  return done.checkpoint();
+                    commit_, o.collective_timeout, o.max_retries, cancel);
+  if (done.ok()) return done->checkpoint();
+  if (cancel == nullptr || !cancel->cancelled()) return done.status();
+  // Cancelled (before the call or while it waited for the other ranks):
+  // abort the save, unless cairnd refuses because every rank has committed
+  // (it is being committed, or already is). Then the outcome is the
+  // commit's, which a CommitSave not cancelled waits for and returns (cairnd
+  // answers a repeated one, from the catalog once committed).
+  absl::Status abort_answer;
+  absl::Status aborted =
+      protocol_->AbortStep(step_, cancel->status(), &abort_answer);
+  if (!absl::IsFailedPrecondition(abort_answer) &&
+      !absl::IsNotFound(abort_answer)) {
+    return aborted;
+  }
+  done = CallWithRetry(&v1::Coordinator::Stub::CommitSave, *protocol_->stub_,
+                       commit_, o.collective_timeout, o.max_retries);
+  if (!done.ok()) return aborted;
+  return done->checkpoint();
 }
 
 absl::Status PlannedSave::Abort(const absl::Status& failure) {
-  const SaveProtocolOptions& o = protocol_->options_;
-  v1::Coordinator::Stub& stub = *protocol_->stub_;
-  v1::AbortSaveRequest abort;
-  abort.set_job(o.job);
-  abort.set_step(step_);
-  abort.set_rank(o.rank);
-  abort.set_reason(std::string(failure.message()));
-  abort.set_incarnation(protocol_->incarnation_);
-  (void)CallWithRetry(&v1::Coordinator::Stub::AbortSave, stub, abort,
-                      o.rpc_timeout, 1);
-  // cairnd records the first abort of a save (and deletes its objects only
-  // after recording it): if that was not this rank's, it is the cause.
-  v1::GetCheckpointRequest get;
-  get.set_job(o.job);
-  get.set_step(step_);
-  absl::StatusOr<v1::GetCheckpointResponse> rec = CallWithRetry(
-      &v1::Coordinator::Stub::GetCheckpoint, stub, get, o.rpc_timeout, 1);
-  if (rec.ok() && rec->checkpoint().state() == v1::CHECKPOINT_STATE_ABORTED &&
-      !rec->checkpoint().abort_reason().empty() &&
-      !absl::StrContains(rec->checkpoint().abort_reason(),
-                         absl::StrCat("aborted by rank ", o.rank, ":"))) {
-    return absl::AbortedError(
-        absl::StrCat(where_, ": ", rec->checkpoint().abort_reason(),
-                     " (this rank then failed: ", failure.message(), ")"));
-  }
-  return absl::Status(failure.code(),
-                      absl::StrCat(where_, ": ", failure.message()));
+  return protocol_->AbortStep(step_, failure);
 }
 
 }  // namespace cairn::protocol

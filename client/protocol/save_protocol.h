@@ -19,6 +19,15 @@
 ///                         reason when another rank (or cairnd) aborted the
 ///                         save first, so the real cause is reported.
 ///
+/// Cancellation (SaveProtocolOptions::cancellation, optional): Cancel() on
+/// another thread stops the save wherever it is — a BeginSave or CommitSave
+/// waiting for the other ranks returns at once, WriteAll issues no further
+/// item (those being written finish) — and the save is aborted at cairnd
+/// with the cancellation's reason, so the other ranks fail ABORTED at once
+/// naming this rank and that reason. Once every rank has called CommitSave
+/// cairnd no longer aborts the save: Commit then waits for and returns the
+/// commit's outcome, so a committed checkpoint is never reported cancelled.
+///
 /// Every call carries the incarnation: a random nonzero id of the process
 /// whose part in the save this is, so cairnd tells a restarted rank from a
 /// retry of the same process.
@@ -53,6 +62,7 @@
 #include "absl/types/span.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "cairn/v1/cairn.pb.h"
+#include "client/protocol/cancellation.h"
 #include "client/protocol/planned_writer.h"
 #include "common/thread_pool.h"
 #include "planner/box.h"
@@ -78,6 +88,10 @@ struct SaveProtocolOptions {
   // Options of the store opened for the plan's storage URI.
   // Default: StoreOptions's defaults.
   storage::StoreOptions store;
+  // Cancels the save in progress when another thread calls its Cancel()
+  // (see above). Not owned; must outlive the SaveProtocol. The protocol
+  // never resets it. Default: none (saves are not cancellable).
+  Cancellation* cancellation = nullptr;
 };
 
 // A random nonzero 64-bit id for one process's part in saves (see
@@ -123,7 +137,8 @@ class SaveProtocol {
   // plan when it changed or cairnd asks for it. INVALID_ARGUMENT for a bad
   // step; cairnd's answer otherwise. A plan that cannot be written (writes
   // overlapping in an object) is aborted for every rank and its error
-  // returned.
+  // returned. Cancelled: CANCELLED naming the rank, job and step, the save
+  // aborted at cairnd when this rank had called BeginSave.
   absl::StatusOr<std::unique_ptr<PlannedSave>> Begin(
       int64_t step, const planner::LocalSavePlan& local);
 
@@ -133,6 +148,14 @@ class SaveProtocol {
 
  private:
   friend class PlannedSave;
+
+  // "rank 3 saving job 'llama' step 100".
+  std::string Where(int64_t step) const;
+  // PlannedSave::Abort for `step` (also before a plan exists: a cancelled
+  // BeginSave). `*abort_answer` (if not null) gets cairnd's answer to the
+  // AbortSave.
+  absl::Status AbortStep(int64_t step, const absl::Status& failure,
+                         absl::Status* abort_answer = nullptr);
 
   // Constant after construction.
   v1::Coordinator::Stub* const stub_;
@@ -171,7 +194,8 @@ class PlannedSave {
   // Writes every planned object from `sources`, objects in parallel on
   // `pool`; each object is durable when this returns OK. The first error
   // (every object's writer runs to its end or its error) names the item and
-  // the object; Abort() adds job, step and rank.
+  // the object; Abort() adds job, step and rank. Once cancelled, no further
+  // item is written and the cancellation's status is returned.
   absl::Status WriteAll(const ItemSources& sources, ThreadPool& pool);
 
   // Runs right before CommitSave (fault tests kill the process here). The
@@ -183,6 +207,9 @@ class PlannedSave {
   // CommitSave (collective) with every item's crc32c: returns the committed
   // record, or cairnd's answer (which names the cause). A failed commit is
   // not aborted here: the caller calls Abort() so the save does not linger.
+  // A cancelled one is (see Cancellation above): CANCELLED prefixed with
+  // where(), or ABORTED when another rank aborted the save first, or the
+  // committed record when every rank had already committed.
   absl::StatusOr<v1::CheckpointRecord> Commit();
 
   // Aborts the save for every rank (best effort) after this rank's part

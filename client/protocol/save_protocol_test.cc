@@ -1,8 +1,8 @@
 // The save protocol against a real cairnd (the Coordinator library behind its
 // gRPC service, in-process, on loopback port 0, posix storage in a temp
-// dir): fingerprints, writes, commit, the before-commit hook, and the errors
+// dir): fingerprints, writes, commit, the before-commit hook, the errors
 // of a failed save (naming job, step, rank, item and object; ABORTED with the
-// first reason when another rank aborted first).
+// first reason when another rank aborted first), and cancellation.
 #include "client/protocol/save_protocol.h"
 
 #include <unistd.h>
@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "client/protocol/cancellation.h"
 #include "client/protocol/coordinator_call.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -56,13 +58,43 @@ class SaveProtocolTest : public ::testing::Test {
         NewCoordinatorChannel(absl::StrCat("127.0.0.1:", server_->port())));
   }
 
-  std::unique_ptr<SaveProtocol> Protocol(int rank, int world) {
+  std::unique_ptr<SaveProtocol> Protocol(int rank, int world,
+                                         Cancellation* cancel = nullptr) {
     SaveProtocolOptions o;
     o.job = "job";
     o.rank = rank;
     o.world_size = world;
     o.max_retries = 0;
+    o.cancellation = cancel;
     return std::make_unique<SaveProtocol>(stub_.get(), o);
+  }
+
+  // cairnd's record of `step`.
+  v1::CheckpointRecord Record(int64_t step) {
+    v1::GetCheckpointRequest get;
+    get.set_job("job");
+    get.set_step(step);
+    v1::GetCheckpointResponse got;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->GetCheckpoint(&ctx, get, &got);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return got.checkpoint();
+  }
+
+  // Both ranks of a 2-rank save of `step` past BeginSave.
+  std::vector<std::unique_ptr<PlannedSave>> BeginBoth(
+      std::vector<std::unique_ptr<SaveProtocol>>& p, int64_t step) {
+    std::vector<std::unique_ptr<PlannedSave>> saves(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        auto s = p[r]->Begin(step, Local(r, 2));
+        EXPECT_TRUE(s.ok()) << s.status();
+        if (s.ok()) saves[r] = std::move(*s);
+      });
+    }
+    for (auto& t : ranks) t.join();
+    return saves;
   }
 
   // Rank `rank`'s plan: one fp32 chunk of "w" [8] (rows split by rank) and,
@@ -228,6 +260,140 @@ TEST_F(SaveProtocolTest, AbortAfterAnotherRankAbortedReportsTheFirstReason) {
               HasSubstr("rank 1 saving job 'job' step 7: save of job 'job' "
                         "step 7 aborted by rank 0: no space left on device "
                         "(this rank then failed: temp file vanished)"));
+}
+
+// Rank 0 of 2 waits in BeginSave for rank 1: Cancel from another thread ends
+// the call (not retried, though retries are allowed) and aborts the save at
+// cairnd with the reason.
+TEST_F(SaveProtocolTest, CancelEndsBeginSaveAndAbortsTheSave) {
+  Cancellation cancel("cancelled (test)");
+  SaveProtocolOptions o;
+  o.job = "job";
+  o.rank = 0;
+  o.world_size = 2;
+  o.max_retries = 16;
+  o.cancellation = &cancel;
+  SaveProtocol p(stub_.get(), o);
+  absl::StatusOr<std::unique_ptr<PlannedSave>> begun =
+      absl::UnknownError("not run");
+  std::thread rank0([&] { begun = p.Begin(4, Local(0, 2)); });
+  while (server_->coordinator().stats().saves_in_progress == 0) {
+    absl::SleepFor(absl::Milliseconds(1));  // until rank 0 waits at cairnd
+  }
+  cancel.Cancel();
+  rank0.join();  // cairnd's begin deadline (1 min) would end it otherwise
+  EXPECT_STATUS(begun.status(), kCancelled,
+                "rank 0 saving job 'job' step 4: cancelled (test)");
+  const v1::CheckpointRecord rec = Record(4);
+  EXPECT_EQ(rec.state(), v1::CHECKPOINT_STATE_ABORTED);
+  EXPECT_THAT(rec.abort_reason(), HasSubstr("save of job 'job' step 4 aborted "
+                                            "by rank 0: cancelled (test)"));
+  EXPECT_EQ(server_->coordinator().stats().saves_in_progress, 0);
+  // The protocol never resets the cancellation: the next Begin is refused
+  // before any call until its owner does.
+  EXPECT_STATUS(p.Begin(5, Local(0, 2)).status(), kCancelled,
+                "rank 0 saving job 'job' step 5: cancelled (test)");
+  EXPECT_EQ(server_->coordinator().stats().saves_in_progress, 0);
+}
+
+// Cancelled before WriteAll: no object is written, and Commit (cancelled too)
+// aborts the save for every rank: the other rank's Commit fails ABORTED
+// naming rank 0 and the reason.
+TEST_F(SaveProtocolTest, CancelledSaveWritesNothingAndCommitAbortsIt) {
+  Cancellation cancel("cancelled (test)");
+  std::vector<std::unique_ptr<SaveProtocol>> p;
+  p.push_back(Protocol(0, 2, &cancel));
+  p.push_back(Protocol(1, 2));
+  std::vector<std::unique_ptr<PlannedSave>> saves = BeginBoth(p, 6);
+  ASSERT_NE(saves[0], nullptr);
+  ASSERT_NE(saves[1], nullptr);
+  std::string w0(16, 'a'), w1(16, 'b'), rng = "seed!";
+  ItemSources s0, s1;
+  s0.AddChunk("w", Local(0, 2).items[0].box, w0);
+  s0.AddBytes("rng", rng);
+  s1.AddChunk("w", Local(1, 2).items[0].box, w1);
+  ThreadPool pool(2);
+  ASSERT_TRUE(saves[1]->WriteAll(s1, pool).ok());
+  cancel.Cancel();
+  EXPECT_STATUS(saves[0]->WriteAll(s0, pool), kCancelled, "cancelled (test)");
+  for (const PlannedObject& o : saves[0]->objects()) {
+    EXPECT_TRUE(absl::IsNotFound(saves[0]->store().Size(o.key).status()))
+        << o.key;
+  }
+  EXPECT_STATUS(saves[0]->Commit().status(), kCancelled,
+                "rank 0 saving job 'job' step 6: cancelled (test)");
+  EXPECT_STATUS(saves[1]->Commit().status(), kAborted,
+                "save of job 'job' step 6 aborted by rank 0: cancelled (test)");
+  EXPECT_EQ(Record(6).state(), v1::CHECKPOINT_STATE_ABORTED);
+}
+
+// Rank 0 waits in CommitSave for rank 1: Cancel from another thread ends it
+// with CANCELLED and aborts the save; rank 1's commit then fails ABORTED.
+TEST_F(SaveProtocolTest, CancelEndsCommitSaveWaitingForTheOtherRank) {
+  Cancellation cancel("cancelled (test)");
+  std::vector<std::unique_ptr<SaveProtocol>> p;
+  p.push_back(Protocol(0, 2, &cancel));
+  p.push_back(Protocol(1, 2));
+  std::vector<std::unique_ptr<PlannedSave>> saves = BeginBoth(p, 8);
+  ASSERT_NE(saves[0], nullptr);
+  ASSERT_NE(saves[1], nullptr);
+  std::string w0(16, 'a'), w1(16, 'b'), rng = "seed!";
+  ItemSources s0, s1;
+  s0.AddChunk("w", Local(0, 2).items[0].box, w0);
+  s0.AddBytes("rng", rng);
+  s1.AddChunk("w", Local(1, 2).items[0].box, w1);
+  ThreadPool pool(2);
+  ASSERT_TRUE(saves[0]->WriteAll(s0, pool).ok());
+  ASSERT_TRUE(saves[1]->WriteAll(s1, pool).ok());
+  absl::StatusOr<v1::CheckpointRecord> committed =
+      absl::UnknownError("not run");
+  absl::Notification committing;
+  saves[0]->SetBeforeCommitForTest([&] { committing.Notify(); });
+  std::thread rank0([&] { committed = saves[0]->Commit(); });
+  committing.WaitForNotification();
+  cancel.Cancel();  // rank 0 is in CommitSave, or about to call it
+  rank0.join();     // cairnd's commit deadline is an hour away
+  EXPECT_STATUS(committed.status(), kCancelled,
+                "rank 0 saving job 'job' step 8: cancelled (test)");
+  EXPECT_STATUS(saves[1]->Commit().status(), kAborted,
+                "save of job 'job' step 8 aborted by rank 0: cancelled (test)");
+  EXPECT_EQ(Record(8).state(), v1::CHECKPOINT_STATE_ABORTED);
+}
+
+// Cancel once every rank has committed: cairnd no longer aborts the save,
+// and Commit returns the committed record (never CANCELLED for a committed
+// checkpoint), which stays committed.
+TEST_F(SaveProtocolTest, CancelAfterEveryRankCommittedReturnsTheCommit) {
+  Cancellation cancel("cancelled (test)");
+  std::vector<std::unique_ptr<SaveProtocol>> p;
+  p.push_back(Protocol(0, 2, &cancel));
+  p.push_back(Protocol(1, 2));
+  std::vector<std::unique_ptr<PlannedSave>> saves = BeginBoth(p, 9);
+  ASSERT_NE(saves[0], nullptr);
+  ASSERT_NE(saves[1], nullptr);
+  std::string w0(16, 'a'), w1(16, 'b'), rng = "seed!";
+  ItemSources s0, s1;
+  s0.AddChunk("w", Local(0, 2).items[0].box, w0);
+  s0.AddBytes("rng", rng);
+  s1.AddChunk("w", Local(1, 2).items[0].box, w1);
+  ThreadPool pool(2);
+  ASSERT_TRUE(saves[0]->WriteAll(s0, pool).ok());
+  ASSERT_TRUE(saves[1]->WriteAll(s1, pool).ok());
+  absl::StatusOr<v1::CheckpointRecord> rank1 = absl::UnknownError("not run");
+  std::thread t([&] { rank1 = saves[1]->Commit(); });
+  absl::StatusOr<v1::CheckpointRecord> rank0 = saves[0]->Commit();
+  t.join();
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  // The commit answered; a Cancel now (rank 0 asks again, as a call whose
+  // answer was cancelled would) gets the committed record.
+  cancel.Cancel();
+  absl::StatusOr<v1::CheckpointRecord> again = saves[0]->Commit();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_EQ(again->step(), 9);
+  EXPECT_EQ(Record(9).state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_EQ(server_->coordinator().stats().aborts, 0);
 }
 
 TEST_F(SaveProtocolTest, BadStepIsInvalidBeforeAnyCall) {
