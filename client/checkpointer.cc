@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "client/checkpoint_info_proto.h"
+#include "client/protocol/cancellation.h"
 #include "client/protocol/coordinator_call.h"
 #include "client/protocol/save_protocol.h"
 #include "common/crash_point.h"
@@ -83,6 +84,7 @@ class Checkpointer::Impl {
   absl::StatusOr<std::vector<CheckpointInfo>> List(bool include_uncommitted);
   absl::StatusOr<int64_t> LatestStep();
   absl::StatusOr<CheckpointSummary> Describe(int64_t step);
+  void Cancel() { cancel_.Cancel(); }
 
   uint64_t incarnation() const { return protocol_->incarnation(); }
   const TransferStats& last_stats() const { return stats_; }
@@ -106,6 +108,17 @@ class Checkpointer::Impl {
   // ranks are answered without its pieces. Synchronous: cairnd answers a
   // report without pieces at once, and nothing is left running.
   void ReportLoadFailure(const v1::VerifyLoadRequest& request);
+
+  // CANCELLED: "<where>: cancelled (Checkpointer::Cancel)".
+  absl::Status Cancelled(absl::string_view where) const {
+    return absl::CancelledError(
+        absl::StrCat(where, ": ", cancel_.status().message()));
+  }
+
+  // Thread-safe (Cancel() may come from any thread). Set by Cancel(),
+  // consumed (Reset) when a Save or Load returns; the save protocol and the
+  // calls of a load check it and register their calls with it.
+  protocol::Cancellation cancel_{"cancelled (Checkpointer::Cancel)"};
 
   // Constant after construction.
   const CheckpointerOptions options_;
@@ -139,6 +152,7 @@ absl::Status Checkpointer::Impl::Connect() {
   p.rpc_timeout = options.rpc_timeout;
   p.max_retries = options.max_retries;
   p.store = options.store;
+  p.cancellation = &cancel_;
   protocol_ = std::make_unique<protocol::SaveProtocol>(stub_.get(), p);
   io_pool_ = std::make_unique<ThreadPool>(std::max(1, options.io_threads));
   return absl::OkStatus();
@@ -149,8 +163,12 @@ using protocol::CallWithRetry;
 absl::StatusOr<v1::CheckpointRecord> Checkpointer::Impl::Save(
     int64_t step, const StateDict& state) {
   stats_ = TransferStats();
+  // A Cancel() is consumed by the Save or Load it cancelled (or that ran
+  // when it came), whatever that call returns.
+  absl::Cleanup consume_cancel = [this] { cancel_.Reset(); };
   const std::string where = absl::StrCat(
       "rank ", options_.rank, " saving job '", options_.job, "' step ", step);
+  if (cancel_.cancelled()) return Cancelled(where);
   CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
   const absl::Time t0 = absl::Now();
   absl::StatusOr<planner::LocalSavePlan> local =
@@ -187,7 +205,7 @@ absl::StatusOr<v1::CheckpointRecord> Checkpointer::Impl::Save(
   stats_.io_time = t2 - t1;
   if (!written.ok()) return save->Abort(written);
   absl::StatusOr<v1::CheckpointRecord> record = save->Commit();
-  if (!record.ok()) {
+  if (!record.ok() && !cancel_.cancelled()) {
     // Refused (bad results, another process took this rank's place) or not
     // answered in time: the save must not linger in cairnd until its commit
     // deadline. cairnd ignores this if the save is already gone or started
@@ -196,6 +214,8 @@ absl::StatusOr<v1::CheckpointRecord> Checkpointer::Impl::Save(
     (void)save->Abort(record.status());
     return record.status();
   }
+  // Cancelled: Commit aborted the save (or returned the committed record).
+  if (!record.ok()) return record.status();
   stats_.commit_time = absl::Now() - t2;
   return record;
 }
@@ -203,6 +223,11 @@ absl::StatusOr<v1::CheckpointRecord> Checkpointer::Impl::Save(
 absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
                                                  StateDict& state) {
   stats_ = TransferStats();
+  absl::Cleanup consume_cancel = [this] { cancel_.Reset(); };
+  if (cancel_.cancelled()) {
+    return Cancelled(absl::StrCat("rank ", options_.rank, " loading ",
+                                  LoadRefName(options_.job, ref)));
+  }
   if (absl::Status s = state.CheckLoadable(); !s.ok()) {
     return absl::Status(
         s.code(),
@@ -239,7 +264,14 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
 
   absl::StatusOr<v1::PlanLoadResponse> planned =
       CallWithRetry(&v1::Coordinator::Stub::PlanLoad, *stub_, request,
-                    options_.rpc_timeout, options_.max_retries);
+                    options_.rpc_timeout, options_.max_retries, &cancel_);
+  if (!planned.ok() && cancel_.cancelled()) {
+    // Nothing read. If cairnd answered the cancelled call after all, this
+    // rank is a member of a load round that never hears from it: its
+    // peers verify locally after cairnd's verify deadline.
+    return Cancelled(absl::StrCat("rank ", options_.rank, " loading ",
+                                  LoadRefName(options_.job, ref)));
+  }
   if (!planned.ok()) {
     // Refused (a dtype or shape that differs, say): cairnd took this rank
     // out of the load round, so the others do not wait for it.
@@ -252,6 +284,7 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
   const absl::Time t1 = absl::Now();
   stats_.plan_time = t1 - t0;
   absl::Status read = ReadItems(plan, dests);
+  if (read.ok() && cancel_.cancelled()) read = cancel_.status();
   if (read.ok()) read = ReadBytesEntries(plan, state);
   if (!read.ok()) {
     return absl::Status(
@@ -412,11 +445,16 @@ absl::Status Checkpointer::Impl::ReadItems(
     }
     return absl::OkStatus();
   };
+  // Once cancelled, no further item is read (those being read finish).
   auto run = [&](const std::vector<int>& items,
                  const std::function<absl::Status(int)>& read) {
     std::vector<std::function<absl::Status()>> jobs;
     jobs.reserve(items.size());
-    for (int i : items) jobs.push_back([&read, i] { return read(i); });
+    for (int i : items) {
+      jobs.push_back([this, &read, i] {
+        return cancel_.cancelled() ? cancel_.status() : read(i);
+      });
+    }
     return RunAll(io_pool_.get(), std::move(jobs));
   };
 
@@ -446,9 +484,11 @@ absl::Status Checkpointer::Impl::ReadItems(
       *p->mutable_overlap() = it.overlap();
       p->set_crc_term(terms[i]);
     }
-    absl::StatusOr<v1::VerifyLoadResponse> verdict =
-        CallWithRetry(&v1::Coordinator::Stub::VerifyLoad, *stub_, verify,
-                      options_.collective_timeout, options_.max_retries);
+    absl::StatusOr<v1::VerifyLoadResponse> verdict = CallWithRetry(
+        &v1::Coordinator::Stub::VerifyLoad, *stub_, verify,
+        options_.collective_timeout, options_.max_retries, &cancel_);
+    // Every planned byte is in place, its partly read chunks unverified.
+    if (!verdict.ok() && cancel_.cancelled()) return cancel_.status();
     std::vector<int> recheck;
     if (absl::IsInvalidArgument(verdict.status())) {
       // The load itself is wrong (ranks disagree on world_size): no local
@@ -628,6 +668,8 @@ absl::StatusOr<int64_t> Checkpointer::LatestStep() {
 absl::StatusOr<CheckpointSummary> Checkpointer::Describe(int64_t step) {
   return impl_->Describe(step);
 }
+
+void Checkpointer::Cancel() { impl_->Cancel(); }
 
 uint64_t Checkpointer::incarnation() const { return impl_->incarnation(); }
 

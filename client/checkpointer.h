@@ -16,12 +16,15 @@
 // answer, retry later; ABORTED: the save was aborted, by this rank or
 // another — the message names which and why; INVALID_ARGUMENT: the state
 // dict or step is wrong; NOT_FOUND: no such checkpoint; DATA_LOSS: stored
-// bytes are damaged).
+// bytes are damaged; CANCELLED: Cancel() stopped the call).
 //
 // Thread safety: a Checkpointer is thread-compatible — one Checkpointer per
 // rank, used by one thread at a time (Save, Load and the queries must not
-// overlap; different Checkpointers may be used concurrently). Its internal
-// I/O threads never call back into caller code except the *_for_test hooks.
+// overlap; different Checkpointers may be used concurrently) — except
+// Cancel(), the one method that is thread-safe: any thread may call it at
+// any time, e.g. a signal-watching thread stopping a Save in progress. Its
+// internal I/O threads never call back into caller code except the
+// *_for_test hooks.
 //
 // Example:
 //   CheckpointerOptions opts;
@@ -234,6 +237,39 @@ class Checkpointer {
   // and step when cairnd has no record of it; FAILED_PRECONDITION naming its
   // state when it is not committed (no manifest).
   absl::StatusOr<CheckpointSummary> Describe(int64_t step);
+
+  // Cancels the Save or Load in progress on another thread; with none in
+  // progress, the next Save or Load to start is cancelled at once. Each
+  // Cancel() is consumed by exactly one Save or Load (the one it cancelled,
+  // or the one running when it came): the call after that runs normally.
+  // List, LatestStep and Describe are never cancelled and do not consume
+  // it. Thread-safe; returns at once (it does not wait for the call to end).
+  //
+  // The cancelled call returns promptly wherever it is — waiting for the
+  // other ranks in BeginSave, CommitSave or VerifyLoad (a load round's join
+  // grace; the call to cairnd is cancelled and not retried), or reading or
+  // writing storage (no further item is started; the ones in flight finish) —
+  // with CANCELLED naming the rank, job and step: "rank 0 saving job 'llama'
+  // step 200: cancelled (Checkpointer::Cancel)".
+  //
+  // Save: the save is aborted at cairnd (AbortSave with that reason), so the
+  // other ranks fail ABORTED at once, naming this rank and the reason; the
+  // step is listed ABORTED, its partly written objects are deleted, and the
+  // previous committed checkpoint stays the latest and loadable (a
+  // committed checkpoint is never affected). Best effort once every rank has
+  // called CommitSave: cairnd then commits regardless, and Save returns the
+  // committed checkpoint instead of CANCELLED. If another rank aborted the
+  // save first, Save returns ABORTED with that rank's reason.
+  //
+  // Load: nothing is committed or changed at cairnd. When Load returns
+  // CANCELLED, the state's buffers are untouched if it was cancelled before
+  // reading (at its start or in PlanLoad); cancelled in VerifyLoad, they
+  // hold every byte the load planned, but the chunks read in part are not
+  // verified; cancelled while reading, some are filled and some not. Treat
+  // the state as not loaded unless Load returned OK. A Cancel that comes
+  // once the load has verified everything may let it return OK (fully
+  // loaded).
+  void Cancel();
 
   // The id this Checkpointer's saves carry (a random nonzero 64-bit nonce
   // made by Connect), so cairnd tells a restarted rank from a retry of the

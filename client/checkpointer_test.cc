@@ -6,16 +6,21 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "client/checkpoint_info_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator_server.h"
+#include "storage/testing/fault_injection_store.h"
 #include "storage/testing/status_testing.h"
 
 namespace cairn::client {
@@ -24,6 +29,112 @@ namespace {
 using planner::DType;
 using planner::Placement;
 using ::testing::HasSubstr;
+
+// Polls `done` until it holds or a bound far beyond any wait a test expects
+// (the bound only keeps a broken test from hanging); returns done().
+bool WaitUntil(const std::function<bool()>& done) {
+  const absl::Time give_up = absl::Now() + absl::Minutes(2);
+  while (!done() && absl::Now() < give_up)
+    absl::SleepFor(absl::Milliseconds(1));
+  return done();
+}
+
+// A gate that Appends to objects whose key contains `key_contains` wait at
+// while it is closed: holds a rank's save in its write phase.
+class WriteGate {
+ public:
+  // Closes the gate for `key_contains` ("": gates nothing) and counts the
+  // Appends that pass it from now on.
+  void Close(std::string key_contains) {
+    absl::MutexLock lock(&mu_);
+    key_contains_ = std::move(key_contains);
+    open_ = false;
+    passed_ = 0;
+  }
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+  void Pass(absl::string_view key) {
+    absl::MutexLock lock(&mu_);
+    if (key_contains_.empty() || !absl::StrContains(key, key_contains_)) return;
+    ++waiting_;
+    mu_.Await(absl::Condition(&open_));
+    --waiting_;
+    ++passed_;
+  }
+  int waiting() const {
+    absl::MutexLock lock(&mu_);
+    return waiting_;
+  }
+  int passed() const {
+    absl::MutexLock lock(&mu_);
+    return passed_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::string key_contains_ ABSL_GUARDED_BY(mu_);
+  bool open_ ABSL_GUARDED_BY(mu_) = true;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  int passed_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+WriteGate& Gate() {
+  static WriteGate* gate = new WriteGate;
+  return *gate;
+}
+
+// "gated:///path": the posix store at /path, its Appends passing Gate().
+// cairnd (in this process) hands the URI to the ranks, which open it too.
+class GatedStore : public storage::FaultInjectionStore {
+ public:
+  GatedStore(std::unique_ptr<storage::ShardStore> base, std::string uri)
+      : FaultInjectionStore(std::move(base)), uri_(std::move(uri)) {}
+  std::string uri() const override { return uri_; }
+  using ShardStore::NewWriter;
+  absl::StatusOr<std::unique_ptr<storage::ObjectWriter>> NewWriter(
+      absl::string_view key, const storage::WriterOptions& options) override {
+    absl::StatusOr<std::unique_ptr<storage::ObjectWriter>> base =
+        FaultInjectionStore::NewWriter(key, options);
+    if (!base.ok()) return base.status();
+    return std::unique_ptr<storage::ObjectWriter>(
+        new Writer(std::string(key), std::move(*base)));
+  }
+
+ private:
+  class Writer : public storage::ObjectWriter {
+   public:
+    Writer(std::string key, std::unique_ptr<storage::ObjectWriter> base)
+        : key_(std::move(key)), base_(std::move(base)) {}
+    absl::Status Append(absl::Span<const char> data) override {
+      Gate().Pass(key_);
+      return base_->Append(data);
+    }
+    absl::Status Close() override { return base_->Close(); }
+    uint64_t bytes_written() const override { return base_->bytes_written(); }
+
+   private:
+    const std::string key_;
+    std::unique_ptr<storage::ObjectWriter> base_;
+  };
+  const std::string uri_;
+};
+
+void RegisterGatedScheme() {
+  storage::RegisterShardStoreScheme(
+      "gated",
+      [](absl::string_view rest, const storage::StoreOptions& options)
+          -> absl::StatusOr<std::unique_ptr<storage::ShardStore>> {
+        absl::StatusOr<std::unique_ptr<storage::ShardStore>> base =
+            storage::OpenShardStore(absl::StrCat("file://", rest), options);
+        if (!base.ok()) return base.status();
+        return std::unique_ptr<storage::ShardStore>(
+            new GatedStore(std::move(*base), absl::StrCat("gated://", rest)));
+      });
+}
+
+constexpr char kCancelled[] = "cancelled (Checkpointer::Cancel)";
 
 class CheckpointerTest : public ::testing::Test {
  protected:
@@ -336,6 +447,266 @@ TEST_F(CheckpointerTest, ConnectRefusesBadOptionsNamingJobAndRank) {
   o.coordinator.clear();
   EXPECT_STATUS(Checkpointer::Connect(o).status(), kInvalidArgument,
                 "cairnd address is required");
+}
+
+// The bytes of "w" [8, 4] fp32 as SaveRanks(step, 2) saves them, row-major:
+// rows 0-3 are rank 0's buffer, rows 4-7 rank 1's (AddW's pattern).
+std::vector<char> SavedW() {
+  std::vector<char> w;
+  for (int r = 0; r < 2; ++r) {
+    for (int i = 0; i < 64; ++i)
+      w.push_back(static_cast<char>((i * 7 + r) & 0xff));
+  }
+  return w;
+}
+
+// Loads "w" [8, 4] whole (one rank) from `step`; empty on failure.
+std::vector<char> LoadWholeW(Checkpointer& c, int64_t step) {
+  std::vector<char> buf(128, 0x5a);
+  StateDict state;
+  if (!state
+           .AddChunks("w", DType::kFloat32, {8, 4},
+                      {TensorChunk{planner::ChunkBox{{0, 0}, {8, 4}},
+                                   absl::MakeSpan(buf)}})
+           .ok()) {
+    return {};
+  }
+  absl::StatusOr<int64_t> loaded = c.Load(LoadRef::Step(step), state);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  return loaded.ok() ? buf : std::vector<char>();
+}
+
+// cairnd's record of `step` (including uncommitted ones).
+std::optional<CheckpointInfo> RecordOf(Checkpointer& c, int64_t step) {
+  absl::StatusOr<std::vector<CheckpointInfo>> listed = c.List(true);
+  EXPECT_TRUE(listed.ok()) << listed.status();
+  if (!listed.ok()) return std::nullopt;
+  for (const CheckpointInfo& i : *listed) {
+    if (i.step == step) return i;
+  }
+  return std::nullopt;
+}
+
+// Rank 0 of 2 waits in BeginSave for rank 1, which never comes (cairnd's
+// begin deadline is far away): Cancel from another thread ends the wait with
+// CANCELLED (the call is not retried, though retries are allowed), cairnd
+// lists the step ABORTED with the reason, the previous checkpoint stays the
+// latest and loads bit-exact, and the next step commits with the same
+// Checkpointer (the Cancel was consumed).
+TEST_F(CheckpointerTest, CancelEndsASaveWaitingInBeginSaveAndAbortsIt) {
+  spec_.coordinator.begin_deadline = absl::Minutes(10);
+  StartServer();
+  for (const auto& saved : SaveRanks(1, 2))
+    ASSERT_TRUE(saved.ok()) << saved.status();
+
+  CheckpointerOptions o = Options(0, 2);
+  o.max_retries = 16;
+  auto c0 = Checkpointer::Connect(o);
+  ASSERT_TRUE(c0.ok()) << c0.status();
+  StateDict state;
+  std::vector<char> buf;
+  ASSERT_TRUE(AddW(state, 0, 2, buf, Placement::Shard(0)).ok());
+  absl::StatusOr<CheckpointInfo> result = absl::UnknownError("not run");
+  absl::Notification done;
+  std::thread rank0([&] {
+    result = (*c0)->Save(2, state);
+    done.Notify();
+  });
+  // Rank 0 has joined the save at cairnd (and waits for rank 1).
+  ASSERT_TRUE(WaitUntil(
+      [&] { return server_->coordinator().stats().saves_in_progress == 1; }));
+  EXPECT_FALSE(done.HasBeenNotified());
+  (*c0)->Cancel();
+  const bool returned = done.WaitForNotificationWithTimeout(absl::Minutes(2));
+  EXPECT_TRUE(returned) << "Save did not return after Cancel";
+  rank0.join();
+  EXPECT_STATUS(result.status(), kCancelled,
+                absl::StrCat("rank 0 saving job 'job' step 2: ", kCancelled));
+
+  std::optional<CheckpointInfo> rec = RecordOf(**c0, 2);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(rec->state, CheckpointState::kAborted);
+  EXPECT_THAT(rec->abort_reason,
+              HasSubstr(absl::StrCat("aborted by rank 0: ", kCancelled)));
+  EXPECT_EQ(server_->coordinator().stats().saves_in_progress, 0);
+  absl::StatusOr<int64_t> latest = (*c0)->LatestStep();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 1);
+
+  // Both ranks save step 3; rank 0 with the same Checkpointer.
+  absl::StatusOr<CheckpointInfo> rank1_result = absl::UnknownError("not run");
+  std::thread rank1([&] {
+    std::unique_ptr<Checkpointer> c1 = Connect(1, 2);
+    if (c1 == nullptr) return;
+    StateDict s1;
+    std::vector<char> b1;
+    absl::Status added = AddW(s1, 1, 2, b1, Placement::Shard(0));
+    rank1_result = added.ok() ? c1->Save(3, s1) : added;
+  });
+  absl::StatusOr<CheckpointInfo> next = (*c0)->Save(3, state);
+  rank1.join();
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_TRUE(rank1_result.ok()) << rank1_result.status();
+  EXPECT_EQ(next->state, CheckpointState::kCommitted);
+  std::unique_ptr<Checkpointer> reader = Connect(0, 1);
+  ASSERT_NE(reader, nullptr);
+  EXPECT_EQ(LoadWholeW(*reader, 1), SavedW());
+  EXPECT_EQ(LoadWholeW(*reader, 3), SavedW());
+}
+
+// Rank 0 is held writing its first item (its object's Appends wait at a
+// gate); rank 1 writes everything and waits in CommitSave. Cancel on rank 0,
+// then the gate opens: the item in flight finishes, no further item is
+// written, rank 0 returns CANCELLED, rank 1 ABORTED at once naming rank 0 and
+// the reason, and nothing is committed.
+TEST_F(CheckpointerTest, CancelDuringTheWritesStopsThemAndAbortsForEveryRank) {
+  RegisterGatedScheme();
+  spec_.coordinator.storage_uri =
+      absl::StrCat("gated://", dir_, "/checkpoints");
+  StartServer();
+  for (const auto& saved : SaveRanks(1, 2))
+    ASSERT_TRUE(saved.ok()) << saved.status();
+
+  constexpr int kTensors = 6;
+  std::vector<std::unique_ptr<Checkpointer>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(Connect(r, 2));
+    ASSERT_NE(ranks.back(), nullptr);
+  }
+  std::vector<std::vector<std::vector<char>>> bufs(
+      2, std::vector<std::vector<char>>(kTensors));
+  std::vector<StateDict> states(2);
+  for (int r = 0; r < 2; ++r) {
+    for (int t = 0; t < kTensors; ++t) {
+      std::vector<char>& b = bufs[r][t];
+      b.assign(4 * 4 * 4, static_cast<char>(r * 16 + t));  // rows [4r, 4r+4)
+      ASSERT_TRUE(
+          states[r]
+              .AddChunks(absl::StrCat("t", t), DType::kFloat32, {8, 4},
+                         {TensorChunk{planner::ChunkBox{{4 * r, 0}, {4, 4}},
+                                      absl::MakeSpan(b)}})
+              .ok());
+    }
+  }
+  Gate().Close("rank-00000");
+  std::vector<absl::StatusOr<CheckpointInfo>> results(
+      2, absl::UnknownError("not run"));
+  std::vector<absl::Notification> done(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      results[r] = ranks[r]->Save(2, states[r]);
+      done[r].Notify();
+    });
+  }
+  ASSERT_TRUE(WaitUntil([] { return Gate().waiting() == 1; }));
+  ranks[0]->Cancel();
+  Gate().Open();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(done[r].WaitForNotificationWithTimeout(absl::Minutes(2)))
+        << "rank " << r << " did not return";
+  }
+  for (auto& t : threads) t.join();
+  const int passed = Gate().passed();
+  Gate().Close("");  // gates nothing
+  Gate().Open();
+
+  EXPECT_STATUS(results[0].status(), kCancelled,
+                absl::StrCat("rank 0 saving job 'job' step 2: ", kCancelled));
+  EXPECT_STATUS(results[1].status(), kAborted,
+                absl::StrCat("aborted by rank 0: ", kCancelled));
+  EXPECT_THAT(std::string(results[1].status().message()), HasSubstr("step 2"));
+  // Rank 0's object got the item in flight when Cancel came, nothing more.
+  EXPECT_EQ(passed, 1);
+  std::optional<CheckpointInfo> rec = RecordOf(*ranks[1], 2);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(rec->state, CheckpointState::kAborted);
+  absl::StatusOr<int64_t> latest = ranks[1]->LatestStep();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 1);
+  EXPECT_FALSE(std::filesystem::exists(
+      absl::StrCat(dir_, "/checkpoints/job/2/MANIFEST")));
+  std::unique_ptr<Checkpointer> reader = Connect(0, 1);
+  ASSERT_NE(reader, nullptr);
+  EXPECT_EQ(LoadWholeW(*reader, 1), SavedW());
+}
+
+// With nothing running, Cancel cancels the next Save or Load at once (no
+// call reaches cairnd) and only that one: the queries do not consume it,
+// two Cancels before a call are one, and the call after it runs normally.
+// A Load cancelled before it read leaves the caller's buffers untouched.
+TEST_F(CheckpointerTest, CancelWithNothingRunningCancelsOnlyTheNextCall) {
+  StartServer();
+  std::unique_ptr<Checkpointer> c = Connect(0, 1);
+  ASSERT_NE(c, nullptr);
+  StateDict state;
+  std::vector<char> buf;
+  ASSERT_TRUE(AddW(state, 0, 1, buf, Placement::Shard(0)).ok());
+  const std::vector<char> saved = buf;
+
+  c->Cancel();
+  c->Cancel();
+  ASSERT_TRUE(c->List().ok());  // queries are not cancelled
+  EXPECT_STATUS(c->Save(5, state).status(), kCancelled,
+                absl::StrCat("rank 0 saving job 'job' step 5: ", kCancelled));
+  EXPECT_FALSE(RecordOf(*c, 5).has_value());  // cairnd never heard of it
+  EXPECT_EQ(server_->coordinator().stats().plans_built, 0);
+  absl::StatusOr<CheckpointInfo> rec = c->Save(5, state);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->state, CheckpointState::kCommitted);
+
+  std::fill(buf.begin(), buf.end(), 0x5a);
+  c->Cancel();
+  EXPECT_STATUS(c->Load(LoadRef::Latest(), state).status(), kCancelled,
+                absl::StrCat("rank 0 loading job 'job' latest: ", kCancelled));
+  EXPECT_EQ(buf, std::vector<char>(saved.size(), 0x5a));  // untouched
+  EXPECT_EQ(server_->coordinator().stats().load_reports, 0);
+  absl::StatusOr<int64_t> loaded = c->Load(LoadRef::Latest(), state);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, 5);
+  EXPECT_EQ(buf, saved);
+}
+
+// Rank 0 of 2 loads a column shard of rows saved by two ranks: it reads
+// part of each stored chunk and waits in VerifyLoad for rank 1 to join its
+// load round (the join grace is far away). Cancel ends the wait with
+// CANCELLED; every byte the load planned is in the caller's buffer by then
+// (unverified: the guarantee is only "not loaded unless OK").
+TEST_F(CheckpointerTest, CancelEndsALoadWaitingInVerifyLoad) {
+  spec_.coordinator.load_join_grace = absl::Minutes(10);
+  StartServer();
+  for (const auto& saved : SaveRanks(1, 2))
+    ASSERT_TRUE(saved.ok()) << saved.status();
+  std::unique_ptr<Checkpointer> c = Connect(0, 2);
+  ASSERT_NE(c, nullptr);
+  std::vector<char> buf(8 * 2 * 4, 0x5a);  // columns [0, 2) of every row
+  StateDict state;
+  ASSERT_TRUE(state
+                  .AddChunks("w", DType::kFloat32, {8, 4},
+                             {TensorChunk{planner::ChunkBox{{0, 0}, {8, 2}},
+                                          absl::MakeSpan(buf)}})
+                  .ok());
+  absl::StatusOr<int64_t> result = absl::UnknownError("not run");
+  absl::Notification done;
+  std::thread rank0([&] {
+    result = c->Load(LoadRef::Step(1), state);
+    done.Notify();
+  });
+  ASSERT_TRUE(WaitUntil(
+      [&] { return server_->coordinator().stats().load_reports == 1; }));
+  EXPECT_FALSE(done.HasBeenNotified());
+  c->Cancel();
+  const bool returned = done.WaitForNotificationWithTimeout(absl::Minutes(2));
+  EXPECT_TRUE(returned) << "Load did not return after Cancel";
+  rank0.join();
+  EXPECT_STATUS(result.status(), kCancelled,
+                absl::StrCat("rank 0 loading job 'job' step 1: ", kCancelled));
+  std::vector<char> want;
+  const std::vector<char> w = SavedW();
+  for (int row = 0; row < 8; ++row) {
+    want.insert(want.end(), w.begin() + row * 16, w.begin() + row * 16 + 8);
+  }
+  EXPECT_EQ(buf, want);
 }
 
 TEST(CheckpointInfoTest, FromRecordKeepsEveryFieldAndMapsUnknownStates) {
