@@ -244,6 +244,8 @@ class Checkpointer {
   // or the one running when it came): the call after that runs normally.
   // List, LatestStep and Describe are never cancelled and do not consume
   // it. Thread-safe; returns at once (it does not wait for the call to end).
+  // Not async-signal-safe (it takes a mutex): from a signal, wake a thread
+  // that calls it (Python: the thread that sees KeyboardInterrupt).
   //
   // The cancelled call returns promptly wherever it is — waiting for the
   // other ranks in BeginSave, CommitSave or VerifyLoad (a load round's join
