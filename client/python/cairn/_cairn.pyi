@@ -94,7 +94,8 @@ class CheckpointSummary:
 
 class Checkpointer:
     """One rank's connection to cairnd in direct mode. One call at a time
-    per object (FailedPreconditionError otherwise)."""
+    per object (FailedPreconditionError otherwise), except cancel().
+    Ctrl-C during save/load cancels it and raises KeyboardInterrupt."""
 
     def __init__(self, coordinator: str, job: str, rank: int, world_size: int,
                  *, io_threads: int = 4, rpc_timeout: float = 300.0,
@@ -105,11 +106,13 @@ class Checkpointer:
         InvalidArgumentError naming job and rank for a bad option."""
     def save(self, step: int, state: StateDict) -> CheckpointInfo:
         """Collective save of `state` as `step`; returns the committed
-        record. AbortedError, AlreadyExistsError,
+        record. Ctrl-C cancels it (aborted at cairnd; the previous checkpoint
+        stays the latest) and raises KeyboardInterrupt. CancelledError
+        (cancel() from another thread), AbortedError, AlreadyExistsError,
         InvalidArgumentError, UnavailableError."""
     def load(self, state: StateDict, step: Optional[int] = None) -> int:
         """Fills `state` from `step` (None: the latest), resharding; returns
-        the step loaded. NotFoundError,
+        the step loaded. Ctrl-C cancels it (KeyboardInterrupt). NotFoundError,
         InvalidArgumentError, DataLossError, UnavailableError."""
     def list(self, include_uncommitted: bool = False) -> List[CheckpointInfo]:
         ...
@@ -118,6 +121,9 @@ class Checkpointer:
     def describe(self, step: int) -> CheckpointSummary:
         """NotFoundError (no record), FailedPreconditionError (not
         committed)."""
+    def cancel(self) -> None:
+        """Cancels the save/load in progress (or the next one); thread-safe.
+        The cancelled call raises CancelledError."""
     @property
     def last_stats(self) -> Dict[str, Union[int, float, bool]]:
         """bytes, bytes_storage, items, chunks_verified_by_cairnd,
@@ -141,7 +147,8 @@ class SaveFuture:
     def step(self) -> int: ...
     def wait(self, timeout: Optional[float] = None) -> CheckpointInfo:
         """Waits (GIL released) for the commit; DeadlineExceededError after
-        `timeout` seconds, the save's error if it failed."""
+        `timeout` seconds, the save's error if it failed. Ctrl-C interrupts
+        the wait (not the save)."""
     def done(self) -> bool:
         """True once the outcome is known; does not block."""
 

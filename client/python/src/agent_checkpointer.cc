@@ -3,6 +3,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <memory>
@@ -28,32 +29,48 @@ namespace {
 
 // How long SaveFuture.wait(None) waits: "forever" for a training job.
 constexpr absl::Duration kWaitForever = absl::Hours(24 * 365);
+// One WaitSave call of a longer wait (how soon Ctrl-C is noticed).
+constexpr absl::Duration kWaitSlice = absl::Milliseconds(500);
 
 // A SaveFuture plus its outcome once known (so done() followed by wait()
 // asks the agent once). Thread-safe.
 class PySaveFuture {
  public:
-  explicit PySaveFuture(client::SaveFuture future)
-      : future_(std::move(future)) {}
+  PySaveFuture(client::SaveFuture future, std::string who)
+      : future_(std::move(future)), who_(std::move(who)) {}
 
   int64_t step() const { return future_.step(); }
 
+  // Waits in slices of kWaitSlice (GIL released), checking for signals in
+  // between, so Ctrl-C interrupts a long wait (the save goes on in the
+  // agent).
   client::CheckpointInfo Wait(std::optional<double> timeout_s) {
     absl::Duration timeout = kWaitForever;
     if (timeout_s.has_value()) {
       if (!std::isfinite(*timeout_s) || *timeout_s < 0) {
         ThrowStatus(absl::InvalidArgumentError(
-            absl::StrCat("SaveFuture of step ", step(), ": wait timeout ",
-                         *timeout_s, " s is not a finite duration >= 0")));
+            absl::StrCat(who_, " step ", step(), ": wait timeout ", *timeout_s,
+                         " s is not a finite duration >= 0")));
       }
       timeout = absl::Seconds(*timeout_s);
     }
-    absl::StatusOr<client::CheckpointInfo> r;
-    {
-      py::gil_scoped_release release;
-      r = WaitFor(timeout);
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      absl::StatusOr<client::CheckpointInfo> r;
+      {
+        py::gil_scoped_release release;
+        const absl::Duration left = deadline - absl::Now();
+        r = WaitFor(
+            std::max(absl::Milliseconds(1), std::min(left, kWaitSlice)));
+      }
+      if (!NotYet(r.status())) return ValueOrThrow(std::move(r));
+      if (absl::Now() >= deadline) {
+        ThrowStatus(absl::DeadlineExceededError(
+            absl::StrCat(who_, " step ", step(), ": not persisted within ",
+                         absl::FormatDuration(timeout))));
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
-    return ValueOrThrow(std::move(r));
   }
 
   bool Done() {
@@ -85,6 +102,7 @@ class PySaveFuture {
   }
 
   const client::SaveFuture future_;
+  const std::string who_;  // "job 'j' rank r", for messages
   absl::Mutex mu_;
   std::optional<absl::StatusOr<client::CheckpointInfo>> outcome_
       ABSL_GUARDED_BY(mu_);
@@ -127,7 +145,7 @@ class PyAgentCheckpointer {
       ThrowStatus(WithJobContext(
           r.status(), job_, absl::StrCat(who_, " step ", step, " async_save")));
     }
-    return std::make_unique<PySaveFuture>(*std::move(r));
+    return std::make_unique<PySaveFuture>(*std::move(r), who_);
   }
 
   int64_t Load(PyStateDict& state, std::optional<int64_t> step) {
@@ -190,6 +208,8 @@ Attributes:
            R"doc(
 Waits (GIL released) until the checkpoint is committed by every rank's agent
 and this rank's copy is replicated to its peers; returns its CheckpointInfo.
+Ctrl-C interrupts the wait (KeyboardInterrupt); the save goes on in the
+agent.
 
 Args:
   timeout: seconds to wait; None waits without limit.

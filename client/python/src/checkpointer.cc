@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "client/python/src/errors.h"
+#include "client/python/src/interruptible.h"
 #include "client/python/src/options.h"
 #include "client/python/src/results.h"
 #include "client/python/src/state_dict.h"
@@ -51,11 +52,10 @@ class PyCheckpointer {
 
   client::CheckpointInfo Save(int64_t step, const PyStateDict& state) {
     OneCallAtATime guard(busy_, who_, "save");
-    absl::StatusOr<client::CheckpointInfo> r;
-    {
-      py::gil_scoped_release release;
-      r = impl_->Save(step, state.state());
-    }
+    absl::StatusOr<client::CheckpointInfo> r =
+        CallInterruptibly<absl::StatusOr<client::CheckpointInfo>>(
+            [&] { return impl_->Save(step, state.state()); },
+            [&] { impl_->Cancel(); });
     if (!r.ok()) {
       ThrowStatus(WithJobContext(r.status(), job(),
                                  absl::StrCat(who_, " step ", step, " save")));
@@ -71,11 +71,9 @@ class PyCheckpointer {
     }
     const client::LoadRef ref = step.has_value() ? client::LoadRef::Step(*step)
                                                  : client::LoadRef::Latest();
-    absl::StatusOr<int64_t> r;
-    {
-      py::gil_scoped_release release;
-      r = impl_->Load(ref, state.state());
-    }
+    absl::StatusOr<int64_t> r = CallInterruptibly<absl::StatusOr<int64_t>>(
+        [&] { return impl_->Load(ref, state.state()); },
+        [&] { impl_->Cancel(); });
     if (!r.ok()) {
       ThrowStatus(WithJobContext(
           r.status(), job(),
@@ -125,6 +123,9 @@ class PyCheckpointer {
     return *std::move(r);
   }
 
+  // Thread-safe; no busy guard: it is meant for another thread.
+  void Cancel() { impl_->Cancel(); }
+
   const std::string& job() const { return impl_->options().job; }
   py::dict LastStats() const { return TransferStatsDict(impl_->last_stats()); }
   const client::CheckpointerOptions& options() const {
@@ -146,7 +147,11 @@ One rank's connection to cairnd, saving and loading in direct mode: the rank
 writes and reads checkpoint storage itself, planned by cairnd.
 
 Every blocking call releases the GIL. Use one call at a time per object (a
-concurrent call from another thread raises FailedPreconditionError).
+concurrent call from another thread raises FailedPreconditionError), except
+cancel(), which any thread may call. Ctrl-C (SIGINT in the main thread)
+during save or load cancels it and raises KeyboardInterrupt: a save is
+aborted at cairnd (the other ranks fail AbortedError at once) and the
+previous checkpoint stays the latest.
 Errors are cairn.errors exceptions whose message names the job, step, rank
 and tensor: UnavailableError (cairnd did not answer after max_retries),
 AbortedError (the save was aborted by this or another rank: the message says
@@ -211,7 +216,12 @@ Saves `state` as checkpoint `step`; collective: every rank of the job calls
 it with its own state. Returns the committed CheckpointInfo.
 
 The buffers of `state` must stay alive and unchanged until it returns.
+Ctrl-C cancels the save (aborted at cairnd: the other ranks fail AbortedError
+at once, the step is listed ABORTED, the previous checkpoint stays the
+latest) and raises KeyboardInterrupt; a save every rank had already
+committed stays committed.
 Raises (message naming job, step, rank):
+  CancelledError: cancel() was called from another thread.
   AbortedError: the save was aborted (by this rank or another: the message
     says which and why); no committed checkpoint is affected.
   AlreadyExistsError: `step` was saved before.
@@ -223,10 +233,12 @@ Raises (message naming job, step, rank):
            py::arg("step") = py::none(), R"doc(
 Fills every chunk and bytes entry of `state` from checkpoint `step` (None:
 the latest committed one), resharding from whatever layout saved it, and
-returns the step loaded. Every byte is crc32c-verified.
+returns the step loaded. Every byte is crc32c-verified. Ctrl-C cancels the
+load and raises KeyboardInterrupt (treat `state` as not loaded).
 
 Raises (message naming job, step, rank, fqn):
   NotFoundError: no such committed checkpoint (or none at all).
+  CancelledError: cancel() was called from another thread.
   InvalidArgumentError: a tensor is missing from the checkpoint or has a
     different shape or dtype; a negative step.
   DataLossError: stored bytes are damaged.
@@ -251,6 +263,14 @@ tensors with dtype, shape, chunk boxes and bytes, bytes entries).
 Raises:
   NotFoundError naming job and step: cairnd has no record of it.
   FailedPreconditionError naming its state: it is not committed.
+)doc")
+      .def("cancel", &PyCheckpointer::Cancel, R"doc(
+Cancels the save or load in progress on another thread, or, with none in
+progress, the next one to start; each cancel() is consumed by exactly one
+save or load. Thread-safe; returns at once. The cancelled call raises
+CancelledError naming rank, job and step; a cancelled save is aborted at
+cairnd (the other ranks fail AbortedError at once). list, latest_step and
+describe are never cancelled.
 )doc")
       .def_property_readonly("last_stats", &PyCheckpointer::LastStats, R"doc(
 What the last save or load did, a dict: bytes (payload written or

@@ -362,3 +362,102 @@ def test_stubs_match_the_extension_and_everything_has_a_docstring():
                     f"{name}.{m} is documented nowhere")
             else:
                 assert len(getattr(cls, m).__doc__) > 80, f"{name}.{m}"
+
+
+def test_cancel_before_a_save_cancels_it_once(cairnd):
+    """cancel() with nothing running cancels the next save (CancelledError
+    naming rank, job and step); the save after that runs normally."""
+    ckpt = _ckpt(cairnd, job="cancel-job")
+    _, sd = _source_state(np.random.default_rng(6))
+    ckpt.cancel()
+    with pytest.raises(cairn.CancelledError) as e:
+        ckpt.save(1, sd)
+    assert "cancel-job" in e.value.message and "rank 0" in e.value.message
+    assert e.value.code == "CANCELLED"
+    assert ckpt.save(1, sd).state == "COMMITTED"
+
+
+# Rank 0 of a 2-rank save whose rank 1 never comes: it waits in BeginSave
+# until SIGINT. Prints what happened; the checkpointer stays usable.
+_SIGINT_RANK0 = """
+import signal, sys
+import numpy as np
+from cairn import _cairn
+signal.signal(signal.SIGINT, signal.default_int_handler)
+a = np.full(4, 9, np.int32)
+sd = _cairn.StateDict()
+sd.add_chunks("t", "int32", [8], [([0], [4], a.ctypes.data, a.nbytes)])
+ckpt = _cairn.Checkpointer(sys.argv[1], "sigint", 0, 2)
+try:
+    info = ckpt.save(2, sd)
+    print("returned", info, flush=True)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+    print("steps", [i.step for i in ckpt.list()], flush=True)
+"""
+
+
+def test_ctrl_c_during_save_aborts_it_and_the_previous_step_stays(
+        cairn_bin, tmp_path):
+    import os  # pylint: disable=import-outside-toplevel
+    import signal  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    import harness  # pylint: disable=import-outside-toplevel
+    # A long begin deadline: only the cancel can end rank 0's wait.
+    server = harness.Cairnd.start(
+        cairn_bin, tmp_path, flags=["--log-level", "debug",
+                                    "--begin-deadline", "3600"])
+    proc = None
+    try:
+        # Step 1 by both ranks.
+        parts = [np.arange(4, dtype=np.int32) + 100 * r for r in range(2)]
+        results = {}
+
+        def save1(rank):
+            sd = _cairn.StateDict()
+            sd.add_chunks("t", "int32", [8], [([4 * rank], [4]) +
+                                              _ptr(parts[rank])])
+            results[rank] = _cairn.Checkpointer(server.address, "sigint", rank,
+                                                2).save(1, sd)
+        threads = [threading.Thread(target=save1, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results[0].state == results[1].state == "COMMITTED", results
+
+        proc = subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, "-c", _SIGINT_RANK0, server.address],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ))
+        # Wait until cairnd has rank 0 parked in BeginSave for step 2.
+        while "step 2 joined the save" not in server.log.read_text():
+            assert proc.poll() is None, proc.communicate()
+            threading.Event().wait(0.05)
+        proc.send_signal(signal.SIGINT)
+        # Without the cancel it would wait for the begin deadline (1 h).
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, (out, err)
+        assert out.splitlines()[0] == "KeyboardInterrupt", (out, err)
+        assert out.splitlines()[1] == "steps [1]", (out, err)
+
+        ckpt = _cairn.Checkpointer(server.address, "sigint", 0, 1)
+        states = {i.step: i for i in ckpt.list(include_uncommitted=True)}
+        assert states[2].state == "ABORTED", states[2]
+        assert "rank 0" in states[2].abort_reason
+        assert "cancel" in states[2].abort_reason
+        assert ckpt.latest_step() == 1
+        back = np.zeros(8, np.int32)
+        dst = _cairn.StateDict()
+        _whole(dst, "t", "int32", back)
+        assert ckpt.load(dst) == 1
+        np.testing.assert_array_equal(back, np.concatenate(parts))
+    except BaseException:
+        print(f"==== cairnd log:\n{server.log_tail()}")
+        raise
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.kill()
