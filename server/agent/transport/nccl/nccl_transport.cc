@@ -243,16 +243,22 @@ absl::Status NcclTransport::EnsureInit() {
     }
   }
   StartInit();
+  // The init attempt is bounded by itself: node 0 hands the ids to every
+  // other node (each control send bounded by connect_timeout), then the
+  // link waits init_timeout for the others to join. Wait that long plus
+  // one init_timeout of slack, so a slow attempt reports its own reason
+  // (which nodes joined) rather than this backstop's.
+  const absl::Duration wait =
+      options_.init_timeout * 2 +
+      options_.control.connect_timeout * (num_nodes_ - 1);
   absl::MutexLock l(&init_mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(init_mu_) {
     return init_done_ || stopping_;
   };
-  if (!init_mu_.AwaitWithTimeout(absl::Condition(&done),
-                                 options_.init_timeout * 2)) {
+  if (!init_mu_.AwaitWithTimeout(absl::Condition(&done), wait)) {
     return absl::DeadlineExceededError(absl::StrCat(
         "nccl transport: node ", node_, " did not join the communicators of ",
-        num_nodes_, " nodes within ",
-        absl::FormatDuration(options_.init_timeout * 2)));
+        num_nodes_, " nodes within ", absl::FormatDuration(wait)));
   }
   if (stopping_) return absl::UnavailableError("nccl transport is stopping");
   return init_status_;
