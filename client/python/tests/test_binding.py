@@ -461,3 +461,24 @@ def test_ctrl_c_during_save_aborts_it_and_the_previous_step_stays(
             proc.kill()
             proc.wait()
         server.kill()
+
+
+def test_save_future_wait_times_out_while_the_save_cannot_commit(
+        cairnd, start_agent):
+    """Rank 0 of 2 saves through the agent; rank 1 never does, so the save
+    cannot commit: done() is False and wait(timeout) raises
+    DeadlineExceededError naming job, rank and step (not the agent's
+    internal wait slice)."""
+    agent = start_agent(cairnd.address)
+    a = np.arange(4, dtype=np.float32)
+    sd = _cairn.StateDict()
+    sd.add_chunks("x", "float32", [8], [([0], [4]) + _ptr(a)])
+    ac = _cairn.AgentCheckpointer(agent.socket, cairnd.address, "lonely", 0,
+                                  2)
+    fut = ac.async_save(3, sd)
+    assert not fut.done()
+    with pytest.raises(cairn.DeadlineExceededError) as e:
+        fut.wait(timeout=1.5)
+    assert "job 'lonely' rank 0 step 3" in e.value.message
+    assert "1.5s" in e.value.message
+    assert not fut.done()
