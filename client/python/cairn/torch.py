@@ -1,0 +1,312 @@
+"""Cairn as the storage layer of PyTorch Distributed Checkpoint (DCP).
+
+``CairnStorageWriter`` and ``CairnStorageReader`` implement DCP's
+StorageWriter / StorageReader for torch 1.13
+(``torch.distributed._shard.checkpoint.save_state_dict`` /
+``load_state_dict``) and for the current ``torch.distributed.checkpoint``
+(``dcp.save`` / ``dcp.load`` with ``checkpoint_id``). DCP's planners run
+unchanged; Cairn replaces only the storage:
+
+- Save: each rank's write_data resolves every WriteItem of its plan into one
+  Cairn state (tensor chunks from their own memory, pickled objects as bytes
+  entries) and calls ``Checkpointer.save(step)`` once: the collective save
+  through cairnd (global plan answered from cairnd's cache when nothing
+  changed, crc32c on every byte, atomic commit). The checkpoint is COMMITTED
+  when write_data returns; finish() only checks that. No DCP file
+  (.metadata, *.distcp) is written anywhere: the catalog and MANIFEST are
+  Cairn's.
+- Load: read_metadata builds DCP's Metadata from cairnd's description of the
+  checkpoint (every stored chunk's box); read_data hands cairnd each ReadItem
+  as a global box backed by the planner's target tensor (zero copy when it is
+  contiguous CPU memory) and loads them with one ``Checkpointer.load``:
+  cairnd plans the exact byte ranges, whatever layout saved them.
+
+Checkpoint ids (``checkpoint_id=`` of the constructor, of ``reset`` and of
+current ``dcp.save/load``): an int step, a decimal string, ``"latest"``
+(reader only) or ``"cairn://HOST:PORT/JOB/STEP"``.
+
+Helpers live in cairn/_dcp.py; this module holds the two classes.
+"""
+
+import dataclasses
+import os
+from typing import Any, Dict, Optional, Union
+
+from cairn import _torch_compat
+
+_torch_compat.install()  # before torch.distributed._shard is imported
+
+import torch  # noqa: E402  pylint: disable=wrong-import-position
+
+from cairn import _dcp  # noqa: E402  pylint: disable=wrong-import-position
+from cairn import _tensors  # noqa: E402  pylint: disable=wrong-import-position
+from cairn import errors  # noqa: E402  pylint: disable=wrong-import-position
+
+_api = _dcp.api()
+
+__all__ = ["CairnStorageWriter", "CairnStorageReader"]
+
+
+class _CairnStorage:
+    """What the writer and the reader share: identity, rank, connection."""
+
+    _allow_latest = False
+
+    def __init__(self, coordinator: Optional[str], job: Optional[str],
+                 step: Union[int, str, None], checkpoint_id: Any,
+                 options: Dict[str, Any]):
+        self._process_group = options.pop("process_group", None)
+        self._rank_override = options.pop("rank", None)
+        self._world_override = options.pop("world_size", None)
+        self._options = options
+        self.coordinator = coordinator or os.environ.get("CAIRN_COORDINATOR")
+        self.job = job or os.environ.get("CAIRN_JOB")
+        self.step: Union[int, str, None] = None
+        if step is not None:
+            self._set_id(step)
+        if checkpoint_id is not None:
+            self._set_id(checkpoint_id)
+        self.is_coordinator = False
+        self._no_dist = False
+
+    # ----------------------------------------------------- identity
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        """True when `checkpoint_id` names a Cairn checkpoint: an int step, a
+        decimal string, "cairn://HOST:PORT/JOB/STEP" (and "latest" for the
+        reader)."""
+        try:
+            _dcp.parse_checkpoint_id(checkpoint_id, cls._allow_latest)
+            return True
+        except errors.InvalidArgumentError:
+            return False
+
+    def _set_id(self, checkpoint_id: Any) -> None:
+        coordinator, job, step = _dcp.parse_checkpoint_id(
+            checkpoint_id, self._allow_latest)
+        if coordinator is not None:
+            self.coordinator = coordinator
+        if job is not None:
+            self.job = job
+        self.step = step
+
+    @property
+    def checkpoint_id(self) -> str:
+        """This checkpoint as "cairn://HOST:PORT/JOB/STEP"."""
+        return f"cairn://{self.coordinator}/{self.job}/{self.step}"
+
+    def storage_meta(self):
+        """DCP's StorageMeta naming this checkpoint (None on a torch without
+        it, e.g. 1.13)."""
+        storage_meta_cls = getattr(_api.metadata, "StorageMeta", None)
+        if storage_meta_cls is None:
+            return None
+        try:
+            return storage_meta_cls(checkpoint_id=self.checkpoint_id)
+        except TypeError:
+            return None
+
+    # ----------------------------------------------------- ranks
+    def _set_up(self, is_coordinator: bool, kwargs: Dict[str, Any]) -> None:
+        self.is_coordinator = bool(is_coordinator)
+        if kwargs.get("use_collectives") is False:
+            self._no_dist = True
+        if "rank" in kwargs and self._rank_override is None:
+            self._rank_override = kwargs["rank"]
+
+    def _where(self) -> str:
+        return f"job '{self.job}' step {self.step}"
+
+    def _rank_and_world(self):
+        return _dcp.rank_and_world(self._process_group, self._rank_override,
+                                   self._world_override, self._no_dist)
+
+    def _connection(self) -> "_dcp.Connection":
+        if not self.coordinator:
+            raise errors.InvalidArgumentError(
+                f"{type(self).__name__}: no coordinator (pass coordinator=, "
+                f"a cairn://HOST:PORT/JOB/STEP checkpoint_id, or set "
+                f"CAIRN_COORDINATOR)")
+        if not self.job:
+            raise errors.InvalidArgumentError(
+                f"{type(self).__name__}: no job (pass job=, a "
+                f"cairn://HOST:PORT/JOB/STEP checkpoint_id, or set CAIRN_JOB)")
+        rank, world = self._rank_and_world()
+        return _dcp.connection(self.coordinator, self.job, rank, world,
+                               self._options)
+
+
+class CairnStorageWriter(_CairnStorage, _api.StorageWriter):
+    """DCP StorageWriter that saves through cairnd.
+
+    CairnStorageWriter(coordinator=None, job=None, step=None, *,
+                       checkpoint_id=None, process_group=None, **options)
+
+    coordinator / job default to CAIRN_COORDINATOR / CAIRN_JOB; the step comes
+    from `step`, `checkpoint_id` or a later ``reset(checkpoint_id)``. Rank and
+    world size are those of `process_group` (default: torch.distributed's
+    default group, or 0 of 1 without one). Other keyword options go to
+    ``cairn._cairn.Checkpointer`` (io_threads, rpc_timeout, ...).
+
+    After a save, ``last_info`` is cairnd's CheckpointInfo (COMMITTED) and
+    ``last_stats`` libcairn's stats (``plan_from_cache``,
+    ``sent_fingerprint_only``, bytes, times).
+    """
+
+    _allow_latest = False
+
+    def __init__(self, coordinator: Optional[str] = None,
+                 job: Optional[str] = None, step: Optional[int] = None, *,
+                 checkpoint_id: Any = None, **options: Any):
+        _CairnStorage.__init__(self, coordinator, job, step, checkpoint_id,
+                               options)
+        self.last_info = None
+        self.last_stats: Dict[str, Any] = {}
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        """A new save begins; `checkpoint_id` (if given) names its step."""
+        if checkpoint_id is not None:
+            self._set_id(checkpoint_id)
+        self.last_info = None
+
+    def init(self, is_coordinator: bool) -> None:  # torch 1.13's name
+        self.set_up_storage_writer(is_coordinator)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        del args
+        self._set_up(is_coordinator, kwargs)
+        if not isinstance(self.step, int):
+            raise errors.InvalidArgumentError(
+                f"CairnStorageWriter for job '{self.job}': no step to save "
+                f"(pass step=, checkpoint_id=STEP or "
+                f"cairn://HOST:PORT/JOB/STEP)")
+
+    def prepare_local_plan(self, plan):
+        # The step rides along so the coordinator can check every rank agrees.
+        return dataclasses.replace(plan, storage_data=_dcp.PlanTag(
+            self.job, self.step, self._rank_and_world()[0]))
+
+    def prepare_global_plan(self, plans):
+        _dcp.check_same_step(plans, "save", self.job)
+        return plans
+
+    def write_data(self, plan, planner):
+        rank, world = self._rank_and_world()
+        built = None
+        failure = None
+        try:
+            built = _dcp.build_save_state(plan, planner, self.job, self.step,
+                                          rank)
+        except Exception as e:  # pylint: disable=broad-except
+            failure = e
+        # Every rank learns whether all ranks are ready before any begins the
+        # collective save: a rank that cannot even build its state would
+        # otherwise leave the others parked in BeginSave until the deadline.
+        if not self._no_dist:
+            _dcp.agree_or_raise(failure, self._process_group, world, rank,
+                                f"save of {self._where()}")
+        if failure is not None:
+            raise failure
+        conn = self._connection()
+        with conn.lock:
+            info = conn.ckpt.save(self.step, built.state)
+            self.last_stats = dict(conn.ckpt.last_stats)
+        del built.keep_alive
+        self.last_info = info
+        fut = torch.futures.Future()
+        fut.set_result([
+            _api.WriteResult(index=item.index, size_in_bytes=nbytes,
+                             storage_data=self.step)
+            for item, nbytes in built.results])
+        return fut
+
+    def finish(self, metadata, results) -> None:
+        """The checkpoint is already committed by the collective save; this
+        checks it is (and that every rank saved this step)."""
+        del metadata
+        for rank_results in results:
+            for r in rank_results:
+                if r.storage_data != self.step:
+                    raise errors.FailedPreconditionError(
+                        f"save of {self._where()}: '{r.index.fqn}' was "
+                        f"written as step {r.storage_data}")
+        info = self.last_info
+        if info is None or info.state != "COMMITTED":
+            raise errors.FailedPreconditionError(
+                f"save of {self._where()} is not committed (state "
+                f"{getattr(info, 'state', 'none')})")
+
+
+class CairnStorageReader(_CairnStorage, _api.StorageReader):
+    """DCP StorageReader that loads through cairnd (resharding any layout).
+
+    CairnStorageReader(coordinator=None, job=None, step="latest", *,
+                       checkpoint_id=None, process_group=None, **options)
+
+    step "latest" is resolved once, in read_metadata, through cairnd on each
+    rank and remembered; the ranks' steps are compared in the global plan,
+    so a save that commits between two ranks' resolutions fails the load with
+    AbortedError instead of mixing steps (load again; pass an explicit step to
+    rule it out). ``reset()`` forgets the resolution.
+    """
+
+    _allow_latest = True
+
+    def __init__(self, coordinator: Optional[str] = None,
+                 job: Optional[str] = None,
+                 step: Union[int, str, None] = "latest", *,
+                 checkpoint_id: Any = None, **options: Any):
+        _CairnStorage.__init__(self, coordinator, job, step, checkpoint_id,
+                               options)
+        self._requested = self.step
+        self._metadata = None
+        self.loaded_step: Optional[int] = None
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        """A new load begins; `checkpoint_id` (if given) names the step."""
+        if checkpoint_id is not None:
+            self._set_id(checkpoint_id)
+            self._requested = self.step
+        self.step = self._requested
+        self._metadata = None
+
+    def read_metadata(self):
+        conn = self._connection()
+        with conn.lock:
+            if self.step == "latest" or self.step is None:
+                self.step = conn.ckpt.latest_step()
+            summary = conn.ckpt.describe(self.step)
+        return _dcp.metadata_from_summary(summary, self.job, self.step)
+
+    def init(self, metadata, is_coordinator: bool) -> None:  # 1.13's name
+        self.set_up_storage_reader(metadata, is_coordinator)
+
+    def set_up_storage_reader(self, metadata, is_coordinator: bool,
+                              *args: Any, **kwargs: Any) -> None:
+        del args
+        self._set_up(is_coordinator, kwargs)
+        tag = getattr(metadata, "storage_data", None)
+        if isinstance(tag, _dcp.PlanTag):
+            self.step = tag.step
+        self._metadata = metadata
+
+    def prepare_local_plan(self, plan):
+        return dataclasses.replace(plan, storage_data=_dcp.PlanTag(
+            self.job, self.step, self._rank_and_world()[0]))
+
+    def prepare_global_plan(self, plans):
+        _dcp.check_same_step(plans, "load", self.job)
+        return plans
+
+    def read_data(self, plan, planner):
+        rank, _ = self._rank_and_world()
+        load = _dcp.build_load_state(plan, planner, self._metadata, self.job,
+                                     self.step, rank)
+        conn = self._connection()
+        with conn.lock:
+            self.loaded_step = conn.ckpt.load(load.state, self.step)
+        load.finish(planner)
+        fut = torch.futures.Future()
+        fut.set_result(None)
+        return fut

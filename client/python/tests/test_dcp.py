@@ -1,0 +1,295 @@
+"""cairn.torch's DCP storage layer with torch 1.13's save_state_dict /
+load_state_dict and their default planners, in real rank processes (gloo)
+against a real cairnd: a small model + Adam optimizer saved by 4 ranks with
+ShardedTensor row sharding, loaded into 1, 2 and 3 ranks with column
+sharding (bit-exact); no DCP file anywhere; interop (pickled objects as bytes
+entries, bfloat16, bool, an empty shard, a non-contiguous target); the plan
+cache on an unchanged second save; checkpoint ids."""
+
+import pathlib
+import re
+
+import pytest
+import torch
+
+import cairn  # noqa: F401  (installs the torch 1.13 import fix first)
+import cairn.torch as ctorch
+from cairn import _dcp
+from cairn import errors
+
+import harness
+
+from torch.distributed._shard import checkpoint as dcp  # noqa: E402
+from torch.distributed._shard import sharded_tensor  # noqa: E402
+from torch.distributed._shard.metadata import ShardMetadata  # noqa: E402
+
+JOB = "dcp-job"
+
+
+# ------------------------------------------------------------ state
+
+def expected_state():
+    """The full (unsharded) values every rank computes identically: a small
+    model trained 2 Adam steps, plus interop tensors and objects."""
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 12), torch.nn.ReLU(),
+                                torch.nn.Linear(12, 6))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x = torch.arange(40, dtype=torch.float32).reshape(5, 8) / 40
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        opt.step()
+    full = {}
+    for name, p in model.state_dict().items():
+        full[f"model.{name}"] = p.detach().clone()
+    names = dict(enumerate(n for n, _ in model.named_parameters()))
+    for idx, st in opt.state_dict()["state"].items():
+        for k, v in st.items():
+            full[f"optim.{names[idx]}.{k}"] = v.detach().clone()
+    g = torch.Generator().manual_seed(7)
+    full["extra.bf16"] = torch.randn(10, 4, generator=g).to(torch.bfloat16)
+    full["extra.mask"] = torch.rand(9, 5, generator=g) > 0.5
+    full["extra.tiny"] = torch.arange(3 * 4, dtype=torch.int64).reshape(3, 4)
+    full["extra.colsaved"] = torch.randn(6, 7, generator=g)
+    objects = {
+        "optim.param_groups": opt.state_dict()["param_groups"],
+        "train.meta": {"epoch": 3, "name": "run-α", "losses": [1.5, 0.25]},
+        "train.blob": b"\x00\xffraw",
+    }
+    return full, objects
+
+
+def bounds(n, world):
+    """Split of n rows into `world` ranges (uneven; empty when n < world)."""
+    return [(i * n) // world for i in range(world + 1)]
+
+
+def shard(full, dim, rank, world):
+    """A ShardedTensor of `full` split along `dim` over the group (each rank
+    one shard, possibly empty), collectively built."""
+    b = bounds(full.shape[dim], world)
+    metas = []
+    local = None
+    for r in range(world):
+        offsets = [0] * full.dim()
+        sizes = list(full.shape)
+        offsets[dim] = b[r]
+        sizes[dim] = b[r + 1] - b[r]
+        md = ShardMetadata(shard_offsets=offsets, shard_sizes=sizes,
+                           placement=f"rank:{r}/cpu")
+        metas.append(md)
+        if r == rank:
+            piece = full.narrow(dim, b[r], sizes[dim]).clone()
+            local = sharded_tensor.Shard(piece, md)
+    return sharded_tensor.init_from_local_shards([local], list(full.shape))
+
+
+def save_layout(full, objects, rank, world):
+    """The state_dict saved by 4 ranks: 2-D and 1-D tensors row sharded,
+    0-dim tensors replicated, "extra.colsaved" column sharded, objects."""
+    sd = {}
+    for fqn, t in full.items():
+        if t.dim() == 0:
+            sd[fqn] = t.clone()
+        elif fqn == "extra.colsaved":
+            sd[fqn] = shard(t, 1, rank, world)
+        else:
+            sd[fqn] = shard(t, 0, rank, world)
+    sd.update(objects)
+    return sd
+
+
+def load_layout(full, objects, rank, world):
+    """The state_dict loaded into: zeros, column sharded (1-D and
+    "extra.colsaved" row sharded), 0-dim replicated; objects as None."""
+    sd = {}
+    for fqn, t in full.items():
+        z = torch.zeros_like(t)
+        if t.dim() == 0:
+            sd[fqn] = z
+        elif t.dim() == 1 or fqn == "extra.colsaved":
+            sd[fqn] = shard(z, 0, rank, world)
+        else:
+            sd[fqn] = shard(z, 1, rank, world)
+    sd.update({k: None for k in objects})
+    return sd
+
+
+def check_loaded(sd, full, objects, rank):
+    """torch.equal of every local piece against the expected values."""
+    for fqn, t in full.items():
+        got = sd[fqn]
+        if isinstance(got, sharded_tensor.ShardedTensor):
+            for s in got.local_shards():
+                want = t
+                for d, (o, n) in enumerate(zip(s.metadata.shard_offsets,
+                                               s.metadata.shard_sizes)):
+                    want = want.narrow(d, o, n)
+                assert s.tensor.dtype == t.dtype, fqn
+                assert torch.equal(s.tensor, want), (rank, fqn)
+        else:
+            assert torch.equal(got, t), (rank, fqn)
+    for k, v in objects.items():
+        assert sd[k] == v, (rank, k)
+
+
+# ------------------------------------------------------------ rank bodies
+
+def save_ranks(rank, world, address, step):
+    full, objects = expected_state()
+    sd = save_layout(full, objects, rank, world)
+    writer = ctorch.CairnStorageWriter(address, JOB, step)
+    dcp.save_state_dict(sd, writer)
+    return writer.last_info.state, dict(writer.last_stats)
+
+
+def load_ranks(rank, world, address, step):
+    full, objects = expected_state()
+    sd = load_layout(full, objects, rank, world)
+    reader = ctorch.CairnStorageReader(address, JOB, step)
+    dcp.load_state_dict(sd, reader)
+    check_loaded(sd, full, objects, rank)
+    return reader.loaded_step
+
+
+def _stored_files(cairnd):
+    root = pathlib.Path(cairnd.storage_dir)
+    return [p.relative_to(root) for p in root.rglob("*") if p.is_file()]
+
+
+# ------------------------------------------------------------ tests
+
+def test_4_ranks_row_sharded_load_into_1_2_3_ranks_column_sharded(cairnd):
+    saved = harness.run_ranks(save_ranks, 4, cairnd.address, 100)
+    assert [s for s, _ in saved] == ["COMMITTED"] * 4
+
+    # No DCP files: only Cairn's objects (data and MANIFEST) under storage.
+    files = _stored_files(cairnd)
+    assert files, "nothing stored"
+    names = [f.name for f in files]
+    assert not any(n == ".metadata" or n.endswith(".distcp") for n in names)
+    assert any("MANIFEST" in n for n in names), names
+    cairn_object = re.compile(
+        JOB + r"/0*100/(MANIFEST|attempt-[0-9a-f]+/data/rank-[0-9]+\.bin)")
+    assert all(cairn_object.fullmatch(str(f)) for f in files), files
+
+    ls = cairnd.cli("ls", JOB).stdout
+    assert "100" in ls and "COMMITTED" in ls, ls
+    verify = cairnd.cli("verify", JOB, "100")
+    assert verify.returncode == 0, verify.stdout
+
+    for world in (1, 2, 3):
+        assert harness.run_ranks(load_ranks, world, cairnd.address,
+                                 "latest") == [100] * world
+
+
+def save_twice(rank, world, address):
+    full, objects = expected_state()
+    sd = save_layout(full, objects, rank, world)
+    stats = []
+    for step in (1, 2):
+        writer = ctorch.CairnStorageWriter(address, JOB, checkpoint_id=step)
+        dcp.save_state_dict(sd, writer)
+        stats.append((writer.last_info.step, writer.last_info.state,
+                      dict(writer.last_stats)))
+    # A changed layout (a new tensor) is planned afresh.
+    sd["extra.new"] = torch.ones(2, 2)
+    writer = ctorch.CairnStorageWriter(address, JOB, 3)
+    dcp.save_state_dict(sd, writer)
+    stats.append((3, writer.last_info.state, dict(writer.last_stats)))
+    return stats
+
+
+def test_second_unchanged_save_is_planned_from_cairnds_cache(cairnd):
+    per_rank = harness.run_ranks(save_twice, 2, cairnd.address)
+    for rank, stats in enumerate(per_rank):
+        (s1, st1, first), (s2, st2, second), (_, st3, third) = stats
+        assert (s1, st1, s2, st2, st3) == (1, "COMMITTED", 2, "COMMITTED",
+                                           "COMMITTED"), rank
+        assert not first["plan_from_cache"], rank
+        assert not first["sent_fingerprint_only"], rank
+        assert second["plan_from_cache"], (rank, second)
+        assert second["sent_fingerprint_only"], (rank, second)
+        assert not third["plan_from_cache"], (rank, third)
+
+
+def load_one_step(rank, world, address, checkpoint_id):
+    full, objects = expected_state()
+    sd = load_layout(full, objects, rank, world)
+    reader = ctorch.CairnStorageReader(checkpoint_id=checkpoint_id)
+    dcp.load_state_dict(sd, reader)
+    check_loaded(sd, full, objects, rank)
+    return reader.loaded_step, reader.checkpoint_id
+
+
+def test_load_by_cairn_uri_and_without_process_group(cairnd):
+    harness.run_ranks(save_ranks, 2, cairnd.address, 5)
+    uri = f"cairn://{cairnd.address}/{JOB}/5"
+    assert harness.run_ranks(load_one_step, 2, cairnd.address, uri) == [
+        (5, uri)] * 2
+
+    # DCP's no_dist in this (process-group-less) process: rank 0 of 1, plain
+    # tensors as targets, the writer's step from reset(checkpoint_id).
+    full, objects = expected_state()
+    sd = {k: torch.zeros_like(v) for k, v in full.items()}
+    sd.update({k: None for k in objects})
+    reader = ctorch.CairnStorageReader(cairnd.address, JOB)
+    dcp.load_state_dict(sd, reader, no_dist=True)
+    assert reader.loaded_step == 5
+    for k, v in full.items():
+        assert torch.equal(sd[k], v), k
+    assert {k: sd[k] for k in objects} == objects
+
+    writer = ctorch.CairnStorageWriter(cairnd.address, JOB)
+    writer.reset(6)
+    plain = {k: v for k, v in full.items()}
+    plain["obj"] = {"a": 1}
+    dcp.save_state_dict(plain, writer, no_dist=True)
+    assert writer.last_info.world_size == 1
+    back = {k: torch.zeros_like(v) for k, v in full.items()}
+    back["obj"] = None
+    dcp.load_state_dict(back, ctorch.CairnStorageReader(
+        checkpoint_id=f"cairn://{cairnd.address}/{JOB}/latest"), no_dist=True)
+    assert back["obj"] == {"a": 1}
+    assert all(torch.equal(back[k], v) for k, v in full.items())
+
+
+def test_checkpoint_ids():
+    w, r = ctorch.CairnStorageWriter, ctorch.CairnStorageReader
+    for good in (0, 7, "12", "cairn://h:1/job/3", "cairn://h:1/a/b/9"):
+        assert w.validate_checkpoint_id(good), good
+        assert r.validate_checkpoint_id(good), good
+    assert r.validate_checkpoint_id("latest")
+    assert r.validate_checkpoint_id("cairn://h:1/job/latest")
+    for bad in ("latest", "cairn://h:1/job/latest", -1, True, None, 1.5,
+                "/tmp/ckpt", pathlib.Path("/tmp/x"), "cairn://h:1/3",
+                "cairn:/h/j/1", "12a"):
+        assert not w.validate_checkpoint_id(bad), bad
+    for bad in (-1, "/tmp/ckpt", "cairn://h:1/job/next"):
+        assert not r.validate_checkpoint_id(bad), bad
+    assert _dcp.parse_checkpoint_id("cairn://host:77/team/llm/12", False) == (
+        "host:77", "team/llm", 12)
+    with pytest.raises(errors.InvalidArgumentError, match="/tmp/ckpt"):
+        w(checkpoint_id="/tmp/ckpt")
+    writer = w("c:1", "j", 4)
+    assert writer.checkpoint_id == "cairn://c:1/j/4"
+    writer.reset("cairn://d:2/k/5")
+    assert (writer.coordinator, writer.job, writer.step) == ("d:2", "k", 5)
+    assert writer.storage_meta() is None  # torch 1.13 has no StorageMeta
+    with pytest.raises(errors.InvalidArgumentError, match="no step"):
+        w("c:1", "j").init(True)
+    reader = r("c:1", "j")
+    assert reader.step == "latest"
+    reader.reset(9)
+    assert reader.step == 9
+
+
+def test_defaults_from_environment(monkeypatch):
+    monkeypatch.setenv("CAIRN_COORDINATOR", "envhost:9")
+    monkeypatch.setenv("CAIRN_JOB", "envjob")
+    writer = ctorch.CairnStorageWriter(step=3)
+    assert writer.checkpoint_id == "cairn://envhost:9/envjob/3"
+    monkeypatch.delenv("CAIRN_JOB")
+    with pytest.raises(errors.InvalidArgumentError, match="CAIRN_JOB"):
+        ctorch.CairnStorageReader(step=1).read_metadata()
