@@ -293,3 +293,60 @@ def test_defaults_from_environment(monkeypatch):
     monkeypatch.delenv("CAIRN_JOB")
     with pytest.raises(errors.InvalidArgumentError, match="CAIRN_JOB"):
         ctorch.CairnStorageReader(step=1).read_metadata()
+
+
+def test_current_dcp_call_sequence(cairnd):
+    """The calls current torch.distributed.checkpoint makes (reset with a
+    checkpoint_id, set_up_storage_writer/reader with keyword extras,
+    storage_meta), driven here with 1.13's default planners in one process."""
+    from torch.distributed._shard.checkpoint.default_planner import (  # pylint: disable=import-outside-toplevel
+        DefaultLoadPlanner, DefaultSavePlanner)
+    full, objects = expected_state()
+    sd = dict(full)
+    sd.update(objects)
+    writer = ctorch.CairnStorageWriter()
+    uri = f"cairn://{cairnd.address}/{JOB}/8"
+    assert writer.validate_checkpoint_id(uri)
+    writer.reset(uri)
+    writer.set_up_storage_writer(True, rank=0, use_collectives=False)
+    assert writer.storage_meta() is None
+    planner = DefaultSavePlanner()
+    planner.init(sd, True)
+    local = writer.prepare_local_plan(planner.create_local_plan())
+    plans, metadata = planner.create_global_plan([local])
+    plans = writer.prepare_global_plan(plans)
+    results = writer.write_data(planner.finish_plan(plans[0]), planner).wait()
+    assert sorted(r.index.fqn for r in results) == sorted(sd)
+    assert all(r.storage_data == 8 for r in results)
+    tensor_bytes = {r.index.fqn: r.size_in_bytes for r in results}
+    assert tensor_bytes["model.0.weight"] == 12 * 8 * 4
+    writer.finish(metadata, [results])
+    assert writer.last_info.state == "COMMITTED"
+    assert writer.last_info.num_tensors == len(full)
+    assert writer.last_info.num_bytes_entries == len(objects)
+
+    reader = ctorch.CairnStorageReader()
+    reader.reset(f"cairn://{cairnd.address}/{JOB}/latest")
+    md = reader.read_metadata()
+    assert reader.step == 8
+    stored = md.state_dict_metadata
+    assert sorted(stored) == sorted(sd)
+    assert stored["model.0.weight"].size == torch.Size([12, 8])
+    assert stored["extra.bf16"].properties.dtype == torch.bfloat16
+    assert [(list(c.offsets), list(c.sizes))
+            for c in stored["model.0.weight"].chunks] == [([0, 0], [12, 8])]
+    reader.set_up_storage_reader(md, True, rank=0, use_collectives=False)
+    back = {k: torch.zeros_like(v) for k, v in full.items()}
+    back.update({k: None for k in objects})
+    lp = DefaultLoadPlanner()
+    lp.init(back, md, True)
+    local = reader.prepare_local_plan(lp.create_local_plan())
+    plans = reader.prepare_global_plan(lp.create_global_plan([local]))
+    reader.read_data(lp.finish_plan(plans[0]), lp).wait()
+    assert reader.loaded_step == 8
+    for k, v in full.items():
+        assert torch.equal(back[k], v), k
+    assert {k: back[k] for k in objects} == objects
+    # reset() forgets the resolved step: the next load resolves latest again.
+    reader.reset()
+    assert reader.step == "latest"
