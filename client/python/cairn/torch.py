@@ -39,7 +39,6 @@ _torch_compat.install()  # before torch.distributed._shard is imported
 import torch  # noqa: E402  pylint: disable=wrong-import-position
 
 from cairn import _dcp  # noqa: E402  pylint: disable=wrong-import-position
-from cairn import _tensors  # noqa: E402  pylint: disable=wrong-import-position
 from cairn import errors  # noqa: E402  pylint: disable=wrong-import-position
 
 _api = _dcp.api()

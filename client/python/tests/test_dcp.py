@@ -12,8 +12,7 @@ import re
 import pytest
 import torch
 
-import cairn  # noqa: F401  (installs the torch 1.13 import fix first)
-import cairn.torch as ctorch
+import cairn.torch as ctorch  # first: installs the torch 1.13 import fix
 from cairn import _dcp
 from cairn import errors
 
