@@ -29,6 +29,9 @@ foreach(old IN LISTS staged)
   endif()
 endforeach()
 file(COPY_FILE "${LIBCAIRN}" "${pkg}/${LIBCAIRN_SONAME}" ONLY_IF_DIFFERENT)
+# What an in-place `pip install DST_DIR` leaves behind (setuptools' build/
+# and egg-info): removed, so a later install never picks up stale copies.
+file(REMOVE_RECURSE "${DST_DIR}/build" "${DST_DIR}/cairn.egg-info")
 set(CAIRN_VERSION "${VERSION}")
 configure_file("${SRC_DIR}/pyproject.toml" "${DST_DIR}/pyproject.toml" @ONLY)
 file(COPY_FILE "${SRC_DIR}/setup.py" "${DST_DIR}/setup.py" ONLY_IF_DIFFERENT)

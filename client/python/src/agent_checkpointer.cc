@@ -196,17 +196,18 @@ class PyAgentCheckpointer {
 }  // namespace
 
 void RegisterAgentCheckpointer(py::module_& m) {
-  py::class_<PySaveFuture>(m, "SaveFuture", R"doc(
-Durability of one AgentCheckpointer.async_save. May be waited on from any
+  py::class_<PySaveFuture>(
+      m, "SaveFuture",
+      R"doc(Durability of one AgentCheckpointer.async_save. May be waited on from any
 thread; the outcome is remembered once known.
 
 Attributes:
   step: the step being saved.
 )doc")
       .def_property_readonly("step", &PySaveFuture::step)
-      .def("wait", &PySaveFuture::Wait, py::arg("timeout") = py::none(),
-           R"doc(
-Waits (GIL released) until the checkpoint is committed by every rank's agent
+      .def(
+          "wait", &PySaveFuture::Wait, py::arg("timeout") = py::none(),
+          R"doc(Waits (GIL released) until the checkpoint is committed by every rank's agent
 and this rank's copy is replicated to its peers; returns its CheckpointInfo.
 Ctrl-C interrupts the wait (KeyboardInterrupt); the save goes on in the
 agent.
@@ -222,8 +223,9 @@ Raises:
            "True once the save's outcome is known (committed or failed); "
            "does not block.");
 
-  py::class_<PyAgentCheckpointer>(m, "AgentCheckpointer", R"doc(
-One rank's connection to its node's cairn-agent (agent mode): async_save
+  py::class_<PyAgentCheckpointer>(
+      m, "AgentCheckpointer",
+      R"doc(One rank's connection to its node's cairn-agent (agent mode): async_save
 copies the state into the agent's shared memory and returns; the agent
 persists and replicates it. Loads come from agent memory (local, then peer
 agents) and fall back to storage (direct mode).
@@ -264,8 +266,8 @@ Every blocking call releases the GIL; one call at a time per object.
            py::arg("rpc_timeout") = 300.0,
            py::arg("collective_timeout") = 3900.0, py::arg("max_retries") = 16,
            py::arg("partial_chunk_check") = "collective",
-           py::arg("use_odirect") = true, R"doc(
-Connects to the agent's Unix socket.
+           py::arg("use_odirect") = true,
+           R"doc(Connects to the agent's Unix socket.
 
 Args:
   agent_socket: path of cairn-agent's Unix domain socket.
@@ -282,9 +284,10 @@ Raises:
   InvalidArgumentError naming job and rank: a bad option.
   UnavailableError: the agent does not answer on `agent_socket`.
 )doc")
-      .def("async_save", &PyAgentCheckpointer::AsyncSave, py::arg("step"),
-           py::arg("state"), R"doc(
-Snapshots `state` into the agent's staging memory and returns a SaveFuture
+      .def(
+          "async_save", &PyAgentCheckpointer::AsyncSave, py::arg("step"),
+          py::arg("state"),
+          R"doc(Snapshots `state` into the agent's staging memory and returns a SaveFuture
 as soon as the buffers of `state` may change again (training blocks only
 for the copy). The agent commits the checkpoint even if this process exits.
 
@@ -293,9 +296,10 @@ Raises:
   UnavailableError: the agent is down.
   InvalidArgumentError: the state dict is invalid.
 )doc")
-      .def("load", &PyAgentCheckpointer::Load, py::arg("state"),
-           py::arg("step") = py::none(), R"doc(
-Fills `state` from checkpoint `step` (None: the latest): agent memory tiers
+      .def(
+          "load", &PyAgentCheckpointer::Load, py::arg("state"),
+          py::arg("step") = py::none(),
+          R"doc(Fills `state` from checkpoint `step` (None: the latest): agent memory tiers
 first, storage otherwise. Returns the step loaded; last_load_source says
 which tier served it. Errors as Checkpointer.load.
 )doc")
@@ -303,9 +307,9 @@ which tier served it. Errors as Checkpointer.load.
                              &PyAgentCheckpointer::LastLoadSource,
                              "Which tier served the last load: "
                              "\"agent_memory\", \"storage\" or \"none\".")
-      .def_property_readonly("last_save_stats",
-                             &PyAgentCheckpointer::LastSaveStats, R"doc(
-The last async_save, a dict: bytes (copied into staging), blocked (seconds
+      .def_property_readonly(
+          "last_save_stats", &PyAgentCheckpointer::LastSaveStats,
+          R"doc(The last async_save, a dict: bytes (copied into staging), blocked (seconds
 inside async_save), copy_time, begin_time (seconds waiting for space),
 streamed_buckets (> 0: the save streamed through buckets).
 )doc");

@@ -142,8 +142,9 @@ class PyCheckpointer {
 }  // namespace
 
 void RegisterCheckpointer(py::module_& m) {
-  py::class_<PyCheckpointer>(m, "Checkpointer", R"doc(
-One rank's connection to cairnd, saving and loading in direct mode: the rank
+  py::class_<PyCheckpointer>(
+      m, "Checkpointer",
+      R"doc(One rank's connection to cairnd, saving and loading in direct mode: the rank
 writes and reads checkpoint storage itself, planned by cairnd.
 
 Every blocking call releases the GIL. Use one call at a time per object (a
@@ -186,8 +187,8 @@ Attributes:
            py::arg("rpc_timeout") = 300.0,
            py::arg("collective_timeout") = 3900.0, py::arg("max_retries") = 16,
            py::arg("partial_chunk_check") = "collective",
-           py::arg("use_odirect") = true, R"doc(
-Sets up the connection (does not wait for cairnd to be up).
+           py::arg("use_odirect") = true,
+           R"doc(Sets up the connection (does not wait for cairnd to be up).
 
 Args:
   coordinator: cairnd's address, "host:port".
@@ -210,9 +211,9 @@ Args:
 Raises:
   InvalidArgumentError naming job and rank: a bad option.
 )doc")
-      .def("save", &PyCheckpointer::Save, py::arg("step"), py::arg("state"),
-           R"doc(
-Saves `state` as checkpoint `step`; collective: every rank of the job calls
+      .def(
+          "save", &PyCheckpointer::Save, py::arg("step"), py::arg("state"),
+          R"doc(Saves `state` as checkpoint `step`; collective: every rank of the job calls
 it with its own state. Returns the committed CheckpointInfo.
 
 The buffers of `state` must stay alive and unchanged until it returns.
@@ -229,9 +230,10 @@ Raises (message naming job, step, rank):
     is invalid.
   UnavailableError: cairnd did not answer after max_retries.
 )doc")
-      .def("load", &PyCheckpointer::Load, py::arg("state"),
-           py::arg("step") = py::none(), R"doc(
-Fills every chunk and bytes entry of `state` from checkpoint `step` (None:
+      .def(
+          "load", &PyCheckpointer::Load, py::arg("state"),
+          py::arg("step") = py::none(),
+          R"doc(Fills every chunk and bytes entry of `state` from checkpoint `step` (None:
 the latest committed one), resharding from whatever layout saved it, and
 returns the step loaded. Every byte is crc32c-verified. Ctrl-C cancels the
 load and raises KeyboardInterrupt (treat `state` as not loaded).
@@ -244,36 +246,39 @@ Raises (message naming job, step, rank, fqn):
   DataLossError: stored bytes are damaged.
   UnavailableError: cairnd did not answer after max_retries.
 )doc")
-      .def("list", &PyCheckpointer::List,
-           py::arg("include_uncommitted") = false, R"doc(
-The job's checkpoints (list of CheckpointInfo) by step: committed ones, and
+      .def(
+          "list", &PyCheckpointer::List, py::arg("include_uncommitted") = false,
+          R"doc(The job's checkpoints (list of CheckpointInfo) by step: committed ones, and
 with include_uncommitted=True also those being written, aborted or being
 deleted.
 )doc")
-      .def("latest_step", &PyCheckpointer::LatestStep, R"doc(
-The job's newest committed step (what load(step=None) loads).
+      .def("latest_step", &PyCheckpointer::LatestStep,
+           R"doc(The job's newest committed step (what load(step=None) loads).
 
 Raises:
   NotFoundError naming the job: it has no committed checkpoint.
 )doc")
-      .def("describe", &PyCheckpointer::Describe, py::arg("step"), R"doc(
-What committed checkpoint `step` holds: a CheckpointSummary (its record,
+      .def(
+          "describe", &PyCheckpointer::Describe, py::arg("step"),
+          R"doc(What committed checkpoint `step` holds: a CheckpointSummary (its record,
 tensors with dtype, shape, chunk boxes and bytes, bytes entries).
 
 Raises:
   NotFoundError naming job and step: cairnd has no record of it.
   FailedPreconditionError naming its state: it is not committed.
 )doc")
-      .def("cancel", &PyCheckpointer::Cancel, R"doc(
-Cancels the save or load in progress on another thread, or, with none in
+      .def(
+          "cancel", &PyCheckpointer::Cancel,
+          R"doc(Cancels the save or load in progress on another thread, or, with none in
 progress, the next one to start; each cancel() is consumed by exactly one
 save or load. Thread-safe; returns at once. The cancelled call raises
 CancelledError naming rank, job and step; a cancelled save is aborted at
 cairnd (the other ranks fail AbortedError at once). list, latest_step and
 describe are never cancelled.
 )doc")
-      .def_property_readonly("last_stats", &PyCheckpointer::LastStats, R"doc(
-What the last save or load did, a dict: bytes (payload written or
+      .def_property_readonly(
+          "last_stats", &PyCheckpointer::LastStats,
+          R"doc(What the last save or load did, a dict: bytes (payload written or
 delivered), bytes_storage (moved to/from storage), items,
 chunks_verified_by_cairnd, chunks_verified_locally, plan_from_cache,
 sent_fingerprint_only, plan_time, io_time, commit_time (seconds).

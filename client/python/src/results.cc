@@ -97,8 +97,9 @@ py::dict TransferStatsDict(const client::TransferStats& s) {
 }
 
 void RegisterResults(py::module_& m) {
-  py::class_<CheckpointInfo>(m, "CheckpointInfo", R"doc(
-cairnd's record of one checkpoint (job, step). Read-only.
+  py::class_<CheckpointInfo>(
+      m, "CheckpointInfo",
+      R"doc(cairnd's record of one checkpoint (job, step). Read-only.
 
 Attributes:
   job, step: which checkpoint.
@@ -147,8 +148,9 @@ Attributes:
         return r + ")";
       });
 
-  py::class_<TensorSummary>(m, "TensorSummary", R"doc(
-One tensor of a committed checkpoint, as its manifest records it.
+  py::class_<TensorSummary>(
+      m, "TensorSummary",
+      R"doc(One tensor of a committed checkpoint, as its manifest records it.
 
 Attributes:
   fqn: the tensor's name.
@@ -175,8 +177,8 @@ Attributes:
             ", bytes=", t.bytes, ")");
       });
 
-  py::class_<BytesEntrySummary>(m, "BytesEntrySummary", R"doc(
-One bytes entry of a committed checkpoint.
+  py::class_<BytesEntrySummary>(m, "BytesEntrySummary",
+                                R"doc(One bytes entry of a committed checkpoint.
 
 Attributes:
   fqn: the entry's name.
@@ -189,8 +191,9 @@ Attributes:
                             "', bytes=", b.bytes, ")");
       });
 
-  py::class_<CheckpointSummary>(m, "CheckpointSummary", R"doc(
-What a committed checkpoint holds (Checkpointer.describe).
+  py::class_<CheckpointSummary>(
+      m, "CheckpointSummary",
+      R"doc(What a committed checkpoint holds (Checkpointer.describe).
 
 Attributes:
   info: its CheckpointInfo.

@@ -62,8 +62,9 @@ size_t PyStateDict::size() const {
 }
 
 void RegisterStateDict(py::module_& m) {
-  py::class_<PyStateDict>(m, "StateDict", R"doc(
-What one rank saves or loads: chunks of tensors (borrowed memory) and opaque
+  py::class_<PyStateDict>(
+      m, "StateDict",
+      R"doc(What one rank saves or loads: chunks of tensors (borrowed memory) and opaque
 bytes entries (owned copies).
 
 Tensor memory is borrowed, not copied: the caller keeps every buffer alive,
@@ -74,8 +75,7 @@ or numpy array.
       .def(py::init<>())
       .def("add_chunks", &PyStateDict::AddChunks, py::arg("fqn"),
            py::arg("dtype"), py::arg("global_shape"), py::arg("chunks"),
-           R"doc(
-Adds tensor `fqn` with the chunks this rank holds.
+           R"doc(Adds tensor `fqn` with the chunks this rank holds.
 
 Args:
   fqn: the tensor's unique name, e.g. "model.layers.0.wq".
@@ -93,9 +93,10 @@ Raises:
     buffer of the wrong size, overlapping chunks.
   AlreadyExistsError: the state dict already has an entry `fqn`.
 )doc")
-      .def("add_bytes", &PyStateDict::AddBytes, py::arg("fqn"),
-           py::arg("data") = py::none(), R"doc(
-Adds an opaque bytes entry `fqn` (pickled objects, RNG state, ...).
+      .def(
+          "add_bytes", &PyStateDict::AddBytes, py::arg("fqn"),
+          py::arg("data") = py::none(),
+          R"doc(Adds an opaque bytes entry `fqn` (pickled objects, RNG state, ...).
 
 Args:
   fqn: the entry's unique name.
@@ -104,8 +105,9 @@ Args:
 Raises:
   AlreadyExistsError: the state dict already has an entry `fqn`.
 )doc")
-      .def("get_bytes", &PyStateDict::GetBytes, py::arg("fqn"), R"doc(
-The current value of bytes entry `fqn` (after a load: the loaded bytes).
+      .def(
+          "get_bytes", &PyStateDict::GetBytes, py::arg("fqn"),
+          R"doc(The current value of bytes entry `fqn` (after a load: the loaded bytes).
 
 Raises:
   NotFoundError: no bytes entry `fqn`.
