@@ -6,13 +6,16 @@ sharding (bit-exact); no DCP file anywhere; interop (pickled objects as bytes
 entries, bfloat16, bool, an empty shard, a non-contiguous target); the plan
 cache on an unchanged second save; checkpoint ids."""
 
+import concurrent.futures
+import io
 import pathlib
 import re
 
 import pytest
 import torch
 
-import cairn.torch as ctorch  # first: installs the torch 1.13 import fix
+import cairn  # first: installs the torch 1.13 import fix
+import cairn.torch as ctorch
 from cairn import _dcp
 from cairn import errors
 
@@ -301,6 +304,8 @@ def test_current_dcp_call_sequence(cairnd):
     from torch.distributed._shard.checkpoint.default_planner import (  # pylint: disable=import-outside-toplevel
         DefaultLoadPlanner, DefaultSavePlanner)
     full, objects = expected_state()
+    full["extra.transposed"] = torch.arange(12.0).reshape(3, 4).t()
+    assert not full["extra.transposed"].is_contiguous()
     sd = dict(full)
     sd.update(objects)
     writer = ctorch.CairnStorageWriter()
@@ -349,3 +354,36 @@ def test_current_dcp_call_sequence(cairnd):
     # reset() forgets the resolved step: the next load resolves latest again.
     reader.reset()
     assert reader.step == "latest"
+
+
+def test_checkpoint_saved_by_the_binding_loads_through_the_reader(cairnd):
+    """Interop: a checkpoint written with cairn._cairn directly (two ranks'
+    row blocks, a torch.save'd bytes entry) is a DCP checkpoint too."""
+    w = torch.arange(6 * 5, dtype=torch.float32).reshape(6, 5)
+    blob = io.BytesIO()
+    torch.save({"epoch": 4}, blob)
+    ckpts = [cairn._cairn.Checkpointer(cairnd.address, JOB, r, 2)
+             for r in range(2)]
+    states = []
+    for r in range(2):
+        st = cairn._cairn.StateDict()
+        part = w[3 * r:3 * r + 3]
+        st.add_chunks("w", "float32", [6, 5],
+                      [([3 * r, 0], [3, 5], part.data_ptr(),
+                        part.numel() * 4)])
+        if r == 0:
+            st.add_bytes("meta", blob.getvalue())
+        states.append(st)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        infos = list(pool.map(lambda r: ckpts[r].save(40, states[r]),
+                              range(2)))
+    assert [i.state for i in infos] == ["COMMITTED"] * 2
+
+    sd = {"w": torch.zeros(6, 5), "meta": None}
+    reader = ctorch.CairnStorageReader(cairnd.address, JOB)
+    dcp.load_state_dict(sd, reader, no_dist=True)
+    assert torch.equal(sd["w"], w)
+    assert sd["meta"] == {"epoch": 4}
+    assert [(list(c.offsets), list(c.sizes)) for c in
+            reader.read_metadata().state_dict_metadata["w"].chunks] == [
+                ([0, 0], [3, 5]), ([3, 0], [3, 5])]

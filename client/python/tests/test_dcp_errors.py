@@ -198,3 +198,28 @@ def test_ranks_naming_different_steps_fail_before_writing(cairnd):
     assert cairnd.cli("ls", JOB, check=False).stdout.count("COMMITTED") == 0
     with pytest.raises(errors.NotFoundError, match=JOB):
         cairn._cairn.Checkpointer(cairnd.address, JOB, 0, 1).latest_step()
+
+
+def load_different_steps(rank, world, address):
+    full, objects = expected_state()
+    sd = load_layout(full, objects, rank, world)
+    # As if a save of step 2 committed between the ranks' resolutions of
+    # "latest": rank 0 reads step 1, rank 1 step 2.
+    reader = ctorch.CairnStorageReader(address, JOB, 1 + rank)
+    try:
+        dcp.load_state_dict(sd, reader)
+    except CheckpointException as e:
+        return {r: (type(x).__name__, str(x)) for r, x in _failures(e).items()}
+    return None
+
+
+def test_ranks_loading_different_steps_fail_before_reading(cairnd):
+    harness.run_ranks(save_ranks, 2, cairnd.address, 1)
+    harness.run_ranks(save_ranks, 2, cairnd.address, 2)
+    for failures in harness.run_ranks(load_different_steps, 2,
+                                      cairnd.address):
+        assert list(failures) == [0], failures
+        name, msg = failures[0]
+        assert name == "AbortedError", msg
+        assert "ranks [0]: step 1" in msg and "ranks [1]: step 2" in msg, msg
+        assert "load again" in msg, msg
