@@ -25,6 +25,27 @@ Checkpoint ids (``checkpoint_id=`` of the constructor, of ``reset`` and of
 current ``dcp.save/load``): an int step, a decimal string, ``"latest"``
 (reader only) or ``"cairn://HOST:PORT/JOB/STEP"``.
 
+Example (torch 1.13)::
+
+    import cairn.torch  # first: fixes torch 1.13's sharding import on 3.11
+    from torch.distributed._shard import checkpoint as dcp
+    dcp.save_state_dict(sd, cairn.torch.CairnStorageWriter(
+        "cairnd:7070", "llama", step))
+    dcp.load_state_dict(sd, cairn.torch.CairnStorageReader(
+        "cairnd:7070", "llama"))             # step "latest" by default
+
+Example (current torch)::
+
+    import torch.distributed.checkpoint as dcp
+    from cairn.torch import CairnStorageReader, CairnStorageWriter
+    dcp.save(sd, storage_writer=CairnStorageWriter(),  # CAIRN_* env
+             checkpoint_id=f"cairn://cairnd:7070/llama/{step}")
+    dcp.load(sd, storage_reader=CairnStorageReader(),
+             checkpoint_id="cairn://cairnd:7070/llama/latest")
+
+Without a process group (DCP's no_dist), rank 0 of 1 is assumed; with one
+but no_dist=True, pass rank=0, world_size=1 to the constructor.
+
 Helpers live in cairn/_dcp.py; this module holds the two classes.
 """
 
