@@ -387,3 +387,23 @@ def test_checkpoint_saved_by_the_binding_loads_through_the_reader(cairnd):
     assert [(list(c.offsets), list(c.sizes)) for c in
             reader.read_metadata().state_dict_metadata["w"].chunks] == [
                 ([0, 0], [3, 5]), ([3, 0], [3, 5])]
+
+
+def save_replicated(rank, world, address):
+    """DDP-style: every value replicated, so DCP's default planner gives
+    every rank but the coordinator an empty plan."""
+    full, objects = expected_state()
+    sd = dict(full)
+    sd.update(objects)
+    writer = ctorch.CairnStorageWriter(address, JOB, 50)
+    dcp.save_state_dict(sd, writer)
+    back = {k: torch.zeros_like(v) for k, v in full.items()}
+    back.update({k: None for k in objects})
+    dcp.load_state_dict(back, ctorch.CairnStorageReader(address, JOB))
+    check_loaded(back, full, objects, rank)
+    return writer.last_stats["items"]
+
+
+def test_replicated_state_with_empty_plans_on_other_ranks(cairnd):
+    items = harness.run_ranks(save_replicated, 2, cairnd.address)
+    assert items[0] > 0 and items[1] == 0, items
