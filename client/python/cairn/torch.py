@@ -165,8 +165,9 @@ class CairnStorageWriter(_CairnStorage, _api.StorageWriter):
     coordinator / job default to CAIRN_COORDINATOR / CAIRN_JOB; the step comes
     from `step`, `checkpoint_id` or a later ``reset(checkpoint_id)``. Rank and
     world size are those of `process_group` (default: torch.distributed's
-    default group, or 0 of 1 without one). Other keyword options go to
-    ``cairn._cairn.Checkpointer`` (io_threads, rpc_timeout, ...).
+    default group, or 0 of 1 without one), or rank= and world_size=. Other
+    keyword options go to ``cairn._cairn.Checkpointer`` (io_threads,
+    rpc_timeout, ...).
 
     After a save, ``last_info`` is cairnd's CheckpointInfo (COMMITTED) and
     ``last_stats`` libcairn's stats (``plan_from_cache``,
@@ -212,6 +213,9 @@ class CairnStorageWriter(_CairnStorage, _api.StorageWriter):
         return plans
 
     def write_data(self, plan, planner):
+        """Saves this rank's items with one collective Cairn save (returns
+        once the checkpoint is COMMITTED; raises on every rank if any rank
+        fails, leaving the previous checkpoint latest)."""
         rank, world = self._rank_and_world()
         built = None
         failure = None
@@ -292,6 +296,8 @@ class CairnStorageReader(_CairnStorage, _api.StorageReader):
         self._metadata = None
 
     def read_metadata(self):
+        """DCP Metadata of the step (resolving "latest" once) from cairnd's
+        description: dtype, size and every stored chunk box per tensor."""
         conn = self._connection()
         with conn.lock:
             if self.step == "latest" or self.step is None:
@@ -320,6 +326,8 @@ class CairnStorageReader(_CairnStorage, _api.StorageReader):
         return plans
 
     def read_data(self, plan, planner):
+        """Loads every ReadItem with one Cairn load (exact byte ranges,
+        crc32c verified) into the planner's targets, then commits them."""
         rank, _ = self._rank_and_world()
         load = _dcp.build_load_state(plan, planner, self._metadata, self.job,
                                      self.step, rank)
