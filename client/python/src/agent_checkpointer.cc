@@ -17,6 +17,7 @@
 #include "client/agent/agent_checkpointer.h"
 #include "client/python/src/checkpointer.h"
 #include "client/python/src/errors.h"
+#include "client/python/src/interruptible.h"
 #include "client/python/src/options.h"
 #include "client/python/src/results.h"
 #include "client/python/src/state_dict.h"
@@ -56,13 +57,12 @@ class PySaveFuture {
     }
     const absl::Time deadline = absl::Now() + timeout;
     while (true) {
-      absl::StatusOr<client::CheckpointInfo> r;
-      {
-        py::gil_scoped_release release;
-        const absl::Duration left = deadline - absl::Now();
-        r = WaitFor(
-            std::max(absl::Milliseconds(1), std::min(left, kWaitSlice)));
-      }
+      const absl::Duration left = deadline - absl::Now();
+      absl::StatusOr<client::CheckpointInfo> r =
+          WithoutGil<absl::StatusOr<client::CheckpointInfo>>([&] {
+            return WaitFor(
+                std::max(absl::Milliseconds(1), std::min(left, kWaitSlice)));
+          });
       if (!NotYet(r.status())) return ValueOrThrow(std::move(r));
       if (absl::Now() >= deadline) {
         ThrowStatus(absl::DeadlineExceededError(
@@ -74,8 +74,9 @@ class PySaveFuture {
   }
 
   bool Done() {
-    py::gil_scoped_release release;
-    absl::StatusOr<client::CheckpointInfo> r = WaitFor(absl::Milliseconds(1));
+    absl::StatusOr<client::CheckpointInfo> r =
+        WithoutGil<absl::StatusOr<client::CheckpointInfo>>(
+            [&] { return WaitFor(absl::Milliseconds(1)); });
     return !NotYet(r.status());
   }
 
@@ -125,22 +126,17 @@ class PyAgentCheckpointer {
   explicit PyAgentCheckpointer(const client::AgentCheckpointerOptions& o)
       : job_(o.direct.job),
         who_(absl::StrCat("job '", o.direct.job, "' rank ", o.direct.rank)) {
-    absl::StatusOr<std::unique_ptr<client::AgentCheckpointer>> c;
-    {
-      py::gil_scoped_release release;
-      c = client::AgentCheckpointer::Connect(o);
-    }
-    impl_ = ValueOrThrow(std::move(c));
+    using Result = absl::StatusOr<std::unique_ptr<client::AgentCheckpointer>>;
+    impl_ = ValueOrThrow(WithoutGil<Result>(
+        [&] { return client::AgentCheckpointer::Connect(o); }));
   }
 
   std::unique_ptr<PySaveFuture> AsyncSave(int64_t step,
                                           const PyStateDict& state) {
     OneCallAtATime guard(busy_, who_, "async_save");
-    absl::StatusOr<client::SaveFuture> r;
-    {
-      py::gil_scoped_release release;
-      r = impl_->AsyncSave(step, state.state());
-    }
+    absl::StatusOr<client::SaveFuture> r =
+        WithoutGil<absl::StatusOr<client::SaveFuture>>(
+            [&] { return impl_->AsyncSave(step, state.state()); });
     if (!r.ok()) {
       ThrowStatus(WithJobContext(
           r.status(), job_, absl::StrCat(who_, " step ", step, " async_save")));
@@ -156,11 +152,8 @@ class PyAgentCheckpointer {
     }
     const client::LoadRef ref = step.has_value() ? client::LoadRef::Step(*step)
                                                  : client::LoadRef::Latest();
-    absl::StatusOr<int64_t> r;
-    {
-      py::gil_scoped_release release;
-      r = impl_->Load(ref, state.state());
-    }
+    absl::StatusOr<int64_t> r = WithoutGil<absl::StatusOr<int64_t>>(
+        [&] { return impl_->Load(ref, state.state()); });
     if (!r.ok()) {
       ThrowStatus(WithJobContext(
           r.status(), job_,

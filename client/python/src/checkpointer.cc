@@ -41,12 +41,9 @@ class PyCheckpointer {
   explicit PyCheckpointer(const DirectOptions& o) {
     client::CheckpointerOptions options =
         ValueOrThrow(ToCheckpointerOptions(o));
-    absl::StatusOr<std::unique_ptr<client::Checkpointer>> c;
-    {
-      py::gil_scoped_release release;
-      c = client::Checkpointer::Connect(options);
-    }
-    impl_ = ValueOrThrow(std::move(c));
+    using Result = absl::StatusOr<std::unique_ptr<client::Checkpointer>>;
+    impl_ = ValueOrThrow(WithoutGil<Result>(
+        [&] { return client::Checkpointer::Connect(options); }));
     who_ = absl::StrCat("job '", o.job, "' rank ", o.rank);
   }
 
@@ -86,11 +83,9 @@ class PyCheckpointer {
 
   std::vector<client::CheckpointInfo> List(bool include_uncommitted) {
     OneCallAtATime guard(busy_, who_, "list");
-    absl::StatusOr<std::vector<client::CheckpointInfo>> r;
-    {
-      py::gil_scoped_release release;
-      r = impl_->List(include_uncommitted);
-    }
+    absl::StatusOr<std::vector<client::CheckpointInfo>> r =
+        WithoutGil<absl::StatusOr<std::vector<client::CheckpointInfo>>>(
+            [&] { return impl_->List(include_uncommitted); });
     if (!r.ok())
       ThrowStatus(
           WithJobContext(r.status(), job(), absl::StrCat(who_, " list")));
@@ -99,11 +94,8 @@ class PyCheckpointer {
 
   int64_t LatestStep() {
     OneCallAtATime guard(busy_, who_, "latest_step");
-    absl::StatusOr<int64_t> r;
-    {
-      py::gil_scoped_release release;
-      r = impl_->LatestStep();
-    }
+    absl::StatusOr<int64_t> r = WithoutGil<absl::StatusOr<int64_t>>(
+        [&] { return impl_->LatestStep(); });
     if (!r.ok())
       ThrowStatus(WithJobContext(r.status(), job(),
                                  absl::StrCat(who_, " latest_step")));
@@ -112,11 +104,9 @@ class PyCheckpointer {
 
   client::CheckpointSummary Describe(int64_t step) {
     OneCallAtATime guard(busy_, who_, "describe");
-    absl::StatusOr<client::CheckpointSummary> r;
-    {
-      py::gil_scoped_release release;
-      r = impl_->Describe(step);
-    }
+    absl::StatusOr<client::CheckpointSummary> r =
+        WithoutGil<absl::StatusOr<client::CheckpointSummary>>(
+            [&] { return impl_->Describe(step); });
     if (!r.ok())
       ThrowStatus(WithJobContext(
           r.status(), job(), absl::StrCat(who_, " describe of step ", step)));

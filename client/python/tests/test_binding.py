@@ -482,3 +482,109 @@ def test_save_future_wait_times_out_while_the_save_cannot_commit(
     assert "job 'lonely' rank 0 step 3" in e.value.message
     assert "1.5s" in e.value.message
     assert not fut.done()
+
+
+# Rank 0 of a 2-rank resharding load whose rank 1 never comes: it waits for
+# its peer to verify a partly read chunk until SIGINT, which a helper thread
+# sends once the main thread is executing the load() line (then inside the
+# call, whose GIL release lets the helper run; were the signal to land just
+# before the call, KeyboardInterrupt would come from there, never a hang).
+_SIGINT_LOAD_RANK0 = """
+import os, signal, sys, threading
+import numpy as np
+from cairn import _cairn
+signal.signal(signal.SIGINT, signal.default_int_handler)
+ckpt = _cairn.Checkpointer(sys.argv[1], "sigint-load", 0, 2)
+main = threading.main_thread().ident
+
+def interrupt_when_loading():
+    while sys._current_frames()[main].f_lineno != LOAD_LINE:
+        threading.Event().wait(0.01)
+    os.kill(os.getpid(), signal.SIGINT)
+
+half = np.zeros((4, 2), np.float32)
+sd = _cairn.StateDict()
+sd.add_chunks("w", "float32", [4, 4], [([0, 0], [4, 2], half.ctypes.data,
+                                       half.nbytes)])
+threading.Thread(target=interrupt_when_loading, daemon=True).start()
+try:
+    step = ckpt.load(sd)  # LOAD_LINE
+    print("returned", step, flush=True)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+    print("latest", ckpt.latest_step(), flush=True)
+"""
+_SIGINT_LOAD_RANK0 = _SIGINT_LOAD_RANK0.replace(
+    "LOAD_LINE:", str(next(
+        i for i, line in enumerate(_SIGINT_LOAD_RANK0.splitlines(), 1)
+        if line.endswith("# LOAD_LINE"))) + ":")
+
+
+def test_ctrl_c_during_load_cancels_it(cairn_bin, tmp_path):
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    import harness  # pylint: disable=import-outside-toplevel
+    # Long load deadlines: only the cancel can end rank 0's wait for rank 1.
+    server = harness.Cairnd.start(
+        cairn_bin, tmp_path, flags=["--load-join-grace", "3600",
+                                    "--load-verify-deadline", "3600"])
+    try:
+        w = np.arange(16, dtype=np.float32).reshape(4, 4)
+        sd = _cairn.StateDict()
+        _whole(sd, "w", "float32", w)
+        _cairn.Checkpointer(server.address, "sigint-load", 0, 1).save(1, sd)
+        # Without the cancel it would wait for the grace (1 h).
+        r = subprocess.run([sys.executable, "-c", _SIGINT_LOAD_RANK0,
+                            server.address], capture_output=True, text=True,
+                           timeout=120, check=False)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert r.stdout.splitlines() == ["KeyboardInterrupt", "latest 1"], (
+            r.stdout, r.stderr)
+    except BaseException:
+        print(f"==== cairnd log:\n{server.log_tail()}")
+        raise
+    finally:
+        server.kill()
+
+
+# Daemon threads still inside calls (a query loop; a save parked in
+# BeginSave for a rank that never comes) when the interpreter exits.
+_DAEMONS_AT_EXIT = """
+import sys, threading
+import numpy as np
+from cairn import _cairn
+ckpt = _cairn.Checkpointer(sys.argv[1], "daemon", 0, 1)
+parked = _cairn.Checkpointer(sys.argv[1], "daemon2", 0, 2)
+a = np.zeros(4, np.int32)
+sd = _cairn.StateDict()
+sd.add_chunks("t", "int32", [8], [([0], [4], a.ctypes.data, a.nbytes)])
+listing, saving = threading.Event(), threading.Event()
+
+def spin():
+    while True:
+        listing.set()
+        ckpt.list()
+
+def save():
+    saving.set()
+    parked.save(1, sd)
+
+threading.Thread(target=spin, daemon=True).start()
+threading.Thread(target=save, daemon=True).start()
+listing.wait()
+saving.wait()
+print("exiting", flush=True)
+"""
+
+
+def test_daemon_threads_inside_calls_do_not_abort_the_exit(cairnd):
+    """CPython ends such threads (pthread_exit) when they take the GIL back;
+    the binding takes it back outside destructors, so the process exits
+    normally instead of std::terminate (SIGABRT)."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", _DAEMONS_AT_EXIT,
+                            cairnd.address], capture_output=True, text=True,
+                           timeout=120, check=False)
+        assert (r.returncode, r.stdout) == (0, "exiting\n"), r.stderr
