@@ -10,7 +10,9 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 class StateDict:
     """What one rank saves or loads: tensor chunks in caller-owned memory
     (borrowed: keep the owners alive, unchanged for a save and writable for a
-    load, until the call returns) and bytes entries (owned copies)."""
+    load, until the call returns) and bytes entries (owned copies).
+    While a save or load uses it, add_chunks/add_bytes (and get_bytes
+    during a load) raise FailedPreconditionError."""
 
     def __init__(self) -> None: ...
     def add_chunks(

@@ -134,6 +134,7 @@ class PyAgentCheckpointer {
   std::unique_ptr<PySaveFuture> AsyncSave(int64_t step,
                                           const PyStateDict& state) {
     OneCallAtATime guard(busy_, who_, "async_save");
+    PyStateDict::InUse in_use(state, PyStateDict::Access::kRead);
     absl::StatusOr<client::SaveFuture> r =
         WithoutGil<absl::StatusOr<client::SaveFuture>>(
             [&] { return impl_->AsyncSave(step, state.state()); });
@@ -146,6 +147,7 @@ class PyAgentCheckpointer {
 
   int64_t Load(PyStateDict& state, std::optional<int64_t> step) {
     OneCallAtATime guard(busy_, who_, "load");
+    PyStateDict::InUse in_use(state, PyStateDict::Access::kWrite);
     if (step.has_value() && *step < 0) {
       ThrowStatus(absl::InvalidArgumentError(absl::StrCat(
           who_, ": step ", *step, " is negative (None loads the latest)")));

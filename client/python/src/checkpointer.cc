@@ -49,6 +49,7 @@ class PyCheckpointer {
 
   client::CheckpointInfo Save(int64_t step, const PyStateDict& state) {
     OneCallAtATime guard(busy_, who_, "save");
+    PyStateDict::InUse in_use(state, PyStateDict::Access::kRead);
     absl::StatusOr<client::CheckpointInfo> r =
         CallInterruptibly<absl::StatusOr<client::CheckpointInfo>>(
             [&] { return impl_->Save(step, state.state()); },
@@ -62,6 +63,7 @@ class PyCheckpointer {
 
   int64_t Load(PyStateDict& state, std::optional<int64_t> step) {
     OneCallAtATime guard(busy_, who_, "load");
+    PyStateDict::InUse in_use(state, PyStateDict::Access::kWrite);
     if (step.has_value() && *step < 0) {
       ThrowStatus(absl::InvalidArgumentError(absl::StrCat(
           who_, ": step ", *step, " is negative (None loads the latest)")));

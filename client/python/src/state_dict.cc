@@ -14,9 +14,35 @@ namespace cairn::python {
 
 namespace py = pybind11;
 
+PyStateDict::InUse::InUse(const PyStateDict& state, Access access)
+    : state_(state), access_(access) {
+  if (state.writers_ > 0 || (access == Access::kWrite && state.readers_ > 0)) {
+    ThrowStatus(absl::FailedPreconditionError(
+        absl::StrCat("the state dict is in use by a running ",
+                     state.writers_ > 0 ? "load" : "save", "; a ",
+                     access == Access::kWrite ? "load" : "save",
+                     " into/from it must wait until that returns")));
+  }
+  (access == Access::kWrite ? state.writers_ : state.readers_)++;
+}
+
+PyStateDict::InUse::~InUse() {
+  (access_ == Access::kWrite ? state_.writers_ : state_.readers_)--;
+}
+
+void PyStateDict::CheckNotInUse(const char* call, const std::string& fqn,
+                                bool read_only) const {
+  if (writers_ > 0 || (!read_only && readers_ > 0)) {
+    ThrowStatus(absl::FailedPreconditionError(absl::StrCat(
+        call, "('", fqn, "'): the state dict is in use by a running ",
+        writers_ > 0 ? "load" : "save", " (call it after that returns)")));
+  }
+}
+
 void PyStateDict::AddChunks(const std::string& fqn, const std::string& dtype,
                             std::vector<int64_t> global_shape,
                             const std::vector<PyChunk>& chunks) {
+  CheckNotInUse("add_chunks", fqn, /*read_only=*/false);
   absl::StatusOr<planner::DType> parsed = planner::ParseDType(dtype);
   if (!parsed.ok()) {
     ThrowStatus(absl::InvalidArgumentError(
@@ -41,6 +67,7 @@ void PyStateDict::AddChunks(const std::string& fqn, const std::string& dtype,
 
 void PyStateDict::AddBytes(const std::string& fqn,
                            std::optional<py::bytes> data) {
+  CheckNotInUse("add_bytes", fqn, /*read_only=*/false);
   auto blob = std::make_unique<std::string>();
   if (data.has_value()) *blob = std::string(*data);
   ThrowIfError(state_.AddBytes(fqn, blob.get()));
@@ -49,6 +76,7 @@ void PyStateDict::AddBytes(const std::string& fqn,
 }
 
 py::bytes PyStateDict::GetBytes(const std::string& fqn) const {
+  CheckNotInUse("get_bytes", fqn, /*read_only=*/true);
   auto it = blob_by_fqn_.find(fqn);
   if (it == blob_by_fqn_.end()) {
     ThrowStatus(absl::NotFoundError(
@@ -71,6 +99,10 @@ Tensor memory is borrowed, not copied: the caller keeps every buffer alive,
 unchanged (save) or writable (load), until save/load returns. Use
 cairn._tensors.buffer_of(t) to get (ptr, nbytes) of a contiguous CPU tensor
 or numpy array.
+
+While a save or load uses it (from another thread), it cannot change:
+add_chunks and add_bytes raise FailedPreconditionError, and so does
+get_bytes during a load.
 )doc")
       .def(py::init<>())
       .def("add_chunks", &PyStateDict::AddChunks, py::arg("fqn"),

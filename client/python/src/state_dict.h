@@ -27,10 +27,29 @@ namespace cairn::python {
 using PyChunk =
     std::tuple<std::vector<int64_t>, std::vector<int64_t>, uintptr_t, uint64_t>;
 
-// Thread-compatible (Python calls it with the GIL held; save/load only read
-// the chunk list and write into the borrowed buffers and owned blobs).
+// Python calls it with the GIL held. A save or load uses it with the GIL
+// released, so while one runs (an InUse is alive) other Python threads may
+// not change it: add_chunks and add_bytes raise FailedPreconditionError, and
+// so do get_bytes while a load writes the entries and a second save or load
+// that would conflict (a load with anything else).
 class PyStateDict {
  public:
+  // Marks the StateDict used by a save (kRead) or a load (kWrite) for its
+  // lifetime; FailedPreconditionError if that conflicts with a running one.
+  // Create and destroy with the GIL held.
+  enum class Access { kRead, kWrite };
+  class InUse {
+   public:
+    InUse(const PyStateDict& state, Access access);
+    ~InUse();
+    InUse(const InUse&) = delete;
+    InUse& operator=(const InUse&) = delete;
+
+   private:
+    const PyStateDict& state_;
+    const Access access_;
+  };
+
   PyStateDict() = default;
   PyStateDict(const PyStateDict&) = delete;
   PyStateDict& operator=(const PyStateDict&) = delete;
@@ -50,6 +69,14 @@ class PyStateDict {
   client::StateDict& state() { return state_; }
 
  private:
+  // FailedPreconditionError naming `call` and `fqn` while a load runs, or
+  // (unless `read_only`) a save.
+  void CheckNotInUse(const char* call, const std::string& fqn,
+                     bool read_only) const;
+
+  // Running saves and loads using this StateDict (guarded by the GIL).
+  mutable int readers_ = 0;
+  mutable int writers_ = 0;
   client::StateDict state_;
   // Blob storage: stable addresses (client::BytesEntry points into them).
   std::vector<std::unique_ptr<std::string>> blobs_;

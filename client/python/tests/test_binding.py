@@ -588,3 +588,49 @@ def test_daemon_threads_inside_calls_do_not_abort_the_exit(cairnd):
                             cairnd.address], capture_output=True, text=True,
                            timeout=120, check=False)
         assert (r.returncode, r.stdout) == (0, "exiting\n"), r.stderr
+
+
+def test_a_state_dict_in_use_by_a_save_cannot_change(cairnd):
+    """While rank 0's save waits for rank 1 (GIL released), another thread
+    can neither add to its StateDict nor load into it; reads are fine, and
+    it is usable again once the save returns."""
+    a = np.arange(4, dtype=np.int32)
+    sd = _cairn.StateDict()
+    sd.add_chunks("t", "int32", [8], [([0], [4]) + _ptr(a)])
+    sd.add_bytes("meta", b"m")
+    results = {}
+
+    def save(rank, state):
+        try:
+            results[rank] = _cairn.Checkpointer(cairnd.address, "in-use", rank,
+                                                2).save(1, state)
+        except BaseException as e:  # pylint: disable=broad-except
+            results[rank] = e
+    t0 = threading.Thread(target=save, args=(0, sd))
+    t0.start()
+    refused, probes = None, 0
+    while refused is None and t0.is_alive():
+        try:
+            sd.add_bytes(f"probe{probes}", b"")  # before the save started
+            probes += 1
+        except cairn.FailedPreconditionError as e:
+            refused = e
+    assert refused is not None, results.get(0)
+    assert f"add_bytes('probe{probes}')" in refused.message
+    assert "running save" in refused.message
+    with pytest.raises(cairn.FailedPreconditionError, match="add_chunks"):
+        sd.add_chunks("u", "int32", [1], [])
+    with pytest.raises(cairn.FailedPreconditionError, match="running save"):
+        _ckpt(cairnd, job="other").load(sd)
+    assert sd.get_bytes("meta") == b"m"
+
+    b = np.arange(4, dtype=np.int32) + 4
+    sd1 = _cairn.StateDict()
+    sd1.add_chunks("t", "int32", [8], [([4], [4]) + _ptr(b)])
+    t1 = threading.Thread(target=save, args=(1, sd1))
+    t1.start()
+    t0.join()
+    t1.join()
+    assert results[0].state == results[1].state == "COMMITTED", results
+    sd.add_bytes("after", b"")
+    assert len(sd) == 3 + probes
