@@ -133,10 +133,10 @@ class SaveFuture:
         """The save's error, or None if it committed (waits like result)."""
         try:
             self.result(timeout)
-        except DeadlineExceededError:
+        except DeadlineExceededError as e:
             if not self.done():
                 raise
-            return self._error
+            return e
         except Exception as e:  # pylint: disable=broad-except
             return e
         return None

@@ -111,6 +111,12 @@ def test_async_save_through_the_agent(cairnd, start_agent):
     assert direct.load(got, step=8) == 8
     assert direct.last_load_source == "storage"
     _check(got, want)
+    # A step the agent never held: its load falls back to storage.
+    direct.save(10, want)
+    got = _blank()
+    assert ckpt.load(got) == 10
+    assert ckpt.last_load_source == "storage"
+    _check(got, want)
 
 
 def test_agent_socket_from_env(cairnd, start_agent, monkeypatch):

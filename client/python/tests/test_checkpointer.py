@@ -3,8 +3,8 @@ a 2-layer MLP with Adam state, an LR scheduler, a step int and RNG states
 saved by 4 ranks with ShardedTensor row sharding of the big weights, loaded
 into 1, 2 and 3 ranks with column sharding (torch.equal on every tensor
 against deterministic expected values, non-tensor leaves equal), plus the
-interop leaves: objects, empty shards, bfloat16, bool, 0-dim tensors and
-numpy arrays."""
+interop leaves: objects, empty shards, ranks without a local shard,
+bfloat16, bool, 0-dim tensors and numpy arrays."""
 
 import dataclasses
 import random
@@ -65,6 +65,7 @@ def expected_state():
             "scalar": torch.tensor(3.25, dtype=torch.float64),
             "np": np.arange(24, dtype=np.int32).reshape(4, 6),
             "few_rows": torch.arange(15, dtype=torch.int64).reshape(3, 5),
+            "two_owners": torch.arange(24, dtype=torch.int16).reshape(4, 6),
             "info": RunInfo("mlp", ("a", 1)),
             "lr_history": [0.01, 0.005, 0.0025],
             "blob": b"\x00\xffraw",
@@ -82,12 +83,14 @@ def bounds(n, world):
     return [(i * n) // world for i in range(world + 1)]
 
 
-def shard(full, dim, rank, world):
-    """A ShardedTensor of `full` split along `dim` (each rank one shard,
-    possibly empty)."""
-    b = bounds(full.shape[dim], world)
+def shard(full, dim, rank, world, owners=None):
+    """A ShardedTensor of `full` split along `dim` over the first `owners`
+    ranks (default: all; each one shard, possibly empty); the other ranks
+    hold no local shard."""
+    owners = world if owners is None else min(owners, world)
+    b = bounds(full.shape[dim], owners)
     local = None
-    for r in range(world):
+    for r in range(owners):
         offsets = [0] * full.dim()
         sizes = list(full.shape)
         offsets[dim] = b[r]
@@ -97,7 +100,8 @@ def shard(full, dim, rank, world):
         if r == rank:
             local = sharded_tensor.Shard(
                 full.narrow(dim, b[r], sizes[dim]).clone(), md)
-    return sharded_tensor.init_from_local_shards([local], list(full.shape))
+    return sharded_tensor.init_from_local_shards(
+        [local] if local is not None else [], list(full.shape))
 
 
 def _set(sd, fqn, value):
@@ -123,6 +127,8 @@ def layout(dim, rank, world, blank):
             container[key] = value
         if fqn in SHARDED:
             container[key] = shard(value, dim, rank, world)
+        elif fqn == "extra.two_owners":  # ranks >= 2: no local shard
+            container[key] = shard(value, dim, rank, world, owners=2)
     return sd
 
 
@@ -184,6 +190,8 @@ def test_4_ranks_row_sharded_load_into_1_2_3_ranks_column_sharded(cairnd):
     assert [s for _, s in tensors["model.0.weight"].chunks] == [
         [1, 10], [2, 10], [2, 10], [2, 10]]
     assert tensors["model.0.bias"].chunks == [([0], [7])]
+    assert tensors["extra.two_owners"].chunks == [([0, 0], [2, 6]),
+                                                  ([2, 0], [2, 6])]
     assert tensors["extra.bf16"].dtype == "bfloat16"
     assert tensors["extra.scalar"].shape == []
     entries = {b.fqn for b in desc.bytes_entries}

@@ -112,12 +112,14 @@ def _state(step):
     return {"w": torch.randn(256, 256), "step": step}
 
 
-def save_then_die(rank, world, address):
+def save_then_die(rank, world, address, when):
     ckpt = cairn.Checkpointer(address, "killed", collective_timeout=10.0)
     ckpt.save(1, _state(1))
     if rank == 1:
-        # Dies with its save of step 2 in flight (os._exit: no cleanup).
-        ckpt.async_save(2, _state(2))
+        # Dies before its save of step 2, or with it in flight (os._exit:
+        # no cleanup, no abort sent).
+        if when == "during":
+            ckpt.async_save(2, _state(2))
         os._exit(7)  # pylint: disable=protected-access
     try:
         ckpt.save(2, _state(2))
@@ -126,8 +128,9 @@ def save_then_die(rank, world, address):
     return "committed", ""
 
 
-def test_rank_killed_mid_save_leaves_the_previous_checkpoint(cairnd):
-    results = harness.run_ranks_raw(save_then_die, 2, cairnd.address)
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_rank_killed_mid_save_leaves_the_previous_checkpoint(cairnd, when):
+    results = harness.run_ranks_raw(save_then_die, 2, cairnd.address, when)
     (code0, ok0, res0), (code1, _, _) = results
     assert code1 == 7
     assert code0 == 0 and ok0, res0
