@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from cairn import _cairn
+from cairn import _objects
 from cairn import _tensors
 from cairn import errors
 
@@ -330,8 +331,10 @@ class LoadState:
         for item, target in self._commits:
             planner.commit_tensor(item, target)
         for item in self._bytes:
-            planner.load_bytes(item, io.BytesIO(
-                self.state.get_bytes(item.storage_index.fqn)))
+            # An entry the direct API pickled is re-serialised the way DCP's
+            # planner reads it (torch.load).
+            planner.load_bytes(item, io.BytesIO(_objects.as_torch_save(
+                self.state.get_bytes(item.storage_index.fqn))))
         self._keep.clear()
         self._copies.clear()
 
