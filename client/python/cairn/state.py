@@ -31,11 +31,11 @@ need per-rank keys. Unpickling runs code from the checkpoint: load only
 checkpoints your jobs wrote.
 """
 
-import pickle
 import sys
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from cairn import _cairn
+from cairn import _objects
 from cairn import _tensors
 from cairn.errors import InvalidArgumentError
 
@@ -252,7 +252,7 @@ class Prepared:
         for fqn, container, key in self.objects:
             data = self.state.get_bytes(fqn)
             try:
-                container[key] = pickle.loads(data)
+                container[key] = _objects.loads(data)
             except Exception as e:  # pylint: disable=broad-except
                 raise InvalidArgumentError(
                     f"entry '{fqn}' could not be unpickled ({type(e).__name__}"
@@ -312,7 +312,7 @@ def _add_save_leaf(prep: Prepared, fqn: str, value: Any,
                   [([0] * len(shape), shape, buf)])
     else:
         try:
-            data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            data = _objects.dumps(value)
         except Exception as e:  # pylint: disable=broad-except
             raise InvalidArgumentError(
                 f"entry '{fqn}' ({type(value).__name__}) is neither a tensor "
