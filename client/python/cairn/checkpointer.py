@@ -7,6 +7,7 @@ writes loaded values back into the caller's dict. SaveFuture is the handle
 of an async_save.
 """
 
+import numbers
 import os
 import sys
 import threading
@@ -60,7 +61,7 @@ def _step_arg(step: Any, what: str, job: str, rank: int,
               allow_latest: bool) -> Optional[int]:
     if allow_latest and (step is None or step == "latest"):
         return None
-    if isinstance(step, bool) or not isinstance(step, int):
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
         also = ' or "latest"' if allow_latest else ""
         raise InvalidArgumentError(
             f"{what} of job '{job}' rank {rank}: step {step!r} is not an "
@@ -184,8 +185,13 @@ class Checkpointer:
 
     One save is in flight per Checkpointer: save, async_save and load first
     wait for the previous async_save to finish (its outcome, success or
-    failure, stays with its SaveFuture). Errors are cairn.Error subclasses
-    whose message names the job, step, rank and entry (fqn).
+    failure, stays with its SaveFuture); latest_step, list and describe
+    never wait for it. Errors are cairn.Error subclasses whose message
+    names the job, step, rank and entry (fqn).
+
+    Attributes: coordinator, job, rank, world_size, agent_socket (None in
+    direct mode), last_load_source ("agent_memory", "storage" or "none"),
+    last_stats (see its doc).
     """
 
     def __init__(self, coordinator: Optional[str] = None,
@@ -230,9 +236,9 @@ class Checkpointer:
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self._last_stats: Dict[str, Any] = {}
+        # Where the last load read from: "agent_memory", "storage" (always
+        # without an agent) or "none" before any load.
         self.last_load_source: str = "none"
-        """Where the last load read from: "agent_memory", "storage" (always
-        without an agent) or "none" before any load."""
 
     def _connect(self) -> Any:
         return _cairn.Checkpointer(self.coordinator, self.job, self.rank,
@@ -284,6 +290,9 @@ class Checkpointer:
         state's size in host memory until it commits). A previous
         async_save still in flight is waited for first. Invalid entries
         raise here; failures of the save itself come from the future.
+        Wait for the future (or leave the Checkpointer's `with` block)
+        before the process exits: a background save still running at
+        interpreter exit is cancelled and does not commit.
         """
         step = _step_arg(step, "async_save", self.job, self.rank, False)
         self._wait_pending()

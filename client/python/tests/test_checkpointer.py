@@ -224,6 +224,8 @@ def test_single_process_without_a_group_saves_and_loads(cairnd, monkeypatch):
     assert dst["n"]["k"] == [1, 2]
     assert [i.step for i in ckpt.list()] == [3]
     assert ckpt.latest_step() == 3
+    # A numpy integer is a step too.
+    assert ckpt.load(dst, step=np.int64(3)) == 3
 
 
 def test_rank_and_world_from_env(cairnd, monkeypatch):

@@ -147,3 +147,66 @@ def test_rank_killed_mid_save_leaves_the_previous_checkpoint(cairnd, when):
     assert ckpt.load(target) == 1
     want = _state(1)
     assert torch.equal(target["w"], want["w"]) and target["step"] == 1
+
+
+# Rank 0 of 2 saves a nested state through cairn.Checkpointer; rank 1 never
+# comes, so it waits in the save until SIGINT.
+_SIGINT_RANK0 = """
+import signal, sys
+import torch
+import cairn
+signal.signal(signal.SIGINT, signal.default_int_handler)
+ckpt = cairn.Checkpointer(sys.argv[1], "sigint", 0, 2)
+try:
+    ckpt.save(2, {"model": {"w": torch.full((4,), 9.0)}, "step": 2})
+    print("returned", flush=True)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+    print("latest", ckpt.latest_step(), flush=True)
+"""
+
+
+def _rank_saves_step_1(rank, world, address):
+    ckpt = cairn.Checkpointer(address, "sigint")
+    return ckpt.save(1, {"model": {"w": torch.full((4,), 5.0)},
+                         "step": 1}).state
+
+
+def test_ctrl_c_during_save_aborts_it_and_the_previous_step_stays(
+        cairn_bin, tmp_path):
+    import signal  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    import threading  # pylint: disable=import-outside-toplevel
+    # A long begin deadline: only the cancel can end rank 0's wait.
+    server = harness.Cairnd.start(cairn_bin, tmp_path, flags=[
+        "--log-level", "debug", "--begin-deadline", "3600"])
+    try:
+        assert harness.run_ranks(_rank_saves_step_1, 2,
+                                 server.address) == ["COMMITTED"] * 2
+        proc = subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, "-c", _SIGINT_RANK0, server.address],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ))
+        try:
+            # Wait until cairnd has rank 0 parked in the save of step 2.
+            while "step 2 joined the save" not in server.log.read_text():
+                assert proc.poll() is None, proc.communicate()
+                threading.Event().wait(0.05)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, (out, err)
+        assert out.splitlines() == ["KeyboardInterrupt", "latest 1"], (out,
+                                                                      err)
+        ckpt = cairn.Checkpointer(server.address, "sigint", 0, 1)
+        states = {i.step: i for i in ckpt.list(include_uncommitted=True)}
+        assert states[2].state == "ABORTED" and "rank 0" in (
+            states[2].abort_reason)
+        target = {"model": {"w": torch.zeros(4)}, "step": None}
+        assert ckpt.load(target) == 1 and target["step"] == 1
+        assert torch.equal(target["model"]["w"], torch.full((4,), 5.0))
+    finally:
+        server.kill()
