@@ -4,7 +4,9 @@ saved by 4 ranks with ShardedTensor row sharding of the big weights, loaded
 into 1, 2 and 3 ranks with column sharding (torch.equal on every tensor
 against deterministic expected values, non-tensor leaves equal), plus the
 interop leaves: objects, empty shards, ranks without a local shard,
-bfloat16, bool, 0-dim tensors and numpy arrays."""
+bfloat16, bool, 0-dim tensors and numpy arrays. The 4 ranks also
+async_save the same state and overwrite it at once: the loads of that step
+see the snapshot."""
 
 import dataclasses
 import random
@@ -158,19 +160,41 @@ def save_rows(rank, world, address):
     ckpt = cairn.Checkpointer(address, JOB)   # rank/world from the group
     assert (ckpt.rank, ckpt.world_size) == (rank, world)
     info = ckpt.save(10, layout(0, rank, world, blank=False))
+    # The same state again by async_save (background thread): the local
+    # shards and tensors changed right after it returns are not what step
+    # 11 holds.
+    sd = layout(0, rank, world, blank=False)
+    fut = ckpt.async_save(11, sd)
+    for _, _, _, _, value in cairn_state.iter_leaves(sd):
+        if isinstance(value, sharded_tensor.ShardedTensor):
+            for s in value.local_shards():
+                s.tensor.fill_(-1)
+        elif isinstance(value, torch.Tensor):
+            value.fill_(-1)
+    assert fut.result().step == 11
     return info.state, info.step, info.world_size
 
 
 def load_columns(rank, world, address):
     ckpt = cairn.Checkpointer(address, JOB, rank, world)
     sd = layout(1, rank, world, blank=True)
-    assert ckpt.load(sd) == 10
+    assert ckpt.load(sd) == 11   # latest: the async_save
     assert ckpt.last_load_source == "storage"
     n = check_equal(sd, rank, world, 1)
-    # Load again into the same dict by step number (tensors overwritten in
-    # place, objects replaced).
-    sd["step"] = None
+    # Load step 10 into the same dict (tensors overwritten in place,
+    # objects replaced).
+    for _, _, container, key, value in cairn_state.iter_leaves(sd):
+        if isinstance(value, sharded_tensor.ShardedTensor):
+            for s in value.local_shards():
+                s.tensor.zero_()
+        elif isinstance(value, torch.Tensor):
+            value.zero_()
+        elif isinstance(value, np.ndarray):
+            value[...] = 0
+        else:
+            container[key] = None
     assert ckpt.load(sd, step=10) == 10 and sd["step"] == 1200
+    assert check_equal(sd, rank, world, 1) == n
     return n, ckpt.latest_step()
 
 
@@ -181,7 +205,7 @@ def test_4_ranks_row_sharded_load_into_1_2_3_ranks_column_sharded(cairnd):
         got = harness.run_ranks(load_columns, world, cairnd.address)
         assert len(got) == world
         for n, latest in got:
-            assert latest == 10 and n >= 20
+            assert latest == 11 and n >= 20
     # Each ShardedTensor was stored as its 4 row chunks (empty ones aside);
     # replicated tensors once.
     desc = cairn.Checkpointer(cairnd.address, JOB).describe(10)
