@@ -146,7 +146,11 @@ def unflatten(flat: Dict[str, Any], template: Dict[Any, Any]) -> Dict[Any, Any]:
 
     def copy(node: Any) -> Any:
         if isinstance(node, dict):
-            return type(node)((k, copy(v)) for k, v in node.items())
+            items = [(k, copy(v)) for k, v in node.items()]
+            try:
+                return type(node)(items)
+            except TypeError:  # a dict subclass with another constructor
+                return dict(items)
         if isinstance(node, list) and _holds_tensor(node):
             return [copy(v) for v in node]
         return node

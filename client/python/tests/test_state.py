@@ -134,6 +134,16 @@ def test_unflatten_inverts_flatten_on_random_trees():
             assert node == ("mark", name), (case, name)
 
 
+def test_dict_subclasses_are_walked_and_rebuilt():
+    import collections  # pylint: disable=import-outside-toplevel
+    dd = collections.defaultdict(list, {"a": torch.ones(1), "b": [1]})
+    od = collections.OrderedDict([("z", dd), ("y", 2)])
+    assert list(state.flatten({"m": od})) == ["m.z.a", "m.z.b", "m.y"]
+    back = state.unflatten(state.flatten({"m": od}), {"m": od})
+    assert type(back["m"]) is collections.OrderedDict
+    assert same(back, {"m": od})
+
+
 def test_unflatten_names_a_missing_fqn():
     with pytest.raises(cairn.InvalidArgumentError) as e:
         state.unflatten({"a": 1}, {"a": 0, "b": {"c": 2}})
