@@ -8,7 +8,11 @@
 #      entries) that save three checkpoints;
 #   4. reloads the latest one into 3 ranks with a different layout and checks
 #      every byte;
-#   5. shows `cairn ls`, `cairn show` and `cairn verify`, and stops cairnd.
+#   5. shows `cairn ls`, `cairn show` and `cairn verify`;
+#   6. runs the Python example (client/python/examples/train.py: 2 ranks train
+#      a small MLP with Adam, saving through cairn.Checkpointer), kills it
+#      mid-run and restarts it: it resumes from its latest checkpoint;
+#   7. stops cairnd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +22,8 @@ MODEL=${CAIRN_QUICKSTART_MODEL:-llm:1e9}
 
 scripts/install_deps.sh
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${CMAKE_BUILD_TYPE:-RelWithDebInfo} >/dev/null
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target cairnd cairn cairn_train_example
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target cairnd cairn cairn_train_example \
+  cairn_python
 
 CAIRND=$BUILD_DIR/server/coordinator/cairnd
 CAIRN=$BUILD_DIR/client/cli/cairn
@@ -67,6 +72,20 @@ echo "== cairn show quickstart latest"
 echo
 echo "== cairn verify quickstart latest"
 "$CAIRN" --coordinator "$ADDR" verify quickstart latest
+
+echo
+echo "== Python example: 2 ranks train an MLP (Adam, cosine LR), saving every 10 steps; killed before step 25"
+# The staged cairn package and Debian's interpreter (the one with python3-torch).
+PY_ENV=(env "PYTHONPATH=$(cd "$BUILD_DIR" && pwd)/python" CAIRN_COORDINATOR="$ADDR"
+  CAIRN_JOB=quickstart-python)
+PY_TRAIN=(/usr/bin/python3 client/python/examples/train.py --world-size 2 --steps 40
+  --save-every 10)
+rc=0
+"${PY_ENV[@]}" "${PY_TRAIN[@]}" --kill-at-step 25 || rc=$?
+[[ $rc -eq 137 ]] || { echo "quickstart: the Python example exited $rc, not 137"; exit 1; }
+echo
+echo "== Python example restarted: resumes from its latest checkpoint (step 20) and trains to 40"
+"${PY_ENV[@]}" "${PY_TRAIN[@]}"
 
 echo
 echo "== stopping cairnd"
