@@ -35,14 +35,18 @@ order. Each path's figure is its best round; the table also gives the
 per-round ratios.
 
 Python overhead of a save of 1,000 small tensors (--small-tensors, 256 fp32
-each), one rank, against one cairnd: the median over --small-repeat saves of
-  wall time of cairn.Checkpointer.save(step, {1,000 tensors})
-  minus the wall time of cairn._cairn.Checkpointer.save(step, sd) of the same
-  tensors, sd a _cairn.StateDict built once beforehand (libcairn's C++ Save
-  behind the extension, with no Python work per tensor)
-saves alternating between the two, each to its own job, so both get cached
-plans alike. Also reported: the same wall time minus libcairn's own
-plan + io + commit time (last_stats) of that save.
+each), one rank, against one cairnd. Two saves of the same tensors alternate,
+each to its own job (so both get cached plans alike; one warm-up pair is not
+counted), --small-repeat pairs:
+  A  wall time of cairn.Checkpointer.save(step, {1,000 tensors})
+  B  wall time of cairn._cairn.Checkpointer.save(step, sd), sd a
+     _cairn.StateDict of the same tensors built once beforehand: libcairn's
+     C++ Save behind the extension, no Python work per tensor
+  a, b  libcairn's own plan + io + commit time of that save (last_stats)
+Python overhead = median of (A - a) - (B - b): what the Python layer adds
+outside libcairn's measured work, with the disk's time (which differs
+between any two saves by more than the overhead) taken out of both. A - B is
+reported too.
 
 Usage: bench/python_bench.py [--build build] [--dir /tmp/cairn-py-bench]
        [--bytes 1.6e9] [--repeat 3] [--no-drop-caches] [--skip-limits]
@@ -313,6 +317,11 @@ def python_path_run(args, path, rows, total):
     return res
 
 
+def _stats_s(ckpt):
+    st = ckpt.last_stats
+    return sum(float(st[k]) for k in ("plan_time", "io_time", "commit_time"))
+
+
 def small_save_overhead(args):
     """The Python overhead of a save of --small-tensors small tensors (see top)."""
     import cairn  # pylint: disable=import-outside-toplevel
@@ -325,29 +334,34 @@ def small_save_overhead(args):
     for name, t in tensors.items():
         sd.add_chunks(name, "float32", [256], [([0], [256], t.data_ptr(), 1024)])
     cairnd = Cairnd(args.build, os.path.join(args.dir, "cairn-small"))
+    samples = []  # per pair: (py wall, py stats, raw wall, raw stats)
     try:
         py = cairn.Checkpointer(coordinator=cairnd.address, job="small-py", rank=0,
                                 world_size=1)
         raw = _cairn.Checkpointer(cairnd.address, "small-raw", 0, 1)
-        py_s, raw_s, py_stats_s = [], [], []
-        for step in range(1, args.small_repeat + 1):
+        for step in range(0, args.small_repeat + 1):  # step 0: warm-up, not counted
             t0 = time.perf_counter()
             py.save(step, tensors)
-            py_s.append(time.perf_counter() - t0)
-            st = py.last_stats
-            py_stats_s.append(sum(float(st[k]) for k in ("plan_time", "io_time",
-                                                         "commit_time")))
+            py_wall = time.perf_counter() - t0
+            py_stats = _stats_s(py)
             t0 = time.perf_counter()
             raw.save(step, sd)
-            raw_s.append(time.perf_counter() - t0)
+            raw_wall = time.perf_counter() - t0
+            if step > 0:
+                samples.append((py_wall, py_stats, raw_wall, _stats_s(raw)))
     finally:
         cairnd.close()
-    med = statistics.median
-    return {"tool": "small_save", "tensors": args.small_tensors, "saves": args.small_repeat,
-            "py_save_ms": 1e3 * med(py_s), "raw_save_ms": 1e3 * med(raw_s),
-            "py_cairn_stats_ms": 1e3 * med(py_stats_s),
-            "overhead_vs_raw_ms": 1e3 * med([a - b for a, b in zip(py_s, raw_s)]),
-            "overhead_vs_stats_ms": 1e3 * med([a - b for a, b in zip(py_s, py_stats_s)])}
+
+    def med(fn):
+        return 1e3 * statistics.median(fn(*x) for x in samples)
+
+    return {"tool": "small_save", "tensors": args.small_tensors, "saves": len(samples),
+            "py_save_ms": med(lambda pw, ps, rw, rs: pw),
+            "py_cairn_ms": med(lambda pw, ps, rw, rs: ps),
+            "raw_save_ms": med(lambda pw, ps, rw, rs: rw),
+            "raw_cairn_ms": med(lambda pw, ps, rw, rs: rs),
+            "overhead_ms": med(lambda pw, ps, rw, rs: (pw - ps) - (rw - rs)),
+            "overhead_wall_ms": med(lambda pw, ps, rw, rs: pw - rw)}
 
 
 def main():
@@ -447,18 +461,20 @@ def main():
                 vs_fs, ratios(path, "dcp_fs", key) if "dcp_fs" in paths else "",
                 100 * v / lim))
     print()
-    print("| small save (%d x 256 fp32, 1 rank, median of %d) | ms |" %
+    print("| small save: %d x 256 fp32, 1 rank, median of %d pairs | ms |" %
           (small["tensors"], small["saves"]))
     print("|---|---|")
-    print("| cairn.Checkpointer.save, wall | %.2f |" % small["py_save_ms"])
-    print("| _cairn.Checkpointer.save of a prebuilt StateDict, wall | %.2f |" %
+    print("| A: cairn.Checkpointer.save(step, dict of tensors), wall | %.2f |" %
+          small["py_save_ms"])
+    print("| a: of which libcairn's plan + io + commit (last_stats) | %.2f |" %
+          small["py_cairn_ms"])
+    print("| B: _cairn.Checkpointer.save(step, prebuilt StateDict), wall | %.2f |" %
           small["raw_save_ms"])
-    print("| **Python overhead** = the two above's difference (median of pairs) | "
-          "**%.2f** |" % small["overhead_vs_raw_ms"])
-    print("| libcairn's own plan + io + commit of the Python save (last_stats) | %.2f |" %
-          small["py_cairn_stats_ms"])
-    print("| Python save wall minus libcairn's own time | %.2f |" %
-          small["overhead_vs_stats_ms"])
+    print("| b: of which libcairn's plan + io + commit (last_stats) | %.2f |" %
+          small["raw_cairn_ms"])
+    print("| **Python overhead** = (A - a) - (B - b) | **%.2f** |" % small["overhead_ms"])
+    print("| A - B (includes the two saves' disk time difference) | %.2f |" %
+          small["overhead_wall_ms"])
 
 
 if __name__ == "__main__":
