@@ -57,6 +57,10 @@ def _default_rank_and_world(rank: Optional[int], world_size: Optional[int]):
             1 if world_size is None else int(world_size))
 
 
+# The largest step cairnd accepts (as libcairn checks it).
+_MAX_STEP = 10**15
+
+
 def _step_arg(step: Any, what: str, job: str, rank: int,
               allow_latest: bool) -> Optional[int]:
     if allow_latest and (step is None or step == "latest"):
@@ -66,6 +70,10 @@ def _step_arg(step: Any, what: str, job: str, rank: int,
         raise InvalidArgumentError(
             f"{what} of job '{job}' rank {rank}: step {step!r} is not an "
             f"int{also}")
+    if not 0 <= int(step) <= _MAX_STEP:
+        raise InvalidArgumentError(
+            f"{what} of job '{job}' rank {rank}: invalid step {int(step)}: "
+            f"must be in [0, 10^15]")
     return int(step)
 
 

@@ -81,6 +81,12 @@ def test_bad_arguments(cairnd, monkeypatch):
         with pytest.raises(cairn.InvalidArgumentError) as e:
             ckpt.save(step, {"x": 1})
         assert "job 'j'" in e.value.message and repr(step) in e.value.message
+    for step in (-1, 10**15 + 1, 2**70):
+        for call in (lambda: ckpt.save(step, {"x": 1}),
+                     lambda: ckpt.load({"x": None}, step=step)):
+            with pytest.raises(cairn.InvalidArgumentError) as e:
+                call()
+            assert f"invalid step {step}" in e.value.message
     with pytest.raises(cairn.InvalidArgumentError) as e:
         ckpt.load({"x": None}, step="newest")
     assert "'newest'" in e.value.message
