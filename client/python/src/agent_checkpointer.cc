@@ -233,17 +233,10 @@ Every blocking call releases the GIL; one call at a time per object.
                        bool allow_streaming, int io_threads, double rpc_timeout,
                        double collective_timeout, int max_retries,
                        std::string partial_chunk_check, bool use_odirect) {
-             DirectOptions d;
-             d.coordinator = std::move(coordinator);
-             d.job = std::move(job);
-             d.rank = rank;
-             d.world_size = world_size;
-             d.io_threads = io_threads;
-             d.rpc_timeout = rpc_timeout;
-             d.collective_timeout = collective_timeout;
-             d.max_retries = max_retries;
-             d.partial_chunk_check = std::move(partial_chunk_check);
-             d.use_odirect = use_odirect;
+             const DirectOptions d = MakeDirectOptions(
+                 std::move(coordinator), std::move(job), rank, world_size,
+                 io_threads, rpc_timeout, collective_timeout, max_retries,
+                 std::move(partial_chunk_check), use_odirect);
              client::AgentCheckpointerOptions o;
              o.agent_socket = std::move(agent_socket);
              o.direct = ValueOrThrow(ToCheckpointerOptions(d));

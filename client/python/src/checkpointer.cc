@@ -161,18 +161,10 @@ Attributes:
                        int world_size, int io_threads, double rpc_timeout,
                        double collective_timeout, int max_retries,
                        std::string partial_chunk_check, bool use_odirect) {
-             DirectOptions o;
-             o.coordinator = std::move(coordinator);
-             o.job = std::move(job);
-             o.rank = rank;
-             o.world_size = world_size;
-             o.io_threads = io_threads;
-             o.rpc_timeout = rpc_timeout;
-             o.collective_timeout = collective_timeout;
-             o.max_retries = max_retries;
-             o.partial_chunk_check = std::move(partial_chunk_check);
-             o.use_odirect = use_odirect;
-             return std::make_unique<PyCheckpointer>(o);
+             return std::make_unique<PyCheckpointer>(MakeDirectOptions(
+                 std::move(coordinator), std::move(job), rank, world_size,
+                 io_threads, rpc_timeout, collective_timeout, max_retries,
+                 std::move(partial_chunk_check), use_odirect));
            }),
            py::arg("coordinator"), py::arg("job"), py::arg("rank"),
            py::arg("world_size"), py::kw_only(), py::arg("io_threads") = 4,

@@ -2,11 +2,32 @@
 #include "client/python/src/options.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace cairn::python {
+
+DirectOptions MakeDirectOptions(std::string coordinator, std::string job,
+                                int rank, int world_size, int io_threads,
+                                double rpc_timeout, double collective_timeout,
+                                int max_retries,
+                                std::string partial_chunk_check,
+                                bool use_odirect) {
+  DirectOptions o;
+  o.coordinator = std::move(coordinator);
+  o.job = std::move(job);
+  o.rank = rank;
+  o.world_size = world_size;
+  o.io_threads = io_threads;
+  o.rpc_timeout = rpc_timeout;
+  o.collective_timeout = collective_timeout;
+  o.max_retries = max_retries;
+  o.partial_chunk_check = std::move(partial_chunk_check);
+  o.use_odirect = use_odirect;
+  return o;
+}
 
 absl::StatusOr<absl::Duration> SecondsOption(double seconds,
                                              const std::string& what,

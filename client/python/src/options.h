@@ -25,6 +25,15 @@ struct DirectOptions {
   bool use_odirect = true;
 };
 
+// The options as the two classes' constructors receive them, in the order
+// of their keyword arguments.
+DirectOptions MakeDirectOptions(std::string coordinator, std::string job,
+                                int rank, int world_size, int io_threads,
+                                double rpc_timeout, double collective_timeout,
+                                int max_retries,
+                                std::string partial_chunk_check,
+                                bool use_odirect);
+
 // Seconds -> Duration; INVALID_ARGUMENT naming `what`, job and rank for a
 // negative or non-finite value.
 absl::StatusOr<absl::Duration> SecondsOption(double seconds,
