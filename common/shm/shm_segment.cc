@@ -4,13 +4,18 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <filesystem>
+#include <map>
+#include <random>
 #include <system_error>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -112,22 +117,99 @@ ShmSegment::~ShmSegment() {
   if (owner_) shm_unlink(name_.c_str());
 }
 
+namespace {
+
+constexpr absl::string_view kLockSuffix = ".lock";
+
+// True if the family of `lock_path` has no owner: its lock file is gone (a
+// family creates it before any segment) or can be locked now.
+bool FamilyIsDead(const std::string& lock_path) {
+  const int fd = open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  const bool dead = flock(fd, LOCK_EX | LOCK_NB) == 0;
+  close(fd);
+  return dead;
+}
+
+// The legacy "<pid>" tag of a segment named before families: stale when
+// that pid is not alive in this PID namespace.
+bool LegacyPidIsDead(absl::string_view tag) {
+  int pid = 0;
+  if (!absl::SimpleAtoi(tag, &pid) || pid <= 0) return false;
+  return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SegmentFamily>> SegmentFamily::Claim(
+    absl::string_view prefix) {
+  std::random_device rd;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const uint64_t nonce = (uint64_t{rd()} << 32) ^ rd();
+    const std::string tag =
+        absl::StrCat(getpid(), "x", absl::Hex(nonce, absl::kZeroPad16));
+    const std::string lock_path =
+        absl::StrCat("/dev/shm/", prefix, tag, kLockSuffix);
+    const int fd =
+        open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      if (errno == EEXIST) continue;  // a nonce collision: draw again
+      return ErrnoStatus(errno, absl::StrCat("creating ", lock_path));
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      close(fd);
+      return ErrnoStatus(err, absl::StrCat("locking ", lock_path));
+    }
+    // Another process's RemoveStaleSegments may have locked and unlinked the
+    // file between our open and flock; then this lock protects nothing.
+    struct stat held, named;
+    if (fstat(fd, &held) == 0 && stat(lock_path.c_str(), &named) == 0 &&
+        held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
+      return std::unique_ptr<SegmentFamily>(
+          new SegmentFamily(absl::StrCat(prefix, tag, "-"), lock_path, fd));
+    }
+    close(fd);
+  }
+  return absl::InternalError(absl::StrCat(
+      "could not claim a shared-memory name family under /dev/shm/", prefix));
+}
+
+SegmentFamily::~SegmentFamily() {
+  unlink(lock_path_.c_str());
+  close(fd_);  // releases the lock
+}
+
 int RemoveStaleSegments(absl::string_view prefix) {
-  int removed = 0;
+  // tag -> the family's entries (segments and lock file).
+  std::map<std::string, std::vector<std::string>> families;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
     const std::string file = e.path().filename().string();
     if (!absl::StartsWith(file, prefix)) continue;
-    // "<prefix><pid>-<seq>": only a dead creator's segments are stale. A
-    // live one may be another agent of the same node id (a rolling restart,
-    // or tests running side by side) and its memory is in use.
     absl::string_view rest = absl::string_view(file).substr(prefix.size());
-    int pid = 0;
-    if (!absl::SimpleAtoi(rest.substr(0, rest.find('-')), &pid) || pid <= 0) {
+    std::string tag;
+    if (absl::EndsWith(rest, kLockSuffix)) {
+      tag = std::string(rest.substr(0, rest.size() - kLockSuffix.size()));
+    } else if (const size_t dash = rest.rfind('-');
+               dash != absl::string_view::npos) {
+      tag = std::string(rest.substr(0, dash));
+    } else {
       continue;
     }
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
-    if (shm_unlink(("/" + file).c_str()) == 0) ++removed;
+    families[tag].push_back(file);
+  }
+  int removed = 0;
+  for (const auto& [tag, files] : families) {
+    const bool family = absl::StrContains(tag, 'x');
+    const std::string lock_path =
+        absl::StrCat("/dev/shm/", prefix, tag, kLockSuffix);
+    if (family ? !FamilyIsDead(lock_path) : !LegacyPidIsDead(tag)) continue;
+    for (const std::string& file : files) {
+      if (absl::EndsWith(file, kLockSuffix)) continue;
+      if (shm_unlink(("/" + file).c_str()) == 0) ++removed;
+    }
+    if (family) unlink(lock_path.c_str());
   }
   return removed;
 }

@@ -3,11 +3,16 @@
 // node open them by name and copy tensor bytes in or out, so a tensor crosses
 // the process boundary with exactly one memcpy.
 //
-// Names are "/cairn-agent-<node>-<pid>-<seq>". The creator unlinks the name
-// when the segment is destroyed; a crashed agent's names are removed by the
-// next agent of that node (RemoveStaleSegments). Pages are pre-faulted
-// (MAP_POPULATE) so the rank's copy runs at memcpy speed instead of taking a
-// page fault per 4 KiB.
+// Names are "/cairn-agent-<node>-<tag>-<seq>", where <tag> is the creating
+// agent's SegmentFamily: its pid and a random 64-bit nonce, so names never
+// collide even between agents in different PID namespaces that share
+// /dev/shm (containers, test sandboxes), where pids repeat. The creator
+// unlinks the name when the segment is destroyed; a crashed agent's names
+// are removed by the next agent of that node (RemoveStaleSegments), which
+// tells a dead family from a live one by the family's lock (an flock the
+// kernel drops when its owner dies, whatever its namespace), not by its pid.
+// Pages are pre-faulted (MAP_POPULATE) so the rank's copy runs at memcpy speed
+// instead of taking a page fault per 4 KiB.
 //
 // Thread-compatible: the mapping may be read and written concurrently by
 // callers that coordinate their own byte ranges.
@@ -19,6 +24,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -62,9 +68,40 @@ class ShmSegment {
   const bool owner_;
 };
 
-// Removes /dev/shm entries named "<prefix><pid>-..." (prefix without the
-// leading '/') whose creator `pid` is no longer alive: what a crashed agent
-// left behind. Live agents' segments are kept. Returns how many were removed.
+// One process's claim on a family of segment names, "<prefix><tag>-<seq>"
+// with tag "<pid>x<random 64-bit hex>". Claim creates
+// /dev/shm/<prefix><tag>.lock and holds an exclusive flock on it until the
+// family is destroyed (then the lock file is unlinked) or the process dies
+// (then the kernel drops the lock and the file stays for the next
+// RemoveStaleSegments). Create the family before its segments and destroy
+// it after them.
+class SegmentFamily {
+ public:
+  static absl::StatusOr<std::unique_ptr<SegmentFamily>> Claim(
+      absl::string_view prefix);
+  ~SegmentFamily();
+  SegmentFamily(const SegmentFamily&) = delete;
+  SegmentFamily& operator=(const SegmentFamily&) = delete;
+
+  // "<prefix><tag>-": this family's segment names (without the leading '/')
+  // start with it.
+  const std::string& name_prefix() const { return name_prefix_; }
+
+ private:
+  SegmentFamily(std::string name_prefix, std::string lock_path, int fd)
+      : name_prefix_(std::move(name_prefix)),
+        lock_path_(std::move(lock_path)),
+        fd_(fd) {}
+  const std::string name_prefix_;
+  const std::string lock_path_;
+  const int fd_;
+};
+
+// Removes what crashed processes left in /dev/shm under `prefix` (without
+// the leading '/'): the segments and lock file of every family
+// "<prefix><tag>-..." whose lock no process holds, and segments of the older
+// "<prefix><pid>-<seq>" form whose pid is not alive here. Live families'
+// segments are kept. Returns how many segments were removed.
 int RemoveStaleSegments(absl::string_view prefix);
 
 }  // namespace cairn::shm

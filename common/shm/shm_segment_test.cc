@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -77,6 +78,73 @@ TEST(ShmSegmentTest, RemoveStaleSegmentsRemovesOnlyDeadCreatorsSegments) {
   EXPECT_TRUE(std::filesystem::exists(
       absl::StrCat("/dev/shm/", prefix, getpid(), "-1")));
   EXPECT_TRUE(std::filesystem::exists("/dev/shm" + keep));
+}
+
+// A family's names carry a random nonce, so two processes with the same pid
+// in different PID namespaces (containers sharing /dev/shm) never collide;
+// liveness is the family's lock, which the kernel drops when its owner dies.
+TEST(ShmSegmentTest, FamiliesAreUniqueAndOnlyDeadOnesAreRemoved) {
+  const std::string prefix = absl::StrCat("cairn-agent-fam", getpid(), "-");
+  auto a = SegmentFamily::Claim(prefix);
+  auto b = SegmentFamily::Claim(prefix);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE((*a)->name_prefix(), (*b)->name_prefix());
+  EXPECT_TRUE(absl::StartsWith((*a)->name_prefix(),
+                               absl::StrCat(prefix, getpid(), "x")));
+  auto live =
+      ShmSegment::Create(absl::StrCat("/", (*a)->name_prefix(), 1), 4096);
+  ASSERT_TRUE(live.ok()) << live.status();
+
+  // A crashed owner: a child claims a family, creates two segments and dies
+  // without cleaning up (its lock is dropped, its files stay).
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    auto f = SegmentFamily::Claim(prefix);
+    if (!f.ok()) _exit(1);
+    for (int i = 1; i <= 2; ++i) {
+      auto s =
+          ShmSegment::Create(absl::StrCat("/", (*f)->name_prefix(), i), 4096);
+      if (!s.ok()) _exit(2);
+      s->release();  // leak it, as a crash would
+    }
+    const std::string name = (*f)->name_prefix();
+    if (write(pipefd[1], name.data(), name.size()) !=
+        static_cast<ssize_t>(name.size())) {
+      _exit(3);
+    }
+    _exit(0);  // no destructors: the lock file stays, unlocked
+  }
+  close(pipefd[1]);
+  char buf[256];
+  const ssize_t n = read(pipefd[0], buf, sizeof(buf));
+  close(pipefd[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ASSERT_GT(n, 0);
+  const std::string dead(buf, n);
+  ASSERT_TRUE(std::filesystem::exists(absl::StrCat("/dev/shm/", dead, 1)));
+
+  // The dead family's two segments and lock file go; the live ones stay
+  // (their lock is held by this process, through another open file).
+  EXPECT_EQ(RemoveStaleSegments(prefix), 2);
+  EXPECT_FALSE(std::filesystem::exists(absl::StrCat("/dev/shm/", dead, 1)));
+  EXPECT_FALSE(std::filesystem::exists(
+      absl::StrCat("/dev/shm/", dead.substr(0, dead.size() - 1), ".lock")));
+  EXPECT_TRUE(std::filesystem::exists(
+      absl::StrCat("/dev/shm/", (*a)->name_prefix(), 1)));
+  EXPECT_EQ(RemoveStaleSegments(prefix), 0);
+
+  // Destroying a family unlinks its lock file.
+  const std::string b_lock = absl::StrCat(
+      "/dev/shm/",
+      (*b)->name_prefix().substr(0, (*b)->name_prefix().size() - 1), ".lock");
+  ASSERT_TRUE(std::filesystem::exists(b_lock));
+  b->reset();
+  EXPECT_FALSE(std::filesystem::exists(b_lock));
 }
 
 }  // namespace

@@ -33,6 +33,7 @@
 namespace cairn::agent {
 
 using shm::RemoveStaleSegments;
+using shm::SegmentFamily;
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {}
 
@@ -59,10 +60,12 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   }
   std::unique_ptr<Agent> a(new Agent(std::move(options)));
   a->pool_ = std::make_shared<Pool>();
-  a->pool_->prefix =
-      absl::StrCat("cairn-agent-", a->options_.node_id, "-", getpid(), "-");
+  const std::string node_prefix =
+      absl::StrCat("cairn-agent-", a->options_.node_id, "-");
+  RemoveStaleSegments(node_prefix);
+  CAIRN_ASSIGN_OR_RETURN(a->pool_->family, SegmentFamily::Claim(node_prefix));
+  a->pool_->prefix = a->pool_->family->name_prefix();
   a->pool_->budget = a->options_.staging_budget_bytes;
-  RemoveStaleSegments(absl::StrCat("cairn-agent-", a->options_.node_id, "-"));
 
   TcpTransportOptions t;
   t.node_id = a->options_.node_id;

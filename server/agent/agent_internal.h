@@ -96,7 +96,10 @@ inline absl::Status ToStatus(const v1::PeerResponse& r) {
 // keeps its mapping of them, so a steady-state save copies into memory that
 // is already mapped and faulted — and destroyed when space is needed.
 struct Agent::Pool {
-  std::string prefix;
+  // This agent's claim on its segment names; first member, so it is released
+  // after every segment of the pool.
+  std::unique_ptr<shm::SegmentFamily> family;
+  std::string prefix;  // family->name_prefix()
   uint64_t budget = 0;
   absl::Mutex mu;
   uint64_t used ABSL_GUARDED_BY(mu) = 0;

@@ -360,10 +360,14 @@ Reach ConnectAs(const std::string& path, uid_t uid, gid_t gid,
 // Modes and groups of this process's agent segments of `node` in /dev/shm.
 std::vector<std::pair<mode_t, gid_t>> SegmentModes(int node) {
   std::vector<std::pair<mode_t, gid_t>> out;
+  // "cairn-agent-<node>-<pid>x<nonce>-<seq>" (shm::SegmentFamily).
   const std::string prefix =
-      absl::StrCat("cairn-agent-", node, "-", getpid(), "-");
+      absl::StrCat("cairn-agent-", node, "-", getpid(), "x");
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-    if (!absl::StartsWith(e.path().filename().string(), prefix)) continue;
+    const std::string file = e.path().filename().string();
+    if (!absl::StartsWith(file, prefix) || absl::EndsWith(file, ".lock")) {
+      continue;
+    }
     struct stat st;
     if (stat(e.path().c_str(), &st) == 0) {
       out.push_back({st.st_mode & 07777, st.st_gid});
