@@ -15,6 +15,12 @@ PACKAGES=(
   # ShardedTensor, gloo), pytest, and pip/venv for its documented install.
   python3 python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch
   python3-pytest python3-venv python3-pip python3-setuptools
+  # S3 storage (storage/s3): libcurl (SigV4 signing) and tinyxml2 (S3's XML
+  # bodies); a single-node Ceph with radosgw as the real S3 server the tests
+  # run against (scripts/ceph/ceph.sh); boto3 and s3cmd as reference clients
+  # in bench/.
+  libcurl4-openssl-dev libtinyxml2-dev
+  ceph-mon ceph-osd radosgw ceph-common python3-boto3 s3cmd
 )
 
 missing=()
