@@ -10,6 +10,9 @@
 //   * a node's agent lost (SIGKILL) with the storage copy gone too: its data
 //     is restored from a peer agent's replica.
 //
+// Storage (what agents persist to) is file:// under the test's temp dir, or
+// a fresh S3 bucket with CAIRN_TEST_STORAGE=s3 (tests/testing/test_storage.h).
+//
 // Binaries come from --cairnd=, --agent=, --agent-rank=, --rank= (Bazel
 // args), else from the paths CMake compiled in.
 #include <signal.h>
@@ -34,6 +37,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/cairnd_process.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/test_storage.h"
 
 #ifndef CAIRN_CAIRND_PATH
 #define CAIRN_CAIRND_PATH ""
@@ -67,14 +71,22 @@ class AgentE2ETest : public ::testing::Test {
     dir_ = testing::MakeTempDir(
         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_FALSE(dir_.empty());
-    auto c = testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd",
-                                           {"--commit-deadline", "4"});
+    auto storage = testing::TestStorage::Create(dir_ + "/cairnd");
+    ASSERT_TRUE(storage.ok()) << storage.status();
+    storage_ = std::move(*storage);
+    std::vector<std::string> flags = storage_->CairndFlags();
+    flags.insert(flags.end(), {"--commit-deadline", "4"});
+    auto c = testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
     ASSERT_TRUE(c.ok()) << c.status();
     cairnd_ = std::move(*c);
   }
   void TearDown() override {
     for (auto& a : agents_) a.reset();
     cairnd_.reset();
+    if (storage_ != nullptr) {
+      absl::Status cleaned = storage_->Cleanup();
+      EXPECT_TRUE(cleaned.ok()) << cleaned;
+    }
     if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
@@ -223,6 +235,7 @@ class AgentE2ETest : public ::testing::Test {
   }
 
   std::string dir_;
+  std::unique_ptr<testing::TestStorage> storage_;
   std::unique_ptr<testing::CairndProcess> cairnd_;
   std::unique_ptr<testing::Subprocess> agents_[2];
   int generation_[2] = {0, 0};
@@ -321,11 +334,12 @@ TEST_F(AgentE2ETest, LostNodeAgentIsRestoredFromPeerReplica) {
   StartAgent(1, 1);
   ASSERT_THAT(SaveAll("nodeloss", 7), ::testing::Each(0)) << logs_;
   // The storage copy is gone too: only memory can serve the load.
+  auto objects = storage_->DataObjects("nodeloss/");
+  ASSERT_TRUE(objects.ok()) << objects.status();
   int deleted = 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(
-           dir_ + "/cairnd/checkpoints")) {
-    if (e.is_regular_file() && e.path().extension() == ".bin") {
-      std::filesystem::remove(e.path());
+  for (const std::string& key : *objects) {
+    if (absl::EndsWith(key, ".bin")) {
+      ASSERT_TRUE(storage_->Remove(key).ok()) << key;
       ++deleted;
     }
   }

@@ -1,5 +1,7 @@
 // End-to-end: a real cairnd process and real rank processes
 // (cairn_train_example) on loopback, saving and loading a sharded model.
+// Storage is file:// under the test's temp dir, or a fresh S3 bucket with
+// CAIRN_TEST_STORAGE=s3 (tests/testing/test_storage.h).
 //
 // Binaries come from --cairnd=PATH and --rank=PATH (Bazel passes them as
 // args), else from the paths CMake compiled in.
@@ -7,6 +9,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -29,9 +32,11 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "storage/checkpoint_layout.h"
 #include "storage/shard_store.h"
 #include "tests/testing/cairnd_process.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/test_storage.h"
 
 #ifndef CAIRN_CAIRND_PATH
 #define CAIRN_CAIRND_PATH ""
@@ -57,22 +62,33 @@ class E2ETest : public ::testing::Test {
     dir_ = testing::MakeTempDir(
         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_FALSE(dir_.empty());
+    absl::StatusOr<std::unique_ptr<testing::TestStorage>> storage =
+        testing::TestStorage::Create(dir_ + "/cairnd");
+    ASSERT_TRUE(storage.ok()) << storage.status();
+    storage_ = std::move(*storage);
   }
   void TearDown() override {
     cairnd_.reset();
+    if (storage_ != nullptr) {
+      absl::Status cleaned = storage_->Cleanup();
+      EXPECT_TRUE(cleaned.ok()) << cleaned;
+    }
     if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
+  // cairnd on the test's storage, unless `flags` name another --storage.
   void StartCairnd(std::vector<std::string> flags = {}) {
+    if (std::find(flags.begin(), flags.end(), "--storage") == flags.end()) {
+      const std::vector<std::string> storage = storage_->CairndFlags();
+      flags.insert(flags.begin(), storage.begin(), storage.end());
+    }
     absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
         testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
     ASSERT_TRUE(c.ok()) << c.status();
     cairnd_ = std::move(*c);
   }
 
-  std::string StorageUri() const {
-    return absl::StrCat("file://", dir_, "/cairnd/checkpoints");
-  }
+  std::string StorageUri() const { return storage_->uri(); }
 
   // Runs `world` ranks of the example job; returns their exit codes. Rank
   // `odd_rank` gets `odd_extra` as well (fault injection).
@@ -191,6 +207,7 @@ class E2ETest : public ::testing::Test {
 
   std::string dir_;
   std::string last_prefix_;
+  std::unique_ptr<testing::TestStorage> storage_;
   std::unique_ptr<testing::CairndProcess> cairnd_;
   std::string last_logs_;
   int runs_ = 0;
@@ -304,8 +321,8 @@ TEST_F(E2ETest, RestartedRanksNeverCommitBytesThatFailVerify) {
   ASSERT_TRUE(died.ok());
   ASSERT_EQ(*died, 137) << old1->Log();
   // Rank 0 reports right after its object is durable: wait for the object.
-  auto store = storage::OpenShardStore(StorageUri());
-  ASSERT_TRUE(store.ok());
+  auto store = storage_->Store();
+  ASSERT_TRUE(store.ok()) << store.status();
   bool written = false;
   for (int i = 0; i < 3000 && !written; ++i) {
     auto keys = (*store)->List("job/0000000000000001/");
@@ -388,23 +405,11 @@ TEST_F(E2ETest, CorruptedByteIsDetectedByVerifyAndLoad) {
   ASSERT_THAT(RunRanks("job", 2, "2:S0", {"--save-steps", "1"}), Each(Eq(0)))
       << last_logs_;
   // Flip one byte in a data object.
-  std::string victim;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(
-           dir_ + "/cairnd/checkpoints/job")) {
-    if (e.is_regular_file() && e.path().filename() != "MANIFEST") {
-      victim = e.path();
-      break;
-    }
-  }
-  ASSERT_FALSE(victim.empty());
-  {
-    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(10);
-    char c;
-    f.get(c);
-    f.seekp(10);
-    f.put(static_cast<char>(c ^ 0x40));
-  }
+  absl::StatusOr<std::vector<std::string>> objects =
+      storage_->DataObjects("job/");
+  ASSERT_TRUE(objects.ok()) << objects.status();
+  ASSERT_FALSE(objects->empty());
+  ASSERT_TRUE(storage_->FlipBits(objects->front(), 10, 0x40).ok());
   std::string out, err;
   EXPECT_EQ(Cli({"--coordinator", cairnd_->address(), "verify", "job", "1"},
                 &out, &err),
@@ -460,25 +465,12 @@ TEST_F(E2ETest, ReshardedLoadReadsOnlyNeededBytesAndStillCatchesDamage) {
     }
   }
   ASSERT_NE(victim, nullptr);
-  std::string path;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(
-           dir_ + "/cairnd/checkpoints/job")) {
-    if (absl::EndsWith(e.path().string(),
-                       "/" + victim->location().object_key())) {
-      path = e.path();
-    }
-  }
-  ASSERT_FALSE(path.empty()) << victim->location().object_key();
-  {
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    const uint64_t at =
-        victim->location().offset() + victim->location().length() / 2 + 3;
-    f.seekg(static_cast<std::streamoff>(at));
-    char c;
-    f.get(c);
-    f.seekp(static_cast<std::streamoff>(at));
-    f.put(static_cast<char>(c ^ 0x01));
-  }
+  const std::string key =
+      storage::ObjectKey("job", 1, victim->location().object_key());
+  const uint64_t at =
+      victim->location().offset() + victim->location().length() / 2 + 3;
+  absl::Status flipped = storage_->FlipBits(key, at, 0x01);
+  ASSERT_TRUE(flipped.ok()) << flipped;
   std::vector<int> codes = RunRanks("job", 2, "2:S1", {"--load", "1"});
   EXPECT_THAT(codes, ::testing::Contains(1));
   EXPECT_THAT(last_logs_, HasSubstr("DATA_LOSS"));
@@ -807,35 +799,39 @@ TEST_F(E2ETest, RanksLoadingOneAfterAnotherDoNotWaitForAbsentPeers) {
 
 // A data object of a committed checkpoint that is truncated, or replaced by
 // a FIFO, is DATA_LOSS naming the tensor and the object, for loads and for
-// `cairn verify` alike (they were OUT_OF_RANGE, NOT_FOUND, or a hang).
+// `cairn verify` alike (they were OUT_OF_RANGE, NOT_FOUND, or a hang). On S3,
+// which has no FIFOs, the second object is deleted instead.
 TEST_F(E2ETest, TruncatedOrNonRegularObjectIsDataLossForLoadAndVerify) {
   StartCairnd();
   ASSERT_THAT(RunRanks("job", 1, "1:R", {"--save-steps", "1,2"}), Each(Eq(0)))
       << last_logs_;
   auto object_of = [&](int64_t step) {
-    std::string path;
-    for (const auto& e : std::filesystem::recursive_directory_iterator(
-             absl::StrFormat("%s/cairnd/checkpoints/job/%016d", dir_, step))) {
-      if (e.is_regular_file() && e.path().filename() != "MANIFEST") {
-        path = e.path();
-      }
-    }
-    return path;
+    absl::StatusOr<std::vector<std::string>> objects =
+        storage_->DataObjects(storage::StepPrefix("job", step));
+    EXPECT_TRUE(objects.ok()) << objects.status();
+    return objects.ok() && !objects->empty() ? objects->back() : "";
   };
-  const std::string truncated = object_of(1), fifo = object_of(2);
+  const std::string truncated = object_of(1), replaced = object_of(2);
   ASSERT_FALSE(truncated.empty());
-  ASSERT_FALSE(fifo.empty());
-  std::filesystem::resize_file(truncated,
-                               std::filesystem::file_size(truncated) / 2);
-  std::filesystem::remove(fifo);
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
-  for (const auto& [step, path] :
-       {std::pair<std::string, std::string>{"1", truncated}, {"2", fifo}}) {
+  ASSERT_FALSE(replaced.empty());
+  absl::StatusOr<storage::ShardStore*> store = storage_->Store();
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<uint64_t> size = (*store)->Size(truncated);
+  ASSERT_TRUE(size.ok()) << size.status();
+  ASSERT_TRUE(storage_->Truncate(truncated, *size / 2).ok());
+  if (storage_->is_s3()) {
+    ASSERT_TRUE(storage_->Remove(replaced).ok());
+  } else {
+    const std::string fifo = storage_->FilePath(replaced);
+    std::filesystem::remove(fifo);
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  }
+  for (const auto& [step, key] :
+       {std::pair<std::string, std::string>{"1", truncated}, {"2", replaced}}) {
     SCOPED_TRACE(step);
     // The object's key inside the step: attempt-.../data/rank-....bin.
-    const std::string name = std::filesystem::relative(
-        path,
-        std::filesystem::path(path).parent_path().parent_path().parent_path());
+    const std::string name =
+        key.substr(storage::StepPrefix("job", std::stoll(step)).size());
     std::string out, err;
     EXPECT_EQ(Cli({"--coordinator", cairnd_->address(), "verify", "job", step},
                   &out, &err),

@@ -2,6 +2,10 @@
 // errors of cairnd, cairn-agent and cairn; a second cairnd on a port or a
 // catalog already in use; malformed requests; SIGTERM while ranks are
 // parked; the CLI on damaged, missing and unreachable storage.
+// Storage is file:// under the test's temp dir, or a fresh S3 bucket with
+// CAIRN_TEST_STORAGE=s3 (tests/testing/test_storage.h); the tests that move
+// or replace the storage root's directory are posix-only (their S3
+// counterparts are in s3_e2e_test.cc).
 //
 // Binaries come from --cairnd=, --agent=, --cli=, --rank= (Bazel passes them
 // as args), else from the paths CMake compiled in.
@@ -32,8 +36,10 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "storage/checkpoint_layout.h"
 #include "tests/testing/cairnd_process.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/test_storage.h"
 
 #ifndef CAIRN_CAIRND_PATH
 #define CAIRN_CAIRND_PATH ""
@@ -65,13 +71,24 @@ class OpsTest : public ::testing::Test {
     dir_ = testing::MakeTempDir(
         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_FALSE(dir_.empty());
+    absl::StatusOr<std::unique_ptr<testing::TestStorage>> storage =
+        testing::TestStorage::Create(dir_ + "/cairnd");
+    ASSERT_TRUE(storage.ok()) << storage.status();
+    storage_ = std::move(*storage);
   }
   void TearDown() override {
     cairnd_.reset();
+    if (storage_ != nullptr) {
+      absl::Status cleaned = storage_->Cleanup();
+      EXPECT_TRUE(cleaned.ok()) << cleaned;
+    }
     if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
+  // cairnd on the test's storage.
   void StartCairnd(std::vector<std::string> flags = {}) {
+    const std::vector<std::string> storage = storage_->CairndFlags();
+    flags.insert(flags.begin(), storage.begin(), storage.end());
     absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
         testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
     ASSERT_TRUE(c.ok()) << c.status();
@@ -109,12 +126,14 @@ class OpsTest : public ::testing::Test {
     return codes.ok() ? *codes : std::vector<int>();
   }
 
+  // The file:// root (posix-only tests).
   std::string StorageRoot() const { return dir_ + "/cairnd/checkpoints"; }
   std::string StepDir(const std::string& job, int64_t step) const {
     return absl::StrFormat("%s/%s/%016d", StorageRoot(), job, step);
   }
 
   std::string dir_;
+  std::unique_ptr<testing::TestStorage> storage_;
   std::unique_ptr<testing::CairndProcess> cairnd_;
   int runs_ = 0;
 };
@@ -399,10 +418,13 @@ TEST_F(OpsTest, SigtermWhileARankWaitsThenRestartTheSaveCompletes) {
 
   // The same cairnd comes back on the same address.
   const std::string port_file = dir_ + "/cairnd2.port";
-  absl::StatusOr<testing::Subprocess> restarted = testing::Subprocess::Start(
-      {g_cairnd, "--listen", address, "--data-dir", dir_ + "/cairnd",
-       "--port-file", port_file, "--begin-deadline", "30"},
-      dir_ + "/cairnd2.log");
+  std::vector<std::string> argv = {
+      g_cairnd,     "--listen",         address,
+      "--data-dir", dir_ + "/cairnd",   "--port-file",
+      port_file,    "--begin-deadline", "30"};
+  for (const std::string& f : storage_->CairndFlags()) argv.push_back(f);
+  absl::StatusOr<testing::Subprocess> restarted =
+      testing::Subprocess::Start(argv, dir_ + "/cairnd2.log");
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (!std::filesystem::exists(port_file) && absl::Now() < deadline) {
@@ -427,9 +449,10 @@ TEST_F(OpsTest, SigtermWhileARankWaitsThenRestartTheSaveCompletes) {
 TEST_F(OpsTest, CliOfflineReportsDamagedStepsAndUsesTheNewestValidOne) {
   StartCairnd();
   ASSERT_THAT(SaveSteps("job", 2, "1,2"), ::testing::Each(0));
-  std::ofstream(StepDir("job", 2) + "/MANIFEST", std::ios::trunc)
-      << "not a manifest";
-  const std::string uri = "file://" + StorageRoot();
+  ASSERT_TRUE(
+      storage_->Overwrite(storage::ManifestKey("job", 2), "not a manifest")
+          .ok());
+  const std::string uri = storage_->uri();
   std::string out;
   EXPECT_EQ(Run({g_cli, "-s", uri, "ls", "job"}, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("COMMITTED"));  // step 1
@@ -444,6 +467,7 @@ TEST_F(OpsTest, CliOfflineReportsDamagedStepsAndUsesTheNewestValidOne) {
 }
 
 // `cairn -s file:///typo ls` said "no checkpoints" (and created /typo).
+// Posix-only (a directory); on S3: s3_e2e_test's missing bucket.
 TEST_F(OpsTest, CliOfflineMissingStorageRootIsAnError) {
   const std::string typo = dir_ + "/typo";
   std::string out;
@@ -454,7 +478,8 @@ TEST_F(OpsTest, CliOfflineMissingStorageRootIsAnError) {
 }
 
 // `cairn -c ADDR verify` reads storage from the CLI's host: where it is not
-// mounted that used to be DATA_LOSS "object not found".
+// mounted that used to be DATA_LOSS "object not found". Posix-only (moves the
+// root directory); on S3: s3_e2e_test's unreachable endpoint.
 TEST_F(OpsTest, CliVerifyWhereStorageIsNotMountedSaysUnreachable) {
   StartCairnd();
   ASSERT_THAT(SaveSteps("job", 2, "1"), ::testing::Each(0));

@@ -357,8 +357,19 @@ absl::StatusOr<std::unique_ptr<storage::ShardStore>> OpenReachableStore(
     return absl::FailedPreconditionError(
         absl::StrCat(where, ": ", s.message(), " (is it mounted here?)"));
   }
-  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardStore> store,
-                         storage::OpenShardStore(uri));
+  // An object store this host cannot reach or may not read (no route to the
+  // endpoint, other credentials here) fails to open or to answer.
+  auto unreachable = [&](const absl::Status& s) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": ", s.ToString(),
+                     " (are its endpoint and credentials set here?)"));
+  };
+  absl::StatusOr<std::unique_ptr<storage::ShardStore>> store =
+      storage::OpenShardStore(uri);
+  if (!store.ok()) {
+    if (absl::IsInvalidArgument(store.status())) return store.status();
+    return unreachable(store.status());
+  }
   const std::string prefix =
       storage::StepPrefix(manifest.job(), manifest.step());
   std::vector<std::string> keys = {
@@ -367,13 +378,21 @@ absl::StatusOr<std::unique_ptr<storage::ShardStore>> OpenReachableStore(
     keys.push_back(absl::StrCat(prefix, o));
   }
   for (const std::string& key : keys) {
-    absl::StatusOr<uint64_t> size = store->Size(key);
-    if (size.ok() || !absl::IsNotFound(size.status())) return store;
+    absl::StatusOr<uint64_t> size = (*store)->Size(key);
+    if (size.ok()) return std::move(*store);
+    const absl::Status& s = size.status();
+    if (absl::IsUnavailable(s) || absl::IsUnauthenticated(s) ||
+        absl::IsPermissionDenied(s)) {
+      return unreachable(s);
+    }
+    if (!absl::IsNotFound(s)) return std::move(*store);
   }
   return absl::FailedPreconditionError(absl::StrCat(
       where, ": neither its MANIFEST nor any of its ", manifest.objects_size(),
-      " data objects exist there (is another filesystem mounted at ",
-      FileRoot(uri).empty() ? uri : FileRoot(uri), "?)"));
+      " data objects exist there (",
+      FileRoot(uri).empty() ? "is it another bucket or prefix than cairnd's?)"
+                            : absl::StrCat("is another filesystem mounted at ",
+                                           FileRoot(uri), "?)")));
 }
 
 absl::StatusOr<int64_t> ParseStepArg(const std::string& s) {
