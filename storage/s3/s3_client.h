@@ -159,6 +159,12 @@ class S3Client {
 
   std::string Url(std::string_view key, const QueryParams& params = {}) const;
 
+  // Every page of ListObjectsV2 under `prefix` (with delimiter '/' when
+  // `delimited`), appending to `objects` and `prefixes` (either may be null).
+  absl::Status ListAll(std::string_view prefix, bool delimited,
+                       std::vector<ObjectInfo>* objects,
+                       std::vector<std::string>* prefixes);
+
   // Constant after construction (except the ForTest knobs, set before use).
   const S3Config config_;
   const std::unique_ptr<HttpClient> http_;
