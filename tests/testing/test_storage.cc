@@ -37,7 +37,12 @@ absl::StatusOr<std::unique_ptr<TestStorage>> TestStorage::Create(
     const std::string& data_dir) {
   absl::StatusOr<Kind> kind = KindFromEnvironment();
   if (!kind.ok()) return kind.status();
-  if (*kind == Kind::kFile) {
+  return Create(data_dir, *kind);
+}
+
+absl::StatusOr<std::unique_ptr<TestStorage>> TestStorage::Create(
+    const std::string& data_dir, Kind kind) {
+  if (kind == Kind::kFile) {
     // cairnd's default: absolute(--data-dir)/checkpoints.
     const std::string root =
         (std::filesystem::absolute(data_dir) / "checkpoints").string();
@@ -46,7 +51,7 @@ absl::StatusOr<std::unique_ptr<TestStorage>> TestStorage::Create(
   }
   if (Env("AWS_ENDPOINT_URL").empty()) {
     return absl::FailedPreconditionError(
-        "CAIRN_TEST_STORAGE=s3 needs an S3 server, and AWS_ENDPOINT_URL is "
+        "S3 storage for the test needs an S3 server, and AWS_ENDPOINT_URL is "
         "unset: start one with `scripts/ceph/ceph.sh start` and export what "
         "`scripts/ceph/ceph.sh env` prints (ctest -L s3 does both)");
   }

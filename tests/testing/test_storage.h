@@ -52,6 +52,10 @@ class TestStorage {
   // bucket cannot be created.
   static absl::StatusOr<std::unique_ptr<TestStorage>> Create(
       const std::string& data_dir);
+  // The same, `kind` whatever CAIRN_TEST_STORAGE says (tests of one
+  // backend).
+  static absl::StatusOr<std::unique_ptr<TestStorage>> Create(
+      const std::string& data_dir, Kind kind);
   // The kind CAIRN_TEST_STORAGE selects (kFile when unset).
   static absl::StatusOr<Kind> KindFromEnvironment();
 
