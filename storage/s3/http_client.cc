@@ -98,6 +98,18 @@ size_t Header(char* data, size_t size, size_t nitems, void* userdata) {
 
 }  // namespace
 
+struct CurlShareCallbacks {
+  static void Lock(CURL* /*handle*/, curl_lock_data data,
+                   curl_lock_access /*access*/,
+                   void* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    static_cast<HttpClient*>(self)->share_locks_[data].Lock();
+  }
+  static void Unlock(CURL* /*handle*/, curl_lock_data data,
+                     void* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    static_cast<HttpClient*>(self)->share_locks_[data].Unlock();
+  }
+};
+
 absl::StatusOr<std::unique_ptr<HttpClient>> HttpClient::Create(
     HttpOptions options) {
   GlobalInit();
@@ -117,11 +129,10 @@ HttpClient::HttpClient(HttpOptions options)
   CURLSH* share = curl_share_init();
   if (share == nullptr) return;
   curl_share_setopt(share, CURLSHOPT_USERDATA, this);
-  curl_share_setopt(share, CURLSHOPT_LOCKFUNC,
-                    reinterpret_cast<curl_lock_function>(&HttpClient::Lock));
-  curl_share_setopt(
-      share, CURLSHOPT_UNLOCKFUNC,
-      reinterpret_cast<curl_unlock_function>(&HttpClient::Unlock));
+  curl_lock_function lock = &CurlShareCallbacks::Lock;
+  curl_unlock_function unlock = &CurlShareCallbacks::Unlock;
+  curl_share_setopt(share, CURLSHOPT_LOCKFUNC, lock);
+  curl_share_setopt(share, CURLSHOPT_UNLOCKFUNC, unlock);
   curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
   curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
   curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
@@ -135,14 +146,6 @@ HttpClient::~HttpClient() {
     idle_.clear();
   }
   if (share_ != nullptr) curl_share_cleanup(static_cast<CURLSH*>(share_));
-}
-
-void HttpClient::Lock(void* /*handle*/, int data, int /*access*/, void* self) {
-  static_cast<HttpClient*>(self)->share_locks_[data].Lock();
-}
-
-void HttpClient::Unlock(void* /*handle*/, int data, void* self) {
-  static_cast<HttpClient*>(self)->share_locks_[data].Unlock();
 }
 
 void* HttpClient::AcquireHandle() {

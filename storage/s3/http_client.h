@@ -77,8 +77,8 @@ class HttpClient {
   explicit HttpClient(HttpOptions options);
   void* AcquireHandle();
   void ReleaseHandle(void* handle);
-  static void Lock(void* handle, int data, int access, void* self);
-  static void Unlock(void* handle, int data, void* self);
+  // The share handle's lock callbacks (http_client.cc), exactly typed.
+  friend struct CurlShareCallbacks;
 
   // Constant after construction.
   const HttpOptions options_;

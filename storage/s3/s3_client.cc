@@ -438,6 +438,7 @@ absl::Status S3Client::DeleteObject(std::string_view key) {
 absl::Status S3Client::DeleteObjects(absl::Span<const std::string> keys) {
   std::vector<std::string> failures;
   size_t failed = 0;
+  std::string first_failure_code;
   for (size_t start = 0; start < keys.size(); start += kMaxDeleteBatch) {
     absl::Span<const std::string> batch = keys.subspan(start, kMaxDeleteBatch);
     const S3RequestName name{
@@ -463,7 +464,7 @@ absl::Status S3Client::DeleteObjects(absl::Span<const std::string> keys) {
          e != nullptr; e = e->NextSiblingElement("Error")) {
       const std::string code = Text(e, "Code");
       if (code == "NoSuchKey") continue;
-      ++failed;
+      if (failed++ == 0) first_failure_code = code;
       if (failures.size() < 5) {
         failures.push_back(absl::StrCat("'", Text(e, "Key"), "': ", code, " ",
                                         Text(e, "Message")));
@@ -471,9 +472,15 @@ absl::Status S3Client::DeleteObjects(absl::Span<const std::string> keys) {
     }
   }
   if (failed > 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "s3 POST (DeleteObjects) ", config_.bucket, ": ", failed, " of ",
-        keys.size(), " keys not deleted: ", absl::StrJoin(failures, "; ")));
+    // Denied keys stay denied; anything else (InternalError, SlowDown) may
+    // go on a retry.
+    return absl::Status(
+        first_failure_code == "AccessDenied"
+            ? absl::StatusCode::kPermissionDenied
+            : absl::StatusCode::kUnavailable,
+        absl::StrCat("s3 POST (DeleteObjects) ", config_.bucket, ": ", failed,
+                     " of ", keys.size(),
+                     " keys not deleted: ", absl::StrJoin(failures, "; ")));
   }
   return absl::OkStatus();
 }

@@ -456,7 +456,7 @@ TEST(S3ClientLocalTest, DeleteObjectsSendsContentMd5AndReportsFailures) {
                        "</Error></DeleteResult>"));
   server.Push(Response(200, "<DeleteResult></DeleteResult>"));
   absl::Status s = client->DeleteObjects(keys);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(s.message(), HasSubstr("1 of 2500 keys not deleted"));
   EXPECT_THAT(s.message(), HasSubstr("'k<1500>': AccessDenied no"));
   auto reqs = server.requests();
@@ -570,6 +570,37 @@ TEST(S3ClientLocalTest, BadCaBundleIsNotRetried) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("ca.pem"));
   EXPECT_EQ(client->stats().requests, 1u) << s;
+}
+
+}  // namespace
+}  // namespace cairn::storage::s3
+
+namespace cairn::storage::s3 {
+namespace {
+
+TEST(S3ClientLocalTest, ConcurrentRequestsThroughTheSharedConnectionPool) {
+  ScriptedServer server;
+  auto client = Client(ConfigFor(server.port()));
+  constexpr int kThreads = 8, kEach = 40;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        const std::string body = absl::StrCat(t, "/", i);
+        if (!client->PutObject(body, absl::MakeConstSpan(body)).ok()) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto reqs = server.requests();
+  ASSERT_EQ(reqs.size(), static_cast<size_t>(kThreads * kEach));
+  for (const Recorded& r : reqs) EXPECT_EQ(r.target, "/bkt/" + r.body);
+  EXPECT_EQ(client->stats().requests, static_cast<uint64_t>(kThreads * kEach));
+  EXPECT_EQ(client->stats().retries, 0u);
 }
 
 }  // namespace
