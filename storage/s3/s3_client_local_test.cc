@@ -140,6 +140,7 @@ class ScriptedServer {
         }
       }
       if (response == "close") return close(fd), void();
+      if (response == "hang") continue;  // never answer this request
       if (write(fd, response.data(), response.size()) < 0) return;
     }
   }
@@ -601,6 +602,27 @@ TEST(S3ClientLocalTest, ConcurrentRequestsThroughTheSharedConnectionPool) {
   for (const Recorded& r : reqs) EXPECT_EQ(r.target, "/bkt/" + r.body);
   EXPECT_EQ(client->stats().requests, static_cast<uint64_t>(kThreads * kEach));
   EXPECT_EQ(client->stats().retries, 0u);
+}
+
+}  // namespace
+}  // namespace cairn::storage::s3
+
+namespace cairn::storage::s3 {
+namespace {
+
+TEST(S3ClientLocalTest, ASilentServerTimesOutInsteadOfHanging) {
+  ScriptedServer server;
+  S3Config config = ConfigFor(server.port());
+  config.max_attempts = 2;
+  config.low_speed_timeout = absl::Seconds(1);
+  auto client = Client(config);
+  server.Push("hang");
+  server.Push("hang");
+  auto size = client->HeadObject("k");
+  EXPECT_EQ(size.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(size.status().message(), HasSubstr("s3 HEAD bkt/k: "));
+  EXPECT_THAT(size.status().message(), HasSubstr("after 2 attempts"));
+  EXPECT_EQ(client->stats().retries, 1u);
 }
 
 }  // namespace
