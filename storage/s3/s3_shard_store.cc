@@ -77,7 +77,8 @@ class S3Writer : public ObjectWriter {
                                 pending_.size()
                           : NextPartSize() - pending_.size();
       room = std::max<uint64_t>(room, 1);
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(room, data.size()));
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(room, data.size()));
       pending_.insert(pending_.end(), data.data(), data.data() + n);
       data.remove_prefix(n);
       bytes_written_ += n;
@@ -148,9 +149,9 @@ class S3Writer : public ObjectWriter {
   }
 
   absl::Status Named(const absl::Status& s) const {
-    return absl::Status(s.code(), absl::StrCat("writing ", Quoted(key_), " (",
-                                               bytes_written_, " bytes): ",
-                                               s.message()));
+    return absl::Status(
+        s.code(), absl::StrCat("writing ", Quoted(key_), " (", bytes_written_,
+                               " bytes): ", s.message()));
   }
 
   uint64_t NextPartSize() const {
@@ -179,12 +180,14 @@ class S3Writer : public ObjectWriter {
         std::min<uint64_t>(NextPartSize(), pending_.size()));
     std::vector<char> part(pending_.begin(), pending_.begin() + n);
     pending_.erase(pending_.begin(), pending_.begin() + n);
-    in_flight_.push_back(std::async(
-        std::launch::async,
-        [this, number, part = std::move(part)]() -> absl::StatusOr<std::string> {
-          return client_.UploadPart(full_key_, upload_id_, number,
-                                    absl::MakeConstSpan(part.data(), part.size()));
-        }));
+    in_flight_.push_back(
+        std::async(std::launch::async,
+                   [this, number,
+                    part = std::move(part)]() -> absl::StatusOr<std::string> {
+                     return client_.UploadPart(
+                         full_key_, upload_id_, number,
+                         absl::MakeConstSpan(part.data(), part.size()));
+                   }));
     return absl::OkStatus();
   }
 
@@ -273,14 +276,14 @@ class S3Store : public S3ShardStore {
                               absl::Span<char> out) override {
     CAIRN_RETURN_IF_ERROR(CheckKey(key));
     if (out.size() < range.length) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "reading ", Quoted(key), ": buffer of ", out.size(),
-          " bytes for a range of ", range.length));
+      return absl::InvalidArgumentError(
+          absl::StrCat("reading ", Quoted(key), ": buffer of ", out.size(),
+                       " bytes for a range of ", range.length));
     }
     const ByteRange r = range;
     const absl::Span<char> o = out.subspan(0, range.length);
-    CAIRN_RETURN_IF_ERROR(
-        ReadRanges(key, absl::MakeConstSpan(&r, 1), absl::MakeConstSpan(&o, 1)));
+    CAIRN_RETURN_IF_ERROR(ReadRanges(key, absl::MakeConstSpan(&r, 1),
+                                     absl::MakeConstSpan(&o, 1)));
     return static_cast<size_t>(range.length);
   }
 
@@ -302,8 +305,8 @@ class S3Store : public S3ShardStore {
       }
       if (ranges[i].offset + ranges[i].length < ranges[i].offset) {
         return absl::OutOfRangeError(absl::StrCat(
-            "reading ", Quoted(key), ": range at ", ranges[i].offset,
-            " of ", ranges[i].length, " bytes passes 2^64"));
+            "reading ", Quoted(key), ": range at ", ranges[i].offset, " of ",
+            ranges[i].length, " bytes passes 2^64"));
       }
       if (ranges[i].length > 0) order.push_back(i);
     }
@@ -370,7 +373,8 @@ class S3Store : public S3ShardStore {
     std::vector<std::string> children;
     for (const std::string& p : prefixes) {
       std::string child = p.substr(skip);
-      if (child.size() > 1 && ValidateKey(child.substr(0, child.size() - 1)).ok()) {
+      if (child.size() > 1 &&
+          ValidateKey(child.substr(0, child.size() - 1)).ok()) {
         children.push_back(std::move(child));
       }
     }
@@ -495,9 +499,9 @@ class S3Store : public S3ShardStore {
     CAIRN_ASSIGN_OR_RETURN(size_t n,
                            client_->GetRange(full, {f.offset, f.length}, dest));
     if (n < f.length) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "reading ", Quoted(key), ": range ", f.offset, "+", f.length,
-          " passes its end (", f.offset + n, " bytes)"));
+      return absl::OutOfRangeError(
+          absl::StrCat("reading ", Quoted(key), ": range ", f.offset, "+",
+                       f.length, " passes its end (", f.offset + n, " bytes)"));
     }
     if (!direct) {
       for (const Fetch::Piece& p : f.pieces) {
@@ -538,9 +542,9 @@ class S3Store : public S3ShardStore {
 std::string UriOf(const S3Config& config) {
   std::string uri = absl::StrCat("s3://", config.bucket);
   if (!config.prefix.empty()) {
-    absl::StrAppend(&uri, "/",
-                    absl::string_view(config.prefix)
-                        .substr(0, config.prefix.size() - 1));
+    absl::StrAppend(
+        &uri, "/",
+        absl::string_view(config.prefix).substr(0, config.prefix.size() - 1));
   }
   if (!config.original_query.empty()) {
     absl::StrAppend(&uri, "?", config.original_query);
@@ -568,8 +572,8 @@ absl::StatusOr<std::unique_ptr<S3ShardStore>> OpenS3ShardStore(
                          S3Client::Create(std::move(config)));
   absl::Status access = client->CheckAccess();
   if (!access.ok()) {
-    return absl::Status(access.code(), absl::StrCat("opening ", uri, ": ",
-                                                    access.message()));
+    return absl::Status(access.code(),
+                        absl::StrCat("opening ", uri, ": ", access.message()));
   }
   return std::unique_ptr<S3ShardStore>(
       std::make_unique<S3Store>(std::move(client), std::move(uri)));

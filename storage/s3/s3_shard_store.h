@@ -59,8 +59,7 @@ class S3ShardStore : public ShardStore {
 
 // Opens a store on `config` (checking access, see above). The error of
 // S3Client::CheckAccess when the bucket cannot be listed.
-absl::StatusOr<std::unique_ptr<S3ShardStore>> OpenS3ShardStore(
-    S3Config config);
+absl::StatusOr<std::unique_ptr<S3ShardStore>> OpenS3ShardStore(S3Config config);
 
 }  // namespace cairn::storage::s3
 

@@ -17,9 +17,9 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/status_macros.h"
 #include "storage/shard_store.h"
 #include "storage/testing/shard_store_conformance.h"
 #include "storage/testing/status_testing.h"
@@ -175,7 +175,8 @@ TEST(S3ShardStoreTest, MultipartWriteWithOddAppendsIsBitExact) {
   size_t at = 0;
   while (at < data.size()) {
     const size_t n = std::min<size_t>(data.size() - at, 1 + rng() % (3 << 20));
-    ASSERT_TRUE((*writer)->Append(absl::MakeConstSpan(data.data() + at, n)).ok());
+    ASSERT_TRUE(
+        (*writer)->Append(absl::MakeConstSpan(data.data() + at, n)).ok());
     at += n;
   }
   EXPECT_EQ((*writer)->bytes_written(), data.size());
@@ -237,12 +238,14 @@ TEST(S3ShardStoreTest, DestroyedWriterAbortsItsUploadAndLeavesNothing) {
   EXPECT_THAT((*store)->client().ListMultipartUploads("").value(), IsEmpty());
 }
 
-TEST(S3ShardStoreTest, CrashedWriterLeavesAnUploadThatDeleteAbandonedWritesAborts) {
+TEST(S3ShardStoreTest,
+     CrashedWriterLeavesAnUploadThatDeleteAbandonedWritesAborts) {
   auto store = OpenFresh(kSmallParts);
   ASSERT_TRUE(store.ok()) << store.status();
   std::mt19937_64 rng(7);
   const std::string data = RandomBytes(rng, 11 << 20);
-  ASSERT_TRUE((*store)->Put("job/0001/MANIFEST", AsSpan(std::string("m"))).ok());
+  ASSERT_TRUE(
+      (*store)->Put("job/0001/MANIFEST", AsSpan(std::string("m"))).ok());
   {
     auto writer = (*store)->NewWriter("job/0002/attempt-x/rank-0");
     ASSERT_TRUE(writer.ok());
@@ -252,8 +255,9 @@ TEST(S3ShardStoreTest, CrashedWriterLeavesAnUploadThatDeleteAbandonedWritesAbort
   }
   // What a dead writer leaves: an upload, no object.
   EXPECT_THAT((*store)->List("").value(), ElementsAre("job/0001/MANIFEST"));
-  const std::string prefix = S3Config(*ParseS3Uri(
-      (*store)->uri().substr(5), s3::Environment::System())).prefix;
+  const std::string prefix = S3Config(*ParseS3Uri((*store)->uri().substr(5),
+                                                  s3::Environment::System()))
+                                 .prefix;
   auto uploads = (*store)->client().ListMultipartUploads(prefix);
   ASSERT_TRUE(uploads.ok());
   ASSERT_EQ(uploads->size(), 1u);
@@ -300,8 +304,8 @@ TEST(S3ShardStoreTest, ReadRangesCoalescesAndMatchesOracle) {
     std::vector<ByteRange> ranges;
     for (int i = 0; i < n; ++i) {
       const uint64_t off = rng() % data.size();
-      const uint64_t max_len =
-          std::min<uint64_t>(data.size() - off, round % 3 == 0 ? 12 << 20 : 50000);
+      const uint64_t max_len = std::min<uint64_t>(
+          data.size() - off, round % 3 == 0 ? 12 << 20 : 50000);
       ranges.push_back({off, 1 + rng() % max_len});
     }
     std::vector<std::string> bufs(n);
@@ -333,13 +337,14 @@ TEST(S3ShardStoreTest, ReadRangesCoalescesAndMatchesOracle) {
     }
     const uint64_t fetched = after.bytes_fetched - before.bytes_fetched;
     EXPECT_GE(fetched, union_bytes) << "round " << round;
-    EXPECT_LE(fetched, union_bytes + static_cast<uint64_t>(n) * 65536 +
-                           // overlapping ranges split into separate GETs
-                           [&] {
-                             uint64_t total = 0;
-                             for (const ByteRange& r : ranges) total += r.length;
-                             return total;
-                           }())
+    EXPECT_LE(
+        fetched, union_bytes + static_cast<uint64_t>(n) * 65536 +
+                     // overlapping ranges split into separate GETs
+                     [&] {
+                       uint64_t total = 0;
+                       for (const ByteRange& r : ranges) total += r.length;
+                       return total;
+                     }())
         << "round " << round;
   }
 }
@@ -385,8 +390,8 @@ TEST(S3ShardStoreTest, UriRoundTripsWithoutCredentials) {
 
 TEST(S3ShardStoreTest, OpenChecksCredentialsAndBucket) {
   if (BucketEnvironment::bucket().empty()) GTEST_FAIL() << "no S3 server";
-  S3Config config =
-      *ParseS3Uri(BucketEnvironment::bucket() + "/p", s3::Environment::System());
+  S3Config config = *ParseS3Uri(BucketEnvironment::bucket() + "/p",
+                                s3::Environment::System());
   S3Config wrong = config;
   wrong.secret_key = "not-the-secret";
   absl::Status s = OpenS3ShardStore(wrong).status();
@@ -422,8 +427,9 @@ TEST(S3ShardStoreTest, KeysTooLongForS3WithThePrefixAreInvalidArgument) {
 TEST(S3ShardStoreTest, ListSkipsKeysCairnNeverWrites) {
   auto store = OpenFresh();
   ASSERT_TRUE(store.ok()) << store.status();
-  const std::string prefix = S3Config(*ParseS3Uri(
-      (*store)->uri().substr(5), s3::Environment::System())).prefix;
+  const std::string prefix = S3Config(*ParseS3Uri((*store)->uri().substr(5),
+                                                  s3::Environment::System()))
+                                 .prefix;
   ASSERT_TRUE((*store)->client().PutObject(prefix + "a//b", {}).ok());
   ASSERT_TRUE((*store)->Put("a/c", AsSpan(std::string("c"))).ok());
   EXPECT_THAT((*store)->List("").value(), ElementsAre("a/c"));
