@@ -40,6 +40,7 @@ def cairnd(request, cairn_bin, tmp_path):
     if _failed(request):
         print(f"\n==== cairnd log ({server.log}):\n{server.log_tail()}")
     server.kill()
+    server.delete_storage()
 
 
 @pytest.fixture

@@ -102,18 +102,82 @@ class _Server:
         return tail(self.log)
 
 
+class S3Bucket:
+    """A fresh bucket cairn-pytest-<random> on the S3 server the AWS_*
+    environment names (what `scripts/ceph/ceph.sh env` prints; ctest's ceph
+    fixture sets it), deleted with everything in it by `delete`."""
+
+    def __init__(self):
+        import boto3  # python3-boto3; only the S3 runs need it
+        if not os.environ.get("AWS_ENDPOINT_URL"):
+            raise RuntimeError(
+                "CAIRN_TEST_STORAGE=s3 needs an S3 server: run "
+                "scripts/ceph/ceph.sh start and eval \"$(scripts/ceph/ceph.sh "
+                "env)\" (ctest -L s3 does it)")
+        self.s3 = boto3.client("s3",
+                               endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+        self.name = "cairn-pytest-" + os.urandom(8).hex()
+        self.s3.create_bucket(Bucket=self.name)
+
+    def keys(self, prefix: str = "") -> List[str]:
+        out = []
+        for page in self.s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self.name, Prefix=prefix):
+            out += [o["Key"] for o in page.get("Contents", [])]
+        return out
+
+    def delete(self) -> None:
+        for u in self.s3.list_multipart_uploads(Bucket=self.name).get(
+                "Uploads", []):
+            self.s3.abort_multipart_upload(Bucket=self.name, Key=u["Key"],
+                                           UploadId=u["UploadId"])
+        keys = self.keys()
+        for i in range(0, len(keys), 1000):
+            self.s3.delete_objects(Bucket=self.name, Delete={
+                "Objects": [{"Key": k} for k in keys[i:i + 1000]]})
+        self.s3.delete_bucket(Bucket=self.name)
+
+
+def storage_kind() -> str:
+    """The storage CAIRN_TEST_STORAGE selects: "file" (unset) or "s3"."""
+    kind = os.environ.get("CAIRN_TEST_STORAGE", "") or "file"
+    if kind not in ("file", "s3"):
+        raise RuntimeError(f"CAIRN_TEST_STORAGE={kind!r}: expected file or s3")
+    return kind
+
+
 class Cairnd(_Server):
-    """cairnd on 127.0.0.1 with its data directory (storage + catalog)."""
+    """cairnd on 127.0.0.1 with its data directory (catalog, and storage
+    under it), or with its storage in a fresh S3 bucket when
+    CAIRN_TEST_STORAGE=s3 (ranks inherit the AWS_* environment)."""
 
     def __init__(self, binaries: Binaries, workdir: pathlib.Path,
                  flags: Sequence[str] = ()):
         self.binaries = binaries
         self.data_dir = pathlib.Path(workdir) / "cairnd-data"
         self.storage_dir = self.data_dir / "checkpoints"
+        self.bucket = S3Bucket() if storage_kind() == "s3" else None
         self.flags = list(flags)
+        if self.bucket is not None:
+            self.flags += ["--storage", f"s3://{self.bucket.name}/ckpt"]
         self.port = 0
         self.address = ""
         self.log = pathlib.Path(workdir) / "cairnd.log"
+
+    def stored_keys(self) -> List[str]:
+        """Every object key under the storage root, relative to it."""
+        if self.bucket is not None:
+            return [k[len("ckpt/"):] for k in self.bucket.keys("ckpt/")]
+        root = self.storage_dir
+        return [str(p.relative_to(root)) for p in root.rglob("*")
+                if p.is_file()]
+
+    def delete_storage(self) -> None:
+        """Deletes the S3 bucket (nothing for file storage, which lives in
+        the test's temp dir)."""
+        if self.bucket is not None:
+            self.bucket.delete()
+            self.bucket = None
 
     @staticmethod
     def start(binaries: Binaries, workdir: pathlib.Path,

@@ -156,8 +156,7 @@ def load_ranks(rank, world, address, step):
 
 
 def _stored_files(cairnd):
-    root = pathlib.Path(cairnd.storage_dir)
-    return [p.relative_to(root) for p in root.rglob("*") if p.is_file()]
+    return [pathlib.PurePosixPath(k) for k in cairnd.stored_keys()]
 
 
 # ------------------------------------------------------------ tests
