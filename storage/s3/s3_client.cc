@@ -259,7 +259,11 @@ absl::StatusOr<std::string> S3Client::CreateMultipartUpload(
   req.method = "POST";
   req.url = Url(key, {{"uploads", ""}});
   req.headers = {"Content-Type: application/octet-stream"};
-  auto resp = Execute(name, req, Idempotency::kOnlyIfNotSent);
+  // Retried like the idempotent requests: if a lost answer hides an upload
+  // the server did create, that upload is only an abandoned one, never
+  // visible, and aborted with the others (ShardStore::DeleteAbandonedWrites
+  // at commit, recovery and gc). Throttling here must not fail a save.
+  auto resp = Execute(name, req, Idempotency::kIdempotent);
   if (!resp.ok()) return resp.status();
   tinyxml2::XMLDocument doc;
   auto root = ParseRoot(doc, resp->body, "InitiateMultipartUploadResult", name);

@@ -2,11 +2,11 @@
 // bucket, with SigV4 auth, retries and error mapping.
 //
 // Every request goes through HttpClient (libcurl with a shared connection
-// pool). Idempotent requests (GET, HEAD, PUT object, UploadPart,
-// CompleteMultipartUpload, DELETE, DeleteObjects, List) are retried per
-// RetryPolicy (full-jitter exponential backoff, config.max_attempts in
-// total); the others (CreateMultipartUpload) only when the connection was
-// never made. Every non-OK status names the method, bucket, key, HTTP status,
+// pool). Requests (GET, HEAD, PUT object, UploadPart,
+// CompleteMultipartUpload, DELETE, DeleteObjects, List, and
+// CreateMultipartUpload, whose duplicate is only an abandoned upload that
+// cleanup aborts) are retried per RetryPolicy (full-jitter exponential
+// backoff, config.max_attempts in total). Every non-OK status names the method, bucket, key, HTTP status,
 // S3 error code and message (see s3_error.h); failures that remain after the
 // retries are UNAVAILABLE and say how many attempts were made.
 //
