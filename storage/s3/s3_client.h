@@ -6,9 +6,10 @@
 // CompleteMultipartUpload, DELETE, DeleteObjects, List, and
 // CreateMultipartUpload, whose duplicate is only an abandoned upload that
 // cleanup aborts) are retried per RetryPolicy (full-jitter exponential
-// backoff, config.max_attempts in total). Every non-OK status names the method, bucket, key, HTTP status,
-// S3 error code and message (see s3_error.h); failures that remain after the
-// retries are UNAVAILABLE and say how many attempts were made.
+// backoff, config.max_attempts in total). Every non-OK status names the method,
+// bucket, key, HTTP status, S3 error code and message (see s3_error.h);
+// failures that remain after the retries are UNAVAILABLE and say how many
+// attempts were made.
 //
 // Thread-safe: every method may be called concurrently.
 //
