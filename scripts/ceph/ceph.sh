@@ -19,8 +19,10 @@
 # HTTP port) to $CAIRN_CEPH_PORT, else 7480. The monitor listens on
 # PORT - 700 (6780 for the default), so clusters of different ports coexist.
 # Credentials: access key "cairn", secret "cairnsecret", region us-east-1.
-# Memory: memstore holds every object in RAM (capacity 8 GiB by default,
-# CAIRN_CEPH_MEMSTORE_BYTES); deleted objects give their memory back.
+# Memory: memstore holds every object in RAM (capacity 4 GiB by default,
+# CAIRN_CEPH_MEMSTORE_BYTES; the OSD's RSS is about twice the live data);
+# deleted objects give their memory back within seconds (radosgw's garbage
+# collection runs every 2 s here).
 set -euo pipefail
 
 cmd=${1:-}
@@ -36,7 +38,7 @@ while (($#)); do
 done
 DIR=${DIR:-/tmp/cairn-ceph-$PORT}
 MON_PORT=$((PORT - 700))
-MEMSTORE_BYTES=${CAIRN_CEPH_MEMSTORE_BYTES:-$((8 << 30))}
+MEMSTORE_BYTES=${CAIRN_CEPH_MEMSTORE_BYTES:-$((4 << 30))}
 ACCESS_KEY=cairn
 SECRET_KEY=cairnsecret
 CONF=$DIR/ceph.conf
@@ -104,7 +106,7 @@ admin socket = $DIR/run/\$name.asok
 log file = $DIR/log/\$name.log
 mon cluster log file = $DIR/log/cluster.log
 log to stderr = false
-err to stderr = true
+err to stderr = false
 keyring = $DIR/keyring
 osd pool default size = 1
 osd pool default min size = 1
@@ -137,6 +139,11 @@ rgw data = $DIR/rgw
 rgw thread pool size = 128
 rgw enable usage log = false
 rgw dns name = localhost
+# Deleted objects' data is garbage-collected within seconds (defaults: after
+# 2 hours), so memstore gets its memory back while tests and benchmarks run.
+rgw gc obj min wait = 0
+rgw gc processor period = 2
+rgw gc processor max time = 2
 EOF
 }
 
