@@ -1,0 +1,392 @@
+#!/usr/bin/python3
+"""S3 benchmark: Cairn through cairnd on radosgw vs reference S3 clients on the same server.
+
+One run, one radosgw (a private single-node Ceph started with
+scripts/ceph/ceph.sh unless --endpoint is given), the same bytes:
+  save   4 ranks (client/examples/cairn_train_example), rows sharded, through
+         cairnd --storage s3://...: every byte uploaded, committed (MANIFEST)
+  load2  resharded load into 2 ranks by columns: each rank fetches only its
+         byte ranges (coalesced GETs), every byte checked
+  load4  load back into 4 ranks by rows
+References, each as 4 processes moving the same total bytes in 4 objects:
+  boto3  Debian's python3-boto3 TransferManager (upload_fileobj /
+         download_fileobj from memory), swept over part size x concurrency;
+         its best configuration counts
+  s3cmd  Debian's s3cmd put/get of files in /dev/shm (multipart, 16 MiB chunks)
+  curl   the curl tool (the libcurl Cairn uses, SigV4 by --aws-sigv4): one PUT
+         of the object from /dev/shm; GET as 8 parallel ranged GETs into
+         /dev/null (no copy, no check: a C client's ceiling)
+The "limit" of a phase is the best reference throughput measured in the same
+round (PUT for save, GET for loads); Cairn is reported as a percentage of it.
+Tools are interleaved: each of --repeat rounds runs every reference and then
+Cairn; each tool's figure is its best round, and per-round ratios are shown.
+
+Requests and bytes are counted on the server, the same way for every tool:
+radosgw's perf counters (admin socket `perf dump`: req, put_b, get_b) before
+and after each phase, giving HTTP requests per GB and bytes fetched from S3 /
+bytes the ranks needed.
+
+Times are collective: references from the first worker's start to the last
+one's end (data generated before the start); Cairn's save from the plan
+barrier to the commit acknowledged, loads from PlanLoad to the last byte
+checked, as bench/e2e_bench.py.
+
+Usage: bench/s3_bench.py [--build build] [--bytes 1e9] [--repeat 2]
+       [--endpoint http://HOST:PORT --ceph-dir DIR] [--timeout S]
+       bench/s3_bench.py --smoke [--build build]
+--smoke (ctest bench_smoke.s3_bench, on the ceph fixture's server when
+AWS_ENDPOINT_URL is set): 32 MiB, one round, one boto3 configuration, every
+process killed after --timeout (120 s). Numbers are meaningless there.
+Prints one JSON line per tool and round, then a markdown table.
+"""
+import argparse
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import e2e_bench  # noqa: E402  (run_ranks)
+
+CEPH_SH = os.path.join(ROOT, "scripts/ceph/ceph.sh")
+WORKERS = 4
+KEYS = {"AWS_ACCESS_KEY_ID": "cairn", "AWS_SECRET_ACCESS_KEY": "cairnsecret",
+        "AWS_REGION": "us-east-1"}
+
+
+# ----------------------------------------------------------------- workers
+# `s3_bench.py _worker TOOL OP ENDPOINT BUCKET KEY NBYTES GO_FILE [CHUNK CONC]`:
+# one reference process. Prepares its data, waits for GO_FILE, moves the
+# bytes, prints {"start": t0, "end": t1} (wall clock).
+
+def worker(argv):
+    tool, op, endpoint, bucket, key, nbytes, go = argv[:7]
+    nbytes = int(nbytes)
+    shm = f"/dev/shm/cairn-s3bench-{os.getpid()}"
+    if tool == "boto3":
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        chunk, conc = int(argv[7]), int(argv[8])
+        s3 = boto3.client("s3", endpoint_url=endpoint)
+        cfg = TransferConfig(multipart_threshold=chunk, multipart_chunksize=chunk,
+                             max_concurrency=conc, use_threads=True)
+        data = os.urandom(nbytes) if op == "put" else None
+    elif tool == "curl":
+        if op == "put":
+            with open(shm, "wb") as f:
+                f.write(os.urandom(nbytes))
+        base = ["curl", "-sS", "-f", "--aws-sigv4", "aws:amz:us-east-1:s3",
+                "--user", "%s:%s" % (KEYS["AWS_ACCESS_KEY_ID"],
+                                     KEYS["AWS_SECRET_ACCESS_KEY"]),
+                "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"]
+        url = f"{endpoint}/{bucket}/{key}"
+        if op == "put":
+            cmd = base + ["-T", shm, url, "-o", "/dev/null"]
+        else:
+            # 8 ranged GETs of the object at once, bodies discarded.
+            parts, cmd = 8, ["curl", "--parallel", "--parallel-max", "8"]
+            step = -(-nbytes // parts)
+            for i in range(parts):
+                lo, hi = i * step, min(nbytes, (i + 1) * step) - 1
+                if i:
+                    cmd.append("--next")
+                cmd += base[1:] + ["-r", f"{lo}-{hi}", url, "-o", "/dev/null"]
+    else:
+        if op == "put":
+            with open(shm, "wb") as f:
+                f.write(os.urandom(nbytes))
+        host = endpoint.split("://", 1)[1]
+        s3cmd = ["s3cmd", "--access_key", KEYS["AWS_ACCESS_KEY_ID"],
+                 "--secret_key", KEYS["AWS_SECRET_ACCESS_KEY"], "--host", host,
+                 "--host-bucket", host, "--no-ssl", "--region", "us-east-1",
+                 "--multipart-chunk-size-mb", "16", "--no-progress", "-q",
+                 "--config", "/dev/null", "--no-check-md5"]
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    t0 = time.time()
+    if tool == "boto3":
+        if op == "put":
+            s3.upload_fileobj(io.BytesIO(data), bucket, key, Config=cfg)
+        else:
+            buf = io.BytesIO()
+            s3.download_fileobj(bucket, key, buf, Config=cfg)
+            assert buf.getbuffer().nbytes == nbytes, "short download"
+    elif tool == "curl":
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    else:
+        if op == "put":
+            cmd = s3cmd + ["put", shm, f"s3://{bucket}/{key}"]
+        else:
+            cmd = s3cmd + ["get", "--force", f"s3://{bucket}/{key}", shm]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        if op == "get":
+            assert os.path.getsize(shm) == nbytes, "short download"
+    t1 = time.time()
+    if os.path.exists(shm):
+        os.unlink(shm)
+    print(json.dumps({"start": t0, "end": t1}), flush=True)
+
+
+# ----------------------------------------------------------------- helpers
+
+class Rgw:
+    """radosgw's request and byte counters (admin socket), when reachable."""
+
+    def __init__(self, ceph_dir):
+        self.asok = os.path.join(ceph_dir, "run/client.rgw.asok") if ceph_dir else None
+
+    def counters(self):
+        if not self.asok or not os.path.exists(self.asok):
+            return None
+        out = subprocess.run(["ceph", "--admin-daemon", self.asok, "perf", "dump"],
+                             capture_output=True, text=True, timeout=30)
+        if out.returncode != 0:
+            return None
+        rgw = json.loads(out.stdout).get("rgw", {})
+        return {k: rgw.get(k, 0) for k in ("req", "put", "put_b", "get", "get_b")}
+
+    @staticmethod
+    def delta(before, after):
+        if before is None or after is None:
+            return None
+        return {k: after[k] - before[k] for k in before}
+
+
+def s3_client(endpoint):
+    import boto3
+    return boto3.client("s3", endpoint_url=endpoint)
+
+
+def empty_bucket(s3, bucket):
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        objs = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if objs:
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": objs})
+    for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+        s3.abort_multipart_upload(Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"])
+
+
+def reference(args, env, rgw, tool, op, bucket, per_worker, extra):
+    """One reference phase: WORKERS processes; GB/s and server counters."""
+    go = os.path.join(args.dir, f"go-{os.getpid()}-{time.time_ns()}")
+    procs = [subprocess.Popen(
+        ["/usr/bin/python3", os.path.abspath(__file__), "_worker", tool, op,
+         args.endpoint, bucket, f"obj-{w}", str(per_worker), go] + extra,
+        stdout=subprocess.PIPE, text=True, env=env) for w in range(WORKERS)]
+    time.sleep(0.5 + per_worker / 4e8)  # let them generate their data
+    before = rgw.counters()
+    open(go, "w").close()
+    times = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=args.timeout)
+            if p.returncode != 0:
+                raise RuntimeError(f"{tool} {op} worker exited {p.returncode}")
+            times.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        os.unlink(go)
+    after = rgw.counters()
+    secs = max(t["end"] for t in times) - min(t["start"] for t in times)
+    return per_worker * WORKERS / secs / 1e9, Rgw.delta(before, after)
+
+
+def cairn_round(args, env, rgw, bucket, model, total):
+    """cairnd on s3://bucket/ckpt, a 4-rank save, load2, load4."""
+    cairnd = os.path.join(args.build, "server/coordinator/cairnd")
+    rank = os.path.join(args.build, "client/examples/cairn_train_example")
+    data = os.path.join(args.dir, "cairnd")
+    shutil.rmtree(data, ignore_errors=True)
+    os.makedirs(data)
+    port_file = os.path.join(data, "port")
+    uri = f"s3://{bucket}/ckpt?endpoint={args.endpoint}"
+    if args.s3_query:
+        uri += "&" + args.s3_query
+    log = open(os.path.join(data, "cairnd.log"), "w")
+    d = subprocess.Popen([cairnd, "--listen", "127.0.0.1:0", "--data-dir", data,
+                          "--storage", uri, "--port-file", port_file,
+                          "--log-level", "warn"], stdout=log, stderr=log, env=env)
+    old_env = dict(os.environ)
+    os.environ.update(env)  # e2e_bench.run_ranks passes our environment on
+    try:
+        for _ in range(1200):
+            if os.path.exists(port_file) or d.poll() is not None:
+                break
+            time.sleep(0.05)
+        if not os.path.exists(port_file):
+            raise RuntimeError(f"cairnd did not start; see {data}/cairnd.log")
+        time.sleep(0.05)
+        addr = "127.0.0.1:" + open(port_file).read().strip()
+        res = {"tool": "cairn", "bytes": total}
+        before = rgw.counters()
+        s = e2e_bench.run_ranks(rank, addr, "bench", 4, model, "4:S0",
+                                ["--save-steps", "1"], args.timeout)
+        res["save_s"] = (min(x[0]["plan_s"] for x in s) +
+                         max(x[0]["io_s"] + x[0]["commit_s"] for x in s))
+        res["save_rgw"] = Rgw.delta(before, rgw.counters())
+        for name, world, layout in (("load2", 2, "2:S1"), ("load4", 4, "4:S0")):
+            before = rgw.counters()
+            l = e2e_bench.run_ranks(rank, addr, "bench", world, model, layout,
+                                    ["--load", "1"], args.timeout)
+            res[name + "_s"] = max(x[0]["plan_s"] + x[0]["io_s"] for x in l)
+            res[name + "_needed_bytes"] = sum(x[0]["bytes"] for x in l)
+            res[name + "_rgw"] = Rgw.delta(before, rgw.counters())
+        for name in ("save", "load2", "load4"):
+            res[name + "_GBps"] = total / res[name + "_s"] / 1e9
+        return res
+    finally:
+        os.environ.clear()
+        os.environ.update(old_env)
+        d.terminate()
+        try:
+            d.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
+
+
+def per_gb(delta, key, nbytes):
+    return float("nan") if delta is None else delta[key] / (nbytes / 1e9)
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "_worker":
+        worker(sys.argv[2:])
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--dir", default=None, help="scratch (default: a temp dir)")
+    p.add_argument("--bytes", type=float, default=None, help="default 1e9")
+    p.add_argument("--repeat", type=int, default=None, help="default 2")
+    p.add_argument("--endpoint", default=None,
+                   help="an S3 endpoint to use (default: AWS_ENDPOINT_URL in --smoke, "
+                        "else a private Ceph started on --port)")
+    p.add_argument("--ceph-dir", default=None,
+                   help="that server's ceph.sh --dir, for radosgw's counters")
+    p.add_argument("--port", type=int, default=7483)
+    p.add_argument("--s3-query", default="",
+                   help="extra query parameters of Cairn's s3:// URI (e.g. part_bytes=...)")
+    p.add_argument("--boto3", default=None,
+                   help="boto3 configurations CHUNK_MiB:CONCURRENCY,... "
+                        "(default 8:4,16:8,64:4; smoke 16:8)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds each tool's processes may run (default none; smoke 120)")
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args()
+    if args.smoke:
+        args.bytes = args.bytes or 2 ** 25
+        args.repeat = args.repeat or 1
+        args.timeout = args.timeout or 120
+        args.boto3 = args.boto3 or "16:8"
+        if not args.endpoint and os.environ.get("AWS_ENDPOINT_URL"):
+            args.endpoint = os.environ["AWS_ENDPOINT_URL"]
+            args.ceph_dir = args.ceph_dir or os.environ.get("CAIRN_CEPH_DIR")
+    args.bytes = args.bytes or 1e9
+    args.repeat = args.repeat or 2
+    args.boto3 = args.boto3 or "8:4,16:8,64:4"
+    boto3_cfgs = [tuple(int(x) for x in c.split(":")) for c in args.boto3.split(",")]
+    tmp = tempfile.mkdtemp(prefix="cairn-s3-bench-")
+    args.dir = args.dir or tmp
+    os.makedirs(args.dir, exist_ok=True)
+
+    own_ceph = None
+    if not args.endpoint:
+        own_ceph = os.path.join(tmp, "ceph")
+        subprocess.run([CEPH_SH, "start", "--dir", own_ceph, "--port", str(args.port)],
+                       check=True, stdout=sys.stderr)
+        args.endpoint = f"http://127.0.0.1:{args.port}"
+        args.ceph_dir = own_ceph
+    env = dict(os.environ, AWS_ENDPOINT_URL=args.endpoint, **KEYS)
+    os.environ.update(env)
+    rgw = Rgw(args.ceph_dir)
+    s3 = s3_client(args.endpoint)
+    bucket = "cairn-bench-" + os.urandom(4).hex()
+    s3.create_bucket(Bucket=bucket)
+
+    model = "bench:%d" % int(args.bytes)
+    rows = max(int(args.bytes / 8 / 4096 / 4), 4)
+    total = 8 * rows * 4096 * 4  # what the synthetic model really holds
+    per_worker = total // WORKERS
+
+    rounds = []
+    try:
+        for i in range(args.repeat):
+            print(f"round {i + 1}/{args.repeat}", file=sys.stderr, flush=True)
+            rnd = {"refs": {}, "cairn": None}
+            refs = [("boto3 %d MiB x %d" % c, "boto3",
+                     [str(c[0] << 20), str(c[1])]) for c in boto3_cfgs]
+            refs.append(("s3cmd", "s3cmd", []))
+            refs.append(("curl", "curl", []))
+            for name, tool, extra in refs:
+                put, put_rgw = reference(args, env, rgw, tool, "put", bucket,
+                                         per_worker, extra)
+                get, get_rgw = reference(args, env, rgw, tool, "get", bucket,
+                                         per_worker, extra)
+                r = {"tool": name, "put_GBps": put, "get_GBps": get,
+                     "put_req_per_GB": per_gb(put_rgw, "req", total),
+                     "get_req_per_GB": per_gb(get_rgw, "req", total)}
+                print(json.dumps(r), flush=True)
+                rnd["refs"][name] = r
+                empty_bucket(s3, bucket)
+            c = cairn_round(args, env, rgw, bucket, model, total)
+            print(json.dumps(c), flush=True)
+            rnd["cairn"] = c
+            empty_bucket(s3, bucket)
+            rounds.append(rnd)
+    finally:
+        try:
+            empty_bucket(s3, bucket)
+            s3.delete_bucket(Bucket=bucket)
+        except Exception as e:  # noqa: BLE001
+            print(f"cleanup: {e}", file=sys.stderr)
+        if own_ceph:
+            subprocess.run([CEPH_SH, "stop", "--dir", own_ceph, "--port", str(args.port)],
+                           stdout=sys.stderr)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    nan = float("nan")
+
+    def best_ref(key, rnd):
+        return max(r[key] for r in rnd["refs"].values())
+
+    print()
+    print(f"{total / 1e9:.2f} GB, {WORKERS} writers, {args.repeat} round(s), "
+          f"server {args.endpoint}")
+    print()
+    print("| reference | PUT GB/s (best round) | GET GB/s | PUT requests/GB | GET requests/GB |")
+    print("|---|---|---|---|---|")
+    for name in rounds[0]["refs"]:
+        rs = [rnd["refs"][name] for rnd in rounds]
+        print("| %s | %.3f | %.3f | %.0f | %.0f |" % (
+            name, max(r["put_GBps"] for r in rs), max(r["get_GBps"] for r in rs),
+            rs[-1]["put_req_per_GB"], rs[-1]["get_req_per_GB"]))
+    print()
+    print("| phase | Cairn GB/s | best reference GB/s | Cairn / best reference | per round "
+          "| requests/GB | bytes fetched / needed | GB/s fetched from S3 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, key in (("save", "put_GBps"), ("load2", "get_GBps"), ("load4", "get_GBps")):
+        c = max(rnd["cairn"][name + "_GBps"] for rnd in rounds)
+        ref = max(best_ref(key, rnd) for rnd in rounds)
+        per = ", ".join("%.0f%%" % (100 * rnd["cairn"][name + "_GBps"] / best_ref(key, rnd))
+                        for rnd in rounds)
+        last = rounds[-1]["cairn"]
+        delta = last.get(name + "_rgw")
+        reqs = per_gb(delta, "req", total)
+        if name == "save" or delta is None:
+            ratio = fetched = "-" if name == "save" else "n/a"
+        else:
+            ratio = "%.2f" % (delta["get_b"] / last[name + "_needed_bytes"])
+            fetched = "%.3f" % (delta["get_b"] / last[name + "_s"] / 1e9)
+        print("| %s | %.3f | %.3f | %.0f%% | %s | %.0f | %s | %s |" % (
+            name, c, ref, 100 * c / ref if ref else nan, per, reqs, ratio, fetched))
+
+
+if __name__ == "__main__":
+    main()
