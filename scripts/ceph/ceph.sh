@@ -132,6 +132,10 @@ osd objectstore = memstore
 memstore device bytes = $MEMSTORE_BYTES
 osd op num threads per shard = 2
 osd max object size = 1073741824
+# The OSD is placed in the CRUSH map by this script, not by itself at start
+# (its own placement raced with "osd new" and sometimes failed the start).
+osd crush update on start = false
+osd class update on start = false
 
 [client.rgw]
 rgw frontends = beast endpoint=127.0.0.1:$PORT
@@ -148,18 +152,18 @@ EOF
 }
 
 start_mon() {
-  ceph-mon -c "$CONF" -i a
+  ceph-mon -c "$CONF" -i a || { log_tail mon.a; die "ceph-mon did not start"; }
   wait_for "the monitor answering on 127.0.0.1:$MON_PORT" 30 mon.a "${CEPH[@]}" mon stat
 }
 
 start_osd() {
-  ceph-osd -c "$CONF" -i 0
+  ceph-osd -c "$CONF" -i 0 || { log_tail osd.0; die "ceph-osd did not start"; }
   wait_for "osd.0 coming up" 60 osd.0 bash -c \
     "'${CEPH[0]}' -c '$CONF' --connect-timeout 10 osd dump | grep -q '^osd.0 up'"
 }
 
 start_rgw() {
-  radosgw -c "$CONF" -n client.rgw
+  radosgw -c "$CONF" -n client.rgw || { log_tail client.rgw; die "radosgw did not start"; }
   wait_for "radosgw answering on 127.0.0.1:$PORT" 60 client.rgw rgw_answers
 }
 
@@ -192,6 +196,8 @@ do_start() {
   local id
   id=$("${CEPH[@]}" osd new "$osd_uuid")
   [[ $id == 0 ]] || die "expected osd id 0, the monitor gave '$id'"
+  "${CEPH[@]}" osd crush add osd.0 1.0 root=default host=localhost >/dev/null 2>&1 ||
+    die "could not place osd.0 in the CRUSH map"
   ceph-osd -c "$CONF" -i 0 --mkfs --osd-uuid "$osd_uuid" >/dev/null 2>&1 ||
     { log_tail osd.0; die "ceph-osd --mkfs failed"; }
   start_osd
