@@ -9,7 +9,7 @@
 //   file:///data/ckpt   posix (storage/posix/): local disk, Lustre, GPFS
 //   mem://              memory (storage/memory/): a fresh private store
 //   mem://name          memory, shared by every opener in the process
-//   s3://bucket/prefix  (later)
+//   s3://bucket/prefix  S3 (storage/s3/): AWS S3, Ceph radosgw, MinIO
 // This library includes no driver: a binary gets a scheme by linking its
 // driver (CMake cairn_storage_posix / cairn_storage_memory, linked whole;
 // Bazel //storage/posix, //storage/memory, alwayslink).
