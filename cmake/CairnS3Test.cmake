@@ -14,6 +14,7 @@ set(CAIRN_S3_TEST_PORT 7481 CACHE STRING
   "radosgw port of the Ceph cluster the S3 tests start (ctest fixture ceph)")
 set(_cairn_ceph_sh ${PROJECT_SOURCE_DIR}/scripts/ceph/ceph.sh)
 set(_cairn_ceph_dir ${PROJECT_BINARY_DIR}/ceph)
+math(EXPR _cairn_tls_port "${CAIRN_S3_TEST_PORT} + 1000")
 
 # The settings an S3 test process gets (a CMake list; as one ENVIRONMENT
 # property value).
@@ -24,7 +25,9 @@ set(CAIRN_S3_TEST_ENVIRONMENT
   "AWS_REGION=us-east-1"
   "CAIRN_CEPH_DIR=${_cairn_ceph_dir}"
   "CAIRN_CEPH_PORT=${CAIRN_S3_TEST_PORT}"
-  "CAIRN_CEPH_SH=${_cairn_ceph_sh}")
+  "CAIRN_CEPH_SH=${_cairn_ceph_sh}"
+  "CAIRN_S3_TLS_ENDPOINT=https://127.0.0.1:${_cairn_tls_port}"
+  "CAIRN_S3_TLS_CA=${_cairn_ceph_dir}/tls/ca.crt")
 
 add_test(NAME ceph_start
   COMMAND ${_cairn_ceph_sh} start --dir ${_cairn_ceph_dir}

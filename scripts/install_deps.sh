@@ -20,7 +20,7 @@ PACKAGES=(
   # run against (scripts/ceph/ceph.sh); boto3 and s3cmd as reference clients
   # in bench/.
   libcurl4-openssl-dev libtinyxml2-dev
-  ceph-mon ceph-osd radosgw ceph-common python3-boto3 s3cmd
+  ceph-mon ceph-osd radosgw ceph-common python3-boto3 s3cmd openssl curl
 )
 
 missing=()

@@ -12,12 +12,15 @@
 #              of this DIR is already running and healthy, does nothing.
 #   stop       stop every daemon of DIR and remove DIR's cluster state.
 #   status     exit 0 when radosgw of DIR answers, else 1.
-#   env        print the AWS_* settings of the cluster (for eval).
+#   env        print the AWS_* settings of the cluster (for eval), and its
+#              https endpoint and CA (CAIRN_S3_TLS_ENDPOINT, CAIRN_S3_TLS_CA).
 #   kill-rgw   SIGKILL radosgw (fault tests: the S3 server dies mid-request).
 #   start-rgw  start radosgw again and wait until it answers.
 # DIR defaults to $CAIRN_CEPH_DIR, else /tmp/cairn-ceph-PORT; PORT (radosgw's
 # HTTP port) to $CAIRN_CEPH_PORT, else 7480. The monitor listens on
 # PORT - 700 (6780 for the default), so clusters of different ports coexist.
+# radosgw also serves https on PORT + 1000 with a certificate from a test CA
+# made at start (DIR/tls/ca.crt; `env` prints both as CAIRN_S3_TLS_*).
 # Credentials: access key "cairn", secret "cairnsecret", region us-east-1.
 # Memory: memstore holds every object in RAM (capacity 4 GiB by default,
 # CAIRN_CEPH_MEMSTORE_BYTES; the OSD's RSS is about twice the live data);
@@ -38,6 +41,7 @@ while (($#)); do
 done
 DIR=${DIR:-/tmp/cairn-ceph-$PORT}
 MON_PORT=$((PORT - 700))
+TLS_PORT=$((PORT + 1000))
 MEMSTORE_BYTES=${CAIRN_CEPH_MEMSTORE_BYTES:-$((4 << 30))}
 ACCESS_KEY=cairn
 SECRET_KEY=cairnsecret
@@ -138,7 +142,7 @@ osd crush update on start = false
 osd class update on start = false
 
 [client.rgw]
-rgw frontends = beast endpoint=127.0.0.1:$PORT
+rgw frontends = beast endpoint=127.0.0.1:$PORT ssl_endpoint=127.0.0.1:$TLS_PORT ssl_certificate=$DIR/tls/rgw.crt ssl_private_key=$DIR/tls/rgw.key
 rgw data = $DIR/rgw
 rgw thread pool size = 128
 rgw enable usage log = false
@@ -149,6 +153,21 @@ rgw gc obj min wait = 0
 rgw gc processor period = 2
 rgw gc processor max time = 2
 EOF
+}
+
+# A test CA and radosgw's certificate (for 127.0.0.1 and localhost), for the
+# https endpoint on TLS_PORT.
+make_tls() {
+  local t=$DIR/tls
+  mkdir -p "$t"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=Cairn test CA" \
+    -keyout "$t/ca.key" -out "$t/ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+    -keyout "$t/rgw.key" -out "$t/rgw.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$t/san.ext"
+  openssl x509 -req -in "$t/rgw.csr" -CA "$t/ca.crt" -CAkey "$t/ca.key" \
+    -CAcreateserial -days 30 -extfile "$t/san.ext" -out "$t/rgw.crt" 2>/dev/null ||
+    die "openssl could not make radosgw's test certificate"
 }
 
 start_mon() {
@@ -183,6 +202,7 @@ do_start() {
   fsid=$(cat /proc/sys/kernel/random/uuid)
   osd_uuid=$(cat /proc/sys/kernel/random/uuid)
   write_conf "$fsid"
+  make_tls
 
   # Monitor: a monmap with the one v1 address, a keyring (unused with auth
   # none, but mkfs wants one).
@@ -243,6 +263,8 @@ export AWS_ENDPOINT_URL=http://127.0.0.1:$PORT
 export AWS_ACCESS_KEY_ID=$ACCESS_KEY
 export AWS_SECRET_ACCESS_KEY=$SECRET_KEY
 export AWS_REGION=us-east-1
+export CAIRN_S3_TLS_ENDPOINT=https://127.0.0.1:$TLS_PORT
+export CAIRN_S3_TLS_CA=$DIR/tls/ca.crt
 EOF
 }
 

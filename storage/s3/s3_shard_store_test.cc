@@ -424,6 +424,37 @@ TEST(S3ShardStoreTest, KeysTooLongForS3WithThePrefixAreInvalidArgument) {
   EXPECT_STATUS((*store)->Size(key).status(), kInvalidArgument, "1024");
 }
 
+// radosgw's https endpoint (scripts/ceph/ceph.sh: a certificate from a test
+// CA): with that CA as ca_bundle every operation works, with the system CAs
+// the certificate is refused at open, saying why.
+TEST(S3ShardStoreTest, HttpsWithTheGivenCaBundleAndNotWithoutIt) {
+  if (BucketEnvironment::bucket().empty()) GTEST_FAIL() << "no S3 server";
+  const char* endpoint = std::getenv("CAIRN_S3_TLS_ENDPOINT");
+  const char* ca = std::getenv("CAIRN_S3_TLS_CA");
+  ASSERT_TRUE(endpoint != nullptr && ca != nullptr)
+      << "CAIRN_S3_TLS_ENDPOINT / CAIRN_S3_TLS_CA are not set: "
+         "eval \"$(scripts/ceph/ceph.sh env)\" sets them";
+  const std::string base =
+      absl::StrCat("s3://", BucketEnvironment::bucket(), "/tls-", RandomHex(),
+                   "?endpoint=", endpoint);
+  auto store =
+      OpenShardStore(absl::StrCat(base, "&ca_bundle=", ca, "&", kSmallParts));
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::mt19937_64 rng(11);
+  const std::string data = RandomBytes(rng, (7 << 20) + 5);
+  auto writer = (*store)->NewWriter("over/tls");
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Append(AsSpan(data)).ok());
+  ASSERT_TRUE((*writer)->Close().ok());
+  EXPECT_EQ(ReadObject(**store, "over/tls").value(), data);
+  EXPECT_THAT((*store)->List("").value(), ElementsAre("over/tls"));
+
+  absl::Status s = OpenShardStore(base + "&max_attempts=2").status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("certificate"));
+  EXPECT_THAT(s.message(), HasSubstr(endpoint));
+}
+
 TEST(S3ShardStoreTest, ListSkipsKeysCairnNeverWrites) {
   auto store = OpenFresh();
   ASSERT_TRUE(store.ok()) << store.status();
