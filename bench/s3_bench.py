@@ -89,7 +89,7 @@ def worker(argv):
             cmd = base + ["-T", shm, url, "-o", "/dev/null"]
         else:
             # 8 ranged GETs of the object at once, bodies discarded.
-            parts, cmd = 8, ["curl", "--parallel", "--parallel-max", "8"]
+            parts, cmd = 8, ["curl", "-s", "--parallel", "--parallel-max", "8"]
             step = -(-nbytes // parts)
             for i in range(parts):
                 lo, hi = i * step, min(nbytes, (i + 1) * step) - 1
