@@ -95,28 +95,46 @@ def run_ranks(rank_bin, addr, job, world, model, layout, extra, timeout=None):
     return stats
 
 
+def start_cairnd(cairnd, data, flags=(), env=None):
+    """cairnd on 127.0.0.1 (a free port) with --data-dir `data` (emptied
+    first) and `flags`; returns (process, "127.0.0.1:PORT"). Its log is
+    data/cairnd.log."""
+    shutil.rmtree(data, ignore_errors=True)
+    os.makedirs(data)
+    port_file = os.path.join(data, "port")
+    log = open(os.path.join(data, "cairnd.log"), "w")
+    d = subprocess.Popen([cairnd, "--listen", "127.0.0.1:0", "--data-dir", data,
+                          "--port-file", port_file, "--log-level", "warn", *flags],
+                         stdout=log, stderr=log, env=env)
+    for _ in range(1200):
+        if os.path.exists(port_file) or d.poll() is not None:
+            break
+        time.sleep(0.05)
+    if not os.path.exists(port_file):
+        stop_cairnd(d)
+        raise RuntimeError("cairnd did not start (exit %s); see %s" %
+                           (d.poll(), os.path.join(data, "cairnd.log")))
+    time.sleep(0.05)  # the port file is written whole, but be safe
+    return d, "127.0.0.1:" + open(port_file).read().strip()
+
+
+def stop_cairnd(d):
+    d.terminate()
+    try:
+        d.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        d.kill()
+        d.wait()
+
+
 def cairn_run(args, model, total_bytes, build=None):
     """One round: fresh cairnd and data directory, one save and the three loads."""
     build = build or args.build
     cairnd = os.path.join(build, "server/coordinator/cairnd")
     rank_bin = os.path.join(build, "client/examples/cairn_train_example")
     data = os.path.join(args.dir, "cairn")
-    shutil.rmtree(data, ignore_errors=True)
-    os.makedirs(data)
-    port_file = os.path.join(data, "port")
-    log = open(os.path.join(data, "cairnd.log"), "w")
-    d = subprocess.Popen([cairnd, "--listen", "127.0.0.1:0", "--data-dir", data,
-                          "--port-file", port_file, "--log-level", "warn"],
-                         stdout=log, stderr=log)
+    d, addr = start_cairnd(cairnd, data)
     try:
-        for _ in range(600):
-            if os.path.exists(port_file) or d.poll() is not None:
-                break
-            time.sleep(0.05)
-        if not os.path.exists(port_file):
-            raise RuntimeError("cairnd did not start (exit %s); see %s" %
-                               (d.poll(), os.path.join(data, "cairnd.log")))
-        addr = "127.0.0.1:" + open(port_file).read().strip()
         res = {"tool": "cairn", "bytes": total_bytes}
         s = run_ranks(rank_bin, addr, "bench", 4, model, "4:S0", ["--save-steps", "1"],
                       args.timeout)
@@ -139,12 +157,7 @@ def cairn_run(args, model, total_bytes, build=None):
             res[name + "_GBps"] = total_bytes / res[name + "_s"] / 1e9
         return res
     finally:
-        d.terminate()
-        try:
-            d.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            d.wait()
+        stop_cairnd(d)
         shutil.rmtree(data, ignore_errors=True)
 
 

@@ -202,28 +202,14 @@ def cairn_round(args, env, rgw, bucket, model, total):
     """cairnd on s3://bucket/ckpt, a 4-rank save, load2, load4."""
     cairnd = os.path.join(args.build, "server/coordinator/cairnd")
     rank = os.path.join(args.build, "client/examples/cairn_train_example")
-    data = os.path.join(args.dir, "cairnd")
-    shutil.rmtree(data, ignore_errors=True)
-    os.makedirs(data)
-    port_file = os.path.join(data, "port")
     uri = f"s3://{bucket}/ckpt?endpoint={args.endpoint}"
     if args.s3_query:
         uri += "&" + args.s3_query
-    log = open(os.path.join(data, "cairnd.log"), "w")
-    d = subprocess.Popen([cairnd, "--listen", "127.0.0.1:0", "--data-dir", data,
-                          "--storage", uri, "--port-file", port_file,
-                          "--log-level", "warn"], stdout=log, stderr=log, env=env)
+    d, addr = e2e_bench.start_cairnd(cairnd, os.path.join(args.dir, "cairnd"),
+                                     ["--storage", uri], env)
     old_env = dict(os.environ)
     os.environ.update(env)  # e2e_bench.run_ranks passes our environment on
     try:
-        for _ in range(1200):
-            if os.path.exists(port_file) or d.poll() is not None:
-                break
-            time.sleep(0.05)
-        if not os.path.exists(port_file):
-            raise RuntimeError(f"cairnd did not start; see {data}/cairnd.log")
-        time.sleep(0.05)
-        addr = "127.0.0.1:" + open(port_file).read().strip()
         res = {"tool": "cairn", "bytes": total}
         before = rgw.counters()
         s = e2e_bench.run_ranks(rank, addr, "bench", 4, model, "4:S0",
@@ -244,12 +230,7 @@ def cairn_round(args, env, rgw, bucket, model, total):
     finally:
         os.environ.clear()
         os.environ.update(old_env)
-        d.terminate()
-        try:
-            d.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            d.wait()
+        e2e_bench.stop_cairnd(d)
 
 
 def per_gb(delta, key, nbytes):
