@@ -79,6 +79,10 @@ class S3Writer : public ObjectWriter {
       room = std::max<uint64_t>(room, 1);
       const size_t n =
           static_cast<size_t>(std::min<uint64_t>(room, data.size()));
+      if (!upload_id_.empty() && pending_.capacity() < pending_.size() + n) {
+        // A part's buffer grows once to the part's size, not by doubling.
+        pending_.reserve(pending_.size() + static_cast<size_t>(room));
+      }
       pending_.insert(pending_.end(), data.data(), data.data() + n);
       data.remove_prefix(n);
       bytes_written_ += n;
@@ -178,8 +182,15 @@ class S3Writer : public ObjectWriter {
     CAIRN_RETURN_IF_ERROR(CollectParts(/*keep=*/window - 1));
     const size_t n = static_cast<size_t>(
         std::min<uint64_t>(NextPartSize(), pending_.size()));
-    std::vector<char> part(pending_.begin(), pending_.begin() + n);
-    pending_.erase(pending_.begin(), pending_.begin() + n);
+    // Appends stop at part boundaries, so the buffer is normally exactly one
+    // part: it is handed over whole (no copy) and a fresh one started.
+    std::vector<char> part;
+    if (n == pending_.size()) {
+      part.swap(pending_);
+    } else {
+      part.assign(pending_.begin(), pending_.begin() + n);
+      pending_.erase(pending_.begin(), pending_.begin() + n);
+    }
     in_flight_.push_back(
         std::async(std::launch::async,
                    [this, number,
