@@ -1,8 +1,11 @@
 #include "common/cli_flags.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/version.h"
@@ -59,6 +62,95 @@ CLI::Validator InRange(double min, double max) {
       absl::StrCat("in [", min, ", ", max, "]"));
 }
 
+std::string EnvironmentVariableFor(const std::string& long_name) {
+  std::string name = "CAIRN_";
+  for (char c : long_name) {
+    name +=
+        c == '-'
+            ? '_'
+            : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  return name;
+}
+
+namespace {
+
+constexpr char kPrintConfig[] = "print-config";
+
+bool Excluded(const std::string& long_name) {
+  return long_name == "help" || long_name == "version" ||
+         long_name == kPrintConfig;
+}
+
+// The options of `app` with a long name, each with its variable.
+std::vector<std::pair<const CLI::Option*, std::string>> EnvOptions(
+    const CLI::App& app) {
+  std::vector<std::pair<const CLI::Option*, std::string>> out;
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->get_lnames().empty()) continue;
+    const std::string& name = opt->get_lnames().front();
+    if (Excluded(name)) continue;
+    out.emplace_back(opt, EnvironmentVariableFor(name));
+  }
+  return out;
+}
+
+// Whether `argv` names option --`name` (as --name or --name=...).
+bool OnCommandLine(int argc, const char* const* argv, const std::string& name) {
+  const std::string flag = "--" + name;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == flag || a.rfind(flag + "=", 0) == 0) return true;
+  }
+  return false;
+}
+
+void PrintConfig(const CLI::App& app, int argc, const char* const* argv,
+                 std::ostream& out) {
+  out << "# " << app.get_name()
+      << " configuration: command line, then CAIRN_* environment, then "
+         "default\n";
+  for (const auto& [opt, env] : EnvOptions(app)) {
+    const std::string& name = opt->get_lnames().front();
+    std::string value, source;
+    if (OnCommandLine(argc, argv, name)) {
+      source = "command line";
+    } else if (std::getenv(env.c_str()) != nullptr) {
+      source = env;
+    } else {
+      source = "default";
+    }
+    if (opt->count() > 0) {
+      for (const std::string& r : opt->results()) {
+        value += (value.empty() ? "" : ",") + r;
+      }
+    } else {
+      value = opt->get_default_str();
+    }
+    if (opt->get_type_size() == 0) {  // a flag
+      value = opt->count() > 0 ? "true" : "false";
+    }
+    out << "--" << name << "=" << value << "  # " << source << "\n";
+  }
+}
+
+}  // namespace
+
+void AddEnvironmentVariables(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_lnames().empty()) continue;
+    const std::string& name = opt->get_lnames().front();
+    if (Excluded(name)) continue;
+    opt->envname(EnvironmentVariableFor(name));
+  }
+}
+
+void AddPrintConfigFlag(CLI::App& app) {
+  app.add_flag(std::string("--") + kPrintConfig,
+               "Print every option's effective value and where it came from "
+               "(command line, CAIRN_* environment, default), then exit");
+}
+
 void AddVersionFlag(CLI::App& app, const std::string& program) {
   app.set_version_flag("--version", VersionString(program),
                        "Print the version and exit");
@@ -78,9 +170,31 @@ std::optional<int> Parse(CLI::App& app, int argc, const char* const* argv,
     out << e.what() << "\n";
     return 0;
   } catch (const CLI::ParseError& e) {
-    err << app.get_name() << ": " << e.what() << "\n"
+    err << app.get_name() << ": " << e.what();
+    // A bad value that came from the environment: say which variable.
+    const std::string what = e.what();
+    for (const auto& [opt, env] : EnvOptions(app)) {
+      const std::string& name = opt->get_lnames().front();
+      const char* value = std::getenv(env.c_str());
+      if (value != nullptr && !OnCommandLine(argc, argv, name) &&
+          what.find("--" + name) != std::string::npos) {
+        err << " (from the environment: " << env << "=" << value << ")";
+      }
+    }
+    err << "\n"
         << "Run with --help for more information.\n";
     return kExitUsage;
+  }
+  const CLI::Option* print = nullptr;
+  for (const CLI::Option* opt : app.get_options()) {
+    if (!opt->get_lnames().empty() &&
+        opt->get_lnames().front() == kPrintConfig) {
+      print = opt;
+    }
+  }
+  if (print != nullptr && print->count() > 0) {
+    PrintConfig(app, argc, argv, out);
+    return 0;
   }
   return std::nullopt;
 }

@@ -26,9 +26,26 @@ CLI::Validator InRange(double min, double max);
 // Adds --version to `app`, printing VersionString(program).
 void AddVersionFlag(CLI::App& app, const std::string& program);
 
+// Makes every long option --foo-bar of `app` (but --help, --version and
+// --print-config) also settable by the environment variable CAIRN_FOO_BAR.
+// Precedence: the command line, then the environment, then the default. An
+// environment value goes through the option's checks like a flag's, and a
+// bad one is a usage error naming the variable. Call after adding the
+// options, before Parse.
+void AddEnvironmentVariables(CLI::App& app);
+
+// "CAIRN_FOO_BAR" for "--foo-bar".
+std::string EnvironmentVariableFor(const std::string& long_name);
+
+// Adds --print-config: Parse then prints every option's effective value and
+// where it came from (command line, environment variable, default) to `out`
+// and returns 0, so operators can see what a daemon would run with.
+void AddPrintConfigFlag(CLI::App& app);
+
 // Parses argv. Returns nullopt to go on, or the exit code main should
-// return: 0 after --help/--version (printed to `out`), kExitUsage after a
-// usage error (printed to `err` with a pointer to --help).
+// return: 0 after --help/--version/--print-config (printed to `out`),
+// kExitUsage after a usage error (printed to `err` with a pointer to
+// --help).
 std::optional<int> Parse(CLI::App& app, int argc, const char* const* argv,
                          std::ostream& out, std::ostream& err);
 

@@ -30,10 +30,17 @@ std::shared_ptr<spdlog::logger> MakeLogger() {
   auto logger = spdlog::stderr_color_mt("cairn");
   logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ %t %n] %v");
   spdlog::level::level_enum level = spdlog::level::info;
-  if (const char* env = std::getenv("CAIRN_LOG_LEVEL")) {
-    ParseLevel(env, &level);
-  }
+  const char* env = std::getenv("CAIRN_LOG_LEVEL");
+  const bool bad_env = env != nullptr && !ParseLevel(env, &level);
   logger->set_level(level);
+  if (bad_env) {
+    // Libraries cannot refuse to start; say so instead of ignoring it.
+    // (cairnd and cairn-agent take it as --log-level and refuse it.)
+    logger->warn(
+        "CAIRN_LOG_LEVEL='{}' is not a log level (trace, debug, info, warn, "
+        "error or off); logging at info",
+        env);
+  }
   logger->flush_on(spdlog::level::warn);
   return logger;
 }

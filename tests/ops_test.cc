@@ -178,6 +178,57 @@ TEST_F(OpsTest, OutOfRangeFlagsAreUsageErrorsWithClearMessages) {
   }
 }
 
+// Every daemon flag --foo-bar is also CAIRN_FOO_BAR (what a Kubernetes
+// ConfigMap sets): the command line wins over the environment, which wins
+// over the default; environment values get the flags' checks and a bad one
+// is a usage error naming the variable; --print-config shows each value and
+// its source.
+TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
+  const std::string env = "/usr/bin/env";
+  std::string out;
+  // Environment over default.
+  ASSERT_EQ(Run({env, "CAIRN_KEEP_LAST=7", "CAIRN_WORKERS=3", g_cairnd,
+                 "--print-config"},
+                &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("--keep-last=7  # CAIRN_KEEP_LAST"));
+  EXPECT_THAT(out, HasSubstr("--workers=3  # CAIRN_WORKERS"));
+  EXPECT_THAT(out, HasSubstr("--begin-deadline=60  # default"));
+  // Command line over environment.
+  ASSERT_EQ(Run({env, "CAIRN_KEEP_LAST=7", g_cairnd, "--keep-last", "2",
+                 "--print-config"},
+                &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("--keep-last=2  # command line"));
+  // Checked like flags, naming the variable.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{env, "CAIRN_KEEP_LAST=-1", g_cairnd},
+       "--keep-last: must be >= 0, got -1 (from the environment: "
+       "CAIRN_KEEP_LAST=-1)"},
+      {{env, "CAIRN_LOG_LEVEL=loud", g_cairnd},
+       "(from the environment: CAIRN_LOG_LEVEL=loud)"},
+      {{env, "CAIRN_IO_THREADS=0", g_agent, "--node-id", "0", "--listen-unix",
+        dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
+       "--io-threads: must be in [1, 256], got 0 (from the environment: "
+       "CAIRN_IO_THREADS=0)"},
+  };
+  for (const auto& [argv, message] : bad) {
+    EXPECT_EQ(Run(argv, &out), 2) << argv[1] << ": " << out;
+    EXPECT_THAT(out, HasSubstr(message));
+  }
+  // The agent's required flags may come from the environment too.
+  ASSERT_EQ(Run({env, "CAIRN_NODE_ID=2", "CAIRN_NUM_NODES=4",
+                 "CAIRN_LISTEN_UNIX=" + dir_ + "/b.sock",
+                 "CAIRN_COORDINATOR=127.0.0.1:1", g_agent, "--print-config"},
+                &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("--node-id=2  # CAIRN_NODE_ID"));
+  EXPECT_THAT(out, HasSubstr("--coordinator=127.0.0.1:1  # CAIRN_COORDINATOR"));
+}
+
 TEST_F(OpsTest, AgentTransportFlagIsCheckedAndNcclFailsFastWithItsReason) {
   const std::vector<std::string> base = {
       g_agent,          "--node-id",     "0",          "--listen-unix",

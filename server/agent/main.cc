@@ -117,9 +117,14 @@ int main(int argc, char** argv) {
                  "its members may connect (default: only this user and root)");
   app.add_option("--ready-file", ready_file,
                  "Written with the peer port once serving");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
-      ->capture_default_str();
+  app.add_option("--log-level", log_level,
+                 "trace, debug, info, warn, error or off")
+      ->capture_default_str()
+      ->check(
+          CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   cairn::flags::AddVersionFlag(app, "cairn-agent");
+  cairn::flags::AddPrintConfigFlag(app);
+  cairn::flags::AddEnvironmentVariables(app);
   if (std::optional<int> exit_code =
           cairn::flags::Parse(app, argc, argv, std::cout, std::cerr)) {
     return *exit_code;

@@ -119,8 +119,12 @@ int main(int argc, char** argv) {
                  "Write the bound port to this file once serving");
   app.add_option("--log-level", log_level,
                  "trace, debug, info, warn, error or off")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(
+          CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   cairn::flags::AddVersionFlag(app, "cairnd");
+  cairn::flags::AddPrintConfigFlag(app);
+  cairn::flags::AddEnvironmentVariables(app);
   if (std::optional<int> exit_code =
           cairn::flags::Parse(app, argc, argv, std::cout, std::cerr)) {
     return *exit_code;
