@@ -26,12 +26,20 @@ radosgw's perf counters (admin socket `perf dump`: req, put_b, get_b) before
 and after each phase, giving HTTP requests per GB and bytes fetched from S3 /
 bytes the ranks needed.
 
+CPU is counted per phase too (radosgw and the OSD share the machine's cores
+with the clients): the machine's busy time (/proc/stat), the Ceph daemons'
+(/proc/PID/stat), the clients' own (reference workers while moving bytes;
+Cairn's ranks whole, so including generating and checking their tensors, and
+cairnd), the rest being other load on the machine. The CPU table gives CPU
+seconds per GB for each and says whether the run was CPU-bound.
+
 Times are collective: references from the first worker's start to the last
-one's end (data generated before the start); Cairn's save from the plan
+one's end (every worker has generated its data before the start); Cairn's save from the plan
 barrier to the commit acknowledged, loads from PlanLoad to the last byte
 checked, as bench/e2e_bench.py.
 
 Usage: bench/s3_bench.py [--build build] [--bytes 1e9] [--repeat 2]
+       [--refs boto3,s3cmd,curl] [--boto3 8:4,16:8,64:4] [--s3-query K=V&...]
        [--endpoint http://HOST:PORT --ceph-dir DIR] [--timeout S]
        bench/s3_bench.py --smoke [--build build]
 --smoke (ctest bench_smoke.s3_bench, on the ceph fixture's server when
@@ -43,6 +51,7 @@ import argparse
 import io
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -61,8 +70,16 @@ KEYS = {"AWS_ACCESS_KEY_ID": "cairn", "AWS_SECRET_ACCESS_KEY": "cairnsecret",
 
 # ----------------------------------------------------------------- workers
 # `s3_bench.py _worker TOOL OP ENDPOINT BUCKET KEY NBYTES GO_FILE [CHUNK CONC]`:
-# one reference process. Prepares its data, waits for GO_FILE, moves the
-# bytes, prints {"start": t0, "end": t1} (wall clock).
+# one reference process. Prepares its data, prints "ready", waits for GO_FILE,
+# moves the bytes, prints {"start": t0, "end": t1, "cpu": CPU seconds it and its
+# children (curl, s3cmd) used between the two} (wall clock).
+
+def own_cpu():
+    """CPU seconds used by this process and its waited-for children."""
+    return sum(r.ru_utime + r.ru_stime for r in (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN)))
+
 
 def worker(argv):
     tool, op, endpoint, bucket, key, nbytes, go = argv[:7]
@@ -89,7 +106,8 @@ def worker(argv):
             cmd = base + ["-T", shm, url, "-o", "/dev/null"]
         else:
             # 8 ranged GETs of the object at once, bodies discarded.
-            parts, cmd = 8, ["curl", "-s", "--parallel", "--parallel-max", "8"]
+            parts = 8
+            cmd = ["curl", "--no-progress-meter", "--parallel", "--parallel-max", "8"]
             step = -(-nbytes // parts)
             for i in range(parts):
                 lo, hi = i * step, min(nbytes, (i + 1) * step) - 1
@@ -106,9 +124,10 @@ def worker(argv):
                  "--host-bucket", host, "--no-ssl", "--region", "us-east-1",
                  "--multipart-chunk-size-mb", "16", "--no-progress", "-q",
                  "--config", "/dev/null", "--no-check-md5"]
+    print("ready", flush=True)
     while not os.path.exists(go):
         time.sleep(0.005)
-    t0 = time.time()
+    t0, cpu0 = time.time(), own_cpu()
     if tool == "boto3":
         if op == "put":
             s3.upload_fileobj(io.BytesIO(data), bucket, key, Config=cfg)
@@ -126,10 +145,10 @@ def worker(argv):
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         if op == "get":
             assert os.path.getsize(shm) == nbytes, "short download"
-    t1 = time.time()
+    t1, cpu1 = time.time(), own_cpu()
     if os.path.exists(shm):
         os.unlink(shm)
-    print(json.dumps({"start": t0, "end": t1}), flush=True)
+    print(json.dumps({"start": t0, "end": t1, "cpu": cpu1 - cpu0}), flush=True)
 
 
 # ----------------------------------------------------------------- helpers
@@ -157,6 +176,56 @@ class Rgw:
         return {k: after[k] - before[k] for k in before}
 
 
+class Cpu:
+    """CPU seconds used during a phase: the whole machine's busy time
+    (/proc/stat); when the server is our Ceph, radosgw's, the OSD's and the
+    monitor's own (/proc/PID/stat of the daemons in CEPH_DIR/run/*.pid); the
+    clients' (the reference workers' own count while moving bytes, or the
+    Cairn ranks' rusage); the rest ("other") is whatever else ran on the
+    machine meanwhile (other jobs: noise)."""
+
+    DAEMONS = (("rgw", "client.rgw"), ("osd", "osd.0"), ("mon", "mon.a"))
+
+    def __init__(self, ceph_dir):
+        self.pids = {}  # name -> pid; "cairnd" is added while it runs
+        for name, f in self.DAEMONS if ceph_dir else ():
+            try:
+                with open(os.path.join(ceph_dir, "run", f + ".pid")) as fh:
+                    self.pids[name] = int(fh.read().strip())
+            except (OSError, ValueError):
+                pass
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def sample(self):
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        # user nice system idle iowait irq softirq steal ...
+        snap = {"t": time.monotonic(), "busy": (sum(v[:8]) - v[3] - v[4]) / self.tick}
+        for name, pid in list(self.pids.items()):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                snap[name] = (int(fields[11]) + int(fields[12])) / self.tick
+            except (OSError, IndexError, ValueError):
+                snap[name] = float("nan")
+        return snap
+
+    @staticmethod
+    def delta(before, after, clients):
+        d = {k: after[k] - before[k] for k in before}
+        d["wall"] = d.pop("t")
+        d["clients"] = clients
+        # Clock ticks of 10 ms: a tiny phase can come out a little negative.
+        d["other"] = max(0.0, d["busy"] - clients - d.get("cairnd", 0) -
+                         sum(d.get(n, 0) for n, _ in Cpu.DAEMONS))
+        return {k: round(x, 3) for k, x in d.items()}
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def s3_client(endpoint):
     import boto3
     return boto3.client("s3", endpoint_url=endpoint)
@@ -171,15 +240,21 @@ def empty_bucket(s3, bucket):
         s3.abort_multipart_upload(Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"])
 
 
-def reference(args, env, rgw, tool, op, bucket, per_worker, extra):
-    """One reference phase: WORKERS processes; GB/s and server counters."""
+def reference(args, env, rgw, cpu, tool, op, bucket, per_worker, extra):
+    """One reference phase: WORKERS processes; GB/s, server counters, CPU."""
     go = os.path.join(args.dir, f"go-{os.getpid()}-{time.time_ns()}")
     procs = [subprocess.Popen(
         ["/usr/bin/python3", os.path.abspath(__file__), "_worker", tool, op,
          args.endpoint, bucket, f"obj-{w}", str(per_worker), go] + extra,
         stdout=subprocess.PIPE, text=True, env=env) for w in range(WORKERS)]
-    time.sleep(0.5 + per_worker / 4e8)  # let them generate their data
+    for p in procs:  # every worker has its data (the go file is not there yet)
+        if p.stdout.readline().strip() != "ready":
+            p.wait()
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"{tool} {op} worker exited {p.returncode} before starting")
     before = rgw.counters()
+    cpu0 = cpu.sample()
     open(go, "w").close()
     times = []
     try:
@@ -193,12 +268,13 @@ def reference(args, env, rgw, tool, op, bucket, per_worker, extra):
             if p.poll() is None:
                 p.kill()
         os.unlink(go)
+    used = Cpu.delta(cpu0, cpu.sample(), sum(t["cpu"] for t in times))
     after = rgw.counters()
     secs = max(t["end"] for t in times) - min(t["start"] for t in times)
-    return per_worker * WORKERS / secs / 1e9, Rgw.delta(before, after)
+    return per_worker * WORKERS / secs / 1e9, Rgw.delta(before, after), used
 
 
-def cairn_round(args, env, rgw, bucket, model, total):
+def cairn_round(args, env, rgw, cpu, bucket, model, total):
     """cairnd on s3://bucket/ckpt, a 4-rank save, load2, load4."""
     cairnd = os.path.join(args.build, "server/coordinator/cairnd")
     rank = os.path.join(args.build, "client/examples/cairn_train_example")
@@ -207,20 +283,27 @@ def cairn_round(args, env, rgw, bucket, model, total):
         uri += "&" + args.s3_query
     d, addr = e2e_bench.start_cairnd(cairnd, os.path.join(args.dir, "cairnd"),
                                      ["--storage", uri], env)
+    cpu.pids["cairnd"] = d.pid
     old_env = dict(os.environ)
     os.environ.update(env)  # e2e_bench.run_ranks passes our environment on
     try:
         res = {"tool": "cairn", "bytes": total}
-        before = rgw.counters()
+        before, cpu0, ranks0 = rgw.counters(), cpu.sample(), children_cpu()
         s = e2e_bench.run_ranks(rank, addr, "bench", 4, model, "4:S0",
                                 ["--save-steps", "1"], args.timeout)
+        res["save_cpu"] = Cpu.delta(cpu0, cpu.sample(), children_cpu() - ranks0)
         res["save_s"] = (min(x[0]["plan_s"] for x in s) +
                          max(x[0]["io_s"] + x[0]["commit_s"] for x in s))
         res["save_rgw"] = Rgw.delta(before, rgw.counters())
+        res["save_phases_s"] = {"plan": min(x[0]["plan_s"] for x in s),
+                                "io": max(x[0]["io_s"] for x in s),
+                                "commit": max(x[0]["commit_s"] for x in s)}
         for name, world, layout in (("load2", 2, "2:S1"), ("load4", 4, "4:S0")):
-            before = rgw.counters()
+            before, cpu0, ranks0 = rgw.counters(), cpu.sample(), children_cpu()
             l = e2e_bench.run_ranks(rank, addr, "bench", world, model, layout,
                                     ["--load", "1"], args.timeout)
+            res[name + "_cpu"] = Cpu.delta(cpu0, cpu.sample(),
+                                           children_cpu() - ranks0)
             res[name + "_s"] = max(x[0]["plan_s"] + x[0]["io_s"] for x in l)
             res[name + "_needed_bytes"] = sum(x[0]["bytes"] for x in l)
             res[name + "_rgw"] = Rgw.delta(before, rgw.counters())
@@ -230,6 +313,7 @@ def cairn_round(args, env, rgw, bucket, model, total):
     finally:
         os.environ.clear()
         os.environ.update(old_env)
+        cpu.pids.pop("cairnd", None)
         e2e_bench.stop_cairnd(d)
 
 
@@ -257,6 +341,8 @@ def main():
     p.add_argument("--boto3", default=None,
                    help="boto3 configurations CHUNK_MiB:CONCURRENCY,... "
                         "(default 8:4,16:8,64:4; smoke 16:8)")
+    p.add_argument("--refs", default="boto3,s3cmd,curl",
+                   help="reference tools to run, of boto3,s3cmd,curl (default all)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds each tool's processes may run (default none; smoke 120)")
     p.add_argument("--smoke", action="store_true")
@@ -287,6 +373,7 @@ def main():
     env = dict(os.environ, AWS_ENDPOINT_URL=args.endpoint, **KEYS)
     os.environ.update(env)
     rgw = Rgw(args.ceph_dir)
+    cpu = Cpu(args.ceph_dir)
     s3 = s3_client(args.endpoint)
     bucket = "cairn-bench-" + os.urandom(4).hex()
     s3.create_bucket(Bucket=bucket)
@@ -305,18 +392,21 @@ def main():
                      [str(c[0] << 20), str(c[1])]) for c in boto3_cfgs]
             refs.append(("s3cmd", "s3cmd", []))
             refs.append(("curl", "curl", []))
+            wanted = args.refs.split(",")
+            refs = [r for r in refs if r[1] in wanted]
             for name, tool, extra in refs:
-                put, put_rgw = reference(args, env, rgw, tool, "put", bucket,
-                                         per_worker, extra)
-                get, get_rgw = reference(args, env, rgw, tool, "get", bucket,
-                                         per_worker, extra)
+                put, put_rgw, put_cpu = reference(args, env, rgw, cpu, tool, "put",
+                                                  bucket, per_worker, extra)
+                get, get_rgw, get_cpu = reference(args, env, rgw, cpu, tool, "get",
+                                                  bucket, per_worker, extra)
                 r = {"tool": name, "put_GBps": put, "get_GBps": get,
                      "put_req_per_GB": per_gb(put_rgw, "req", total),
-                     "get_req_per_GB": per_gb(get_rgw, "req", total)}
+                     "get_req_per_GB": per_gb(get_rgw, "req", total),
+                     "put_cpu": put_cpu, "get_cpu": get_cpu}
                 print(json.dumps(r), flush=True)
                 rnd["refs"][name] = r
                 empty_bucket(s3, bucket)
-            c = cairn_round(args, env, rgw, bucket, model, total)
+            c = cairn_round(args, env, rgw, cpu, bucket, model, total)
             print(json.dumps(c), flush=True)
             rnd["cairn"] = c
             empty_bucket(s3, bucket)
@@ -368,6 +458,45 @@ def main():
         print("| %s | %.3f | %.3f | %.0f%% | %s | %.0f | %s | %s |" % (
             name, c, ref, 100 * c / ref if ref else nan, per, reqs, ratio, fetched))
 
+    # Where the CPU went (last round): the server's daemons and the clients,
+    # per GB moved, and how many of the machine's cores the server kept busy
+    # while the phase was timed.
+    cores = os.cpu_count()
+    last = rounds[-1]
+    rows_cpu = []
+    for name, r in last["refs"].items():
+        rows_cpu.append((name, "PUT", r["put_GBps"], r["put_cpu"]))
+        rows_cpu.append((name, "GET", r["get_GBps"], r["get_cpu"]))
+    for name in ("save", "load2", "load4"):
+        rows_cpu.append(("cairn", name, last["cairn"][name + "_GBps"],
+                         last["cairn"][name + "_cpu"]))
+    print()
+    print(f"CPU ({cores} cores shared by the server and the clients; last round; "
+          "Cairn's client CPU is the ranks' whole run: start, generating the "
+          "tensors, checking every loaded byte; other = anything else on the "
+          "machine):")
+    print()
+    print("| tool | phase | GB/s | radosgw CPU s/GB | OSD CPU s/GB | clients CPU s/GB "
+          "| other CPU s/GB | server cores busy | all cores busy |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    busy, share = [], []
+    for tool, phase, gbps, u in rows_cpu:
+        gb, secs = total / 1e9, total / gbps / 1e9
+        server = u.get("rgw", nan) + u.get("osd", nan) + u.get("mon", 0)
+        busy.append(u["busy"] / u["wall"])
+        share.append(server / (server + u["clients"] + u.get("cairnd", 0)))
+        print("| %s | %s | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+            tool, phase, gbps, u.get("rgw", nan) / gb, u.get("osd", nan) / gb,
+            (u["clients"] + u.get("cairnd", 0)) / gb, u["other"] / gb, server / secs,
+            busy[-1]))
+    print()
+    print("The %d cores were %.1f-%.1f busy during the phases; %s" % (
+        cores, min(busy), max(busy),
+        "the server's share of the CPU is unknown (not our Ceph)" if share[0] != share[0]
+        else "radosgw + OSD used %.0f-%.0f%% of what server and clients spent%s" % (
+            100 * min(share), 100 * max(share),
+            ": CPU-bound, the server the larger part" if min(busy) > 0.85 * cores
+            and min(share) > 0.5 else "")))
 
 if __name__ == "__main__":
     main()
