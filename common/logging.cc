@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/pattern_formatter.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 
 namespace cairn {
@@ -26,13 +27,50 @@ bool ParseLevel(absl::string_view name, spdlog::level::level_enum* out) {
   return false;
 }
 
+constexpr char kTextPattern[] = "%Y-%m-%dT%H:%M:%S.%e %^%L%$ %t %n] %v";
+constexpr char kJsonPattern[] =
+    R"({"time":"%Y-%m-%dT%H:%M:%S.%eZ","level":"%l","thread":%t,)"
+    R"("logger":"%n","msg":"%*"})";
+
+// %* in the JSON pattern: the message, JSON-escaped.
+class JsonMessageFlag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    const std::string escaped =
+        JsonEscape(absl::string_view(msg.payload.data(), msg.payload.size()));
+    dest.append(escaped.data(), escaped.data() + escaped.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<JsonMessageFlag>();
+  }
+};
+
+void ApplyFormat(spdlog::logger& logger, bool json) {
+  if (json) {
+    auto formatter = std::make_unique<spdlog::pattern_formatter>(
+        spdlog::pattern_time_type::utc);
+    formatter->add_flag<JsonMessageFlag>('*').set_pattern(kJsonPattern);
+    logger.set_formatter(std::move(formatter));
+  } else {
+    logger.set_pattern(kTextPattern);
+  }
+}
+
 std::shared_ptr<spdlog::logger> MakeLogger() {
   auto logger = spdlog::stderr_color_mt("cairn");
-  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ %t %n] %v");
+  const char* format = std::getenv("CAIRN_LOG_FORMAT");
+  const bool bad_format = format != nullptr && std::string(format) != "json" &&
+                          std::string(format) != "text";
+  ApplyFormat(*logger, format != nullptr && std::string(format) == "json");
   spdlog::level::level_enum level = spdlog::level::info;
   const char* env = std::getenv("CAIRN_LOG_LEVEL");
   const bool bad_env = env != nullptr && !ParseLevel(env, &level);
   logger->set_level(level);
+  if (bad_format) {
+    logger->warn("CAIRN_LOG_FORMAT='{}' is not text or json; logging as text",
+                 format);
+  }
   if (bad_env) {
     // Libraries cannot refuse to start; say so instead of ignoring it.
     // (cairnd and cairn-agent take it as --log-level and refuse it.)
@@ -46,6 +84,39 @@ std::shared_ptr<spdlog::logger> MakeLogger() {
 }
 
 }  // namespace
+
+std::string JsonEscape(absl::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppend(
+              &out, "\\u00",
+              absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
 
 spdlog::logger& Logger() {
   static std::shared_ptr<spdlog::logger>* logger =
@@ -61,6 +132,19 @@ absl::Status SetLogLevel(absl::string_view level) {
                      "'; expected trace, debug, info, warn, error or off"));
   }
   Logger().set_level(parsed);
+  return absl::OkStatus();
+}
+
+}  // namespace cairn
+
+namespace cairn {
+
+absl::Status SetLogFormat(absl::string_view format) {
+  if (format != "text" && format != "json") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown log format '", format, "'; expected text or json"));
+  }
+  ApplyFormat(Logger(), format == "json");
   return absl::OkStatus();
 }
 

@@ -1,11 +1,16 @@
 #include "common/logging.h"
 
+#include <grpc/support/log.h>
+
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/grpc_logging.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/sinks/base_sink.h"
 
 namespace cairn {
@@ -18,6 +23,20 @@ class CaptureSink : public spdlog::sinks::base_sink<std::mutex> {
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
     lines.emplace_back(msg.payload.data(), msg.payload.size());
+  }
+  void flush_() override {}
+};
+
+// Keeps whole formatted lines (what would reach stderr).
+class FormattedSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::vector<std::string> lines;
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t buf;
+    formatter_->format(msg, buf);
+    lines.emplace_back(buf.data(), buf.size());
   }
   void flush_() override {}
 };
@@ -41,6 +60,55 @@ TEST(LoggingTest, LevelFiltersMessages) {
   ASSERT_EQ(sink->lines.size(), 2u);
   EXPECT_EQ(sink->lines[0], "job llama step 7 aborted");
   EXPECT_EQ(sink->lines[1], "visible 2");
+}
+
+TEST(LoggingTest, JsonFormatIsOneParsableObjectPerLine) {
+  auto sink = std::make_shared<FormattedSink>();
+  Logger().sinks().push_back(sink);
+  ASSERT_TRUE(SetLogFormat("json").ok());
+  const std::string tricky =
+      "quote \" backslash \\ newline\n tab\t bell\a ünïcödé";
+  CAIRN_LOG(warn, "job {} rank {}: {}", "llama", 3, tricky);
+  ASSERT_TRUE(SetLogFormat("text").ok());
+  CAIRN_LOG(warn, "back to text");
+  Logger().sinks().pop_back();
+  ASSERT_EQ(sink->lines.size(), 2u);
+  std::string line = sink->lines[0];
+  ASSERT_EQ(line.back(), '\n');
+  line.pop_back();
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;  // one line
+  nlohmann::json j = nlohmann::json::parse(line);
+  EXPECT_EQ(j["level"], "warning");
+  EXPECT_EQ(j["logger"], "cairn");
+  EXPECT_EQ(j["msg"], "job llama rank 3: " + tricky);
+  EXPECT_TRUE(j["thread"].is_number());
+  const std::string time = j["time"];
+  EXPECT_EQ(time.size(), 24u) << time;  // 2026-11-24T10:00:00.123Z
+  EXPECT_EQ(time.back(), 'Z');
+  EXPECT_EQ(sink->lines[1].front(), '2');  // text: starts with the date
+  EXPECT_THAT(sink->lines[1], ::testing::HasSubstr("] back to text"));
+  EXPECT_EQ(SetLogFormat("xml").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LoggingTest, JsonEscapeControlCharacters) {
+  EXPECT_EQ(JsonEscape(std::string("a\x01"
+                                   "b\x1f",
+                                   4)),
+            "a\\u0001b\\u001f");
+  EXPECT_EQ(JsonEscape("\"\\"), "\\\"\\\\");
+}
+
+TEST(LoggingTest, GrpcLogLinesGoThroughCairnsLogger) {
+  auto sink = std::make_shared<CaptureSink>();
+  Logger().sinks().push_back(sink);
+  RouteGrpcLogsToCairnLogger();
+  gpr_log(GPR_ERROR, "connection to %s failed", "peer-7");
+  gpr_log(GPR_INFO, "chatty info");  // debug: below the default level
+  Logger().sinks().pop_back();
+  ASSERT_EQ(sink->lines.size(), 1u);
+  EXPECT_THAT(sink->lines[0], ::testing::HasSubstr("grpc "));
+  EXPECT_THAT(sink->lines[0],
+              ::testing::HasSubstr("connection to peer-7 failed"));
 }
 
 }  // namespace

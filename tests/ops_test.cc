@@ -25,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "cairn/v1/cairn.grpc.pb.h"
@@ -36,6 +37,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "storage/checkpoint_layout.h"
 #include "tests/testing/cairnd_process.h"
 #include "tests/testing/subprocess.h"
@@ -227,6 +229,35 @@ TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
       << out;
   EXPECT_THAT(out, HasSubstr("--node-id=2  # CAIRN_NODE_ID"));
   EXPECT_THAT(out, HasSubstr("--coordinator=127.0.0.1:1  # CAIRN_COORDINATOR"));
+}
+
+// --log-format json: everything cairnd writes to stderr, its own events and
+// gRPC's, is one JSON object per line.
+TEST_F(OpsTest, JsonLogFormatIsOneJsonObjectPerLine) {
+  absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
+      testing::CairndProcess::Start(
+          g_cairnd, dir_ + "/json",
+          {"--log-format", "json", "--log-level", "debug"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  (*c)->process().Signal(SIGTERM);
+  absl::StatusOr<int> code = (*c)->process().Wait(absl::Minutes(1));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  const std::vector<std::string> lines =
+      absl::StrSplit((*c)->process().Log(), '\n', absl::SkipEmpty());
+  ASSERT_GE(lines.size(), 2u);
+  bool drained = false, grpc = false;
+  for (const std::string& line : lines) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << "not JSON: " << line;
+    EXPECT_TRUE(j.contains("time") && j.contains("level") && j.contains("msg"))
+        << line;
+    const std::string msg = j.value("msg", "");
+    drained |= msg.find("draining") != std::string::npos;
+    grpc |= msg.rfind("grpc ", 0) == 0;
+  }
+  EXPECT_TRUE(drained) << "no drain event";
+  EXPECT_TRUE(grpc) << "no gRPC log line at debug";
 }
 
 TEST_F(OpsTest, AgentTransportFlagIsCheckedAndNcclFailsFastWithItsReason) {

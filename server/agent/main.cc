@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "common/cli_flags.h"
 #include "common/gpu/gpu_info.h"
+#include "common/grpc_logging.h"
 #include "common/logging.h"
 #include "server/agent/agent_server.h"
 #include "server/agent/transport/tcp/tcp_transport.h"
@@ -122,6 +123,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(
           CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  std::string log_format = "text";
+  app.add_option("--log-format", log_format,
+                 "text, or json: one JSON object per line (time, level, "
+                 "thread, logger, msg) for log pipelines")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"text", "json"}));
   cairn::flags::AddVersionFlag(app, "cairn-agent");
   cairn::flags::AddPrintConfigFlag(app);
   cairn::flags::AddEnvironmentVariables(app);
@@ -130,6 +137,9 @@ int main(int argc, char** argv) {
     return *exit_code;
   }
 
+  // Checked by the flags' own validators above.
+  (void)cairn::SetLogFormat(log_format);
+  cairn::RouteGrpcLogsToCairnLogger();
   if (absl::Status s = cairn::SetLogLevel(log_level); !s.ok()) {
     std::fprintf(stderr, "cairn-agent: %s\n", std::string(s.message()).c_str());
     return 2;

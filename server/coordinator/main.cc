@@ -12,6 +12,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/cli_flags.h"
+#include "common/grpc_logging.h"
 #include "common/logging.h"
 #include "server/coordinator/coordinator_server.h"
 
@@ -122,6 +123,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(
           CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  std::string log_format = "text";
+  app.add_option("--log-format", log_format,
+                 "text, or json: one JSON object per line (time, level, "
+                 "thread, logger, msg) for log pipelines")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"text", "json"}));
   cairn::flags::AddVersionFlag(app, "cairnd");
   cairn::flags::AddPrintConfigFlag(app);
   cairn::flags::AddEnvironmentVariables(app);
@@ -130,6 +137,9 @@ int main(int argc, char** argv) {
     return *exit_code;
   }
 
+  // Checked by the flags' own validators above.
+  (void)cairn::SetLogFormat(log_format);
+  cairn::RouteGrpcLogsToCairnLogger();
   if (absl::Status s = cairn::SetLogLevel(log_level); !s.ok()) {
     std::fprintf(stderr, "cairnd: %s\n", std::string(s.message()).c_str());
     return 2;
