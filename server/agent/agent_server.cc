@@ -19,6 +19,8 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/server_posix.h"
@@ -139,6 +141,24 @@ class AgentServer::Service final : public v1::Agent::Service {
   Agent* agent_;
 };
 
+// The health server's catch-all: every method grpc.health.v1 does not
+// serve is UNIMPLEMENTED, so the Agent service is never reachable over TCP.
+class AgentServer::OnlyHealthService : public grpc::CallbackGenericService {
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* ctx) override {
+    class Refuse : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit Refuse(const std::string& method) {
+        Finish(grpc::Status(
+            grpc::StatusCode::UNIMPLEMENTED,
+            absl::StrCat(method, ": this port serves grpc.health.v1 only")));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Refuse(ctx->method());
+  }
+};
+
 absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(Spec spec) {
   if (spec.unix_socket.empty()) {
     return absl::InvalidArgumentError("agent needs --listen-unix PATH");
@@ -168,6 +188,25 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(Spec spec) {
   }
   CAIRN_RETURN_IF_ERROR(s->Listen(spec, group));
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
+  if (!spec.health_listen.empty()) {
+    // Its own server: the default health service and nothing else.
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder health;
+    // gRPC wants at least one service it polls for; this one answers every
+    // method but the health service's UNIMPLEMENTED.
+    s->health_fallback_ = std::make_unique<OnlyHealthService>();
+    health.RegisterCallbackGenericService(s->health_fallback_.get());
+    health.AddListeningPort(spec.health_listen,
+                            grpc::InsecureServerCredentials(),
+                            &s->health_port_);
+    s->health_server_ = health.BuildAndStart();
+    if (s->health_server_ == nullptr || s->health_port_ == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve health on ", spec.health_listen,
+                       " (address in use or not local?)"));
+    }
+    s->health_server_->GetHealthCheckService()->SetServingStatus(true);
+  }
   return s;
 }
 
@@ -301,6 +340,10 @@ AgentServer::~AgentServer() { Shutdown(); }
 void AgentServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  if (health_server_) {
+    // Draining: probes and balancers see NOT_SERVING while it lasts.
+    health_server_->GetHealthCheckService()->SetServingStatus(false);
+  }
   if (acceptor_.joinable()) {
     const uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof(one));
@@ -323,6 +366,10 @@ void AgentServer::Shutdown() {
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
+  }
+  if (health_server_) {
+    health_server_->Shutdown(std::chrono::system_clock::now() +
+                             std::chrono::seconds(1));
   }
 }
 

@@ -13,6 +13,11 @@
 // the socket group). A socket path where another agent still answers is
 // an error (FAILED_PRECONDITION), not silently taken over.
 //
+// Health: with `health_listen` set, a second gRPC server on that TCP address
+// serves only grpc.health.v1 (what Kubernetes' gRPC probes and load
+// balancers call; the Agent service itself is never on TCP). SERVING once the
+// agent is up, NOT_SERVING from the moment Shutdown() starts draining.
+//
 // Example:
 //   AgentServer::Spec spec;
 //   spec.unix_socket = "/run/cairn/agent.sock";
@@ -47,6 +52,9 @@ class AgentServer {
     // members may connect. Empty: the agent's group, and only the agent's
     // user and root are served. Default: empty.
     std::string socket_group;
+    // host:port of the health server ("" = none; port 0 picks one, see
+    // health_port()). Default: none.
+    std::string health_listen;
     AgentOptions agent;
   };
 
@@ -60,11 +68,15 @@ class AgentServer {
   void Shutdown();
   void Wait();
 
+  // The health server's bound port (0 without one).
+  int health_port() const { return health_port_; }
+
   // Connections refused by the peer-credential check so far.
   int64_t refused_connections() const { return refused_.load(); }
 
  private:
   class Service;
+  class OnlyHealthService;
   AgentServer() = default;
   absl::Status Listen(const Spec& spec, gid_t group);
   void AcceptLoop();
@@ -73,6 +85,9 @@ class AgentServer {
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<OnlyHealthService> health_fallback_;
+  std::unique_ptr<grpc::Server> health_server_;  // grpc.health.v1 only
+  int health_port_ = 0;
   std::string target_;
   std::string socket_path_;
   dev_t socket_dev_ = 0;  // the socket file we created (not a successor's)

@@ -116,6 +116,9 @@ int main(int argc, char** argv) {
   app.add_option("--socket-group", spec.socket_group,
                  "Group (name or id) owning the socket and the shared memory; "
                  "its members may connect (default: only this user and root)");
+  app.add_option("--health-listen", spec.health_listen,
+                 "host:port serving grpc.health.v1 only (Kubernetes gRPC "
+                 "probes); NOT_SERVING while draining (default: none)");
   app.add_option("--ready-file", ready_file,
                  "Written with the peer port once serving");
   app.add_option("--log-level", log_level,
