@@ -255,6 +255,11 @@ TEST_F(E2ETest, EightRankDTensorSaveLoadsBitExactIntoOtherLayouts) {
       Cli({"--storage", StorageUri(), "show", "llama", "100", "--json"}, &out),
       0);
   EXPECT_THAT(out, HasSubstr("\"model.embed.weight\""));
+  // Loads are logged by cairnd, one line per load round, like saves.
+  const std::string log = cairnd_->process().Log();
+  EXPECT_THAT(log, HasSubstr("job 'llama' step 200: load round"));
+  EXPECT_THAT(log, HasSubstr("of 16 ranks (latest)"));
+  EXPECT_THAT(log, HasSubstr("job 'llama' step 100: load round"));
 }
 
 TEST_F(E2ETest, RankKilledMidSaveLeavesPreviousCheckpointLatest) {

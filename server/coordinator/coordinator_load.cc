@@ -85,10 +85,19 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
   absl::StatusOr<v1::PlanLoadResponse> planned =
       PlanLoadOfStep(request, joined.step);
   if (!planned.ok()) {
+    CAIRN_LOG(warn, "job '{}' step {} rank {}/{}: load refused: {}", job,
+              joined.step, rank, world, planned.status().ToString());
     load_rounds_.Leave(joined.round, rank, absl::Now());
     return planned.status();
   }
   planned->set_load_round(joined.round);
+  // One line per load round (rank 0's), the ranks' own at debug.
+  if (rank == 0) {
+    CAIRN_LOG(info, "job '{}' step {}: load round {} of {} ranks{}", job,
+              joined.step, joined.round, world, latest ? " (latest)" : "");
+  }
+  CAIRN_LOG(debug, "job '{}' step {} rank {}/{}: load planned, {} read items",
+            job, joined.step, rank, world, planned->reads_size());
   return planned;
 }
 
