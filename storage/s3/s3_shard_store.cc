@@ -103,6 +103,8 @@ class S3Writer : public ObjectWriter {
     }
     if (!pending_.empty()) CAIRN_RETURN_IF_ERROR(Fail(ShipPart()));
     absl::Status s = CollectParts(/*keep=*/0);
+    spare_ = {};
+    pending_ = {};
     if (!s.ok()) return Fail(s);
     s = client_.CompleteMultipartUpload(full_key_, upload_id_, etags_);
     if (absl::IsNotFound(s)) {
@@ -183,22 +185,30 @@ class S3Writer : public ObjectWriter {
     const size_t n = static_cast<size_t>(
         std::min<uint64_t>(NextPartSize(), pending_.size()));
     // Appends stop at part boundaries, so the buffer is normally exactly one
-    // part: it is handed over whole (no copy) and a fresh one started.
-    std::vector<char> part;
+    // part: it is handed over whole (no copy) and the next part fills the
+    // buffer of one already uploaded, if any.
+    auto part = std::make_unique<std::vector<char>>();
     if (n == pending_.size()) {
-      part.swap(pending_);
+      part->swap(pending_);
+      if (!spare_.empty()) {
+        pending_.swap(spare_.back());
+        spare_.pop_back();
+      }
     } else {
-      part.assign(pending_.begin(), pending_.begin() + n);
+      part->assign(pending_.begin(), pending_.begin() + n);
       pending_.erase(pending_.begin(), pending_.begin() + n);
     }
-    in_flight_.push_back(
+    const std::vector<char>* bytes = part.get();
+    InFlightPart f;
+    f.data = std::move(part);
+    f.etag =
         std::async(std::launch::async,
-                   [this, number,
-                    part = std::move(part)]() -> absl::StatusOr<std::string> {
+                   [this, number, bytes]() -> absl::StatusOr<std::string> {
                      return client_.UploadPart(
                          full_key_, upload_id_, number,
-                         absl::MakeConstSpan(part.data(), part.size()));
-                   }));
+                         absl::MakeConstSpan(bytes->data(), bytes->size()));
+                   });
+    in_flight_.push_back(std::move(f));
     return absl::OkStatus();
   }
 
@@ -207,7 +217,13 @@ class S3Writer : public ObjectWriter {
   absl::Status CollectParts(size_t keep) {
     absl::Status first;
     while (in_flight_.size() > keep) {
-      absl::StatusOr<std::string> etag = in_flight_.front().get();
+      absl::StatusOr<std::string> etag = in_flight_.front().etag.get();
+      // Its buffer is kept for a later part: memory the process already has
+      // is filled far cheaper than fresh pages (one fault per 4 KiB).
+      if (etag.ok() && spare_.empty()) {
+        spare_.push_back(std::move(*in_flight_.front().data));
+        spare_.back().clear();
+      }
       in_flight_.pop_front();
       if (!etag.ok()) {
         if (first.ok()) first = Named(etag.status());
@@ -220,7 +236,7 @@ class S3Writer : public ObjectWriter {
   }
 
   void WaitForParts() {
-    for (auto& f : in_flight_) f.wait();
+    for (auto& f : in_flight_) f.etag.wait();
     in_flight_.clear();
   }
 
@@ -241,7 +257,16 @@ class S3Writer : public ObjectWriter {
   uint64_t bytes_written_ = 0;
   std::string upload_id_;
   std::vector<std::string> etags_;
-  std::deque<std::future<absl::StatusOr<std::string>>> in_flight_;
+  // A part being uploaded: its bytes (owned here, read by the upload) and
+  // the upload's ETag. The future is destroyed first (it waits for the
+  // upload), then the bytes.
+  struct InFlightPart {
+    std::unique_ptr<std::vector<char>> data;
+    std::future<absl::StatusOr<std::string>> etag;
+  };
+  std::deque<InFlightPart> in_flight_;
+  // At most one uploaded part's buffer, cleared, for the next part to fill.
+  std::vector<std::vector<char>> spare_;
   absl::Status error_;
   bool closing_ = false, closed_ = false, crashed_ = false;
 };
