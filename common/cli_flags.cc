@@ -151,6 +151,19 @@ void AddPrintConfigFlag(CLI::App& app) {
                "(command line, CAIRN_* environment, default), then exit");
 }
 
+void AddLogFlags(CLI::App& app, LogFlags* flags) {
+  app.add_option("--log-level", flags->level,
+                 "trace, debug, info, warn, error or off")
+      ->capture_default_str()
+      ->check(
+          CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  app.add_option("--log-format", flags->format,
+                 "text, or json: one JSON object per line (time, level, "
+                 "thread, logger, msg) for log pipelines")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"text", "json"}));
+}
+
 void AddVersionFlag(CLI::App& app, const std::string& program) {
   app.set_version_flag("--version", VersionString(program),
                        "Print the version and exit");

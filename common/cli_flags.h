@@ -23,6 +23,16 @@ CLI::Validator Positive();
 // A number in [min, max].
 CLI::Validator InRange(double min, double max);
 
+// The daemons' logging flags: --log-level (trace, debug, info, warn, error,
+// off; default info) and --log-format (text or json; default text), both
+// checked as sets. The caller applies them after Parse (SetLogLevel,
+// SetLogFormat in common/logging.h).
+struct LogFlags {
+  std::string level = "info";
+  std::string format = "text";
+};
+void AddLogFlags(CLI::App& app, LogFlags* flags);
+
 // Adds --version to `app`, printing VersionString(program).
 void AddVersionFlag(CLI::App& app, const std::string& program);
 

@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
       "domain socket (cairn.v1.Agent); agents talk over the peer transport.",
       "cairn-agent"};
   AgentServer::Spec spec;
-  std::string peers, peer_dir, ready_file, log_level = "info";
+  std::string peers, peer_dir, ready_file;
   int budget_mib = 1024, bucket_cap_mib = 32, cuda_device = 0;
   int stream_bucket_kib = 64 << 10, stream_idle_timeout_ms = 60000;
   app.add_option("--node-id", spec.agent.node_id, "This node's id")
@@ -121,17 +121,8 @@ int main(int argc, char** argv) {
                  "probes); NOT_SERVING while draining (default: none)");
   app.add_option("--ready-file", ready_file,
                  "Written with the peer port once serving");
-  app.add_option("--log-level", log_level,
-                 "trace, debug, info, warn, error or off")
-      ->capture_default_str()
-      ->check(
-          CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
-  std::string log_format = "text";
-  app.add_option("--log-format", log_format,
-                 "text, or json: one JSON object per line (time, level, "
-                 "thread, logger, msg) for log pipelines")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"text", "json"}));
+  cairn::flags::LogFlags log;
+  cairn::flags::AddLogFlags(app, &log);
   cairn::flags::AddVersionFlag(app, "cairn-agent");
   cairn::flags::AddPrintConfigFlag(app);
   cairn::flags::AddEnvironmentVariables(app);
@@ -141,9 +132,9 @@ int main(int argc, char** argv) {
   }
 
   // Checked by the flags' own validators above.
-  (void)cairn::SetLogFormat(log_format);
+  (void)cairn::SetLogFormat(log.format);
   cairn::RouteGrpcLogsToCairnLogger();
-  if (absl::Status s = cairn::SetLogLevel(log_level); !s.ok()) {
+  if (absl::Status s = cairn::SetLogLevel(log.level); !s.ok()) {
     std::fprintf(stderr, "cairn-agent: %s\n", std::string(s.message()).c_str());
     return 2;
   }

@@ -27,7 +27,6 @@ int main(int argc, char** argv) {
   CoordinatorServer::Spec spec;
   std::string data_dir = "cairn-data";
   std::string port_file;
-  std::string log_level = "info";
   // Defaults come from CoordinatorOptions (documented there).
   const cairn::coordinator::CoordinatorOptions defaults;
   double begin_deadline_s = absl::ToDoubleSeconds(defaults.begin_deadline);
@@ -118,17 +117,8 @@ int main(int argc, char** argv) {
       ->check(cairn::flags::InRange(1, 1 << 20));
   app.add_option("--port-file", port_file,
                  "Write the bound port to this file once serving");
-  app.add_option("--log-level", log_level,
-                 "trace, debug, info, warn, error or off")
-      ->capture_default_str()
-      ->check(
-          CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
-  std::string log_format = "text";
-  app.add_option("--log-format", log_format,
-                 "text, or json: one JSON object per line (time, level, "
-                 "thread, logger, msg) for log pipelines")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"text", "json"}));
+  cairn::flags::LogFlags log;
+  cairn::flags::AddLogFlags(app, &log);
   cairn::flags::AddVersionFlag(app, "cairnd");
   cairn::flags::AddPrintConfigFlag(app);
   cairn::flags::AddEnvironmentVariables(app);
@@ -138,9 +128,9 @@ int main(int argc, char** argv) {
   }
 
   // Checked by the flags' own validators above.
-  (void)cairn::SetLogFormat(log_format);
+  (void)cairn::SetLogFormat(log.format);
   cairn::RouteGrpcLogsToCairnLogger();
-  if (absl::Status s = cairn::SetLogLevel(log_level); !s.ok()) {
+  if (absl::Status s = cairn::SetLogLevel(log.level); !s.ok()) {
     std::fprintf(stderr, "cairnd: %s\n", std::string(s.message()).c_str());
     return 2;
   }
