@@ -367,13 +367,18 @@ TEST_F(OpsTest, BothDaemonsServeGrpcHealth) {
   EXPECT_EQ(*status, 1);  // SERVING
 
   const std::string health = absl::StrCat("127.0.0.1:", FreePort());
+  // Unix socket paths are at most 107 bytes: not under Bazel's long tmpdir.
+  const std::string socket =
+      absl::StrCat("/tmp/cairn-ops-health-", getpid(), ".sock");
   absl::StatusOr<testing::Subprocess> agent = testing::Subprocess::Start(
-      {g_agent, "--node-id", "0", "--listen-unix", dir_ + "/h.sock",
-       "--coordinator", cairnd_->address(), "--health-listen", health,
-       "--ready-file", dir_ + "/h.ready"},
+      {g_agent, "--node-id", "0", "--listen-unix", socket, "--coordinator",
+       cairnd_->address(), "--health-listen", health, "--ready-file",
+       dir_ + "/h.ready"},
       dir_ + "/agent.log");
   ASSERT_TRUE(agent.ok()) << agent.status();
-  for (int i = 0; i < 600 && !std::filesystem::exists(dir_ + "/h.ready"); ++i) {
+  for (int i = 0; i < 600 && !std::filesystem::exists(dir_ + "/h.ready") &&
+                  !absl::StrContains(agent->Log(), "cairn-agent: ");
+       ++i) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   ASSERT_TRUE(std::filesystem::exists(dir_ + "/h.ready")) << agent->Log();
