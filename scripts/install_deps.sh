@@ -21,6 +21,9 @@ PACKAGES=(
   # in bench/.
   libcurl4-openssl-dev libtinyxml2-dev
   ceph-mon ceph-osd radosgw ceph-common python3-boto3 s3cmd openssl curl
+  # The daemons' Prometheus endpoint (--metrics-listen): cpp-httplib; the
+  # tests check it with promtool and scrape it with a real Prometheus.
+  libcpp-httplib-dev prometheus
 )
 
 missing=()
