@@ -54,6 +54,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
       Recover(*c->store_, *c->catalog_,
               RecoveryOptions{options.catalog_path,
                               options.clean_incomplete_on_start}));
+  CAIRN_ASSIGN_OR_RETURN(
+      c->agents_, AgentRegistry::Open(c->catalog_.get(), options.max_agents));
   return c;
 }
 

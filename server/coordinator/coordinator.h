@@ -94,6 +94,7 @@
 #include "planner/load_plan.h"
 #include "planner/plan_cache.h"
 #include "planner/save_plan.h"
+#include "server/coordinator/agent_registry.h"
 #include "server/coordinator/load_rounds.h"
 #include "storage/catalog/catalog.h"
 #include "storage/shard_store.h"
@@ -140,6 +141,9 @@ struct CoordinatorOptions {
   // Largest world size accepted. Default: 1 << 20. A save's memory grows
   // with the ranks that actually arrived, not with the world size it claims.
   int max_world_size = 1 << 20;
+  // Agents (node names) the registry records (agent_registry.h); one more
+  // name is RESOURCE_EXHAUSTED. Default: 4096.
+  int max_agents = 4096;
   // Save sessions in progress (gathering, writing or committing) at a time,
   // per job and in total; one more is RESOURCE_EXHAUSTED naming the job.
   // Defaults: 8 per job, 256 in total.
@@ -206,6 +210,9 @@ class Coordinator {
   // Aborts in-flight saves (UNAVAILABLE: "cairnd is shutting down") and
   // answers their waiting ranks. Idempotent; the destructor calls it.
   void Shutdown();
+
+  // Node ids and peer addresses of agents started with --node-id auto.
+  AgentRegistry& agents() { return *agents_; }
 
   // Runs blocking work off the caller's thread (used by the gRPC adapter).
   ThreadPool& workers() { return *workers_; }
@@ -306,7 +313,8 @@ class Coordinator {
   const CoordinatorOptions options_;
   const std::unique_ptr<storage::ShardStore> store_;
   const std::unique_ptr<storage::Catalog> catalog_;
-  const std::string storage_settings_;  // part of every plan cache key
+  const std::string storage_settings_;     // part of every plan cache key
+  std::unique_ptr<AgentRegistry> agents_;  // set by Create
 
   planner::PlanCache plan_cache_;  // thread-safe
   LruCache<SaveKey, LoadedCheckpoint> manifests_;

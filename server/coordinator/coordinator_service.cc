@@ -111,14 +111,20 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator) {
   using v1::CommitSaveResponse;
   using v1::DeleteCheckpointRequest;
   using v1::DeleteCheckpointResponse;
+  using v1::ForgetAgentRequest;
+  using v1::ForgetAgentResponse;
   using v1::GarbageCollectRequest;
   using v1::GarbageCollectResponse;
   using v1::GetCheckpointRequest;
   using v1::GetCheckpointResponse;
+  using v1::ListAgentsRequest;
+  using v1::ListAgentsResponse;
   using v1::ListCheckpointsRequest;
   using v1::ListCheckpointsResponse;
   using v1::PlanLoadRequest;
   using v1::PlanLoadResponse;
+  using v1::RegisterAgentRequest;
+  using v1::RegisterAgentResponse;
   using v1::VerifyLoadRequest;
   using v1::VerifyLoadResponse;
 
@@ -188,6 +194,25 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator) {
               [](Coordinator& c, const GarbageCollectRequest& r) {
                 return c.GarbageCollect(r);
               })));
+  // The agent registry writes the catalog: on a worker.
+  add("RegisterAgent",
+      RawHandler<RegisterAgentRequest, RegisterAgentResponse>(
+          coordinator, name("RegisterAgent"),
+          OnWorkers<RegisterAgentRequest, RegisterAgentResponse>(
+              [](Coordinator& c, const RegisterAgentRequest& r) {
+                return c.agents().Register(r);
+              })));
+  add("ListAgents",
+      RawHandler<ListAgentsRequest, ListAgentsResponse>(
+          coordinator, name("ListAgents"),
+          [](Coordinator& c, std::shared_ptr<const ListAgentsRequest>,
+             Done<ListAgentsResponse> done) { done(c.agents().List()); }));
+  add("ForgetAgent", RawHandler<ForgetAgentRequest, ForgetAgentResponse>(
+                         coordinator, name("ForgetAgent"),
+                         OnWorkers<ForgetAgentRequest, ForgetAgentResponse>(
+                             [](Coordinator& c, const ForgetAgentRequest& r) {
+                               return c.agents().Forget(r);
+                             })));
 }
 
 }  // namespace cairn::coordinator

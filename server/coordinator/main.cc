@@ -91,6 +91,11 @@ int main(int argc, char** argv) {
                  "Largest world size a save or load may claim")
       ->capture_default_str()
       ->check(cairn::flags::InRange(1, 1 << 24));
+  app.add_option("--max-agents", spec.coordinator.max_agents,
+                 "Node names the agent registry records (agents started "
+                 "with --node-id auto); forget gone nodes to make room")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 20));
   app.add_option("--max-sessions", spec.coordinator.max_sessions,
                  "Saves in progress at a time, all jobs together; one more "
                  "is refused with RESOURCE_EXHAUSTED")

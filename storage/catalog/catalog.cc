@@ -30,6 +30,7 @@ constexpr char kSchemaKey[] = "meta/schema";
 constexpr char kJobPrefix[] = "job/";
 constexpr char kCkptPrefix[] = "ckpt/";
 constexpr char kPlanPrefix[] = "plan/";
+constexpr char kAgentPrefix[] = "agent/";
 
 std::string Step16(int64_t step) { return absl::StrFormat("%016d", step); }
 
@@ -275,6 +276,53 @@ absl::Status Catalog::DeletePlanCacheEntries(absl::string_view job) {
   return FromRocks(
       db_->Write(SyncWrite(), &batch),
       absl::StrCat("deleting plan-cache entries of job '", job, "'"));
+}
+
+absl::Status Catalog::PutAgent(const v1::AgentRecord& record) {
+  if (record.node_name().empty() || record.node_id() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "agent record needs a node name and an id >= 0 (got '",
+        absl::CHexEscape(record.node_name()), "', ", record.node_id(), ")"));
+  }
+  return FromRocks(
+      db_->Put(SyncWrite(), absl::StrCat(kAgentPrefix, record.node_name()),
+               record.SerializeAsString()),
+      absl::StrCat("recording agent of node '", record.node_name(), "'"));
+}
+
+absl::StatusOr<std::vector<v1::AgentRecord>> Catalog::ListAgents() {
+  std::vector<v1::AgentRecord> out;
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(kAgentPrefix);
+       it->Valid() && it->key().starts_with(kAgentPrefix); it->Next()) {
+    v1::AgentRecord record;
+    const absl::string_view name =
+        ToView(it->key()).substr(sizeof(kAgentPrefix) - 1);
+    if (!record.ParseFromArray(it->value().data(),
+                               static_cast<int>(it->value().size())) ||
+        record.node_name() != name) {
+      return absl::DataLossError(absl::StrCat(
+          "catalog: agent record '", PrintableKey(ToView(it->key())),
+          "' is not an AgentRecord of that node"));
+    }
+    out.push_back(std::move(record));
+  }
+  CAIRN_RETURN_IF_ERROR(FromRocks(it->status(), "listing agents"));
+  return out;
+}
+
+absl::Status Catalog::DeleteAgent(absl::string_view node_name) {
+  const std::string key = absl::StrCat(kAgentPrefix, node_name);
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), key, &value);
+  if (s.IsNotFound()) {
+    return absl::NotFoundError(
+        absl::StrCat("no agent of node '", node_name, "' in the catalog"));
+  }
+  CAIRN_RETURN_IF_ERROR(FromRocks(s, "reading an agent before delete"));
+  return FromRocks(db_->Delete(SyncWrite(), key),
+                   absl::StrCat("deleting agent of node '", node_name, "'"));
 }
 
 bool Catalog::empty() {

@@ -9,6 +9,7 @@
 //   "job/" + job                         -> "" (the job exists)
 //   "ckpt/" + job + '\0' + step16        -> cairn.v1.CheckpointRecord
 //   "plan/" + job + '\0' + key           -> opaque plan-cache bytes
+//   "agent/" + node_name                 -> cairn.v1.AgentRecord
 // step16 is the step as 16 zero-padded decimal digits. Job names are
 // [A-Za-z0-9._-]{1,128} (ValidateJobName), so they contain neither '\0' nor
 // '/'. Multi-key updates (a checkpoint and its job) are one WriteBatch; every
@@ -74,8 +75,16 @@ class Catalog {
   // Removes every plan-cache entry of `job`.
   absl::Status DeletePlanCacheEntries(absl::string_view job);
 
-  // True when no job and no checkpoint is recorded (plan-cache entries and
-  // metadata do not count).
+  // The agent registry (see cairn.v1.AgentRecord): one record per node name.
+  // Put inserts or replaces; INVALID_ARGUMENT for an empty name or a negative
+  // id. List returns every record, by name.
+  absl::Status PutAgent(const v1::AgentRecord& record);
+  absl::StatusOr<std::vector<v1::AgentRecord>> ListAgents();
+  // NOT_FOUND naming the node if absent.
+  absl::Status DeleteAgent(absl::string_view node_name);
+
+  // True when no job and no checkpoint is recorded (plan-cache entries,
+  // agent records and metadata do not count).
   bool empty();
 
   // Scans every job's committed steps in `store`, reads their MANIFESTs and

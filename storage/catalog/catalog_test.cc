@@ -170,6 +170,38 @@ TEST_F(CatalogTest, PlanCacheEntries) {
   EXPECT_EQ(catalog_->GetPlanCacheEntry("a-b", key).value(), "other");
 }
 
+TEST_F(CatalogTest, AgentRecordsSurviveReopenAndDelete) {
+  auto agent = [](const std::string& name, int id, const std::string& addr) {
+    v1::AgentRecord r;
+    r.set_node_name(name);
+    r.set_node_id(id);
+    r.set_peer_address(addr);
+    return r;
+  };
+  ASSERT_TRUE(catalog_->PutAgent(agent("node-b", 1, "10.0.0.2:7071")).ok());
+  ASSERT_TRUE(catalog_->PutAgent(agent("node-a", 0, "10.0.0.1:7071")).ok());
+  ASSERT_TRUE(catalog_->PutAgent(agent("node-b", 1, "10.0.0.9:7071")).ok());
+  // Agents do not make the catalog non-empty (it is still rebuilt).
+  EXPECT_TRUE(catalog_->empty());
+  Reopen();
+  auto agents = catalog_->ListAgents();
+  ASSERT_TRUE(agents.ok()) << agents.status();
+  ASSERT_EQ(agents->size(), 2u);
+  EXPECT_EQ((*agents)[0].node_name(), "node-a");
+  EXPECT_EQ((*agents)[1].node_name(), "node-b");
+  EXPECT_EQ((*agents)[1].node_id(), 1);
+  EXPECT_EQ((*agents)[1].peer_address(), "10.0.0.9:7071");
+  EXPECT_EQ(catalog_->PutAgent(agent("", 2, "")).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(catalog_->PutAgent(agent("x", -1, "")).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(catalog_->DeleteAgent("node-a").ok());
+  absl::Status again = catalog_->DeleteAgent("node-a");
+  EXPECT_EQ(again.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(again.message(), HasSubstr("node-a"));
+  EXPECT_EQ(catalog_->ListAgents()->size(), 1u);
+}
+
 TEST_F(CatalogTest, RebuildFromStoreFindsEveryCommittedCheckpoint) {
   auto store = OpenShardStore("mem://").value();
   TestCheckpointSpec spec;
