@@ -1,9 +1,11 @@
 #include "common/logging.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <memory>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/pattern_formatter.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -30,16 +32,22 @@ bool ParseLevel(absl::string_view name, spdlog::level::level_enum* out) {
 constexpr char kTextPattern[] = "%Y-%m-%dT%H:%M:%S.%e %^%L%$ %t %n] %v";
 constexpr char kJsonPattern[] =
     R"({"time":"%Y-%m-%dT%H:%M:%S.%eZ","level":"%l","thread":%t,)"
-    R"("logger":"%n","msg":"%*"})";
+    R"("logger":"%n","msg":%*})";
 
-// %* in the JSON pattern: the message, JSON-escaped.
+// %* in the JSON pattern: the message as a JSON string, then the job, step,
+// rank and node it names as fields of their own.
 class JsonMessageFlag : public spdlog::custom_flag_formatter {
  public:
   void format(const spdlog::details::log_msg& msg, const std::tm&,
               spdlog::memory_buf_t& dest) override {
-    const std::string escaped =
-        JsonEscape(absl::string_view(msg.payload.data(), msg.payload.size()));
-    dest.append(escaped.data(), escaped.data() + escaped.size());
+    const absl::string_view text(msg.payload.data(), msg.payload.size());
+    std::string out = absl::StrCat("\"", JsonEscape(text), "\"");
+    const LogFields f = ExtractLogFields(text);
+    if (f.job) absl::StrAppend(&out, ",\"job\":\"", JsonEscape(*f.job), "\"");
+    if (f.step) absl::StrAppend(&out, ",\"step\":", *f.step);
+    if (f.rank) absl::StrAppend(&out, ",\"rank\":", *f.rank);
+    if (f.node) absl::StrAppend(&out, ",\"node\":", *f.node);
+    dest.append(out.data(), out.data() + out.size());
   }
   std::unique_ptr<custom_flag_formatter> clone() const override {
     return std::make_unique<JsonMessageFlag>();
@@ -84,6 +92,59 @@ std::shared_ptr<spdlog::logger> MakeLogger() {
 }
 
 }  // namespace
+
+namespace {
+
+// The value after the first "<word> " in `m` that starts a word: a number,
+// or (for a job) a 'quoted' or bare name ending at a space, ':' or ','.
+std::optional<std::string> WordAfter(absl::string_view m,
+                                     absl::string_view word, bool number) {
+  const std::string key = absl::StrCat(word, " ");
+  for (size_t at = m.find(key); at != absl::string_view::npos;
+       at = m.find(key, at + 1)) {
+    if (at > 0 && std::isalnum(static_cast<unsigned char>(m[at - 1]))) continue;
+    absl::string_view rest = m.substr(at + key.size());
+    if (number) {
+      size_t n = 0;
+      while (n < rest.size() &&
+             std::isdigit(static_cast<unsigned char>(rest[n]))) {
+        ++n;
+      }
+      if (n > 0 && n <= 18) return std::string(rest.substr(0, n));
+      continue;
+    }
+    if (!rest.empty() && rest[0] == '\'') {
+      const size_t end = rest.find('\'', 1);
+      if (end != absl::string_view::npos && end > 1) {
+        return std::string(rest.substr(1, end - 1));
+      }
+      continue;
+    }
+    const size_t end = rest.find_first_of(" :,");
+    const absl::string_view name = rest.substr(0, end);
+    if (!name.empty()) return std::string(name);
+  }
+  return std::nullopt;
+}
+
+std::optional<int64_t> NumberAfter(absl::string_view m,
+                                   absl::string_view word) {
+  std::optional<std::string> s = WordAfter(m, word, /*number=*/true);
+  int64_t v = 0;
+  if (!s || !absl::SimpleAtoi(*s, &v)) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+LogFields ExtractLogFields(absl::string_view message) {
+  LogFields f;
+  f.job = WordAfter(message, "job", /*number=*/false);
+  f.step = NumberAfter(message, "step");
+  f.rank = NumberAfter(message, "rank");
+  f.node = NumberAfter(message, "node");
+  return f;
+}
 
 std::string JsonEscape(absl::string_view s) {
   std::string out;

@@ -14,6 +14,10 @@
 #ifndef CAIRN_COMMON_LOGGING_H_
 #define CAIRN_COMMON_LOGGING_H_
 
+#include <cstdint>
+#include <optional>
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "spdlog/spdlog.h"
@@ -32,6 +36,15 @@ absl::Status SetLogFormat(absl::string_view format);
 // `s` escaped for the inside of a JSON string (quotes, backslashes, control
 // characters; UTF-8 passes through). Exposed for tests.
 std::string JsonEscape(absl::string_view s);
+
+// The job, step, rank and node a log message is about, read from the words
+// Cairn's messages use ("job 'llama' step 7 rank 3: ...", "node 2: ...");
+// --log-format json adds them as fields so log pipelines can filter on them.
+struct LogFields {
+  std::optional<std::string> job;
+  std::optional<int64_t> step, rank, node;
+};
+LogFields ExtractLogFields(absl::string_view message);
 
 }  // namespace cairn
 

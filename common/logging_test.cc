@@ -81,6 +81,9 @@ TEST(LoggingTest, JsonFormatIsOneParsableObjectPerLine) {
   EXPECT_EQ(j["level"], "warning");
   EXPECT_EQ(j["logger"], "cairn");
   EXPECT_EQ(j["msg"], "job llama rank 3: " + tricky);
+  EXPECT_EQ(j["job"], "llama");  // the message's job and rank as fields
+  EXPECT_EQ(j["rank"], 3);
+  EXPECT_FALSE(j.contains("step"));
   EXPECT_TRUE(j["thread"].is_number());
   const std::string time = j["time"];
   EXPECT_EQ(time.size(), 24u) << time;  // 2026-11-24T10:00:00.123Z
@@ -112,4 +115,27 @@ TEST(LoggingTest, GrpcLogLinesGoThroughCairnsLogger) {
 }
 
 }  // namespace
+TEST(LoggingTest, ExtractLogFieldsReadsJobStepRankNode) {
+  LogFields f =
+      ExtractLogFields("job 'llama 7b' step 1200 rank 3/8: load refused");
+  EXPECT_EQ(f.job, "llama 7b");
+  EXPECT_EQ(f.step, 1200);
+  EXPECT_EQ(f.rank, 3);
+  EXPECT_EQ(f.node, std::nullopt);
+  f = ExtractLogFields("node 2: peer node 5 unavailable for job demo: EOF");
+  EXPECT_EQ(f.node, 2);  // the first one
+  EXPECT_EQ(f.job, "demo");
+  // Words inside other words and words without a value are not fields.
+  f = ExtractLogFields("subjob x, restep 4, ranks 2, job : step x");
+  EXPECT_EQ(f.job, std::nullopt);
+  EXPECT_EQ(f.step, std::nullopt);
+  EXPECT_EQ(f.rank, std::nullopt);
+  f = ExtractLogFields("job 'unterminated step 9");
+  EXPECT_EQ(f.job, std::nullopt);
+  EXPECT_EQ(f.step, 9);
+  // A number too long for int64 is not a field.
+  f = ExtractLogFields("step 99999999999999999999999");
+  EXPECT_EQ(f.step, std::nullopt);
+}
+
 }  // namespace cairn
