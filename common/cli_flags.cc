@@ -1,13 +1,18 @@
 #include "common/cli_flags.h"
 
+#include <unistd.h>  // environ
+
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <set>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/version.h"
 
 namespace cairn::flags {
@@ -134,6 +139,41 @@ void PrintConfig(const CLI::App& app, int argc, const char* const* argv,
   }
 }
 
+// CAIRN_* variables that are not a daemon's flags but are read elsewhere
+// (libraries, the Python package, tests): never warned about.
+constexpr absl::string_view kNonFlagVariables[] = {
+    "CAIRN_PEER_TOKEN",   "CAIRN_CRASH_POINTS", "CAIRN_COORDINATOR",
+    "CAIRN_JOB",          "CAIRN_AGENT_SOCKET", "CAIRN_BUILD_DIR",
+    "CAIRN_TEST_STORAGE", "CAIRN_CEPH_DIR"};
+constexpr absl::string_view kNonFlagPrefixes[] = {"CAIRN_S3_", "CAIRN_TEST_"};
+
+// A CAIRN_* variable that names no option of a program that reads its
+// options from the environment is most likely a typo
+// (CAIRN_STAGING_BUDGET_MB): say so on `err` instead of ignoring it.
+void WarnUnknownEnvironmentVariables(const CLI::App& app, std::ostream& err) {
+  std::set<std::string> known;
+  for (const auto& [opt, env] : EnvOptions(app)) {
+    if (!opt->get_envname().empty()) known.insert(env);
+  }
+  if (known.empty()) return;  // this program takes no options from CAIRN_*
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    const absl::string_view name = entry.substr(0, entry.find('='));
+    if (!absl::StartsWith(name, "CAIRN_") || known.count(std::string(name))) {
+      continue;
+    }
+    bool expected = false;
+    for (absl::string_view v : kNonFlagVariables) expected |= name == v;
+    for (absl::string_view p : kNonFlagPrefixes) {
+      expected |= absl::StartsWith(name, p);
+    }
+    if (expected) continue;
+    err << app.get_name() << ": warning: " << name << " is set but is not a "
+        << app.get_name() << " setting (ignored); settings are --foo-bar as "
+        << "CAIRN_FOO_BAR, see --help\n";
+  }
+}
+
 }  // namespace
 
 void AddEnvironmentVariables(CLI::App& app) {
@@ -198,6 +238,7 @@ std::optional<int> Parse(CLI::App& app, int argc, const char* const* argv,
         << "Run with --help for more information.\n";
     return kExitUsage;
   }
+  WarnUnknownEnvironmentVariables(app, err);
   const CLI::Option* print = nullptr;
   for (const CLI::Option* opt : app.get_options()) {
     if (!opt->get_lnames().empty() &&

@@ -208,6 +208,16 @@ TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("--keep-last=2  # command line"));
+  // A CAIRN_* variable that is no setting (a typo) is reported, not ignored.
+  ASSERT_EQ(Run({env, "CAIRN_KEEP_LASTT=3", "CAIRN_KEEP_LAST=4", g_cairnd,
+                 "--print-config"},
+                &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("cairnd: warning: CAIRN_KEEP_LASTT is set but "
+                             "is not a cairnd setting (ignored)"));
+  EXPECT_THAT(out, Not(HasSubstr("CAIRN_KEEP_LAST is set")));
+  EXPECT_THAT(out, HasSubstr("--keep-last=4  # CAIRN_KEEP_LAST"));
   // Checked like flags, naming the variable.
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
       {{env, "CAIRN_KEEP_LAST=-1", g_cairnd},
