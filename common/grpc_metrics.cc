@@ -72,24 +72,23 @@ class Factory final : public ge::ServerInterceptorFactoryInterface {
 }  // namespace
 
 std::string GrpcCodeName(int code) {
-  static constexpr std::array<const char*, 17> kNames = {
-      "OK",
-      "CANCELLED",
-      "UNKNOWN",
-      "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED",
-      "NOT_FOUND",
-      "ALREADY_EXISTS",
-      "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION",
-      "ABORTED",
-      "OUT_OF_RANGE",
-      "UNIMPLEMENTED",
-      "INTERNAL",
-      "UNAVAILABLE",
-      "DATA_LOSS",
-      "UNAUTHENTICATED"};
+  static constexpr std::array<const char*, 17> kNames = {"OK",
+                                                         "CANCELLED",
+                                                         "UNKNOWN",
+                                                         "INVALID_ARGUMENT",
+                                                         "DEADLINE_EXCEEDED",
+                                                         "NOT_FOUND",
+                                                         "ALREADY_EXISTS",
+                                                         "PERMISSION_DENIED",
+                                                         "RESOURCE_EXHAUSTED",
+                                                         "FAILED_PRECONDITION",
+                                                         "ABORTED",
+                                                         "OUT_OF_RANGE",
+                                                         "UNIMPLEMENTED",
+                                                         "INTERNAL",
+                                                         "UNAVAILABLE",
+                                                         "DATA_LOSS",
+                                                         "UNAUTHENTICATED"};
   if (code >= 0 && code < static_cast<int>(kNames.size())) return kNames[code];
   return std::to_string(code);
 }

@@ -15,8 +15,8 @@ namespace {
 
 void AddTo(std::atomic<double>& a, double amount) {
   double old = a.load(std::memory_order_relaxed);
-  while (!a.compare_exchange_weak(old, old + amount,
-                                  std::memory_order_relaxed)) {
+  while (
+      !a.compare_exchange_weak(old, old + amount, std::memory_order_relaxed)) {
   }
 }
 
@@ -31,8 +31,8 @@ bool ValidName(std::string_view name, bool label) {
     const char c = name[i];
     const bool letter =
         (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-    const bool ok = letter || (!label && c == ':') ||
-                    (i > 0 && c >= '0' && c <= '9');
+    const bool ok =
+        letter || (!label && c == ':') || (i > 0 && c >= '0' && c <= '9');
     if (!ok) return false;
   }
   return true;
@@ -300,11 +300,12 @@ std::string Registry::Render() const {
   }
   std::string out;
   for (const Entry* e : entries) {
-    const char* type = e->type == MetricType::kCounter   ? "counter"
-                       : e->type == MetricType::kGauge   ? "gauge"
-                                                         : "histogram";
-    absl::StrAppend(&out, "# HELP ", e->name, " ", internal::EscapeHelp(e->help),
-                    "\n# TYPE ", e->name, " ", type, "\n");
+    const char* type = e->type == MetricType::kCounter ? "counter"
+                       : e->type == MetricType::kGauge ? "gauge"
+                                                       : "histogram";
+    absl::StrAppend(&out, "# HELP ", e->name, " ",
+                    internal::EscapeHelp(e->help), "\n# TYPE ", e->name, " ",
+                    type, "\n");
     auto line = [&](const char* suffix, const std::string& labels,
                     double value) {
       absl::StrAppend(&out, e->name, suffix, labels, " ",
@@ -338,8 +339,8 @@ std::string Registry::Render() const {
         const double sum = h->sum();
         const std::vector<uint64_t> counts = h->CumulativeCounts();
         for (size_t i = 0; i < counts.size(); ++i) {
-          const std::string le =
-              i < h->bounds().size() ? internal::FormatValue(h->bounds()[i])
+          const std::string le = i < h->bounds().size()
+                                     ? internal::FormatValue(h->bounds()[i])
                                      : "+Inf";
           line("_bucket",
                Labels(e->label_names, values, absl::StrCat("le=\"", le, "\"")),

@@ -43,10 +43,10 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
   http.new_task_queue = [] { return new httplib::ThreadPool(2); };
-  http.Get("/metrics", [registry](const httplib::Request&,
-                                  httplib::Response& response) {
-    response.set_content(registry->Render(), Registry::kContentType);
-  });
+  http.Get("/metrics",
+           [registry](const httplib::Request&, httplib::Response& response) {
+             response.set_content(registry->Render(), Registry::kContentType);
+           });
   errno = 0;
   if (port == 0) {
     s->port_ = http.bind_to_any_port(host);
@@ -55,10 +55,10 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   }
   if (s->port_ <= 0) {
     const int err = errno;
-    return absl::UnavailableError(absl::StrCat(
-        "cannot serve metrics on ", listen_address, ": ",
-        err != 0 ? std::strerror(err) : "cannot bind",
-        " (address in use by another process, or not local?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", listen_address, ": ",
+                     err != 0 ? std::strerror(err) : "cannot bind",
+                     " (address in use by another process, or not local?)"));
   }
   s->thread_ = std::thread([&http] { http.listen_after_bind(); });
   // stop() only stops a running server: wait until it runs, so the

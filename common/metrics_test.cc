@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics_http.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
-#include "common/metrics_http.h"
 
 namespace cairn::metrics {
 namespace {
@@ -176,9 +176,9 @@ TEST(MetricsTest, ConcurrentUpdatesAreNotLost) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(c->value(), 40000);
-  EXPECT_EQ(f->Get({"0"})->value() + f->Get({"1"})->value() +
-                f->Get({"2"})->value(),
-            80000);
+  EXPECT_EQ(
+      f->Get({"0"})->value() + f->Get({"1"})->value() + f->Get({"2"})->value(),
+      80000);
   EXPECT_EQ(h->CumulativeCounts()[0], 20000u);
   EXPECT_EQ(h->count(), 40000u);
   EXPECT_EQ(h->sum(), 20000 * 0.5 + 20000 * 2);
@@ -214,8 +214,7 @@ TEST(MetricsHttpServerTest, ServesMetricsAnd404Elsewhere) {
   httplib::Result got = client.Get("/metrics");
   ASSERT_TRUE(got) << httplib::to_string(got.error());
   EXPECT_EQ(got->status, 200);
-  EXPECT_EQ(got->get_header_value("Content-Type"),
-            "text/plain; version=0.0.4");
+  EXPECT_EQ(got->get_header_value("Content-Type"), "text/plain; version=0.0.4");
   EXPECT_EQ(got->body, r.Render());
   EXPECT_THAT(got->body, HasSubstr("cairn_x_total 3\n"));
   httplib::Result other = client.Get("/");
