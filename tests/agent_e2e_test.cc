@@ -8,7 +8,9 @@
 //   * an agent killed mid-persist (right before CommitSave): that checkpoint
 //     never commits and the previous one stays `latest`;
 //   * a node's agent lost (SIGKILL) with the storage copy gone too: its data
-//     is restored from a peer agent's replica.
+//     is restored from a peer agent's replica;
+//   * the same with Kubernetes-style agents (--node-id auto, no peer list):
+//     the restarted agent gets its node id back from cairnd's registry.
 //
 // Storage (what agents persist to) is file:// under the test's temp dir, or
 // a fresh S3 bucket with CAIRN_TEST_STORAGE=s3 (tests/testing/test_storage.h).
@@ -56,6 +58,7 @@ namespace cairn {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string g_cairnd = CAIRN_CAIRND_PATH;
 std::string g_agent = CAIRN_AGENT_PATH;
@@ -131,6 +134,12 @@ class AgentE2ETest : public ::testing::Test {
                                      ready,
                                      "--peer-token-file",
                                      TokenFile()};
+    if (auto_ids_) {
+      // As in Kubernetes: no id, no peer list; a stable node name.
+      argv[2] = "auto";
+      argv[7] = "--node-name";
+      argv[8] = absl::StrCat("k8s-node-", node);
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto p = testing::Subprocess::Start(
         argv,
@@ -234,6 +243,36 @@ class AgentE2ETest : public ::testing::Test {
     return false;
   }
 
+  // cairnd's agent table as "name=id@address", by id.
+  std::vector<std::string> Agents() {
+    auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+        cairnd_->address(), grpc::InsecureChannelCredentials()));
+    v1::ListAgentsResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub->ListAgents(&ctx, v1::ListAgentsRequest(), &resp).ok());
+    std::vector<std::string> out;
+    for (const auto& a : resp.agents()) {
+      out.push_back(
+          absl::StrCat(a.node_name(), "=", a.node_id(), "@", a.peer_address()));
+    }
+    return out;
+  }
+
+  // Deletes the data objects of `job` from storage: only memory can serve.
+  void DeleteStoredData(const std::string& job) {
+    auto objects = storage_->DataObjects(job + "/");
+    ASSERT_TRUE(objects.ok()) << objects.status();
+    int deleted = 0;
+    for (const std::string& key : *objects) {
+      if (absl::EndsWith(key, ".bin")) {
+        ASSERT_TRUE(storage_->Remove(key).ok()) << key;
+        ++deleted;
+      }
+    }
+    EXPECT_GT(deleted, 0);
+  }
+
+  bool auto_ids_ = false;  // agents started with --node-id auto
   std::string dir_;
   std::unique_ptr<testing::TestStorage> storage_;
   std::unique_ptr<testing::CairndProcess> cairnd_;
@@ -358,6 +397,94 @@ TEST_F(AgentE2ETest, LostNodeAgentIsRestoredFromPeerReplica) {
       << logs_ << agents_[0]->Log() << agents_[1]->Log();
   EXPECT_THAT(logs_, HasSubstr("rank 2: loaded step 7 from agent memory (0 B "
                                "local"));
+}
+
+// Kubernetes-style agents: --node-id auto with a node name, no --peers or
+// --peer-dir. cairnd's registry gives ids by name; the agent of node 0 is
+// lost and restarts (same name, new peer port): it must come back as node 0
+// (a new name would need id 2, beyond --num-nodes 2, and be refused), and
+// node 1 must find it at its new address to serve the peer load.
+TEST_F(AgentE2ETest, AutoIdAgentRestartedKeepsItsIdAndItsPeerLoadWorks) {
+  auto_ids_ = true;
+  StartAgent(0, 1);
+  StartAgent(1, 1);
+  EXPECT_THAT(agents_[0]->Log(),
+              HasSubstr("node 'k8s-node-0' registered with cairnd as node 0"));
+  EXPECT_THAT(agents_[1]->Log(),
+              HasSubstr("node 'k8s-node-1' registered with cairnd as node 1"));
+  const std::vector<std::string> before = Agents();
+  ASSERT_EQ(before.size(), 2u);
+  EXPECT_THAT(before[0], ::testing::StartsWith("k8s-node-0=0@127.0.0.1:"));
+  EXPECT_THAT(before[1], ::testing::StartsWith("k8s-node-1=1@127.0.0.1:"));
+  ASSERT_THAT(SaveAll("k8s", 5), ::testing::Each(0)) << logs_;
+  // Each node's tier 0 was replicated to the other through the registry's
+  // addresses.
+  EXPECT_THAT(agents_[0]->Log(), HasSubstr("committed"));
+  DeleteStoredData("k8s");
+  agents_[0]->Signal(SIGKILL);  // node 0 lost with its tier 0
+  ASSERT_TRUE(agents_[0]->Wait(absl::Seconds(10)).ok());
+  StartAgent(0, 1);  // the pod restarts on the same node: new port
+  EXPECT_THAT(agents_[0]->Log(),
+              HasSubstr("node 'k8s-node-0' registered with cairnd as node 0"));
+  const std::vector<std::string> after = Agents();
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_THAT(after[0], ::testing::StartsWith("k8s-node-0=0@127.0.0.1:"));
+  EXPECT_NE(after[0], before[0]);  // the new peer port was registered
+  EXPECT_EQ(after[1], before[1]);
+  std::vector<std::vector<std::string>> argvs;
+  for (int r = 0; r < kWorld; ++r) {
+    auto a = RankArgs(r, "k8s");
+    a.insert(a.end(), {"--load", "latest", "--expect-source", "memory"});
+    argvs.push_back(std::move(a));
+  }
+  std::vector<int> codes = Run(std::move(argvs));
+  EXPECT_THAT(codes, ::testing::Each(0))
+      << logs_ << agents_[0]->Log() << agents_[1]->Log();
+  // Ranks 0 and 1 (node 0, restarted empty) get every byte from node 1.
+  EXPECT_THAT(logs_, HasSubstr("rank 0: loaded step 5 from agent memory (0 B "
+                               "local"));
+
+  // The other way: node 1 replicates to node 0 at its new address, then
+  // node 1 is lost and its restarted agent loads from node 0's replica.
+  ASSERT_THAT(SaveAll("k8s", 6), ::testing::Each(0)) << logs_;
+  EXPECT_THAT(agents_[1]->Log(), Not(HasSubstr("to node 0 failed")));
+  DeleteStoredData("k8s");
+  agents_[1]->Signal(SIGKILL);
+  ASSERT_TRUE(agents_[1]->Wait(absl::Seconds(10)).ok());
+  StartAgent(1, 1);
+  EXPECT_THAT(agents_[1]->Log(),
+              HasSubstr("node 'k8s-node-1' registered with cairnd as node 1"));
+  argvs.clear();
+  for (int r = 0; r < kWorld; ++r) {
+    auto a = RankArgs(r, "k8s");
+    a.insert(a.end(), {"--load", "latest", "--expect-source", "memory"});
+    argvs.push_back(std::move(a));
+  }
+  codes = Run(std::move(argvs));
+  EXPECT_THAT(codes, ::testing::Each(0))
+      << logs_ << agents_[0]->Log() << agents_[1]->Log();
+  EXPECT_THAT(logs_, HasSubstr("rank 2: loaded step 6 from agent memory (0 B "
+                               "local"));
+}
+
+// A third node name in a cluster of --num-nodes 2 is refused with the limit
+// named, and the agent exits instead of running without an id.
+TEST_F(AgentE2ETest, AutoIdBeyondNumNodesExitsNamingTheLimit) {
+  auto_ids_ = true;
+  StartAgent(0, 0);
+  StartAgent(1, 0);
+  std::vector<std::string> argv = {
+      g_agent,         "--node-id",       "auto",
+      "--node-name",   "k8s-node-2",      "--listen-unix",
+      Socket(0) + "x", "--num-nodes",     "2",
+      "--coordinator", cairnd_->address()};
+  auto p = testing::Subprocess::Start(argv, dir_ + "/agent-third.log");
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto exited = p->Wait(absl::Seconds(30));
+  ASSERT_TRUE(exited.ok()) << p->Log();
+  EXPECT_EQ(*exited, 1);
+  EXPECT_THAT(p->Log(), HasSubstr("node 'k8s-node-2'"));
+  EXPECT_THAT(p->Log(), HasSubstr("--num-nodes 2"));
 }
 
 }  // namespace

@@ -172,7 +172,19 @@ TEST_F(OpsTest, OutOfRangeFlagsAreUsageErrorsWithClearMessages) {
        "--io-threads: must be in [1, 256], got 0"},
       {{g_agent, "--node-id", "-3", "--listen-unix", dir_ + "/a.sock",
         "--coordinator", "127.0.0.1:1"},
-       "--node-id: must be >= 0, got -3"},
+       "--node-id: must be >= 0 or 'auto', got -3"},
+      {{g_agent, "--node-id", "first", "--listen-unix", dir_ + "/a.sock",
+        "--coordinator", "127.0.0.1:1"},
+       "--node-id: must be >= 0 or 'auto', got first"},
+      {{g_agent, "--node-id", "auto", "--peers", "h:1,h:2", "--listen-unix",
+        dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
+       "--node-id auto finds peers through cairnd; drop --peers"},
+      {{g_agent, "--node-id", "1", "--node-name", "n", "--listen-unix",
+        dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
+       "--node-name and --peer-advertise need --node-id auto"},
+      {{g_agent, "--node-id", "auto", "--peer-advertise", "10.0.0.1:0",
+        "--listen-unix", dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
+       "--peer-advertise '10.0.0.1:0': the port must be 1 to 65535"},
   };
   for (const Case& c : cases) {
     std::string out;
@@ -229,6 +241,9 @@ TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
         dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
        "--io-threads: must be in [1, 256], got 0 (from the environment: "
        "CAIRN_IO_THREADS=0)"},
+      {{env, "KUBERNETES_SERVICE_HOST=10.96.0.1", g_agent, "--node-id", "auto",
+        "--listen-unix", dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
+       "--node-id auto in Kubernetes needs --node-name"},
   };
   for (const auto& [argv, message] : bad) {
     EXPECT_EQ(Run(argv, &out), 2) << argv[1] << ": " << out;
@@ -243,6 +258,18 @@ TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
       << out;
   EXPECT_THAT(out, HasSubstr("--node-id=2  # CAIRN_NODE_ID"));
   EXPECT_THAT(out, HasSubstr("--coordinator=127.0.0.1:1  # CAIRN_COORDINATOR"));
+  // Kubernetes' downward API: the node name and the pod IP.
+  ASSERT_EQ(Run({env, "CAIRN_NODE_ID=auto", "CAIRN_NODE_NAME=gpu-node-7",
+                 "CAIRN_PEER_ADVERTISE=10.4.0.17", "CAIRN_NUM_NODES=4",
+                 "CAIRN_LISTEN_UNIX=" + dir_ + "/b.sock",
+                 "CAIRN_COORDINATOR=127.0.0.1:1", g_agent, "--print-config"},
+                &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("--node-id=auto  # CAIRN_NODE_ID"));
+  EXPECT_THAT(out, HasSubstr("--node-name=gpu-node-7  # CAIRN_NODE_NAME"));
+  EXPECT_THAT(out,
+              HasSubstr("--peer-advertise=10.4.0.17  # CAIRN_PEER_ADVERTISE"));
 }
 
 // --log-format json: everything cairnd writes to stderr, its own events and

@@ -191,6 +191,22 @@ class CoordinatorBackend : public Backend {
     return resp;
   }
 
+  // The agent registry (agents started with --node-id auto).
+  absl::StatusOr<v1::ListAgentsResponse> ListAgents() {
+    v1::ListAgentsResponse resp;
+    CAIRN_RETURN_IF_ERROR(Call(&v1::Coordinator::Stub::ListAgents,
+                               v1::ListAgentsRequest(), &resp));
+    return resp;
+  }
+  absl::StatusOr<int> ForgetAgent(const std::string& node_name) {
+    v1::ForgetAgentRequest req;
+    req.set_node_name(node_name);
+    v1::ForgetAgentResponse resp;
+    CAIRN_RETURN_IF_ERROR(
+        Call(&v1::Coordinator::Stub::ForgetAgent, req, &resp));
+    return resp.node_id();
+  }
+
  private:
   template <typename Req, typename Resp>
   absl::Status Call(grpc::Status (v1::Coordinator::Stub::*m)(
@@ -522,6 +538,17 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
       ->required()
       ->check(flags::AtLeast(1));
   gc->add_flag("--dry-run,-n", dry_run, "Only print what would be deleted");
+  std::string node_name;
+  CLI::App* agents = app.add_subcommand(
+      "agents",
+      "List the agents registered with cairnd (--node-id auto): node id, "
+      "node name, peer address, last registration");
+  CLI::App* forget_agent = app.add_subcommand(
+      "forget-agent",
+      "Remove a node that is gone for good from cairnd's agent registry, so "
+      "its id can go to a new node (never for a node whose agent runs)");
+  forget_agent->add_option("node", node_name, "Node name")->required();
+  forget_agent->add_flag("--yes,-y", yes, "Do not ask for confirmation");
 
   flags::AddVersionFlag(app, "cairn");
   if (std::optional<int> exit_code = flags::Parse(app, argc, argv, out, err)) {
@@ -533,10 +560,19 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
     return 2;
   }
 
+  if ((agents->parsed() || forget_agent->parsed()) && coordinator.empty()) {
+    err << "cairn: the agent registry is cairnd's: give --coordinator "
+           "HOST:PORT\n";
+    return 2;
+  }
+
   std::unique_ptr<Backend> backend;
   StorageBackend* offline = nullptr;
+  CoordinatorBackend* online = nullptr;
   if (!coordinator.empty()) {
-    backend = std::make_unique<CoordinatorBackend>(coordinator);
+    auto cb = std::make_unique<CoordinatorBackend>(coordinator);
+    online = cb.get();
+    backend = std::move(cb);
   } else {
     if (absl::Status s = CheckStorageRootExists(storage_uri); !s.ok()) {
       err << "cairn: " << s << "\n";
@@ -565,7 +601,9 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
     }
   };
   // A malformed job name or step is a usage error, in both modes.
-  const bool job_given = !ls->parsed() || ls->count("job") > 0;
+  const bool job_given = ls->parsed()
+                             ? ls->count("job") > 0
+                             : !agents->parsed() && !forget_agent->parsed();
   if (job_given) {
     if (absl::Status s = storage::ValidateJobName(job); !s.ok()) {
       err << "cairn: " << s.message() << "\n";
@@ -679,6 +717,34 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
     absl::Status s = backend->Delete(job, step);
     if (!s.ok()) return fail(s);
     out << "deleted job " << job << " step " << step << "\n";
+    return 0;
+  }
+  if (agents->parsed()) {
+    absl::StatusOr<v1::ListAgentsResponse> resp = online->ListAgents();
+    if (!resp.ok()) return fail(resp.status());
+    Table t({"ID", "NODE", "PEER ADDRESS", "REGISTERED"});
+    for (const v1::AgentRecord& a : resp->agents()) {
+      t.Add({absl::StrCat(a.node_id()), a.node_name(),
+             a.peer_address().empty() ? "(starting)" : a.peer_address(),
+             HumanTime(a.registered_unix_micros())});
+    }
+    t.Print(out);
+    return 0;
+  }
+  if (forget_agent->parsed()) {
+    if (!yes) {
+      out << "forget node " << node_name
+          << " (its agent must not be running)? [y/N] " << std::flush;
+      std::string answer;
+      if (!std::getline(in, answer) ||
+          (answer != "y" && answer != "Y" && answer != "yes")) {
+        out << "not forgotten\n";
+        return 1;
+      }
+    }
+    absl::StatusOr<int> id = online->ForgetAgent(node_name);
+    if (!id.ok()) return fail(id.status());
+    out << "forgot node " << node_name << ": node id " << *id << " is free\n";
     return 0;
   }
   if (gc->parsed()) {

@@ -6,6 +6,8 @@
 //     verify JOB STEP|latest           re-read every byte, check crc32c
 //     rm JOB STEP [--yes]              delete a checkpoint
 //     gc JOB --keep N [--dry-run]      keep the newest N committed
+//     agents                           cairnd's agent registry (--coordinator)
+//     forget-agent NODE [--yes]        free the id of a node gone for good
 //
 // With --coordinator it asks a running cairnd; with --storage it reads the
 // MANIFESTs on storage directly (offline: no cairnd needed).

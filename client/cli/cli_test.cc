@@ -122,8 +122,9 @@ TEST_F(CliTest, HelpNamesEverySubcommandFlagAndEnvironmentVariable) {
   Result r = Cairn({"--help"});
   ASSERT_EQ(r.code, 0) << r;
   for (const char* s :
-       {"ls", "show", "verify", "rm", "gc", "--coordinator", "-c", "--storage",
-        "-s", "CAIRN_COORDINATOR", "CAIRN_STORAGE", "--version"}) {
+       {"ls", "show", "verify", "rm", "gc", "agents", "forget-agent",
+        "--coordinator", "-c", "--storage", "-s", "CAIRN_COORDINATOR",
+        "CAIRN_STORAGE", "--version"}) {
     EXPECT_THAT(r.out, HasSubstr(s)) << s;
   }
   struct Sub {
@@ -411,6 +412,42 @@ TEST_F(CliTest, OnlineCommandsAskCairnd) {
   Result env = Cairn({"show", "job", "latest"});
   EXPECT_EQ(env.code, 0) << env;
   EXPECT_THAT(env.out, HasSubstr("step 2"));
+}
+
+TEST_F(CliTest, AgentsListsTheRegistryAndForgetAgentFreesAnId) {
+  const std::string addr = StartCairnd();
+  ASSERT_FALSE(addr.empty());
+  for (const char* name : {"gpu-a", "gpu-b"}) {
+    v1::RegisterAgentRequest r;
+    r.set_node_name(name);
+    r.set_peer_address(
+        absl::StrCat("10.2.0.", name[4] == 'a' ? 1 : 2, ":7071"));
+    r.set_num_nodes(2);
+    ASSERT_TRUE(cairnd_->coordinator().agents().Register(r).ok());
+  }
+  Result list = Cairn({"-c", addr, "agents"});
+  ASSERT_EQ(list.code, 0) << list;
+  EXPECT_THAT(list.out, HasSubstr("PEER ADDRESS"));
+  EXPECT_THAT(list.out, ::testing::ContainsRegex("0 +gpu-a +10.2.0.1:7071"));
+  EXPECT_THAT(list.out, ::testing::ContainsRegex("1 +gpu-b +10.2.0.2:7071"));
+
+  Result kept = Cairn({"-c", addr, "forget-agent", "gpu-a"}, "n\n");
+  EXPECT_EQ(kept.code, 1) << kept;
+  EXPECT_THAT(kept.out, HasSubstr("not forgotten"));
+  Result forgot = Cairn({"-c", addr, "forget-agent", "gpu-a", "--yes"});
+  ASSERT_EQ(forgot.code, 0) << forgot;
+  EXPECT_THAT(forgot.out, HasSubstr("forgot node gpu-a: node id 0 is free"));
+  list = Cairn({"-c", addr, "agents"});
+  EXPECT_THAT(list.out, Not(HasSubstr("gpu-a")));
+  Result again = Cairn({"-c", addr, "forget-agent", "gpu-a", "-y"});
+  EXPECT_EQ(again.code, 1) << again;
+  EXPECT_THAT(again.err, HasSubstr("no agent of node 'gpu-a'"));
+  Result bad = Cairn({"-c", addr, "forget-agent", "a/b", "-y"});
+  EXPECT_EQ(bad.code, 1) << bad;
+  EXPECT_THAT(bad.err, HasSubstr("node_name 'a/b'"));
+  Result offline = Cairn({"-s", uri_, "agents"});
+  EXPECT_EQ(offline.code, 2) << offline;
+  EXPECT_THAT(offline.err, HasSubstr("--coordinator"));
 }
 
 TEST_F(CliTest, OnlineUnreachableCairndIsAFailureSayingSo) {

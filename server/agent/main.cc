@@ -6,6 +6,12 @@
 //       --coordinator cairnd:7070 --staging-budget-mib 65536 --replicas 1
 //       --peer-token-file /etc/cairn/peer-token --socket-group training
 //       [--transport nccl --cuda-device 0]
+//
+// In Kubernetes (a DaemonSet; no stable ordinal, no peer list):
+//   cairn-agent --node-id auto --node-name $NODE --peer-advertise $POD_IP
+//       --peer-listen 0.0.0.0:7071 --num-nodes 16 --coordinator cairnd:7070 ...
+// registers the node name with cairnd, which gives it a stable id, and finds
+// peers in cairnd's agent table (server/agent/agent_directory.h).
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,18 +27,23 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/cli_flags.h"
 #include "common/gpu/gpu_info.h"
 #include "common/grpc_logging.h"
 #include "common/logging.h"
+#include "server/agent/agent_directory.h"
 #include "server/agent/agent_server.h"
 #include "server/agent/transport/tcp/tcp_transport.h"
 #ifdef CAIRN_HAVE_CUDA
 #include "server/agent/copier/cuda/cuda_copier.h"
 #include "server/agent/transport/nccl/nccl_device_link.h"
 #endif
+
+// Ends the usage errors main reports after parsing, like the parser's own.
+constexpr char kSeeHelp[] = "Run with --help for more information.\n";
 
 int main(int argc, char** argv) {
   using cairn::agent::AgentServer;
@@ -45,9 +56,37 @@ int main(int argc, char** argv) {
   std::string peers, peer_dir, ready_file;
   int budget_mib = 1024, bucket_cap_mib = 32, cuda_device = 0;
   int stream_bucket_kib = 64 << 10, stream_idle_timeout_ms = 60000;
-  app.add_option("--node-id", spec.agent.node_id, "This node's id")
+  std::string node_id_flag, node_name, peer_advertise;
+  int register_timeout_s = 120;
+  app.add_option("--node-id", node_id_flag,
+                 "This node's id (0..num-nodes-1), or 'auto': cairnd gives "
+                 "the id of --node-name (the same one on every restart) and "
+                 "peers are found through cairnd (no --peers/--peer-dir)")
       ->required()
-      ->check(cairn::flags::AtLeast(0));
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto") return "";
+            int id = -1;
+            if (!absl::SimpleAtoi(v, &id) || id < 0) {
+              return "must be >= 0 or 'auto', got " + v;
+            }
+            return "";
+          },
+          "ID|auto"));
+  app.add_option("--node-name", node_name,
+                 "With --node-id auto: this node's stable name, the key of "
+                 "its id at cairnd (Kubernetes: spec.nodeName through the "
+                 "downward API; required there) (default: the host name)");
+  app.add_option("--peer-advertise", peer_advertise,
+                 "With --node-id auto: HOST or HOST:PORT peers connect to, "
+                 "registered with cairnd (Kubernetes: status.podIP); the "
+                 "port defaults to the bound --peer-listen port (default "
+                 "host: --peer-listen's, else the host name)");
+  app.add_option("--register-timeout-s", register_timeout_s,
+                 "With --node-id auto: how long to keep registering while "
+                 "cairnd is unreachable before exiting")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 86400));
   app.add_option("--listen-unix", spec.unix_socket,
                  "Unix domain socket for this node's ranks")
       ->required();
@@ -171,6 +210,41 @@ int main(int argc, char** argv) {
   } else if (const char* env = std::getenv("CAIRN_PEER_TOKEN")) {
     spec.agent.peer_token = env;
   }
+  const bool auto_id = node_id_flag == "auto";
+  if (auto_id) {
+    if (!peers.empty() || !peer_dir.empty()) {
+      std::fprintf(stderr,
+                   "cairn-agent: --node-id auto finds peers through cairnd; "
+                   "drop --peers and --peer-dir\n%s",
+                   kSeeHelp);
+      return 2;
+    }
+    if (node_name.empty() && std::getenv("KUBERNETES_SERVICE_HOST")) {
+      // A pod's host name is the pod's name, new with every pod: each
+      // restart would register a new node and take a new id.
+      std::fprintf(stderr,
+                   "cairn-agent: --node-id auto in Kubernetes needs "
+                   "--node-name (CAIRN_NODE_NAME from the downward API's "
+                   "spec.nodeName): the pod's host name changes with every "
+                   "pod\n%s",
+                   kSeeHelp);
+      return 2;
+    }
+    if (node_name.empty()) {
+      char host[256] = {};
+      gethostname(host, sizeof(host) - 1);
+      node_name = host;
+    }
+  } else {
+    if (app.count("--node-name") || app.count("--peer-advertise")) {
+      std::fprintf(stderr,
+                   "cairn-agent: --node-name and --peer-advertise need "
+                   "--node-id auto\n%s",
+                   kSeeHelp);
+      return 2;
+    }
+    (void)absl::SimpleAtoi(node_id_flag, &spec.agent.node_id);  // checked
+  }
   std::vector<std::string> peer_list;
   if (!peers.empty()) peer_list = absl::StrSplit(peers, ',');
   if (!peer_list.empty() && !app.count("--num-nodes")) {
@@ -187,19 +261,80 @@ int main(int argc, char** argv) {
   spec.agent.stream_bucket_bytes = static_cast<uint64_t>(stream_bucket_kib)
                                    << 10;
   spec.agent.stream_idle_timeout = absl::Milliseconds(stream_idle_timeout_ms);
-  spec.agent.resolve_peer =
-      [peer_list, peer_dir](int node) -> absl::StatusOr<std::string> {
-    if (node >= 0 && node < static_cast<int>(peer_list.size())) {
-      return peer_list[node];
+  // --node-id auto: the advertised address (the port may only be known once
+  // the transport is bound) and the id from cairnd's registry.
+  std::shared_ptr<cairn::agent::AgentDirectory> directory;
+  std::string advertise_host;
+  int advertise_port = 0;
+  if (auto_id) {
+    const std::string listen_host =
+        spec.agent.peer_listen.substr(0, spec.agent.peer_listen.rfind(':'));
+    int listen_port = 0;
+    (void)absl::SimpleAtoi(
+        spec.agent.peer_listen.substr(spec.agent.peer_listen.rfind(':') + 1),
+        &listen_port);
+    advertise_host = peer_advertise;
+    advertise_port = listen_port;
+    if (const size_t colon = peer_advertise.rfind(':');
+        colon != std::string::npos) {
+      advertise_host = peer_advertise.substr(0, colon);
+      if (!absl::SimpleAtoi(peer_advertise.substr(colon + 1),
+                            &advertise_port) ||
+          advertise_port < 1 || advertise_port > 65535) {
+        std::fprintf(stderr,
+                     "cairn-agent: --peer-advertise '%s': the port must be "
+                     "1 to 65535\n%s",
+                     peer_advertise.c_str(), kSeeHelp);
+        return 2;
+      }
     }
-    if (!peer_dir.empty()) {
-      std::ifstream in(absl::StrCat(peer_dir, "/node-", node));
-      std::string address;
-      if (in >> address) return address;
+    if (advertise_host.empty()) {
+      advertise_host = listen_host;
+      if (advertise_host == "0.0.0.0" || advertise_host.empty()) {
+        char host[256] = {};
+        gethostname(host, sizeof(host) - 1);
+        advertise_host = host;
+      }
     }
-    return absl::NotFoundError(
-        absl::StrCat("no peer address known for node ", node));
-  };
+    cairn::agent::AgentDirectoryOptions dir_options;
+    dir_options.coordinator = spec.agent.coordinator;
+    dir_options.node_name = node_name;
+    dir_options.num_nodes = spec.agent.num_nodes;
+    dir_options.register_timeout = absl::Seconds(register_timeout_s);
+    directory = std::make_shared<cairn::agent::AgentDirectory>(dir_options);
+    // Before the transport is bound the port may be unknown: registered
+    // without an address, peers are told this node is starting.
+    absl::StatusOr<int> id = directory->Register(
+        advertise_port > 0 ? absl::StrCat(advertise_host, ":", advertise_port)
+                           : "");
+    if (!id.ok()) {
+      std::fprintf(stderr, "cairn-agent: registering node '%s': %s\n",
+                   node_name.c_str(), id.status().ToString().c_str());
+      return 1;
+    }
+    spec.agent.node_id = *id;
+    CAIRN_LOG(info, "cairn-agent: node '{}' registered with cairnd as node {}",
+              node_name, *id);
+  }
+  if (directory != nullptr) {
+    spec.agent.resolve_peer = [directory](int node) {
+      return directory->Resolve(node);
+    };
+  } else {
+    spec.agent.resolve_peer =
+        [peer_list, peer_dir](int node) -> absl::StatusOr<std::string> {
+      if (node >= 0 && node < static_cast<int>(peer_list.size())) {
+        return peer_list[node];
+      }
+      if (!peer_dir.empty()) {
+        std::ifstream in(absl::StrCat(peer_dir, "/node-", node));
+        std::string address;
+        if (in >> address) return address;
+      }
+      return absl::NotFoundError(
+          absl::StrCat("no peer address known for node ", node));
+    };
+  }
 #ifdef CAIRN_HAVE_CUDA
   {
     absl::StatusOr<int> devices = cairn::gpu::DeviceCount();
@@ -252,6 +387,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int port = (*server)->agent().peer_port();
+  if (directory != nullptr && advertise_port == 0) {
+    absl::StatusOr<int> id =
+        directory->Register(absl::StrCat(advertise_host, ":", port));
+    if (!id.ok() || *id != node_id) {
+      std::fprintf(
+          stderr,
+          "cairn-agent: registering node '%s' with its peer "
+          "address: %s\n",
+          node_name.c_str(),
+          id.ok() ? absl::StrCat("cairnd now gives id ", *id, ", not ", node_id)
+                        .c_str()
+                  : id.status().ToString().c_str());
+      (*server)->Shutdown();
+      return 1;
+    }
+  }
   if (!peer_dir.empty()) {
     std::filesystem::create_directories(peer_dir);
     const std::string f = absl::StrCat(peer_dir, "/node-", node_id);

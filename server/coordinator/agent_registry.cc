@@ -134,7 +134,7 @@ absl::StatusOr<v1::RegisterAgentResponse> AgentRegistry::Register(
           "node '", name, "' cannot register: cairnd already records ",
           by_name_.size(),
           " agents (its --max-agents); forget nodes that are "
-          "gone (cairn agents forget NAME)"));
+          "gone (cairn forget-agent NODE)"));
     }
     // The lowest id no recorded name holds.
     int id = 0;
@@ -157,7 +157,7 @@ absl::StatusOr<v1::RegisterAgentResponse> AgentRegistry::Register(
           request.num_nodes() - 1, " (--num-nodes ", request.num_nodes(),
           ") are all held (", absl::StrJoin(holders, ", "),
           "); raise --num-nodes on every agent, or forget nodes that are "
-          "gone (cairn agents forget NAME)"));
+          "gone (cairn forget-agent NODE)"));
     }
     record.set_node_name(name);
     record.set_node_id(id);

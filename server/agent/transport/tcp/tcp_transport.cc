@@ -678,6 +678,8 @@ absl::StatusOr<int> TcpTransport::Connect(int peer, uint64_t* frame_bytes) {
       close(fd);
     } else {
       last = address.status();
+      // The resolver knows no such node exists: retrying cannot help.
+      if (absl::IsFailedPrecondition(last)) break;
     }
     if (absl::Now() >= deadline || stopping_) break;
     absl::SleepFor(absl::Milliseconds(20));  // the peer may be starting

@@ -83,7 +83,9 @@ struct TcpTransportOptions {
   // host:port to listen on; port 0 picks a free port. Default: 127.0.0.1:0.
   std::string listen_address = "127.0.0.1:0";
   // Returns node `peer`'s listen address (host:port). Called on every
-  // (re)connect, so it may re-read a rendezvous directory. Required.
+  // (re)connect, so it may re-read a rendezvous directory. An error is
+  // retried until connect_timeout, except FAILED_PRECONDITION (no such node
+  // exists), which fails the connect at once. Required.
   std::function<absl::StatusOr<std::string>(int peer)> resolve_peer;
   // Shared cluster secret every hello must carry (at most kMaxTokenBytes).
   // Empty: no token is required, so any host that can reach the port may

@@ -142,6 +142,34 @@ TEST(TcpTransportTest, SizeMismatchTimeoutAndUnknownPeer) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("bad peer node 5"));
 }
 
+// A resolver that knows the peer does not exist (FAILED_PRECONDITION: no
+// agent registered as that node) ends the connect at once; any other error
+// is retried until connect_timeout (the peer may be starting).
+TEST(TcpTransportTest, ConnectRetriesResolveUnlessThePeerDoesNotExist) {
+  for (const absl::StatusCode code : {absl::StatusCode::kFailedPrecondition,
+                                      absl::StatusCode::kUnavailable}) {
+    auto calls = std::make_shared<std::atomic<int>>(0);
+    TcpTransportOptions o;
+    o.node_id = 0;
+    o.num_nodes = 2;
+    o.connect_timeout = absl::Milliseconds(300);
+    o.resolve_peer = [calls, code](int peer) -> absl::StatusOr<std::string> {
+      ++*calls;
+      return absl::Status(code, absl::StrCat("node ", peer, " is unknown"));
+    };
+    auto t = TcpTransport::Start(o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    absl::Status s = (*t)->Send(1, 1, std::string("x"));
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("node 1 is unknown"));
+    if (code == absl::StatusCode::kFailedPrecondition) {
+      EXPECT_EQ(calls->load(), 1);
+    } else {
+      EXPECT_GT(calls->load(), 1);
+    }
+  }
+}
+
 TEST(TcpTransportTest, RecvFailsFastWhenPeerGoesAway) {
   auto c = Cluster::Make(2);
   ASSERT_TRUE(c->nodes[0]->Send(1, 1, std::string("hello")).ok());
