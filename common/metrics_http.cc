@@ -55,10 +55,10 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   }
   if (s->port_ <= 0) {
     const int err = errno;
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", listen_address, ": ",
-                     err != 0 ? std::strerror(err) : "cannot bind",
-                     " (address in use by another process, or not local?)"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve metrics on ", listen_address, ": ",
+        err != 0 ? std::strerror(err)
+                 : "cannot bind (in use, or not a local address)"));
   }
   s->thread_ = std::thread([&http] { http.listen_after_bind(); });
   // stop() only stops a running server: wait until it runs, so the

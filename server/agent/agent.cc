@@ -66,6 +66,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   CAIRN_ASSIGN_OR_RETURN(a->pool_->family, SegmentFamily::Claim(node_prefix));
   a->pool_->prefix = a->pool_->family->name_prefix();
   a->pool_->budget = a->options_.staging_budget_bytes;
+  a->RegisterMetrics();
 
   TcpTransportOptions t;
   t.node_id = a->options_.node_id;

@@ -70,6 +70,7 @@
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "client/protocol/save_protocol.h"
 #include "common/copier/device_copier.h"
+#include "common/metrics.h"
 #include "common/shm/shm_segment.h"
 #include "common/thread_pool.h"
 #include "server/agent/transport/nccl/device_link.h"
@@ -159,6 +160,9 @@ class Agent {
   size_t peer_mailbox_size_for_test() { return transport_->mailbox_size(); }
   Transport& peer_transport_for_test() { return *transport_; }
   const AgentOptions& options() const { return options_; }
+  // This agent's Prometheus metrics (cairn-agent serves them on
+  // --metrics-listen; README "Metrics" lists them).
+  metrics::Registry& metrics() { return *metrics_; }
 
  private:
   struct Item {
@@ -193,6 +197,9 @@ class Agent {
       uint64_t bytes, absl::Time deadline);
   bool EvictOne();
   void Persist(std::shared_ptr<Set> set, bool die_before_commit);
+  // Counts a finished persist begun at `start` that wrote `written` bytes
+  // (what cairnd's plan had the rank write: deduplicated items are not).
+  void RecordPersist(bool committed, uint64_t written, absl::Time start);
   absl::Status StartPersistThread(std::function<void()> fn);
   void PersistStream(std::shared_ptr<Stream> stream);
   absl::StatusOr<v1::CheckpointRecord> StreamToStorage(Stream& stream);
@@ -224,6 +231,14 @@ class Agent {
   absl::StatusOr<std::pair<std::shared_ptr<const Set>, const Item*>> FindHeld(
       const std::string& job, int64_t step, const v1::WriteItem& item,
       uint32_t crc);
+
+  // Metrics (agent_metrics.cc): registered in Start, once pool_ exists.
+  struct Metrics;
+  void RegisterMetrics();
+  // Declared first: destroyed last (scrape callbacks read the members).
+  std::unique_ptr<metrics::Registry> metrics_ =
+      std::make_unique<metrics::Registry>();
+  std::unique_ptr<Metrics> m_;
 
   // Constant after construction.
   AgentOptions options_;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -22,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cairn/v1/agent.pb.h"
+#include "common/metrics.h"
 #include "common/shm/shm_segment.h"
 #include "planner/box.h"
 #include "planner/dtype.h"
@@ -149,6 +151,8 @@ struct Agent::Stream {
   uint64_t bucket_bytes = 0;
   absl::Duration wait_for_space;
   std::string where;
+  // Bytes cairnd's plan has this rank write (persist thread only).
+  uint64_t written_bytes = 0;
 
   absl::Mutex mu;
   absl::Status failed ABSL_GUARDED_BY(mu);
@@ -187,6 +191,40 @@ struct Agent::Stream {
       }
       mu.AwaitWithTimeout(absl::Condition(&cond), absl::Milliseconds(50));
     }
+  }
+};
+
+// The agent's metrics (registered by agent_metrics.cc), and the state behind
+// replication lag: committed sets whose pushes to their replica peers are
+// still running.
+struct Agent::Metrics {
+  metrics::Counter* bytes_persisted = nullptr;
+  metrics::Histogram* persist_seconds = nullptr;
+  metrics::Counter* persists_committed = nullptr;
+  metrics::Counter* persists_failed = nullptr;
+  metrics::Gauge* persist_queue = nullptr;
+  metrics::Counter* replication_sent_bytes = nullptr;
+  metrics::Counter* replication_received_bytes = nullptr;
+  metrics::Counter* replication_failures = nullptr;
+
+  struct Replicating {
+    uint64_t bytes = 0;
+    absl::Time committed;
+  };
+  absl::Mutex mu;
+  std::map<uint64_t, Replicating> replicating ABSL_GUARDED_BY(mu);
+  uint64_t next_replication ABSL_GUARDED_BY(mu) = 0;
+
+  // A committed set of `bytes` starts replicating; returns its id for
+  // ReplicationDone.
+  uint64_t ReplicationStarted(uint64_t bytes, absl::Time committed) {
+    absl::MutexLock l(&mu);
+    replicating[++next_replication] = Replicating{bytes, committed};
+    return next_replication;
+  }
+  void ReplicationDone(uint64_t id) {
+    absl::MutexLock l(&mu);
+    replicating.erase(id);
   }
 };
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cairn/v1/agent.grpc.pb.h"
+#include "common/grpc_metrics.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -182,6 +183,12 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(Spec spec) {
   builder.SetMaxReceiveMessageSize(1 << 30);
   builder.SetMaxSendMessageSize(1 << 30);
   builder.RegisterService(s->service_.get());
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      metrics::RpcMetricsInterceptorFactory(&s->agent_->metrics()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr) {
     return absl::InternalError("cannot start the agent's gRPC server");
@@ -206,6 +213,17 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(Spec spec) {
                        " (address in use or not local?)"));
     }
     s->health_server_->GetHealthCheckService()->SetServingStatus(true);
+  }
+  if (!spec.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> http =
+        metrics::MetricsHttpServer::Start(spec.metrics_listen,
+                                          &s->agent_->metrics());
+    if (!http.ok()) {
+      return absl::Status(
+          http.status().code(),
+          absl::StrCat("--metrics-listen: ", http.status().message()));
+    }
+    s->metrics_http_ = std::move(*http);
   }
   return s;
 }

@@ -35,6 +35,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/metrics_http.h"
 #include "grpcpp/server.h"
 #include "server/agent/agent.h"
 
@@ -55,6 +56,9 @@ class AgentServer {
     // host:port of the health server ("" = none; port 0 picks one, see
     // health_port()). Default: none.
     std::string health_listen;
+    // host:port serving Prometheus metrics at GET /metrics ("" = none; port
+    // 0 picks one, see metrics_port()). Default: none.
+    std::string metrics_listen;
     AgentOptions agent;
   };
 
@@ -70,6 +74,10 @@ class AgentServer {
 
   // The health server's bound port (0 without one).
   int health_port() const { return health_port_; }
+  // The metrics server's bound port (0 without one).
+  int metrics_port() const {
+    return metrics_http_ == nullptr ? 0 : metrics_http_->port();
+  }
 
   // Connections refused by the peer-credential check so far.
   int64_t refused_connections() const { return refused_.load(); }
@@ -87,6 +95,8 @@ class AgentServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<OnlyHealthService> health_fallback_;
   std::unique_ptr<grpc::Server> health_server_;  // grpc.health.v1 only
+  // After agent_: stops serving before the agent's registry goes.
+  std::unique_ptr<metrics::MetricsHttpServer> metrics_http_;
   int health_port_ = 0;
   std::string target_;
   std::string socket_path_;

@@ -158,6 +158,12 @@ int main(int argc, char** argv) {
   app.add_option("--health-listen", spec.health_listen,
                  "host:port serving grpc.health.v1 only (Kubernetes gRPC "
                  "probes); NOT_SERVING while draining (default: none)");
+  std::string metrics_port_file;
+  app.add_option("--metrics-listen", spec.metrics_listen,
+                 "host:port serving Prometheus metrics at GET /metrics "
+                 "(port 0 picks a free port; default: none)");
+  app.add_option("--metrics-port-file", metrics_port_file,
+                 "Write the bound metrics port to this file once serving");
   app.add_option("--ready-file", ready_file,
                  "Written with the peer port once serving");
   cairn::flags::LogFlags log;
@@ -414,6 +420,11 @@ int main(int argc, char** argv) {
     }
     std::ofstream(f + ".tmp") << host << ":" << port << "\n";
     std::filesystem::rename(f + ".tmp", f);
+  }
+  if (!metrics_port_file.empty() && (*server)->metrics_port() > 0) {
+    std::ofstream(metrics_port_file + ".tmp")
+        << (*server)->metrics_port() << "\n";
+    std::filesystem::rename(metrics_port_file + ".tmp", metrics_port_file);
   }
   if (!ready_file.empty()) {
     std::ofstream(ready_file + ".tmp") << port << "\n";

@@ -62,7 +62,10 @@ absl::Status Agent::StartPersistThread(std::function<void()> fn) {
 
 void Agent::PersistStream(std::shared_ptr<Stream> st) {
   const absl::Time t0 = absl::Now();
+  m_->persist_queue->Add(1);
   absl::StatusOr<v1::CheckpointRecord> r = StreamToStorage(*st);
+  m_->persist_queue->Sub(1);
+  RecordPersist(r.ok(), st->written_bytes, t0);
   {
     absl::MutexLock l(&st->mu);
     if (!r.ok() && st->failed.ok()) st->failed = r.status();
@@ -115,6 +118,9 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
   CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<protocol::PlannedSave> save,
                          rp->protocol->Begin(set.step, local));
   const v1::BeginSaveResponse& plan = save->plan();
+  for (const v1::PlannedWrite& w : plan.rank_plan().writes()) {
+    st.written_bytes += w.location().length();
+  }
   bool committing = false;
   absl::StatusOr<v1::CheckpointRecord> result =
       [&]() -> absl::StatusOr<v1::CheckpointRecord> {
@@ -239,10 +245,21 @@ absl::StatusOr<Agent::RankProtocol*> Agent::ProtocolFor(const Set& set) {
   return rp.get();
 }
 
+void Agent::RecordPersist(bool committed, uint64_t written, absl::Time start) {
+  if (!committed) {
+    m_->persists_failed->Increment();
+    return;
+  }
+  m_->bytes_persisted->Increment(static_cast<double>(written));
+  m_->persist_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  m_->persists_committed->Increment();
+}
+
 void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
   CAIRN_CRASH_POINT("agent.persist.begin");
   const std::string where = Where(set->job, set->step, set->rank);
   const absl::Time t0 = absl::Now();
+  m_->persist_queue->Add(1);
   // The items' bytes are in the segment; cairnd plans them as staged.
   protocol::ItemSources sources;
   v1::LocalSavePlan proto;
@@ -258,6 +275,7 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
     }
     *proto.add_items() = it.item;
   }
+  uint64_t written = 0;  // bytes cairnd's plan has this rank write
   absl::StatusOr<v1::CheckpointRecord> record =
       [&]() -> absl::StatusOr<v1::CheckpointRecord> {
     CAIRN_ASSIGN_OR_RETURN(planner::LocalSavePlan local,
@@ -275,6 +293,9 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
     CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<protocol::PlannedSave> save,
                            rp->protocol->Begin(set->step, local));
     if (die_before_commit) save->SetBeforeCommitForTest([] { _exit(137); });
+    for (const v1::PlannedWrite& w : save->plan().rank_plan().writes()) {
+      written += w.location().length();
+    }
     if (absl::Status s = save->WriteAll(sources, *rp->io_pool); !s.ok()) {
       return save->Abort(s);
     }
@@ -284,6 +305,8 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
     if (!committed.ok()) (void)save->Abort(committed.status());
     return committed;
   }();
+  m_->persist_queue->Sub(1);
+  RecordPersist(record.ok(), written, t0);
   std::vector<int> peers;
   {
     absl::MutexLock l(&mu_);
@@ -309,16 +332,23 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
   }
   CAIRN_LOG(info, "node {}: {} committed ({} items) in {}", options_.node_id,
             where, set->items.size(), absl::FormatDuration(absl::Now() - t0));
+  uint64_t set_bytes = 0;
+  for (const Item& it : set->items) set_bytes += it.item.length();
+  const uint64_t replication =
+      peers.empty() ? 0 : m_->ReplicationStarted(set_bytes, absl::Now());
   for (int peer : peers) {
     absl::Status rs = Replicate(set, peer);
     if (!rs.ok()) {
+      m_->replication_failures->Increment();
       CAIRN_LOG(warn, "node {}: replicating {} to node {} failed: {}",
                 options_.node_id, where, peer, rs.ToString());
     } else {
+      m_->replication_sent_bytes->Increment(static_cast<double>(set_bytes));
       absl::MutexLock l(&mu_);
       ++replicas_pushed_;
     }
   }
+  if (!peers.empty()) m_->ReplicationDone(replication);
   absl::MutexLock l(&mu_);
   results_[Key{set->job, set->step, set->rank}].done = true;
 }

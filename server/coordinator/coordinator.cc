@@ -82,6 +82,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
           }),
       known_plans_(kKnownPlanBytes),
       workers_(std::make_unique<ThreadPool>(options.worker_threads)) {
+  RegisterMetrics();
   reaper_ = std::thread([this] { ReaperLoop(); });
 }
 

@@ -90,6 +90,7 @@
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.pb.h"
 #include "common/lru_cache.h"
+#include "common/metrics.h"
 #include "common/thread_pool.h"
 #include "planner/load_plan.h"
 #include "planner/plan_cache.h"
@@ -236,6 +237,12 @@ class Coordinator {
   };
   Stats stats() const;
 
+  // This coordinator's Prometheus metrics (cairnd serves them on
+  // --metrics-listen; README "Metrics" lists them). Gauges of the catalog
+  // (committed checkpoints and bytes per job, entries) are computed at
+  // scrape time from one catalog scan.
+  metrics::Registry& metrics() { return metrics_; }
+
  private:
   struct LoadedCheckpoint;
   using SaveKey = std::pair<std::string, int64_t>;
@@ -308,6 +315,28 @@ class Coordinator {
   // MANIFEST, data, record (see the top of this file).
   absl::Status DeleteStepRecord(v1::CheckpointRecord record);
   void ForgetCheckpoint(const std::string& job, int64_t step);
+
+  // Registers every metric (coordinator_metrics.cc).
+  void RegisterMetrics();
+  // Counts bytes a PlanLoad answer tells its rank to read.
+  void RecordLoadPlanned(const v1::PlanLoadResponse& response);
+
+  // Declared first: destroyed last (scrape callbacks read the members).
+  metrics::Registry metrics_;
+  struct Metrics {
+    metrics::Histogram* save_seconds = nullptr;
+    metrics::Histogram* commit_seconds = nullptr;
+    metrics::Histogram* load_plan_seconds = nullptr;
+    metrics::Counter* bytes_saved = nullptr;
+    metrics::Counter* bytes_loaded = nullptr;
+    metrics::Counter* saves_committed = nullptr;
+    metrics::Family<metrics::Counter>* save_failures = nullptr;  // by code
+    metrics::Counter* save_plan_hits = nullptr;
+    metrics::Counter* save_plan_misses = nullptr;
+    metrics::Counter* load_plan_hits = nullptr;
+    metrics::Counter* load_plan_misses = nullptr;
+  };
+  Metrics m_;  // set by RegisterMetrics, constant after construction
 
   // Constant after construction.
   const CoordinatorOptions options_;

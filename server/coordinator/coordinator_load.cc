@@ -31,6 +31,12 @@ namespace cairn::coordinator {
 
 absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
     const v1::PlanLoadRequest& request) {
+  const absl::Time start = absl::Now();
+  const auto record = [&](const absl::StatusOr<v1::PlanLoadResponse>& r) {
+    if (!r.ok()) return;
+    RecordLoadPlanned(*r);
+    m_.load_plan_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  };
   const std::string& job = request.job();
   CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(job));
   CAIRN_RETURN_IF_ERROR(CheckLoadRequestBounds(request, options_));
@@ -72,7 +78,10 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
       return absl::NotFoundError(
           absl::StrCat("job '", job, "' has no committed checkpoint"));
     }
-    return PlanLoadOfStep(request, latest ? newest : step);
+    absl::StatusOr<v1::PlanLoadResponse> planned =
+        PlanLoadOfStep(request, latest ? newest : step);
+    record(planned);
+    return planned;
   }
   CAIRN_RETURN_IF_ERROR(ValidateRankOfWorld(
       rank, world, options_.max_world_size,
@@ -98,6 +107,7 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
   }
   CAIRN_LOG(debug, "job '{}' step {} rank {}/{}: load planned, {} read items",
             job, joined.step, rank, world, planned->reads_size());
+  record(planned);
   return planned;
 }
 
@@ -117,9 +127,11 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoadOfStep(
   if (auto hit = load_plans_.Lookup(cache_key)) {
     absl::MutexLock lock(&mu_);
     ++stats_.load_plans_from_cache;
+    m_.load_plan_hits->Increment();
     return *hit;
   }
 
+  m_.load_plan_misses->Increment();
   CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedCheckpoint> ckpt,
                          LoadCheckpoint(job, step));
   std::vector<planner::WantedChunk> wanted;

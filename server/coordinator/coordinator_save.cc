@@ -10,6 +10,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -392,8 +393,10 @@ void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
     if (!from_cache) ++version;
     if (from_cache) {
       ++stats_.plans_from_cache;
+      m_.save_plan_hits->Increment();
     } else {
       ++stats_.plans_built;
+      m_.save_plan_misses->Increment();
     }
     for (auto& [r, done] :
          session->Planned(plan, version, from_cache, absl::Now(),
@@ -516,6 +519,7 @@ void Coordinator::CommitSave(const v1::CommitSaveRequest& request,
 }
 
 void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
+  const absl::Time commit_start = absl::Now();
   const std::string name = SaveName(session->job(), session->step());
   absl::StatusOr<v1::Manifest> manifest = session->BuildManifest();
   if (!manifest.ok()) return AbortSession(session, manifest.status());
@@ -554,6 +558,12 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
     CAIRN_LOG(error, "{}: committed on storage but catalog write failed: {}",
               name, s.ToString());
   }
+  const absl::Time committed = absl::Now();
+  m_.commit_seconds->Observe(absl::ToDoubleSeconds(committed - commit_start));
+  m_.save_seconds->Observe(
+      absl::ToDoubleSeconds(committed - session->created()));
+  m_.bytes_saved->Increment(static_cast<double>(record.total_bytes()));
+  m_.saves_committed->Increment();
   CAIRN_LOG(info, "{}: committed ({} bytes, {} tensors, {} ranks)", name,
             record.total_bytes(), record.num_tensors(), session->world_size());
   CAIRN_CRASH_POINT("coordinator.commit.after_catalog_commit");
@@ -590,6 +600,7 @@ void Coordinator::AbortSessionLocked(
     std::vector<std::function<void()>>* answers) {
   if (session->phase() == Phase::kAborted) return;
   ++stats_.aborts;
+  m_.save_failures->Get({absl::StatusCodeToString(status.code())})->Increment();
   // The session leaves at once (its plans and waiters are freed when the
   // last call holding it returns); a tombstone answers late calls.
   const SaveKey key{session->job(), session->step()};

@@ -9,9 +9,11 @@
 #include <chrono>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_metrics.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "grpc/impl/codegen/grpc_types.h"
@@ -87,6 +89,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddListeningPort(spec.listen_address,
                            grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->service_.get());
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      metrics::RpcMetricsInterceptorFactory(&s->coordinator_->metrics()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetMaxReceiveMessageSize(spec.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(spec.max_send_message_bytes);
   s->server_ = builder.BuildAndStart();
@@ -94,6 +102,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::UnavailableError(
         absl::StrCat("cairnd cannot listen on ", spec.listen_address,
                      ": the address is in use (another cairnd?) or not local"));
+  }
+  if (!spec.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> http =
+        metrics::MetricsHttpServer::Start(spec.metrics_listen,
+                                          &s->coordinator_->metrics());
+    if (!http.ok()) {
+      return absl::Status(
+          http.status().code(),
+          absl::StrCat("--metrics-listen: ", http.status().message()));
+    }
+    s->metrics_http_ = std::move(*http);
+    CAIRN_LOG(info, "cairnd serving metrics on port {} (GET /metrics)",
+              s->metrics_http_->port());
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   CAIRN_LOG(info, "cairnd listening on port {} (storage {}, catalog {})",

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/metrics_http.h"
 #include "grpcpp/server.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
@@ -38,6 +39,9 @@ class CoordinatorServer {
     // (GetCheckpoint) of a large checkpoint. Clients (libcairn, cairn) accept
     // answers of this size. Default: 1 GiB.
     int max_send_message_bytes = 1 << 30;
+    // host:port serving Prometheus metrics at GET /metrics (port 0 picks a
+    // free port, see metrics_port()); empty serves none. Default: empty.
+    std::string metrics_listen;
   };
 
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
@@ -46,6 +50,10 @@ class CoordinatorServer {
 
   // The bound port (useful with port 0).
   int port() const { return port_; }
+  // The bound metrics port; 0 without Spec::metrics_listen.
+  int metrics_port() const {
+    return metrics_http_ == nullptr ? 0 : metrics_http_->port();
+  }
   Coordinator& coordinator() { return *coordinator_; }
 
   // Stops accepting calls, aborts in-flight saves (their ranks get
@@ -60,6 +68,8 @@ class CoordinatorServer {
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
+  // Declared after coordinator_: stops serving before the registry goes.
+  std::unique_ptr<metrics::MetricsHttpServer> metrics_http_;
   int port_ = 0;
   bool shut_down_ = false;
 };

@@ -122,6 +122,12 @@ int main(int argc, char** argv) {
       ->check(cairn::flags::InRange(1, 1 << 20));
   app.add_option("--port-file", port_file,
                  "Write the bound port to this file once serving");
+  std::string metrics_port_file;
+  app.add_option("--metrics-listen", spec.metrics_listen,
+                 "host:port serving Prometheus metrics at GET /metrics "
+                 "(port 0 picks a free port; default: none)");
+  app.add_option("--metrics-port-file", metrics_port_file,
+                 "Write the bound metrics port to this file once serving");
   cairn::flags::LogFlags log;
   cairn::flags::AddLogFlags(app, &log);
   cairn::flags::AddVersionFlag(app, "cairnd");
@@ -167,6 +173,11 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     std::fprintf(stderr, "cairnd: %s\n", server.status().ToString().c_str());
     return 1;
+  }
+  if (!metrics_port_file.empty() && (*server)->metrics_port() > 0) {
+    std::string tmp = metrics_port_file + ".tmp";
+    std::ofstream(tmp) << (*server)->metrics_port() << "\n";
+    std::filesystem::rename(tmp, metrics_port_file);
   }
   if (!port_file.empty()) {
     std::string tmp = port_file + ".tmp";
