@@ -24,7 +24,17 @@ PACKAGES=(
   # The daemons' Prometheus endpoint (--metrics-listen): cpp-httplib; the
   # tests check it with promtool and scrape it with a real Prometheus.
   libcpp-httplib-dev prometheus
+  # The container image (deploy/image/build.sh: podman with runc, a base made
+  # with mmdebstrap) and the test that runs the Kubernetes manifests'
+  # containers in it (tests/deploy/); python3-yaml reads the manifests.
+  podman buildah runc catatonit uidmap skopeo mmdebstrap python3-yaml ccache
+  util-linux
 )
+# kubectl (for `kubectl kustomize`): Debian's kubernetes-client, unless a
+# kubectl is already installed (e.g. a newer one from the Google Cloud SDK).
+if ! command -v kubectl >/dev/null; then PACKAGES+=(kubernetes-client); fi
+# node and npm (schema validation below): Debian's, unless already installed.
+if ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -41,4 +51,13 @@ if ((${#missing[@]} > 0)); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "install_deps: all ${#PACKAGES[@]} packages present"
+fi
+
+# Offline schema validation of the Kubernetes manifests: npm kubernetes-models
+# pinned by deploy/kubernetes/validate/package-lock.json.
+VALIDATE_DIR="$(dirname "$0")/../deploy/kubernetes/validate"
+if [[ ! -f "$VALIDATE_DIR/node_modules/.package-lock.json" ||
+      "$VALIDATE_DIR/package-lock.json" -nt "$VALIDATE_DIR/node_modules/.package-lock.json" ]]; then
+  echo "install_deps: npm ci in deploy/kubernetes/validate"
+  (cd "$VALIDATE_DIR" && npm ci --no-audit --no-fund --loglevel=error)
 fi

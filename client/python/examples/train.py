@@ -34,6 +34,7 @@ synchronous (save returns when the checkpoint is committed).
 
 Usage:
   train.py --coordinator HOST:PORT --job NAME [--world-size 2] [--steps 60]
+           [--rank R]
            [--save-every 10] [--kill-at-step S] [--final-state PATH]
            [--agent-socket PATH]
 Coordinator and job default to CAIRN_COORDINATOR and CAIRN_JOB. Prints one
@@ -141,7 +142,8 @@ def say(rank, text):
 
 
 def rank_main(rank, args, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if port is not None:  # spawned here; else torchrun-style MASTER_ADDR/PORT
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # deterministic kernels, and 2 cores are shared
     dist.init_process_group("gloo", rank=rank, world_size=args.world_size,
                             timeout=datetime.timedelta(seconds=args.timeout))
@@ -222,7 +224,15 @@ def parse_args(argv=None):
     p.add_argument("--agent-socket", default=os.environ.get("CAIRN_AGENT_SOCKET"),
                    help="cairn-agent's socket: saves become async_save "
                         "(default: $CAIRN_AGENT_SOCKET; none: synchronous saves)")
-    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--world-size", type=int,
+                   default=int(os.environ.get("WORLD_SIZE", "2")),
+                   help="number of ranks (default: $WORLD_SIZE or 2)")
+    p.add_argument("--rank", type=int,
+                   default=int(os.environ["RANK"]) if os.environ.get("RANK") else None,
+                   help="run only this rank in this process, the others being "
+                        "started elsewhere (torchrun, an indexed Kubernetes "
+                        "Job); they meet at $MASTER_ADDR:$MASTER_PORT "
+                        "(default: $RANK; none: spawn every rank here)")
     p.add_argument("--steps", type=int, default=60, help="train to this step")
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--kill-at-step", type=int, default=0,
@@ -238,11 +248,21 @@ def parse_args(argv=None):
         p.error("no coordinator: pass --coordinator HOST:PORT or set CAIRN_COORDINATOR")
     if args.world_size < 1 or args.steps < 1 or args.save_every < 1:
         p.error("--world-size, --steps and --save-every must be >= 1")
+    if args.rank is not None:
+        if not 0 <= args.rank < args.world_size:
+            p.error(f"--rank {args.rank} is not in [0, {args.world_size})")
+        if not os.environ.get("MASTER_ADDR"):
+            p.error("--rank/$RANK needs $MASTER_ADDR (and $MASTER_PORT, "
+                    "default 29500): the address of rank 0")
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.rank is not None:
+        os.environ.setdefault("MASTER_PORT", "29500")
+        rank_main(args.rank, args, None)
+        return 0
     try:
         mp.spawn(rank_main, args=(args, free_port()), nprocs=args.world_size,
                  join=True)

@@ -1,0 +1,200 @@
+#!/usr/bin/python3
+"""Offline checks of deploy/kubernetes: every overlay and example renders
+with `kubectl kustomize`, every object validates against the Kubernetes API
+schemas (npm kubernetes-models, deploy/kubernetes/validate), and the
+manifests agree with the binaries and with each other:
+
+  - every CAIRN_* setting (ConfigMaps, env) is a flag of the binary it is
+    given to (a typo would otherwise be ignored): checked against the built
+    binaries' --help;
+  - probes and Services point at declared container ports, and the gRPC
+    probe ports are the ones the daemons are configured to listen on;
+  - terminationGracePeriodSeconds outlasts cairnd's --shutdown-grace;
+  - pods run as non-root with a read-only root filesystem, no privilege
+    escalation, all capabilities dropped (an init container may add CHOWN
+    only), memory limits set, and no Service environment variables;
+  - the agent's memory limit covers its staging budget (staged shared
+    memory is charged to it);
+  - image tags are the VERSION the images are built as.
+
+Usage: manifests_test.py --build-dir BUILD
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KUSTOMIZATIONS = [
+    "deploy/kubernetes/overlays/dev",
+    "deploy/kubernetes/overlays/local",
+    "deploy/kubernetes/overlays/s3",
+    "deploy/kubernetes/examples/train-job",
+]
+BINARIES = {"cairnd": "server/coordinator/cairnd", "cairn-agent": "server/agent/cairn-agent"}
+errors = []
+
+
+def error(msg):
+    errors.append(msg)
+    print(f"manifests_test: ERROR: {msg}", flush=True)
+
+
+def quantity_bytes(q):
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti)?", str(q))
+    if not m:
+        raise ValueError(f"quantity {q} not understood")
+    return int(m.group(1)) * {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}[m.group(2)]
+
+
+def flags_of(binary):
+    out = subprocess.run([binary, "--help"], capture_output=True, text=True, check=True).stdout
+    return {"CAIRN_" + f[2:].replace("-", "_").upper() for f in re.findall(r"--[a-z][a-z0-9-]+", out)}
+
+
+def listen_port(value):
+    return int(value.rsplit(":", 1)[1])
+
+
+def check_kustomization(path, build_dir, version, flags):
+    out = subprocess.run(["kubectl", "kustomize", os.path.join(ROOT, path)], capture_output=True, text=True)
+    if out.returncode != 0:
+        error(f"{path}: kubectl kustomize failed: {out.stderr}")
+        return
+    rendered = os.path.join(build_dir, "deploy-rendered-" + path.replace("/", "_") + ".yaml")
+    with open(rendered, "w") as f:
+        f.write(out.stdout)
+    v = subprocess.run(["node", os.path.join(ROOT, "deploy/kubernetes/validate/validate.mjs"), rendered],
+                       capture_output=True, text=True)
+    print(v.stdout.strip().splitlines()[-1] if v.stdout else v.stderr)
+    if v.returncode != 0:
+        error(f"{path}: schema validation failed:\n{v.stdout}{v.stderr}")
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    config_maps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    workloads = [d for d in docs if d["kind"] in ("StatefulSet", "DaemonSet", "Deployment", "Job")]
+    if not workloads:
+        error(f"{path}: no workloads rendered")
+    for w in workloads:
+        check_workload(path, w, config_maps, version, flags)
+    for svc in (d for d in docs if d["kind"] == "Service"):
+        targets = [w for w in workloads
+                   if all(w["spec"]["template"]["metadata"].get("labels", {}).get(k) == val
+                          for k, val in svc["spec"]["selector"].items())]
+        if not targets:
+            error(f"{path}: Service {svc['metadata']['name']} selects no workload")
+        for t in targets:
+            ports = {p.get("name"): p["containerPort"]
+                     for c in t["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+            for p in svc["spec"]["ports"]:
+                tp = p.get("targetPort", p["port"])
+                if (tp not in ports) and (tp not in ports.values()):
+                    error(f"{path}: Service {svc['metadata']['name']} port {p['port']} targets {tp}, "
+                          f"not a port of {t['metadata']['name']}")
+    for pdb in (d for d in docs if d["kind"] == "PodDisruptionBudget"):
+        sel = pdb["spec"]["selector"]["matchLabels"]
+        if not any(all(w["spec"]["template"]["metadata"].get("labels", {}).get(k) == val for k, val in sel.items())
+                   for w in workloads):
+            error(f"{path}: PodDisruptionBudget {pdb['metadata']['name']} selects no workload")
+
+
+def check_workload(path, w, config_maps, version, flags):
+    name = f"{path}: {w['kind']}/{w['metadata']['name']}"
+    spec = w["spec"]["template"]["spec"]
+    psc = spec.get("securityContext", {})
+    if spec.get("enableServiceLinks") is not False:
+        error(f"{name}: enableServiceLinks must be false (Service variables would look like CAIRN_* flags)")
+    if not psc.get("runAsNonRoot") or psc.get("runAsUser", 0) == 0:
+        error(f"{name}: pod must run as a non-root user")
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        cname = f"{name}/{c['name']}"
+        is_init = c in spec.get("initContainers", [])
+        csc = c.get("securityContext", {})
+        if not csc.get("readOnlyRootFilesystem"):
+            error(f"{cname}: readOnlyRootFilesystem must be true")
+        if csc.get("allowPrivilegeEscalation") is not False:
+            error(f"{cname}: allowPrivilegeEscalation must be false")
+        caps = csc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            error(f"{cname}: capabilities must drop ALL")
+        if caps.get("add", []) not in ([], ["CHOWN"]) or (caps.get("add") and not is_init):
+            error(f"{cname}: only an init container may add a capability, and only CHOWN")
+        if not is_init and csc.get("runAsUser", psc.get("runAsUser")) == 0:
+            error(f"{cname}: runs as root")
+        image = c["image"]
+        if not image.endswith(":" + version):
+            error(f"{cname}: image {image} is not tagged with VERSION {version}")
+        if is_init:
+            continue
+        if "memory" not in c.get("resources", {}).get("limits", {}):
+            error(f"{cname}: no memory limit")
+        binary = os.path.basename(c["command"][0])
+        env = {}
+        for src in c.get("envFrom", []):
+            if "configMapRef" in src:
+                cm = src["configMapRef"]["name"]
+                if cm not in config_maps:
+                    error(f"{cname}: envFrom ConfigMap {cm} is not rendered")
+                env.update(config_maps.get(cm, {}))
+        for e in c.get("env", []):
+            env[e["name"]] = e.get("value", "<from " + ",".join(e.get("valueFrom", {})) + ">")
+        if binary in flags:
+            known = flags[binary] | {"CAIRN_PEER_TOKEN"}
+            for k in env:
+                if k.startswith("CAIRN_") and k not in known:
+                    error(f"{cname}: {k} is not a setting of {binary} (no --{k[6:].lower().replace('_', '-')})")
+        ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            probe = c.get(kind)
+            if binary in flags and probe is None:
+                error(f"{cname}: no {kind}")
+                continue
+            if probe is None:
+                continue
+            handler = probe.get("grpc") or probe.get("httpGet") or probe.get("tcpSocket")
+            port = handler["port"]
+            if port not in ports.values() and port not in ports:
+                error(f"{cname}: {kind} port {port} is not a container port")
+            if "grpc" in probe:
+                listen = env.get("CAIRN_LISTEN") if binary == "cairnd" else env.get("CAIRN_HEALTH_LISTEN")
+                if listen is None or listen_port(listen) != port:
+                    error(f"{cname}: {kind} probes port {port}, but the daemon serves health on {listen}")
+        if binary == "cairnd":
+            grace = spec.get("terminationGracePeriodSeconds", 30)
+            drain = float(env.get("CAIRN_SHUTDOWN_GRACE", 10))
+            if grace <= drain:
+                error(f"{cname}: terminationGracePeriodSeconds {grace} <= CAIRN_SHUTDOWN_GRACE {drain}")
+        if binary == "cairn-agent":
+            budget = int(env.get("CAIRN_STAGING_BUDGET_MIB", 1024)) << 20
+            limit = quantity_bytes(c["resources"]["limits"]["memory"])
+            if limit < budget + (256 << 20):
+                error(f"{cname}: memory limit {limit >> 20} MiB does not cover the staging budget "
+                      f"{budget >> 20} MiB plus the agent itself")
+        for key in ("CAIRN_METRICS_LISTEN",):
+            if key in env and listen_port(env[key]) not in ports.values():
+                error(f"{cname}: {key}={env[key]} is not a declared container port")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build-dir", required=True)
+    args = ap.parse_args()
+    version = open(os.path.join(ROOT, "VERSION")).read().strip()
+    if not os.path.isdir(os.path.join(ROOT, "deploy/kubernetes/validate/node_modules/kubernetes-models")):
+        error("deploy/kubernetes/validate/node_modules is missing: scripts/install_deps.sh installs it (npm ci)")
+        return 1
+    flags = {b: flags_of(os.path.join(args.build_dir, p)) for b, p in BINARIES.items()}
+    for path in KUSTOMIZATIONS:
+        check_kustomization(path, args.build_dir, version, flags)
+    if errors:
+        print(f"manifests_test: FAIL: {len(errors)} problem(s)")
+        return 1
+    print(f"manifests_test: PASS: {len(KUSTOMIZATIONS)} kustomizations")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
