@@ -454,9 +454,10 @@ def main():
             raise Failure(f"the restarted job did not resume from step {committed[-1]}:\n{out2}")
         say(f"job round 2: resumed from step {m.group(1)} (loaded through cairnd)")
 
-        # The CLI in the image, as an operator would run it in the cairnd pod.
-        verify = run(["podman", "exec", cairnd, "/usr/local/bin/cairn", "-c",
-                      "127.0.0.1:7070", "verify", "train-example", "latest"], check=False)
+        # The CLI in the image, as an operator runs it in the cairnd pod
+        # (kubectl exec): the pod's CAIRN_STORAGE makes it read the storage.
+        verify = run(["podman", "exec", cairnd, "/usr/local/bin/cairn",
+                      "verify", "train-example", "latest"], check=False)
         if verify.returncode != 0:
             raise Failure(f"cairn verify in the image failed:\n{verify.stdout}{verify.stderr}")
         say("cairn verify train-example: ok")
