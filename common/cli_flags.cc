@@ -150,7 +150,16 @@ constexpr absl::string_view kNonFlagPrefixes[] = {"CAIRN_S3_", "CAIRN_TEST_"};
 // A CAIRN_* variable that names no option of a program that reads its
 // options from the environment is most likely a typo
 // (CAIRN_STAGING_BUDGET_MB): say so on `err` instead of ignoring it.
+// Only daemons (programs with --print-config) warn: a tool such as the
+// `cairn` CLI run inside a daemon's container sees the daemon's CAIRN_*
+// settings, which are not typos.
 void WarnUnknownEnvironmentVariables(const CLI::App& app, std::ostream& err) {
+  bool daemon = false;
+  for (const CLI::Option* opt : app.get_options()) {
+    daemon |=
+        !opt->get_lnames().empty() && opt->get_lnames().front() == kPrintConfig;
+  }
+  if (!daemon) return;
   std::set<std::string> known;
   for (const auto& [opt, env] : EnvOptions(app)) {
     if (!opt->get_envname().empty()) known.insert(env);
@@ -207,6 +216,24 @@ void AddLogFlags(CLI::App& app, LogFlags* flags) {
 void AddVersionFlag(CLI::App& app, const std::string& program) {
   app.set_version_flag("--version", VersionString(program),
                        "Print the version and exit");
+}
+
+bool GivenOnCommandLine(const CLI::Option& opt, int argc,
+                        const char* const* argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view a = argv[i];
+    if (a == "--") return false;  // positional arguments from here on
+    for (const std::string& name : opt.get_lnames()) {
+      const std::string flag = "--" + name;
+      if (a == flag || absl::StartsWith(a, flag + "=")) return true;
+    }
+    for (const std::string& name : opt.get_snames()) {
+      if (absl::StartsWith(a, "-" + name) && !absl::StartsWith(a, "--")) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 std::optional<int> Parse(CLI::App& app, int argc, const char* const* argv,

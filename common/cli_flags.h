@@ -52,10 +52,17 @@ std::string EnvironmentVariableFor(const std::string& long_name);
 // and returns 0, so operators can see what a daemon would run with.
 void AddPrintConfigFlag(CLI::App& app);
 
+// Whether `opt` was given in argv (--name, --name=V, -c, -cV), not only
+// through its environment variable: CLI11 counts both alike.
+bool GivenOnCommandLine(const CLI::Option& opt, int argc,
+                        const char* const* argv);
+
 // Parses argv. Returns nullopt to go on, or the exit code main should
 // return: 0 after --help/--version/--print-config (printed to `out`),
 // kExitUsage after a usage error (printed to `err` with a pointer to
-// --help).
+// --help). A program with --print-config (a daemon, whose whole
+// configuration can come from CAIRN_*) also warns on `err` about CAIRN_*
+// variables that are none of its settings, such as a typo.
 std::optional<int> Parse(CLI::App& app, int argc, const char* const* argv,
                          std::ostream& out, std::ostream& err);
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every Cairn test: installs what is missing, builds with CMake and with
-# Bazel, runs the fuzzers for a bounded time (scripts/fuzz.sh: a clang build
+# Bazel, builds the container images (deploy/image/build.sh), runs the fuzzers for a bounded time (scripts/fuzz.sh: a clang build
 # of fuzz/, FUZZ_TIME seconds per target, default 15), `bazel test //...` and
 # ctest (which includes every benchmark's smoke run, label bench-smoke).
 # Exits non-zero on any failure. ctest's summary is printed last.
@@ -11,6 +11,9 @@ scripts/install_deps.sh
 
 echo "== CMake build"
 scripts/build.sh
+
+echo "== Container images (deploy/image; the build stage reuses the ccache just filled)"
+deploy/image/build.sh
 
 echo "== Fuzz (bounded)"
 scripts/fuzz.sh --time "${FUZZ_TIME:-15}"

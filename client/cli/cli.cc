@@ -501,13 +501,15 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
       "cairn"};
   app.require_subcommand(1);
   std::string coordinator, storage_uri;
-  app.add_option("--coordinator,-c", coordinator,
-                 "cairnd address host:port (env CAIRN_COORDINATOR)")
-      ->envname("CAIRN_COORDINATOR");
-  app.add_option("--storage,-s", storage_uri,
-                 "Storage URI to read offline, e.g. file:///data/ckpt (env "
-                 "CAIRN_STORAGE)")
-      ->envname("CAIRN_STORAGE");
+  CLI::Option* coordinator_opt =
+      app.add_option("--coordinator,-c", coordinator,
+                     "cairnd address host:port (env CAIRN_COORDINATOR)")
+          ->envname("CAIRN_COORDINATOR");
+  CLI::Option* storage_opt =
+      app.add_option("--storage,-s", storage_uri,
+                     "Storage URI to read offline, e.g. file:///data/ckpt "
+                     "(env CAIRN_STORAGE)")
+          ->envname("CAIRN_STORAGE");
 
   std::string job, step_arg;
   bool all = false, json = false, show_chunks = false, yes = false,
@@ -554,9 +556,21 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   if (std::optional<int> exit_code = flags::Parse(app, argc, argv, out, err)) {
     return *exit_code;
   }
+  // One given on the command line wins over the other's variable: in
+  // cairnd's container CAIRN_STORAGE is cairnd's setting, and
+  // `cairn -c 127.0.0.1:7070 ls` there means cairnd.
+  const bool coordinator_arg =
+      flags::GivenOnCommandLine(*coordinator_opt, argc, argv);
+  const bool storage_arg = flags::GivenOnCommandLine(*storage_opt, argc, argv);
+  if (coordinator_arg && !storage_arg) storage_uri.clear();
+  if (storage_arg && !coordinator_arg) coordinator.clear();
   if (coordinator.empty() == storage_uri.empty()) {
     err << "cairn: give exactly one of --coordinator HOST:PORT or --storage "
-           "URI\n";
+           "URI";
+    if (!coordinator.empty() && !coordinator_arg && !storage_arg) {
+      err << " (both CAIRN_COORDINATOR and CAIRN_STORAGE are set)";
+    }
+    err << "\n";
     return 2;
   }
 

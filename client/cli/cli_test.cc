@@ -171,6 +171,49 @@ TEST_F(CliTest, ExactlyOneOfCoordinatorAndStorageIsRequired) {
   EXPECT_THAT(both.err, HasSubstr("give exactly one of --coordinator"));
 }
 
+TEST_F(CliTest, TheCommandLineWinsOverTheOthersVariable) {
+  Write("job", 5);
+  // As in cairnd's container: CAIRN_STORAGE is cairnd's setting, and a
+  // coordinator given with -c is what the user means. The address is
+  // unreachable, so the error proves the CLI went to it.
+  setenv("CAIRN_STORAGE", uri_.c_str(), 1);
+  for (const std::vector<std::string>& c :
+       {std::vector<std::string>{"-c", "127.0.0.1:1"},
+        std::vector<std::string>{"--coordinator=127.0.0.1:1"},
+        std::vector<std::string>{"-c127.0.0.1:1"}}) {
+    std::vector<std::string> args = c;
+    args.push_back("ls");
+    Result r = Cairn(args);
+    EXPECT_EQ(r.code, 1) << r;
+    EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1")) << r;
+    EXPECT_THAT(r.err, Not(HasSubstr("give exactly one"))) << r;
+  }
+  unsetenv("CAIRN_STORAGE");
+  // And --storage wins over CAIRN_COORDINATOR.
+  setenv("CAIRN_COORDINATOR", "127.0.0.1:1", 1);
+  Result offline = Cairn({"-s", uri_, "show", "job", "latest"});
+  EXPECT_EQ(offline.code, 0) << offline;
+  EXPECT_THAT(offline.out, HasSubstr("step 5"));
+  // Both from the environment: ambiguous, and the error says why.
+  setenv("CAIRN_STORAGE", uri_.c_str(), 1);
+  Result both = Cairn({"ls"});
+  EXPECT_EQ(both.code, 2) << both;
+  EXPECT_THAT(both.err,
+              HasSubstr("both CAIRN_COORDINATOR and CAIRN_STORAGE are set"));
+}
+
+TEST_F(CliTest, DaemonSettingsInTheEnvironmentAreNotWarnedAbout) {
+  Write("job", 1);
+  // The CLI in a daemon's container sees the daemon's settings.
+  setenv("CAIRN_STAGING_BUDGET_MB", "512", 1);
+  setenv("CAIRN_LISTEN", "0.0.0.0:7070", 1);
+  Result r = Cairn({"-s", uri_, "ls"});
+  unsetenv("CAIRN_STAGING_BUDGET_MB");
+  unsetenv("CAIRN_LISTEN");
+  EXPECT_EQ(r.code, 0) << r;
+  EXPECT_THAT(r.err, Not(HasSubstr("warning"))) << r;
+}
+
 TEST_F(CliTest, BadStepsAreUsageErrorsNamingTheStep) {
   Write("job", 1);
   for (const std::string step : {"abc", "1.5", "12x", "latest1", "0x10", "+5",

@@ -452,12 +452,16 @@ def main():
         say(f"job round 2: resumed from step {m.group(1)} (loaded through cairnd)")
 
         # The CLI in the image, as an operator runs it in the cairnd pod
-        # (kubectl exec): the pod's CAIRN_STORAGE makes it read the storage.
-        verify = run(["podman", "exec", cairnd, "/usr/local/bin/cairn",
-                      "verify", "train-example", "latest"], check=False)
-        if verify.returncode != 0:
-            raise Failure(f"cairn verify in the image failed:\n{verify.stdout}{verify.stderr}")
-        say("cairn verify train-example: ok")
+        # (kubectl exec): offline, the pod's CAIRN_STORAGE makes it read the
+        # storage; with -c it asks cairnd (the command line wins over the
+        # pod's CAIRN_STORAGE), and neither warns about the daemon's CAIRN_*.
+        for how in ([], ["-c", "127.0.0.1:7070"]):
+            verify = run(["podman", "exec", cairnd, "/usr/local/bin/cairn", *how,
+                          "verify", "train-example", "latest"], check=False)
+            if verify.returncode != 0 or "warning" in verify.stderr:
+                raise Failure(f"cairn {' '.join(how)} verify in the image:\n"
+                              f"{verify.stdout}{verify.stderr}")
+            say(f"cairn {' '.join(how + ['verify'])} train-example: ok")
 
         agent_log = stop_gracefully(agent, agent_spec, say)
         cairnd_log = stop_gracefully(cairnd, cairnd_spec, say)
