@@ -15,7 +15,14 @@ manifests agree with the binaries and with each other:
     only), memory limits set, and no Service environment variables;
   - the agent's memory limit covers its staging budget (staged shared
     memory is charged to it);
-  - image tags are the VERSION the images are built as.
+  - image tags are the VERSION the images are built as;
+  - monitoring: the PodMonitors (deploy/kubernetes/monitoring) and the plain
+    Prometheus scrape jobs (deploy/prometheus/prometheus.yaml) select the
+    daemons' pods and their metrics ports and label them with the job names
+    the alert rules (deploy/prometheus/cairn-alerts.yaml) select, and the
+    scrape config passes `promtool check config` (its Kubernetes service
+    discovery swapped for static targets: Debian's Prometheus is built
+    without it).
 
 Usage: manifests_test.py --build-dir BUILD
 """
@@ -57,14 +64,16 @@ def flags_of(binary):
 
 
 def listen_port(value):
-    return int(value.rsplit(":", 1)[1])
+    host, _, port = value.rpartition(":")
+    return int(port) if host and port.isdigit() else None
 
 
-def check_kustomization(path, build_dir, version, flags):
+def render_and_validate(path, build_dir):
+    """The rendered objects of kustomization `path`, validated against the API schemas."""
     out = subprocess.run(["kubectl", "kustomize", os.path.join(ROOT, path)], capture_output=True, text=True)
     if out.returncode != 0:
         error(f"{path}: kubectl kustomize failed: {out.stderr}")
-        return
+        return []
     rendered = os.path.join(build_dir, "deploy-rendered-" + path.replace("/", "_") + ".yaml")
     with open(rendered, "w") as f:
         f.write(out.stdout)
@@ -73,7 +82,13 @@ def check_kustomization(path, build_dir, version, flags):
     print(v.stdout.strip().splitlines()[-1] if v.stdout else v.stderr)
     if v.returncode != 0:
         error(f"{path}: schema validation failed:\n{v.stdout}{v.stderr}")
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def check_kustomization(path, build_dir, version, flags):
+    docs = render_and_validate(path, build_dir)
+    if not docs:
+        return []
     config_maps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
     workloads = [d for d in docs if d["kind"] in ("StatefulSet", "DaemonSet", "Deployment", "Job")]
     if not workloads:
@@ -99,6 +114,75 @@ def check_kustomization(path, build_dir, version, flags):
         if not any(all(w["spec"]["template"]["metadata"].get("labels", {}).get(k) == val for k, val in sel.items())
                    for w in workloads):
             error(f"{path}: PodDisruptionBudget {pdb['metadata']['name']} selects no workload")
+    return workloads
+
+
+def pod_labels(w):
+    return w["spec"]["template"]["metadata"].get("labels", {})
+
+
+def port_names(w):
+    return {p.get("name") for c in w["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+
+
+def check_monitoring(build_dir, workloads):
+    """PodMonitors and plain scrape jobs agree with the pods and the alert rules."""
+    daemons = [w for w in workloads if w["kind"] in ("StatefulSet", "DaemonSet")]
+    rules = open(os.path.join(ROOT, "deploy/prometheus/cairn-alerts.yaml")).read()
+    alert_jobs = set(re.findall(r'job="([^"]+)"', rules))
+    if not alert_jobs:
+        error("cairn-alerts.yaml: no rule selects a job")
+    # The Prometheus Operator's PodMonitors: the job label is the value of
+    # the pod label named by jobLabel.
+    monitor_jobs = set()
+    for pm in (d for d in render_and_validate("deploy/kubernetes/monitoring", build_dir) if d["kind"] == "PodMonitor"):
+        name = f"PodMonitor/{pm['metadata']['name']}"
+        sel = pm["spec"]["selector"]["matchLabels"]
+        hits = [w for w in daemons if all(pod_labels(w).get(k) == v for k, v in sel.items())]
+        if len(hits) != 1:
+            error(f"{name}: selects {len(hits)} workloads, not one")
+            continue
+        for ep in pm["spec"]["podMetricsEndpoints"]:
+            # check_workload ties the port named metrics to CAIRN_METRICS_LISTEN.
+            if ep.get("port") != "metrics" or "metrics" not in port_names(hits[0]):
+                error(f"{name}: scrapes port {ep.get('port')}, not {hits[0]['metadata']['name']}'s metrics port")
+        monitor_jobs.add(pod_labels(hits[0]).get(pm["spec"].get("jobLabel", ""), f"cairn/{pm['metadata']['name']}"))
+    if monitor_jobs != alert_jobs:
+        error(f"PodMonitors label jobs {sorted(monitor_jobs)}, the alert rules select {sorted(alert_jobs)}")
+    # Plain Prometheus: each job's keep rules on the pod label and the port
+    # name must let through exactly its daemon's metrics port.
+    config_path = os.path.join(ROOT, "deploy/prometheus/prometheus.yaml")
+    config = yaml.safe_load(open(config_path))
+    scrape_jobs = set()
+    static = dict(config)
+    static["rule_files"] = [os.path.join(ROOT, "deploy/prometheus", f) for f in config.get("rule_files", [])]
+    static["scrape_configs"] = []
+    for job in config["scrape_configs"]:
+        scrape_jobs.add(job["job_name"])
+        kept = []
+        for w in daemons:
+            for port in port_names(w):
+                meta = {"__meta_kubernetes_pod_container_port_name": port}
+                for k, v in pod_labels(w).items():
+                    meta["__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", k)] = v
+                if all(rule.get("action") != "keep" or
+                       re.fullmatch(rule["regex"], ";".join(meta.get(l, "") for l in rule["source_labels"]))
+                       for rule in job.get("relabel_configs", [])):
+                    kept.append((w["metadata"]["name"], port))
+        if kept != [(job["job_name"], "metrics")]:
+            error(f"prometheus.yaml: job {job['job_name']} keeps {kept}, not the {job['job_name']} pods' metrics port")
+        swapped = {k: v for k, v in job.items() if k != "kubernetes_sd_configs"}
+        swapped["static_configs"] = [{"targets": ["127.0.0.1:9"]}]
+        static["scrape_configs"].append(swapped)
+    if scrape_jobs != alert_jobs:
+        error(f"prometheus.yaml scrapes jobs {sorted(scrape_jobs)}, the alert rules select {sorted(alert_jobs)}")
+    static_path = os.path.join(build_dir, "deploy-prometheus-static.yaml")
+    with open(static_path, "w") as f:
+        yaml.safe_dump(static, f)
+    p = subprocess.run(["/usr/bin/promtool", "check", "config", static_path], capture_output=True, text=True)
+    if p.returncode != 0:
+        error(f"prometheus.yaml (service discovery swapped for static targets): promtool check config:\n"
+              f"{p.stdout}{p.stderr}")
 
 
 def check_workload(path, w, config_maps, version, flags):
@@ -173,9 +257,9 @@ def check_workload(path, w, config_maps, version, flags):
             if limit < budget + (256 << 20):
                 error(f"{cname}: memory limit {limit >> 20} MiB does not cover the staging budget "
                       f"{budget >> 20} MiB plus the agent itself")
-        for key in ("CAIRN_METRICS_LISTEN",):
-            if key in env and listen_port(env[key]) not in ports.values():
-                error(f"{cname}: {key}={env[key]} is not a declared container port")
+        if binary in flags and ports.get("metrics") != listen_port(env.get("CAIRN_METRICS_LISTEN", "")):
+            error(f"{cname}: the port named metrics ({ports.get('metrics')}) is not where "
+                  f"CAIRN_METRICS_LISTEN={env.get('CAIRN_METRICS_LISTEN')} serves")
 
 
 def main():
@@ -188,7 +272,9 @@ def main():
         return 1
     flags = {b: flags_of(os.path.join(args.build_dir, p)) for b, p in BINARIES.items()}
     for path in KUSTOMIZATIONS:
-        check_kustomization(path, args.build_dir, version, flags)
+        workloads = check_kustomization(path, args.build_dir, version, flags)
+        if path == "deploy/kubernetes/overlays/dev":
+            check_monitoring(args.build_dir, workloads)
     if errors:
         print(f"manifests_test: FAIL: {len(errors)} problem(s)")
         return 1

@@ -18,9 +18,14 @@ for (const file of process.argv.slice(2)) {
     const obj = doc.toJS();
     if (obj === null) continue;
     const what = `${file}: ${obj.kind}/${obj.metadata?.name}`;
+    // Core and built-in API groups from kubernetes-models; the
+    // prometheus-operator CRDs (PodMonitor, PrometheusRule) from its package.
+    const pkg = String(obj.apiVersion).startsWith("monitoring.coreos.com/")
+      ? "@kubernetes-models/prometheus-operator"
+      : "kubernetes-models";
     let Model;
     try {
-      const mod = await import(`kubernetes-models/${obj.apiVersion}`);
+      const mod = await import(`${pkg}/${obj.apiVersion}`);
       Model = mod[obj.kind];
     } catch (e) {
       Model = undefined;
