@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <string>
@@ -19,6 +20,8 @@
 #include "grpc/impl/codegen/grpc_types.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/impl/server_builder_plugin.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
@@ -68,6 +71,22 @@ absl::Status CheckAddressFree(const std::string& listen_address) {
   return result;
 }
 
+// Drops the reflection plugin that InitProtoReflectionServerBuilderPlugin
+// registered for every ServerBuilder of the process.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>*
+                         plugins) override {
+    plugins->erase(
+        std::remove_if(plugins->begin(), plugins->end(),
+                       [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+                         return absl::StrContains(p->name(), "reflection");
+                       }),
+        plugins->end());
+  }
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
@@ -77,11 +96,26 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   CAIRN_RETURN_IF_ERROR(CheckAddressFree(spec.listen_address));
   CAIRN_ASSIGN_OR_RETURN(s->coordinator_,
                          Coordinator::Create(spec.coordinator));
-  s->service_ = std::make_unique<CoordinatorService>(s->coordinator_.get());
+  if (!spec.auth_tokens_path.empty()) {
+    absl::StatusOr<std::unique_ptr<Authorizer>> a =
+        Authorizer::Create(spec.auth_tokens_path);
+    if (!a.ok()) {
+      return absl::Status(
+          a.status().code(),
+          absl::StrCat("--auth-tokens: ", a.status().message()));
+    }
+    s->authorizer_ = *std::move(a);
+  }
+  s->service_ = std::make_unique<CoordinatorService>(s->coordinator_.get(),
+                                                     s->authorizer_.get());
+  s->reflection_ = spec.reflection.value_or(s->authorizer_ == nullptr);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (!s->reflection_) {
+    builder.SetOption(std::make_unique<WithoutReflection>());
+  }
   // gRPC sets SO_REUSEPORT by default: a second cairnd on the same port
   // would then also "listen" and clients would alternate between two
   // catalogs. Without it a port in use is an error.
@@ -117,10 +151,37 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
               s->metrics_http_->port());
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
+  if (s->authorizer_ == nullptr) {
+    CAIRN_LOG(warn,
+              "cairnd: authentication is OFF (no --auth-tokens): anyone "
+              "who can reach port {} may list, read, save, delete and gc "
+              "every job's checkpoints",
+              s->port_);
+  } else {
+    std::shared_ptr<const AuthTable> t = s->authorizer_->table();
+    CAIRN_LOG(info,
+              "cairnd: authentication on: {} tokens and {} certificate "
+              "identities from {} (reloaded on SIGHUP); reflection {}",
+              t->num_tokens(), t->num_certificates(), spec.auth_tokens_path,
+              s->reflection_ ? "on" : "off");
+  }
   CAIRN_LOG(info, "cairnd listening on port {} (storage {}, catalog {})",
             s->port_, spec.coordinator.storage_uri,
             spec.coordinator.catalog_path);
   return s;
+}
+
+absl::Status CoordinatorServer::ReloadAuthTokens() {
+  if (authorizer_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "authentication is off (no --auth-tokens): no token file to reload");
+  }
+  CAIRN_RETURN_IF_ERROR(authorizer_->Reload());
+  std::shared_ptr<const AuthTable> t = authorizer_->table();
+  CAIRN_LOG(info,
+            "cairnd: reloaded {}: {} tokens and {} certificate identities",
+            authorizer_->path(), t->num_tokens(), t->num_certificates());
+  return absl::OkStatus();
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(absl::ZeroDuration()); }

@@ -1,5 +1,6 @@
 // cairnd as an embeddable server: the Coordinator library, its gRPC service,
-// grpc.health.v1 and server reflection, on one listening port.
+// grpc.health.v1 and server reflection, on one listening port; with
+// Spec::auth_tokens_path, callers authenticated and authorized (auth.h).
 //
 // Example (tests bind port 0 and ask for the port):
 //   CoordinatorServer::Spec spec;
@@ -12,12 +13,14 @@
 #define CAIRN_SERVER_COORDINATOR_COORDINATOR_SERVER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/metrics_http.h"
 #include "grpcpp/server.h"
+#include "server/coordinator/auth.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
 
@@ -42,6 +45,14 @@ class CoordinatorServer {
     // host:port serving Prometheus metrics at GET /metrics (port 0 picks a
     // free port, see metrics_port()); empty serves none. Default: empty.
     std::string metrics_listen;
+    // The token file (auth.h): every cairn.v1.Coordinator call then needs a
+    // token or client certificate it lists, with a role allowing the call
+    // on its job (grpc.health.v1 stays open). Empty: no authentication,
+    // anyone reaching the port may do everything. Default: empty.
+    std::string auth_tokens_path;
+    // Serve grpc.reflection (schema discovery, e.g. grpcurl). Unset: on
+    // without auth_tokens_path, off with it (reflection is not authorized).
+    std::optional<bool> reflection;
   };
 
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
@@ -55,6 +66,14 @@ class CoordinatorServer {
     return metrics_http_ == nullptr ? 0 : metrics_http_->port();
   }
   Coordinator& coordinator() { return *coordinator_; }
+  // Null without Spec::auth_tokens_path.
+  Authorizer* authorizer() { return authorizer_.get(); }
+  bool reflection_enabled() const { return reflection_; }
+
+  // Re-reads the token file (SIGHUP). On error the tokens in use stay and
+  // the error names the file and line. FAILED_PRECONDITION without
+  // Spec::auth_tokens_path.
+  absl::Status ReloadAuthTokens();
 
   // Stops accepting calls, aborts in-flight saves (their ranks get
   // UNAVAILABLE), waits up to `grace` for running calls, then stops.
@@ -66,11 +85,13 @@ class CoordinatorServer {
   CoordinatorServer() = default;
 
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<Authorizer> authorizer_;  // outlives service_
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   // Declared after coordinator_: stops serving before the registry goes.
   std::unique_ptr<metrics::MetricsHttpServer> metrics_http_;
   int port_ = 0;
+  bool reflection_ = false;
   bool shut_down_ = false;
 };
 

@@ -1,5 +1,6 @@
 #include "server/coordinator/coordinator_service.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -7,8 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/metrics.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/impl/codegen/server_callback_handlers.h"
+#include "grpcpp/security/auth_context.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
@@ -46,16 +50,82 @@ Handler<Req, Resp> OnWorkersStatus(
       });
 }
 
-// The raw gRPC handler of one method: parses the request (INVALID_ARGUMENT
-// when the bytes are not a `Req`), runs `handler`, and serializes its answer.
+// What a call does and to which job, for authorization and audit.
+struct Access {
+  Action action = Action::kRead;
+  std::string job;    // empty: no job (agent registry, a listing of all)
+  std::string node;   // ForgetAgent's node, for audit lines
+  int64_t step = -1;  // for audit lines; -1: none
+  // Audit action name; empty: the call is not audited.
+  absl::string_view audit;
+  // A listing of every job: allowed to any authenticated caller, the answer
+  // filtered to the jobs it may read.
+  bool filtered = false;
+};
+
+}  // namespace
+
+// Authorization and audit state shared by every method.
+struct internal::ServiceGuard {
+  const Authorizer* authorizer = nullptr;  // null: auth off
+  metrics::Family<metrics::Counter>* audit_events = nullptr;
+  metrics::Family<metrics::Counter>* auth_failures = nullptr;
+
+  void AuditAuthFailure(absl::string_view reason, const std::string& method,
+                        const std::string& peer, absl::string_view what,
+                        absl::string_view message) const {
+    auth_failures->Get({std::string(reason)})->Increment();
+    CAIRN_LOG(warn, "audit: auth failure reason={} {} method={} peer={}: {}",
+              std::string(reason), std::string(what), method, peer,
+              std::string(message));
+  }
+
+  void Audit(const std::string& identity, const Access& a,
+             const std::string& peer, absl::string_view outcome,
+             const absl::Status& status) const {
+    audit_events->Get({std::string(a.audit), std::string(outcome)})
+        ->Increment();
+    CAIRN_LOG(info,
+              "audit: identity={} action={} job={} step={}{} outcome={} "
+              "peer={}{}{}",
+              identity, std::string(a.audit), a.job.empty() ? "-" : a.job,
+              a.step < 0 ? std::string("-") : std::to_string(a.step),
+              a.node.empty() ? "" : absl::StrCat(" node=", a.node),
+              std::string(outcome), peer, status.ok() ? "" : ": ",
+              status.ok() ? "" : status.ToString());
+  }
+};
+
+namespace {
+
+using Guard = internal::ServiceGuard;
+
+// One method: how to classify its requests and how to answer them.
 template <typename Req, typename Resp>
-grpc::internal::MethodHandler* RawHandler(Coordinator* c,
-                                          const std::string& method,
-                                          Handler<Req, Resp> handler) {
+struct Method {
+  Method(std::function<Access(const Req&)> access, Handler<Req, Resp> handler,
+         std::function<void(const Principal&, Resp*)> filter = nullptr)
+      : access(std::move(access)),
+        handler(std::move(handler)),
+        filter(std::move(filter)) {}
+
+  std::string name;  // full name, for messages
+  std::function<Access(const Req&)> access;
+  Handler<Req, Resp> handler;
+  // For Access::filtered: drops what `principal` may not read.
+  std::function<void(const Principal&, Resp*)> filter;
+};
+
+// The raw gRPC handler of one method: parses the request (INVALID_ARGUMENT
+// when the bytes are not a `Req`), authorizes it, runs the handler, and
+// serializes its answer.
+template <typename Req, typename Resp>
+grpc::internal::MethodHandler* RawHandler(Coordinator* c, const Guard* guard,
+                                          Method<Req, Resp> m) {
   return new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer,
                                                   grpc::ByteBuffer>(
-      [c, method, handler](grpc::CallbackServerContext* context,
-                           const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+      [c, guard, m](grpc::CallbackServerContext* context,
+                    const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
         grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
         auto request = std::make_shared<Req>();
         grpc::ByteBuffer bytes(*in);  // shares the slices
@@ -69,39 +139,135 @@ grpc::internal::MethodHandler* RawHandler(Coordinator* c,
         if (!parsed) {
           reactor->Finish(
               grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                           absl::StrCat("malformed request to ", method, ": ",
+                           absl::StrCat("malformed request to ", m.name, ": ",
                                         size, " bytes that are not a valid ",
                                         Req::descriptor()->full_name())));
           return reactor;
         }
-        handler(*c, std::move(request),
-                [reactor, out](absl::StatusOr<Resp> result) {
-                  if (!result.ok()) {
-                    reactor->Finish(ToGrpcStatus(result.status()));
-                    return;
-                  }
-                  bool own = false;
-                  grpc::Status s = grpc::SerializationTraits<Resp>::Serialize(
-                      *result, out, &own);
-                  reactor->Finish(s);
-                });
+        auto access = std::make_shared<const Access>(m.access(*request));
+        std::string identity = "anonymous";
+        Caller caller;
+        if (guard->authorizer != nullptr) {
+          absl::string_view authorization;
+          const auto& md = context->client_metadata();
+          if (auto it = md.find("authorization"); it != md.end()) {
+            authorization =
+                absl::string_view(it->second.data(), it->second.size());
+          }
+          absl::string_view reason;
+          std::shared_ptr<const grpc::AuthContext> auth_context =
+              context->auth_context();
+          absl::StatusOr<Caller> who = guard->authorizer->Authenticate(
+              authorization, auth_context.get(), &reason);
+          if (!who.ok()) {
+            guard->AuditAuthFailure(reason, m.name, context->peer(),
+                                    "identity=-", who.status().message());
+            reactor->Finish(ToGrpcStatus(who.status()));
+            return reactor;
+          }
+          caller = *std::move(who);
+          identity = caller.principal->name;
+          if (!access->filtered &&
+              !caller.principal->Allows(access->action, access->job)) {
+            const Role needed = RequiredRole(access->action);
+            absl::Status denied = absl::PermissionDeniedError(absl::StrCat(
+                "identity ", identity, " (role ",
+                RoleName(caller.principal->MaxRole()), ") may not ",
+                ActionPhrase(access->action),
+                access->job.empty()
+                    ? absl::StrCat(" (needs role ", RoleName(needed),
+                                   " on job glob '*')")
+                    : absl::StrCat(" of job '", access->job, "' (needs role ",
+                                   RoleName(needed), ")")));
+            guard->AuditAuthFailure(
+                "permission_denied", m.name, context->peer(),
+                absl::StrCat("identity=", identity,
+                             " action=", ActionName(access->action),
+                             " job=", access->job.empty() ? "-" : access->job),
+                denied.message());
+            if (!access->audit.empty()) {
+              guard->Audit(identity, *access, context->peer(), "denied",
+                           denied);
+            }
+            reactor->Finish(ToGrpcStatus(denied));
+            return reactor;
+          }
+        }
+        m.handler(
+            *c, std::move(request),
+            [reactor, out, guard, access, caller, identity,
+             peer = context->peer(),
+             filter = m.filter](absl::StatusOr<Resp> result) {
+              if (!access->audit.empty()) {
+                guard->Audit(identity, *access, peer,
+                             result.ok() ? "ok" : "failed", result.status());
+              }
+              if (!result.ok()) {
+                reactor->Finish(ToGrpcStatus(result.status()));
+                return;
+              }
+              if (access->filtered && caller.principal != nullptr && filter) {
+                filter(*caller.principal, &*result);
+              }
+              bool own = false;
+              grpc::Status s = grpc::SerializationTraits<Resp>::Serialize(
+                  *result, out, &own);
+              reactor->Finish(s);
+            });
         return reactor;
       });
 }
 
+// Access of calls on one job.
+template <typename Req>
+std::function<Access(const Req&)> OnJob(Action action) {
+  return [action](const Req& r) {
+    Access a;
+    a.action = action;
+    a.job = r.job();
+    return a;
+  };
+}
+
+template <typename Req>
+std::function<Access(const Req&)> NoJob(Action action,
+                                        absl::string_view audit = {}) {
+  return [action, audit](const Req&) {
+    Access a;
+    a.action = action;
+    a.audit = audit;
+    return a;
+  };
+}
+
 }  // namespace
 
-CoordinatorService::CoordinatorService(Coordinator* coordinator) {
+CoordinatorService::CoordinatorService(Coordinator* coordinator,
+                                       const Authorizer* authorizer)
+    : guard_(std::make_unique<internal::ServiceGuard>()) {
+  guard_->authorizer = authorizer;
+  guard_->audit_events = coordinator->metrics().AddCounterFamily(
+      "cairn_audit_events_total",
+      "Audited calls (delete, gc, abort, abort_own, forget_agent) by "
+      "outcome: ok, failed (the call's own error) or denied.",
+      {"action", "outcome"});
+  guard_->auth_failures = coordinator->metrics().AddCounterFamily(
+      "cairn_auth_failures_total",
+      "Calls refused by authentication (no_credentials, malformed, "
+      "unknown_token, unknown_certificate) or authorization "
+      "(permission_denied).",
+      {"reason"});
+  const Guard* guard = guard_.get();
   const google::protobuf::ServiceDescriptor* service =
       v1::BeginSaveRequest::descriptor()->file()->FindServiceByName(
           "Coordinator");
-  auto add = [&](const std::string& name, grpc::internal::MethodHandler* h) {
-    const google::protobuf::MethodDescriptor* m =
-        service->FindMethodByName(name);
-    MarkMethodRawCallback(m->index(), h);
-  };
   auto name = [&](const std::string& m) {
     return absl::StrCat(service->full_name(), "/", m);
+  };
+  auto add = [&](const std::string& method, auto m) {
+    m.name = name(method);
+    MarkMethodRawCallback(service->FindMethodByName(method)->index(),
+                          RawHandler(coordinator, guard, std::move(m)));
   };
   using v1::AbortSaveRequest;
   using v1::AbortSaveResponse;
@@ -130,89 +296,136 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator) {
 
   // BeginSave and CommitSave park without a thread until every rank is in.
   add("BeginSave",
-      RawHandler<BeginSaveRequest, BeginSaveResponse>(
-          coordinator, name("BeginSave"),
+      Method<BeginSaveRequest, BeginSaveResponse>{
+          OnJob<BeginSaveRequest>(Action::kSave),
           [](Coordinator& c, std::shared_ptr<const BeginSaveRequest> r,
              Done<BeginSaveResponse> done) {
             c.BeginSave(*r, std::move(done));
-          }));
+          }});
   add("CommitSave",
-      RawHandler<CommitSaveRequest, CommitSaveResponse>(
-          coordinator, name("CommitSave"),
+      Method<CommitSaveRequest, CommitSaveResponse>{
+          OnJob<CommitSaveRequest>(Action::kSave),
           [](Coordinator& c, std::shared_ptr<const CommitSaveRequest> r,
              Done<CommitSaveResponse> done) {
             c.CommitSave(*r, std::move(done));
-          }));
-  add("AbortSave", RawHandler<AbortSaveRequest, AbortSaveResponse>(
-                       coordinator, name("AbortSave"),
+          }});
+  // A process aborts a save it is part of (the coordinator checks its
+  // incarnation): a writer's right. Without an incarnation it aborts the
+  // save whoever runs it: an admin's.
+  add("AbortSave", Method<AbortSaveRequest, AbortSaveResponse>{
+                       [](const AbortSaveRequest& r) {
+                         Access a;
+                         const bool own = r.incarnation() != 0;
+                         a.action = own ? Action::kSave : Action::kAbort;
+                         a.audit = own ? "abort_own" : "abort";
+                         a.job = r.job();
+                         a.step = r.step();
+                         return a;
+                       },
                        OnWorkersStatus<AbortSaveRequest, AbortSaveResponse>(
                            [](Coordinator& c, const AbortSaveRequest& r) {
                              return c.AbortSave(r);
-                           })));
-  add("PlanLoad", RawHandler<PlanLoadRequest, PlanLoadResponse>(
-                      coordinator, name("PlanLoad"),
+                           })});
+  add("PlanLoad", Method<PlanLoadRequest, PlanLoadResponse>{
+                      OnJob<PlanLoadRequest>(Action::kRead),
                       OnWorkers<PlanLoadRequest, PlanLoadResponse>(
                           [](Coordinator& c, const PlanLoadRequest& r) {
                             return c.PlanLoad(r);
-                          })));
+                          })});
   // VerifyLoad may read the manifest first: start on a worker; the call then
   // parks without a thread until every rank of the load has reported.
   add("VerifyLoad",
-      RawHandler<VerifyLoadRequest, VerifyLoadResponse>(
-          coordinator, name("VerifyLoad"),
+      Method<VerifyLoadRequest, VerifyLoadResponse>{
+          OnJob<VerifyLoadRequest>(Action::kRead),
           [](Coordinator& c, std::shared_ptr<const VerifyLoadRequest> r,
              Done<VerifyLoadResponse> done) {
             c.workers().Schedule([&c, r, done = std::move(done)]() mutable {
               c.VerifyLoad(*r, std::move(done));
             });
-          }));
+          }});
   add("ListCheckpoints",
-      RawHandler<ListCheckpointsRequest, ListCheckpointsResponse>(
-          coordinator, name("ListCheckpoints"),
+      Method<ListCheckpointsRequest, ListCheckpointsResponse>{
+          [](const ListCheckpointsRequest& r) {
+            Access a;
+            a.job = r.job();
+            a.filtered = r.job().empty();
+            return a;
+          },
           OnWorkers<ListCheckpointsRequest, ListCheckpointsResponse>(
               [](Coordinator& c, const ListCheckpointsRequest& r) {
                 return c.ListCheckpoints(r);
-              })));
+              }),
+          [](const Principal& p, ListCheckpointsResponse* resp) {
+            auto* list = resp->mutable_checkpoints();
+            list->erase(std::remove_if(list->begin(), list->end(),
+                                       [&p](const v1::CheckpointRecord& r) {
+                                         return !p.Allows(Action::kRead,
+                                                          r.job());
+                                       }),
+                        list->end());
+          }});
   add("GetCheckpoint",
-      RawHandler<GetCheckpointRequest, GetCheckpointResponse>(
-          coordinator, name("GetCheckpoint"),
+      Method<GetCheckpointRequest, GetCheckpointResponse>{
+          OnJob<GetCheckpointRequest>(Action::kRead),
           OnWorkers<GetCheckpointRequest, GetCheckpointResponse>(
               [](Coordinator& c, const GetCheckpointRequest& r) {
                 return c.GetCheckpoint(r);
-              })));
+              })});
   add("DeleteCheckpoint",
-      RawHandler<DeleteCheckpointRequest, DeleteCheckpointResponse>(
-          coordinator, name("DeleteCheckpoint"),
+      Method<DeleteCheckpointRequest, DeleteCheckpointResponse>{
+          [](const DeleteCheckpointRequest& r) {
+            Access a;
+            a.action = Action::kDelete;
+            a.audit = "delete";
+            a.job = r.job();
+            a.step = r.step();
+            return a;
+          },
           OnWorkersStatus<DeleteCheckpointRequest, DeleteCheckpointResponse>(
               [](Coordinator& c, const DeleteCheckpointRequest& r) {
                 return c.DeleteCheckpoint(r);
-              })));
+              })});
+  // A dry run only lists what would go: a read.
   add("GarbageCollect",
-      RawHandler<GarbageCollectRequest, GarbageCollectResponse>(
-          coordinator, name("GarbageCollect"),
+      Method<GarbageCollectRequest, GarbageCollectResponse>{
+          [](const GarbageCollectRequest& r) {
+            Access a;
+            a.action = r.dry_run() ? Action::kRead : Action::kGarbageCollect;
+            if (!r.dry_run()) a.audit = "gc";
+            a.job = r.job();
+            return a;
+          },
           OnWorkers<GarbageCollectRequest, GarbageCollectResponse>(
               [](Coordinator& c, const GarbageCollectRequest& r) {
                 return c.GarbageCollect(r);
-              })));
+              })});
   // The agent registry writes the catalog: on a worker.
   add("RegisterAgent",
-      RawHandler<RegisterAgentRequest, RegisterAgentResponse>(
-          coordinator, name("RegisterAgent"),
+      Method<RegisterAgentRequest, RegisterAgentResponse>{
+          NoJob<RegisterAgentRequest>(Action::kRegisterAgent),
           OnWorkers<RegisterAgentRequest, RegisterAgentResponse>(
               [](Coordinator& c, const RegisterAgentRequest& r) {
                 return c.agents().Register(r);
-              })));
+              })});
   add("ListAgents",
-      RawHandler<ListAgentsRequest, ListAgentsResponse>(
-          coordinator, name("ListAgents"),
+      Method<ListAgentsRequest, ListAgentsResponse>{
+          NoJob<ListAgentsRequest>(Action::kListAgents),
           [](Coordinator& c, std::shared_ptr<const ListAgentsRequest>,
-             Done<ListAgentsResponse> done) { done(c.agents().List()); }));
-  add("ForgetAgent", RawHandler<ForgetAgentRequest, ForgetAgentResponse>(
-                         coordinator, name("ForgetAgent"),
+             Done<ListAgentsResponse> done) { done(c.agents().List()); }});
+  add("ForgetAgent", Method<ForgetAgentRequest, ForgetAgentResponse>{
+                         [](const ForgetAgentRequest& r) {
+                           Access a;
+                           a.action = Action::kForgetAgent;
+                           a.audit = "forget_agent";
+                           a.node = r.node_name();
+                           return a;
+                         },
                          OnWorkers<ForgetAgentRequest, ForgetAgentResponse>(
                              [](Coordinator& c, const ForgetAgentRequest& r) {
                                return c.agents().Forget(r);
-                             })));
+                             })});
 }
+
+CoordinatorService::~CoordinatorService() = default;
 
 }  // namespace cairn::coordinator

@@ -1,5 +1,6 @@
 // cairnd: the Cairn coordinator daemon. Parses flags, starts the server,
-// waits for SIGTERM/SIGINT, drains and exits 0.
+// waits for SIGTERM/SIGINT, drains and exits 0; SIGHUP reloads the token
+// file (--auth-tokens).
 #include <signal.h>
 
 #include <cstdio>
@@ -128,6 +129,18 @@ int main(int argc, char** argv) {
                  "(port 0 picks a free port; default: none)");
   app.add_option("--metrics-port-file", metrics_port_file,
                  "Write the bound metrics port to this file once serving");
+  app.add_option("--auth-tokens", spec.auth_tokens_path,
+                 "Token file: lines 'CREDENTIAL ROLE JOBGLOB [NAME]' (README "
+                 "'Security'); every call then needs a listed token or "
+                 "client certificate. Reloaded on SIGHUP. Default: none, "
+                 "authentication off")
+      ->check(CLI::ExistingFile);
+  std::string reflection = "auto";
+  app.add_option("--reflection", reflection,
+                 "Serve grpc.reflection: auto (on without --auth-tokens, "
+                 "off with it: reflection is not authenticated), on, off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   cairn::flags::LogFlags log;
   cairn::flags::AddLogFlags(app, &log);
   cairn::flags::AddVersionFlag(app, "cairnd");
@@ -159,14 +172,16 @@ int main(int argc, char** argv) {
   spec.coordinator.load_join_grace = absl::Seconds(load_join_grace_s);
   spec.coordinator.load_verify_deadline = absl::Seconds(load_verify_deadline_s);
   spec.coordinator.plan_cache_bytes = static_cast<size_t>(plan_cache_mib) << 20;
+  if (reflection != "auto") spec.reflection = reflection == "on";
 
-  // Block the stop signals in every thread (gRPC's inherit the mask); the
-  // main thread takes them with sigwait.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Block the handled signals in every thread (gRPC's inherit the mask);
+  // the main thread takes them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
       CoordinatorServer::Start(spec);
@@ -185,7 +200,15 @@ int main(int argc, char** argv) {
     std::filesystem::rename(tmp, port_file);
   }
   int sig = 0;
-  sigwait(&stop_signals, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    // A bad file keeps the tokens in use: a typo must not lock everyone out.
+    if ((*server)->authorizer() == nullptr) {
+      CAIRN_LOG(info, "cairnd: SIGHUP: no --auth-tokens, nothing to reload");
+    } else if (absl::Status s = (*server)->ReloadAuthTokens(); !s.ok()) {
+      CAIRN_LOG(error, "cairnd: SIGHUP: keeping the tokens in use: {}",
+                std::string(s.message()));
+    }
+  }
   CAIRN_LOG(info, "cairnd: signal {} received, draining", sig);
   (*server)->Shutdown(absl::Seconds(grace_s));
   return 0;

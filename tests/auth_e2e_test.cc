@@ -1,0 +1,482 @@
+// Authentication and authorization (issue 16) against a real cairnd started
+// with --auth-tokens: checkpoints saved by real ranks (before auth is
+// turned on), then every call made over loopback gRPC with the token in the
+// `authorization: Bearer <token>` metadata the clients send. Covers: no or
+// unknown token (UNAUTHENTICATED), reader vs rm/gc, writer of one job vs
+// another, admin, the listing filtered by glob, SIGHUP reloads (and a bad
+// file kept out), health open without a token, audit lines naming the
+// identity and never the token.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cairn/v1/cairn.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cairnd_process.h"
+#include "tests/testing/subprocess.h"
+
+#ifndef CAIRN_CAIRND_PATH
+#define CAIRN_CAIRND_PATH ""
+#endif
+#ifndef CAIRN_RANK_PATH
+#define CAIRN_RANK_PATH ""
+#endif
+
+namespace cairn {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string g_cairnd = CAIRN_CAIRND_PATH;
+std::string g_rank = CAIRN_RANK_PATH;
+
+const char kReader[] = "reader-a-token-5f0c2a9e71d4";
+const char kReaderAll[] = "reader-all-token-0b8e66a1c3";
+const char kWriter[] = "writer-a-token-93d1e07b4f2c";
+const char kAdmin[] = "admin-token-6c7f18e2d5a90b";
+const char kNew[] = "new-admin-token-a1b2c3d4e5f6";
+
+// A call's status, as the client sees it.
+struct Outcome {
+  grpc::StatusCode code;
+  std::string message;
+};
+
+class AuthE2ETest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("auth_e2e");
+    tokens_ = dir_ + "/tokens";
+    // Checkpoints of jobs a and b (steps 1, 2, 3) saved by real ranks while
+    // authentication is off, then cairnd restarted with tokens.
+    StartCairnd({});
+    for (const char* job : {"a", "b"}) {
+      std::vector<std::vector<std::string>> argvs;
+      for (int r = 0; r < 2; ++r) {
+        argvs.push_back({g_rank, "--coordinator", cairnd_->address(), "--job",
+                         job, "--rank", std::to_string(r), "--world-size",
+                         "2", "--layout", "2:S0", "--save-steps", "1,2,3"});
+      }
+      absl::StatusOr<std::vector<int>> codes = testing::RunAll(
+          argvs, absl::StrCat(dir_, "/ranks-", job, "-"), absl::Minutes(3));
+      ASSERT_TRUE(codes.ok()) << codes.status();
+      ASSERT_THAT(*codes, ::testing::Each(0));
+    }
+    cairnd_->process().Signal(SIGTERM);
+    ASSERT_TRUE(cairnd_->process().Wait().ok());
+    cairnd_.reset();
+    WriteTokens(absl::StrCat("# test tokens\n", kReader, " reader a reader-a\n",
+                             kReaderAll, " reader *\n", kWriter,
+                             " writer a writer-a\n", kAdmin, " admin * root\n"));
+    StartCairnd({"--auth-tokens", tokens_});
+  }
+
+  void TearDown() override {
+    if (cairnd_ != nullptr) {
+      cairnd_->process().Signal(SIGTERM);
+      (void)cairnd_->process().Wait();
+    }
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  void StartCairnd(std::vector<std::string> flags) {
+    absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
+        testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cairnd_ = std::move(*c);
+    stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(
+        cairnd_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  void WriteTokens(const std::string& text) {
+    // Replaced atomically, as a Secret update or an editor's save does.
+    const std::string tmp = tokens_ + ".tmp";
+    std::ofstream(tmp, std::ios::trunc) << text;
+    ASSERT_EQ(chmod(tmp.c_str(), 0600), 0);
+    std::filesystem::rename(tmp, tokens_);
+  }
+
+  // Calls `method` with `token` (none when empty).
+  template <typename Req, typename Resp>
+  Outcome Call(grpc::Status (v1::Coordinator::Stub::*method)(
+                   grpc::ClientContext*, const Req&, Resp*),
+               const std::string& token, const Req& request,
+               Resp* response = nullptr) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    Resp ignored;
+    grpc::Status s = ((*stub_).*method)(&ctx, request,
+                                        response ? response : &ignored);
+    return {s.error_code(), s.error_message()};
+  }
+
+  Outcome List(const std::string& token, const std::string& job,
+               std::vector<std::string>* jobs = nullptr) {
+    v1::ListCheckpointsRequest req;
+    req.set_job(job);
+    v1::ListCheckpointsResponse resp;
+    Outcome o = Call(&v1::Coordinator::Stub::ListCheckpoints, token, req, &resp);
+    if (jobs != nullptr) {
+      jobs->clear();
+      for (const auto& c : resp.checkpoints()) {
+        jobs->push_back(absl::StrCat(c.job(), "/", c.step()));
+      }
+    }
+    return o;
+  }
+  Outcome Delete(const std::string& token, const std::string& job,
+                 int64_t step) {
+    v1::DeleteCheckpointRequest req;
+    req.set_job(job);
+    req.set_step(step);
+    return Call(&v1::Coordinator::Stub::DeleteCheckpoint, token, req);
+  }
+  Outcome Gc(const std::string& token, const std::string& job, bool dry_run,
+             v1::GarbageCollectResponse* resp = nullptr) {
+    v1::GarbageCollectRequest req;
+    req.set_job(job);
+    req.set_keep_last(1);
+    req.set_dry_run(dry_run);
+    return Call(&v1::Coordinator::Stub::GarbageCollect, token, req, resp);
+  }
+  // BeginSave of a one-rank save of a 4 KiB bytes entry.
+  Outcome BeginSave(const std::string& token, const std::string& job,
+                    int64_t step, uint64_t incarnation) {
+    v1::BeginSaveRequest req;
+    req.set_job(job);
+    req.set_step(step);
+    req.set_rank(0);
+    req.set_world_size(1);
+    req.set_incarnation(incarnation);
+    v1::WriteItem* item = req.mutable_local_plan()->add_items();
+    item->set_kind(v1::WriteItem::KIND_BYTES);
+    item->set_bytes_fqn("extra");
+    item->set_length(4096);
+    return Call(&v1::Coordinator::Stub::BeginSave, token, req);
+  }
+  Outcome AbortSave(const std::string& token, const std::string& job,
+                    int64_t step, uint64_t incarnation) {
+    v1::AbortSaveRequest req;
+    req.set_job(job);
+    req.set_step(step);
+    req.set_rank(0);
+    req.set_incarnation(incarnation);
+    req.set_reason("test");
+    return Call(&v1::Coordinator::Stub::AbortSave, token, req);
+  }
+
+  std::string dir_, tokens_;
+  std::unique_ptr<testing::CairndProcess> cairnd_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+// grpc.health.v1.Health/Check without credentials: the status (1 SERVING)
+// or the call's error.
+absl::StatusOr<int> HealthCheck(const std::string& address) {
+  grpc::GenericStub stub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1), response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                 &request, &response,
+                 [&done](grpc::Status s) { done.set_value(s); });
+  grpc::Status s = done.get_future().get();
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return absl::InternalError("dump");
+  std::string bytes;
+  for (const grpc::Slice& sl : slices) {
+    bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  }
+  if (bytes.size() != 2 || bytes[0] != '\x08') {
+    return absl::InternalError("unexpected health answer");
+  }
+  return static_cast<int>(bytes[1]);
+}
+
+TEST_F(AuthE2ETest, MissingOrUnknownTokensAreUnauthenticatedHealthIsOpen) {
+  Outcome o = List("", "");
+  EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(o.message, HasSubstr("no credentials"));
+  const std::string stranger = "stranger-token-ffffffffffff";
+  o = List(stranger, "a");
+  EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(o.message, HasSubstr("unknown token"));
+  EXPECT_THAT(o.message, Not(HasSubstr(stranger)));
+  o = Delete(stranger, "a", 1);
+  EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED);
+  // A token that is a prefix of a real one is just as unknown.
+  o = List(std::string(kAdmin).substr(0, 20), "a");
+  EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED);
+
+  absl::StatusOr<int> health = HealthCheck(cairnd_->address());
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, 1);
+
+  const std::string log = cairnd_->process().Log();
+  EXPECT_THAT(log, HasSubstr("audit: auth failure reason=no_credentials"));
+  EXPECT_THAT(log, HasSubstr("audit: auth failure reason=unknown_token"));
+  EXPECT_THAT(log, HasSubstr("method=cairn.v1.Coordinator/DeleteCheckpoint"));
+  EXPECT_THAT(log, HasSubstr("authentication on: 4 tokens"));
+  for (const char* t : {kReader, kReaderAll, kWriter, kAdmin}) {
+    EXPECT_THAT(log, Not(HasSubstr(t)));
+  }
+  EXPECT_THAT(log, Not(HasSubstr(stranger)));
+}
+
+TEST_F(AuthE2ETest, ReaderReadsItsJobsButCannotDeleteOrGc) {
+  // The listing of every job is filtered to the reader's glob ("a").
+  std::vector<std::string> jobs;
+  ASSERT_EQ(List(kReader, "", &jobs).code, grpc::StatusCode::OK);
+  EXPECT_THAT(jobs, ::testing::ElementsAre("a/1", "a/2", "a/3"));
+  ASSERT_EQ(List(kReaderAll, "", &jobs).code, grpc::StatusCode::OK);
+  EXPECT_EQ(jobs.size(), 6u);
+  Outcome o = List(kReader, "b");
+  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(o.message,
+              HasSubstr("identity reader-a (role reader) may not read "
+                        "checkpoints of job 'b'"));
+
+  // show, plan a load, verify a load.
+  v1::GetCheckpointRequest get;
+  get.set_job("a");
+  get.set_latest(true);
+  v1::GetCheckpointResponse got;
+  o = Call(&v1::Coordinator::Stub::GetCheckpoint, std::string(kReader), get,
+           &got);
+  ASSERT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  EXPECT_EQ(got.checkpoint().step(), 3);
+  EXPECT_GT(got.manifest().tensors_size(), 0);
+  get.set_job("b");
+  EXPECT_EQ(Call(&v1::Coordinator::Stub::GetCheckpoint, std::string(kReader),
+                 get, &got)
+                .code,
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::PlanLoadRequest plan;
+  plan.set_job("a");
+  plan.set_latest(true);
+  plan.set_rank(0);
+  plan.set_world_size(1);
+  plan.set_verify_in_round(true);
+  v1::PlanLoadResponse planned;
+  o = Call(&v1::Coordinator::Stub::PlanLoad, std::string(kReader), plan,
+           &planned);
+  ASSERT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  EXPECT_EQ(planned.step(), 3);
+  v1::VerifyLoadRequest verify;
+  verify.set_job("a");
+  verify.set_step(3);
+  verify.set_rank(0);
+  verify.set_world_size(1);
+  verify.set_load_round(planned.load_round());
+  o = Call(&v1::Coordinator::Stub::VerifyLoad, std::string(kReader), verify);
+  EXPECT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  // A dry-run gc only lists: a read.
+  v1::GarbageCollectResponse dry;
+  o = Gc(kReader, "a", /*dry_run=*/true, &dry);
+  ASSERT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  EXPECT_THAT(dry.deleted_steps(), ::testing::UnorderedElementsAre(1, 2));
+
+  o = Delete(kReader, "a", 1);
+  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(o.message,
+              HasSubstr("identity reader-a (role reader) may not delete "
+                        "checkpoints of job 'a' (needs role admin)"));
+  o = Gc(kReaderAll, "b", /*dry_run=*/false);
+  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(o.message,
+              HasSubstr("may not garbage-collect checkpoints of job 'b'"));
+  // Nothing was deleted.
+  ASSERT_EQ(List(kReaderAll, "", &jobs).code, grpc::StatusCode::OK);
+  EXPECT_EQ(jobs.size(), 6u);
+  // Agent registry: listing needs a grant on every job; forgetting, admin.
+  EXPECT_EQ(Call(&v1::Coordinator::Stub::ListAgents, std::string(kReaderAll),
+                 v1::ListAgentsRequest())
+                .code,
+            grpc::StatusCode::OK);
+  EXPECT_EQ(Call(&v1::Coordinator::Stub::ListAgents, std::string(kReader),
+                 v1::ListAgentsRequest())
+                .code,
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::RegisterAgentRequest reg;
+  reg.set_node_name("node-1");
+  reg.set_num_nodes(4);
+  o = Call(&v1::Coordinator::Stub::RegisterAgent, std::string(kWriter), reg);
+  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(o.message, HasSubstr("needs role agent on job glob '*'"));
+
+  const std::string log = cairnd_->process().Log();
+  EXPECT_THAT(log, HasSubstr("audit: identity=reader-a action=delete job=a "
+                             "step=1 outcome=denied"));
+  // The unnamed token is its fingerprint.
+  EXPECT_THAT(log, ::testing::ContainsRegex(
+                       "audit: identity=token:[0-9a-f]{8} action=gc job=b "
+                       "step=- outcome=denied"));
+  EXPECT_THAT(log, HasSubstr("audit: auth failure reason=permission_denied "
+                             "identity=reader-a action=delete job=a"));
+  for (const char* t : {kReader, kReaderAll, kWriter, kAdmin}) {
+    EXPECT_THAT(log, Not(HasSubstr(t)));
+  }
+}
+
+TEST_F(AuthE2ETest, WriterOfOneJobSavesItButNotAnotherAndAdminDeletes) {
+  constexpr uint64_t kProcess = 0x5eed;
+  Outcome o = BeginSave(kWriter, "a", 10, kProcess);
+  ASSERT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  o = BeginSave(kWriter, "b", 10, kProcess);
+  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(o.message,
+              HasSubstr("identity writer-a (role writer) may not save "
+                        "checkpoints of job 'b'"));
+  o = BeginSave(kReader, "a", 11, kProcess);
+  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(o.message, HasSubstr("may not save checkpoints of job 'a'"));
+  o = Delete(kWriter, "b", 1);
+  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(o.message, HasSubstr("may not delete checkpoints of job 'b'"));
+  o = Delete(kWriter, "a", 1);
+  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
+
+  // Aborting without the process id aborts anyone's save: admin only.
+  o = AbortSave(kWriter, "a", 10, 0);
+  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(o.message,
+              HasSubstr("may not abort other processes' saves of job 'a'"));
+  // Its own save (its process id): a writer may.
+  o = AbortSave(kWriter, "a", 10, kProcess);
+  EXPECT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  ASSERT_EQ(BeginSave(kWriter, "a", 12, kProcess).code, grpc::StatusCode::OK);
+  o = AbortSave(kAdmin, "a", 12, 0);
+  EXPECT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+
+  // Admin deletes and collects.
+  o = Delete(kAdmin, "b", 1);
+  EXPECT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  v1::GarbageCollectResponse gc;
+  o = Gc(kAdmin, "a", /*dry_run=*/false, &gc);
+  ASSERT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  EXPECT_THAT(gc.deleted_steps(), ::testing::UnorderedElementsAre(1, 2));
+  std::vector<std::string> jobs;
+  ASSERT_EQ(List(kAdmin, "", &jobs).code, grpc::StatusCode::OK);
+  EXPECT_THAT(jobs, ::testing::ElementsAre("a/3", "b/2", "b/3"));
+
+  const std::string log = cairnd_->process().Log();
+  EXPECT_THAT(log, HasSubstr("audit: identity=writer-a action=abort job=a "
+                             "step=10 outcome=denied"));
+  EXPECT_THAT(log, HasSubstr("audit: identity=writer-a action=abort_own "
+                             "job=a step=10 outcome=ok"));
+  EXPECT_THAT(log, HasSubstr("audit: identity=root action=abort job=a "
+                             "step=12 outcome=ok"));
+  EXPECT_THAT(log, HasSubstr("audit: identity=root action=delete job=b "
+                             "step=1 outcome=ok"));
+  EXPECT_THAT(log, HasSubstr("audit: identity=root action=gc job=a step=- "
+                             "outcome=ok"));
+  for (const char* t : {kReader, kReaderAll, kWriter, kAdmin}) {
+    EXPECT_THAT(log, Not(HasSubstr(t)));
+  }
+}
+
+TEST_F(AuthE2ETest, SighupReloadsTheTokenFileAndABadFileKeepsTheOld) {
+  ASSERT_EQ(List(kAdmin, "").code, grpc::StatusCode::OK);
+  ASSERT_EQ(List(kNew, "").code, grpc::StatusCode::UNAUTHENTICATED);
+  WriteTokens(absl::StrCat(kNew, " admin * new-root\n", kReader,
+                           " reader a reader-a\n"));
+  cairnd_->process().Signal(SIGHUP);
+  // The reload happens on cairnd's signal thread: wait for it to be used.
+  Outcome o;
+  for (int i = 0; i < 600; ++i) {
+    o = List(kNew, "");
+    if (o.code == grpc::StatusCode::OK) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  o = List(kAdmin, "");
+  EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(o.message, HasSubstr("unknown token"));
+  EXPECT_EQ(List(kReader, "a").code, grpc::StatusCode::OK);
+
+  // A typo: the old table stays, the log names the line.
+  WriteTokens(absl::StrCat("# edited\n", kAdmin, " admn * root\n"));
+  cairnd_->process().Signal(SIGHUP);
+  std::string log;
+  for (int i = 0; i < 600; ++i) {
+    log = cairnd_->process().Log();
+    if (absl::StrContains(log, "keeping the tokens in use")) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("keeping the tokens in use: ",
+                                          tokens_, " line 2: unknown role "
+                                                   "'admn'")));
+  EXPECT_EQ(List(kNew, "").code, grpc::StatusCode::OK);
+  EXPECT_EQ(List(kAdmin, "").code, grpc::StatusCode::UNAUTHENTICATED);
+
+  // A file others may read is refused the same way.
+  WriteTokens(absl::StrCat(kAdmin, " admin *\n"));
+  ASSERT_EQ(chmod(tokens_.c_str(), 0644), 0);
+  cairnd_->process().Signal(SIGHUP);
+  for (int i = 0; i < 600; ++i) {
+    log = cairnd_->process().Log();
+    if (absl::StrContains(log, "accessible by other users")) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_THAT(log, HasSubstr("accessible by other users (mode 0644)"));
+  EXPECT_EQ(List(kNew, "").code, grpc::StatusCode::OK);
+  for (const char* t : {kNew, kAdmin, kReader}) {
+    EXPECT_THAT(log, Not(HasSubstr(t)));
+  }
+}
+
+TEST_F(AuthE2ETest, CairndRefusesToStartOnABadTokenFile) {
+  WriteTokens(absl::StrCat(kAdmin, " admin *\nshort reader *\n"));
+  const std::string log = dir_ + "/bad.log";
+  absl::StatusOr<testing::Subprocess> p = testing::Subprocess::Start(
+      {g_cairnd, "--listen", "127.0.0.1:0", "--data-dir", dir_ + "/other",
+       "--auth-tokens", tokens_},
+      log);
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<int> code = p->Wait(absl::Minutes(2));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 1);
+  EXPECT_THAT(p->Log(), HasSubstr(absl::StrCat("--auth-tokens: ", tokens_,
+                                               " line 2: token of 5 "
+                                               "characters")));
+  EXPECT_THAT(p->Log(), Not(HasSubstr(kAdmin)));
+}
+
+}  // namespace
+}  // namespace cairn
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (absl::StartsWith(a, "--cairnd=")) {
+      cairn::g_cairnd = std::string(a.substr(9));
+    }
+    if (absl::StartsWith(a, "--rank=")) {
+      cairn::g_rank = std::string(a.substr(7));
+    }
+  }
+  return RUN_ALL_TESTS();
+}
