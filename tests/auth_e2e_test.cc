@@ -27,6 +27,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "tests/testing/cairnd_process.h"
 #include "tests/testing/subprocess.h"
 
@@ -58,6 +59,8 @@ struct Outcome {
   std::string message;
 };
 
+grpc::StatusCode ListServicesByReflection(const std::string& address);
+
 class AuthE2ETest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -66,12 +69,16 @@ class AuthE2ETest : public ::testing::Test {
     // Checkpoints of jobs a and b (steps 1, 2, 3) saved by real ranks while
     // authentication is off, then cairnd restarted with tokens.
     StartCairnd({});
+    // Without auth, reflection is served (the contrast for the check that
+    // it is not with auth).
+    ASSERT_EQ(ListServicesByReflection(cairnd_->address()),
+              grpc::StatusCode::OK);
     for (const char* job : {"a", "b"}) {
       std::vector<std::vector<std::string>> argvs;
       for (int r = 0; r < 2; ++r) {
         argvs.push_back({g_rank, "--coordinator", cairnd_->address(), "--job",
-                         job, "--rank", std::to_string(r), "--world-size",
-                         "2", "--layout", "2:S0", "--save-steps", "1,2,3"});
+                         job, "--rank", std::to_string(r), "--world-size", "2",
+                         "--layout", "2:S0", "--save-steps", "1,2,3"});
       }
       absl::StatusOr<std::vector<int>> codes = testing::RunAll(
           argvs, absl::StrCat(dir_, "/ranks-", job, "-"), absl::Minutes(3));
@@ -83,8 +90,10 @@ class AuthE2ETest : public ::testing::Test {
     cairnd_.reset();
     WriteTokens(absl::StrCat("# test tokens\n", kReader, " reader a reader-a\n",
                              kReaderAll, " reader *\n", kWriter,
-                             " writer a writer-a\n", kAdmin, " admin * root\n"));
-    StartCairnd({"--auth-tokens", tokens_});
+                             " writer a writer-a\n", kAdmin,
+                             " admin * root\n"));
+    StartCairnd({"--auth-tokens", tokens_, "--metrics-listen", "127.0.0.1:0",
+                 "--metrics-port-file", dir_ + "/metrics-port"});
   }
 
   void TearDown() override {
@@ -123,8 +132,8 @@ class AuthE2ETest : public ::testing::Test {
                      std::chrono::seconds(60));
     if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
     Resp ignored;
-    grpc::Status s = ((*stub_).*method)(&ctx, request,
-                                        response ? response : &ignored);
+    grpc::Status s =
+        ((*stub_).*method)(&ctx, request, response ? response : &ignored);
     return {s.error_code(), s.error_message()};
   }
 
@@ -133,7 +142,8 @@ class AuthE2ETest : public ::testing::Test {
     v1::ListCheckpointsRequest req;
     req.set_job(job);
     v1::ListCheckpointsResponse resp;
-    Outcome o = Call(&v1::Coordinator::Stub::ListCheckpoints, token, req, &resp);
+    Outcome o =
+        Call(&v1::Coordinator::Stub::ListCheckpoints, token, req, &resp);
     if (jobs != nullptr) {
       jobs->clear();
       for (const auto& c : resp.checkpoints()) {
@@ -172,6 +182,17 @@ class AuthE2ETest : public ::testing::Test {
     item->set_length(4096);
     return Call(&v1::Coordinator::Stub::BeginSave, token, req);
   }
+  // GET /metrics: the body.
+  std::string Metrics() {
+    std::ifstream in(dir_ + "/metrics-port");
+    int port = 0;
+    in >> port;
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(30);
+    httplib::Result r = client.Get("/metrics");
+    EXPECT_TRUE(r) << "GET /metrics on port " << port;
+    return r ? r->body : "";
+  }
   Outcome AbortSave(const std::string& token, const std::string& job,
                     int64_t step, uint64_t incarnation) {
     v1::AbortSaveRequest req;
@@ -187,6 +208,24 @@ class AuthE2ETest : public ::testing::Test {
   std::unique_ptr<testing::CairndProcess> cairnd_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
+
+// A grpc.reflection list_services request: the call's status code.
+grpc::StatusCode ListServicesByReflection(const std::string& address) {
+  grpc::GenericStub stub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  // ServerReflectionRequest{list_services = ""}: field 7, length 0. The
+  // method is a bidi stream; one request and a half-close is a unary call.
+  grpc::Slice list("\x3a\x00", 2);
+  grpc::ByteBuffer request(&list, 1), response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(
+      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+      grpc::StubOptions(), &request, &response,
+      [&done](grpc::Status s) { done.set_value(s); });
+  return done.get_future().get().error_code();
+}
 
 // grpc.health.v1.Health/Check without credentials: the status (1 SERVING)
 // or the call's error.
@@ -233,10 +272,20 @@ TEST_F(AuthE2ETest, MissingOrUnknownTokensAreUnauthenticatedHealthIsOpen) {
   absl::StatusOr<int> health = HealthCheck(cairnd_->address());
   ASSERT_TRUE(health.ok()) << health.status();
   EXPECT_EQ(*health, 1);
+  // Reflection is not authenticated: off by default with auth.
+  EXPECT_EQ(ListServicesByReflection(cairnd_->address()),
+            grpc::StatusCode::UNIMPLEMENTED);
 
   const std::string log = cairnd_->process().Log();
   EXPECT_THAT(log, HasSubstr("audit: auth failure reason=no_credentials"));
   EXPECT_THAT(log, HasSubstr("audit: auth failure reason=unknown_token"));
+  const std::string metrics = Metrics();
+  EXPECT_THAT(
+      metrics,
+      HasSubstr("cairn_auth_failures_total{reason=\"no_credentials\"} 1\n"));
+  EXPECT_THAT(
+      metrics,
+      HasSubstr("cairn_auth_failures_total{reason=\"unknown_token\"} 3\n"));
   EXPECT_THAT(log, HasSubstr("method=cairn.v1.Coordinator/DeleteCheckpoint"));
   EXPECT_THAT(log, HasSubstr("authentication on: 4 tokens"));
   for (const char* t : {kReader, kReaderAll, kWriter, kAdmin}) {
@@ -392,6 +441,17 @@ TEST_F(AuthE2ETest, WriterOfOneJobSavesItButNotAnotherAndAdminDeletes) {
                              "step=1 outcome=ok"));
   EXPECT_THAT(log, HasSubstr("audit: identity=root action=gc job=a step=- "
                              "outcome=ok"));
+  const std::string metrics = Metrics();
+  for (const char* series :
+       {"cairn_auth_failures_total{reason=\"permission_denied\"} 5\n",
+        "cairn_audit_events_total{action=\"abort\",outcome=\"denied\"} 1\n",
+        "cairn_audit_events_total{action=\"abort\",outcome=\"ok\"} 1\n",
+        "cairn_audit_events_total{action=\"abort_own\",outcome=\"ok\"} 1\n",
+        "cairn_audit_events_total{action=\"delete\",outcome=\"denied\"} 2\n",
+        "cairn_audit_events_total{action=\"delete\",outcome=\"ok\"} 1\n",
+        "cairn_audit_events_total{action=\"gc\",outcome=\"ok\"} 1\n"}) {
+    EXPECT_THAT(metrics, HasSubstr(series));
+  }
   for (const char* t : {kReader, kReaderAll, kWriter, kAdmin}) {
     EXPECT_THAT(log, Not(HasSubstr(t)));
   }
@@ -425,9 +485,10 @@ TEST_F(AuthE2ETest, SighupReloadsTheTokenFileAndABadFileKeepsTheOld) {
     if (absl::StrContains(log, "keeping the tokens in use")) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
-  EXPECT_THAT(log, HasSubstr(absl::StrCat("keeping the tokens in use: ",
-                                          tokens_, " line 2: unknown role "
-                                                   "'admn'")));
+  EXPECT_THAT(log,
+              HasSubstr(absl::StrCat("keeping the tokens in use: ", tokens_,
+                                     " line 2: unknown role "
+                                     "'admn'")));
   EXPECT_EQ(List(kNew, "").code, grpc::StatusCode::OK);
   EXPECT_EQ(List(kAdmin, "").code, grpc::StatusCode::UNAUTHENTICATED);
 

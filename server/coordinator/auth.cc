@@ -45,9 +45,9 @@ absl::StatusOr<Role> ParseRole(absl::string_view s) {
   if (s == "writer") return Role::kWriter;
   if (s == "agent") return Role::kAgent;
   if (s == "admin") return Role::kAdmin;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown role '", absl::CHexEscape(s.substr(0, 32)),
-      "' (expected reader, writer, agent or admin)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown role '", absl::CHexEscape(s.substr(0, 32)),
+                   "' (expected reader, writer, agent or admin)"));
 }
 
 absl::Status CheckGlob(absl::string_view glob) {
@@ -210,9 +210,9 @@ absl::StatusOr<AuthTable> AuthTable::Parse(absl::string_view text,
     std::vector<absl::string_view> fields =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     if (fields.size() < 3 || fields.size() > 4) {
-      return error(absl::StrCat(
-          "expected 'CREDENTIAL ROLE JOBGLOB [NAME]', got ", fields.size(),
-          " fields"));
+      return error(
+          absl::StrCat("expected 'CREDENTIAL ROLE JOBGLOB [NAME]', got ",
+                       fields.size(), " fields"));
     }
     const absl::string_view credential = fields[0];
     absl::StatusOr<Role> role = ParseRole(fields[1]);
@@ -236,9 +236,9 @@ absl::StatusOr<AuthTable> AuthTable::Parse(absl::string_view text,
       const absl::string_view id = credential.substr(kCertPrefix.size());
       if (!(absl::StartsWith(id, "CN=") || absl::StartsWith(id, "SAN=")) ||
           id.size() == id.find('=') + 1) {
-        return error(absl::StrCat(
-            "certificate identity '", absl::CHexEscape(credential),
-            "' must be cert:CN=<common name> or cert:SAN=<name>"));
+        return error(
+            absl::StrCat("certificate identity '", absl::CHexEscape(credential),
+                         "' must be cert:CN=<common name> or cert:SAN=<name>"));
       }
       key = std::string(credential);
     } else {
@@ -252,9 +252,10 @@ absl::StatusOr<AuthTable> AuthTable::Parse(absl::string_view text,
       for (size_t i = 0; i < credential.size(); ++i) {
         const unsigned char c = static_cast<unsigned char>(credential[i]);
         if (c < 0x21 || c > 0x7e) {
-          return error(absl::StrCat("token has a non-printable or non-ASCII "
-                                    "character at position ",
-                                    i + 1));
+          return error(
+              absl::StrCat("token has a non-printable or non-ASCII "
+                           "character at position ",
+                           i + 1));
         }
       }
       const std::array<unsigned char, 32> d = Sha256(credential);
@@ -265,16 +266,15 @@ absl::StatusOr<AuthTable> AuthTable::Parse(absl::string_view text,
     if (it == seen.end()) {
       Principal p;
       p.name = !name.empty() ? name
-               : certificate ? std::string(credential)
-                             : absl::StrCat("token:",
-                                            TokenFingerprint(credential));
+               : certificate
+                   ? std::string(credential)
+                   : absl::StrCat("token:", TokenFingerprint(credential));
       p.grants.push_back(grant);
       size_t index;
       if (certificate) {
         index = table.certificates_.size();
         table.certificates_.push_back(
-            {std::string(credential.substr(kCertPrefix.size())),
-             std::move(p)});
+            {std::string(credential.substr(kCertPrefix.size())), std::move(p)});
       } else {
         index = table.tokens_.size();
         TokenEntry e;
@@ -332,8 +332,7 @@ const Principal* AuthTable::FindToken(absl::string_view token) const {
   // Every entry is compared whole: the time does not depend on how many
   // leading bytes of a digest match.
   for (const TokenEntry& e : tokens_) {
-    const bool equal =
-        CRYPTO_memcmp(e.digest.data(), d.data(), d.size()) == 0;
+    const bool equal = CRYPTO_memcmp(e.digest.data(), d.data(), d.size()) == 0;
     if (equal && found == nullptr) found = &e.principal;
   }
   return found;

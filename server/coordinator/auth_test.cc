@@ -35,8 +35,8 @@ std::string ParseError(const std::string& text) {
 
 TEST(AuthTableTest, ParsesGrantsCommentsNamesAndRepeatedCredentials) {
   absl::StatusOr<AuthTable> t = AuthTable::Parse(
-      absl::StrCat("# team a\n\n", kAlice, " writer team-a-* alice\n",
-                   "  ", kAlice, "\treader *\n", kBob, " reader team-b\n",
+      absl::StrCat("# team a\n\n", kAlice, " writer team-a-* alice\n", "  ",
+                   kAlice, "\treader *\n", kBob, " reader team-b\n",
                    "cert:CN=trainer-7 agent *\n"),
       "tokens.txt");
   ASSERT_TRUE(t.ok()) << t.status();
@@ -78,8 +78,8 @@ TEST(AuthTableTest, FindsOnlyTheExactToken) {
 
 TEST(AuthTableTest, ErrorsNameTheLineAndNeverTheToken) {
   const std::string secret = "s3cr3t";  // shorter than 16
-  std::string e = ParseError(absl::StrCat("# c\n", kAlice, " reader *\n",
-                                          secret, " reader *\n"));
+  std::string e = ParseError(
+      absl::StrCat("# c\n", kAlice, " reader *\n", secret, " reader *\n"));
   EXPECT_THAT(e, HasSubstr("tokens.txt line 3"));
   EXPECT_THAT(e, HasSubstr("6 characters"));
   EXPECT_THAT(e, Not(HasSubstr(secret)));
@@ -89,7 +89,8 @@ TEST(AuthTableTest, ErrorsNameTheLineAndNeverTheToken) {
   EXPECT_THAT(e, Not(HasSubstr(kAlice)));
 
   e = ParseError(absl::StrCat("\n", kAlice, " reader\n"));
-  EXPECT_THAT(e, HasSubstr("line 2: expected 'CREDENTIAL ROLE JOBGLOB [NAME]'"));
+  EXPECT_THAT(e,
+              HasSubstr("line 2: expected 'CREDENTIAL ROLE JOBGLOB [NAME]'"));
   EXPECT_THAT(e, Not(HasSubstr(kAlice)));
 
   e = ParseError(absl::StrCat(kAlice, " reader team/a\n"));
@@ -110,17 +111,17 @@ TEST(AuthTableTest, ErrorsNameTheLineAndNeverTheToken) {
   e = ParseError("cert:CN= reader *\n");
   EXPECT_THAT(e, HasSubstr("cert:CN=<common name>"));
 
-  e = ParseError(absl::StrCat(kAlice, " reader * alice\n", kAlice,
-                              " writer a bob\n"));
+  e = ParseError(
+      absl::StrCat(kAlice, " reader * alice\n", kAlice, " writer a bob\n"));
   EXPECT_THAT(e, HasSubstr("line 2: name 'bob' differs"));
   EXPECT_THAT(e, HasSubstr("line 1 ('alice')"));
 }
 
 TEST(AuthTableTest, RolesIncludeTheLowerOnesAndJoblessActionsNeedStar) {
-  absl::StatusOr<AuthTable> t = AuthTable::Parse(
-      absl::StrCat(kAlice, " reader *\n", kBob, " admin team-a\n", kRoot,
-                   " admin *\n"),
-      "f");
+  absl::StatusOr<AuthTable> t =
+      AuthTable::Parse(absl::StrCat(kAlice, " reader *\n", kBob,
+                                    " admin team-a\n", kRoot, " admin *\n"),
+                       "f");
   ASSERT_TRUE(t.ok()) << t.status();
   const Principal& reader = *t->FindToken(kAlice);
   const Principal& team_admin = *t->FindToken(kBob);
@@ -151,7 +152,8 @@ bool ReferenceMatch(const std::string& g, const std::string& s) {
     return false;
   }
   if (s.empty()) return false;
-  return (g[0] == '?' || g[0] == s[0]) && ReferenceMatch(g.substr(1), s.substr(1));
+  return (g[0] == '?' || g[0] == s[0]) &&
+         ReferenceMatch(g.substr(1), s.substr(1));
 }
 
 TEST(GlobMatchTest, AgreesWithTheReferenceOnRandomPatterns) {
