@@ -508,6 +508,17 @@ TEST_F(AuthE2ETest, SighupReloadsTheTokenFileAndABadFileKeepsTheOld) {
   }
 }
 
+TEST_F(AuthE2ETest, ReflectionCanBeForcedOnWithAuth) {
+  cairnd_->process().Signal(SIGTERM);
+  ASSERT_TRUE(cairnd_->process().Wait().ok());
+  cairnd_.reset();
+  StartCairnd({"--auth-tokens", tokens_, "--reflection", "on"});
+  EXPECT_EQ(ListServicesByReflection(cairnd_->address()), grpc::StatusCode::OK);
+  EXPECT_THAT(cairnd_->process().Log(), HasSubstr("reflection on"));
+  // The Coordinator service itself still needs a token.
+  EXPECT_EQ(List("", "").code, grpc::StatusCode::UNAUTHENTICATED);
+}
+
 TEST_F(AuthE2ETest, CairndRefusesToStartOnABadTokenFile) {
   WriteTokens(absl::StrCat(kAdmin, " admin *\nshort reader *\n"));
   const std::string log = dir_ + "/bad.log";

@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
       "cairnd: Cairn's checkpoint coordinator. Plans every save (dedupe, "
       "balanced writers, cached plans) and load (resharding read items), and "
       "keeps the checkpoint catalog in RocksDB. Serves cairn.v1.Coordinator, "
-      "grpc.health.v1 and server reflection.",
+      "grpc.health.v1 and server reflection (off with --auth-tokens).",
       "cairnd"};
   CoordinatorServer::Spec spec;
   std::string data_dir = "cairn-data";
