@@ -216,8 +216,16 @@ do_start() {
   local id
   id=$("${CEPH[@]}" osd new "$osd_uuid")
   [[ $id == 0 ]] || die "expected osd id 0, the monitor gave '$id'"
-  "${CEPH[@]}" osd crush add osd.0 1.0 root=default host=localhost >/dev/null 2>&1 ||
-    die "could not place osd.0 in the CRUSH map"
+  # Retried: on a loaded machine the monitor has refused the first attempt
+  # (seen once in a CI run); the last attempt's answer is printed.
+  local attempt out
+  for attempt in 1 2 3 4 5 6 7 8 9 10; do
+    if out=$("${CEPH[@]}" osd crush add osd.0 1.0 root=default host=localhost 2>&1); then
+      break
+    fi
+    [[ $attempt == 10 ]] && { log_tail mon.a; die "could not place osd.0 in the CRUSH map: $out"; }
+    sleep 1
+  done
   ceph-osd -c "$CONF" -i 0 --mkfs --osd-uuid "$osd_uuid" >/dev/null 2>&1 ||
     { log_tail osd.0; die "ceph-osd --mkfs failed"; }
   start_osd
