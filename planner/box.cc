@@ -10,7 +10,7 @@ namespace cairn::planner {
 
 namespace {
 
-int CompareInts(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+int CompareInts(const Dims& a, const Dims& b) {
   const size_t n = std::min(a.size(), b.size());
   for (size_t i = 0; i < n; ++i) {
     if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
@@ -27,7 +27,7 @@ int CompareBoxes(const ChunkBox& a, const ChunkBox& b) {
 }
 
 ChunkBox FullBox(const Shape& shape) {
-  return ChunkBox{std::vector<int64_t>(shape.size(), 0), shape};
+  return ChunkBox{Dims(shape.size(), 0), shape};
 }
 
 int64_t NumElements(const Shape& shape) {

@@ -15,8 +15,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-ChunkBox Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes) {
-  return ChunkBox{std::move(offsets), std::move(sizes)};
+ChunkBox Box(const Dims& offsets, const Dims& sizes) {
+  return ChunkBox{offsets, sizes};
 }
 
 TEST(DTypeTest, SizesNamesAndParsingRoundTrip) {
@@ -177,7 +177,7 @@ TEST(CopySegmentsTest, MatchesElementwiseOracleOnRandomBoxes) {
     const size_t elem = static_cast<size_t>(testing::Uniform(rng, 1, 4));
     // Expected (src byte, dst byte) pairs, row-major over the region.
     std::vector<std::pair<uint64_t, uint64_t>> want;
-    auto local = [&](const ChunkBox& b, const std::vector<int64_t>& g) {
+    auto local = [&](const ChunkBox& b, const Dims& g) {
       uint64_t off = 0;
       for (size_t d = 0; d < g.size(); ++d) {
         off = off * static_cast<uint64_t>(b.sizes[d]) +
@@ -185,7 +185,7 @@ TEST(CopySegmentsTest, MatchesElementwiseOracleOnRandomBoxes) {
       }
       return off;
     };
-    std::vector<int64_t> g(region.offsets);
+    Dims g(region.offsets);
     const int64_t vol = Volume(region);
     for (int64_t k = 0; k < vol; ++k) {
       for (size_t e = 0; e < elem; ++e) {

@@ -49,8 +49,8 @@ struct Placement {
 std::string PlacementToString(const Placement& p);
 
 struct DeviceMesh {
-  std::vector<int64_t> shape;  // every dim >= 1
-  std::vector<int> ranks;      // row-major over coordinates; distinct, >= 0
+  Shape shape;             // every dim >= 1
+  std::vector<int> ranks;  // row-major over coordinates; distinct, >= 0
 };
 
 struct DTensorLayout {

@@ -15,13 +15,13 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-ChunkBox Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes) {
-  return ChunkBox{std::move(offsets), std::move(sizes)};
+ChunkBox Box(const Dims& offsets, const Dims& sizes) {
+  return ChunkBox{offsets, sizes};
 }
 
-DTensorLayout Layout(std::vector<int64_t> mesh_shape, std::vector<int> ranks,
+DTensorLayout Layout(const Shape& mesh_shape, std::vector<int> ranks,
                      std::vector<Placement> placements) {
-  return DTensorLayout{DeviceMesh{std::move(mesh_shape), std::move(ranks)},
+  return DTensorLayout{DeviceMesh{mesh_shape, std::move(ranks)},
                        std::move(placements)};
 }
 

@@ -13,8 +13,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
-ChunkBox Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes) {
-  return ChunkBox{std::move(offsets), std::move(sizes)};
+ChunkBox Box(const Dims& offsets, const Dims& sizes) {
+  return ChunkBox{offsets, sizes};
 }
 
 TEST(OverlapIndexTest, FindsOverlappingBoxesInIndexOrder) {

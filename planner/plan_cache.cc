@@ -100,7 +100,7 @@ void PutU64(uint64_t v, std::string* out) {
   out->append(b, 8);
 }
 
-void PutInts(const std::vector<int64_t>& v, std::string* out) {
+void PutInts(const Dims& v, std::string* out) {
   PutU64(v.size(), out);
   for (int64_t x : v) PutU64(static_cast<uint64_t>(x), out);
 }

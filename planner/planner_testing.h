@@ -91,7 +91,7 @@ template <typename F>
 void ForEachElement(const ChunkBox& box, const Shape& shape, F&& f) {
   if (IsEmpty(box)) return;
   const size_t n = shape.size();
-  std::vector<int64_t> i(box.offsets);
+  Dims i(box.offsets);
   while (true) {
     int64_t flat = 0;
     for (size_t d = 0; d < n; ++d) flat = flat * shape[d] + i[d];

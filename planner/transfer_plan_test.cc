@@ -15,8 +15,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-ChunkBox Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes) {
-  return ChunkBox{std::move(offsets), std::move(sizes)};
+ChunkBox Box(const Dims& offsets, const Dims& sizes) {
+  return ChunkBox{offsets, sizes};
 }
 
 TEST(TransferPlanTest, RowsToColumnsSendsOnlyOverlaps) {

@@ -545,8 +545,8 @@ TEST(PlanConvertTest, RandomWireBoxesAreAcceptedExactlyWhenRepresentable) {
     ASSERT_EQ(b.ok(), oracle) << "trial " << trial << ": " << b.status();
     if (b.ok()) {
       ++accepted;
-      EXPECT_EQ(b->offsets, off);
-      EXPECT_EQ(b->sizes, size);
+      EXPECT_EQ(b->offsets, planner::Dims(off.begin(), off.end()));
+      EXPECT_EQ(b->sizes, planner::Dims(size.begin(), size.end()));
     } else {
       ++rejected;
       EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);

@@ -45,7 +45,7 @@ bool BoxInside(const planner::ChunkBox& inner, const planner::ChunkBox& outer) {
 std::vector<std::vector<int64_t>> Elements(const planner::ChunkBox& b) {
   std::vector<std::vector<int64_t>> out;
   if (planner::Volume(b) == 0) return out;
-  std::vector<int64_t> e = b.offsets;
+  std::vector<int64_t> e(b.offsets.begin(), b.offsets.end());
   while (true) {
     out.push_back(e);
     size_t d = e.size();

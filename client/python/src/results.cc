@@ -69,7 +69,9 @@ std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> ChunkList(
   std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> out;
   out.reserve(t.chunk_boxes.size());
   for (const planner::ChunkBox& box : t.chunk_boxes) {
-    out.emplace_back(box.offsets, box.sizes);
+    out.emplace_back(
+        std::vector<int64_t>(box.offsets.begin(), box.offsets.end()),
+        std::vector<int64_t>(box.sizes.begin(), box.sizes.end()));
   }
   return out;
 }
@@ -166,7 +168,10 @@ Attributes:
                                return std::string(planner::DTypeName(t.dtype));
                              })
       .def_property_readonly("shape",
-                             [](const TensorSummary& t) { return t.shape; })
+                             [](const TensorSummary& t) {
+                               return std::vector<int64_t>(t.shape.begin(),
+                                                           t.shape.end());
+                             })
       .def_readonly("bytes", &TensorSummary::bytes)
       .def_property_readonly("chunks", &ChunkList)
       .def("__repr__", [](const TensorSummary& t) {

@@ -51,7 +51,8 @@ void PyStateDict::AddChunks(const std::string& fqn, const std::string& dtype,
   std::vector<client::TensorChunk> converted;
   converted.reserve(chunks.size());
   for (const auto& [offsets, sizes, ptr, nbytes] : chunks) {
-    planner::ChunkBox box{offsets, sizes};
+    planner::ChunkBox box{planner::Dims(offsets.begin(), offsets.end()),
+                          planner::Dims(sizes.begin(), sizes.end())};
     if (ptr == 0 && nbytes != 0) {
       ThrowStatus(absl::InvalidArgumentError(
           absl::StrCat("tensor '", fqn, "' chunk ", planner::BoxToString(box),
@@ -61,8 +62,9 @@ void PyStateDict::AddChunks(const std::string& fqn, const std::string& dtype,
         std::move(box), absl::Span<char>(reinterpret_cast<char*>(ptr),
                                          static_cast<size_t>(nbytes))});
   }
-  ThrowIfError(state_.AddChunks(fqn, *parsed, std::move(global_shape),
-                                std::move(converted)));
+  ThrowIfError(state_.AddChunks(
+      fqn, *parsed, planner::Shape(global_shape.begin(), global_shape.end()),
+      std::move(converted)));
 }
 
 void PyStateDict::AddBytes(const std::string& fqn,
