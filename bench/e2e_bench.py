@@ -20,14 +20,20 @@ table also gives the per-round Cairn / DCP ratios (same minutes, same disk).
 
 Usage: bench/e2e_bench.py [--build build] [--dir /tmp/cairn-bench] [--bytes 1.6e9]
        [--repeat 2] [--skip-dcp] [--skip-limits] [--no-drop-caches] [--timeout S]
-       [--baseline-build OTHER_BUILD]
-       bench/e2e_bench.py --smoke [--build build] [--dir DIR]
+       [--baseline-build OTHER_BUILD] [--tls]
+       bench/e2e_bench.py --smoke [--tls] [--build build] [--dir DIR]
 Prints one JSON line per tool and a markdown table of ratios.
 
 --baseline-build DIR also runs Cairn from another build tree (e.g. the commit before a
 refactor) in every round, alternating which of the two goes first, and prints a second
 table: this build / baseline, best of rounds and per round. That is how a change is shown
 to cost nothing beyond noise: same run, same minutes, same disk.
+
+--tls also runs Cairn with cairnd serving mutual TLS (certificates made by
+tests/testing/make_test_certs.sh; the ranks get them through CAIRN_TLS_CA,
+CAIRN_TLS_CERT, CAIRN_TLS_KEY) in every round, alternating which of plaintext
+and TLS goes first, and prints a table TLS / plaintext. Only the control path
+(ranks <-> cairnd) is encrypted: data goes from the ranks to storage directly.
 
 --smoke checks in seconds that everything still runs end to end (ctest label
 bench-smoke): 32 MiB, one round, no page-cache drop (it would disturb every
@@ -70,13 +76,15 @@ def run_json(cmd, timeout=None, **kw):
     return json.loads(lines[-1])
 
 
-def run_ranks(rank_bin, addr, job, world, model, layout, extra, timeout=None):
+def run_ranks(rank_bin, addr, job, world, model, layout, extra, timeout=None,
+              env=None):
     procs = []
     for r in range(world):
         cmd = [rank_bin, "--coordinator", addr, "--job", job, "--rank", str(r),
                "--world-size", str(world), "--model", model, "--layout", layout,
                "--json"] + extra
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+                                      env=env))
     stats = []
     deadline = None if timeout is None else time.monotonic() + timeout
     for p in procs:
@@ -127,17 +135,34 @@ def stop_cairnd(d):
         d.wait()
 
 
-def cairn_run(args, model, total_bytes, build=None):
-    """One round: fresh cairnd and data directory, one save and the three loads."""
+def make_certs(directory):
+    """Certificates for --tls (a CA, a server and a client certificate)."""
+    shutil.rmtree(directory, ignore_errors=True)
+    subprocess.run(["sh", os.path.join(ROOT, "tests/testing/make_test_certs.sh"),
+                    directory], check=True)
+    return directory
+
+
+def cairn_run(args, model, total_bytes, build=None, certs=None):
+    """One round: fresh cairnd and data directory, one save and the three loads.
+    With `certs` (make_certs), cairnd serves mutual TLS and the ranks use it."""
     build = build or args.build
     cairnd = os.path.join(build, "server/coordinator/cairnd")
     rank_bin = os.path.join(build, "client/examples/cairn_train_example")
     data = os.path.join(args.dir, "cairn")
-    d, addr = start_cairnd(cairnd, data)
+    flags, env = [], None
+    if certs:
+        flags = ["--tls-cert", os.path.join(certs, "server.crt"),
+                 "--tls-key", os.path.join(certs, "server.key"),
+                 "--tls-client-ca", os.path.join(certs, "ca.crt")]
+        env = dict(os.environ, CAIRN_TLS_CA=os.path.join(certs, "ca.crt"),
+                   CAIRN_TLS_CERT=os.path.join(certs, "client.crt"),
+                   CAIRN_TLS_KEY=os.path.join(certs, "client.key"))
+    d, addr = start_cairnd(cairnd, data, flags)
     try:
-        res = {"tool": "cairn", "bytes": total_bytes}
+        res = {"tool": "cairn_tls" if certs else "cairn", "bytes": total_bytes}
         s = run_ranks(rank_bin, addr, "bench", 4, model, "4:S0", ["--save-steps", "1"],
-                      args.timeout)
+                      args.timeout, env)
         # Collective save time: barrier release -> commit acknowledged.
         res["save_s"] = (min(x[0]["plan_s"] for x in s) +
                          max(x[0]["io_s"] + x[0]["commit_s"] for x in s))
@@ -147,7 +172,7 @@ def cairn_run(args, model, total_bytes, build=None):
                 ("load4", 4, "4:S0", [])):
             res["cold"] = drop_caches(args)
             l = run_ranks(rank_bin, addr, "bench", world, model, layout,
-                          ["--load", "1"] + extra, args.timeout)
+                          ["--load", "1"] + extra, args.timeout, env)
             res[name + "_s"] = max(x[0]["plan_s"] + x[0]["io_s"] for x in l)
             for key in ("storage_bytes", "block_read_bytes", "syscall_read_bytes",
                         "chunks_verified_by_cairnd"):
@@ -176,6 +201,8 @@ def main():
                    help="seconds each tool's processes may run (default: none; 120 with --smoke)")
     p.add_argument("--baseline-build", default=None,
                    help="another build tree whose Cairn runs in every round too (see the top)")
+    p.add_argument("--tls", action="store_true",
+                   help="also run Cairn over mutual TLS in every round (see the top)")
     p.add_argument("--smoke", action="store_true",
                    help="tiny and quick: check that every part still runs (see the top)")
     args = p.parse_args()
@@ -205,6 +232,8 @@ def main():
     total = 8 * rows * 4096 * 4
 
     nan = float("nan")
+    certs = make_certs(os.path.join(args.dir, "certs")) if args.tls else None
+    tls_rounds = []
     rounds = []
     for i in range(args.repeat):
         print("round %d/%d" % (i + 1, args.repeat), file=sys.stderr, flush=True)
@@ -230,8 +259,17 @@ def main():
         if args.baseline_build and i % 2 == 1:
             base = dict(cairn_run(args, model, total, args.baseline_build), tool="baseline")
             print(json.dumps(base), flush=True)
+        tls = None
+        if certs and i % 2 == 1:
+            tls = cairn_run(args, model, total, certs=certs)
+            print(json.dumps(tls), flush=True)
         cairn = cairn_run(args, model, total)
         print(json.dumps(cairn), flush=True)
+        if certs and i % 2 == 0:
+            tls = cairn_run(args, model, total, certs=certs)
+            print(json.dumps(tls), flush=True)
+        if tls:
+            tls_rounds.append((cairn, tls))
         if args.baseline_build and i % 2 == 0:
             base = dict(cairn_run(args, model, total, args.baseline_build), tool="baseline")
             print(json.dumps(base), flush=True)
@@ -284,6 +322,18 @@ def main():
             per = ", ".join("%.2fx" % (rd[2][name + "_GBps"] / rd[3][name + "_GBps"])
                             for rd in rounds)
             print("| %s | %.2f | %.2f | %.2fx | %s |" % (name, c, b, c / b, per))
+
+    if tls_rounds:
+        # Best round of each; the per-round ratios compare the same minutes.
+        print()
+        print("| phase | plaintext GB/s | mutual TLS GB/s | TLS / plaintext | per round |")
+        print("|---|---|---|---|---|")
+        for name in ("save", "load2", "load2_whole", "load4"):
+            c = max(rd[0][name + "_GBps"] for rd in tls_rounds)
+            t = max(rd[1][name + "_GBps"] for rd in tls_rounds)
+            per = ", ".join("%.3fx" % (rd[1][name + "_GBps"] / rd[0][name + "_GBps"])
+                            for rd in tls_rounds)
+            print("| %s | %.2f | %.2f | %.3fx | %s |" % (name, c, t, t / c, per))
 
 
 if __name__ == "__main__":

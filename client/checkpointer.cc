@@ -142,7 +142,8 @@ absl::Status Checkpointer::Impl::Connect() {
   if (options.coordinator.empty()) {
     return absl::InvalidArgumentError("cairnd address is required");
   }
-  channel_ = protocol::NewCoordinatorChannel(options.coordinator);
+  CAIRN_ASSIGN_OR_RETURN(channel_, protocol::NewCoordinatorChannel(
+                                       options.coordinator, options.security));
   stub_ = v1::Coordinator::NewStub(channel_);
   protocol::SaveProtocolOptions p;
   p.job = options.job;

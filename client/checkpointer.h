@@ -50,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "client/protocol/client_security.h"
 #include "client/state_dict.h"
 #include "planner/box.h"
 #include "planner/dtype.h"
@@ -81,6 +82,11 @@ enum class PartialChunkCheck {
 struct CheckpointerOptions {
   // cairnd's address, host:port. Required.
   std::string coordinator;
+  // TLS (CA bundle, client certificate) and bearer token for the calls to
+  // cairnd. Default: from CAIRN_TLS_CA, CAIRN_TLS_CERT, CAIRN_TLS_KEY and
+  // CAIRN_TOKEN (none set: plaintext, no token).
+  protocol::ClientSecurity security =
+      protocol::ClientSecurity::FromEnvironment();
   // The training job's name ([A-Za-z0-9._-]{1,128}). Required.
   std::string job;
   int rank = 0;

@@ -142,9 +142,12 @@ void PrintConfig(const CLI::App& app, int argc, const char* const* argv,
 // CAIRN_* variables that are not a daemon's flags but are read elsewhere
 // (libraries, the Python package, tests): never warned about.
 constexpr absl::string_view kNonFlagVariables[] = {
-    "CAIRN_PEER_TOKEN",   "CAIRN_CRASH_POINTS", "CAIRN_COORDINATOR",
-    "CAIRN_JOB",          "CAIRN_AGENT_SOCKET", "CAIRN_BUILD_DIR",
-    "CAIRN_TEST_STORAGE", "CAIRN_CEPH_DIR"};
+    "CAIRN_PEER_TOKEN", "CAIRN_CRASH_POINTS", "CAIRN_COORDINATOR", "CAIRN_JOB",
+    "CAIRN_AGENT_SOCKET", "CAIRN_BUILD_DIR", "CAIRN_TEST_STORAGE",
+    "CAIRN_CEPH_DIR",
+    // Client settings (libcairn, the Python package, the CLI): in a daemon's
+    // container they are for the CLI.
+    "CAIRN_TOKEN", "CAIRN_TLS_CA"};
 constexpr absl::string_view kNonFlagPrefixes[] = {"CAIRN_S3_", "CAIRN_TEST_"};
 
 // A CAIRN_* variable that names no option of a program that reads its

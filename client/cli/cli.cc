@@ -3,13 +3,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -21,11 +26,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.grpc.pb.h"
+#include "client/protocol/coordinator_call.h"
 #include "common/cli_flags.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/manifest.h"
 #include "storage/shard_store.h"
@@ -135,14 +139,28 @@ class Backend {
                                                         int keep, bool dry) = 0;
 };
 
+// The token in `path`, trailing whitespace (a newline) dropped.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string token((std::istreambuf_iterator<char>(in)),
+                    std::istreambuf_iterator<char>());
+  while (!token.empty() &&
+         std::isspace(static_cast<unsigned char>(token.back()))) {
+    token.pop_back();
+  }
+  if (!in.good() && !in.eof()) token.clear();
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--token-file ", path, ": cannot read it, or it holds no token"));
+  }
+  return token;
+}
+
 class CoordinatorBackend : public Backend {
  public:
-  explicit CoordinatorBackend(const std::string& address) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(1 << 30);
-    stub_ = v1::Coordinator::NewStub(grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args));
-  }
+  // `channel` from protocol::NewCoordinatorChannel (TLS, token, limits).
+  explicit CoordinatorBackend(std::shared_ptr<grpc::Channel> channel)
+      : stub_(v1::Coordinator::NewStub(std::move(channel))) {}
 
   absl::StatusOr<std::vector<v1::CheckpointRecord>> List(const std::string& job,
                                                          bool all) override {
@@ -510,6 +528,22 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
                      "Storage URI to read offline, e.g. file:///data/ckpt "
                      "(env CAIRN_STORAGE)")
           ->envname("CAIRN_STORAGE");
+  protocol::ClientSecurity security;
+  std::string token_file;
+  app.add_option("--tls-ca", security.ca_file,
+                 "PEM CA bundle of cairnd's certificate: call cairnd over TLS "
+                 "(env CAIRN_TLS_CA)")
+      ->envname("CAIRN_TLS_CA");
+  app.add_option("--tls-cert", security.cert_file,
+                 "PEM client certificate, for cairnd with --tls-client-ca "
+                 "(env CAIRN_TLS_CERT)")
+      ->envname("CAIRN_TLS_CERT");
+  app.add_option("--tls-key", security.key_file,
+                 "PEM private key of --tls-cert (env CAIRN_TLS_KEY)")
+      ->envname("CAIRN_TLS_KEY");
+  app.add_option("--token-file", token_file,
+                 "File holding the bearer token sent to cairnd (default: env "
+                 "CAIRN_TOKEN)");
 
   std::string job, step_arg;
   bool all = false, json = false, show_chunks = false, yes = false,
@@ -584,7 +618,23 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   StorageBackend* offline = nullptr;
   CoordinatorBackend* online = nullptr;
   if (!coordinator.empty()) {
-    auto cb = std::make_unique<CoordinatorBackend>(coordinator);
+    if (!token_file.empty()) {
+      absl::StatusOr<std::string> token = ReadTokenFile(token_file);
+      if (!token.ok()) {
+        err << "cairn: " << token.status().message() << "\n";
+        return 2;
+      }
+      security.token = *std::move(token);
+    } else if (const char* env = std::getenv("CAIRN_TOKEN")) {
+      security.token = env;
+    }
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        protocol::NewCoordinatorChannel(coordinator, security);
+    if (!channel.ok()) {
+      err << "cairn: " << channel.status().message() << "\n";
+      return 2;
+    }
+    auto cb = std::make_unique<CoordinatorBackend>(*std::move(channel));
     online = cb.get();
     backend = std::move(cb);
   } else {

@@ -1,13 +1,53 @@
 // Channel setup for calls to cairnd (see coordinator_call.h).
 #include "client/protocol/coordinator_call.h"
 
+#include <utility>
+#include <vector>
+
+#include "common/tls_pem.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/client_interceptor.h"
 
 namespace cairn::protocol {
+namespace {
 
-std::shared_ptr<grpc::Channel> NewCoordinatorChannel(
-    const std::string& address) {
+// Adds "authorization: Bearer <token>" to every call's metadata. An
+// interceptor rather than CallCredentials: gRPC refuses CallCredentials on
+// insecure channels, and a token must also work over plaintext loopback.
+class BearerTokenInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerTokenInterceptor(const std::string* value) : value_(value) {}
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::
+                PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace(kAuthorizationMetadataKey,
+                                                 *value_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* value_;  // owned by the factory, which the channel keeps
+};
+
+class BearerTokenInterceptorFactory
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenInterceptorFactory(const std::string& token)
+      : value_(std::string(kBearerPrefix) + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* /*info*/) override {
+    return new BearerTokenInterceptor(&value_);
+  }
+
+ private:
+  const std::string value_;
+};
+
+grpc::ChannelArguments CoordinatorChannelArguments() {
   grpc::ChannelArguments args;
   // cairnd answers up to 1 GiB (a rank's PlanLoad of a large checkpoint) and
   // accepts requests of up to 128 MiB (CoordinatorServer::Spec).
@@ -18,8 +58,57 @@ std::shared_ptr<grpc::Channel> NewCoordinatorChannel(
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
+  return args;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
+CoordinatorChannelCredentials(const ClientSecurity& security) {
+  if (!security.tls()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  if (!security.ca_file.empty()) {
+    absl::StatusOr<std::string> ca =
+        tls::ReadCertificates(security.ca_file, "TLS CA (CAIRN_TLS_CA)");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *std::move(ca);
+  }
+  if (!security.cert_file.empty() || !security.key_file.empty()) {
+    if (security.cert_file.empty() || security.key_file.empty()) {
+      return absl::InvalidArgumentError(
+          "a TLS client certificate needs both a certificate and a key "
+          "(CAIRN_TLS_CERT and CAIRN_TLS_KEY)");
+    }
+    absl::StatusOr<tls::KeyCertPair> pair = tls::ReadKeyCertPair(
+        security.cert_file, "TLS client certificate (CAIRN_TLS_CERT)",
+        security.key_file, "TLS client key (CAIRN_TLS_KEY)");
+    if (!pair.ok()) return pair.status();
+    ssl.pem_cert_chain = std::move(pair->cert_chain);
+    ssl.pem_private_key = std::move(pair->private_key);
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewCoordinatorChannel(
+    const std::string& address, const ClientSecurity& security) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      CoordinatorChannelCredentials(security);
+  if (!creds.ok()) return creds.status();
+  std::vector<
+      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+      interceptors;
+  if (!security.token.empty()) {
+    interceptors.push_back(
+        std::make_unique<BearerTokenInterceptorFactory>(security.token));
+  }
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      address, *creds, CoordinatorChannelArguments(), std::move(interceptors));
+}
+
+std::shared_ptr<grpc::Channel> NewCoordinatorChannel(
+    const std::string& address) {
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+                                   CoordinatorChannelArguments());
 }
 
 }  // namespace cairn::protocol

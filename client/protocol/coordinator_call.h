@@ -16,17 +16,33 @@
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "client/protocol/cancellation.h"
+#include "client/protocol/client_security.h"
 #include "common/grpc_status.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/security/credentials.h"
 
 namespace cairn::protocol {
+
+// The metadata a client's bearer token travels in: "authorization:
+// Bearer <token>" (cairnd's authorization reads exactly this).
+inline constexpr char kAuthorizationMetadataKey[] = "authorization";
+inline constexpr char kBearerPrefix[] = "Bearer ";
 
 // A channel to cairnd at `address` (host:port): message limits that match
 // cairnd's (answers up to 1 GiB, requests up to 128 MiB) and a reconnect
 // backoff of 100 ms to 5 s, so a restarted cairnd is reached within the
-// retry backoff of CallWithRetry.
+// retry backoff of CallWithRetry. With `security.tls()`, TLS with its CA
+// and client certificate (INVALID_ARGUMENT naming a missing or bad file);
+// with a token, every call carries it (kAuthorizationMetadataKey).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewCoordinatorChannel(
+    const std::string& address, const ClientSecurity& security);
+// A plaintext channel without a token (tests).
 std::shared_ptr<grpc::Channel> NewCoordinatorChannel(
     const std::string& address);
+
+// The channel credentials NewCoordinatorChannel uses: insecure without TLS.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
+CoordinatorChannelCredentials(const ClientSecurity& security);
 
 // One unary call with retries on UNAVAILABLE (cairnd restarting or
 // unreachable) and CANCELLED (not by `cancellation`: cairnd went away under

@@ -106,7 +106,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   }
 
   // One channel to cairnd for loads and for the save protocol.
-  a->channel_ = protocol::NewCoordinatorChannel(a->options_.coordinator);
+  CAIRN_ASSIGN_OR_RETURN(a->channel_, protocol::NewCoordinatorChannel(
+                                          a->options_.coordinator,
+                                          a->options_.coordinator_security));
   a->coordinator_ = v1::Coordinator::NewStub(a->channel_);
   return a;
 }

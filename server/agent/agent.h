@@ -68,6 +68,7 @@
 #include "absl/time/time.h"
 #include "cairn/v1/agent.pb.h"
 #include "cairn/v1/cairn.grpc.pb.h"
+#include "client/protocol/client_security.h"
 #include "client/protocol/save_protocol.h"
 #include "common/copier/device_copier.h"
 #include "common/metrics.h"
@@ -85,6 +86,8 @@ struct AgentOptions {
   int num_nodes = 1;
   // cairnd's address. Required.
   std::string coordinator;
+  // TLS and token for the calls to cairnd. Default: none.
+  protocol::ClientSecurity coordinator_security;
   // Bytes of staging + tier 0 + replica memory this agent may hold.
   // Default: 1 GiB.
   uint64_t staging_budget_bytes = uint64_t{1} << 30;

@@ -13,11 +13,18 @@
 namespace cairn::agent {
 
 AgentDirectory::AgentDirectory(AgentDirectoryOptions options)
-    : options_(std::move(options)),
-      stub_(v1::Coordinator::NewStub(
-          protocol::NewCoordinatorChannel(options_.coordinator))) {}
+    : options_(std::move(options)) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      protocol::NewCoordinatorChannel(options_.coordinator, options_.security);
+  if (channel.ok()) {
+    stub_ = v1::Coordinator::NewStub(*channel);
+  } else {
+    channel_status_ = channel.status();
+  }
+}
 
 absl::StatusOr<int> AgentDirectory::Register(const std::string& peer_address) {
+  if (!channel_status_.ok()) return channel_status_;
   v1::RegisterAgentRequest request;
   request.set_node_name(options_.node_name);
   request.set_peer_address(peer_address);
@@ -61,6 +68,7 @@ absl::StatusOr<int> AgentDirectory::Register(const std::string& peer_address) {
 }
 
 absl::Status AgentDirectory::RefreshLocked() {
+  if (!channel_status_.ok()) return channel_status_;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   v1::ListAgentsResponse response;

@@ -31,12 +31,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.grpc.pb.h"
+#include "client/protocol/client_security.h"
 
 namespace cairn::agent {
 
 struct AgentDirectoryOptions {
   // cairnd's address. Required.
   std::string coordinator;
+  // TLS and token for the calls to cairnd. Default: none.
+  protocol::ClientSecurity security;
   // This node's stable name (Kubernetes: spec.nodeName). Required.
   std::string node_name;
   // The cluster size (--num-nodes): the id cairnd gives must be below it.
@@ -77,7 +80,10 @@ class AgentDirectory {
 
   // Constant after construction.
   const AgentDirectoryOptions options_;
-  const std::unique_ptr<v1::Coordinator::Stub> stub_;
+  // The channel's setup error (a bad TLS file), returned by every call;
+  // stub_ is null then.
+  absl::Status channel_status_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
 
   // State below is protected by mu_ (held across a refresh, so concurrent
   // Resolves wait for one ListAgents instead of each sending their own).

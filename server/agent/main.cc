@@ -30,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/protocol/coordinator_call.h"
 #include "common/cli_flags.h"
 #include "common/gpu/gpu_info.h"
 #include "common/grpc_logging.h"
@@ -104,6 +105,18 @@ int main(int argc, char** argv) {
       ->check(cairn::flags::InRange(1, 1 << 20));
   app.add_option("--coordinator", spec.agent.coordinator, "cairnd host:port")
       ->required();
+  cairn::protocol::ClientSecurity& security = spec.agent.coordinator_security;
+  std::string token_file;
+  app.add_option("--tls-ca", security.ca_file,
+                 "PEM CA bundle of cairnd's certificate: call cairnd over TLS");
+  app.add_option("--tls-cert", security.cert_file,
+                 "PEM client certificate for cairnd with --tls-client-ca "
+                 "(with --tls-key)");
+  app.add_option("--tls-key", security.key_file,
+                 "PEM private key of --tls-cert");
+  app.add_option("--token-file", token_file,
+                 "File holding the bearer token sent to cairnd (default: "
+                 "CAIRN_TOKEN)");
   app.add_option("--staging-budget-mib", budget_mib,
                  "Memory for staging, tier 0 and replicas")
       ->capture_default_str()
@@ -216,6 +229,34 @@ int main(int argc, char** argv) {
   } else if (const char* env = std::getenv("CAIRN_PEER_TOKEN")) {
     spec.agent.peer_token = env;
   }
+  if (!token_file.empty()) {
+    std::ifstream in(token_file, std::ios::binary);
+    std::string token((std::istreambuf_iterator<char>(in)),
+                      std::istreambuf_iterator<char>());
+    while (!token.empty() &&
+           std::isspace(static_cast<unsigned char>(token.back()))) {
+      token.pop_back();
+    }
+    if (!in.good() && !in.eof()) token.clear();
+    if (token.empty()) {
+      std::fprintf(stderr,
+                   "cairn-agent: --token-file %s must hold a token (cannot "
+                   "read it, or it is empty)\n",
+                   token_file.c_str());
+      return 2;
+    }
+    security.token = std::move(token);
+  } else if (const char* env = std::getenv("CAIRN_TOKEN")) {
+    security.token = env;
+  }
+  // A missing or bad TLS file fails the start, naming it.
+  if (absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+          cairn::protocol::CoordinatorChannelCredentials(security);
+      !creds.ok()) {
+    std::fprintf(stderr, "cairn-agent: %s\n",
+                 std::string(creds.status().message()).c_str());
+    return 2;
+  }
   const bool auto_id = node_id_flag == "auto";
   if (auto_id) {
     if (!peers.empty() || !peer_dir.empty()) {
@@ -304,6 +345,7 @@ int main(int argc, char** argv) {
     }
     cairn::agent::AgentDirectoryOptions dir_options;
     dir_options.coordinator = spec.agent.coordinator;
+    dir_options.security = security;
     dir_options.node_name = node_name;
     dir_options.num_nodes = spec.agent.num_nodes;
     dir_options.register_timeout = absl::Seconds(register_timeout_s);

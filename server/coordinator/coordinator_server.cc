@@ -1,5 +1,6 @@
 #include "server/coordinator/coordinator_server.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -71,6 +72,40 @@ absl::Status CheckAddressFree(const std::string& listen_address) {
   return result;
 }
 
+// Whether every address `listen_address` names is a loopback one (or a unix
+// socket): only those may serve plaintext without --allow-insecure. A
+// wildcard (0.0.0.0, [::], no host) or a name that resolves elsewhere is not.
+bool IsLoopback(const std::string& listen_address) {
+  if (absl::StartsWith(listen_address, "unix:")) return true;
+  const size_t colon = listen_address.rfind(':');
+  std::string host = colon == std::string::npos
+                         ? listen_address
+                         : listen_address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty()) return false;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  bool loopback = found != nullptr;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      loopback &= (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      loopback &= IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) != 0;
+    } else {
+      loopback = false;
+    }
+  }
+  freeaddrinfo(found);
+  return loopback;
+}
+
 // Drops the reflection plugin that InitProtoReflectionServerBuilderPlugin
 // registered for every ServerBuilder of the process.
 class WithoutReflection : public grpc::ServerBuilderOption {
@@ -90,8 +125,29 @@ class WithoutReflection : public grpc::ServerBuilderOption {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    const Spec& spec) {
+    const Spec& spec_in) {
+  Spec spec = spec_in;
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  // Bad TLS files fail the start before anything else happens.
+  if (spec.tls.enabled() || !spec.tls.client_ca_file.empty()) {
+    CAIRN_ASSIGN_OR_RETURN(s->tls_, ServerTls::Load(spec.tls));
+  }
+  if (spec.listen_address.empty()) {
+    spec.listen_address =
+        s->tls_ != nullptr ? "0.0.0.0:7070" : "127.0.0.1:7070";
+  }
+  if (s->tls_ == nullptr && !IsLoopback(spec.listen_address)) {
+    if (!spec.allow_insecure) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refusing to serve plaintext on ", spec.listen_address,
+          ", which is not a loopback address: give --tls-cert and --tls-key, "
+          "or --allow-insecure to serve without TLS anyway"));
+    }
+    CAIRN_LOG(warn,
+              "cairnd: serving WITHOUT TLS on {} (--allow-insecure): calls, "
+              "checkpoint names and tokens travel in plaintext",
+              spec.listen_address);
+  }
   // Refuse a port in use before recovery touches the catalog or storage.
   CAIRN_RETURN_IF_ERROR(CheckAddressFree(spec.listen_address));
   CAIRN_ASSIGN_OR_RETURN(s->coordinator_,
@@ -121,7 +177,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // catalogs. Without it a port in use is an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(spec.listen_address,
-                           grpc::InsecureServerCredentials(), &s->port_);
+                           s->tls_ != nullptr
+                               ? s->tls_->Credentials()
+                               : grpc::InsecureServerCredentials(),
+                           &s->port_);
   builder.RegisterService(s->service_.get());
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
@@ -165,9 +224,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
               t->num_tokens(), t->num_certificates(), spec.auth_tokens_path,
               s->reflection_ ? "on" : "off");
   }
-  CAIRN_LOG(info, "cairnd listening on port {} (storage {}, catalog {})",
-            s->port_, spec.coordinator.storage_uri,
-            spec.coordinator.catalog_path);
+  CAIRN_LOG(info, "cairnd listening on {} port {} ({}; storage {}, catalog {})",
+            spec.listen_address, s->port_,
+            s->tls_ == nullptr                ? "plaintext"
+            : spec.tls.client_ca_file.empty() ? "TLS"
+                                              : "mutual TLS",
+            spec.coordinator.storage_uri, spec.coordinator.catalog_path);
   return s;
 }
 
@@ -182,6 +244,14 @@ absl::Status CoordinatorServer::ReloadAuthTokens() {
             "cairnd: reloaded {}: {} tokens and {} certificate identities",
             authorizer_->path(), t->num_tokens(), t->num_certificates());
   return absl::OkStatus();
+}
+
+absl::Status CoordinatorServer::ReloadTls() {
+  if (tls_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "cairnd serves without TLS: nothing to reload");
+  }
+  return tls_->Reload();
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(absl::ZeroDuration()); }

@@ -1,5 +1,6 @@
 // cairnd as an embeddable server: the Coordinator library, its gRPC service,
-// grpc.health.v1 and server reflection, on one listening port; with
+// grpc.health.v1 and server reflection, on one listening port, in plaintext
+// or TLS (optionally mutual, certificates reloadable); with
 // Spec::auth_tokens_path, callers authenticated and authorized (auth.h).
 //
 // Example (tests bind port 0 and ask for the port):
@@ -23,14 +24,22 @@
 #include "server/coordinator/auth.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/server_tls.h"
 
 namespace cairn::coordinator {
 
 class CoordinatorServer {
  public:
   struct Spec {
-    // host:port to listen on; port 0 picks a free port. Default: 0.0.0.0:7070.
-    std::string listen_address = "0.0.0.0:7070";
+    // host:port to listen on; port 0 picks a free port. Default (empty):
+    // 0.0.0.0:7070 with TLS, 127.0.0.1:7070 without.
+    std::string listen_address;
+    // TLS certificate, key and (mutual TLS) client CA; none: plaintext.
+    ServerTlsFiles tls;
+    // Without TLS, an address other than loopback (127.0.0.0/8, ::1,
+    // localhost, unix:) is refused unless this is set (then a warning is
+    // logged): plaintext exposes the catalog and any bearer token.
+    bool allow_insecure = false;
     CoordinatorOptions coordinator;
     // Largest request cairnd parses. A BeginSave of the largest accepted
     // local plan (CoordinatorOptions::max_plan_items_per_rank = 65,536 items,
@@ -66,6 +75,7 @@ class CoordinatorServer {
     return metrics_http_ == nullptr ? 0 : metrics_http_->port();
   }
   Coordinator& coordinator() { return *coordinator_; }
+  bool tls_enabled() const { return tls_ != nullptr; }
   // Null without Spec::auth_tokens_path.
   Authorizer* authorizer() { return authorizer_.get(); }
   bool reflection_enabled() const { return reflection_; }
@@ -74,6 +84,11 @@ class CoordinatorServer {
   // the error names the file and line. FAILED_PRECONDITION without
   // Spec::auth_tokens_path.
   absl::Status ReloadAuthTokens();
+
+  // Re-reads the TLS files (SIGHUP): new handshakes use them, open
+  // connections are kept. On error (naming the file) the previous ones stay
+  // in use. FAILED_PRECONDITION when serving without TLS.
+  absl::Status ReloadTls();
 
   // Stops accepting calls, aborts in-flight saves (their ranks get
   // UNAVAILABLE), waits up to `grace` for running calls, then stops.
@@ -86,6 +101,8 @@ class CoordinatorServer {
 
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Authorizer> authorizer_;  // outlives service_
+  // Before server_: the credentials refer to it until the server is gone.
+  std::unique_ptr<ServerTls> tls_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   // Declared after coordinator_: stops serving before the registry goes.

@@ -1,6 +1,7 @@
 // cairnd: the Cairn coordinator daemon. Parses flags, starts the server,
-// waits for SIGTERM/SIGINT, drains and exits 0; SIGHUP reloads the token
-// file (--auth-tokens).
+// waits for SIGTERM/SIGINT, drains and exits 0; SIGHUP reloads the TLS
+// files (--tls-cert, --tls-key, --tls-client-ca) and the token file
+// (--auth-tokens).
 #include <signal.h>
 
 #include <cstdio>
@@ -23,7 +24,8 @@ int main(int argc, char** argv) {
       "cairnd: Cairn's checkpoint coordinator. Plans every save (dedupe, "
       "balanced writers, cached plans) and load (resharding read items), and "
       "keeps the checkpoint catalog in RocksDB. Serves cairn.v1.Coordinator, "
-      "grpc.health.v1 and server reflection (off with --auth-tokens).",
+      "grpc.health.v1 and server reflection (off with --auth-tokens), over "
+      "TLS with --tls-cert and --tls-key (SIGHUP reloads them).",
       "cairnd"};
   CoordinatorServer::Spec spec;
   std::string data_dir = "cairn-data";
@@ -38,8 +40,19 @@ int main(int argc, char** argv) {
   double grace_s = 10;
   int plan_cache_mib = 512;
   app.add_option("--listen", spec.listen_address,
-                 "host:port to serve on (port 0 picks a free port)")
-      ->capture_default_str();
+                 "host:port to serve on (port 0 picks a free port; default: "
+                 "0.0.0.0:7070 with TLS, 127.0.0.1:7070 without)");
+  app.add_option("--tls-cert", spec.tls.cert_file,
+                 "PEM certificate chain to serve TLS with (with --tls-key); "
+                 "SIGHUP re-reads it");
+  app.add_option("--tls-key", spec.tls.key_file,
+                 "PEM private key of --tls-cert; SIGHUP re-reads it");
+  app.add_option("--tls-client-ca", spec.tls.client_ca_file,
+                 "PEM CA bundle: require client certificates it signed "
+                 "(mutual TLS); SIGHUP re-reads it");
+  app.add_flag("--allow-insecure", spec.allow_insecure,
+               "Serve plaintext on an address other than loopback (refused "
+               "without it when there is no --tls-cert)");
   app.add_option("--data-dir", data_dir,
                  "Directory for the default storage (<dir>/checkpoints) and "
                  "catalog (<dir>/catalog)")
@@ -201,7 +214,17 @@ int main(int argc, char** argv) {
   }
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
-    // A bad file keeps the tokens in use: a typo must not lock everyone out.
+    // A bad file keeps the one in use: a typo must not lock everyone out.
+    if ((*server)->tls_enabled()) {
+      if (absl::Status s = (*server)->ReloadTls(); s.ok()) {
+        CAIRN_LOG(info, "cairnd: SIGHUP: TLS certificate, key and CA reloaded");
+      } else {
+        CAIRN_LOG(error,
+                  "cairnd: SIGHUP: {} (still serving with the previous "
+                  "TLS files)",
+                  std::string(s.message()));
+      }
+    }
     if ((*server)->authorizer() == nullptr) {
       CAIRN_LOG(info, "cairnd: SIGHUP: no --auth-tokens, nothing to reload");
     } else if (absl::Status s = (*server)->ReloadAuthTokens(); !s.ok()) {

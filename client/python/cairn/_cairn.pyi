@@ -103,7 +103,10 @@ class Checkpointer:
                  *, io_threads: int = 4, rpc_timeout: float = 300.0,
                  collective_timeout: float = 3900.0, max_retries: int = 16,
                  partial_chunk_check: str = "collective",
-                 use_odirect: bool = True) -> None:
+                 use_odirect: bool = True,
+                 tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None,
+                 token: Optional[str] = None) -> None:
         """partial_chunk_check: "collective" | "read_whole" | "none".
         InvalidArgumentError naming job and rank for a bad option."""
     def save(self, step: int, state: StateDict) -> CheckpointInfo:
@@ -163,7 +166,10 @@ class AgentCheckpointer:
                  io_threads: int = 4, rpc_timeout: float = 300.0,
                  collective_timeout: float = 3900.0, max_retries: int = 16,
                  partial_chunk_check: str = "collective",
-                 use_odirect: bool = True) -> None: ...
+                 use_odirect: bool = True,
+                 tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None,
+                 token: Optional[str] = None) -> None: ...
     def async_save(self, step: int, state: StateDict) -> SaveFuture:
         """Returns once `state` is copied into the agent's staging memory."""
     def load(self, state: StateDict, step: Optional[int] = None) -> int:

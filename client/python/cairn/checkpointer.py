@@ -188,8 +188,10 @@ class Checkpointer:
         into its shared memory) and loads read its memory tier first.
       **options: passed to _cairn.Checkpointer / AgentCheckpointer:
         io_threads, rpc_timeout, collective_timeout, max_retries,
-        partial_chunk_check, use_odirect; with an agent also copy_threads,
-        wait_for_space, allow_streaming.
+        partial_chunk_check, use_odirect, tls_ca, tls_cert, tls_key, token
+        (TLS to cairnd and its bearer token; defaults CAIRN_TLS_CA,
+        CAIRN_TLS_CERT, CAIRN_TLS_KEY, CAIRN_TOKEN); with an agent also
+        copy_threads, wait_for_space, allow_streaming.
 
     One save is in flight per Checkpointer: save, async_save and load first
     wait for the previous async_save to finish (its outcome, success or

@@ -232,11 +232,19 @@ Every blocking call releases the GIL; one call at a time per object.
                        int copy_threads, double wait_for_space,
                        bool allow_streaming, int io_threads, double rpc_timeout,
                        double collective_timeout, int max_retries,
-                       std::string partial_chunk_check, bool use_odirect) {
-             const DirectOptions d = MakeDirectOptions(
+                       std::string partial_chunk_check, bool use_odirect,
+                       std::optional<std::string> tls_ca,
+                       std::optional<std::string> tls_cert,
+                       std::optional<std::string> tls_key,
+                       std::optional<std::string> token) {
+             DirectOptions d = MakeDirectOptions(
                  std::move(coordinator), std::move(job), rank, world_size,
                  io_threads, rpc_timeout, collective_timeout, max_retries,
                  std::move(partial_chunk_check), use_odirect);
+             d.tls_ca = std::move(tls_ca);
+             d.tls_cert = std::move(tls_cert);
+             d.tls_key = std::move(tls_key);
+             d.token = std::move(token);
              client::AgentCheckpointerOptions o;
              o.agent_socket = std::move(agent_socket);
              o.direct = ValueOrThrow(ToCheckpointerOptions(d));
@@ -254,7 +262,9 @@ Every blocking call releases the GIL; one call at a time per object.
            py::arg("rpc_timeout") = 300.0,
            py::arg("collective_timeout") = 3900.0, py::arg("max_retries") = 16,
            py::arg("partial_chunk_check") = "collective",
-           py::arg("use_odirect") = true,
+           py::arg("use_odirect") = true, py::arg("tls_ca") = py::none(),
+           py::arg("tls_cert") = py::none(), py::arg("tls_key") = py::none(),
+           py::arg("token") = py::none(),
            R"doc(Connects to the agent's Unix socket.
 
 Args:
@@ -265,7 +275,8 @@ Args:
   allow_streaming: let a save larger than the agent's staging budget stream
     through buckets (otherwise ResourceExhaustedError).
   io_threads, rpc_timeout, collective_timeout, max_retries,
-  partial_chunk_check, use_odirect: as for Checkpointer (used by the storage
+  partial_chunk_check, use_odirect, tls_ca, tls_cert, tls_key, token: as
+    for Checkpointer (used by the storage
     fallback of load; rpc_timeout also bounds calls to the agent).
 
 Raises:

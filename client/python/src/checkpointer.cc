@@ -160,18 +160,29 @@ Attributes:
       .def(py::init([](std::string coordinator, std::string job, int rank,
                        int world_size, int io_threads, double rpc_timeout,
                        double collective_timeout, int max_retries,
-                       std::string partial_chunk_check, bool use_odirect) {
-             return std::make_unique<PyCheckpointer>(MakeDirectOptions(
+                       std::string partial_chunk_check, bool use_odirect,
+                       std::optional<std::string> tls_ca,
+                       std::optional<std::string> tls_cert,
+                       std::optional<std::string> tls_key,
+                       std::optional<std::string> token) {
+             DirectOptions d = MakeDirectOptions(
                  std::move(coordinator), std::move(job), rank, world_size,
                  io_threads, rpc_timeout, collective_timeout, max_retries,
-                 std::move(partial_chunk_check), use_odirect));
+                 std::move(partial_chunk_check), use_odirect);
+             d.tls_ca = std::move(tls_ca);
+             d.tls_cert = std::move(tls_cert);
+             d.tls_key = std::move(tls_key);
+             d.token = std::move(token);
+             return std::make_unique<PyCheckpointer>(d);
            }),
            py::arg("coordinator"), py::arg("job"), py::arg("rank"),
            py::arg("world_size"), py::kw_only(), py::arg("io_threads") = 4,
            py::arg("rpc_timeout") = 300.0,
            py::arg("collective_timeout") = 3900.0, py::arg("max_retries") = 16,
            py::arg("partial_chunk_check") = "collective",
-           py::arg("use_odirect") = true,
+           py::arg("use_odirect") = true, py::arg("tls_ca") = py::none(),
+           py::arg("tls_cert") = py::none(), py::arg("tls_key") = py::none(),
+           py::arg("token") = py::none(),
            R"doc(Sets up the connection (does not wait for cairnd to be up).
 
 Args:
@@ -191,6 +202,11 @@ Args:
     "none" (unverified).
   use_odirect: write data objects with O_DIRECT (falls back to buffered
     where the filesystem refuses it).
+  tls_ca: PEM CA bundle of cairnd's certificate: call cairnd over TLS
+    (default: CAIRN_TLS_CA).
+  tls_cert, tls_key: PEM client certificate and key, for cairnd with
+    --tls-client-ca (default: CAIRN_TLS_CERT, CAIRN_TLS_KEY).
+  token: bearer token sent with every call (default: CAIRN_TOKEN).
 
 Raises:
   InvalidArgumentError naming job and rank: a bad option.

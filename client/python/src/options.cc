@@ -55,6 +55,11 @@ absl::StatusOr<client::CheckpointerOptions> ToCheckpointerOptions(
       out.collective_timeout,
       SecondsOption(o.collective_timeout, "collective_timeout", o.job, o.rank));
   out.max_retries = o.max_retries;
+  // out.security already holds the environment's settings.
+  if (o.tls_ca) out.security.ca_file = *o.tls_ca;
+  if (o.tls_cert) out.security.cert_file = *o.tls_cert;
+  if (o.tls_key) out.security.key_file = *o.tls_key;
+  if (o.token) out.security.token = *o.token;
   if (o.partial_chunk_check == "collective") {
     out.partial_chunk_check = client::PartialChunkCheck::kCollective;
   } else if (o.partial_chunk_check == "read_whole") {

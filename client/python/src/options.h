@@ -3,6 +3,7 @@
 #ifndef CAIRN_CLIENT_PYTHON_SRC_OPTIONS_H_
 #define CAIRN_CLIENT_PYTHON_SRC_OPTIONS_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -23,6 +24,9 @@ struct DirectOptions {
   int max_retries = 16;
   std::string partial_chunk_check = "collective";
   bool use_odirect = true;
+  // TLS and token for the calls to cairnd; unset: CAIRN_TLS_CA,
+  // CAIRN_TLS_CERT, CAIRN_TLS_KEY, CAIRN_TOKEN.
+  std::optional<std::string> tls_ca, tls_cert, tls_key, token;
 };
 
 // The options as the two classes' constructors receive them, in the order

@@ -1,0 +1,33 @@
+// How a client (libcairn, the Python package, the cairn CLI, cairn-agent)
+// secures its calls to cairnd: TLS with a CA bundle and an optional client
+// certificate, and a bearer token.
+#ifndef CAIRN_CLIENT_PROTOCOL_CLIENT_SECURITY_H_
+#define CAIRN_CLIENT_PROTOCOL_CLIENT_SECURITY_H_
+
+#include <string>
+
+namespace cairn::protocol {
+
+struct ClientSecurity {
+  // PEM CA bundle that signed cairnd's certificate. Setting it (or
+  // cert_file) makes the channel TLS; empty with a cert_file: the system's
+  // roots.
+  std::string ca_file;
+  // PEM client certificate chain and its key, for cairnd with
+  // --tls-client-ca (mutual TLS). Both or neither.
+  std::string cert_file;
+  std::string key_file;
+  // Sent with every call as "authorization: Bearer <token>" (also over
+  // plaintext loopback). Never logged.
+  std::string token;
+
+  bool tls() const { return !ca_file.empty() || !cert_file.empty(); }
+
+  // CAIRN_TLS_CA, CAIRN_TLS_CERT, CAIRN_TLS_KEY and CAIRN_TOKEN (unset:
+  // empty).
+  static ClientSecurity FromEnvironment();
+};
+
+}  // namespace cairn::protocol
+
+#endif  // CAIRN_CLIENT_PROTOCOL_CLIENT_SECURITY_H_
