@@ -37,6 +37,9 @@
 #ifndef CAIRN_RANK_PATH
 #define CAIRN_RANK_PATH ""
 #endif
+#ifndef CAIRN_CLI_PATH
+#define CAIRN_CLI_PATH ""
+#endif
 
 namespace cairn {
 namespace {
@@ -46,6 +49,7 @@ using ::testing::Not;
 
 std::string g_cairnd = CAIRN_CAIRND_PATH;
 std::string g_rank = CAIRN_RANK_PATH;
+std::string g_cli = CAIRN_CLI_PATH;
 
 const char kReader[] = "reader-a-token-5f0c2a9e71d4";
 const char kReaderAll[] = "reader-all-token-0b8e66a1c3";
@@ -204,7 +208,39 @@ class AuthE2ETest : public ::testing::Test {
     return Call(&v1::Coordinator::Stub::AbortSave, token, req);
   }
 
+  // Runs `argv` with CAIRN_TOKEN=`token` (unset when empty); its exit code,
+  // its output in `*output`.
+  int Run(const std::string& token, std::vector<std::string> argv,
+          std::string* output) {
+    std::vector<std::string> full = {"/usr/bin/env", "-u", "CAIRN_TOKEN",
+                                     "-u", "CAIRN_STORAGE"};
+    if (!token.empty()) full.push_back(absl::StrCat("CAIRN_TOKEN=", token));
+    full.insert(full.end(), argv.begin(), argv.end());
+    absl::StatusOr<testing::Subprocess> p = testing::Subprocess::Start(
+        full, absl::StrCat(dir_, "/run-", ++runs_, ".log"));
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return -1;
+    absl::StatusOr<int> code = p->Wait(absl::Minutes(3));
+    EXPECT_TRUE(code.ok()) << code.status();
+    *output = p->Log();
+    return code.ok() ? *code : -1;
+  }
+  int Cli(const std::string& token, std::vector<std::string> args,
+          std::string* output) {
+    args.insert(args.begin(), {g_cli, "-c", cairnd_->address()});
+    return Run(token, std::move(args), output);
+  }
+  int SaveRank(const std::string& token, const std::string& job,
+               const std::string& steps, std::string* output) {
+    return Run(token,
+               {g_rank, "--coordinator", cairnd_->address(), "--job", job,
+                "--rank", "0", "--world-size", "1", "--layout", "1:S0",
+                "--save-steps", steps},
+               output);
+  }
+
   std::string dir_, tokens_;
+  int runs_ = 0;
   std::unique_ptr<testing::CairndProcess> cairnd_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
@@ -519,6 +555,47 @@ TEST_F(AuthE2ETest, ReflectionCanBeForcedOnWithAuth) {
   EXPECT_EQ(List("", "").code, grpc::StatusCode::UNAUTHENTICATED);
 }
 
+// The clients (cairn, libcairn in a rank) send CAIRN_TOKEN.
+TEST_F(AuthE2ETest, CliAndRanksSendCairnToken) {
+  std::string out;
+  EXPECT_NE(Cli("", {"ls"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("no credentials"));
+  ASSERT_EQ(Cli(kReader, {"ls"}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("a"));
+  EXPECT_THAT(out, Not(::testing::ContainsRegex("(^|\\n)b ")));
+  EXPECT_EQ(Cli(kReader, {"show", "a", "latest"}, &out), 0) << out;
+  EXPECT_EQ(Cli(kReader, {"verify", "a", "latest"}, &out), 0) << out;
+  EXPECT_NE(Cli(kReader, {"show", "b", "latest"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("may not read checkpoints of job 'b'"));
+  EXPECT_NE(Cli(kReader, {"rm", "a", "1", "--yes"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("identity reader-a (role reader) may not delete "
+                             "checkpoints of job 'a'"));
+  EXPECT_NE(Cli(kReader, {"gc", "a", "--keep", "1"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("may not garbage-collect checkpoints of job 'a'"));
+  EXPECT_NE(Cli("unknown-token-000000000000", {"ls"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("unknown token"));
+
+  // A rank with the writer token of job a saves a, not b.
+  EXPECT_EQ(SaveRank(kWriter, "a", "20", &out), 0) << out;
+  EXPECT_NE(SaveRank(kWriter, "b", "20", &out), 0);
+  EXPECT_THAT(out, HasSubstr("may not save checkpoints of job 'b'"));
+  EXPECT_NE(SaveRank("", "a", "21", &out), 0);
+  EXPECT_THAT(out, HasSubstr("no credentials"));
+
+  EXPECT_EQ(Cli(kAdmin, {"rm", "b", "1", "--yes"}, &out), 0) << out;
+  EXPECT_EQ(Cli(kAdmin, {"gc", "a", "--keep", "1"}, &out), 0) << out;
+  ASSERT_EQ(Cli(kReaderAll, {"ls"}, &out), 0) << out;
+  std::vector<std::string> jobs;
+  ASSERT_EQ(List(kReaderAll, "", &jobs).code, grpc::StatusCode::OK);
+  EXPECT_THAT(jobs, ::testing::ElementsAre("a/20", "b/2", "b/3"));
+  const std::string log = cairnd_->process().Log();
+  EXPECT_THAT(log, HasSubstr("audit: identity=root action=delete job=b "
+                             "step=1 outcome=ok"));
+  for (const char* t : {kReader, kReaderAll, kWriter, kAdmin}) {
+    EXPECT_THAT(log, Not(HasSubstr(t)));
+  }
+}
+
 TEST_F(AuthE2ETest, CairndRefusesToStartOnABadTokenFile) {
   WriteTokens(absl::StrCat(kAdmin, " admin *\nshort reader *\n"));
   const std::string log = dir_ + "/bad.log";
@@ -546,6 +623,7 @@ int main(int argc, char** argv) {
     if (absl::StartsWith(a, "--cairnd=")) {
       cairn::g_cairnd = std::string(a.substr(9));
     }
+    if (absl::StartsWith(a, "--cli=")) cairn::g_cli = std::string(a.substr(6));
     if (absl::StartsWith(a, "--rank=")) {
       cairn::g_rank = std::string(a.substr(7));
     }
