@@ -212,8 +212,8 @@ class AuthE2ETest : public ::testing::Test {
   // its output in `*output`.
   int Run(const std::string& token, std::vector<std::string> argv,
           std::string* output) {
-    std::vector<std::string> full = {"/usr/bin/env", "-u", "CAIRN_TOKEN",
-                                     "-u", "CAIRN_STORAGE"};
+    std::vector<std::string> full = {"/usr/bin/env", "-u", "CAIRN_TOKEN", "-u",
+                                     "CAIRN_STORAGE"};
     if (!token.empty()) full.push_back(absl::StrCat("CAIRN_TOKEN=", token));
     full.insert(full.end(), argv.begin(), argv.end());
     absl::StatusOr<testing::Subprocess> p = testing::Subprocess::Start(
@@ -232,11 +232,11 @@ class AuthE2ETest : public ::testing::Test {
   }
   int SaveRank(const std::string& token, const std::string& job,
                const std::string& steps, std::string* output) {
-    return Run(token,
-               {g_rank, "--coordinator", cairnd_->address(), "--job", job,
-                "--rank", "0", "--world-size", "1", "--layout", "1:S0",
-                "--save-steps", steps},
-               output);
+    return Run(
+        token,
+        {g_rank, "--coordinator", cairnd_->address(), "--job", job, "--rank",
+         "0", "--world-size", "1", "--layout", "1:S0", "--save-steps", steps},
+        output);
   }
 
   std::string dir_, tokens_;
