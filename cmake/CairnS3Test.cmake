@@ -33,7 +33,7 @@ add_test(NAME ceph_start
   COMMAND ${_cairn_ceph_sh} start --dir ${_cairn_ceph_dir}
           --port ${CAIRN_S3_TEST_PORT})
 set_tests_properties(ceph_start PROPERTIES
-  FIXTURES_SETUP ceph LABELS "s3" TIMEOUT 180 RESOURCE_LOCK ceph_cluster)
+  FIXTURES_SETUP ceph LABELS "s3" TIMEOUT 300 RESOURCE_LOCK ceph_cluster)
 add_test(NAME ceph_stop
   COMMAND ${_cairn_ceph_sh} stop --dir ${_cairn_ceph_dir}
           --port ${CAIRN_S3_TEST_PORT})
