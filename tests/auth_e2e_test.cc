@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "tests/testing/cairnd_process.h"
+#include "tests/testing/grpc_probe.h"
 #include "tests/testing/subprocess.h"
 
 #ifndef CAIRN_CAIRND_PATH
@@ -263,33 +264,6 @@ grpc::StatusCode ListServicesByReflection(const std::string& address) {
   return done.get_future().get().error_code();
 }
 
-// grpc.health.v1.Health/Check without credentials: the status (1 SERVING)
-// or the call's error.
-absl::StatusOr<int> HealthCheck(const std::string& address) {
-  grpc::GenericStub stub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::Slice empty("");
-  grpc::ByteBuffer request(&empty, 1), response;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
-                 &request, &response,
-                 [&done](grpc::Status s) { done.set_value(s); });
-  grpc::Status s = done.get_future().get();
-  if (!s.ok()) return absl::UnavailableError(s.error_message());
-  std::vector<grpc::Slice> slices;
-  if (!response.Dump(&slices).ok()) return absl::InternalError("dump");
-  std::string bytes;
-  for (const grpc::Slice& sl : slices) {
-    bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  }
-  if (bytes.size() != 2 || bytes[0] != '\x08') {
-    return absl::InternalError("unexpected health answer");
-  }
-  return static_cast<int>(bytes[1]);
-}
-
 TEST_F(AuthE2ETest, MissingOrUnknownTokensAreUnauthenticatedHealthIsOpen) {
   Outcome o = List("", "");
   EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED);
@@ -305,7 +279,7 @@ TEST_F(AuthE2ETest, MissingOrUnknownTokensAreUnauthenticatedHealthIsOpen) {
   o = List(std::string(kAdmin).substr(0, 20), "a");
   EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED);
 
-  absl::StatusOr<int> health = HealthCheck(cairnd_->address());
+  absl::StatusOr<int> health = testing::HealthCheck(cairnd_->address());
   ASSERT_TRUE(health.ok()) << health.status();
   EXPECT_EQ(*health, 1);
   // Reflection is not authenticated: off by default with auth.

@@ -45,6 +45,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/cairnd_process.h"
+#include "tests/testing/grpc_probe.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/test_storage.h"
 
@@ -103,23 +104,6 @@ int ReadPort(const std::string& path) {
   std::ifstream in(path);
   int port = 0;
   in >> port;
-  return port;
-}
-
-// A port free right now (for Prometheus, which needs a concrete one).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
   return port;
 }
 
@@ -566,7 +550,7 @@ TEST_F(MetricsE2ETest, PrometheusScrapesTheDaemonsDuringASave) {
       << g_prometheus
       << " is missing: install Debian's prometheus package "
          "(scripts/install_deps.sh)";
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   ASSERT_GT(port, 0);
   const std::string config = dir_ + "/prometheus.yml";
   std::ofstream(config) << "global:\n"

@@ -44,6 +44,7 @@
 #include "nlohmann/json.hpp"
 #include "storage/checkpoint_layout.h"
 #include "tests/testing/cairnd_process.h"
+#include "tests/testing/grpc_probe.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/test_storage.h"
 
@@ -350,60 +351,16 @@ TEST_F(OpsTest, SecondCairndOnACatalogInUseRefusesToStart) {
                                           "another process")));
 }
 
-// grpc.health.v1.Health/Check at `address` (service ""): the status field
-// of the answer (1 SERVING, 2 NOT_SERVING), or the call's error.
-absl::StatusOr<int> HealthCheck(const std::string& address) {
-  auto channel =
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::ByteBuffer request;  // an empty HealthCheckRequest
-  grpc::Slice empty("");
-  request = grpc::ByteBuffer(&empty, 1);
-  grpc::ByteBuffer response;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
-                 &request, &response,
-                 [&done](grpc::Status s) { done.set_value(s); });
-  grpc::Status s = done.get_future().get();
-  if (!s.ok()) return absl::UnavailableError(s.error_message());
-  std::vector<grpc::Slice> slices;
-  if (!response.Dump(&slices).ok()) return absl::InternalError("dump");
-  std::string bytes;
-  for (const grpc::Slice& sl : slices) {
-    bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  }
-  // HealthCheckResponse{status = 1: enum}: tag 0x08, one varint byte.
-  if (bytes.size() != 2 || bytes[0] != '\x08') {
-    return absl::InternalError(
-        absl::StrCat("unexpected answer of ", bytes.size(), " bytes"));
-  }
-  return static_cast<int>(bytes[1]);
-}
-
-// A free TCP port on loopback (bound, then released).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // Both daemons answer grpc.health.v1 (the agent on --health-listen, which
 // serves nothing else) and stop cleanly on SIGTERM.
 TEST_F(OpsTest, BothDaemonsServeGrpcHealth) {
   StartCairnd();
-  absl::StatusOr<int> status = HealthCheck(cairnd_->address());
+  absl::StatusOr<int> status = testing::HealthCheck(cairnd_->address());
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_EQ(*status, 1);  // SERVING
 
-  const std::string health = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string health =
+      absl::StrCat("127.0.0.1:", testing::FreeLoopbackPort());
   // Unix socket paths are at most 107 bytes: not under Bazel's long tmpdir.
   const std::string socket =
       absl::StrCat("/tmp/cairn-ops-health-", getpid(), ".sock");
@@ -419,31 +376,17 @@ TEST_F(OpsTest, BothDaemonsServeGrpcHealth) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   ASSERT_TRUE(std::filesystem::exists(dir_ + "/h.ready")) << agent->Log();
-  status = HealthCheck(health);
+  status = testing::HealthCheck(health);
   ASSERT_TRUE(status.ok()) << status.status() << "\n" << agent->Log();
   EXPECT_EQ(*status, 1);
   // The Agent service itself is not reachable over TCP.
-  {
-    auto channel =
-        grpc::CreateChannel(health, grpc::InsecureChannelCredentials());
-    grpc::GenericStub stub(channel);
-    grpc::Slice empty("");
-    grpc::ByteBuffer request(&empty, 1), response;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(5));
-    std::promise<grpc::Status> done;
-    stub.UnaryCall(&ctx, "/cairn.v1.Agent/Status", grpc::StubOptions(),
-                   &request, &response,
-                   [&done](grpc::Status s) { done.set_value(s); });
-    EXPECT_EQ(done.get_future().get().error_code(),
-              grpc::StatusCode::UNIMPLEMENTED);
-  }
+  EXPECT_EQ(testing::CallEmpty(health, "/cairn.v1.Agent/Status").error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
   agent->Signal(SIGTERM);
   absl::StatusOr<int> code = agent->Wait(absl::Minutes(1));
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0) << agent->Log();
-  EXPECT_FALSE(HealthCheck(health).ok());  // gone with the agent
+  EXPECT_FALSE(testing::HealthCheck(health).ok());  // gone with the agent
 }
 
 TEST_F(OpsTest, MalformedRequestsAreInvalidArgument) {

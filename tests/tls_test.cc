@@ -32,6 +32,7 @@
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cairnd_process.h"
+#include "tests/testing/grpc_probe.h"
 #include "tests/testing/subprocess.h"
 
 #ifndef CAIRN_CAIRND_PATH
@@ -195,6 +196,37 @@ TEST_F(TlsTest, TlsServerAcceptsItsCaAndRefusesPlaintext) {
   const absl::Status plain = List(protocol::ClientSecurity());
   EXPECT_TRUE(absl::IsUnavailable(plain)) << plain;
   EXPECT_THAT(cairnd_->process().Log(), HasSubstr("port"));
+}
+
+// Kubernetes' gRPC probes speak neither TLS nor tokens: --health-listen
+// gives them a plaintext port with the TLS port's status and nothing else.
+TEST_F(TlsTest, HealthListenServesPlaintextHealthBesideTls) {
+  const std::string health =
+      absl::StrCat("127.0.0.1:", testing::FreeLoopbackPort());
+  StartCairnd({"--tls-cert", Cert("server"), "--tls-key", Key("server"),
+               "--tls-client-ca", Cert("ca"), "--health-listen", health});
+  absl::StatusOr<int> status = testing::HealthCheck(health);
+  ASSERT_TRUE(status.ok()) << status.status() << cairnd_->process().Log();
+  EXPECT_EQ(*status, 1);  // SERVING
+  // The probe's plaintext call cannot reach the TLS port...
+  EXPECT_FALSE(testing::HealthCheck(cairnd_->address(), absl::Seconds(5)).ok());
+  // ...and nothing but health is served on the health port.
+  EXPECT_EQ(testing::CallEmpty(health, "/cairn.v1.Coordinator/ListCheckpoints")
+                .error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_THAT(cairnd_->process().Log(),
+              HasSubstr("grpc.health.v1 in plaintext on port"));
+  // A health port in use fails the start, naming the flag.
+  const auto [code, log] =
+      RunCairndToExit({"--listen", "127.0.0.1:0", "--health-listen", health});
+  EXPECT_EQ(code, 1);
+  EXPECT_THAT(log, HasSubstr("--health-listen: cannot serve health on"));
+
+  cairnd_->process().Signal(SIGTERM);
+  absl::StatusOr<int> rc = cairnd_->process().Wait(absl::Minutes(1));
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  EXPECT_EQ(*rc, 0) << cairnd_->process().Log();
+  EXPECT_FALSE(testing::HealthCheck(health, absl::Seconds(5)).ok());
 }
 
 TEST_F(TlsTest, WrongCaIsRefusedAsAHandshakeFailure) {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cairn/v1/agent.grpc.pb.h"
+#include "common/grpc_health_server.h"
 #include "common/grpc_metrics.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -142,24 +143,6 @@ class AgentServer::Service final : public v1::Agent::Service {
   Agent* agent_;
 };
 
-// The health server's catch-all: every method grpc.health.v1 does not
-// serve is UNIMPLEMENTED, so the Agent service is never reachable over TCP.
-class AgentServer::OnlyHealthService : public grpc::CallbackGenericService {
-  grpc::ServerGenericBidiReactor* CreateReactor(
-      grpc::GenericCallbackServerContext* ctx) override {
-    class Refuse : public grpc::ServerGenericBidiReactor {
-     public:
-      explicit Refuse(const std::string& method) {
-        Finish(grpc::Status(
-            grpc::StatusCode::UNIMPLEMENTED,
-            absl::StrCat(method, ": this port serves grpc.health.v1 only")));
-      }
-      void OnDone() override { delete this; }
-    };
-    return new Refuse(ctx->method());
-  }
-};
-
 absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(Spec spec) {
   if (spec.unix_socket.empty()) {
     return absl::InvalidArgumentError("agent needs --listen-unix PATH");
@@ -196,23 +179,9 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(Spec spec) {
   CAIRN_RETURN_IF_ERROR(s->Listen(spec, group));
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   if (!spec.health_listen.empty()) {
-    // Its own server: the default health service and nothing else.
-    grpc::EnableDefaultHealthCheckService(true);
-    grpc::ServerBuilder health;
-    // gRPC wants at least one service it polls for; this one answers every
-    // method but the health service's UNIMPLEMENTED.
-    s->health_fallback_ = std::make_unique<OnlyHealthService>();
-    health.RegisterCallbackGenericService(s->health_fallback_.get());
-    health.AddListeningPort(spec.health_listen,
-                            grpc::InsecureServerCredentials(),
-                            &s->health_port_);
-    s->health_server_ = health.BuildAndStart();
-    if (s->health_server_ == nullptr || s->health_port_ == 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot serve health on ", spec.health_listen,
-                       " (address in use or not local?)"));
-    }
-    s->health_server_->GetHealthCheckService()->SetServingStatus(true);
+    CAIRN_ASSIGN_OR_RETURN(s->health_server_,
+                           HealthOnlyServer::Start(spec.health_listen));
+    s->health_server_->SetServing(true);
   }
   if (!spec.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> http =
@@ -360,7 +329,7 @@ void AgentServer::Shutdown() {
   shut_down_ = true;
   if (health_server_) {
     // Draining: probes and balancers see NOT_SERVING while it lasts.
-    health_server_->GetHealthCheckService()->SetServingStatus(false);
+    health_server_->SetServing(false);
   }
   if (acceptor_.joinable()) {
     const uint64_t one = 1;
@@ -386,8 +355,7 @@ void AgentServer::Shutdown() {
                       std::chrono::seconds(2));
   }
   if (health_server_) {
-    health_server_->Shutdown(std::chrono::system_clock::now() +
-                             std::chrono::seconds(1));
+    health_server_->Shutdown(absl::Seconds(1));
   }
 }
 

@@ -35,6 +35,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/grpc_health_server.h"
 #include "common/metrics_http.h"
 #include "grpcpp/server.h"
 #include "server/agent/agent.h"
@@ -73,7 +74,9 @@ class AgentServer {
   void Wait();
 
   // The health server's bound port (0 without one).
-  int health_port() const { return health_port_; }
+  int health_port() const {
+    return health_server_ == nullptr ? 0 : health_server_->port();
+  }
   // The metrics server's bound port (0 without one).
   int metrics_port() const {
     return metrics_http_ == nullptr ? 0 : metrics_http_->port();
@@ -84,7 +87,6 @@ class AgentServer {
 
  private:
   class Service;
-  class OnlyHealthService;
   AgentServer() = default;
   absl::Status Listen(const Spec& spec, gid_t group);
   void AcceptLoop();
@@ -93,11 +95,9 @@ class AgentServer {
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<OnlyHealthService> health_fallback_;
-  std::unique_ptr<grpc::Server> health_server_;  // grpc.health.v1 only
+  std::unique_ptr<HealthOnlyServer> health_server_;
   // After agent_: stops serving before the agent's registry goes.
   std::unique_ptr<metrics::MetricsHttpServer> metrics_http_;
-  int health_port_ = 0;
   std::string target_;
   std::string socket_path_;
   dev_t socket_dev_ = 0;  // the socket file we created (not a successor's)

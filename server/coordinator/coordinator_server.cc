@@ -209,7 +209,22 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CAIRN_LOG(info, "cairnd serving metrics on port {} (GET /metrics)",
               s->metrics_http_->port());
   }
+  if (!spec.health_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<HealthOnlyServer>> health =
+        HealthOnlyServer::Start(spec.health_listen);
+    if (!health.ok()) {
+      return absl::Status(
+          health.status().code(),
+          absl::StrCat("--health-listen: ", health.status().message()));
+    }
+    s->health_server_ = std::move(*health);
+    CAIRN_LOG(info,
+              "cairnd serving grpc.health.v1 in plaintext on port {} "
+              "(for probes)",
+              s->health_server_->port());
+  }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
+  if (s->health_server_ != nullptr) s->health_server_->SetServing(true);
   if (s->authorizer_ == nullptr) {
     CAIRN_LOG(warn,
               "cairnd: authentication is OFF (no --auth-tokens): anyone "
@@ -260,11 +275,13 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  if (health_server_ != nullptr) health_server_->SetServing(false);
   // Answer parked BeginSave/CommitSave calls so the drain can finish.
   coordinator_->Shutdown();
   server_->Shutdown(std::chrono::system_clock::now() +
                     absl::ToChronoMilliseconds(grace));
   server_->Wait();
+  if (health_server_ != nullptr) health_server_->Shutdown(absl::Seconds(1));
   CAIRN_LOG(info, "cairnd stopped");
 }
 

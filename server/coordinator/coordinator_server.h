@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/grpc_health_server.h"
 #include "common/metrics_http.h"
 #include "grpcpp/server.h"
 #include "server/coordinator/auth.h"
@@ -54,6 +55,11 @@ class CoordinatorServer {
     // host:port serving Prometheus metrics at GET /metrics (port 0 picks a
     // free port, see metrics_port()); empty serves none. Default: empty.
     std::string metrics_listen;
+    // host:port of a plaintext server answering grpc.health.v1 only, with
+    // the main port's status (port 0 picks one, see health_port()): for
+    // Kubernetes' gRPC probes, which cannot speak TLS. Empty: none (health
+    // is always also served on the main port). Default: empty.
+    std::string health_listen;
     // The token file (auth.h): every cairn.v1.Coordinator call then needs a
     // token or client certificate it lists, with a role allowing the call
     // on its job (grpc.health.v1 stays open). Empty: no authentication,
@@ -73,6 +79,10 @@ class CoordinatorServer {
   // The bound metrics port; 0 without Spec::metrics_listen.
   int metrics_port() const {
     return metrics_http_ == nullptr ? 0 : metrics_http_->port();
+  }
+  // The bound health port; 0 without Spec::health_listen.
+  int health_port() const {
+    return health_server_ == nullptr ? 0 : health_server_->port();
   }
   Coordinator& coordinator() { return *coordinator_; }
   bool tls_enabled() const { return tls_ != nullptr; }
@@ -105,6 +115,7 @@ class CoordinatorServer {
   std::unique_ptr<ServerTls> tls_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HealthOnlyServer> health_server_;
   // Declared after coordinator_: stops serving before the registry goes.
   std::unique_ptr<metrics::MetricsHttpServer> metrics_http_;
   int port_ = 0;

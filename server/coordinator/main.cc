@@ -142,6 +142,11 @@ int main(int argc, char** argv) {
                  "(port 0 picks a free port; default: none)");
   app.add_option("--metrics-port-file", metrics_port_file,
                  "Write the bound metrics port to this file once serving");
+  app.add_option("--health-listen", spec.health_listen,
+                 "host:port serving grpc.health.v1 only, in plaintext, with "
+                 "the main port's status: for Kubernetes gRPC probes, which "
+                 "cannot speak TLS (default: none; health is always also on "
+                 "the main port)");
   app.add_option("--auth-tokens", spec.auth_tokens_path,
                  "Token file: lines 'CREDENTIAL ROLE JOBGLOB [NAME]' (README "
                  "'Security'); every call then needs a listed token or "
