@@ -51,6 +51,7 @@ namespace {
 using ::testing::Each;
 using ::testing::Eq;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string g_cairnd = CAIRN_CAIRND_PATH;
 std::string g_rank = CAIRN_RANK_PATH;
@@ -290,6 +291,33 @@ TEST_F(TlsTest, SighupReloadsCertificateKeepingConnectionsAndService) {
                                       cert)))
       << cairnd_->process().Log();
   EXPECT_TRUE(List(TrustCa("other-ca")).ok());
+}
+
+// Kubernetes updates a Secret volume by pointing the symlink ..data at a new
+// directory, and sends no signal: --reload-every notices and reloads.
+TEST_F(TlsTest, ReloadEveryPicksUpASecretVolumeSwapWithoutASignal) {
+  const std::string vol = dir_ + "/secret";
+  auto write_version = [&](const std::string& version,
+                           const std::string& name) {
+    std::filesystem::create_directories(vol + "/" + version);
+    CopyFile(Cert(name), vol + "/" + version + "/tls.crt");
+    CopyFile(Key(name), vol + "/" + version + "/tls.key");
+    std::filesystem::create_directory_symlink(version, vol + "/..data_tmp");
+    std::filesystem::rename(vol + "/..data_tmp", vol + "/..data");
+  };
+  write_version("..v1", "server");
+  std::filesystem::create_symlink("..data/tls.crt", vol + "/tls.crt");
+  std::filesystem::create_symlink("..data/tls.key", vol + "/tls.key");
+  StartCairnd({"--tls-cert", vol + "/tls.crt", "--tls-key", vol + "/tls.key",
+               "--reload-every", "0.1"});
+  ASSERT_TRUE(List(TrustCa("ca")).ok());
+
+  write_version("..v2", "other-server");
+  ASSERT_TRUE(WaitForLog("changed files: TLS certificate, key and CA reloaded"))
+      << cairnd_->process().Log();
+  EXPECT_TRUE(List(TrustCa("other-ca")).ok());
+  EXPECT_TRUE(absl::IsUnavailable(List(TrustCa("ca"))));
+  EXPECT_THAT(cairnd_->process().Log(), Not(HasSubstr("SIGHUP")));
 }
 
 TEST_F(TlsTest, BadFilesAtStartExitNamingTheFile) {

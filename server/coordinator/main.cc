@@ -1,15 +1,21 @@
 // cairnd: the Cairn coordinator daemon. Parses flags, starts the server,
 // waits for SIGTERM/SIGINT, drains and exits 0; SIGHUP reloads the TLS
 // files (--tls-cert, --tls-key, --tls-client-ca) and the token file
-// (--auth-tokens).
+// (--auth-tokens), and so does a change of any of them seen by
+// --reload-every (for Kubernetes Secrets and cert-manager renewals, which
+// replace the files but send no signal).
 #include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -38,6 +44,7 @@ int main(int argc, char** argv) {
   double load_verify_deadline_s =
       absl::ToDoubleSeconds(defaults.load_verify_deadline);
   double grace_s = 10;
+  double reload_every_s = 0;
   int plan_cache_mib = 512;
   app.add_option("--listen", spec.listen_address,
                  "host:port to serve on (port 0 picks a free port; default: "
@@ -97,6 +104,11 @@ int main(int argc, char** argv) {
                  "Byte bound of the save plan cache, in MiB")
       ->capture_default_str()
       ->check(cairn::flags::InRange(0, 1 << 20));
+  app.add_option("--reload-every", reload_every_s,
+                 "Seconds between checks of the TLS and token files; a "
+                 "changed file is reloaded as on SIGHUP (0: only on SIGHUP)")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(0, 86400));
   app.add_option("--shutdown-grace", grace_s,
                  "Seconds to let running calls finish on SIGTERM")
       ->capture_default_str()
@@ -217,25 +229,69 @@ int main(int argc, char** argv) {
     std::ofstream(tmp) << (*server)->port() << "\n";
     std::filesystem::rename(tmp, port_file);
   }
-  int sig = 0;
-  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
-    // A bad file keeps the one in use: a typo must not lock everyone out.
+  // A bad file keeps the one in use: a typo must not lock everyone out.
+  auto reload = [&server](const char* why) {
     if ((*server)->tls_enabled()) {
       if (absl::Status s = (*server)->ReloadTls(); s.ok()) {
-        CAIRN_LOG(info, "cairnd: SIGHUP: TLS certificate, key and CA reloaded");
+        CAIRN_LOG(info, "cairnd: {}: TLS certificate, key and CA reloaded",
+                  why);
       } else {
         CAIRN_LOG(error,
-                  "cairnd: SIGHUP: {} (still serving with the previous "
+                  "cairnd: {}: {} (still serving with the previous "
                   "TLS files)",
-                  std::string(s.message()));
+                  why, std::string(s.message()));
       }
     }
     if ((*server)->authorizer() == nullptr) {
-      CAIRN_LOG(info, "cairnd: SIGHUP: no --auth-tokens, nothing to reload");
+      CAIRN_LOG(info, "cairnd: {}: no --auth-tokens, nothing to reload", why);
     } else if (absl::Status s = (*server)->ReloadAuthTokens(); !s.ok()) {
-      CAIRN_LOG(error, "cairnd: SIGHUP: keeping the tokens in use: {}",
+      CAIRN_LOG(error, "cairnd: {}: keeping the tokens in use: {}", why,
                 std::string(s.message()));
     }
+  };
+  // What --reload-every compares: each file's inode, size and mtime, after
+  // symlinks (a Kubernetes Secret volume swaps a symlink to a new directory).
+  const std::vector<std::string> watched = {
+      spec.tls.cert_file, spec.tls.key_file, spec.tls.client_ca_file,
+      spec.auth_tokens_path};
+  auto fingerprint = [&watched] {
+    std::string out;
+    for (const std::string& path : watched) {
+      struct stat st;
+      if (path.empty()) continue;
+      if (stat(path.c_str(), &st) != 0) {
+        absl::StrAppend(&out, path, ":missing;");
+        continue;
+      }
+      absl::StrAppend(&out, path, ":", st.st_dev, ":", st.st_ino, ":",
+                      st.st_size, ":", st.st_mtim.tv_sec, ".",
+                      st.st_mtim.tv_nsec, ";");
+    }
+    return out;
+  };
+  std::string seen = fingerprint();
+  const timespec every = {
+      static_cast<time_t>(reload_every_s),
+      static_cast<long>((reload_every_s - static_cast<time_t>(reload_every_s)) *
+                        1e9)};
+  int sig = 0;
+  while (true) {
+    if (reload_every_s > 0) {
+      sig = sigtimedwait(&signals, nullptr, &every);
+      if (sig < 0) {
+        if (errno != EAGAIN && errno != EINTR) break;
+        if (std::string now = fingerprint(); now != seen) {
+          seen = std::move(now);
+          reload("changed files");
+        }
+        continue;
+      }
+    } else if (sigwait(&signals, &sig) != 0) {
+      break;
+    }
+    if (sig != SIGHUP) break;
+    seen = fingerprint();
+    reload("SIGHUP");
   }
   CAIRN_LOG(info, "cairnd: signal {} received, draining", sig);
   (*server)->Shutdown(absl::Seconds(grace_s));

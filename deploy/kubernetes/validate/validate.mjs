@@ -18,11 +18,14 @@ for (const file of process.argv.slice(2)) {
     const obj = doc.toJS();
     if (obj === null) continue;
     const what = `${file}: ${obj.kind}/${obj.metadata?.name}`;
-    // Core and built-in API groups from kubernetes-models; the
-    // prometheus-operator CRDs (PodMonitor, PrometheusRule) from its package.
-    const pkg = String(obj.apiVersion).startsWith("monitoring.coreos.com/")
-      ? "@kubernetes-models/prometheus-operator"
-      : "kubernetes-models";
+    // Core and built-in API groups from kubernetes-models; the CRDs of the
+    // prometheus-operator (PodMonitor, PrometheusRule) and of cert-manager
+    // (Certificate, Issuer) from their packages.
+    const group = String(obj.apiVersion).split("/")[0];
+    const pkg = {
+      "monitoring.coreos.com": "@kubernetes-models/prometheus-operator",
+      "cert-manager.io": "@kubernetes-models/cert-manager",
+    }[group] ?? "kubernetes-models";
     let Model;
     try {
       const mod = await import(`${pkg}/${obj.apiVersion}`);
