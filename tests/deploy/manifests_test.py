@@ -42,6 +42,15 @@ KUSTOMIZATIONS = [
     "deploy/kubernetes/overlays/s3",
     "deploy/kubernetes/examples/train-job",
 ]
+# Overlays that must serve TLS with tokens (components/security).
+SECURED = ["deploy/kubernetes/overlays/local", "deploy/kubernetes/overlays/s3"]
+# Settings naming a file the daemon reads (from a mounted Secret).
+FILE_SETTINGS = ["CAIRN_TLS_CERT", "CAIRN_TLS_KEY", "CAIRN_TLS_CLIENT_CA", "CAIRN_TLS_CA", "CAIRN_AUTH_TOKENS",
+                 "CAIRN_TOKEN_FILE", "CAIRN_PEER_TOKEN_FILE", "CAIRN_PEER_TLS_CA", "CAIRN_PEER_TLS_CERT",
+                 "CAIRN_PEER_TLS_KEY"]
+# Settings whose file holds a secret: never readable by others.
+SECRET_SETTINGS = {"CAIRN_TLS_KEY", "CAIRN_AUTH_TOKENS", "CAIRN_TOKEN_FILE", "CAIRN_PEER_TOKEN_FILE",
+                   "CAIRN_PEER_TLS_KEY"}
 BINARIES = {"cairnd": "server/coordinator/cairnd", "cairn-agent": "server/agent/cairn-agent"}
 errors = []
 
@@ -95,6 +104,9 @@ def check_kustomization(path, build_dir, version, flags):
         error(f"{path}: no workloads rendered")
     for w in workloads:
         check_workload(path, w, config_maps, version, flags)
+        check_files(path, w, config_maps, docs)
+    if path in SECURED:
+        check_secured(path, workloads, config_maps, docs)
     for svc in (d for d in docs if d["kind"] == "Service"):
         targets = [w for w in workloads
                    if all(w["spec"]["template"]["metadata"].get("labels", {}).get(k) == val
@@ -115,6 +127,77 @@ def check_kustomization(path, build_dir, version, flags):
                    for w in workloads):
             error(f"{path}: PodDisruptionBudget {pdb['metadata']['name']} selects no workload")
     return workloads
+
+
+def container_env(c, config_maps):
+    env = {}
+    for src in c.get("envFrom", []):
+        if "configMapRef" in src:
+            env.update(config_maps.get(src["configMapRef"]["name"], {}))
+    for e in c.get("env", []):
+        env[e["name"]] = e.get("value", "<from " + ",".join(e.get("valueFrom", {})) + ">")
+    return env
+
+
+def check_files(path, w, config_maps, docs):
+    """Every file a daemon is told to read is in a volume it mounts, with a mode it can read and others cannot."""
+    spec = w["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    cert_secrets = {d["spec"]["secretName"] for d in docs if d["kind"] == "Certificate"}
+    fs_group = spec.get("securityContext", {}).get("fsGroup")
+    for c in spec["containers"]:
+        env = container_env(c, config_maps)
+        cname = f"{path}: {w['kind']}/{w['metadata']['name']}/{c['name']}"
+        for key in FILE_SETTINGS:
+            file = env.get(key)
+            if file is None:
+                continue
+            mounts = [m for m in c.get("volumeMounts", []) if file.startswith(m["mountPath"].rstrip("/") + "/")]
+            if not mounts:
+                error(f"{cname}: {key}={file} is in no volume the container mounts")
+                continue
+            m = mounts[0]
+            name = os.path.relpath(file, m["mountPath"])
+            secret = volumes.get(m["name"], {}).get("secret")
+            if secret is None:
+                error(f"{cname}: {key}={file} is not from a Secret volume")
+                continue
+            items = secret.get("items")
+            if items is not None:
+                if name not in [i["path"] for i in items]:
+                    error(f"{cname}: {key}={file}: Secret {secret['secretName']} volume has no item {name}")
+            elif secret["secretName"] in cert_secrets and name not in ("tls.crt", "tls.key", "ca.crt"):
+                error(f"{cname}: {key}={file}: a cert-manager Secret holds tls.crt, tls.key and ca.crt, not {name}")
+            mode = secret.get("defaultMode", 0o644)
+            if key in SECRET_SETTINGS and mode & 0o007:
+                error(f"{cname}: {key}={file} is readable by others (defaultMode {oct(mode)})")
+            if not mode & 0o004 and not (fs_group is not None and mode & 0o040):
+                error(f"{cname}: {key}={file}: mode {oct(mode)} without fsGroup: the daemon cannot read it")
+
+
+def check_secured(path, workloads, config_maps, docs):
+    """A secured overlay: cairnd serves TLS with tokens, probes a plaintext health port, and agents trust it."""
+    cairnd = [w for w in workloads if w["metadata"]["name"] == "cairnd"]
+    agents = [w for w in workloads if w["metadata"]["name"] == "cairn-agent"]
+    if len(cairnd) != 1 or len(agents) != 1:
+        error(f"{path}: expected one cairnd and one cairn-agent")
+        return
+    env = container_env(cairnd[0]["spec"]["template"]["spec"]["containers"][0], config_maps)
+    for key in ("CAIRN_TLS_CERT", "CAIRN_TLS_KEY", "CAIRN_AUTH_TOKENS", "CAIRN_HEALTH_LISTEN"):
+        if key not in env:
+            error(f"{path}: cairnd has no {key}")
+    if env.get("CAIRN_ALLOW_INSECURE", "false") != "false":
+        error(f"{path}: cairnd allows plaintext (CAIRN_ALLOW_INSECURE={env.get('CAIRN_ALLOW_INSECURE')})")
+    certs = [d for d in docs if d["kind"] == "Certificate"
+             and os.path.dirname(env.get("CAIRN_TLS_CERT", "")) and d["spec"]["secretName"] == "cairnd-tls"]
+    names = set(certs[0]["spec"].get("dnsNames", [])) if certs else set()
+    agent_env = container_env(agents[0]["spec"]["template"]["spec"]["containers"][0], config_maps)
+    for key in ("CAIRN_TLS_CA", "CAIRN_TOKEN_FILE"):
+        if key not in agent_env:
+            error(f"{path}: cairn-agent has no {key}")
+    host = agent_env.get("CAIRN_COORDINATOR", "").rpartition(":")[0]
+    if host not in names:
+        error(f"{path}: the agents call cairnd as {host!r}, which cairnd's certificate does not name ({sorted(names)})")
 
 
 def pod_labels(w):
@@ -243,9 +326,13 @@ def check_workload(path, w, config_maps, version, flags):
             if port not in ports.values() and port not in ports:
                 error(f"{cname}: {kind} port {port} is not a container port")
             if "grpc" in probe:
-                listen = env.get("CAIRN_LISTEN") if binary == "cairnd" else env.get("CAIRN_HEALTH_LISTEN")
-                if listen is None or listen_port(listen) != port:
-                    error(f"{cname}: {kind} probes port {port}, but the daemon serves health on {listen}")
+                # cairnd serves health on its main port and on CAIRN_HEALTH_LISTEN; the agent only there.
+                listens = [env.get("CAIRN_HEALTH_LISTEN")]
+                if binary == "cairnd" and "CAIRN_TLS_CERT" not in env:
+                    listens.append(env.get("CAIRN_LISTEN"))
+                if port not in [listen_port(v) for v in listens if v]:
+                    error(f"{cname}: {kind} probes port {port}, but the daemon serves plaintext health on "
+                          f"{[v for v in listens if v]} (the kubelet's gRPC probe speaks no TLS)")
         if binary == "cairnd":
             grace = spec.get("terminationGracePeriodSeconds", 30)
             drain = float(env.get("CAIRN_SHUTDOWN_GRACE", 10))
