@@ -79,6 +79,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   t.connect_timeout = a->options_.peer_connect_timeout;
   t.num_nodes = a->options_.num_nodes;
   t.peer_token = a->options_.peer_token;
+  t.tls_ca_file = a->options_.peer_tls_ca_file;
+  t.tls_cert_file = a->options_.peer_tls_cert_file;
+  t.tls_key_file = a->options_.peer_tls_key_file;
   // Frames carry at most one transfer bucket (larger messages are split).
   t.max_frame_bytes = std::clamp<uint64_t>(a->options_.bucket_cap_bytes,
                                            kMinFrameBytes, uint64_t{1} << 30);

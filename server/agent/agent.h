@@ -108,6 +108,12 @@ struct AgentOptions {
   // TcpTransportOptions::peer_token; also nccl's control). Default: empty (none
   // required).
   std::string peer_token;
+  // Mutual TLS of the peer transport (TcpTransportOptions::tls_*; also
+  // nccl's control): PEM CA bundle, this node's certificate and key. All
+  // three or none. Default: none.
+  std::string peer_tls_ca_file;
+  std::string peer_tls_cert_file;
+  std::string peer_tls_key_file;
   // Returns node n's peer address. Required when num_nodes > 1.
   std::function<absl::StatusOr<std::string>(int node)> resolve_peer;
   // How long BeginStage waits for staging space by default. Default: 10 min.
@@ -160,6 +166,8 @@ class Agent {
   v1::AgentStatusResponse Status();
 
   int peer_port() const { return transport_->port(); }
+  // Re-reads the peer TLS files for new peer connections (SIGHUP).
+  absl::Status ReloadPeerTls() { return transport_->ReloadTls(); }
   size_t peer_mailbox_size_for_test() { return transport_->mailbox_size(); }
   Transport& peer_transport_for_test() { return *transport_; }
   const AgentOptions& options() const { return options_; }

@@ -1,5 +1,6 @@
 // cairn-agent: one per node. Parses flags, starts the agent (UDS control
-// service for the node's ranks + peer transport), waits for SIGTERM/SIGINT.
+// service for the node's ranks + peer transport), waits for SIGTERM/SIGINT;
+// SIGHUP reloads the peer TLS certificates (--peer-tls-*).
 //
 //   cairn-agent --node-id 0 --listen-unix /run/cairn/agent.sock
 //       --peer-listen 0.0.0.0:7071 --peers n0:7071,n1:7071,n2:7071
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -162,6 +164,19 @@ int main(int argc, char** argv) {
                  "File holding the cluster token every peer agent must "
                  "present (same on every agent; default: $CAIRN_PEER_TOKEN, "
                  "else none)");
+  app.add_option("--peer-tls-ca", spec.agent.peer_tls_ca_file,
+                 "PEM CA bundle for mutual TLS between agents: every peer "
+                 "connection is TLS and a peer's certificate must chain to "
+                 "it (host names are not checked, so use a CA dedicated to "
+                 "this cluster: whatever it signs is a peer). With "
+                 "--peer-tls-cert and --peer-tls-key; SIGHUP re-reads all "
+                 "three (default: none, plain TCP)");
+  app.add_option("--peer-tls-cert", spec.agent.peer_tls_cert_file,
+                 "PEM certificate (chain) this agent presents to peers, "
+                 "signed by --peer-tls-ca, usable as TLS server and client "
+                 "(extended key usage serverAuth and clientAuth, or none)");
+  app.add_option("--peer-tls-key", spec.agent.peer_tls_key_file,
+                 "PEM private key of --peer-tls-cert");
   app.add_option("--socket-mode", socket_mode,
                  "Permission bits (octal) of the --listen-unix socket")
       ->capture_default_str();
@@ -257,6 +272,21 @@ int main(int argc, char** argv) {
                  std::string(creds.status().message()).c_str());
     return 2;
   }
+  {
+    // Before registering with cairnd: a TLS file problem fails the start.
+    cairn::agent::TcpTransportOptions tls;
+    tls.tls_ca_file = spec.agent.peer_tls_ca_file;
+    tls.tls_cert_file = spec.agent.peer_tls_cert_file;
+    tls.tls_key_file = spec.agent.peer_tls_key_file;
+    if (absl::Status s = cairn::agent::TcpTransport::CheckTlsOptions(tls);
+        !s.ok()) {
+      std::fprintf(
+          stderr, "cairn-agent: %s\n%s", std::string(s.message()).c_str(),
+          absl::StrContains(s.message(), "is missing") ? kSeeHelp : "");
+      return 2;
+    }
+  }
+  const bool peer_tls = !spec.agent.peer_tls_ca_file.empty();
   const bool auto_id = node_id_flag == "auto";
   if (auto_id) {
     if (!peers.empty() || !peer_dir.empty()) {
@@ -297,7 +327,7 @@ int main(int argc, char** argv) {
   if (!peer_list.empty() && !app.count("--num-nodes")) {
     spec.agent.num_nodes = static_cast<int>(peer_list.size());
   }
-  if (spec.agent.num_nodes > 1 && spec.agent.peer_token.empty()) {
+  if (spec.agent.num_nodes > 1 && spec.agent.peer_token.empty() && !peer_tls) {
     CAIRN_LOG(warn,
               "cairn-agent: no peer token (--peer-token-file or "
               "CAIRN_PEER_TOKEN): any host that reaches the peer port may act "
@@ -422,6 +452,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   const int node_id = spec.agent.node_id;
@@ -475,7 +506,24 @@ int main(int argc, char** argv) {
   CAIRN_LOG(info, "cairn-agent: node {} serving on {} (peer port {})", node_id,
             (*server)->target(), port);
   int sig = 0;
-  sigwait(&stop_signals, &sig);
+  while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP) {
+    if (!peer_tls) {
+      CAIRN_LOG(info, "cairn-agent: SIGHUP: no peer TLS to reload");
+      continue;
+    }
+    // New peer connections use the new files; open ones keep theirs. A bad
+    // file keeps the loaded certificates.
+    if (absl::Status s = (*server)->agent().ReloadPeerTls(); s.ok()) {
+      CAIRN_LOG(info,
+                "cairn-agent: SIGHUP: peer TLS certificate, key and CA "
+                "reloaded");
+    } else {
+      CAIRN_LOG(error,
+                "cairn-agent: SIGHUP: peer TLS reload failed, keeping the "
+                "loaded certificates: {}",
+                std::string(s.message()));
+    }
+  }
   CAIRN_LOG(info, "cairn-agent: signal {} received, stopping", sig);
   (*server)->Shutdown();
   return 0;

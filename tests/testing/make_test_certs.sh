@@ -5,8 +5,11 @@
 #   server, client            signed by ca (server: SAN IP:127.0.0.1 and
 #                             DNS:localhost, serverAuth; client: clientAuth)
 #   other-server, other-client  the same, signed by other-ca
-#   expired                   a server certificate signed by ca, valid only in
-#                             January 2020
+#   peer, other-peer          cairn-agent peer transport certificates (both
+#                             serverAuth and clientAuth), signed by ca and
+#                             other-ca
+#   expired                   a certificate signed by ca (serverAuth and
+#                             clientAuth), valid only in January 2020
 # Each NAME as NAME.crt and NAME.key (PEM, EC P-256, unencrypted).
 set -eu
 out=$1
@@ -38,6 +41,8 @@ leaf server ca serverAuth
 leaf client ca clientAuth
 leaf other-server other-ca serverAuth
 leaf other-client other-ca clientAuth
+leaf peer ca serverAuth,clientAuth
+leaf other-peer other-ca serverAuth,clientAuth
 # openssl 3.0's x509 cannot backdate; `openssl ca` takes explicit dates.
 mkdir -p expired-db
 : >expired-db/index.txt
@@ -57,6 +62,6 @@ CNF
 key_and_csr expired
 run openssl ca -batch -config expired-db/ca.cnf -cert ca.crt -keyfile ca.key \
   -in expired.csr -out expired.crt -startdate 20200101000000Z \
-  -enddate 20200201000000Z -extfile server.ext
+  -enddate 20200201000000Z -extfile peer.ext
 rm -f ./*.csr ./*.ext ./*.srl openssl.log
 rm -rf expired-db

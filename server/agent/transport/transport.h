@@ -84,6 +84,12 @@ class Transport {
 
   // Messages received and waiting for a Recv.
   virtual size_t mailbox_size() = 0;
+
+  // Re-reads the peer TLS certificates for connections opened from now on
+  // (TcpTransportOptions::tls_*). FAILED_PRECONDITION without TLS.
+  virtual absl::Status ReloadTls() {
+    return absl::FailedPreconditionError("the peer transport has no TLS");
+  }
 };
 
 // Tags with this bit set are control messages: they are handed to the

@@ -1,8 +1,9 @@
 // The Transport conformance suite: every implementation behind
-// transport.h — tcp, nccl over the loopback device link (the NCCL
-// transport's host-side logic: announces, ordering, per-direction locking,
-// lazy collective bootstrap, mailbox) and nccl over real GPUs (CUDA builds;
-// skipped without enough devices) — must pass the same tests.
+// transport.h — tcp (plain and over mutual TLS), nccl over the loopback device
+// link (the NCCL transport's host-side logic: announces, ordering,
+// per-direction locking, lazy collective bootstrap, mailbox) and nccl over real
+// GPUs (CUDA builds; skipped without enough devices) — must pass the same
+// tests.
 #include <algorithm>
 #include <atomic>
 #include <functional>
@@ -19,6 +20,7 @@
 #include "server/agent/transport/nccl/loopback_device_link.h"
 #include "server/agent/transport/nccl/nccl_transport.h"
 #include "server/agent/transport/tcp/tcp_transport.h"
+#include "server/agent/transport/tcp/test_certs.h"
 #include "server/agent/transport/transport.h"
 #ifdef CAIRN_HAVE_CUDA
 #include "common/gpu/gpu_info.h"
@@ -30,12 +32,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
-enum class Kind { kTcp, kNcclLoopback, kNcclDevice };
+enum class Kind { kTcp, kTcpTls, kNcclLoopback, kNcclDevice };
 
 std::string KindName(Kind k) {
   switch (k) {
     case Kind::kTcp:
       return "tcp";
+    case Kind::kTcpTls:
+      return "tcp_tls";
     case Kind::kNcclLoopback:
       return "nccl_loopback";
     case Kind::kNcclDevice:
@@ -76,6 +80,14 @@ class TransportConformanceTest : public ::testing::TestWithParam<Kind> {
       o.control_handler = handler;
       absl::StatusOr<std::unique_ptr<Transport>> t;
       switch (GetParam()) {
+        case Kind::kTcpTls:
+          if (testing::TestCerts::Dir().empty()) {
+            skip_ = "make_test_certs.sh failed";  // it printed why
+            ADD_FAILURE() << skip_;
+            return;
+          }
+          testing::TestCerts::Use(o);
+          [[fallthrough]];
         case Kind::kTcp: {
           auto tcp = TcpTransport::Start(o);
           if (tcp.ok())
@@ -146,7 +158,7 @@ TEST_P(TransportConformanceTest, NamesItsKindAndNode) {
   EXPECT_EQ(nodes_[1]->node_id(), 1);
   EXPECT_GT(nodes_[0]->port(), 0);
   EXPECT_NE(nodes_[0]->port(), nodes_[1]->port());
-  const bool nccl = GetParam() != Kind::kTcp;
+  const bool nccl = GetParam() != Kind::kTcp && GetParam() != Kind::kTcpTls;
   EXPECT_EQ(nodes_[0]->name(), nccl ? "nccl" : "tcp");
   EXPECT_EQ(nodes_[0]->memory_kind(),
             nccl ? MemoryKind::kDevice : MemoryKind::kHost);
@@ -286,7 +298,8 @@ TEST_P(TransportConformanceTest, ControlMessagesGoToTheHandler) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, TransportConformanceTest,
-                         ::testing::Values(Kind::kTcp, Kind::kNcclLoopback,
+                         ::testing::Values(Kind::kTcp, Kind::kTcpTls,
+                                           Kind::kNcclLoopback,
                                            Kind::kNcclDevice),
                          [](const ::testing::TestParamInfo<Kind>& info) {
                            return KindName(info.param);

@@ -99,6 +99,7 @@ class NcclTransport : public Transport {
   MemoryKind memory_kind() const override { return MemoryKind::kDevice; }
   int node_id() const override { return node_; }
   int port() const override { return control_->port(); }
+  absl::Status ReloadTls() override { return control_->ReloadTls(); }
 
   absl::Status Send(int peer, uint64_t tag,
                     absl::Span<const char> data) override;

@@ -6,10 +6,12 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -30,6 +32,7 @@ using internal::kAckBytes;
 using internal::kFrameHeaderBytes;
 using internal::kHelloTag;
 using internal::kMoreFrames;
+using internal::PeerConn;
 
 constexpr uint32_t kMagic = 0x324e5243;     // "CRN2"
 constexpr uint32_t kAckMagic = 0x414e5243;  // "CRNA"
@@ -72,59 +75,6 @@ int PollMillis(absl::Duration d) {
       std::min<int64_t>(absl::ToInt64Milliseconds(d + absl::Milliseconds(1) -
                                                   absl::Nanoseconds(1)),
                         1 << 30));
-}
-
-// Waits until `fd` is readable (or hung up). false after `timeout`.
-bool WaitReadable(int fd, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    pollfd p{fd, POLLIN | POLLRDHUP, 0};
-    const int n = poll(&p, 1, PollMillis(deadline - absl::Now()));
-    if (n > 0) return true;
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return true;  // let the read report the error
-    if (absl::Now() >= deadline) return false;
-  }
-}
-
-// Reads exactly n bytes; false on EOF, error, or no progress for `stall`.
-bool ReadFull(int fd, char* p, size_t n,
-              absl::Duration stall = absl::InfiniteDuration()) {
-  while (n > 0) {
-    if (!WaitReadable(fd, stall)) return false;
-    ssize_t r = read(fd, p, n);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-bool WriteFull(int fd, const char* a, size_t an, const char* b, size_t bn) {
-  iovec iov[2] = {{const_cast<char*>(a), an}, {const_cast<char*>(b), bn}};
-  int iovcnt = bn > 0 ? 2 : 1;
-  iovec* v = iov;
-  while (iovcnt > 0) {
-    msghdr msg{};
-    msg.msg_iov = v;
-    msg.msg_iovlen = static_cast<size_t>(iovcnt);
-    // MSG_NOSIGNAL: a peer that went away is an error, not a SIGPIPE.
-    ssize_t w = sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    size_t left = static_cast<size_t>(w);
-    while (iovcnt > 0 && left >= v->iov_len) {
-      left -= v->iov_len;
-      ++v;
-      --iovcnt;
-    }
-    if (iovcnt > 0) {
-      v->iov_base = static_cast<char*>(v->iov_base) + left;
-      v->iov_len -= left;
-    }
-  }
-  return true;
 }
 
 // Equal length and bytes, in time independent of where they differ.
@@ -231,12 +181,42 @@ std::string EncodeHello(int node_id, absl::string_view token) {
 
 // A connection in its handshake (owned by the acceptor thread).
 struct TcpTransport::Pending {
-  int fd = -1;
-  std::string from;  // remote address, for logs
+  std::unique_ptr<PeerConn> conn;  // null once finished
+  bool tls_done = false;           // TLS handshake done (or no TLS)
+  std::string from;                // remote address, for logs
   absl::Time deadline;
   std::string buf;         // bytes of the hello read so far
   uint64_t hello_len = 0;  // payload length, once the header is in
 };
+
+namespace {
+
+// The TLS context of `options`, or null when it has no TLS files.
+absl::StatusOr<std::shared_ptr<SSL_CTX>> LoadTlsContext(
+    const TcpTransportOptions& options) {
+  const internal::PeerTlsFiles files{options.tls_ca_file, options.tls_cert_file,
+                                     options.tls_key_file};
+  if (!files.any()) return nullptr;
+  // All three or none: half a TLS setup is a mistake, not plain TCP.
+  for (const auto& [file, flag] :
+       {std::pair(&files.ca_file, "--peer-tls-ca"),
+        std::pair(&files.cert_file, "--peer-tls-cert"),
+        std::pair(&files.key_file, "--peer-tls-key")}) {
+    if (file->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peer TLS needs --peer-tls-ca, --peer-tls-cert and "
+                       "--peer-tls-key together; ",
+                       flag, " is missing"));
+    }
+  }
+  return internal::LoadPeerTlsContext(files);
+}
+
+}  // namespace
+
+absl::Status TcpTransport::CheckTlsOptions(const TcpTransportOptions& options) {
+  return LoadTlsContext(options).status();
+}
 
 TcpTransport::TcpTransport(TcpTransportOptions options)
     : options_(std::move(options)) {}
@@ -262,8 +242,15 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Start(
         options.max_frame_bytes, ") and max_pending_connections >= 1 (got ",
         options.max_pending_connections, ")"));
   }
+  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<SSL_CTX> tls_ctx,
+                         LoadTlsContext(options));
   CAIRN_ASSIGN_OR_RETURN(sockaddr_in sa, ParseAddress(options.listen_address));
   std::unique_ptr<TcpTransport> t(new TcpTransport(std::move(options)));
+  t->tls_enabled_ = tls_ctx != nullptr;
+  {
+    absl::MutexLock l(&t->tls_mu_);
+    t->tls_ctx_ = std::move(tls_ctx);
+  }
   t->listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   setsockopt(t->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -304,7 +291,7 @@ TcpTransport::~TcpTransport() {
   {
     absl::MutexLock l(&mu_);
     for (auto& r : readers_) {
-      if (r->fd >= 0) shutdown(r->fd, SHUT_RDWR);
+      if (r->conn != nullptr) r->conn->Shutdown();
     }
     readers.swap(readers_);
   }
@@ -313,11 +300,34 @@ TcpTransport::~TcpTransport() {
     absl::MutexLock l(&out_mu_);
     for (auto& [peer, out] : outgoing_) {
       absl::MutexLock ol(&out->mu);
-      if (out->fd >= 0) close(out->fd);
-      out->fd = -1;
+      out->conn.reset();
     }
   }
   control_pool_.reset();  // drains pending control handlers
+}
+
+std::string TcpTransport::last_refusal() {
+  absl::MutexLock l(&log_mu_);
+  return last_refusal_;
+}
+
+std::shared_ptr<SSL_CTX> TcpTransport::TlsContext() {
+  absl::MutexLock l(&tls_mu_);
+  return tls_ctx_;
+}
+
+absl::Status TcpTransport::ReloadTls() {
+  if (!tls_enabled_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", options_.node_id, ": the peer transport runs without TLS"));
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<SSL_CTX> ctx,
+                         internal::LoadPeerTlsContext({options_.tls_ca_file,
+                                                       options_.tls_cert_file,
+                                                       options_.tls_key_file}));
+  absl::MutexLock l(&tls_mu_);
+  tls_ctx_ = std::move(ctx);
+  return absl::OkStatus();
 }
 
 int TcpTransport::reader_threads() {
@@ -330,6 +340,7 @@ int TcpTransport::reader_threads() {
 void TcpTransport::LogRefusal(const std::string& from, absl::string_view why) {
   // At most one line a second, so a flood cannot flood the log.
   absl::MutexLock l(&log_mu_);
+  last_refusal_ = absl::StrCat(from, ": ", why);
   const absl::Time now = absl::Now();
   if (now - last_refusal_log_ < absl::Seconds(1)) {
     ++refusals_unlogged_;
@@ -352,7 +363,13 @@ void TcpTransport::AcceptLoop() {
     fds.push_back({wake_fd_, POLLIN, 0});
     absl::Time first_deadline = absl::InfiniteFuture();
     for (const auto& p : pending) {
-      fds.push_back({p->fd, POLLIN | POLLRDHUP, 0});
+      // A TLS handshake may need to write (its ServerHello and certificate
+      // when the socket buffer is full).
+      const bool out = !p->tls_done && p->conn->want_write();
+      fds.push_back({p->conn->fd(),
+                     static_cast<short>(POLLIN | POLLRDHUP |  // NOLINT
+                                        (out ? POLLOUT : 0)),
+                     0});
       first_deadline = std::min(first_deadline, p->deadline);
     }
     const int n =
@@ -371,18 +388,18 @@ void TcpTransport::AcceptLoop() {
       bool finished = false;
       if (n > 0 && fds[2 + i].revents != 0) finished = AdvanceHandshake(p);
       if (!finished && now >= p.deadline) {
-        LogRefusal(
-            p.from,
-            absl::StrCat("no hello within ",
-                         absl::FormatDuration(options_.handshake_timeout)));
-        close(p.fd);
+        LogRefusal(p.from,
+                   absl::StrCat(
+                       p.tls_done ? "no hello" : "no TLS handshake", " within ",
+                       absl::FormatDuration(options_.handshake_timeout)));
         finished = true;
       }
-      if (finished) p.fd = -1;
+      if (finished) p.conn.reset();
     }
-    pending.erase(std::remove_if(pending.begin(), pending.end(),
-                                 [](const auto& p) { return p->fd < 0; }),
-                  pending.end());
+    pending.erase(
+        std::remove_if(pending.begin(), pending.end(),
+                       [](const auto& p) { return p->conn == nullptr; }),
+        pending.end());
     if (n <= 0 || (fds[0].revents & POLLIN) == 0) continue;
     while (true) {
       sockaddr_in from{};
@@ -404,75 +421,98 @@ void TcpTransport::AcceptLoop() {
         LogRefusal(pending.front()->from,
                    absl::StrCat("no hello yet while ", pending.size(),
                                 " connections are in their handshake"));
-        close(pending.front()->fd);
         pending.erase(pending.begin());
       }
       auto p = std::make_unique<Pending>();
-      p->fd = fd;
+      SSL* ssl = nullptr;
+      if (tls_enabled_) {
+        ssl = SSL_new(TlsContext().get());
+        if (ssl == nullptr || SSL_set_fd(ssl, fd) != 1) {
+          LogRefusal(AddressString(from),
+                     absl::StrCat("SSL_new: ", internal::TlsErrorText(ssl)));
+          if (ssl != nullptr) SSL_free(ssl);
+          close(fd);
+          continue;
+        }
+        SSL_set_accept_state(ssl);
+      }
+      p->conn = std::make_unique<PeerConn>(fd, ssl);
+      p->tls_done = ssl == nullptr;
       p->from = AddressString(from);
       p->deadline = now + options_.handshake_timeout;
       pending.push_back(std::move(p));
     }
   }
-  for (auto& p : pending) close(p->fd);
+  pending.clear();  // closes them
 }
 
 bool TcpTransport::AdvanceHandshake(Pending& p) {
-  const size_t want = p.buf.size() < kFrameHeaderBytes
-                          ? kFrameHeaderBytes
-                          : kFrameHeaderBytes + p.hello_len;
-  char tmp[kFrameHeaderBytes + kMaxHelloBytes];
-  const ssize_t r = read(p.fd, tmp, want - p.buf.size());
-  if (r < 0 && (errno == EINTR || errno == EAGAIN)) return false;
+  PeerConn& conn = *p.conn;
+  if (!p.tls_done) {
+    const int r = conn.AdvanceAccept();
+    if (r == 0) return false;  // more round trips to come
+    if (r < 0) {
+      LogRefusal(p.from, absl::StrCat("TLS handshake failed: ", conn.error()));
+      return true;
+    }
+    p.tls_done = true;
+  }
   HelloRefusal refusal = HelloRefusal::kMalformed;
   std::string why;
   int peer = -1;
-  if (r <= 0) {
-    LogRefusal(p.from, "closed before its hello was complete");
-    close(p.fd);
-    return true;
-  }
-  p.buf.append(tmp, static_cast<size_t>(r));
-  if (p.buf.size() == kFrameHeaderBytes && p.hello_len == 0) {
-    Header h;
-    if (!Decode(p.buf.data(), &h) || h.tag != kHelloTag || h.flags != 0 ||
-        h.length < 8 || h.length > kMaxHelloBytes) {
-      why = "not a hello frame";
-    } else {
-      p.hello_len = h.length;
-      return false;
+  // Read until the socket has nothing more: with TLS, bytes of the hello
+  // may already be decrypted and buffered, where poll would not see them.
+  while (why.empty()) {
+    const size_t want = p.buf.size() < kFrameHeaderBytes
+                            ? kFrameHeaderBytes
+                            : kFrameHeaderBytes + p.hello_len;
+    char tmp[kFrameHeaderBytes + kMaxHelloBytes];
+    const long r = conn.ReadSome(tmp, want - p.buf.size());  // NOLINT
+    if (r == 0) return false;
+    if (r < 0) {
+      LogRefusal(p.from, absl::StrCat("closed before its hello was complete (",
+                                      conn.error(), ")"));
+      return true;
     }
-  } else if (p.buf.size() == kFrameHeaderBytes + p.hello_len) {
-    Header h;
-    Decode(p.buf.data(), &h);
-    const absl::string_view payload =
-        absl::string_view(p.buf).substr(kFrameHeaderBytes);
-    if (storage::Crc32c(payload.data(), payload.size()) != h.payload_crc) {
-      why = "hello checksum mismatch";
-    } else {
-      refusal = CheckHello(payload, &peer);
-      why = RefusalText(refusal);
+    p.buf.append(tmp, static_cast<size_t>(r));
+    if (p.buf.size() == kFrameHeaderBytes && p.hello_len == 0) {
+      Header h;
+      if (!Decode(p.buf.data(), &h) || h.tag != kHelloTag || h.flags != 0 ||
+          h.length < 8 || h.length > kMaxHelloBytes) {
+        why = "not a hello frame";
+      } else {
+        p.hello_len = h.length;
+      }
+    } else if (p.buf.size() == kFrameHeaderBytes + p.hello_len) {
+      Header h;
+      Decode(p.buf.data(), &h);
+      const absl::string_view payload =
+          absl::string_view(p.buf).substr(kFrameHeaderBytes);
+      if (storage::Crc32c(payload.data(), payload.size()) != h.payload_crc) {
+        why = "hello checksum mismatch";
+      } else {
+        refusal = CheckHello(payload, &peer);
+        why = RefusalText(refusal);
+      }
     }
-  } else {
-    return false;  // more to come
   }
   char ack[kAckBytes];
   const uint32_t code = static_cast<uint32_t>(refusal);
   std::memcpy(ack, &kAckMagic, 4);
   std::memcpy(ack + 4, &code, 4);
   std::memcpy(ack + 8, &options_.max_frame_bytes, 8);
-  // 16 bytes into a fresh socket's buffer: never blocks.
-  const bool sent = send(p.fd, ack, sizeof(ack), MSG_NOSIGNAL) ==
-                    static_cast<ssize_t>(sizeof(ack));
+  // 16 bytes (one small TLS record) into a fresh socket's buffer: never
+  // blocks.
+  const bool sent = conn.WriteFull(ack, sizeof(ack), nullptr, 0);
   if (refusal != HelloRefusal::kAccepted || !sent) {
     LogRefusal(p.from,
                peer >= 0 ? absl::StrCat("node ", peer, ": ", why) : why);
-    close(p.fd);
     return true;
   }
-  SetNonBlocking(p.fd, false);
-  TuneSocket(p.fd);
-  StartReader(p.fd, peer);
+  // The socket stays non-blocking: the reader waits in poll with its
+  // timeouts, so a TLS record cut short cannot block it inside SSL_read.
+  TuneSocket(conn.fd());
+  StartReader(std::move(p.conn), peer);
   return true;
 }
 
@@ -494,14 +534,11 @@ HelloRefusal TcpTransport::CheckHello(absl::string_view payload,
   return HelloRefusal::kAccepted;
 }
 
-void TcpTransport::StartReader(int fd, int peer) {
+void TcpTransport::StartReader(std::unique_ptr<PeerConn> conn, int peer) {
   std::list<std::unique_ptr<Reader>> finished;
   {
     absl::MutexLock l(&mu_);
-    if (stopping_) {
-      close(fd);
-      return;
-    }
+    if (stopping_) return;  // closes conn
     for (auto it = readers_.begin(); it != readers_.end();) {
       if ((*it)->done) {
         finished.push_back(std::move(*it));
@@ -511,17 +548,17 @@ void TcpTransport::StartReader(int fd, int peer) {
       }
     }
     auto r = std::make_unique<Reader>();
-    r->fd = fd;
+    r->conn = std::move(conn);
     r->peer = peer;
     Reader*& current = current_from_[peer];
-    if (current != nullptr && current->fd >= 0) {
+    if (current != nullptr && current->conn != nullptr) {
       // One connection per peer: a new hello means the peer reconnected
       // (e.g. it restarted); its old connection is dead or about to be.
       CAIRN_LOG(info,
                 "node {}: node {} reconnected; closing its older "
                 "connection",
                 options_.node_id, peer);
-      shutdown(current->fd, SHUT_RDWR);
+      current->conn->Shutdown();
     }
     current = r.get();
     ++open_from_[peer];
@@ -532,7 +569,7 @@ void TcpTransport::StartReader(int fd, int peer) {
 }
 
 void TcpTransport::ReadLoop(Reader* reader) {
-  const int fd = reader->fd;
+  PeerConn& conn = *reader->conn;
   const int peer = reader->peer;
   char hbuf[kFrameHeaderBytes];
   Header h;
@@ -543,13 +580,14 @@ void TcpTransport::ReadLoop(Reader* reader) {
   absl::Status status;
   bool idle = false;
   while (!stopping_) {
-    if (!WaitReadable(fd, more ? options_.io_timeout : options_.idle_timeout)) {
+    if (!conn.WaitReadable(more ? options_.io_timeout
+                                : options_.idle_timeout)) {
       idle = !more;
       CAIRN_LOG(debug, "node {}: closing the {} connection from node {}",
                 options_.node_id, more ? "stalled" : "idle", peer);
       break;
     }
-    if (!ReadFull(fd, hbuf, kFrameHeaderBytes, options_.io_timeout)) break;
+    if (!conn.ReadFull(hbuf, kFrameHeaderBytes, options_.io_timeout)) break;
     if (!Decode(hbuf, &h)) {
       CAIRN_LOG(warn, "node {}: corrupt frame header from node {}; closing",
                 options_.node_id, peer);
@@ -572,7 +610,7 @@ void TcpTransport::ReadLoop(Reader* reader) {
     }
     const size_t base = payload.size();
     payload.resize(base + h.length);
-    if (!ReadFull(fd, payload.data() + base, h.length, options_.io_timeout)) {
+    if (!conn.ReadFull(payload.data() + base, h.length, options_.io_timeout)) {
       break;
     }
     const uint32_t crc = storage::Crc32c(payload.data() + base, h.length);
@@ -607,8 +645,7 @@ void TcpTransport::ReadLoop(Reader* reader) {
     mailbox_[{peer, tag}] = std::move(m);
   }
   absl::MutexLock l(&mu_);
-  close(fd);
-  reader->fd = -1;
+  reader->conn.reset();  // closes the socket
   --open_from_[peer];
   // An idle close is not a broken connection: the sender reconnects before
   // its next message, and a Recv waiting for it keeps waiting.
@@ -627,7 +664,19 @@ TcpTransport::Outgoing& TcpTransport::OutgoingFor(int peer) {
   return *o;
 }
 
-absl::StatusOr<int> TcpTransport::Connect(int peer, uint64_t* frame_bytes) {
+namespace {
+
+void SetIoTimeouts(int fd, absl::Duration d) {
+  timeval tv{};
+  if (d > absl::ZeroDuration()) tv = absl::ToTimeval(d);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PeerConn>> TcpTransport::Connect(
+    int peer, uint64_t* frame_bytes) {
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   absl::Status last = absl::UnavailableError("not tried");
   const std::string hello =
@@ -639,15 +688,50 @@ absl::StatusOr<int> TcpTransport::Connect(int peer, uint64_t* frame_bytes) {
       int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
       if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
         TuneSocket(fd);
+        const absl::Duration wait =
+            std::max(deadline - absl::Now(), absl::Milliseconds(200));
+        std::unique_ptr<PeerConn> conn;
+        bool tls_ok = true;
+        if (tls_enabled_) {
+          SSL* ssl = SSL_new(TlsContext().get());
+          if (ssl == nullptr || SSL_set_fd(ssl, fd) != 1) {
+            const std::string err = internal::TlsErrorText(ssl);
+            if (ssl != nullptr) SSL_free(ssl);
+            close(fd);
+            return absl::InternalError(absl::StrCat("SSL_new: ", err));
+          }
+          conn = std::make_unique<PeerConn>(fd, ssl);
+          // A blocking handshake, bounded: a peer that never answers makes
+          // SSL_connect return instead of hanging.
+          SetIoTimeouts(fd, wait);
+          tls_ok = conn->Connect();
+        } else {
+          conn = std::make_unique<PeerConn>(fd, nullptr);
+        }
         char ack[kAckBytes];
-        if (!WriteFull(fd, hello.data(), hello.size(), nullptr, 0)) {
+        const std::string where = absl::StrCat(
+            "node ", options_.node_id, ": peer node ", peer, " at ", *address);
+        if (!tls_ok ||
+            (!conn->WriteFull(hello.data(), hello.size(), nullptr, 0) &&
+             conn->tls_failed())) {
+          const std::string msg =
+              absl::StrCat(where, ": TLS handshake failed: ", conn->error());
+          // The peer refused this node's certificate or this node refused
+          // the peer's: retrying cannot help.
+          if (conn->tls_failed()) return absl::PermissionDeniedError(msg);
+          last = absl::UnavailableError(msg);
+        } else if (!conn->error().empty()) {
           last = absl::UnavailableError(absl::StrCat(
-              "sending the hello to ", *address, ": ", strerror(errno)));
-        } else if (!ReadFull(fd, ack, kAckBytes,
-                             std::max(deadline - absl::Now(),
-                                      absl::Milliseconds(200)))) {
-          last = absl::UnavailableError(
-              absl::StrCat("no handshake answer from ", *address));
+              "sending the hello to ", *address, ": ", conn->error()));
+        } else if (!conn->ReadFull(ack, kAckBytes, wait)) {
+          // TLS 1.3: the peer's verdict on this node's certificate comes
+          // after SSL_connect, as an alert where the ack would be.
+          if (conn->tls_failed()) {
+            return absl::PermissionDeniedError(
+                absl::StrCat(where, ": TLS handshake failed: ", conn->error()));
+          }
+          last = absl::UnavailableError(absl::StrCat(
+              "no handshake answer from ", *address, ": ", conn->error()));
         } else {
           uint32_t magic, code;
           uint64_t max_frame;
@@ -657,15 +741,14 @@ absl::StatusOr<int> TcpTransport::Connect(int peer, uint64_t* frame_bytes) {
           if (magic == kAckMagic &&
               code == static_cast<uint32_t>(HelloRefusal::kAccepted)) {
             *frame_bytes = std::max(max_frame, kMinFrameBytes);
-            return fd;
+            if (tls_enabled_) SetIoTimeouts(fd, absl::ZeroDuration());
+            return conn;
           }
-          close(fd);
           const std::string why =
               magic == kAckMagic ? RefusalText(static_cast<HelloRefusal>(code))
                                  : "an answer that is not a cairn ack";
           const std::string msg =
-              absl::StrCat("node ", options_.node_id, ": peer node ", peer,
-                           " at ", *address, " refused the connection: ", why);
+              absl::StrCat(where, " refused the connection: ", why);
           if (code == static_cast<uint32_t>(HelloRefusal::kBadToken)) {
             return absl::PermissionDeniedError(msg);
           }
@@ -674,8 +757,8 @@ absl::StatusOr<int> TcpTransport::Connect(int peer, uint64_t* frame_bytes) {
       } else {
         last = absl::UnavailableError(
             absl::StrCat("connect to ", *address, ": ", strerror(errno)));
+        close(fd);
       }
-      close(fd);
     } else {
       last = address.status();
       // The resolver knows no such node exists: retrying cannot help.
@@ -708,14 +791,14 @@ absl::Status TcpTransport::SendFrames(Outgoing& out, int peer, uint64_t tag,
     if (corrupt && corrupt_at >= pos && corrupt_at < pos + n) {
       std::string copy(p, n);
       copy[corrupt_at - pos] ^= 0x5a;
-      ok = WriteFull(out.fd, hbuf, kFrameHeaderBytes, copy.data(), n);
+      ok = out.conn->WriteFull(hbuf, kFrameHeaderBytes, copy.data(), n);
     } else {
-      ok = WriteFull(out.fd, hbuf, kFrameHeaderBytes, p, n);
+      ok = out.conn->WriteFull(hbuf, kFrameHeaderBytes, p, n);
     }
     if (!ok) {
       return absl::UnavailableError(absl::StrCat(
           "node ", options_.node_id, ": sending tag ", tag, " (", data.size(),
-          " bytes) to peer node ", peer, " failed: ", strerror(errno)));
+          " bytes) to peer node ", peer, " failed: ", out.conn->error()));
     }
     pos += n;
   } while (pos < data.size());
@@ -731,26 +814,24 @@ absl::Status TcpTransport::Send(int peer, uint64_t tag,
   }
   Outgoing& out = OutgoingFor(peer);
   absl::MutexLock l(&out.mu);
-  if (out.fd >= 0) {
+  if (out.conn != nullptr) {
     // The peer never writes on this connection after its ack: readable or
     // hung up means it closed (e.g. the agent restarted); reconnect instead
     // of writing into a dead socket. A connection unused for half the
     // receiver's idle timeout is replaced too, before the receiver could
     // close it under this write.
-    pollfd p{out.fd, POLLIN | POLLRDHUP, 0};
+    pollfd p{out.conn->fd(), POLLIN | POLLRDHUP, 0};
     if (poll(&p, 1, 0) > 0 ||
         absl::Now() - out.last_used > options_.idle_timeout / 2) {
-      close(out.fd);
-      out.fd = -1;
+      out.conn.reset();
     }
   }
-  if (out.fd < 0) {
-    CAIRN_ASSIGN_OR_RETURN(out.fd, Connect(peer, &out.frame_bytes));
+  if (out.conn == nullptr) {
+    CAIRN_ASSIGN_OR_RETURN(out.conn, Connect(peer, &out.frame_bytes));
   }
   absl::Status s = SendFrames(out, peer, tag, data);
   if (!s.ok()) {
-    close(out.fd);
-    out.fd = -1;
+    out.conn.reset();
     return s;
   }
   out.last_used = absl::Now();

@@ -44,8 +44,20 @@
 // message whose Recv timed out (or that the caller Abandon()ed) is dropped
 // when it arrives instead of staying in the mailbox forever.
 //
-// Security: the token authenticates peers but travels in clear text; run
-// the peer network on a trusted fabric (or a VPN) as for NCCL.
+// TLS (tls_ca_file, tls_cert_file, tls_key_file): every connection is
+// mutual TLS 1.2+ (1.3 preferred) before its hello. Both sides present their
+// certificate and verify the other's chain against the CA; a peer without a
+// certificate from that CA is refused during the TLS handshake (logged, and
+// the sender's Send fails saying "TLS handshake failed"). Host names are not
+// checked (peers are addressed by host:port), so the CA must be dedicated to
+// the cluster: any certificate it signed is a peer. The hello (and token,
+// still checked when set) then travel inside TLS. The acceptor runs the
+// server side of the handshake non-blocking in its poll loop, under the same
+// handshake_timeout and max_pending_connections. ReloadTls() re-reads the
+// files for new connections; open ones keep theirs.
+//
+// Security without TLS: the token authenticates peers but travels in clear
+// text; run the peer network on a trusted fabric (or a VPN) as for NCCL.
 //
 // Thread-safe (see Transport). Sends to one peer are serialized on its
 // connection; sends to different peers run in parallel.
@@ -70,6 +82,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/thread_pool.h"
+#include "server/agent/transport/tcp/peer_conn.h"
 #include "server/agent/transport/transport.h"
 
 namespace cairn::agent {
@@ -91,6 +104,13 @@ struct TcpTransportOptions {
   // Empty: no token is required, so any host that can reach the port may
   // act as a peer by naming a valid node id. Default: empty.
   std::string peer_token;
+  // Mutual TLS (see above): PEM files of the cluster CA bundle, this node's
+  // certificate (chain; usable as TLS server and client: no extended key
+  // usage, or both serverAuth and clientAuth) and its private key. All three
+  // or none. Default: none (plain TCP).
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
   // Largest frame payload this node accepts (senders split messages to fit,
   // see the ack). At least kMinFrameBytes. Default: 32 MiB.
   uint64_t max_frame_bytes = uint64_t{32} << 20;
@@ -142,6 +162,10 @@ class TcpTransport : public Transport {
  public:
   static absl::StatusOr<std::unique_ptr<TcpTransport>> Start(
       TcpTransportOptions options);
+  // The checks Start makes of the TLS files (all three or none; each
+  // readable, a certificate or key, the key the certificate's), for a
+  // daemon to report before it does anything else.
+  static absl::Status CheckTlsOptions(const TcpTransportOptions& options);
   // Closes every connection and joins the threads.
   ~TcpTransport() override;
 
@@ -166,6 +190,17 @@ class TcpTransport : public Transport {
   // its checksum was computed.
   void CorruptNextSendForTest() { corrupt_next_send_ = true; }
 
+  // Re-reads the TLS files: connections opened from now on (both
+  // directions) use them; open ones continue with what they had. On error
+  // (naming the file) the previous certificates stay in use.
+  // FAILED_PRECONDITION when the transport was started without TLS.
+  absl::Status ReloadTls() override;
+  bool tls() const { return tls_enabled_; }
+
+  // The reason of the last refused peer connection (also logged, at most
+  // once a second), for tests.
+  std::string last_refusal();
+
   // Accepted connections with a reader thread now (at most one per peer,
   // plus ones being replaced).
   int reader_threads();
@@ -173,7 +208,7 @@ class TcpTransport : public Transport {
  private:
   struct Outgoing {
     absl::Mutex mu;
-    int fd ABSL_GUARDED_BY(mu) = -1;
+    std::unique_ptr<internal::PeerConn> conn ABSL_GUARDED_BY(mu);
     // The receiver's max frame payload (from its ack).
     uint64_t frame_bytes ABSL_GUARDED_BY(mu) = 0;
     absl::Time last_used ABSL_GUARDED_BY(mu);
@@ -184,7 +219,8 @@ class TcpTransport : public Transport {
   };
   struct Pending;
   struct Reader {
-    int fd = -1;
+    // Set while the reader runs (closed and reset under mu_ when it ends).
+    std::unique_ptr<internal::PeerConn> conn;
     int peer = -1;
     std::thread thread;
     bool done = false;
@@ -196,12 +232,14 @@ class TcpTransport : public Transport {
   // true when it is finished (accepted: handed to a reader; or refused).
   bool AdvanceHandshake(Pending& p);
   HelloRefusal CheckHello(absl::string_view payload, int* peer) const;
-  void StartReader(int fd, int peer);
+  void StartReader(std::unique_ptr<internal::PeerConn> conn, int peer);
   void ReadLoop(Reader* reader);
   void LogRefusal(const std::string& from, absl::string_view why);
   void AbandonLocked(const std::pair<int, uint64_t>& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<int> Connect(int peer, uint64_t* frame_bytes);
+  absl::StatusOr<std::unique_ptr<internal::PeerConn>> Connect(
+      int peer, uint64_t* frame_bytes);
+  std::shared_ptr<SSL_CTX> TlsContext();
   absl::Status SendFrames(Outgoing& out, int peer, uint64_t tag,
                           absl::Span<const char> data)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(out.mu);
@@ -221,7 +259,14 @@ class TcpTransport : public Transport {
   absl::Mutex out_mu_;
   std::map<int, std::unique_ptr<Outgoing>> outgoing_ ABSL_GUARDED_BY(out_mu_);
 
+  // TLS: set at Start, swapped by ReloadTls (each SSL holds a reference to
+  // the context it was made from).
+  bool tls_enabled_ = false;
+  absl::Mutex tls_mu_;
+  std::shared_ptr<SSL_CTX> tls_ctx_ ABSL_GUARDED_BY(tls_mu_);
+
   absl::Mutex log_mu_;
+  std::string last_refusal_ ABSL_GUARDED_BY(log_mu_);
   absl::Time last_refusal_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
   int64_t refusals_unlogged_ ABSL_GUARDED_BY(log_mu_) = 0;
 

@@ -2,12 +2,15 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -15,12 +18,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/agent/transport/tcp/test_certs.h"
 
 namespace cairn::agent {
 namespace {
@@ -434,6 +439,326 @@ TEST(TcpTransportTest, MessageWhoseRecvGaveUpIsDroppedWhenItArrives) {
   EXPECT_EQ(c->nodes[1]->mailbox_size(), 1u);
   c->nodes[1]->Abandon(0, 45);
   EXPECT_EQ(c->nodes[1]->mailbox_size(), 0u);
+}
+
+// --- Mutual TLS (certificates from tests/testing/make_test_certs.sh). ---
+
+using testing::TestCerts;
+
+#define REQUIRE_CERTS() \
+  ASSERT_FALSE(TestCerts::Dir().empty()) << "make_test_certs.sh failed"
+
+// A cluster whose nodes all use `name` signed by `ca` (and a token).
+std::unique_ptr<Cluster> TlsCluster(
+    int n, std::function<void(TcpTransportOptions&)> tweak = {}) {
+  return Cluster::Make(n, {}, [tweak](TcpTransportOptions& o) {
+    TestCerts::Use(o);
+    o.peer_token = kToken;
+    if (tweak) tweak(o);
+  });
+}
+
+// The refusal `t` logged last, once it contains `want` (the refusing side
+// may log after the other side already saw the connection fail); what it
+// is after 20 s otherwise (a hang guard).
+std::string RefusalWith(TcpTransport& t, absl::string_view want) {
+  for (int i = 0; i < 2000; ++i) {
+    const std::string r = t.last_refusal();
+    if (absl::StrContains(r, want)) return r;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return t.last_refusal();
+}
+
+// Starts one more transport as node `id` of `c` (not added to it), e.g. a
+// peer with other certificates.
+std::unique_ptr<TcpTransport> StartNode(
+    Cluster& c, int id, std::function<void(TcpTransportOptions&)> tweak) {
+  TcpTransportOptions o;
+  o.node_id = id;
+  o.num_nodes = static_cast<int>(c.ports.size());
+  o.connect_timeout = absl::Milliseconds(300);
+  o.peer_token = kToken;
+  o.resolve_peer = [cl = &c](int peer) -> absl::StatusOr<std::string> {
+    return absl::StrCat("127.0.0.1:", cl->ports[peer]);
+  };
+  tweak(o);
+  auto t = TcpTransport::Start(o);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+TEST(TcpTransportTlsTest, DeliversMessagesOverMutualTls) {
+  REQUIRE_CERTS();
+  auto c = TlsCluster(
+      3, [](TcpTransportOptions& o) { o.max_frame_bytes = 1 << 20; });
+  ASSERT_TRUE(c->nodes[0]->tls());
+  std::mt19937 rng(11);
+  // Larger than a frame (split into 1 MiB frames), small, and empty.
+  const std::vector<std::string> sent = {RandomBytes((5 << 20) + 7, rng),
+                                         RandomBytes(100, rng), ""};
+  for (size_t i = 0; i < sent.size(); ++i) {
+    ASSERT_TRUE(c->nodes[0]->Send(1, i, sent[i]).ok());
+    ASSERT_TRUE(c->nodes[2]->Send(1, i, sent[i]).ok());
+  }
+  for (int from : {0, 2}) {
+    for (size_t i = 0; i < sent.size(); ++i) {
+      absl::StatusOr<std::string> got =
+          c->nodes[1]->RecvMessage(from, i, absl::Seconds(20));
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(*got == sent[i]) << "from " << from << " message " << i;
+    }
+  }
+  EXPECT_EQ(c->nodes[1]->reader_threads(), 2);
+  EXPECT_EQ(c->nodes[1]->last_refusal(), "");
+}
+
+TEST(TcpTransportTlsTest, PlaintextPeerIsRefused) {
+  REQUIRE_CERTS();
+  auto c = TlsCluster(2);
+  // A raw plaintext hello (right token) gets no ack: the agent wants TLS.
+  const int fd = RawConnect(c->ports[1]);
+  ASSERT_GE(fd, 0);
+  WriteAll(fd, internal::EncodeHello(0, kToken));
+  bool closed = false;
+  const std::string got = ReadUntilClosed(fd, &closed);
+  close(fd);
+  EXPECT_TRUE(closed);
+  EXPECT_NE(got.substr(0, 4), std::string("CRNA", 4)) << "a cairn ack came";
+  EXPECT_THAT(RefusalWith(*c->nodes[1], "TLS handshake failed"),
+              HasSubstr("TLS handshake failed"));
+  // A plaintext transport is refused too.
+  auto plain = StartNode(*c, 0, [](TcpTransportOptions&) {});
+  ASSERT_NE(plain, nullptr);
+  EXPECT_FALSE(plain->Send(1, 1, std::string("x")).ok());
+  EXPECT_EQ(c->nodes[1]->reader_threads(), 0);
+  // And a TLS sender to a plaintext agent fails naming TLS.
+  c->ports[0] = plain->port();
+  absl::Status s = c->nodes[1]->Send(0, 1, std::string("x"));
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("peer node 0"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("TLS handshake failed"));
+  EXPECT_EQ(plain->reader_threads(), 0);
+}
+
+TEST(TcpTransportTlsTest, PeerWithACertificateFromAnotherCaIsRefused) {
+  REQUIRE_CERTS();
+  auto c = TlsCluster(2);
+  // It trusts the cluster CA (so it accepts the agent), but its own
+  // certificate comes from another CA: the agent refuses it.
+  auto intruder = StartNode(*c, 0, [](TcpTransportOptions& o) {
+    TestCerts::Use(o, "other-peer", "ca");
+  });
+  ASSERT_NE(intruder, nullptr);
+  absl::Status s = intruder->Send(1, 1, std::string("x"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("peer node 1 at 127.0.0.1:"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("TLS handshake failed"));
+  EXPECT_THAT(RefusalWith(*c->nodes[1],
+                          "TLS handshake failed: certificate verify failed"),
+              HasSubstr("TLS handshake failed: certificate verify failed"));
+  EXPECT_EQ(c->nodes[1]->reader_threads(), 0);
+  // One that trusts only the other CA refuses the agent itself.
+  auto stranger = StartNode(*c, 0, [](TcpTransportOptions& o) {
+    TestCerts::Use(o, "other-peer", "other-ca");
+  });
+  ASSERT_NE(stranger, nullptr);
+  s = stranger->Send(1, 1, std::string("x"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("TLS handshake failed: certificate verify failed"));
+  EXPECT_EQ(c->nodes[1]->reader_threads(), 0);
+  // The cluster's own peer still gets in.
+  ASSERT_TRUE(c->nodes[0]->Send(1, 2, std::string("member")).ok());
+  absl::StatusOr<std::string> got =
+      c->nodes[1]->RecvMessage(0, 2, absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "member");
+}
+
+TEST(TcpTransportTlsTest, PeerWithAnExpiredCertificateIsRefused) {
+  REQUIRE_CERTS();
+  auto c = TlsCluster(2);
+  // Starts (cairnd does the same: a renewed file can be reloaded), but
+  // peers refuse it.
+  auto stale = StartNode(*c, 0, [](TcpTransportOptions& o) {
+    TestCerts::Use(o, "expired", "ca");
+  });
+  ASSERT_NE(stale, nullptr);
+  absl::Status s = stale->Send(1, 1, std::string("x"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("peer node 1"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("TLS handshake failed"));
+  EXPECT_THAT(RefusalWith(*c->nodes[1], "certificate has expired"),
+              HasSubstr("certificate has expired"));
+  EXPECT_EQ(c->nodes[1]->reader_threads(), 0);
+}
+
+// A TLS client that trusts the cluster CA but presents no certificate.
+TEST(TcpTransportTlsTest, PeerWithoutACertificateIsRefused) {
+  REQUIRE_CERTS();
+  auto c = TlsCluster(2);
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  ASSERT_NE(ctx, nullptr);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  ASSERT_EQ(SSL_CTX_load_verify_locations(
+                ctx, TestCerts::Path("ca.crt").c_str(), nullptr),
+            1);
+  const int fd = RawConnect(c->ports[1]);
+  ASSERT_GE(fd, 0);
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, fd);
+  std::string got;
+  // TLS 1.3: the client finishes its side before the server's verdict, so
+  // the refusal shows when reading the ack.
+  if (SSL_connect(ssl) == 1) {
+    const std::string hello = internal::EncodeHello(0, kToken);
+    SSL_write(ssl, hello.data(), static_cast<int>(hello.size()));
+    char buf[64];
+    const int r = SSL_read(ssl, buf, sizeof(buf));
+    if (r > 0) got.assign(buf, static_cast<size_t>(r));
+  }
+  ERR_clear_error();
+  SSL_free(ssl);
+  SSL_CTX_free(ctx);
+  close(fd);
+  EXPECT_EQ(got, "") << "an ack came to a peer without a certificate";
+  const std::string why =
+      "TLS handshake failed: peer did not return a certificate";
+  EXPECT_THAT(RefusalWith(*c->nodes[1], why), HasSubstr(why));
+  EXPECT_EQ(c->nodes[1]->reader_threads(), 0);
+}
+
+// Handshakes run non-blocking in the acceptor: clients that connect and
+// never finish theirs (silent, or a ClientHello cut short) do not hold up a
+// real peer, though the handshake timeout is far away.
+TEST(TcpTransportTlsTest, StalledHandshakesDoNotBlockARealPeer) {
+  REQUIRE_CERTS();
+  auto c = TlsCluster(2, [](TcpTransportOptions& o) {
+    o.handshake_timeout = absl::Minutes(5);
+  });
+  std::vector<int> fds;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = RawConnect(c->ports[1]);
+    ASSERT_GE(fd, 0);
+    // Half send the first bytes of a TLS record header, then stop.
+    if (i % 2 == 1) WriteAll(fd, std::string("\x16\x03\x01\x02", 4));
+    fds.push_back(fd);
+  }
+  // connect_timeout is 300 ms: were the acceptor stuck in one of the
+  // handshakes above, this Send would fail.
+  ASSERT_TRUE(c->nodes[0]->Send(1, 5, std::string("through")).ok());
+  absl::StatusOr<std::string> got =
+      c->nodes[1]->RecvMessage(0, 5, absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "through");
+  // The stalled ones are still held (not dropped to make room).
+  for (int fd : fds) {
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    EXPECT_EQ(poll(&p, 1, 0), 0) << "a stalled handshake was closed";
+    close(fd);
+  }
+  EXPECT_EQ(c->nodes[1]->reader_threads(), 1);
+}
+
+TEST(TcpTransportTlsTest, ReloadTlsSwapsCertificatesForNewConnections) {
+  REQUIRE_CERTS();
+  // Each node reads copies it owns, so a test can replace them.
+  const std::string dir = TestCerts::Path("reload");
+  auto install = [&](int node, const std::string& name, const std::string& ca) {
+    const std::string d = absl::StrCat(dir, "/", node);
+    std::filesystem::create_directories(d);
+    const auto over = std::filesystem::copy_options::overwrite_existing;
+    std::filesystem::copy_file(TestCerts::Path(ca + ".crt"), d + "/ca.crt",
+                               over);
+    std::filesystem::copy_file(TestCerts::Path(name + ".crt"), d + "/cert.crt",
+                               over);
+    std::filesystem::copy_file(TestCerts::Path(name + ".key"), d + "/cert.key",
+                               over);
+  };
+  for (int i = 0; i < 3; ++i) install(i, "peer", "ca");
+  auto c = Cluster::Make(3, {}, [&](TcpTransportOptions& o) {
+    const std::string d = absl::StrCat(dir, "/", o.node_id);
+    o.tls_ca_file = d + "/ca.crt";
+    o.tls_cert_file = d + "/cert.crt";
+    o.tls_key_file = d + "/cert.key";
+  });
+  ASSERT_TRUE(c->nodes[0]->Send(1, 1, std::string("before")).ok());
+  ASSERT_TRUE(c->nodes[1]->RecvMessage(0, 1, absl::Seconds(10)).ok());
+
+  // Nodes 1 and 2 move to a new CA.
+  for (int i : {1, 2}) {
+    install(i, "other-peer", "other-ca");
+    ASSERT_TRUE(c->nodes[i]->ReloadTls().ok());
+  }
+  // Node 0's open connection to node 1 continues.
+  ASSERT_TRUE(c->nodes[0]->Send(1, 2, std::string("open")).ok());
+  absl::StatusOr<std::string> got =
+      c->nodes[1]->RecvMessage(0, 2, absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "open");
+  // New connections use the new certificates: 2 -> 1 works, 0 -> 2 (old CA
+  // against new) is refused.
+  ASSERT_TRUE(c->nodes[2]->Send(1, 3, std::string("new ca")).ok());
+  got = c->nodes[1]->RecvMessage(2, 3, absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "new ca");
+  absl::Status s = c->nodes[0]->Send(2, 4, std::string("old ca"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("TLS handshake failed"));
+
+  // A broken file fails the reload, naming it; the loaded certificates
+  // stay in use.
+  const std::string bad_key = absl::StrCat(dir, "/2/cert.key");
+  std::ofstream(bad_key) << "not a key\n";
+  s = c->nodes[2]->ReloadTls();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(bad_key));
+  ASSERT_TRUE(c->nodes[1]->Send(2, 5, std::string("still new")).ok());
+  got = c->nodes[2]->RecvMessage(1, 5, absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "still new");
+  // Without TLS there is nothing to reload.
+  auto plain = Cluster::Make(1);
+  EXPECT_EQ(plain->nodes[0]->ReloadTls().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(TcpTransportTlsTest, TlsFilesAreAllOrNoneAndChecked) {
+  REQUIRE_CERTS();
+  auto start = [](std::function<void(TcpTransportOptions&)> tweak) {
+    TcpTransportOptions o;
+    o.node_id = 0;
+    o.num_nodes = 2;
+    o.resolve_peer = [](int) { return std::string("127.0.0.1:1"); };
+    TestCerts::Use(o);
+    tweak(o);
+    return TcpTransport::Start(o).status();
+  };
+  absl::Status s = start([](TcpTransportOptions& o) { o.tls_key_file = ""; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--peer-tls-key is missing"));
+  s = start([](TcpTransportOptions& o) { o.tls_ca_file = ""; });
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--peer-tls-ca is missing"));
+  s = start([](TcpTransportOptions& o) { o.tls_ca_file = "/nonexistent.pem"; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("--peer-tls-ca /nonexistent.pem"));
+  // A key as the certificate, a certificate as the key, another key.
+  s = start([](TcpTransportOptions& o) {
+    o.tls_cert_file = TestCerts::Path("peer.key");
+  });
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--peer-tls-cert"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("peer.key"));
+  s = start([](TcpTransportOptions& o) {
+    o.tls_key_file = TestCerts::Path("peer.crt");
+  });
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--peer-tls-key"));
+  s = start([](TcpTransportOptions& o) {
+    o.tls_key_file = TestCerts::Path("other-peer.key");
+  });
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is not the private key"));
+  EXPECT_TRUE(start([](TcpTransportOptions&) {}).ok());
 }
 
 // A real second process on loopback: the child echoes every message back
