@@ -122,9 +122,8 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> LoadPeerTlsContext(
   SSL_CTX_set_session_cache_mode(ctx.get(), SSL_SESS_CACHE_OFF);
   // Both directions verify the other side's chain against the CA; a server
   // refuses a client without a certificate.
-  SSL_CTX_set_verify(ctx.get(),
-                     SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
-                     nullptr);
+  SSL_CTX_set_verify(
+      ctx.get(), SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
   if (SSL_CTX_load_verify_locations(ctx.get(), files.ca_file.c_str(),
                                     nullptr) != 1) {
     return absl::InvalidArgumentError(
@@ -233,7 +232,8 @@ long PeerConn::ReadSome(char* p, size_t n) {  // NOLINT(runtime/int)
   }
   ScopedNoSigpipe no_sigpipe;
   ERR_clear_error();
-  const int r = SSL_read(ssl_, p, static_cast<int>(std::min<size_t>(n, INT_MAX)));
+  const int r =
+      SSL_read(ssl_, p, static_cast<int>(std::min<size_t>(n, INT_MAX)));
   if (r > 0) return r;
   return TlsRetry(r) ? 0 : -1;
 }
