@@ -10,13 +10,17 @@
 //   * a node's agent lost (SIGKILL) with the storage copy gone too: its data
 //     is restored from a peer agent's replica;
 //   * the same with Kubernetes-style agents (--node-id auto, no peer list):
-//     the restarted agent gets its node id back from cairnd's registry.
+//     the restarted agent gets its node id back from cairnd's registry;
+//   * the same over mutual TLS (--peer-tls-*): a replacement agent whose
+//     certificate comes from another CA is refused by its peer; SIGHUP
+//     reloads the certificates.
 //
 // Storage (what agents persist to) is file:// under the test's temp dir, or
 // a fresh S3 bucket with CAIRN_TEST_STORAGE=s3 (tests/testing/test_storage.h).
 //
-// Binaries come from --cairnd=, --agent=, --agent-rank=, --rank= (Bazel
-// args), else from the paths CMake compiled in.
+// Binaries come from --cairnd=, --agent=, --agent-rank=, --rank= (and the
+// certificate maker from --make-certs=) (Bazel args), else from the paths
+// CMake compiled in.
 #include <signal.h>
 #include <unistd.h>
 
@@ -53,6 +57,9 @@
 #ifndef CAIRN_RANK_PATH
 #define CAIRN_RANK_PATH ""
 #endif
+#ifndef CAIRN_MAKE_CERTS_PATH
+#define CAIRN_MAKE_CERTS_PATH ""
+#endif
 
 namespace cairn {
 namespace {
@@ -64,6 +71,7 @@ std::string g_cairnd = CAIRN_CAIRND_PATH;
 std::string g_agent = CAIRN_AGENT_PATH;
 std::string g_agent_rank = CAIRN_AGENT_RANK_PATH;
 std::string g_rank = CAIRN_RANK_PATH;
+std::string g_make_certs = CAIRN_MAKE_CERTS_PATH;
 
 constexpr char kLayout[] = "2x2:S0,S1";
 constexpr int kWorld = 4;  // ranks 0,1 on node 0; ranks 2,3 on node 1
@@ -399,6 +407,88 @@ TEST_F(AgentE2ETest, LostNodeAgentIsRestoredFromPeerReplica) {
                                "local"));
 }
 
+// The peer transport over mutual TLS: replicas travel through it, a
+// replacement agent with a certificate from another CA is refused by its
+// peer (so its peer load fails), the right one gets in, and SIGHUP reloads
+// the certificates (a broken file keeps the loaded ones).
+TEST_F(AgentE2ETest, PeersOverMutualTlsRefuseAStrangerAndReloadOnSighup) {
+  const std::string certs = dir_ + "/certs";
+  const std::string cmd = absl::StrCat("sh '", g_make_certs, "' '", certs, "'");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  // Agent 0 reads copies, so the test can break one before a SIGHUP.
+  const std::string own = dir_ + "/certs-0";
+  std::filesystem::create_directories(own);
+  for (const char* f : {"ca.crt", "peer.crt", "peer.key"}) {
+    std::filesystem::copy_file(certs + "/" + f, own + "/" + f);
+  }
+  auto tls = [&](const std::string& d, const std::string& name,
+                 const std::string& ca) -> std::vector<std::string> {
+    return {"--staging-budget-mib", "64",
+            "--peer-tls-ca",        d + "/" + ca + ".crt",
+            "--peer-tls-cert",      d + "/" + name + ".crt",
+            "--peer-tls-key",       d + "/" + name + ".key"};
+  };
+  StartAgent(0, 1, tls(own, "peer", "ca"));
+  StartAgent(1, 1, tls(certs, "peer", "ca"));
+  ASSERT_THAT(SaveAll("tlsloss", 7), ::testing::Each(0)) << logs_;
+  auto objects = storage_->DataObjects("tlsloss/");
+  ASSERT_TRUE(objects.ok()) << objects.status();
+  for (const std::string& key : *objects) {
+    if (absl::EndsWith(key, ".bin")) {
+      ASSERT_TRUE(storage_->Remove(key).ok()) << key;
+    }
+  }
+  auto load_all = [&] {
+    std::vector<std::vector<std::string>> argvs;
+    for (int r = 0; r < kWorld; ++r) {
+      auto a = RankArgs(r, "tlsloss");
+      a.insert(a.end(), {"--load", "latest", "--expect-source", "memory"});
+      argvs.push_back(std::move(a));
+    }
+    return Run(std::move(argvs));
+  };
+  agents_[1]->Signal(SIGKILL);
+  ASSERT_TRUE(agents_[1]->Wait(absl::Seconds(10)).ok());
+  // A stranger takes node 1's place: it trusts the cluster CA, but its own
+  // certificate is another CA's. Agent 0 refuses it; node 1's ranks cannot
+  // get the replica.
+  StartAgent(1, 1, tls(certs, "other-peer", "ca"));
+  std::vector<int> codes = load_all();
+  EXPECT_NE(codes[2], 0) << logs_;
+  EXPECT_NE(codes[3], 0) << logs_;
+  EXPECT_THAT(agents_[0]->Log(),
+              HasSubstr("TLS handshake failed: certificate verify failed"));
+  EXPECT_THAT(agents_[1]->Log() + logs_, HasSubstr("TLS handshake failed"));
+  agents_[1]->Signal(SIGKILL);
+  ASSERT_TRUE(agents_[1]->Wait(absl::Seconds(10)).ok());
+  // The cluster's own replacement gets in and is served from memory.
+  StartAgent(1, 1, tls(certs, "peer", "ca"));
+  codes = load_all();
+  EXPECT_THAT(codes, ::testing::Each(0))
+      << logs_ << agents_[0]->Log() << agents_[1]->Log();
+  EXPECT_THAT(logs_, HasSubstr("rank 2: loaded step 7 from agent memory (0 B "
+                               "local"));
+
+  // SIGHUP: reloaded; with a broken key, refused naming the file.
+  auto wait_log = [&](const std::string& want) {
+    for (int i = 0; i < 2000; ++i) {  // a hang guard, not a timing check
+      if (absl::StrContains(agents_[0]->Log(), want)) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  };
+  agents_[0]->Signal(SIGHUP);
+  EXPECT_TRUE(wait_log("SIGHUP: peer TLS certificate, key and CA reloaded"))
+      << agents_[0]->Log();
+  std::ofstream(own + "/peer.key") << "not a key\n";
+  agents_[0]->Signal(SIGHUP);
+  EXPECT_TRUE(
+      wait_log(absl::StrCat("peer TLS reload failed, keeping the "
+                            "loaded certificates: --peer-tls-key ",
+                            own, "/peer.key")))
+      << agents_[0]->Log();
+}
+
 // Kubernetes-style agents: --node-id auto with a node name, no --peers or
 // --peer-dir. cairnd's registry gives ids by name; the agent of node 0 is
 // lost and restarts (same name, new peer port): it must come back as node 0
@@ -500,6 +590,9 @@ int main(int argc, char** argv) {
       cairn::g_agent_rank = std::string(a);
     }
     if (absl::ConsumePrefix(&a, "--rank=")) cairn::g_rank = std::string(a);
+    if (absl::ConsumePrefix(&a, "--make-certs=")) {
+      cairn::g_make_certs = std::string(a);
+    }
   }
   return RUN_ALL_TESTS();
 }
