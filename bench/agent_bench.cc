@@ -20,6 +20,9 @@
 //   agent_bench --bytes 1073741824 --dir /tmp/agent-bench [--repeat 3]
 //   agent_bench --smoke   # 4 MB, 1 measured save, non-durable, a fresh
 //                         # temporary --dir: seconds, for ctest
+//   agent_bench --peer-tls-dir DIR  # the agents' peer transport over mutual
+//                         # TLS with DIR/{ca,peer}.crt, DIR/peer.key (as
+//                         # tests/testing/make_test_certs.sh makes them)
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -87,6 +90,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--durable", durable, "fsync storage writes")
       ->capture_default_str();
+  std::string peer_tls_dir;
+  app.add_option("--peer-tls-dir", peer_tls_dir,
+                 "Run the agents' peer transport over mutual TLS with "
+                 "ca.crt, peer.crt and peer.key from this directory");
   bool smoke = false;
   app.add_flag("--smoke", smoke,
                "tiny sizes (4 MB, 1 save, non-durable, temporary --dir) to "
@@ -133,6 +140,11 @@ int main(int argc, char** argv) {
     spec.agent.coordinator = address;
     spec.agent.staging_budget_bytes = bytes * 4 + (uint64_t{64} << 20);
     spec.agent.store.durable = durable;
+    if (!peer_tls_dir.empty()) {
+      spec.agent.peer_tls_ca_file = peer_tls_dir + "/ca.crt";
+      spec.agent.peer_tls_cert_file = peer_tls_dir + "/peer.crt";
+      spec.agent.peer_tls_key_file = peer_tls_dir + "/peer.key";
+    }
     spec.agent.resolve_peer = [&ports](int n) -> absl::StatusOr<std::string> {
       return absl::StrCat("127.0.0.1:", ports[n]);
     };
@@ -283,8 +295,11 @@ int main(int argc, char** argv) {
 
   const double gb = n / 1e9;
   const double blocked_t = Median(blocked);
-  std::printf("agent_bench: %.3f GB model, %d measured saves (median), %s\n",
-              gb, repeat, durable ? "durable storage" : "non-durable storage");
+  std::printf(
+      "agent_bench: %.3f GB model, %d measured saves (median), %s, peer "
+      "transport %s\n",
+      gb, repeat, durable ? "durable storage" : "non-durable storage",
+      peer_tls_dir.empty() ? "tcp" : "tcp + mutual TLS");
   std::printf("  memcpy (warm buffers)        %8.3f s  %6.2f GB/s\n", memcpy_t,
               gb / memcpy_t);
   std::printf(
@@ -298,8 +313,9 @@ int main(int argc, char** argv) {
               Median(direct_s), gb / Median(direct_s));
   std::printf(
       "  load 2:S0->2:S1 agent memory %8.3f s  %6.2f GB/s  (%.3f GB "
-      "over tcp from the peer)\n",
-      mem_s, mem_bytes / 1e9 / mem_s, peer_bytes / 1e9);
+      "over %s from the peer)\n",
+      mem_s, mem_bytes / 1e9 / mem_s, peer_bytes / 1e9,
+      peer_tls_dir.empty() ? "tcp" : "tls");
   std::printf("  load 2:S0->2:S1 storage      %8.3f s  %6.2f GB/s  (%s)\n",
               sto_s, mem_bytes / 1e9 / sto_s,
               cold ? "page cache dropped" : "page cache warm");
