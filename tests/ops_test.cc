@@ -186,6 +186,11 @@ TEST_F(OpsTest, OutOfRangeFlagsAreUsageErrorsWithClearMessages) {
       {{g_agent, "--node-id", "auto", "--peer-advertise", "10.0.0.1:0",
         "--listen-unix", dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
        "--peer-advertise '10.0.0.1:0': the port must be 1 to 65535"},
+      {{g_agent, "--node-id", "0", "--listen-unix", dir_ + "/a.sock",
+        "--coordinator", "127.0.0.1:1", "--peer-tls-ca", "/ca.pem",
+        "--peer-tls-cert", "/cert.pem"},
+       "peer TLS needs --peer-tls-ca, --peer-tls-cert and --peer-tls-key "
+       "together; --peer-tls-key is missing"},
   };
   for (const Case& c : cases) {
     std::string out;
@@ -271,6 +276,28 @@ TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
   EXPECT_THAT(out, HasSubstr("--node-name=gpu-node-7  # CAIRN_NODE_NAME"));
   EXPECT_THAT(out,
               HasSubstr("--peer-advertise=10.4.0.17  # CAIRN_PEER_ADVERTISE"));
+  // The peer TLS files too; one that cannot be read fails the start,
+  // naming it (before the agent registers anywhere).
+  ASSERT_EQ(Run({env, "CAIRN_PEER_TLS_CA=" + dir_ + "/nope.pem",
+                 "CAIRN_PEER_TLS_CERT=/c.pem", "CAIRN_PEER_TLS_KEY=/k.pem",
+                 "CAIRN_NODE_ID=0", "CAIRN_LISTEN_UNIX=" + dir_ + "/b.sock",
+                 "CAIRN_COORDINATOR=127.0.0.1:1", g_agent, "--print-config"},
+                &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("--peer-tls-ca=" + dir_ +
+                             "/nope.pem  # CAIRN_PEER_TLS_CA"));
+  EXPECT_THAT(out, HasSubstr("--peer-tls-cert=/c.pem  # CAIRN_PEER_TLS_CERT"));
+  EXPECT_THAT(out, HasSubstr("--peer-tls-key=/k.pem  # CAIRN_PEER_TLS_KEY"));
+  EXPECT_EQ(Run({env, "CAIRN_PEER_TLS_CA=" + dir_ + "/nope.pem",
+                 "CAIRN_PEER_TLS_CERT=/c.pem", "CAIRN_PEER_TLS_KEY=/k.pem",
+                 "CAIRN_NODE_ID=0", "CAIRN_LISTEN_UNIX=" + dir_ + "/b.sock",
+                 "CAIRN_COORDINATOR=127.0.0.1:1", g_agent},
+                &out),
+            2)
+      << out;
+  EXPECT_THAT(out, HasSubstr("--peer-tls-ca " + dir_ +
+                             "/nope.pem: cannot read: No such file"));
 }
 
 // --log-format json: everything cairnd writes to stderr, its own events and
