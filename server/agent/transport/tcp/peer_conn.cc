@@ -160,7 +160,12 @@ void PeerConn::Shutdown() { shutdown(fd_, SHUT_RDWR); }
 bool PeerConn::WaitFd(short events, absl::Duration timeout) {  // NOLINT
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
-    pollfd p{fd_, static_cast<short>(events | POLLRDHUP), 0};  // NOLINT
+    // A hang-up wakes a reader (the read then reports it), not a writer: a
+    // write waiting for room would spin on it.
+    pollfd p{fd_,
+             static_cast<short>(  // NOLINT(runtime/int)
+                 (events & POLLIN) != 0 ? (events | POLLRDHUP) : events),
+             0};
     const int n = poll(&p, 1, PollMillis(deadline - absl::Now()));
     if (n > 0) return true;
     if (n < 0 && errno == EINTR) continue;
@@ -278,7 +283,8 @@ bool PeerConn::ReadFull(char* p, size_t n, absl::Duration stall) {
   return true;
 }
 
-bool PeerConn::WriteFull(const char* a, size_t an, const char* b, size_t bn) {
+bool PeerConn::WriteFull(const char* a, size_t an, const char* b, size_t bn,
+                         absl::Duration stall) {
   if (ssl_ == nullptr) {
     iovec iov[2] = {{const_cast<char*>(a), an}, {const_cast<char*>(b), bn}};
     int iovcnt = bn > 0 ? 2 : 1;
@@ -316,7 +322,9 @@ bool PeerConn::WriteFull(const char* a, size_t an, const char* b, size_t bn) {
       if (w <= 0) {
         if (!TlsRetry(w)) return false;
         // Retried with the same arguments, as SSL_write requires.
-        if (!WaitFd(want_write_ ? POLLOUT : POLLIN, absl::InfiniteDuration())) {
+        if (!WaitFd(want_write_ ? POLLOUT : POLLIN, stall)) {
+          error_ =
+              absl::StrCat("could not write for ", absl::FormatDuration(stall));
           return false;
         }
         continue;

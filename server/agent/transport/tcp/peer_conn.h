@@ -71,8 +71,10 @@ class PeerConn {
   bool ReadFull(char* p, size_t n,
                 absl::Duration stall = absl::InfiniteDuration());
 
-  // Writes a then b (b may be empty); false on error (error()).
-  bool WriteFull(const char* a, size_t an, const char* b, size_t bn);
+  // Writes a then b (b may be empty); false on error (error()) or, on a
+  // non-blocking socket, when the socket stays full for `stall`.
+  bool WriteFull(const char* a, size_t an, const char* b, size_t bn,
+                 absl::Duration stall = absl::InfiniteDuration());
 
   // Wakes a reader blocked on this connection (shutdown(2)); thread-safe.
   void Shutdown();

@@ -502,8 +502,9 @@ bool TcpTransport::AdvanceHandshake(Pending& p) {
   std::memcpy(ack + 4, &code, 4);
   std::memcpy(ack + 8, &options_.max_frame_bytes, 8);
   // 16 bytes (one small TLS record) into a fresh socket's buffer: never
-  // blocks.
-  const bool sent = conn.WriteFull(ack, sizeof(ack), nullptr, 0);
+  // blocks, and the acceptor must not wait if it somehow would.
+  const bool sent =
+      conn.WriteFull(ack, sizeof(ack), nullptr, 0, absl::ZeroDuration());
   if (refusal != HelloRefusal::kAccepted || !sent) {
     LogRefusal(p.from,
                peer >= 0 ? absl::StrCat("node ", peer, ": ", why) : why);
