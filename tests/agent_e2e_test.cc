@@ -225,8 +225,8 @@ class AgentE2ETest : public ::testing::Test {
   }
 
   std::map<int64_t, v1::CheckpointState> States(const std::string& job) {
-    auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
-        cairnd_->address(), grpc::InsecureChannelCredentials()));
+    auto stub =
+        v1::Coordinator::NewStub(testing::CairndChannel(cairnd_->address()));
     v1::ListCheckpointsRequest req;
     req.set_job(job);
     req.set_include_uncommitted(true);
@@ -253,8 +253,8 @@ class AgentE2ETest : public ::testing::Test {
 
   // cairnd's agent table as "name=id@address", by id.
   std::vector<std::string> Agents() {
-    auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
-        cairnd_->address(), grpc::InsecureChannelCredentials()));
+    auto stub =
+        v1::Coordinator::NewStub(testing::CairndChannel(cairnd_->address()));
     v1::ListAgentsResponse resp;
     grpc::ClientContext ctx;
     EXPECT_TRUE(stub->ListAgents(&ctx, v1::ListAgentsRequest(), &resp).ok());

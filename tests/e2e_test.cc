@@ -193,8 +193,7 @@ class E2ETest : public ::testing::Test {
   }
 
   std::unique_ptr<v1::Coordinator::Stub> Stub() {
-    return v1::Coordinator::NewStub(grpc::CreateChannel(
-        cairnd_->address(), grpc::InsecureChannelCredentials()));
+    return v1::Coordinator::NewStub(testing::CairndChannel(cairnd_->address()));
   }
 
   // Rank r's output of the last RunRanks.

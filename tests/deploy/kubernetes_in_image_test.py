@@ -136,8 +136,9 @@ class Volumes:
     """Host directories for a pod template's volumes (one node: hostPaths
     with the same path are the same directory across pods)."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, secrets):
         self.workdir = workdir
+        self.secrets = secrets
         self.host_paths = {}
 
     def host_path(self, path, kind):
@@ -171,11 +172,31 @@ class Volumes:
                 if fs_group is not None:
                     os.chown(d, 0, fs_group)
                 out[name] = d
+            elif "secret" in v:
+                out[name] = self.secret(pod_name, name, v["secret"], fs_group)
             else:
                 raise Failure(f"{pod_name}: volume {name}: kind not handled here: {v}")
         for name in claims:
             out[name] = self.claim(f"{name}-{pod_name}", fs_group)
         return out
+
+    def secret(self, pod_name, name, spec, fs_group):
+        """A Secret volume as the kubelet writes it: root-owned files with
+        the volume's mode, group fsGroup when the pod has one."""
+        data = self.secrets.get(spec["secretName"])
+        if data is None:
+            raise Failure(f"{pod_name}: volume {name}: Secret {spec['secretName']} does not exist")
+        items = spec.get("items") or [{"key": k, "path": k} for k in data]
+        d = os.path.join(self.workdir, f"{pod_name}-{name}")
+        os.makedirs(d, exist_ok=True)
+        os.chmod(d, 0o755)
+        for item in items:
+            f = os.path.join(d, item["path"])
+            with open(f, "w") as out:
+                out.write(data[item["key"]])
+            os.chown(f, 0, fs_group if fs_group is not None else 0)
+            os.chmod(f, item.get("mode", spec.get("defaultMode", 0o644)))
+        return d
 
     def claim(self, claim, fs_group):
         # A PVC is a fresh volume; the kubelet gives fsGroup ownership.
@@ -396,6 +417,33 @@ def check_image(version, source_check=True):
         raise Failure("the runtime image contains /usr/bin/g++ (the build stage leaked)")
 
 
+def make_tls_secrets(workdir, names):
+    """What cert-manager would put in the Secrets of components/security: a
+    CA, cairnd's serving certificate for `names` and the agents' (tls.crt,
+    tls.key, ca.crt each), made with openssl."""
+    d = os.path.join(workdir, "pki")
+    os.makedirs(d)
+
+    def ssl(*args):
+        run(["openssl", *args], capture=True)
+
+    ssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+        "-subj", "/CN=cairn-ca", "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.crt")
+    out = {}
+    for cert, cn, ext in (("cairnd-tls", "cairnd", "subjectAltName=" + ",".join("DNS:" + n for n in names)),
+                          ("cairn-agent-tls", "cairn-agent", "extendedKeyUsage=clientAuth,serverAuth")):
+        ssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", f"/CN={cn}",
+            "-keyout", f"{d}/{cert}.key", "-out", f"{d}/{cert}.csr")
+        with open(f"{d}/{cert}.ext", "w") as f:
+            f.write(ext + "\n")
+        ssl("x509", "-req", "-in", f"{d}/{cert}.csr", "-CA", f"{d}/ca.crt", "-CAkey", f"{d}/ca.key",
+            "-CAcreateserial", "-days", "2", "-extfile", f"{d}/{cert}.ext", "-out", f"{d}/{cert}.crt")
+        out[cert] = {k: open(f"{d}/{cert}.{ext_}").read()
+                     for k, ext_ in (("tls.crt", "crt"), ("tls.key", "key"))}
+        out[cert]["ca.crt"] = open(f"{d}/ca.crt").read()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--keep", action="store_true", help="keep the pod and directories")
@@ -419,22 +467,50 @@ def main():
     job = find(job_docs, "Job", "train")
     token = "k8s-test-" + os.urandom(8).hex()
     secrets = {"cairn-peer-token": {"token": token}}
+    # components/security: cairnd serves TLS and wants tokens; the test
+    # makes the Secrets an operator (and cert-manager) would.
+    secured = any("CAIRN_TLS_CERT" in data for data in config_maps.values())
+    tokens = {role: f"{role}-" + os.urandom(16).hex() for role in ("agent", "writer", "admin")}
 
     workdir = tempfile.mkdtemp(prefix="cairn-k8s-")
     os.chmod(workdir, 0o755)
     hosts = ["cairnd.cairn.svc.cluster.local", "cairnd.cairn.svc", "cairnd.cairn", "cairnd",
              "train-0.train"]
+    if secured:
+        cert = next(d for d in docs if d["kind"] == "Certificate" and d["spec"]["secretName"] == "cairnd-tls")
+        secrets.update(make_tls_secrets(workdir, cert["spec"]["dnsNames"]))
+        secrets["cairnd-auth-tokens"] = {"tokens": (
+            f"{tokens['agent']} agent * cairn-agent\n"
+            f"{tokens['writer']} writer train-example train\n"
+            f"{tokens['admin']} admin * ops\n")}
+        secrets["cairn-agent-token"] = {"token": tokens["agent"]}
+        # The ranks get the CA and a writer token, as the example's comment says.
+        secrets["train-ca"] = {"ca.crt": secrets["cairnd-tls"]["ca.crt"]}
+        tspec = job["spec"]["template"]["spec"]
+        tspec.setdefault("volumes", []).append({"name": "cairn-ca", "secret": {"secretName": "train-ca"}})
+        tc = tspec["containers"][0]
+        tc.setdefault("volumeMounts", []).append(
+            {"name": "cairn-ca", "mountPath": "/etc/cairn/ca", "readOnly": True})
+        tc["env"] += [{"name": "CAIRN_TLS_CA", "value": "/etc/cairn/ca/ca.crt"},
+                      {"name": "CAIRN_TOKEN", "value": tokens["writer"]}]
     pod = Pod(f"cairn-k8s-{os.getpid()}", workdir, hosts)
-    vols = Volumes(workdir)
-    # The example Job's PVC is the dev overlay's storage: one directory.
-    os.symlink(vols.host_path("/var/lib/cairn-dev/checkpoints", "DirectoryOrCreate"),
-               os.path.join(workdir, "pvc-cairn-checkpoints"))
+    vols = Volumes(workdir, secrets)
+    # The example Job's PVC is the dev overlay's storage: one directory (the
+    # local overlay mounts the same PVC itself).
+    if "overlays/dev" in args.overlay:
+        os.symlink(vols.host_path("/var/lib/cairn-dev/checkpoints", "DirectoryOrCreate"),
+                   os.path.join(workdir, "pvc-cairn-checkpoints"))
     ok = False
     try:
         fields = {"spec.nodeName": NODE_NAME, "status.podIP": POD_IP}
         cairnd, cairnd_c, cairnd_spec, cairnd_vols = start_workload(
             pod, vols, sts, config_maps, secrets, version, fields, say)
         run_probes(pod, cairnd, cairnd_c, say)
+        if secured:
+            ok, out = pod.probe_grpc(7070)
+            if ok:
+                raise Failure("cairnd answered a plaintext health check on its TLS port 7070")
+            say(f"cairnd: plaintext on the TLS port 7070 refused ({out})")
         agent, agent_c, agent_spec, _ = start_workload(
             pod, vols, ds, config_maps, secrets, version, fields, say)
         run_probes(pod, agent, agent_c, say)
@@ -455,8 +531,21 @@ def main():
         # (kubectl exec): offline, the pod's CAIRN_STORAGE makes it read the
         # storage; with -c it asks cairnd (the command line wins over the
         # pod's CAIRN_STORAGE), and neither warns about the daemon's CAIRN_*.
-        for how in ([], ["-c", "127.0.0.1:7070"]):
-            verify = run(["podman", "exec", cairnd, "/usr/local/bin/cairn", *how,
+        remote = ["-c", "127.0.0.1:7070"]
+        cli_env = []
+        if secured:
+            # Through the Service name cairnd's certificate holds, with the
+            # CA and an admin token; without the token cairnd refuses.
+            remote = ["-c", "cairnd.cairn.svc.cluster.local:7070"]
+            cli_env = ["--env", "CAIRN_TLS_CA=/etc/cairn/tls/ca.crt"]
+            refused = run(["podman", "exec", *cli_env, cairnd, "/usr/local/bin/cairn", *remote, "ls"],
+                          check=False)
+            if refused.returncode == 0 or "UNAUTHENTICATED" not in refused.stdout + refused.stderr:
+                raise Failure(f"cairn ls without a token was not refused:\n{refused.stdout}{refused.stderr}")
+            say("cairn ls through cairnd without a token: UNAUTHENTICATED")
+            cli_env += ["--env", f"CAIRN_TOKEN={tokens['admin']}"]
+        for how in ([], remote):
+            verify = run(["podman", "exec", *(cli_env if how else []), cairnd, "/usr/local/bin/cairn", *how,
                           "verify", "train-example", "latest"], check=False)
             if verify.returncode != 0 or "warning" in verify.stderr:
                 raise Failure(f"cairn {' '.join(how)} verify in the image:\n"
