@@ -23,7 +23,6 @@
 #include "common/tls_pem.h"
 
 namespace cairn::agent::internal {
-namespace {
 
 int PollMillis(absl::Duration d) {
   if (d == absl::InfiniteDuration()) return -1;
@@ -33,6 +32,8 @@ int PollMillis(absl::Duration d) {
                                                   absl::Nanoseconds(1)),
                         1 << 30));
 }
+
+namespace {
 
 // OpenSSL writes to the socket with write(2): a peer that went away would
 // raise SIGPIPE. Blocks it around TLS calls on this thread and swallows the

@@ -17,6 +17,10 @@ typedef struct ssl_ctx_st SSL_CTX;
 
 namespace cairn::agent::internal {
 
+// poll(2)'s timeout for `d`: -1 for infinite, 0 when no time is left,
+// else whole milliseconds rounded up (never 0 too early), capped at 2^30.
+int PollMillis(absl::Duration d);
+
 // PEM files of the peer transport's mutual TLS.
 struct PeerTlsFiles {
   std::string ca_file;    // CA bundle peers' certificates must chain to

@@ -68,15 +68,6 @@ bool Decode(const char* in, Header* h) {
   return true;
 }
 
-int PollMillis(absl::Duration d) {
-  if (d == absl::InfiniteDuration()) return -1;
-  if (d <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(
-      std::min<int64_t>(absl::ToInt64Milliseconds(d + absl::Milliseconds(1) -
-                                                  absl::Nanoseconds(1)),
-                        1 << 30));
-}
-
 // Equal length and bytes, in time independent of where they differ.
 bool TokensEqual(absl::string_view got, absl::string_view want) {
   unsigned char diff = got.size() == want.size() ? 0 : 1;
@@ -372,9 +363,10 @@ void TcpTransport::AcceptLoop() {
                      0});
       first_deadline = std::min(first_deadline, p->deadline);
     }
-    const int n =
-        poll(fds.data(), fds.size(),
-             pending.empty() ? -1 : PollMillis(first_deadline - absl::Now()));
+    const int n = poll(
+        fds.data(), fds.size(),
+        pending.empty() ? -1
+                        : internal::PollMillis(first_deadline - absl::Now()));
     if (n < 0 && errno != EINTR) {
       CAIRN_LOG(error, "node {}: peer acceptor poll: {}", options_.node_id,
                 strerror(errno));
