@@ -8,21 +8,36 @@ One run, same machine, same data (~1.6 GB fp32 in 8 matrices of 4096 columns):
          ranks' crc32c terms): each rank reads only the bytes it needs
   load2_whole  the same, each partly read chunk read whole and checked locally
   load4  page cache dropped, load back into 4 ranks by rows
+and the reshard shapes of SHAPES (--shapes), each its own save and load:
+  rows 2 -> columns 4, rows 8 -> columns 3, 2-D mesh 2x2 (S0,S1) -> 4x1 and -> 1x3
+Layouts are cairn_train_example's --layout MESH:PLACEMENTS (DTensor rules,
+planner/layout.h); dcp_bench.py builds the same ones as ShardedTensors.
 Cairn runs real processes: cairnd plus one cairn_train_example per rank, which
 checks every loaded byte bit-exactly. Times are collective: a save runs from
 the plan barrier (BeginSave answered) to the commit being acknowledged; a load
-from PlanLoad to the last byte in place; the slowest rank counts.
+from PlanLoad to the last byte in place; the slowest rank counts. Every load
+row reports bytes read / bytes needed summed over ranks: requested from
+storage (Cairn's stats), through read syscalls (/proc/<pid>/io rchar) and from
+the block device (/proc/<pid>/io read_bytes); for DCP the last two.
+
+The limit is the best point of bench/baselines/limit_sweep.py (fio O_DIRECT
+over jobs x iodepth x block size, fio buffered + fsync, dd; durable writes of
+the same total bytes to fresh files in --dir, cold reads of them), run every
+round (--limit-sweep quick|full, default full); the tables name the winning
+points.
 
 This VM's disk is shared and its speed drifts by 2x within minutes, so the
-tools are interleaved: each of --repeat rounds runs the limit (fio/dd), then
+tools are interleaved: each of --repeat rounds runs the limit sweep, then
 DCP, then Cairn, every phase once. Each tool's figure is its best round; the
-table also gives the per-round Cairn / DCP ratios (same minutes, same disk).
+table also gives the per-round ratios (same minutes, same disk). The run
+fails if a ratio it should print is missing.
 
 Usage: bench/e2e_bench.py [--build build] [--dir /tmp/cairn-bench] [--bytes 1.6e9]
-       [--repeat 2] [--skip-dcp] [--skip-limits] [--no-drop-caches] [--timeout S]
+       [--repeat 2] [--skip-dcp] [--skip-limits] [--limit-sweep quick|full]
+       [--shapes NAME,...] [--no-drop-caches] [--timeout S]
        [--baseline-build OTHER_BUILD] [--tls]
        bench/e2e_bench.py --smoke [--tls] [--build build] [--dir DIR]
-Prints one JSON line per tool and a markdown table of ratios.
+Prints one JSON line per tool and markdown tables of ratios.
 
 --baseline-build DIR also runs Cairn from another build tree (e.g. the commit before a
 refactor) in every round, alternating which of the two goes first, and prints a second
@@ -37,11 +52,13 @@ and TLS goes first, and prints a table TLS / plaintext. Only the control path
 
 --smoke checks in seconds that everything still runs end to end (ctest label
 bench-smoke): 32 MiB, one round, no page-cache drop (it would disturb every
-other test on the machine), each process killed after --timeout (default 120
-s in smoke mode) so a hang fails instead of blocking; DCP runs only if
+other test on the machine), the tiny "smoke" limit sweep, each process killed
+after --timeout (default 120 s in smoke mode) so a hang fails instead of
+blocking; DCP runs (only the 2x2 -> 1x3 shape, for time) only if
 /usr/bin/python3 can import torch (python3-torch), and is skipped with a
-notice otherwise. Cairn's part (cairnd, 4 saving ranks, the three loads with
-their bit-exact checks) and the limits always run. Numbers are meaningless.
+notice otherwise. Cairn's part (cairnd, the saves, every load with its
+bit-exact checks, every shape) and the limit always run. Numbers are
+meaningless.
 Dropping the page cache needs root; without it the loads are warm (a warning
 says so).
 """
@@ -54,6 +71,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench", "baselines"))
+import limit_sweep  # noqa: E402  (the shared limit sweep)
 
 
 def drop_caches(args):
@@ -143,8 +162,52 @@ def make_certs(directory):
     return directory
 
 
-def cairn_run(args, model, total_bytes, build=None, certs=None):
-    """One round: fresh cairnd and data directory, one save and the three loads.
+# Reshard shapes beyond the default scenario: (name, save layout, load layout),
+# in cairn_train_example's --layout syntax (MESH:PLACEMENTS, torch.chunk rules,
+# planner/layout.h); dcp_bench.py builds the same layouts as ShardedTensors.
+SHAPES = (
+    ("rows2_cols4", "2:S0", "4:S1"),            # rows over 2 -> columns over 4
+    ("rows8_cols3", "8:S0", "3:S1"),            # rows over 8 -> columns over 3
+    ("mesh2x2_4x1", "2x2:S0,S1", "4x1:S0,S1"),  # 2-D blocks -> row stripes
+    ("mesh2x2_1x3", "2x2:S0,S1", "1x3:S0,S1"),  # 2-D blocks -> column stripes
+)
+LOAD_STATS = ("storage_bytes", "block_read_bytes", "syscall_read_bytes",
+              "chunks_verified_by_cairnd")
+
+
+def world_of(layout):
+    n = 1
+    for d in layout.split(":")[0].split("x"):
+        n *= int(d)
+    return n
+
+
+def cairn_load(args, rank_bin, addr, job, layout, extra, env):
+    """Drops the page cache, loads step 1 of `job` into `layout`; returns the
+    collective time (PlanLoad to the last byte in place, slowest rank) and
+    the read statistics summed over ranks."""
+    cold = drop_caches(args)
+    l = run_ranks(rank_bin, addr, job, world_of(layout), args.model, layout,
+                  ["--load", "1"] + extra, args.timeout, env)
+    out = {"s": max(x[0]["plan_s"] + x[0]["io_s"] for x in l), "cold": cold,
+           "needed_bytes": sum(x[0]["bytes"] for x in l)}
+    for key in LOAD_STATS:
+        out[key] = sum(x[0][key] for x in l)
+    return out
+
+
+def cairn_save(args, rank_bin, addr, job, layout, env):
+    """Saves step 1 of `job` from `layout`; returns the collective time:
+    barrier release -> commit acknowledged."""
+    s = run_ranks(rank_bin, addr, job, world_of(layout), args.model, layout,
+                  ["--save-steps", "1"], args.timeout, env)
+    return (min(x[0]["plan_s"] for x in s) +
+            max(x[0]["io_s"] + x[0]["commit_s"] for x in s))
+
+
+def cairn_run(args, model, total_bytes, build=None, certs=None, shapes=()):
+    """One round: fresh cairnd and data directory, one save and the three loads,
+    then for each of `shapes` (SHAPES entries) a save and a load of its own job.
     With `certs` (make_certs), cairnd serves mutual TLS and the ranks use it."""
     build = build or args.build
     cairnd = os.path.join(build, "server/coordinator/cairnd")
@@ -160,30 +223,57 @@ def cairn_run(args, model, total_bytes, build=None, certs=None):
                    CAIRN_TLS_KEY=os.path.join(certs, "client.key"))
     d, addr = start_cairnd(cairnd, data, flags)
     try:
+        args.model = model
         res = {"tool": "cairn_tls" if certs else "cairn", "bytes": total_bytes}
-        s = run_ranks(rank_bin, addr, "bench", 4, model, "4:S0", ["--save-steps", "1"],
-                      args.timeout, env)
-        # Collective save time: barrier release -> commit acknowledged.
-        res["save_s"] = (min(x[0]["plan_s"] for x in s) +
-                         max(x[0]["io_s"] + x[0]["commit_s"] for x in s))
-        for name, world, layout, extra in (
-                ("load2", 2, "2:S1", []),
-                ("load2_whole", 2, "2:S1", ["--partial-check", "whole"]),
-                ("load4", 4, "4:S0", [])):
-            res["cold"] = drop_caches(args)
-            l = run_ranks(rank_bin, addr, "bench", world, model, layout,
-                          ["--load", "1"] + extra, args.timeout, env)
-            res[name + "_s"] = max(x[0]["plan_s"] + x[0]["io_s"] for x in l)
-            for key in ("storage_bytes", "block_read_bytes", "syscall_read_bytes",
-                        "chunks_verified_by_cairnd"):
-                res[name + "_" + key] = sum(x[0][key] for x in l)
-            res[name + "_needed_bytes"] = sum(x[0]["bytes"] for x in l)
-        for name in ("save", "load2", "load2_whole", "load4"):
+        phases = ["save"]
+        res["save_s"] = cairn_save(args, rank_bin, addr, "bench", "4:S0", env)
+        for name, layout, extra in (("load2", "2:S1", []),
+                                    ("load2_whole", "2:S1", ["--partial-check", "whole"]),
+                                    ("load4", "4:S0", [])):
+            l = cairn_load(args, rank_bin, addr, "bench", layout, extra, env)
+            res["cold"] = l.pop("cold")
+            res.update({name + "_" + k: v for k, v in l.items()})
+            phases.append(name)
+        for name, save_layout, load_layout in shapes:
+            res[name + "_save_s"] = cairn_save(args, rank_bin, addr, name, save_layout, env)
+            l = cairn_load(args, rank_bin, addr, name, load_layout, [], env)
+            res["cold"] = res["cold"] and l.pop("cold")
+            res.update({name + "_load_" + k: v for k, v in l.items()})
+            phases += [name + "_save", name + "_load"]
+        for name in phases:
             res[name + "_GBps"] = total_bytes / res[name + "_s"] / 1e9
         return res
     finally:
         stop_cairnd(d)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def run_dcp(args, total, shape=None):
+    """One dcp_bench.py run: the default scenario (save, load2, load4), or
+    for a SHAPES entry its save and one load (keys save_*, load_*)."""
+    dcp_dir = os.path.join(args.dir, "dcp")
+    shutil.rmtree(dcp_dir, ignore_errors=True)  # a killed run's leftovers
+    cmd = ["/usr/bin/python3", os.path.join(ROOT, "bench/baselines/dcp_bench.py"),
+           "--dir", dcp_dir, "--total-bytes", str(total), "--repeat", "1"]
+    if shape:
+        cmd += ["--save-layout", shape[1], "--load-layout", shape[2]]
+    if args.no_drop_caches:
+        cmd.append("--no-drop-caches")
+    return run_json(cmd, timeout=args.timeout)
+
+
+def table_rows(shapes):
+    """(label, Cairn key, DCP (scenario, key), limit key) per table row."""
+    rows = [("save 4:S0", "save", (None, "save"), "write"),
+            ("load 4:S0 -> 2:S1", "load2", (None, "load2"), "read"),
+            ("load 4:S0 -> 2:S1, partly read chunks read whole", "load2_whole",
+             (None, "load2"), "read"),
+            ("load 4:S0 -> 4:S0", "load4", (None, "load4"), "read")]
+    for name, save_layout, load_layout in shapes:
+        rows.append(("save %s" % save_layout, name + "_save", (name, "save"), "write"))
+        rows.append(("load %s -> %s" % (save_layout, load_layout), name + "_load",
+                     (name, "load"), "read"))
+    return rows
 
 
 def main():
@@ -194,7 +284,13 @@ def main():
     p.add_argument("--repeat", type=int, default=None, help="default 2")
     p.add_argument("--skip-dcp", action="store_true")
     p.add_argument("--skip-limits", action="store_true",
-                   help="for quick iterations: no fio run, ratios are nan")
+                   help="for quick iterations: no limit sweep, ratios are nan")
+    p.add_argument("--limit-sweep", choices=("quick", "full"), default="full",
+                   help="the limit sweep (bench/baselines/limit_sweep.py) run every round "
+                        "(default full; --smoke runs a tiny one)")
+    p.add_argument("--shapes", default=",".join(s[0] for s in SHAPES),
+                   help="reshard shapes to run besides the default scenario, by name "
+                        "(default all: %(default)s; '' for none)")
     p.add_argument("--no-drop-caches", action="store_true",
                    help="never drop the page cache (loads are warm)")
     p.add_argument("--timeout", type=float, default=None,
@@ -206,11 +302,23 @@ def main():
     p.add_argument("--smoke", action="store_true",
                    help="tiny and quick: check that every part still runs (see the top)")
     args = p.parse_args()
+    shapes = [s for s in SHAPES if s[0] in args.shapes.split(",")]
+    unknown = set(filter(None, args.shapes.split(","))) - {s[0] for s in SHAPES}
+    if unknown:
+        sys.exit("e2e_bench: unknown --shapes %s (known: %s)" % (
+            ",".join(sorted(unknown)), ",".join(s[0] for s in SHAPES)))
+    sweep_level = args.limit_sweep
+    dcp_shapes = shapes
     if args.smoke:
         args.bytes = args.bytes or 2 ** 25
         args.repeat = args.repeat or 1
         args.no_drop_caches = True
         args.timeout = args.timeout or 120
+        sweep_level = "smoke"
+        # Spawning torch ranks costs seconds each (~85% of a smoke run with
+        # the default scenario too): DCP runs one 2-D reshard (a save and a
+        # load); Cairn runs every shape.
+        dcp_shapes = [s for s in shapes if s[0] == "mesh2x2_1x3"]
         if not args.skip_dcp and subprocess.run(
                 ["/usr/bin/python3", "-c", "import torch"], stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL).returncode != 0:
@@ -223,6 +331,8 @@ def main():
         sys.exit("e2e_bench: PyTorch DCP is the peer this benchmark compares against, but "
                  "/usr/bin/python3 cannot import torch: run bench/baselines/install.sh "
                  "(Debian's python3-torch), or pass --skip-dcp")
+    if args.skip_dcp:
+        dcp_shapes = []
     args.bytes = args.bytes or 1.6e9
     args.repeat = args.repeat or 2
     os.makedirs(args.dir, exist_ok=True)
@@ -230,31 +340,32 @@ def main():
     # The bytes the synthetic model really holds: 8 x rows x 4096 fp32.
     rows = max(int(args.bytes / 8 / 4096 / 4), 4)
     total = 8 * rows * 4096 * 4
+    load0 = os.getloadavg()
+    print("e2e_bench: %d bytes, %d round(s), limit sweep %s, load average %.2f %.2f %.2f" %
+          ((total, args.repeat, sweep_level) + load0), file=sys.stderr, flush=True)
 
     nan = float("nan")
     certs = make_certs(os.path.join(args.dir, "certs")) if args.tls else None
     tls_rounds = []
     rounds = []
     for i in range(args.repeat):
-        print("round %d/%d" % (i + 1, args.repeat), file=sys.stderr, flush=True)
+        print("round %d/%d (load average %.2f)" % (i + 1, args.repeat, os.getloadavg()[0]),
+              file=sys.stderr, flush=True)
         if args.skip_limits:
-            limit = {"tool": "limit", "write_GBps": nan, "read_GBps": nan}
+            limit = {"tool": "limit", "write_GBps": nan, "read_GBps": nan,
+                     "write_point": "-", "read_point": "-"}
         else:
-            limit = run_json([os.path.join(ROOT, "bench/baselines/limits.sh"), args.dir,
-                              str(int(total))], timeout=args.timeout,
-                             env=dict(os.environ, LIMITS_REPEAT="1",
-                                      LIMITS_DROP_CACHES="0" if args.no_drop_caches else "1"))
+            limit = limit_sweep.sweep(args.dir, total, sweep_level,
+                                      drop=not args.no_drop_caches)
         print(json.dumps(limit), flush=True)
-        dcp = None
+        dcp = {}
+        if not args.skip_dcp and not args.smoke:
+            dcp[None] = run_dcp(args, total)
+            print(json.dumps(dcp[None]), flush=True)
         if not args.skip_dcp:
-            dcp_dir = os.path.join(args.dir, "dcp")
-            shutil.rmtree(dcp_dir, ignore_errors=True)  # a killed run's leftovers
-            dcp = run_json(["/usr/bin/python3",
-                            os.path.join(ROOT, "bench/baselines/dcp_bench.py"),
-                            "--dir", dcp_dir, "--total-bytes", str(total), "--repeat", "1"] +
-                           (["--no-drop-caches"] if args.no_drop_caches else []),
-                           timeout=args.timeout)
-            print(json.dumps(dcp), flush=True)
+            for shape in dcp_shapes:
+                dcp[shape[0]] = dict(run_dcp(args, total, shape), shape=shape[0])
+                print(json.dumps(dcp[shape[0]]), flush=True)
         base = None
         if args.baseline_build and i % 2 == 1:
             base = dict(cairn_run(args, model, total, args.baseline_build), tool="baseline")
@@ -263,7 +374,7 @@ def main():
         if certs and i % 2 == 1:
             tls = cairn_run(args, model, total, certs=certs)
             print(json.dumps(tls), flush=True)
-        cairn = cairn_run(args, model, total)
+        cairn = cairn_run(args, model, total, shapes=shapes)
         print(json.dumps(cairn), flush=True)
         if certs and i % 2 == 0:
             tls = cairn_run(args, model, total, certs=certs)
@@ -279,39 +390,69 @@ def main():
         vals = [r[tool][key] for r in rounds if r[tool] is not None]
         return max(vals) if vals else nan
 
-    # Best round of each tool; the bytes fields are the same every round (the
-    # table shows the last round's).
-    limit = {k: best(k, 0) for k in ("write_GBps", "read_GBps")}
-    dcp = None if args.skip_dcp else {k: best(k, 1) for k in ("save_GBps", "load2_GBps",
-                                                               "load4_GBps")}
-    cairn = dict(rounds[-1][2])
-    for name in ("save", "load2", "load2_whole", "load4"):
-        cairn[name + "_GBps"] = best(name + "_GBps", 2)
+    def dcp_val(rd, scenario, key):
+        d = rd[1].get(scenario)
+        return d[key] if d else nan
 
-    w, r = limit["write_GBps"], limit["read_GBps"]
+    def pct(x):
+        return "-" if x != x else "%.0f%%" % (100 * x)
+
+    def ratio(num, den):
+        return "-" if den != den or num != num or den <= 0 else "%.2f" % (num / den)
+
+    missing = []  # ratios that should exist but do not: the run fails
+    cairn = rounds[-1][2]  # bytes fields are the same every round: the last round's
     print()
-    print("| phase | Cairn GB/s | DCP GB/s | Cairn / DCP | per round "
-          "| limit GB/s | Cairn / limit | per round | bytes read / needed: requested, "
-          "syscalls, block device |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, lim, dcp_key in (("save", w, "save"), ("load2", r, "load2"),
-                               ("load2_whole", r, "load2"), ("load4", r, "load4")):
-        c = cairn[name + "_GBps"]
-        d = dcp[dcp_key + "_GBps"] if dcp else float("nan")
-        ratio = ""
-        if name != "save":
-            need = cairn[name + "_needed_bytes"]
-            ratio = "%.2f, %.2f, %.2f" % (cairn[name + "_storage_bytes"] / need,
-                                          cairn[name + "_syscall_read_bytes"] / need,
-                                          cairn[name + "_block_read_bytes"] / need)
-        lim_key = "write_GBps" if name == "save" else "read_GBps"
-        vs_dcp = ", ".join("%.2fx" % (rd[2][name + "_GBps"] / rd[1][dcp_key + "_GBps"])
-                           for rd in rounds if rd[1] is not None)
-        vs_lim = ", ".join("%.0f%%" % (100 * rd[2][name + "_GBps"] / rd[0][lim_key])
-                           for rd in rounds)
-        print("| %s | %.2f | %.2f | %.2fx | %s | %.2f | %.0f%% | %s | %s |" %
-              (name, c, d, c / d if dcp else nan, vs_dcp, lim, 100 * c / lim, vs_lim,
-               ratio))
+    print("%d bytes (%.2f GB) per phase; GB/s = 1e9 bytes/s; best of %d interleaved "
+          "round(s); load average %.2f at the start, %.2f at the end; limit = best point of "
+          "the %s limit sweep in each round" % (total, total / 1e9, args.repeat, load0[0],
+                                                os.getloadavg()[0], sweep_level))
+    print()
+    print("| phase | Cairn GB/s | DCP GB/s | Cairn / DCP | per round | limit GB/s "
+          "| Cairn / limit | per round | DCP / limit | read / needed, Cairn: requested, "
+          "syscalls, block device | DCP: syscalls, block device |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for label, key, (scenario, dkey), lim_kind in table_rows(shapes):
+        gk, lk = key + "_GBps", lim_kind + "_GBps"
+        c = max(rd[2][gk] for rd in rounds)
+        d = max((dcp_val(rd, scenario, dkey + "_GBps") for rd in rounds), default=nan)
+        lim = best(lk, 0)
+        has_dcp = any(scenario in rd[1] for rd in rounds)
+        vs_dcp = ", ".join("%.2fx" % (rd[2][gk] / dcp_val(rd, scenario, dkey + "_GBps"))
+                           for rd in rounds if scenario in rd[1])
+        vs_lim = ", ".join(pct(rd[2][gk] / rd[0][lk]) for rd in rounds)
+        bytes_c = bytes_d = ""
+        if lim_kind == "read":
+            need = cairn[key + "_needed_bytes"]
+            bytes_c = "%s, %s, %s" % tuple(ratio(cairn[key + "_" + k], need) for k in
+                                           ("storage_bytes", "syscall_read_bytes",
+                                            "block_read_bytes"))
+            if has_dcp:
+                dl = [rd[1][scenario] for rd in rounds if scenario in rd[1]][-1]
+                bytes_d = "%s, %s" % (ratio(dl[dkey + "_syscall_bytes"], dl["bytes"]),
+                                      ratio(dl[dkey + "_io_bytes"], dl["bytes"]))
+        cells = [label, "%.2f" % c, "%.2f" % d if has_dcp else "-",
+                 "**%.2fx**" % (c / d) if has_dcp else "-", vs_dcp or "-", "%.2f" % lim,
+                 "**%s**" % pct(c / lim), vs_lim, pct(d / lim) if has_dcp else "-",
+                 bytes_c, bytes_d]
+        print("| " + " | ".join(cells) + " |")
+        if has_dcp and not (c / d == c / d):
+            missing.append("%s: Cairn / DCP" % label)
+        if not args.skip_limits and not (c / lim == c / lim):
+            missing.append("%s: Cairn / limit" % label)
+        if lim_kind == "read" and "-" in bytes_c.split(", "):
+            missing.append("%s: bytes read / needed" % label)
+    if not args.skip_limits:
+        print()
+        print("| round | write limit GB/s | winning write point | read limit GB/s "
+              "| winning read point | cold | dd write / read GB/s | load average |")
+        print("|---|---|---|---|---|---|---|---|")
+        for n, rd in enumerate(rounds):
+            lim = rd[0]
+            print("| %d | %.2f | %s | %.2f | %s | %s | %.2f / %.2f | %.2f |" % (
+                n + 1, lim["write_GBps"], lim["write_point"], lim["read_GBps"],
+                lim["read_point"], lim["cold"], lim["dd_write_GBps"], lim["dd_read_GBps"],
+                lim["loadavg"]))
 
     if args.baseline_build:
         print()
@@ -334,6 +475,8 @@ def main():
             per = ", ".join("%.3fx" % (rd[1][name + "_GBps"] / rd[0][name + "_GBps"])
                             for rd in tls_rounds)
             print("| %s | %.2f | %.2f | %.3fx | %s |" % (name, c, t, t / c, per))
+    if missing:
+        sys.exit("e2e_bench: FAILED: missing ratios: " + "; ".join(missing))
 
 
 if __name__ == "__main__":

@@ -418,6 +418,7 @@ def main():
                 [os.path.join(ROOT, "bench/baselines/limits.sh"), args.dir, str(total)],
                 timeout=args.timeout,
                 env=dict(os.environ, LIMITS_REPEAT="1",
+                         LIMITS_SWEEP="smoke" if args.smoke else "full",
                          LIMITS_DROP_CACHES="0" if args.no_drop_caches else "1"))
         print(json.dumps(limit), flush=True)
         got = {"limit": limit}

@@ -2,11 +2,13 @@
 # Cairn posix ShardStore throughput vs. this machine's limit, side by side in
 # one run (issue 4 item 10). Prints a ratio table (markdown) on stdout.
 #
-# Usage: bench/storage_bench.sh [--smoke] [DIR] [TOTAL_BYTES]
+# Usage: bench/storage_bench.sh [--smoke] [--limit-sweep=quick|full] [DIR] [TOTAL_BYTES]
 #   --smoke      a quick check that everything runs (ctest label bench-smoke):
 #                32 MiB in 1 MiB objects, threads 1 2, one round, no page-cache
-#                drop (it would disturb everything else running); the
-#                environment below still overrides. Numbers are meaningless.
+#                drop (it would disturb everything else running), the tiny
+#                "smoke" limit sweep; the environment below still overrides.
+#                Numbers are meaningless.
+#   --limit-sweep=quick|full   the limit sweep run every round (default full)
 #   DIR          where data goes (default: $TMPDIR or /tmp; a fresh subdirectory)
 #   TOTAL_BYTES  bytes per measurement (default 4 GiB = 4294967296)
 # Environment:
@@ -14,20 +16,17 @@
 #                  build/, bazel-bin/ that has bench/storage_bench)
 #   THREADS="1 2 3 4"   writer/reader thread counts
 #   MODES="buffered direct"
-#   REPEAT=4       rounds; each round runs fio then Cairn for every (mode, T),
-#                  and the table shows the best of the rounds for both
+#   REPEAT=4       rounds; each round runs the limit sweep, then Cairn for
+#                  every (mode, T); the table shows the best of the rounds
 #   IO_THREADS=4   StoreOptions.io_threads for Cairn
 #   ITEM_BYTES=67108864  bytes per Cairn object
 #   DROP_CACHES=1  0: never drop the page cache (reads are then warm)
 #
-# The machine's limit, per thread count T, is the better of two fio runs in
-# the same round (GB = 1e9 bytes):
-#   fio buffered: T jobs, each writes TOTAL/T bytes to its own file in 1 MiB
-#     psync writes with an fsync at the end (--end_fsync=1, inside fio's
-#     time); then, after sync + echo 3 > /proc/sys/vm/drop_caches, reads them
-#     back in 1 MiB psync reads.
-#   fio O_DIRECT: the same with --direct=1, 8 MiB blocks, libaio iodepth 4
-#     per job (Cairn's piece size and roughly its depth), fsync at the end.
+# The machine's limit is the best point of bench/baselines/limit_sweep.py
+# (the sweep e2e_bench.py uses too), run in DIR with TOTAL_BYTES in every
+# round: fio O_DIRECT over jobs x iodepth x block size, fio buffered with an
+# fsync at the end, dd; each point a durable write of fresh files, then a cold
+# read of them (GB = 1e9 bytes). The winning points are printed.
 # Cairn: storage_bench with T threads writes TOTAL as 64 MiB objects, each
 #   NewWriter/Append/Close (fdatasync + rename + directory fsync), drops the
 #   page cache, then Read()s every object whole -- once with buffered writes
@@ -37,7 +36,15 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SMOKE=false
-if [[ ${1:-} == --smoke ]]; then SMOKE=true; shift; fi
+SWEEP=full
+while [[ ${1:-} == --* ]]; do
+  case $1 in
+    --smoke) SMOKE=true; SWEEP=smoke ;;
+    --limit-sweep=quick|--limit-sweep=full) SWEEP=${1#--limit-sweep=} ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
 DIR=${1:-${TMPDIR:-/tmp}}
 if $SMOKE; then
   TOTAL=${2:-33554432}
@@ -75,7 +82,9 @@ mkdir -p "$DIR"
 WORK=$(mktemp -d "$DIR/storage-bench.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 RESULTS=$WORK/results.jsonl
+LIMITS=$WORK/limits.jsonl
 : > "$RESULTS"
+: > "$LIMITS"
 
 COLD=true
 drop_caches() {
@@ -88,37 +97,23 @@ drop_caches() {
   fi
 }
 
-# fio_json FILE read|write -> GB/s (fio's aggregate bw over the group)
-fio_gbps() {
-  "$PY" -c '
-import json, sys
-j = json.load(open(sys.argv[1]))["jobs"][0][sys.argv[2]]
-assert j["io_bytes"] > 0, "fio moved no bytes"
-print(j["bw_bytes"] / 1e9)' "$@"
-}
-
 record() {  # record MODE T TOOL PHASE GBPS
   printf '{"mode":"%s","threads":%s,"tool":"%s","phase":"%s","GBps":%s}\n' "$@" >> "$RESULTS"
 }
 
-run_fio() {  # run_fio MODE T
-  local mode=$1 t=$2 dir=$WORK/fio
-  local per_job=$((TOTAL / t / 1048576 * 1048576))
-  local opts=(--bs=1M --ioengine=psync --direct=0)
-  if [[ $mode == direct ]]; then
-    opts=(--bs=8M --ioengine=libaio --iodepth=4 --direct=1)
-  fi
-  rm -rf "$dir"; mkdir -p "$dir"; sync
-  fio --name=seq --directory="$dir" --rw=write --size="$per_job" --numjobs="$t" \
-      --end_fsync=1 --group_reporting --output-format=json "${opts[@]}" > "$WORK/fw.json"
-  local w; w=$(fio_gbps "$WORK/fw.json" write)
-  drop_caches
-  fio --name=seq --directory="$dir" --rw=read --size="$per_job" --numjobs="$t" \
-      --group_reporting --output-format=json "${opts[@]}" > "$WORK/fr.json"
-  local r; r=$(fio_gbps "$WORK/fr.json" read)
-  rm -rf "$dir"
-  record "$mode" "$t" fio write "$w"; record "$mode" "$t" fio read "$r"
-  log "  fio   $mode T=$t write $(printf %.3f "$w") read $(printf %.3f "$r") GB/s"
+run_limit() {  # the limit sweep: one JSON line appended to $LIMITS
+  local drop=()
+  [[ $DROP_CACHES == 0 ]] && drop=(--no-drop-caches)
+  "$PY" "$ROOT/bench/baselines/limit_sweep.py" "$WORK" "$TOTAL" --sweep "$SWEEP" \
+      "${drop[@]}" >> "$LIMITS"
+  local cold
+  cold=$("$PY" -c '
+import json, sys
+j = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+print("[storage_bench]   limit: write %.3f GB/s (%s), read %.3f GB/s (%s)" % (
+    j["write_GBps"], j["write_point"], j["read_GBps"], j["read_point"]), file=sys.stderr)
+print(j["cold"])' "$LIMITS")
+  [[ $cold == True ]] || COLD=false
 }
 
 run_cairn() {  # run_cairn MODE T
@@ -138,27 +133,33 @@ print(j["write_GBps"], j["read_GBps"], j["cold"])' "$line")
   log "  cairn $mode T=$t write $(printf %.3f "$w") read $(printf %.3f "$r") GB/s"
 }
 
-log "bench=$BENCH dir=$WORK total=$TOTAL threads=[$THREADS] modes=[$MODES] repeat=$REPEAT"
+log "bench=$BENCH dir=$WORK total=$TOTAL threads=[$THREADS] modes=[$MODES] repeat=$REPEAT sweep=$SWEEP"
 log "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for ((round = 1; round <= REPEAT; round++)); do
-  log "round $round/$REPEAT"
+  log "round $round/$REPEAT (load average $(cut -d' ' -f1 /proc/loadavg))"
+  run_limit
   for mode in $MODES; do
     for t in $THREADS; do
-      run_fio "$mode" "$t"
       run_cairn "$mode" "$t"
     done
   done
 done
 
 $SMOKE || cp "$RESULTS" "$DIR/storage_bench_last.jsonl"
-"$PY" - "$RESULTS" "$TOTAL" "$REPEAT" "$COLD" "$(cut -d' ' -f1-3 /proc/loadavg)" "$ITEM_BYTES" <<'EOF'
+$SMOKE || cp "$LIMITS" "$DIR/storage_bench_limits_last.jsonl"
+"$PY" - "$RESULTS" "$LIMITS" "$TOTAL" "$REPEAT" "$COLD" "$(cut -d' ' -f1-3 /proc/loadavg)" \
+    "$ITEM_BYTES" "$SWEEP" <<'EOF'
 import collections, json, sys
-path, total, repeat, cold, load, item = sys.argv[1:]
+path, limits_path, total, repeat, cold, load, item, sweep = sys.argv[1:]
 best = collections.defaultdict(float)
+per_round = collections.defaultdict(list)  # (mode, T, phase) -> Cairn GB/s per round
 for line in open(path):
     j = json.loads(line)
     k = (j["mode"], j["threads"], j["tool"], j["phase"])
     best[k] = max(best[k], j["GBps"])
+    per_round[(j["mode"], j["threads"], j["phase"])].append(j["GBps"])
+limits = [json.loads(line) for line in open(limits_path)]
+lim = {d: max(x[d + "_GBps"] for x in limits) for d in ("write", "read")}
 threads = sorted({k[1] for k in best})
 modes = [m for m in ("buffered", "direct") if any(k[0] == m for k in best)]
 name = {"buffered": "buffered", "direct": "O_DIRECT"}
@@ -166,29 +167,44 @@ print(f"{int(total) / 2**30:g} GiB per run in {int(item) / 2**20:g} MiB objects;
       f"interleaved rounds; GB/s = 1e9 B/s; cold reads: {cold}; "
       f"load average at end: {load}")
 print()
+print(f"limit: write {lim['write']:.2f} GB/s, read {lim['read']:.2f} GB/s "
+      f"(best point of the {sweep} limit sweep, best of {len(limits)} round(s))")
+print()
+print("| round | write limit GB/s | winning write point | read limit GB/s | winning read point "
+      "| dd write / read GB/s | load average |")
+print("|---|---|---|---|---|---|---|")
+for n, x in enumerate(limits):
+    print(f"| {n + 1} | {x['write_GBps']:.2f} | {x['write_point']} | {x['read_GBps']:.2f} "
+          f"| {x['read_point']} | {x['dd_write_GBps']:.2f} / {x['dd_read_GBps']:.2f} "
+          f"| {x['loadavg']:.2f} |")
+print()
+
+
+def per(mode, t, phase):
+    """Cairn / the same round's limit, per round."""
+    return ", ".join(f"{100 * v / x[phase + '_GBps']:.0f}%"
+                     for v, x in zip(per_round[(mode, t, phase)], limits))
+
+
 cols = []
 for m in modes:
-    cols += [f"fio {name[m]}", f"Cairn {name[m]}", "ratio"]
-print("| write: threads | " + " | ".join(cols) + " | best Cairn / best fio |")
+    cols += [f"Cairn {name[m]}", "/ limit", "per round"]
+print("| write: threads | " + " | ".join(cols) + " | best Cairn / limit |")
 print("|---:" * (len(cols) + 2) + "|")
 for t in threads:
     cells = [str(t)]
     for m in modes:
-        f, c = best[(m, t, "fio", "write")], best[(m, t, "cairn", "write")]
-        cells += [f"{f:.2f}", f"{c:.2f}", f"{100 * c / f:.0f}%"]
-    bf = max(best[(m, t, "fio", "write")] for m in modes)
+        c = best[(m, t, "cairn", "write")]
+        cells += [f"{c:.2f}", f"{100 * c / lim['write']:.0f}%", per(m, t, "write")]
     bc = max(best[(m, t, "cairn", "write")] for m in modes)
-    cells.append(f"**{100 * bc / bf:.0f}%**")
+    cells.append(f"**{100 * bc / lim['write']:.0f}%**")
     print("| " + " | ".join(cells) + " |")
 print()
 # Cairn reads the same way in both modes (buffered preads after dropping the
-# cache); its best run is compared with the better fio read.
-print("| read: threads | " + " | ".join(f"fio {name[m]}" for m in modes) +
-      " | Cairn | Cairn / best fio |")
-print("|---:" * (len(modes) + 3) + "|")
+# cache); its best run is compared with the limit.
+print("| read: threads | Cairn GB/s | Cairn / limit | per round (first mode's run) |")
+print("|---:|---:|---:|---:|")
 for t in threads:
-    f = [best[(m, t, "fio", "read")] for m in modes]
     c = max(best[(m, t, "cairn", "read")] for m in modes)
-    print("| " + " | ".join([str(t)] + [f"{v:.2f}" for v in f] +
-                            [f"{c:.2f}", f"**{100 * c / max(f):.0f}%**"]) + " |")
+    print(f"| {t} | {c:.2f} | **{100 * c / lim['read']:.0f}%** | {per(modes[0], t, 'read')} |")
 EOF

@@ -12,6 +12,9 @@ torch.multiprocessing:
   b) load2: drop the page cache, then --reshard-ranks (2) ranks load the checkpoint into
             ShardedTensors sharded by the OTHER dim (dim 1): a resharding load.
   c) load4: drop the page cache, then --save-ranks ranks load it back row-sharded.
+Or, with --save-layout SPEC --load-layout SPEC (cairn_train_example's layout syntax,
+e.g. 8:S0 -> 3:S1, or a 2-D mesh 2x2:S0,S1 -> 1x3:S0,S1; torch.chunk rules, the
+ShardedTensors built from an EnumerableShardingSpec): save, then one phase "load".
 
 Every loaded value is checked bit-exactly against the deterministic fill
 
@@ -96,7 +99,11 @@ from torch.distributed._shard.checkpoint import (  # noqa: E402
     load_state_dict,
     save_state_dict,
 )
-from torch.distributed._shard.sharding_spec import ChunkShardingSpec  # noqa: E402
+from torch.distributed._shard.sharding_spec import (  # noqa: E402
+    ChunkShardingSpec,
+    EnumerableShardingSpec,
+    ShardMetadata,
+)
 
 _FILL_MULT = 2654435761
 _FILL_TENSOR_STRIDE = 40503
@@ -132,11 +139,66 @@ def for_each_row_block(shard_meta, cols_total, fn):
         fn(r, n, row0 + r, col0, ncols)
 
 
-def make_state_dict(args, world, shard_dim, fill):
-    """Creates the ShardedTensors for this rank; fill=True writes the pattern, else -1.0."""
-    spec = ChunkShardingSpec(
-        dim=shard_dim, placements=[f"rank:{r}/cpu" for r in range(world)]
-    )
+def parse_layout(spec):
+    """'2x2:S0,S1' -> ([2, 2], [0, 1]): the mesh shape and, per mesh dim, the
+    tensor dim it shards (Cairn's cairn_train_example --layout syntax, shards
+    only)."""
+    mesh, _, placements = spec.partition(":")
+    shape = [int(d) for d in mesh.split("x")]
+    dims = []
+    for p in placements.split(","):
+        if len(p) < 2 or p[0] != "S" or not p[1:].isdigit():
+            raise SystemExit(f"layout '{spec}': only shard placements (S0, S1) are supported")
+        dims.append(int(p[1:]))
+    if len(dims) != len(shape) or min(shape) < 1:
+        raise SystemExit(f"layout '{spec}': one placement per mesh dim is required")
+    return shape, dims
+
+
+def layout_boxes(spec, sizes):
+    """Per rank (row-major over the mesh) the (offsets, sizes) it holds under
+    `spec`, with torch.chunk rules applied in mesh-dim order as DTensor (and
+    Cairn's planner/layout.h) does."""
+    shape, dims = parse_layout(spec)
+    boxes = []
+    for rank in range(prod(shape)):
+        coords, rest = [], rank
+        for n in reversed(shape):
+            coords.append(rest % n)
+            rest //= n
+        coords.reverse()
+        off, size = [0] * len(sizes), list(sizes)
+        for c, n, d in zip(coords, shape, dims):
+            piece = -(-size[d] // n)
+            lo = min(size[d], c * piece)
+            off[d] += lo
+            size[d] = min(size[d], lo + piece) - lo
+        boxes.append((off, size))
+    return boxes
+
+
+def prod(xs):
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def sharding_spec(args, world, shard_dim, layout):
+    if layout is None:
+        return ChunkShardingSpec(
+            dim=shard_dim, placements=[f"rank:{r}/cpu" for r in range(world)]
+        )
+    return EnumerableShardingSpec([
+        ShardMetadata(shard_offsets=off, shard_sizes=size, placement=f"rank:{r}/cpu")
+        for r, (off, size) in enumerate(layout_boxes(layout, [args.rows, args.cols]))
+    ])
+
+
+def make_state_dict(args, world, shard_dim, fill, layout=None):
+    """Creates the ShardedTensors for this rank; fill=True writes the pattern, else -1.0.
+    Sharded by `layout` (e.g. '2x2:S0,S1') if given, else by `shard_dim` over `world`."""
+    spec = sharding_spec(args, world, shard_dim, layout)
     state = {}
     for t in range(args.tensors):
         st = sharded_tensor.empty(spec, args.rows, args.cols, dtype=torch.float32)
@@ -203,11 +265,13 @@ def rank_main(rank, world, phase, args, port, result_queue):
         ckpt = os.path.join(args.dir, "save")
 
         if phase == "save":
-            state = make_state_dict(args, world, shard_dim=0, fill=True)
+            state = make_state_dict(args, world, shard_dim=0, fill=True,
+                                    layout=args.save_layout)
             io_field, call_field = "write_bytes", "wchar"
         else:
             shard_dim = 1 if phase == "load2" else 0
-            state = make_state_dict(args, world, shard_dim=shard_dim, fill=False)
+            state = make_state_dict(args, world, shard_dim=shard_dim, fill=False,
+                                    layout=args.load_layout if phase == "load" else None)
             io_field, call_field = "read_bytes", "rchar"
 
         dist.barrier()
@@ -309,6 +373,13 @@ def parse_args():
                    help="ranks that save and that load back row-sharded (default 4)")
     p.add_argument("--reshard-ranks", type=int, default=2,
                    help="ranks of the resharded (dim 1) load (default 2)")
+    p.add_argument("--save-layout", default=None,
+                   help="save sharded by this layout instead of rows over --save-ranks, in "
+                        "cairn_train_example's syntax: 'N:S0' (rows over N ranks), "
+                        "'AxB:S0,S1' (a 2-D mesh); needs --load-layout")
+    p.add_argument("--load-layout", default=None,
+                   help="with --save-layout: the scenario is save, then ONE load (phase "
+                        "'load', page cache dropped) into this layout, e.g. '1x3:S0,S1'")
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads per rank (default: max(1, cpus // ranks))")
     p.add_argument("--single-file-per-rank", action="store_true",
@@ -325,6 +396,13 @@ def parse_args():
 
 def main():
     args = parse_args()
+    if (args.save_layout is None) != (args.load_layout is None):
+        raise SystemExit("--save-layout and --load-layout go together")
+    phases = (("load2", args.reshard_ranks), ("load4", args.save_ranks))
+    if args.save_layout:
+        args.save_ranks = prod(parse_layout(args.save_layout)[0])
+        args.reshard_ranks = prod(parse_layout(args.load_layout)[0])
+        phases = (("load", args.reshard_ranks),)
     if min(args.tensors, args.save_ranks, args.reshard_ranks, args.repeat) < 1:
         raise SystemExit("--tensors, --save-ranks, --reshard-ranks and --repeat must be >= 1")
     rows, cols = choose_shape(args.total_bytes, args.tensors, args.save_ranks, args.reshard_ranks)
@@ -351,7 +429,7 @@ def main():
 
     loadavg = os.getloadavg()[0]  # before we start: a hint of concurrent load
     cold = not args.no_drop_caches
-    samples = {"save": [], "load2": [], "load4": []}
+    samples = {"save": [], **{phase: [] for phase, _ in phases}}
     io = {}
     try:
         for run in range(args.repeat):
@@ -360,7 +438,7 @@ def main():
             log(f"run {run + 1}/{args.repeat}")
             seconds, io["save"] = run_phase("save", args.save_ranks, args)
             samples["save"].append(seconds)
-            for phase, world in (("load2", args.reshard_ranks), ("load4", args.save_ranks)):
+            for phase, world in phases:
                 if cold:
                     cold = drop_caches()
                 seconds, io[phase] = run_phase(phase, world, args)
@@ -376,7 +454,7 @@ def main():
     # With --repeat N, each phase reports its best (shortest) run: the baseline's best case.
     gb = args.bytes / 1e9
     out = {"tool": "pytorch_dcp"}
-    for phase in ("save", "load2", "load4"):
+    for phase in samples:
         best = min(samples[phase])
         out[f"{phase}_s"] = round(best, 4)
         out[f"{phase}_GBps"] = round(gb / best, 4)
@@ -388,12 +466,10 @@ def main():
         "reshard_ranks": args.reshard_ranks,
         "checkpoint_bytes": ckpt_bytes,
         "checkpoint_files": len(files),
-        "save_io_bytes": io["save"]["io"],
-        "load2_io_bytes": io["load2"]["io"],
-        "load4_io_bytes": io["load4"]["io"],
-        "save_syscall_bytes": io["save"]["calls"],
-        "load2_syscall_bytes": io["load2"]["calls"],
-        "load4_syscall_bytes": io["load4"]["calls"],
+        **{f"{phase}_io_bytes": io[phase]["io"] for phase in samples},
+        **{f"{phase}_syscall_bytes": io[phase]["calls"] for phase in samples},
+        "save_layout": args.save_layout,
+        "load_layout": args.load_layout,
         "repeat": args.repeat,
         "samples_s": {k: [round(x, 4) for x in v] for k, v in samples.items()},
         "single_file_per_rank": args.single_file_per_rank,
