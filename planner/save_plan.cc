@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
 #include "planner/layout.h"
 
 namespace cairn::planner {
@@ -29,7 +30,12 @@ struct Entry {
   absl::string_view fqn;
   const WriteItem* first = nullptr;  // defines kind, dtype and shape
   int first_rank = 0;
-  std::vector<Occurrence> occurrences;
+  // The occurrences are occurrences_[begin, begin + count). For tensors, the
+  // box of the k-th is at keys_[key_begin + k * 2 * dims]: its offsets, then
+  // its sizes, so MakeUnits sorts and groups without touching the items.
+  size_t begin = 0;
+  size_t count = 0;
+  size_t key_begin = 0;
 };
 
 // A distinct piece of data to write once: a distinct tensor box or a bytes
@@ -59,6 +65,9 @@ class SavePlanBuilder {
     }
     if (absl::Status s = CollectEntries(); !s.ok()) return s;
     if (absl::Status s = MakeUnits(); !s.ok()) return s;
+    // Not needed any more: free before Layout allocates the plan.
+    std::vector<Occurrence>().swap(occurrences_);
+    std::vector<int64_t>().swap(keys_);
     AssignWriters();
     GlobalSavePlan plan;
     if (absl::Status s = Layout(&plan); !s.ok()) return s;
@@ -116,11 +125,16 @@ class SavePlanBuilder {
   }
 
   // Validates every item and groups the items by fqn, checking that kind,
-  // dtype and shape agree across ranks.
+  // dtype and shape agree across ranks. Two passes, as a counting sort: the
+  // first validates, numbers the fqns and counts their occurrences; the
+  // second fills each fqn's occurrences and keys into flat arrays sized
+  // exactly (no per-fqn vectors growing and copying).
   absl::Status CollectEntries() {
     size_t total_items = 0;
     for (const LocalSavePlan& p : plans_) total_items += p.items.size();
     by_fqn_.reserve(total_items / plans_.size() + 16);
+    std::vector<int> ids;  // entry of every item, in (rank, item) order
+    ids.reserve(total_items);
     for (int r = 0; r < static_cast<int>(plans_.size()); ++r) {
       if (plans_[r].rank != r) {
         return Error(absl::StrCat(
@@ -134,12 +148,41 @@ class SavePlanBuilder {
         auto [it, inserted] =
             by_fqn_.try_emplace(item.fqn, static_cast<int>(entries_.size()));
         if (inserted) {
-          entries_.push_back(Entry{item.fqn, &item, r, {}});
+          entries_.push_back(Entry{item.fqn, &item, r, 0, 0, 0});
         } else {
           const Entry& e = entries_[it->second];
           if (absl::Status s = CheckAgrees(e, r, item); !s.ok()) return s;
         }
-        entries_[it->second].occurrences.push_back({r, i});
+        ++entries_[it->second].count;
+        ids.push_back(it->second);
+      }
+    }
+    size_t occurrences = 0, keys = 0;
+    for (Entry& e : entries_) {
+      e.begin = occurrences;
+      e.key_begin = keys;
+      occurrences += e.count;
+      if (e.first->kind == WriteItem::Kind::kTensorChunk) {
+        keys += e.count * 2 * e.first->global_shape.size();
+      }
+      e.count = 0;  // refilled below
+    }
+    occurrences_.resize(occurrences);
+    keys_.resize(keys);
+    size_t next = 0;
+    for (int r = 0; r < static_cast<int>(plans_.size()); ++r) {
+      const auto& items = plans_[r].items;
+      for (int i = 0; i < static_cast<int>(items.size()); ++i) {
+        Entry& e = entries_[ids[next++]];
+        occurrences_[e.begin + e.count] = Occurrence{r, i};
+        const ChunkBox& box = items[i].box;
+        if (e.first->kind == WriteItem::Kind::kTensorChunk) {
+          int64_t* key =
+              keys_.data() + e.key_begin + e.count * 2 * box.offsets.size();
+          key = std::copy(box.offsets.begin(), box.offsets.end(), key);
+          std::copy(box.sizes.begin(), box.sizes.end(), key);
+        }
+        ++e.count;
       }
     }
     // Canonical order: by fqn.
@@ -173,7 +216,8 @@ class SavePlanBuilder {
   absl::Status MakeUnits() {
     for (int e = 0; e < static_cast<int>(entries_.size()); ++e) {
       Entry& entry = entries_[e];
-      auto& occ = entry.occurrences;
+      const absl::Span<const Occurrence> occ(occurrences_.data() + entry.begin,
+                                             entry.count);
       if (entry.first->kind == WriteItem::Kind::kBytes) {
         // Replicas of one blob: same length, each rank lists it once.
         for (size_t k = 1; k < occ.size(); ++k) {
@@ -193,36 +237,46 @@ class SavePlanBuilder {
         AddUnit(e, entry.first->length, occ.begin(), occ.end());
         continue;
       }
-      // Tensor: sort by (box, rank); drop empty boxes.
-      occ.erase(std::remove_if(occ.begin(), occ.end(),
-                               [&](const Occurrence& o) {
-                                 return IsEmpty(ItemOf(o).box);
-                               }),
-                occ.end());
-      std::sort(occ.begin(), occ.end(),
-                [&](const Occurrence& a, const Occurrence& b) {
-                  const int c = CompareBoxes(ItemOf(a).box, ItemOf(b).box);
-                  return c != 0 ? c < 0 : a.rank < b.rank;
-                });
+      // Tensor: drop empty boxes, sort by (box, rank), comparing the
+      // gathered keys (every box has the shape's dims).
+      const size_t nd = entry.first->global_shape.size();
+      const size_t stride = 2 * nd;
+      const int64_t* keys = keys_.data() + entry.key_begin;
+      auto key_of = [&](int k) {
+        return keys + static_cast<size_t>(k) * stride;
+      };
+      order_.clear();
+      for (int k = 0; k < static_cast<int>(occ.size()); ++k) {
+        const int64_t* sizes = key_of(k) + nd;
+        if (std::all_of(sizes, sizes + nd, [](int64_t v) { return v > 0; })) {
+          order_.push_back(k);
+        }
+      }
+      SortByBoxThenRank(occ, keys, stride);
+      sorted_.clear();
+      for (int k : order_) sorted_.push_back(occ[k]);
       distinct_.clear();
       holder_.clear();
       const size_t elem = DTypeSize(entry.first->dtype);
-      for (size_t k = 0; k < occ.size();) {
-        const ChunkBox& box = ItemOf(occ[k]).box;
+      for (size_t k = 0; k < order_.size();) {
+        const int64_t* key = key_of(order_[k]);
         size_t end = k + 1;
-        while (end < occ.size() && ItemOf(occ[end]).box == box) {
-          if (occ[end].rank == occ[end - 1].rank) {
-            return Error(absl::StrCat("rank ", occ[end].rank, " lists chunk ",
-                                      BoxToString(box), " of '", entry.fqn,
-                                      "' twice"));
+        while (end < order_.size() &&
+               std::equal(key, key + stride, key_of(order_[end]))) {
+          if (sorted_[end].rank == sorted_[end - 1].rank) {
+            return Error(absl::StrCat("rank ", sorted_[end].rank,
+                                      " lists chunk ",
+                                      BoxToString(ItemOf(sorted_[end]).box),
+                                      " of '", entry.fqn, "' twice"));
           }
           ++end;
         }
-        distinct_.push_back(box);
-        holder_.push_back(occ[k].rank);
+        ChunkBox& box = distinct_.emplace_back();
+        box.offsets.assign(key, key + nd);
+        box.sizes.assign(key + nd, key + stride);
+        holder_.push_back(sorted_[k].rank);
         AddUnit(e, static_cast<uint64_t>(Volume(box)) * elem,
-                occ.begin() + static_cast<std::ptrdiff_t>(k),
-                occ.begin() + static_cast<std::ptrdiff_t>(end));
+                sorted_.data() + k, sorted_.data() + end);
         k = end;
       }
       if (absl::Status s = internal::CheckDisjointCover(
@@ -234,9 +288,52 @@ class SavePlanBuilder {
     return absl::OkStatus();
   }
 
-  void AddUnit(int entry, uint64_t bytes,
-               std::vector<Occurrence>::const_iterator begin,
-               std::vector<Occurrence>::const_iterator end) {
+  // Sorts order_ (indices into occ, whose boxes are in keys) by (box, rank).
+  // Local plans arrive in rank order and DTensor layouts list boxes in rank
+  // order, so order_ is usually a few ascending runs (one per replica): those
+  // are merged in linear time; anything else is sorted.
+  void SortByBoxThenRank(absl::Span<const Occurrence> occ, const int64_t* keys,
+                         size_t stride) {
+    auto less = [&](int a, int b) {
+      const int64_t* ka = keys + static_cast<size_t>(a) * stride;
+      const int64_t* kb = keys + static_cast<size_t>(b) * stride;
+      for (size_t d = 0; d < stride; ++d) {
+        if (ka[d] != kb[d]) return ka[d] < kb[d];
+      }
+      return occ[a].rank < occ[b].rank;
+    };
+    constexpr size_t kMaxRuns = 16;
+    run_ends_.clear();
+    for (size_t k = 1; k < order_.size(); ++k) {
+      if (less(order_[k], order_[k - 1])) {
+        run_ends_.push_back(k);
+        if (run_ends_.size() >= kMaxRuns) {
+          std::sort(order_.begin(), order_.end(), less);
+          return;
+        }
+      }
+    }
+    run_ends_.push_back(order_.size());
+    // Merge adjacent runs pairwise until one is left.
+    while (run_ends_.size() > 1) {
+      size_t begin = 0, w = 0;
+      for (size_t r = 0; r < run_ends_.size(); r += 2) {
+        if (r + 1 < run_ends_.size()) {
+          std::inplace_merge(order_.begin() + begin,
+                             order_.begin() + run_ends_[r],
+                             order_.begin() + run_ends_[r + 1], less);
+          begin = run_ends_[r + 1];
+        } else {
+          begin = run_ends_[r];
+        }
+        run_ends_[w++] = begin;
+      }
+      run_ends_.resize(w);
+    }
+  }
+
+  void AddUnit(int entry, uint64_t bytes, const Occurrence* begin,
+               const Occurrence* end) {
     units_.push_back(Unit{entry, bytes, static_cast<int>(holders_.size()),
                           static_cast<int>(end - begin), -1});
     holders_.insert(holders_.end(), begin, end);
@@ -247,22 +344,27 @@ class SavePlanBuilder {
   // holders are sorted by rank).
   void AssignWriters() {
     load_.assign(plans_.size(), 0);
-    std::vector<int> replicated;
+    // (bytes, unit) of the replicated units.
+    std::vector<std::pair<uint64_t, int>> replicated;
+    replicated.reserve(units_.size());
     for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
       Unit& unit = units_[u];
       if (unit.holders_count == 1) {
         unit.writer = 0;
         load_[holders_[unit.holders_begin].rank] += unit.bytes;
       } else {
-        replicated.push_back(u);
+        replicated.emplace_back(unit.bytes, u);
       }
     }
-    // Units are in (fqn, box) order; a stable sort keeps it for equal sizes.
-    std::stable_sort(replicated.begin(), replicated.end(), [&](int a, int b) {
-      return units_[a].bytes > units_[b].bytes;
-    });
-    for (int u : replicated) {
-      Unit& unit = units_[u];
+    // Decreasing size; units are in (fqn, box) order, kept for equal sizes.
+    std::sort(replicated.begin(), replicated.end(),
+              [](const std::pair<uint64_t, int>& a,
+                 const std::pair<uint64_t, int>& b) {
+                return a.first != b.first ? a.first > b.first
+                                          : a.second < b.second;
+              });
+    for (const std::pair<uint64_t, int>& r : replicated) {
+      Unit& unit = units_[r.second];
       int best = 0;
       uint64_t best_load = UINT64_MAX;
       for (int h = 0; h < unit.holders_count; ++h) {
@@ -284,18 +386,12 @@ class SavePlanBuilder {
     const int world = static_cast<int>(plans_.size());
     plan.world_size = world;
     plan.ranks.resize(world);
-    std::vector<int> count(world, 0);
-    for (const Unit& unit : units_) {
-      ++count[holders_[unit.holders_begin + unit.writer].rank];
-    }
-    std::vector<std::string> keys(world);
-    for (int r = 0; r < world; ++r) {
-      plan.ranks[r].rank = r;
-      plan.ranks[r].writes.reserve(count[r]);
-      if (count[r] > 0) keys[r] = ObjectKeyForRank(options_, r);
-    }
+    // Pass 1, in unit order: each unit's offset in its writer's object.
     const uint64_t align = options_.alignment;
-    for (const Unit& unit : units_) {
+    std::vector<uint64_t> offsets(units_.size());
+    std::vector<int> count(world + 1, 0);
+    for (size_t u = 0; u < units_.size(); ++u) {
+      const Unit& unit = units_[u];
       const Occurrence& o = holders_[unit.holders_begin + unit.writer];
       RankSavePlan& rp = plan.ranks[o.rank];
       // object_bytes <= 2^62 and align <= 2^30 (checked in Build): rounding
@@ -308,15 +404,43 @@ class SavePlanBuilder {
             "the largest supported object size 2^62 (", kMaxObjectBytes,
             " bytes)"));
       }
-      rp.writes.push_back(PlannedWrite{
-          ItemOf(o), StorageLocation{keys[o.rank], offset, unit.bytes}});
+      offsets[u] = offset;
       rp.object_bytes = offset + unit.bytes;
+      ++count[o.rank + 1];
       if (unit.bytes > kMaxObjectBytes * 2 - plan.total_bytes) {
         return Error(
             absl::StrCat("the checkpoint would exceed 2^63 bytes at rank ",
                          o.rank, " '", ItemOf(o).fqn, "'"));
       }
       plan.total_bytes += unit.bytes;
+    }
+    // The units grouped by writer, in unit order within a writer.
+    for (int r = 0; r < world; ++r) count[r + 1] += count[r];
+    std::vector<int> by_writer(units_.size());
+    {
+      std::vector<int> next(count.begin(), count.end() - 1);
+      for (size_t u = 0; u < units_.size(); ++u) {
+        const Unit& unit = units_[u];
+        by_writer[next[holders_[unit.holders_begin + unit.writer].rank]++] =
+            static_cast<int>(u);
+      }
+    }
+    // Pass 2, writer by writer: the copies read each writer's own plan and
+    // fill its writes in order, instead of hopping between 2 x world places.
+    for (int r = 0; r < world; ++r) {
+      RankSavePlan& rp = plan.ranks[r];
+      rp.rank = r;
+      if (count[r] == count[r + 1]) continue;
+      const std::string key = ObjectKeyForRank(options_, r);
+      rp.writes.resize(static_cast<size_t>(count[r + 1] - count[r]));
+      for (int i = count[r]; i < count[r + 1]; ++i) {
+        const Unit& unit = units_[by_writer[i]];
+        PlannedWrite& w = rp.writes[static_cast<size_t>(i - count[r])];
+        w.item = ItemOf(holders_[unit.holders_begin + unit.writer]);
+        w.location.object_key = key;
+        w.location.offset = offsets[by_writer[i]];
+        w.location.length = unit.bytes;
+      }
     }
     plan.entries.reserve(entries_.size());
     for (const Entry& e : entries_) {
@@ -338,12 +462,17 @@ class SavePlanBuilder {
 
   absl::flat_hash_map<absl::string_view, int> by_fqn_;
   std::vector<Entry> entries_;
+  std::vector<Occurrence> occurrences_;  // grouped by entry, rank order
+  std::vector<int64_t> keys_;            // tensor boxes, as occurrences_
   std::vector<Unit> units_;
   std::vector<Occurrence> holders_;
   std::vector<uint64_t> load_;
   // Scratch for MakeUnits.
   std::vector<ChunkBox> distinct_;
   std::vector<int> holder_;
+  std::vector<int> order_;  // occurrences with non-empty boxes, then sorted
+  std::vector<Occurrence> sorted_;  // those occurrences in that order
+  std::vector<size_t> run_ends_;
 };
 
 }  // namespace

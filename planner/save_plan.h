@@ -3,12 +3,17 @@
 // Algorithm (BuildGlobalSavePlan):
 //  1. Validate each item (lengths, dtypes, boxes inside shapes) and group the
 //     items by fqn; an fqn must be the same kind, dtype and global shape on
-//     every rank.
-//  2. Per tensor, group identical boxes: a box held by several ranks is one
-//     *unit* with several candidate writers (replicas). The distinct non-empty
-//     boxes must tile the tensor exactly (CheckExactCover: an OverlapIndex
-//     finds partial overlaps, a volume sum finds gaps). Bytes entries with the
-//     same fqn are replicas of one unit.
+//     every rank. Grouping is a counting sort into flat arrays: each fqn's
+//     occurrences (rank, item) and a copy of their boxes' coordinates, taken
+//     while the item is in cache, so later steps never revisit the items.
+//  2. Per tensor, sort the boxes and group identical ones: a box held by
+//     several ranks is one *unit* with several candidate writers (replicas).
+//     The copied boxes arrive in rank order, usually a few ascending runs
+//     (one per replica), which are merged; others are sorted. The distinct
+//     non-empty boxes must tile the tensor exactly: a grid check accepts
+//     DTensor-style tilings in O(n log n) (CheckDisjointCover); otherwise an
+//     OverlapIndex finds partial overlaps and a volume sum finds gaps. Bytes
+//     entries with the same fqn are replicas of one unit.
 //  3. Dedupe with balancing: units held by one rank are assigned to it; the
 //     replicated units are then assigned in decreasing size (ties by fqn, box)
 //     to their least-loaded holder (ties: lowest rank) — LPT scheduling over
@@ -18,8 +23,11 @@
 //     (sorted) content of the local plans, never on item order.
 //  4. Each writer gets one object (prefix + 5-digit rank + ".bin"); its items,
 //     sorted by (fqn, box), are laid out back to back, each offset rounded up
-//     to `alignment` for O_DIRECT.
-// Cost: O(N log N) for N items in total.
+//     to `alignment` for O_DIRECT. Offsets are computed in unit order, then
+//     each writer's writes are copied from its own plan, writer by writer.
+// Cost: O(N log N) for N items in total. Scratch memory is O(N), about 20
+// bytes per item plus 16 per box dim (most of it freed before the plan is
+// built), besides the returned plan (one PlannedWrite per unit).
 #ifndef CAIRN_PLANNER_SAVE_PLAN_H_
 #define CAIRN_PLANNER_SAVE_PLAN_H_
 

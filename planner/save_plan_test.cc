@@ -1,6 +1,8 @@
 #include "planner/save_plan.h"
 
+#include <algorithm>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <string>
@@ -377,6 +379,195 @@ TEST(SavePlanTest, MatchesCoverageOracleOnRandomLayouts) {
         ASSERT_EQ(again->ranks[r].writes[i].item.box,
                   plan->ranks[r].writes[i].item.box);
       }
+    }
+  }
+}
+
+// The reference planner: steps 2-4 of save_plan.h's algorithm written the
+// plain way (std::map by fqn, boxes sorted with operator<, a stable sort for
+// LPT, units laid out one by one). BuildGlobalSavePlan's faster internals
+// (flat keys, run merging, grid cover check, writer-by-writer copies) must
+// produce exactly this plan. Inputs must be valid.
+GlobalSavePlan ReferencePlan(const std::vector<LocalSavePlan>& plans,
+                             const SavePlanOptions& options) {
+  struct Held {
+    int rank;
+    const WriteItem* item;
+  };
+  std::map<std::string, std::vector<Held>> by_fqn;
+  for (const LocalSavePlan& p : plans) {
+    for (const WriteItem& item : p.items) {
+      by_fqn[item.fqn].push_back(Held{p.rank, &item});
+    }
+  }
+  struct Unit {
+    uint64_t bytes;
+    std::vector<Held> holders;  // by rank
+  };
+  std::vector<Unit> units;
+  GlobalSavePlan plan;
+  plan.world_size = static_cast<int>(plans.size());
+  for (auto& [fqn, held] : by_fqn) {
+    const WriteItem& first = *held[0].item;
+    if (first.kind == WriteItem::Kind::kBytes) {
+      plan.entries.push_back(
+          PlannedEntry{first.kind, fqn, DType::kUnspecified, Shape{}});
+      units.push_back(Unit{first.length, held});
+      continue;
+    }
+    plan.entries.push_back(
+        PlannedEntry{first.kind, fqn, first.dtype, first.global_shape});
+    std::stable_sort(held.begin(), held.end(),
+                     [](const Held& a, const Held& b) {
+                       if (a.item->box != b.item->box)
+                         return a.item->box < b.item->box;
+                       return a.rank < b.rank;
+                     });
+    for (const Held& h : held) {
+      if (Volume(h.item->box) == 0) continue;
+      if (!units.empty() && units.back().holders[0].item->fqn == fqn &&
+          units.back().holders[0].item->box == h.item->box) {
+        units.back().holders.push_back(h);
+      } else {
+        units.push_back(Unit{h.item->length, {h}});
+      }
+    }
+  }
+  std::vector<uint64_t> load(plans.size(), 0);
+  std::vector<int> writer(units.size(), 0);
+  std::vector<size_t> replicated;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].holders.size() == 1) {
+      load[units[u].holders[0].rank] += units[u].bytes;
+    } else {
+      replicated.push_back(u);
+    }
+  }
+  std::stable_sort(
+      replicated.begin(), replicated.end(),
+      [&](size_t a, size_t b) { return units[a].bytes > units[b].bytes; });
+  for (size_t u : replicated) {
+    for (size_t h = 1; h < units[u].holders.size(); ++h) {
+      if (load[units[u].holders[h].rank] <
+          load[units[u].holders[writer[u]].rank]) {
+        writer[u] = static_cast<int>(h);
+      }
+    }
+    load[units[u].holders[writer[u]].rank] += units[u].bytes;
+  }
+  plan.ranks.resize(plans.size());
+  for (size_t r = 0; r < plans.size(); ++r) {
+    plan.ranks[r].rank = static_cast<int>(r);
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    const Held& h = units[u].holders[writer[u]];
+    RankSavePlan& rp = plan.ranks[h.rank];
+    const uint64_t offset = (rp.object_bytes + options.alignment - 1) /
+                            options.alignment * options.alignment;
+    rp.writes.push_back(
+        PlannedWrite{*h.item, StorageLocation{ObjectKeyForRank(options, h.rank),
+                                              offset, units[u].bytes}});
+    rp.object_bytes = offset + units[u].bytes;
+    plan.total_bytes += units[u].bytes;
+  }
+  return plan;
+}
+
+void ExpectSamePlan(const GlobalSavePlan& got, const GlobalSavePlan& want) {
+  ASSERT_EQ(got.world_size, want.world_size);
+  ASSERT_EQ(got.total_bytes, want.total_bytes);
+  ASSERT_EQ(got.entries.size(), want.entries.size());
+  for (size_t i = 0; i < want.entries.size(); ++i) {
+    ASSERT_EQ(got.entries[i].kind, want.entries[i].kind);
+    ASSERT_EQ(got.entries[i].fqn, want.entries[i].fqn);
+    ASSERT_EQ(got.entries[i].dtype, want.entries[i].dtype);
+    ASSERT_EQ(got.entries[i].global_shape, want.entries[i].global_shape);
+  }
+  ASSERT_EQ(got.ranks.size(), want.ranks.size());
+  for (size_t r = 0; r < want.ranks.size(); ++r) {
+    const RankSavePlan& g = got.ranks[r];
+    const RankSavePlan& w = want.ranks[r];
+    ASSERT_EQ(g.rank, w.rank);
+    ASSERT_EQ(g.object_bytes, w.object_bytes) << "rank " << r;
+    ASSERT_EQ(g.writes.size(), w.writes.size()) << "rank " << r;
+    for (size_t i = 0; i < w.writes.size(); ++i) {
+      const WriteItem& gi = g.writes[i].item;
+      const WriteItem& wi = w.writes[i].item;
+      ASSERT_EQ(gi.kind, wi.kind);
+      ASSERT_EQ(gi.fqn, wi.fqn) << "rank " << r << " write " << i;
+      ASSERT_EQ(gi.dtype, wi.dtype);
+      ASSERT_EQ(gi.global_shape, wi.global_shape);
+      ASSERT_EQ(gi.box, wi.box) << "rank " << r << " write " << i;
+      ASSERT_EQ(gi.length, wi.length);
+      ASSERT_EQ(g.writes[i].location, w.writes[i].location);
+    }
+  }
+}
+
+// Property: on random valid saves (DTensor layouts with ranks in mesh order,
+// whose boxes arrive as a few sorted runs, or shuffled; irregular tilings on
+// random holders; bytes entries; items in plan order or shuffled) the plan is
+// exactly the reference planner's.
+TEST(SavePlanTest, EqualsReferencePlannerOnRandomSaves) {
+  std::mt19937_64 rng(77);
+  for (int iter = 0; iter < 600; ++iter) {
+    const int world = static_cast<int>(testing::Uniform(rng, 1, 64));
+    std::vector<std::vector<WriteItem>> items(world);
+    const int num_tensors = static_cast<int>(testing::Uniform(rng, 1, 6));
+    for (int t = 0; t < num_tensors; ++t) {
+      const std::string fqn = "model.layers." + std::to_string(t) + ".w";
+      const Shape shape = testing::RandomShape(rng, 3, 0, 9);
+      const DType dtype = t % 2 == 0 ? DType::kFloat32 : DType::kBFloat16;
+      if (testing::Uniform(rng, 0, 2) != 0) {
+        DTensorLayout layout = testing::RandomLayout(rng, shape, 0, 3, 4);
+        if (layout.mesh.ranks.size() > static_cast<size_t>(world)) {
+          layout =
+              DTensorLayout{DeviceMesh{{world}, {}}, {Placement::Shard(0)}};
+          layout.mesh.ranks.resize(static_cast<size_t>(world));
+          std::iota(layout.mesh.ranks.begin(), layout.mesh.ranks.end(), 0);
+        } else if (testing::Uniform(rng, 0, 1) == 0) {
+          std::sort(layout.mesh.ranks.begin(), layout.mesh.ranks.end());
+        }
+        auto all = AllChunks(layout, shape);
+        ASSERT_TRUE(all.ok()) << all.status();
+        for (const RankChunk& rc : *all) {
+          items[rc.rank].push_back(Chunk(fqn, shape, rc.box, dtype));
+        }
+      } else {
+        for (const ChunkBox& tile : testing::RandomTiling(rng, shape, 12)) {
+          std::set<int> holders;
+          const int copies = static_cast<int>(testing::Uniform(rng, 1, 4));
+          for (int c = 0; c < copies; ++c) {
+            holders.insert(
+                static_cast<int>(testing::Uniform(rng, 0, world - 1)));
+          }
+          for (int r : holders) {
+            items[r].push_back(Chunk(fqn, shape, tile, dtype));
+          }
+        }
+      }
+    }
+    for (int b = 0; b < 2; ++b) {
+      if (testing::Uniform(rng, 0, 1) == 0) continue;
+      const uint64_t len =
+          static_cast<uint64_t>(testing::Uniform(rng, 0, 20000));
+      for (int r = 0; r < world; ++r) {
+        if (r == 0 || testing::Uniform(rng, 0, 2) == 0) {
+          items[r].push_back(Bytes("extra_state." + std::to_string(b), len));
+        }
+      }
+    }
+    if (testing::Uniform(rng, 0, 1) == 0) {
+      for (auto& v : items) std::shuffle(v.begin(), v.end(), rng);
+    }
+    SavePlanOptions options;
+    options.alignment = static_cast<uint64_t>(testing::Uniform(rng, 1, 3)) * 64;
+    const std::vector<LocalSavePlan> plans = Plans(items);
+    auto plan = BuildGlobalSavePlan("j", iter, plans, options);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ExpectSamePlan(*plan, ReferencePlan(plans, options));
+    if (HasFatalFailure()) {
+      FAIL() << "iteration " << iter;
     }
   }
 }
