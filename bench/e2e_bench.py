@@ -270,7 +270,9 @@ def table_rows(shapes):
              (None, "load2"), "read"),
             ("load 4:S0 -> 4:S0", "load4", (None, "load4"), "read")]
     for name, save_layout, load_layout in shapes:
-        rows.append(("save %s" % save_layout, name + "_save", (name, "save"), "write"))
+        # Two shapes may save the same layout: the label names the load too.
+        rows.append(("save %s (for -> %s)" % (save_layout, load_layout), name + "_save",
+                     (name, "save"), "write"))
         rows.append(("load %s -> %s" % (save_layout, load_layout), name + "_load",
                      (name, "load"), "read"))
     return rows
