@@ -42,6 +42,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cairnd_process.h"
+#include "tests/testing/path_flags.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/test_storage.h"
 
@@ -582,17 +583,13 @@ TEST_F(AgentE2ETest, AutoIdBeyondNumNodesExitsNamingTheLimit) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view a = argv[i];
-    if (absl::ConsumePrefix(&a, "--cairnd=")) cairn::g_cairnd = std::string(a);
-    if (absl::ConsumePrefix(&a, "--agent=")) cairn::g_agent = std::string(a);
-    if (absl::ConsumePrefix(&a, "--agent-rank=")) {
-      cairn::g_agent_rank = std::string(a);
-    }
-    if (absl::ConsumePrefix(&a, "--rank=")) cairn::g_rank = std::string(a);
-    if (absl::ConsumePrefix(&a, "--make-certs=")) {
-      cairn::g_make_certs = std::string(a);
-    }
-  }
+  cairn::testing::ParsePathFlags(argc, argv,
+                                 {
+                                     {"cairnd", &cairn::g_cairnd},
+                                     {"agent", &cairn::g_agent},
+                                     {"agent-rank", &cairn::g_agent_rank},
+                                     {"rank", &cairn::g_rank},
+                                     {"make-certs", &cairn::g_make_certs},
+                                 });
   return RUN_ALL_TESTS();
 }

@@ -30,6 +30,7 @@
 #include "httplib.h"
 #include "tests/testing/cairnd_process.h"
 #include "tests/testing/grpc_probe.h"
+#include "tests/testing/path_flags.h"
 #include "tests/testing/subprocess.h"
 
 #ifndef CAIRN_CAIRND_PATH
@@ -592,15 +593,11 @@ TEST_F(AuthE2ETest, CairndRefusesToStartOnABadTokenFile) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view a = argv[i];
-    if (absl::StartsWith(a, "--cairnd=")) {
-      cairn::g_cairnd = std::string(a.substr(9));
-    }
-    if (absl::StartsWith(a, "--cli=")) cairn::g_cli = std::string(a.substr(6));
-    if (absl::StartsWith(a, "--rank=")) {
-      cairn::g_rank = std::string(a.substr(7));
-    }
-  }
+  cairn::testing::ParsePathFlags(argc, argv,
+                                 {
+                                     {"cairnd", &cairn::g_cairnd},
+                                     {"cli", &cairn::g_cli},
+                                     {"rank", &cairn::g_rank},
+                                 });
   return RUN_ALL_TESTS();
 }

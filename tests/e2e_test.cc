@@ -35,6 +35,7 @@
 #include "storage/checkpoint_layout.h"
 #include "storage/shard_store.h"
 #include "tests/testing/cairnd_process.h"
+#include "tests/testing/path_flags.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/test_storage.h"
 
@@ -857,12 +858,10 @@ TEST_F(E2ETest, TruncatedOrNonRegularObjectIsDataLossForLoadAndVerify) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view a = argv[i];
-    if (absl::StartsWith(a, "--cairnd="))
-      cairn::g_cairnd = std::string(a.substr(9));
-    if (absl::StartsWith(a, "--rank="))
-      cairn::g_rank = std::string(a.substr(7));
-  }
+  cairn::testing::ParsePathFlags(argc, argv,
+                                 {
+                                     {"cairnd", &cairn::g_cairnd},
+                                     {"rank", &cairn::g_rank},
+                                 });
   return RUN_ALL_TESTS();
 }

@@ -46,6 +46,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/cairnd_process.h"
 #include "tests/testing/grpc_probe.h"
+#include "tests/testing/path_flags.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/test_storage.h"
 
@@ -629,20 +630,14 @@ TEST_F(MetricsE2ETest, PrometheusScrapesTheDaemonsDuringASave) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view a = argv[i];
-    if (absl::ConsumePrefix(&a, "--cairnd=")) cairn::g_cairnd = std::string(a);
-    if (absl::ConsumePrefix(&a, "--agent=")) cairn::g_agent = std::string(a);
-    if (absl::ConsumePrefix(&a, "--agent-rank=")) {
-      cairn::g_agent_rank = std::string(a);
-    }
-    if (absl::ConsumePrefix(&a, "--rank=")) cairn::g_rank = std::string(a);
-    if (absl::ConsumePrefix(&a, "--promtool=")) {
-      cairn::g_promtool = std::string(a);
-    }
-    if (absl::ConsumePrefix(&a, "--prometheus=")) {
-      cairn::g_prometheus = std::string(a);
-    }
-  }
+  cairn::testing::ParsePathFlags(argc, argv,
+                                 {
+                                     {"cairnd", &cairn::g_cairnd},
+                                     {"agent", &cairn::g_agent},
+                                     {"agent-rank", &cairn::g_agent_rank},
+                                     {"rank", &cairn::g_rank},
+                                     {"promtool", &cairn::g_promtool},
+                                     {"prometheus", &cairn::g_prometheus},
+                                 });
   return RUN_ALL_TESTS();
 }

@@ -45,6 +45,7 @@
 #include "storage/checkpoint_layout.h"
 #include "tests/testing/cairnd_process.h"
 #include "tests/testing/grpc_probe.h"
+#include "tests/testing/path_flags.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/test_storage.h"
 
@@ -718,18 +719,12 @@ TEST_F(OpsTest, CliVerifyWhereStorageIsNotMountedSaysUnreachable) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view a = argv[i];
-    if (absl::StartsWith(a, "--cairnd=")) {
-      cairn::g_cairnd = std::string(a.substr(9));
-    }
-    if (absl::StartsWith(a, "--agent=")) {
-      cairn::g_agent = std::string(a.substr(8));
-    }
-    if (absl::StartsWith(a, "--cli=")) cairn::g_cli = std::string(a.substr(6));
-    if (absl::StartsWith(a, "--rank=")) {
-      cairn::g_rank = std::string(a.substr(7));
-    }
-  }
+  cairn::testing::ParsePathFlags(argc, argv,
+                                 {
+                                     {"cairnd", &cairn::g_cairnd},
+                                     {"agent", &cairn::g_agent},
+                                     {"cli", &cairn::g_cli},
+                                     {"rank", &cairn::g_rank},
+                                 });
   return RUN_ALL_TESTS();
 }

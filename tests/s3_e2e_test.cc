@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "storage/checkpoint_layout.h"
 #include "tests/testing/cairnd_process.h"
+#include "tests/testing/path_flags.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/test_storage.h"
 
@@ -214,11 +215,11 @@ TEST_F(S3E2ETest, CliVerifyWhereS3IsNotReachableSaysSo) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view a = argv[i];
-    if (absl::ConsumePrefix(&a, "--cairnd=")) cairn::g_cairnd = std::string(a);
-    if (absl::ConsumePrefix(&a, "--cli=")) cairn::g_cli = std::string(a);
-    if (absl::ConsumePrefix(&a, "--rank=")) cairn::g_rank = std::string(a);
-  }
+  cairn::testing::ParsePathFlags(argc, argv,
+                                 {
+                                     {"cairnd", &cairn::g_cairnd},
+                                     {"cli", &cairn::g_cli},
+                                     {"rank", &cairn::g_rank},
+                                 });
   return RUN_ALL_TESTS();
 }

@@ -33,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/cairnd_process.h"
 #include "tests/testing/grpc_probe.h"
+#include "tests/testing/path_flags.h"
 #include "tests/testing/subprocess.h"
 
 #ifndef CAIRN_CAIRND_PATH
@@ -513,15 +514,11 @@ TEST_F(TlsTest, SaveAndReshardedLoadOverMutualTls) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view a = argv[i];
-    if (absl::StartsWith(a, "--cairnd="))
-      cairn::g_cairnd = std::string(a.substr(9));
-    if (absl::StartsWith(a, "--rank="))
-      cairn::g_rank = std::string(a.substr(7));
-    if (absl::StartsWith(a, "--make-certs=")) {
-      cairn::g_make_certs = std::string(a.substr(13));
-    }
-  }
+  cairn::testing::ParsePathFlags(argc, argv,
+                                 {
+                                     {"cairnd", &cairn::g_cairnd},
+                                     {"rank", &cairn::g_rank},
+                                     {"make-certs", &cairn::g_make_certs},
+                                 });
   return RUN_ALL_TESTS();
 }

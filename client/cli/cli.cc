@@ -3,13 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -26,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.grpc.pb.h"
+#include "client/protocol/client_security.h"
 #include "client/protocol/coordinator_call.h"
 #include "common/cli_flags.h"
 #include "common/grpc_status.h"
@@ -138,23 +136,6 @@ class Backend {
   virtual absl::StatusOr<v1::GarbageCollectResponse> Gc(const std::string& job,
                                                         int keep, bool dry) = 0;
 };
-
-// The token in `path`, trailing whitespace (a newline) dropped.
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string token((std::istreambuf_iterator<char>(in)),
-                    std::istreambuf_iterator<char>());
-  while (!token.empty() &&
-         std::isspace(static_cast<unsigned char>(token.back()))) {
-    token.pop_back();
-  }
-  if (!in.good() && !in.eof()) token.clear();
-  if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--token-file ", path, ": cannot read it, or it holds no token"));
-  }
-  return token;
-}
 
 class CoordinatorBackend : public Backend {
  public:
@@ -619,7 +600,8 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   CoordinatorBackend* online = nullptr;
   if (!coordinator.empty()) {
     if (!token_file.empty()) {
-      absl::StatusOr<std::string> token = ReadTokenFile(token_file);
+      absl::StatusOr<std::string> token =
+          protocol::ReadTokenFile("--token-file", token_file);
       if (!token.ok()) {
         err << "cairn: " << token.status().message() << "\n";
         return 2;

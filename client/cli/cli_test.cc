@@ -171,6 +171,19 @@ TEST_F(CliTest, ExactlyOneOfCoordinatorAndStorageIsRequired) {
   EXPECT_THAT(both.err, HasSubstr("give exactly one of --coordinator"));
 }
 
+TEST_F(CliTest, AnUnreadableTokenFileIsAUsageErrorNamingIt) {
+  // A directory used to abort the CLI (the stream threw on EISDIR).
+  for (const std::string& path : {dir_, dir_ + "/absent", [&] {
+                                    std::string empty = dir_ + "/empty-token";
+                                    std::ofstream(empty) << "\n";
+                                    return empty;
+                                  }()}) {
+    Result r = Cairn({"-c", "127.0.0.1:1", "--token-file", path, "ls"});
+    EXPECT_EQ(r.code, 2) << r;
+    EXPECT_THAT(r.err, HasSubstr("--token-file " + path + ": cannot read it"));
+  }
+}
+
 TEST_F(CliTest, TheCommandLineWinsOverTheOthersVariable) {
   Write("job", 5);
   // As in cairnd's container: CAIRN_STORAGE is cairnd's setting, and a

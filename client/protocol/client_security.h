@@ -4,7 +4,12 @@
 #ifndef CAIRN_CLIENT_PROTOCOL_CLIENT_SECURITY_H_
 #define CAIRN_CLIENT_PROTOCOL_CLIENT_SECURITY_H_
 
+#include <cstddef>
+#include <limits>
 #include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace cairn::protocol {
 
@@ -27,6 +32,14 @@ struct ClientSecurity {
   // empty).
   static ClientSecurity FromEnvironment();
 };
+
+// The bearer token stored in `path` (a Secret's file, `--token-file`):
+// its bytes with trailing whitespace (a newline) dropped. INVALID_ARGUMENT
+// naming `flag` and the path when the file cannot be read, holds no token,
+// or holds more than `max_bytes`. The token is never in the message.
+absl::StatusOr<std::string> ReadTokenFile(
+    absl::string_view flag, const std::string& path,
+    size_t max_bytes = std::numeric_limits<size_t>::max());
 
 }  // namespace cairn::protocol
 

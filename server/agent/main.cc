@@ -16,13 +16,11 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/protocol/client_security.h"
 #include "client/protocol/coordinator_call.h"
 #include "common/cli_flags.h"
 #include "common/gpu/gpu_info.h"
@@ -225,42 +224,26 @@ int main(int argc, char** argv) {
     spec.socket_mode = static_cast<mode_t>(mode);
   }
   if (!peer_token_file.empty()) {
-    std::ifstream in(peer_token_file, std::ios::binary);
-    std::string token((std::istreambuf_iterator<char>(in)),
-                      std::istreambuf_iterator<char>());
-    while (!token.empty() &&
-           std::isspace(static_cast<unsigned char>(token.back()))) {
-      token.pop_back();
-    }
-    if (!in.good() && !in.eof()) token.clear();
-    if (token.empty() || token.size() > cairn::agent::kMaxTokenBytes) {
-      std::fprintf(stderr,
-                   "cairn-agent: --peer-token-file %s must hold a token of 1 "
-                   "to %zu bytes\n",
-                   peer_token_file.c_str(), cairn::agent::kMaxTokenBytes);
+    absl::StatusOr<std::string> token = cairn::protocol::ReadTokenFile(
+        "--peer-token-file", peer_token_file, cairn::agent::kMaxTokenBytes);
+    if (!token.ok()) {
+      std::fprintf(stderr, "cairn-agent: %s\n",
+                   std::string(token.status().message()).c_str());
       return 2;
     }
-    spec.agent.peer_token = std::move(token);
+    spec.agent.peer_token = *std::move(token);
   } else if (const char* env = std::getenv("CAIRN_PEER_TOKEN")) {
     spec.agent.peer_token = env;
   }
   if (!token_file.empty()) {
-    std::ifstream in(token_file, std::ios::binary);
-    std::string token((std::istreambuf_iterator<char>(in)),
-                      std::istreambuf_iterator<char>());
-    while (!token.empty() &&
-           std::isspace(static_cast<unsigned char>(token.back()))) {
-      token.pop_back();
-    }
-    if (!in.good() && !in.eof()) token.clear();
-    if (token.empty()) {
-      std::fprintf(stderr,
-                   "cairn-agent: --token-file %s must hold a token (cannot "
-                   "read it, or it is empty)\n",
-                   token_file.c_str());
+    absl::StatusOr<std::string> token =
+        cairn::protocol::ReadTokenFile("--token-file", token_file);
+    if (!token.ok()) {
+      std::fprintf(stderr, "cairn-agent: %s\n",
+                   std::string(token.status().message()).c_str());
       return 2;
     }
-    security.token = std::move(token);
+    security.token = *std::move(token);
   } else if (const char* env = std::getenv("CAIRN_TOKEN")) {
     security.token = env;
   }
