@@ -80,7 +80,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
           [this](std::function<void()> work) {
             workers_->Schedule(std::move(work));
           }),
-      known_plans_(kKnownPlanBytes),
+      known_plans_(options.known_plan_cache_bytes),
       workers_(std::make_unique<ThreadPool>(options.worker_threads)) {
   RegisterMetrics();
   reaper_ = std::thread([this] { ReaperLoop(); });

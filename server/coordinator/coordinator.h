@@ -131,6 +131,12 @@ struct CoordinatorOptions {
   int keep_last = 0;
   // Byte bound of the global save plan cache. Default: 512 MiB.
   size_t plan_cache_bytes = size_t{512} << 20;
+  // Byte bound of the local plans kept for fingerprint-only BeginSaves (each
+  // rank's last plan, charged its approximate in-memory size). A rank whose
+  // plan was evicted is asked to resend it, and the global plan is then
+  // rebuilt: size it to the ranks x items of the largest job (a 70B model's
+  // FSDP x TP state takes ~0.7 MB per rank). Default: 256 MiB.
+  size_t known_plan_cache_bytes = size_t{256} << 20;
   // Number of manifests (with their overlap indexes) kept in memory.
   // Default: 16.
   size_t manifest_cache_entries = 16;
@@ -376,7 +382,7 @@ class Coordinator {
     std::string fingerprint;
     std::shared_ptr<const planner::LocalSavePlan> plan;
   };
-  // Bounded by bytes (kKnownPlanBytes): an evicted plan is asked again
+  // Bounded by bytes (known_plan_cache_bytes): an evicted plan is asked again
   // (resend_plan), so this is only a cache.
   LruCache<std::pair<std::string, int>, KnownPlan> known_plans_;
   // Plan version of each job (informational): bounded by kMaxPlanVersionJobs,

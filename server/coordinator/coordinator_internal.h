@@ -55,8 +55,6 @@ inline std::string RankList(const std::vector<int>& ranks, int world_size) {
 
 // Aborted saves remembered to answer their late calls.
 inline constexpr size_t kMaxTombstones = 4096;
-// Bytes of local plans kept for fingerprint-only saves.
-inline constexpr size_t kKnownPlanBytes = size_t{256} << 20;
 // Jobs whose plan version is remembered.
 inline constexpr size_t kMaxPlanVersionJobs = 4096;
 // ABORTED catalog records kept per job (the newest): every abort used to add

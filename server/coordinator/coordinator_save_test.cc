@@ -44,6 +44,26 @@ TEST_F(CoordinatorTest, UnchangedPlansSendFingerprintsAndHitThePlanCache) {
   EXPECT_EQ(LatestStep("job"), 3);
 }
 
+TEST_F(CoordinatorTest, KnownPlanCacheTooSmallMakesRanksResendTheirPlans) {
+  options_.known_plan_cache_bytes = 16;  // smaller than any local plan
+  Start();
+  std::vector<v1::BeginSaveResponse> first = Save("job", 1, 2);
+  std::vector<std::future<BeginResult>> begins;
+  for (int r = 0; r < 2; ++r) {
+    begins.push_back(
+        Begin("job", 2, r, 2, std::nullopt, first[r].plan_fingerprint()));
+  }
+  for (auto& f : begins) {
+    BeginResult b = f.get();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(b->resend_plan());
+  }
+  // The whole plans then save as usual, from the global plan cache.
+  Save("job", 2, 2);
+  EXPECT_EQ(LatestStep("job"), 2);
+  EXPECT_EQ(coordinator_->stats().plans_from_cache, 1);
+}
+
 TEST_F(CoordinatorTest, UnknownFingerprintAsksTheRankToResend) {
   Start();
   BeginResult r =

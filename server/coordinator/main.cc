@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   double grace_s = 10;
   double reload_every_s = 0;
   int plan_cache_mib = 512;
+  int known_plan_cache_mib = 256;
   app.add_option("--listen", spec.listen_address,
                  "host:port to serve on (port 0 picks a free port; default: "
                  "0.0.0.0:7070 with TLS, 127.0.0.1:7070 without)");
@@ -102,6 +103,12 @@ int main(int argc, char** argv) {
       ->check(cairn::flags::InRange(1, 256));
   app.add_option("--plan-cache-mib", plan_cache_mib,
                  "Byte bound of the save plan cache, in MiB")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(0, 1 << 20));
+  app.add_option("--known-plan-cache-mib", known_plan_cache_mib,
+                 "Byte bound of the ranks' last local plans kept for "
+                 "fingerprint-only saves, in MiB (too small for a job: its "
+                 "ranks resend their plans and every save is planned anew)")
       ->capture_default_str()
       ->check(cairn::flags::InRange(0, 1 << 20));
   app.add_option("--reload-every", reload_every_s,
@@ -202,6 +209,8 @@ int main(int argc, char** argv) {
   spec.coordinator.load_join_grace = absl::Seconds(load_join_grace_s);
   spec.coordinator.load_verify_deadline = absl::Seconds(load_verify_deadline_s);
   spec.coordinator.plan_cache_bytes = static_cast<size_t>(plan_cache_mib) << 20;
+  spec.coordinator.known_plan_cache_bytes =
+      static_cast<size_t>(known_plan_cache_mib) << 20;
   if (reflection != "auto") spec.reflection = reflection == "on";
 
   // Block the handled signals in every thread (gRPC's inherit the mask);
