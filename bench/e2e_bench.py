@@ -190,19 +190,28 @@ def cairn_load(args, rank_bin, addr, job, layout, extra, env):
     l = run_ranks(rank_bin, addr, job, world_of(layout), args.model, layout,
                   ["--load", "1"] + extra, args.timeout, env)
     out = {"s": max(x[0]["plan_s"] + x[0]["io_s"] for x in l), "cold": cold,
-           "needed_bytes": sum(x[0]["bytes"] for x in l)}
+           "needed_bytes": sum(x[0]["bytes"] for x in l),
+           # The control path's share: PlanLoad as the slowest rank saw it
+           # (connecting, the TLS handshake, waiting for the last rank to
+           # arrive, cairnd's plan), next to the reads and VerifyLoad.
+           "plan_s": max(x[0]["plan_s"] for x in l),
+           "io_s": max(x[0]["io_s"] for x in l)}
     for key in LOAD_STATS:
         out[key] = sum(x[0][key] for x in l)
     return out
 
 
 def cairn_save(args, rank_bin, addr, job, layout, env):
-    """Saves step 1 of `job` from `layout`; returns the collective time:
-    barrier release -> commit acknowledged."""
+    """Saves step 1 of `job` from `layout`; returns the collective time
+    ("s": barrier release -> commit acknowledged) and its control-path parts."""
     s = run_ranks(rank_bin, addr, job, world_of(layout), args.model, layout,
                   ["--save-steps", "1"], args.timeout, env)
-    return (min(x[0]["plan_s"] for x in s) +
-            max(x[0]["io_s"] + x[0]["commit_s"] for x in s))
+    return {"s": (min(x[0]["plan_s"] for x in s) +
+                  max(x[0]["io_s"] + x[0]["commit_s"] for x in s)),
+            # The control path's share: BeginSave as the last rank to arrive
+            # saw it, CommitSave as the slowest rank saw it.
+            "plan_s": min(x[0]["plan_s"] for x in s),
+            "commit_s": max(x[0]["commit_s"] for x in s)}
 
 
 def cairn_run(args, model, total_bytes, build=None, certs=None, shapes=()):
@@ -226,7 +235,8 @@ def cairn_run(args, model, total_bytes, build=None, certs=None, shapes=()):
         args.model = model
         res = {"tool": "cairn_tls" if certs else "cairn", "bytes": total_bytes}
         phases = ["save"]
-        res["save_s"] = cairn_save(args, rank_bin, addr, "bench", "4:S0", env)
+        res.update({"save_" + k: v for k, v in
+                    cairn_save(args, rank_bin, addr, "bench", "4:S0", env).items()})
         for name, layout, extra in (("load2", "2:S1", []),
                                     ("load2_whole", "2:S1", ["--partial-check", "whole"]),
                                     ("load4", "4:S0", [])):
@@ -235,7 +245,8 @@ def cairn_run(args, model, total_bytes, build=None, certs=None, shapes=()):
             res.update({name + "_" + k: v for k, v in l.items()})
             phases.append(name)
         for name, save_layout, load_layout in shapes:
-            res[name + "_save_s"] = cairn_save(args, rank_bin, addr, name, save_layout, env)
+            res[name + "_save_s"] = cairn_save(args, rank_bin, addr, name, save_layout,
+                                               env)["s"]
             l = cairn_load(args, rank_bin, addr, name, load_layout, [], env)
             res["cold"] = res["cold"] and l.pop("cold")
             res.update({name + "_load_" + k: v for k, v in l.items()})
@@ -477,6 +488,19 @@ def main():
             per = ", ".join("%.3fx" % (rd[1][name + "_GBps"] / rd[0][name + "_GBps"])
                             for rd in tls_rounds)
             print("| %s | %.2f | %.2f | %.3fx | %s |" % (name, c, t, t / c, per))
+        # Where a difference comes from: the control path (plan: BeginSave or
+        # PlanLoad as the slowest rank saw it, commit: CommitSave) against the
+        # data path (io: reads + VerifyLoad), seconds per round.
+        print()
+        print("| phase | part | plaintext s per round | mutual TLS s per round |")
+        print("|---|---|---|---|")
+        for name, parts in (("save", ("plan", "commit")), ("load2", ("plan", "io")),
+                            ("load2_whole", ("plan", "io")), ("load4", ("plan", "io"))):
+            for part in parts:
+                key = "%s_%s_s" % (name, part)
+                print("| %s | %s | %s | %s |" % (
+                    name, part, ", ".join("%.3f" % rd[0][key] for rd in tls_rounds),
+                    ", ".join("%.3f" % rd[1][key] for rd in tls_rounds)))
     if missing:
         sys.exit("e2e_bench: FAILED: missing ratios: " + "; ".join(missing))
 
