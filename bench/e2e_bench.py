@@ -214,6 +214,20 @@ def cairn_save(args, rank_bin, addr, job, layout, env):
             "commit_s": max(x[0]["commit_s"] for x in s)}
 
 
+def tls_flags_and_env(certs):
+    """cairnd's flags and the ranks' environment for mutual TLS with the
+    certificates of make_certs; ([], None) for plaintext (certs None)."""
+    if not certs:
+        return [], None
+    flags = ["--tls-cert", os.path.join(certs, "server.crt"),
+             "--tls-key", os.path.join(certs, "server.key"),
+             "--tls-client-ca", os.path.join(certs, "ca.crt")]
+    env = dict(os.environ, CAIRN_TLS_CA=os.path.join(certs, "ca.crt"),
+               CAIRN_TLS_CERT=os.path.join(certs, "client.crt"),
+               CAIRN_TLS_KEY=os.path.join(certs, "client.key"))
+    return flags, env
+
+
 def cairn_run(args, model, total_bytes, build=None, certs=None, shapes=()):
     """One round: fresh cairnd and data directory, one save and the three loads,
     then for each of `shapes` (SHAPES entries) a save and a load of its own job.
@@ -222,14 +236,7 @@ def cairn_run(args, model, total_bytes, build=None, certs=None, shapes=()):
     cairnd = os.path.join(build, "server/coordinator/cairnd")
     rank_bin = os.path.join(build, "client/examples/cairn_train_example")
     data = os.path.join(args.dir, "cairn")
-    flags, env = [], None
-    if certs:
-        flags = ["--tls-cert", os.path.join(certs, "server.crt"),
-                 "--tls-key", os.path.join(certs, "server.key"),
-                 "--tls-client-ca", os.path.join(certs, "ca.crt")]
-        env = dict(os.environ, CAIRN_TLS_CA=os.path.join(certs, "ca.crt"),
-                   CAIRN_TLS_CERT=os.path.join(certs, "client.crt"),
-                   CAIRN_TLS_KEY=os.path.join(certs, "client.key"))
+    flags, env = tls_flags_and_env(certs)
     d, addr = start_cairnd(cairnd, data, flags)
     try:
         args.model = model

@@ -20,19 +20,12 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import e2e_bench as e2e  # noqa: E402  (start_cairnd, run_ranks, make_certs)
+import e2e_bench as e2e  # noqa: E402  (start_cairnd, run_ranks, make_certs, TLS)
 
 
 def run(args, certs):
     """One cairnd and one 4-rank job saving steps 1..N: per step (control s, save s)."""
-    flags, env = [], None
-    if certs:
-        flags = ["--tls-cert", os.path.join(certs, "server.crt"),
-                 "--tls-key", os.path.join(certs, "server.key"),
-                 "--tls-client-ca", os.path.join(certs, "ca.crt")]
-        env = dict(os.environ, CAIRN_TLS_CA=os.path.join(certs, "ca.crt"),
-                   CAIRN_TLS_CERT=os.path.join(certs, "client.crt"),
-                   CAIRN_TLS_KEY=os.path.join(certs, "client.key"))
+    flags, env = e2e.tls_flags_and_env(certs)
     d, addr = e2e.start_cairnd(os.path.join(args.build, "server/coordinator/cairnd"),
                                os.path.join(args.dir, "data"), flags)
     try:
