@@ -6,5 +6,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 git ls-files -z --cached --others --exclude-standard |
-  grep -zvE '^(build[^/]*|bazel-[^/]*)/|(^|/)node_modules/' |
+  grep -zvE '^(build[^/]*|bazel-[^/]*)/|(^|/)(node_modules|__pycache__)/|\.pyc$' |
   xargs -0 -r sha256sum 2>/dev/null | sha256sum | cut -c1-16
