@@ -5,11 +5,12 @@
 // Connections, DNS lookups and TLS sessions are shared by every request of
 // one HttpClient through a CURLSH share handle (with its lock callbacks), and
 // easy handles are pooled, so a stream of requests reuses warm connections.
-// Request bodies are streamed from the caller's span (CURLOPT_READFUNCTION,
-// no copy); a response can be written straight into a caller's span (ranged
-// GETs). Payloads are not hashed: `x-amz-content-sha256: UNSIGNED-PAYLOAD`.
-// No request can hang forever: connect timeout, and a transfer slower than
-// 1 byte/s for low_speed_timeout is aborted (CURLE_OPERATION_TIMEDOUT).
+// Request bodies are streamed from the caller's spans (CURLOPT_READFUNCTION,
+// no copy of their own); a response can be written straight into a caller's
+// span (ranged GETs). Payloads are not hashed: `x-amz-content-sha256:
+// UNSIGNED-PAYLOAD`. No request can hang forever: connect timeout, and a
+// transfer slower than 1 byte/s for low_speed_timeout is aborted
+// (CURLE_OPERATION_TIMEDOUT).
 //
 // Thread-safe: Perform may be called concurrently.
 #ifndef CAIRN_STORAGE_S3_HTTP_CLIENT_H_
@@ -41,8 +42,9 @@ struct HttpRequest {
   std::string method = "GET";        // GET, HEAD, PUT, POST, DELETE
   std::string url;                   // already SigV4-canonical (see s3_url.h)
   std::vector<std::string> headers;  // "Name: value"
-  // PUT and POST send exactly these bytes (streamed, not copied).
-  absl::Span<const char> body;
+  // PUT and POST send exactly these bytes, the spans one after the other
+  // (streamed from them, not copied first).
+  std::vector<absl::Span<const char>> body;
   // When set, a 2xx response body is written here (more bytes than fit
   // fail the request with sink_overflow); other bodies go to
   // HttpResponse::body.
@@ -62,6 +64,9 @@ struct HttpResponse {
   uint64_t bytes_received = 0;  // response body bytes received
   bool ok() const { return curl_code == 0 && status >= 200 && status < 300; }
 };
+
+// The bytes of a request body: the sum of its spans.
+uint64_t BodySize(const HttpRequest& request);
 
 class HttpClient {
  public:

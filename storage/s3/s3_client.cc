@@ -197,7 +197,7 @@ absl::Status S3Client::PutObject(std::string_view key,
   req.method = "PUT";
   req.url = Url(key);
   req.headers = {"Content-Type: application/octet-stream"};
-  req.body = data;
+  req.body = {data};
   return Execute({"PUT", config_.bucket, std::string(key)}, req,
                  Idempotency::kIdempotent)
       .status();
@@ -280,6 +280,13 @@ absl::StatusOr<std::string> S3Client::UploadPart(std::string_view key,
                                                  std::string_view upload_id,
                                                  int part_number,
                                                  absl::Span<const char> data) {
+  return UploadPartPieces(key, upload_id, part_number,
+                          std::vector<absl::Span<const char>>{data});
+}
+
+absl::StatusOr<std::string> S3Client::UploadPartPieces(
+    std::string_view key, std::string_view upload_id, int part_number,
+    std::vector<absl::Span<const char>> pieces) {
   const S3RequestName name{absl::StrCat("PUT (UploadPart ", part_number, ")"),
                            config_.bucket, std::string(key)};
   if (part_number < 1 || part_number > kMaxPartNumber) {
@@ -290,7 +297,7 @@ absl::StatusOr<std::string> S3Client::UploadPart(std::string_view key,
   req.method = "PUT";
   req.url = Url(key, {{"partNumber", absl::StrCat(part_number)},
                       {"uploadId", std::string(upload_id)}});
-  req.body = data;
+  req.body = std::move(pieces);
   auto resp = Execute(name, req, Idempotency::kIdempotent);
   if (!resp.ok()) return resp.status();
   if (resp->etag.empty()) {
@@ -319,7 +326,7 @@ absl::Status S3Client::CompleteMultipartUpload(
   req.method = "POST";
   req.url = Url(key, {{"uploadId", std::string(upload_id)}});
   req.headers = {"Content-Type: application/xml"};
-  req.body = body;
+  req.body = {body};
   absl::BitGen gen;
   int total_attempts = 0;
   for (int round = 1;; ++round) {
@@ -458,7 +465,7 @@ absl::Status S3Client::DeleteObjects(absl::Span<const std::string> keys) {
     req.url = Url("", {{"delete", ""}});
     req.headers = {"Content-Type: application/xml",
                    "Content-MD5: " + ContentMd5(body)};
-    req.body = body;
+    req.body = {body};
     auto resp = Execute(name, req, Idempotency::kIdempotent);
     if (!resp.ok()) return resp.status();
     tinyxml2::XMLDocument doc;
@@ -543,7 +550,7 @@ absl::Status S3Client::CreateBucket(std::string_view bucket) {
   req.method = "PUT";
   req.url = ObjectUrl(config_, Av(bucket), "");
   if (!body.empty()) req.headers = {"Content-Type: application/xml"};
-  req.body = body;
+  req.body = {body};
   absl::Status s = Execute({"PUT (CreateBucket)", std::string(bucket), ""}, req,
                            Idempotency::kIdempotent)
                        .status();

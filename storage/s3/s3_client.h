@@ -91,12 +91,17 @@ class S3Client {
 
   // Multipart upload: Create returns the upload id; UploadPart returns the
   // part's ETag (part numbers 1..10000); Complete takes the ETags of parts
-  // 1..N in order (part i+1 = etags[i]).
+  // 1..N in order (part i+1 = etags[i]). UploadPartPieces sends the part
+  // given in pieces (its bytes are the pieces one after the other), each
+  // straight from where it is.
   absl::StatusOr<std::string> CreateMultipartUpload(std::string_view key);
   absl::StatusOr<std::string> UploadPart(std::string_view key,
                                          std::string_view upload_id,
                                          int part_number,
                                          absl::Span<const char> data);
+  absl::StatusOr<std::string> UploadPartPieces(
+      std::string_view key, std::string_view upload_id, int part_number,
+      std::vector<absl::Span<const char>> pieces);
   absl::Status CompleteMultipartUpload(std::string_view key,
                                        std::string_view upload_id,
                                        absl::Span<const std::string> etags);

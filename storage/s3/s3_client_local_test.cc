@@ -355,6 +355,32 @@ TEST(S3ClientLocalTest, RetriesIdempotentRequestsAndCountsThem) {
   EXPECT_EQ(client->stats().retries, 3u);
 }
 
+TEST(S3ClientLocalTest, PartInPiecesIsSentWholeAndResentWholeOnRetry) {
+  ScriptedServer server;
+  auto client = Client(ConfigFor(server.port()));
+  // Pieces of every kind: empty, one byte, and ones longer than curl's
+  // upload buffer, so a buffer fill spans pieces.
+  std::string a(300 << 10, 'a'), b = "b", c(700 << 10, 'c');
+  for (size_t i = 0; i < c.size(); i += 4093) c[i] = static_cast<char>(i);
+  const std::string whole = a + b + c;
+  server.Push(Response(503, kSlowDown));
+  server.Push(Response(200, "", "ETag: \"e2\"\r\n"));
+  auto etag = client->UploadPartPieces(
+      "k", "U", 2,
+      {absl::MakeConstSpan(a), absl::Span<const char>(), absl::MakeConstSpan(b),
+       absl::MakeConstSpan(c)});
+  ASSERT_TRUE(etag.ok()) << etag.status();
+  EXPECT_EQ(*etag, "\"e2\"");
+  auto reqs = server.requests();
+  ASSERT_EQ(reqs.size(), 2u);
+  for (const Recorded& r : reqs) {
+    EXPECT_EQ(r.method, "PUT");
+    EXPECT_EQ(r.Header("Content-Length"), absl::StrCat(whole.size()));
+    EXPECT_TRUE(r.body == whole) << "a body of " << r.body.size() << " bytes";
+  }
+  EXPECT_EQ(client->stats().bytes_sent, 2 * whole.size());
+}
+
 TEST(S3ClientLocalTest, GivesUpAfterMaxAttemptsWithUnavailable) {
   ScriptedServer server;
   S3Config config = ConfigFor(server.port());

@@ -35,6 +35,21 @@ uint64_t PartSize(uint64_t part_bytes, int part_number) {
   return std::min(size, kMaxPartBytes);
 }
 
+// An Append at least this long is sent from the caller's memory (see
+// S3Writer::Append); a shorter one is copied.
+constexpr uint64_t kMinBorrowBytes = 1 << 20;
+
+// The size of the next part when `total` bytes are ready to go as parts of
+// [lo, n] bytes: `total` itself when it fits one part, else an even share of
+// the fewest parts of at most n bytes, unless such shares would fall below
+// lo (possible when lo > n / 2): then a full part.
+uint64_t NextCut(uint64_t total, uint64_t n, uint64_t lo) {
+  if (total <= n) return total;
+  const uint64_t parts = (total + n - 1) / n;
+  if (total / parts < lo) return n;
+  return (total + parts - 1) / parts;
+}
+
 class S3Store;
 
 // One object being written; see the header for the protocol.
@@ -52,48 +67,69 @@ class S3Writer : public ObjectWriter {
     if (!closed_ && !crashed_ && !upload_id_.empty()) AbortUpload();
   }
 
+  // A long Append is cut into parts sent straight from `data` (no copy),
+  // each of [max(n / 2, 5 MiB), n] bytes for the nominal part size n (the
+  // last may end early at the end of `data`, so no tail of it has to be
+  // copied), the first one led by the bytes still pending from earlier
+  // Appends; Append returns once those parts are uploaded (the caller may
+  // reuse `data` then). What is left, and short Appends, is copied into the
+  // pending buffer, which goes as a part of its own (in the background) once
+  // it holds n bytes.
   absl::Status Append(absl::Span<const char> data) override {
     CAIRN_RETURN_IF_ERROR(CheckUsable());
     const S3Config& config = client_.config();
-    while (!data.empty()) {
-      // Multipart starts once the object cannot be a single PUT: when it has
-      // grown past single_put_max_bytes, or at the first full part when the
-      // caller said it would.
-      if (upload_id_.empty()) {
-        const bool too_big = pending_.size() > config.single_put_max_bytes ||
-                             (expected_bytes_ > config.single_put_max_bytes &&
-                              pending_.size() >= config.part_bytes);
-        if (too_big) CAIRN_RETURN_IF_ERROR(Fail(StartUpload()));
-      }
-      if (!upload_id_.empty() && pending_.size() >= NextPartSize()) {
-        CAIRN_RETURN_IF_ERROR(Fail(ShipPart()));
-        continue;
-      }
-      // Fill up to the next decision point: the end of the current part (or
-      // one byte past the single-PUT limit before multipart has started).
-      uint64_t room = upload_id_.empty()
-                          ? std::max<uint64_t>(config.single_put_max_bytes + 1,
-                                               config.part_bytes) -
-                                pending_.size()
-                          : NextPartSize() - pending_.size();
-      room = std::max<uint64_t>(room, 1);
-      const size_t n =
-          static_cast<size_t>(std::min<uint64_t>(room, data.size()));
-      if (!upload_id_.empty() && pending_.capacity() < pending_.size() + n) {
-        // A part's buffer grows once to the part's size, not by doubling.
-        pending_.reserve(pending_.size() + static_cast<size_t>(room));
-      }
-      pending_.insert(pending_.end(), data.data(), data.data() + n);
-      data.remove_prefix(n);
-      bytes_written_ += n;
+    // An object that can still be a single PUT is buffered whole.
+    if (upload_id_.empty() && expected_bytes_ <= config.single_put_max_bytes &&
+        pending_.size() + data.size() <= config.single_put_max_bytes) {
+      pending_.insert(pending_.end(), data.data(), data.data() + data.size());
+      bytes_written_ += data.size();
+      return absl::OkStatus();
     }
+    bool borrowed = false;
+    if (data.size() >= kMinBorrowBytes) {
+      for (;;) {
+        const uint64_t n = NextPartSize();
+        if (pending_.size() >= n) {
+          CAIRN_RETURN_IF_ERROR(Fail(ShipPart(n, {})));
+          continue;
+        }
+        const uint64_t total = pending_.size() + data.size();
+        const uint64_t lo = std::min(n, std::max(n / 2, kMinPartBytes));
+        if (data.empty() || total < lo) break;
+        const uint64_t cut =
+            std::max<uint64_t>(NextCut(total, n, lo), pending_.size());
+        const size_t take = static_cast<size_t>(cut - pending_.size());
+        CAIRN_RETURN_IF_ERROR(
+            Fail(ShipPart(pending_.size(), data.subspan(0, take))));
+        borrowed = borrowed || take > 0;
+        data.remove_prefix(take);
+        bytes_written_ += take;
+      }
+    }
+    while (!data.empty()) {
+      const uint64_t n = NextPartSize();
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(
+          n - std::min<uint64_t>(n, pending_.size()), data.size()));
+      if (pending_.capacity() < pending_.size() + k) {
+        // A part's buffer grows once to the part's size, not by doubling.
+        pending_.reserve(static_cast<size_t>(n));
+      }
+      pending_.insert(pending_.end(), data.data(), data.data() + k);
+      data.remove_prefix(k);
+      bytes_written_ += k;
+      if (pending_.size() >= n) CAIRN_RETURN_IF_ERROR(Fail(ShipPart(n, {})));
+    }
+    // The caller may reuse `data` once this returns: the parts sent from it
+    // (the newest ones) must be done.
+    if (borrowed) CAIRN_RETURN_IF_ERROR(Fail(CollectParts(/*keep=*/0)));
     return absl::OkStatus();
   }
 
   absl::Status Close() override {
     CAIRN_RETURN_IF_ERROR(CheckUsable());
     closing_ = true;
-    if (upload_id_.empty()) {
+    if (upload_id_.empty() &&
+        pending_.size() <= client_.config().single_put_max_bytes) {
       absl::Status s = client_.PutObject(
           full_key_, absl::MakeConstSpan(pending_.data(), pending_.size()));
       if (!s.ok()) return Fail(Named(s));
@@ -101,7 +137,9 @@ class S3Writer : public ObjectWriter {
       pending_ = {};
       return absl::OkStatus();
     }
-    if (!pending_.empty()) CAIRN_RETURN_IF_ERROR(Fail(ShipPart()));
+    if (!pending_.empty()) {
+      CAIRN_RETURN_IF_ERROR(Fail(ShipPart(pending_.size(), {})));
+    }
     absl::Status s = CollectParts(/*keep=*/0);
     spare_ = {};
     pending_ = {};
@@ -172,9 +210,12 @@ class S3Writer : public ObjectWriter {
     return absl::OkStatus();
   }
 
-  // Sends the next part (the first NextPartSize() pending bytes, or all of
-  // them at Close) in the background, after waiting for a slot.
-  absl::Status ShipPart() {
+  // Sends the next part in the background, after waiting for a slot (and
+  // starting the upload if this is its first part): the first `own` pending
+  // bytes, then `borrowed` (which the caller keeps alive until the part is
+  // collected).
+  absl::Status ShipPart(uint64_t own, absl::Span<const char> borrowed) {
+    if (upload_id_.empty()) CAIRN_RETURN_IF_ERROR(StartUpload());
     const int number = static_cast<int>(etags_.size() + in_flight_.size()) + 1;
     if (number > kMaxParts) {
       return Named(absl::ResourceExhaustedError(absl::StrCat(
@@ -182,11 +223,10 @@ class S3Writer : public ObjectWriter {
     }
     const int window = std::max(client_.config().upload_concurrency, 1);
     CAIRN_RETURN_IF_ERROR(CollectParts(/*keep=*/window - 1));
-    const size_t n = static_cast<size_t>(
-        std::min<uint64_t>(NextPartSize(), pending_.size()));
-    // Appends stop at part boundaries, so the buffer is normally exactly one
-    // part: it is handed over whole (no copy) and the next part fills the
-    // buffer of one already uploaded, if any.
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(own, pending_.size()));
+    // The pending buffer normally goes whole (no copy) and the next part
+    // fills the buffer of one already uploaded, if any.
     auto part = std::make_unique<std::vector<char>>();
     if (n == pending_.size()) {
       part->swap(pending_);
@@ -198,16 +238,18 @@ class S3Writer : public ObjectWriter {
       part->assign(pending_.begin(), pending_.begin() + n);
       pending_.erase(pending_.begin(), pending_.begin() + n);
     }
-    const std::vector<char>* bytes = part.get();
+    std::vector<absl::Span<const char>> pieces;
+    if (!part->empty()) pieces.push_back(absl::MakeConstSpan(*part));
+    if (!borrowed.empty()) pieces.push_back(borrowed);
     InFlightPart f;
     f.data = std::move(part);
-    f.etag =
-        std::async(std::launch::async,
-                   [this, number, bytes]() -> absl::StatusOr<std::string> {
-                     return client_.UploadPart(
-                         full_key_, upload_id_, number,
-                         absl::MakeConstSpan(bytes->data(), bytes->size()));
-                   });
+    f.etag = std::async(
+        std::launch::async,
+        [this, number,
+         pieces = std::move(pieces)]() mutable -> absl::StatusOr<std::string> {
+          return client_.UploadPartPieces(full_key_, upload_id_, number,
+                                          std::move(pieces));
+        });
     in_flight_.push_back(std::move(f));
     return absl::OkStatus();
   }
@@ -220,7 +262,8 @@ class S3Writer : public ObjectWriter {
       absl::StatusOr<std::string> etag = in_flight_.front().etag.get();
       // Its buffer is kept for a later part: memory the process already has
       // is filled far cheaper than fresh pages (one fault per 4 KiB).
-      if (etag.ok() && spare_.empty()) {
+      if (etag.ok() && spare_.empty() &&
+          in_flight_.front().data->capacity() > 0) {
         spare_.push_back(std::move(*in_flight_.front().data));
         spare_.back().clear();
       }
@@ -257,9 +300,9 @@ class S3Writer : public ObjectWriter {
   uint64_t bytes_written_ = 0;
   std::string upload_id_;
   std::vector<std::string> etags_;
-  // A part being uploaded: its bytes (owned here, read by the upload) and
-  // the upload's ETag. The future is destroyed first (it waits for the
-  // upload), then the bytes.
+  // A part being uploaded: the pending bytes it took (owned here, read by
+  // the upload; empty when it is all borrowed) and the upload's ETag. The
+  // future is destroyed first (it waits for the upload), then the bytes.
   struct InFlightPart {
     std::unique_ptr<std::vector<char>> data;
     std::future<absl::StatusOr<std::string>> etag;

@@ -8,19 +8,23 @@
 // credentials, a missing bucket or an unreachable server fail at open, with
 // the reason, not at the first write.
 //
-// Writes: an ObjectWriter buffers appended bytes. An object that stays at or
-// below single_put_max_bytes is one PUT at Close(); a larger one becomes a
-// multipart upload whose parts (part_bytes each, doubling every 1,000 parts
-// so no object needs more than S3's 10,000) are uploaded while the caller
-// keeps appending, at most upload_concurrency at a time: a writer holds at
-// most (upload_concurrency + 1) parts of memory, and Append blocks while the
-// window is full. Close() completes the upload, which makes the object
-// visible whole; a failure, or destroying the writer unclosed, aborts the
-// upload, so nothing becomes visible. A writer whose process dies leaves an
-// in-progress upload (S3's counterpart of posix's temp file):
-// DeleteAbandonedWrites and DeletePrefix abort those.
-// Put() is one PUT: atomic and visible whole on return (S3 is read-after-
-// write consistent).
+// Writes: an object that stays at or below single_put_max_bytes is buffered
+// and sent as one PUT at Close(); a larger one becomes a multipart upload,
+// its parts (nominally part_bytes, doubling every 1,000 parts so no object
+// needs more than S3's 10,000) uploaded at most upload_concurrency at a
+// time. An Append of 1 MiB or more is sent straight from the caller's
+// memory, no copy: it is cut into parts of between half a nominal part (at
+// least S3's 5 MiB) and a whole one, so the last can end where the Append
+// does, and Append returns once they are uploaded (the caller may reuse its
+// buffer then). Shorter Appends, and a tail too short for a part, are copied
+// into a buffer that goes as a part of its own, in the background, once
+// full (so a writer holds at most (upload_concurrency + 1) parts of memory;
+// Append blocks while the window is full). Close() completes the upload,
+// which makes the object visible whole; a failure, or destroying the writer
+// unclosed, aborts the upload, so nothing becomes visible. A writer whose
+// process dies leaves an in-progress upload (S3's counterpart of posix's temp
+// file): DeleteAbandonedWrites and DeletePrefix abort those. Put() is one PUT:
+// atomic and visible whole on return (S3 is read-after- write consistent).
 // Reads: ranged GETs straight into the caller's buffers. ReadRanges sorts the
 // ranges, merges neighbours closer than coalesce_gap_bytes into one GET (up
 // to a span of a few parts; merged spans go through a scratch buffer), splits

@@ -190,6 +190,38 @@ TEST(S3ShardStoreTest, MultipartWriteWithOddAppendsIsBitExact) {
   EXPECT_THAT((*store)->client().ListMultipartUploads("").value(), IsEmpty());
 }
 
+// Long Appends are sent from the caller's buffer, not copied: Append must
+// not return before those bytes are sent, since the caller may overwrite
+// them at once (ObjectWriter's contract).
+TEST(S3ShardStoreTest, CallerMayReuseItsBufferAsSoonAsAppendReturns) {
+  auto store = OpenFresh(kSmallParts);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::mt19937_64 rng(11);
+  // Appends of several parts, of one part and a bit, of less than a part
+  // (copied), then several parts again, from one buffer overwritten after
+  // each of them.
+  const std::vector<size_t> sizes = {(17 << 20) + 5, (6 << 20) + 1, 3 << 20,
+                                     2 << 20, 12 << 20};
+  std::string expected;
+  std::string buffer;
+  WriterOptions options;
+  for (size_t n : sizes) options.expected_bytes += n;
+  auto writer = (*store)->NewWriter("reused", options);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  for (size_t n : sizes) {
+    buffer = RandomBytes(rng, n);
+    expected += buffer;
+    ASSERT_TRUE((*writer)->Append(AsSpan(buffer)).ok());
+    std::fill(buffer.begin(), buffer.end(), 'X');
+  }
+  ASSERT_TRUE((*writer)->Close().ok());
+  EXPECT_EQ((*writer)->bytes_written(), expected.size());
+  auto got = ReadObject(**store, "reused");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->size(), expected.size());
+  EXPECT_TRUE(*got == expected) << "the object differs from what was appended";
+}
+
 TEST(S3ShardStoreTest, ObjectsUpToTheSinglePutLimitAreOnePut) {
   auto store = OpenFresh(kSmallParts);
   ASSERT_TRUE(store.ok()) << store.status();
