@@ -28,10 +28,14 @@ bytes the ranks needed.
 
 CPU is counted per phase too (radosgw and the OSD share the machine's cores
 with the clients): the machine's busy time (/proc/stat), the Ceph daemons'
-(/proc/PID/stat), the clients' own (reference workers while moving bytes;
-Cairn's ranks whole, so including generating and checking their tensors, and
-cairnd), the rest being other load on the machine. The CPU table gives CPU
-seconds per GB for each and says whether the run was CPU-bound.
+(/proc/PID/stat), the clients' own while moving the bytes (reference
+workers between the start signal and their end, after reading or generating
+their data; Cairn's ranks inside Save or Load, each rank's own getrusage
+count, plus cairnd), what Cairn's ranks used outside that ("untimed":
+starting, generating the tensors before a save as a training job already has
+them, checking every byte after a load), the rest being other load on the
+machine. The CPU table gives CPU seconds per GB for each and says whether the
+run was CPU-bound.
 
 Times are collective: references from the first worker's start to the last
 one's end (every worker has generated its data before the start); Cairn's save from the plan
@@ -211,14 +215,28 @@ class Cpu:
         return snap
 
     @staticmethod
-    def delta(before, after, clients):
+    def delta(before, after, clients, untimed=0.0):
+        """`clients`: the clients' CPU while moving the bytes; `untimed`:
+        what they used outside that (Cairn's ranks: start, making the
+        tensors before the save, checking them after a load, exit)."""
         d = {k: after[k] - before[k] for k in before}
         d["wall"] = d.pop("t")
         d["clients"] = clients
+        d["untimed"] = untimed
         # Clock ticks of 10 ms: a tiny phase can come out a little negative.
-        d["other"] = max(0.0, d["busy"] - clients - d.get("cairnd", 0) -
+        d["other"] = max(0.0, d["busy"] - clients - untimed - d.get("cairnd", 0) -
                          sum(d.get(n, 0) for n, _ in Cpu.DAEMONS))
         return {k: round(x, 3) for k, x in d.items()}
+
+
+def rank_cpu(before, after, whole, stats):
+    """Cpu.delta of a Cairn phase: the ranks' CPU inside Save/Load (each
+    rank's own count, "cpu_s") as the clients', the rest of their run
+    (`whole` minus that) as untimed."""
+    if any("cpu_s" not in x[0] for x in stats):  # an older rank program
+        return Cpu.delta(before, after, whole)
+    timed = sum(x[0]["cpu_s"] for x in stats)
+    return Cpu.delta(before, after, timed, max(0.0, whole - timed))
 
 
 def children_cpu():
@@ -291,7 +309,7 @@ def cairn_round(args, env, rgw, cpu, bucket, model, total):
         before, cpu0, ranks0 = rgw.counters(), cpu.sample(), children_cpu()
         s = e2e_bench.run_ranks(rank, addr, "bench", 4, model, "4:S0",
                                 ["--save-steps", "1"], args.timeout)
-        res["save_cpu"] = Cpu.delta(cpu0, cpu.sample(), children_cpu() - ranks0)
+        res["save_cpu"] = rank_cpu(cpu0, cpu.sample(), children_cpu() - ranks0, s)
         res["save_s"] = (min(x[0]["plan_s"] for x in s) +
                          max(x[0]["io_s"] + x[0]["commit_s"] for x in s))
         res["save_rgw"] = Rgw.delta(before, rgw.counters())
@@ -302,8 +320,8 @@ def cairn_round(args, env, rgw, cpu, bucket, model, total):
             before, cpu0, ranks0 = rgw.counters(), cpu.sample(), children_cpu()
             l = e2e_bench.run_ranks(rank, addr, "bench", world, model, layout,
                                     ["--load", "1"], args.timeout)
-            res[name + "_cpu"] = Cpu.delta(cpu0, cpu.sample(),
-                                           children_cpu() - ranks0)
+            res[name + "_cpu"] = rank_cpu(cpu0, cpu.sample(),
+                                          children_cpu() - ranks0, l)
             res[name + "_s"] = max(x[0]["plan_s"] + x[0]["io_s"] for x in l)
             res[name + "_needed_bytes"] = sum(x[0]["bytes"] for x in l)
             res[name + "_rgw"] = Rgw.delta(before, rgw.counters())
@@ -472,23 +490,24 @@ def main():
                          last["cairn"][name + "_cpu"]))
     print()
     print(f"CPU ({cores} cores shared by the server and the clients; last round; "
-          "Cairn's client CPU is the ranks' whole run: start, generating the "
-          "tensors, checking every loaded byte; other = anything else on the "
-          "machine):")
+          "clients = while moving the bytes (Cairn: the ranks inside Save/Load, "
+          "and cairnd); untimed = Cairn's ranks outside it (start, generating "
+          "the tensors, checking every loaded byte); other = anything else on "
+          "the machine):")
     print()
     print("| tool | phase | GB/s | radosgw CPU s/GB | OSD CPU s/GB | clients CPU s/GB "
-          "| other CPU s/GB | server cores busy | all cores busy |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| untimed CPU s/GB | other CPU s/GB | server cores busy | all cores busy |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     busy, share = [], []
     for tool, phase, gbps, u in rows_cpu:
         gb, secs = total / 1e9, total / gbps / 1e9
         server = u.get("rgw", nan) + u.get("osd", nan) + u.get("mon", 0)
         busy.append(u["busy"] / u["wall"])
         share.append(server / (server + u["clients"] + u.get("cairnd", 0)))
-        print("| %s | %s | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+        print("| %s | %s | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
             tool, phase, gbps, u.get("rgw", nan) / gb, u.get("osd", nan) / gb,
-            (u["clients"] + u.get("cairnd", 0)) / gb, u["other"] / gb, server / secs,
-            busy[-1]))
+            (u["clients"] + u.get("cairnd", 0)) / gb, u.get("untimed", 0) / gb,
+            u["other"] / gb, server / secs, busy[-1]))
     print()
     print("The %d cores were %.1f-%.1f busy during the phases; %s" % (
         cores, min(busy), max(busy),

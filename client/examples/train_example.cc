@@ -7,6 +7,7 @@
 //   cairn_train_example --coordinator 127.0.0.1:7070 --job demo --rank 3
 //       --world-size 8 --model small --layout 2x4:S0,S1 --save-steps 100,200
 //   cairn_train_example ... --world-size 3 --layout 3:S1 --load latest
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -37,6 +38,14 @@ struct IoCounters {
   uint64_t read_bytes = 0;
   uint64_t rchar = 0;
 };
+// CPU seconds (user + system) this process has used so far, all threads.
+double ProcessCpuSeconds() {
+  struct rusage u;
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
 IoCounters ReadIoCounters() {
   IoCounters c;
   std::FILE* f = std::fopen("/proc/self/io", "r");
@@ -124,8 +133,11 @@ int main(int argc, char** argv) {
       client::Checkpointer::Connect(opts);
   if (!ckpt.ok()) return Fail(opts.rank, ckpt.status());
 
+  // Around each Save/Load: its I/O counters and this process's CPU time
+  // (the tensors are made before, and checked after: neither counts).
   IoCounters io_before;
-  auto report = [&](const char* op, int64_t step, uint64_t local_bytes) {
+  auto report = [&](const char* op, int64_t step, uint64_t local_bytes,
+                    double cpu) {
     const client::TransferStats& s = (*ckpt)->last_stats();
     const double io = absl::ToDoubleSeconds(s.io_time);
     const IoCounters io_after = ReadIoCounters();
@@ -135,7 +147,8 @@ int main(int argc, char** argv) {
           "\"storage_bytes\":%lu,\"block_read_bytes\":%lu,"
           "\"syscall_read_bytes\":%lu,\"chunks_verified_by_cairnd\":%ld,"
           "\"chunks_verified_locally\":%ld,\"plan_s\":%.6f,\"io_s\":%.6f,"
-          "\"commit_s\":%.6f,\"plan_cached\":%s,\"fingerprint_only\":%s}\n",
+          "\"commit_s\":%.6f,\"cpu_s\":%.6f,\"plan_cached\":%s,"
+          "\"fingerprint_only\":%s}\n",
           op, opts.rank, static_cast<long>(step),
           static_cast<unsigned long>(s.bytes),
           static_cast<unsigned long>(s.bytes_storage),
@@ -145,7 +158,7 @@ int main(int argc, char** argv) {
           static_cast<long>(s.chunks_verified_by_cairnd),
           static_cast<long>(s.chunks_verified_locally),
           absl::ToDoubleSeconds(s.plan_time), io,
-          absl::ToDoubleSeconds(s.commit_time),
+          absl::ToDoubleSeconds(s.commit_time), cpu,
           s.plan_from_cache ? "true" : "false",
           s.sent_fingerprint_only ? "true" : "false");
     } else {
@@ -169,10 +182,12 @@ int main(int argc, char** argv) {
                                          fill_step >= 0 ? fill_step : step);
       if (!model.ok()) return Fail(opts.rank, model.status());
       io_before = ReadIoCounters();
+      const double cpu_before = ProcessCpuSeconds();
       absl::StatusOr<client::CheckpointInfo> rec =
           (*ckpt)->Save(step, (*model)->state());
       if (!rec.ok()) return Fail(opts.rank, rec.status());
-      report("save", step, (*model)->local_bytes());
+      report("save", step, (*model)->local_bytes(),
+             ProcessCpuSeconds() - cpu_before);
     }
   }
   if (!load_ref.empty()) {
@@ -189,12 +204,14 @@ int main(int argc, char** argv) {
         examples::ShardedModel::Create(*spec, *layout, opts.rank, false, 0);
     if (!model.ok()) return Fail(opts.rank, model.status());
     io_before = ReadIoCounters();
+    const double cpu_before = ProcessCpuSeconds();
     absl::StatusOr<int64_t> step = (*ckpt)->Load(ref, (*model)->state());
     if (!step.ok()) return Fail(opts.rank, step.status());
+    const double load_cpu = ProcessCpuSeconds() - cpu_before;
     if (absl::Status v = (*model)->Verify(*step); !v.ok()) {
       return Fail(opts.rank, v);
     }
-    report("load", *step, (*model)->local_bytes());
+    report("load", *step, (*model)->local_bytes(), load_cpu);
   }
   return 0;
 }
