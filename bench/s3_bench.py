@@ -44,6 +44,7 @@ checked, as bench/e2e_bench.py.
 
 Usage: bench/s3_bench.py [--build build] [--bytes 1e9] [--repeat 2]
        [--refs boto3,s3cmd,curl] [--boto3 8:4,16:8,64:4] [--s3-query K=V&...]
+       [--compare-build OTHER_BUILD_DIR]
        [--endpoint http://HOST:PORT --ceph-dir DIR] [--timeout S]
        bench/s3_bench.py --smoke [--build build]
 --smoke (ctest bench_smoke.s3_bench, on the ceph fixture's server when
@@ -292,10 +293,12 @@ def reference(args, env, rgw, cpu, tool, op, bucket, per_worker, extra):
     return per_worker * WORKERS / secs / 1e9, Rgw.delta(before, after), used
 
 
-def cairn_round(args, env, rgw, cpu, bucket, model, total):
-    """cairnd on s3://bucket/ckpt, a 4-rank save, load2, load4."""
-    cairnd = os.path.join(args.build, "server/coordinator/cairnd")
-    rank = os.path.join(args.build, "client/examples/cairn_train_example")
+def cairn_round(args, env, rgw, cpu, bucket, model, total, build=None):
+    """cairnd on s3://bucket/ckpt, a 4-rank save, load2, load4, with the
+    binaries of `build` (default --build)."""
+    build = build or args.build
+    cairnd = os.path.join(build, "server/coordinator/cairnd")
+    rank = os.path.join(build, "client/examples/cairn_train_example")
     uri = f"s3://{bucket}/ckpt?endpoint={args.endpoint}"
     if args.s3_query:
         uri += "&" + args.s3_query
@@ -359,6 +362,9 @@ def main():
     p.add_argument("--boto3", default=None,
                    help="boto3 configurations CHUNK_MiB:CONCURRENCY,... "
                         "(default 8:4,16:8,64:4; smoke 16:8)")
+    p.add_argument("--compare-build", default=None,
+                   help="another build dir (e.g. of an older commit) whose Cairn "
+                        "runs right after --build's in every round: an interleaved A/B")
     p.add_argument("--refs", default="boto3,s3cmd,curl",
                    help="reference tools to run, of boto3,s3cmd,curl (default all)")
     p.add_argument("--timeout", type=float, default=None,
@@ -428,6 +434,13 @@ def main():
             print(json.dumps(c), flush=True)
             rnd["cairn"] = c
             empty_bucket(s3, bucket)
+            if args.compare_build:
+                c = cairn_round(args, env, rgw, cpu, bucket, model, total,
+                                args.compare_build)
+                c["build"] = args.compare_build
+                print(json.dumps(c), flush=True)
+                rnd["compare"] = c
+                empty_bucket(s3, bucket)
             rounds.append(rnd)
     finally:
         try:
@@ -475,6 +488,24 @@ def main():
             fetched = "%.3f" % (delta["get_b"] / last[name + "_s"] / 1e9)
         print("| %s | %.3f | %.3f | %.0f%% | %s | %.0f | %s | %s |" % (
             name, c, ref, 100 * c / ref if ref else nan, per, reqs, ratio, fetched))
+
+    if args.compare_build:
+        print()
+        print(f"A/B per round: --build {args.build} against --compare-build "
+              f"{args.compare_build} (ranks' CPU inside Save/Load per GB):")
+        print()
+        print("| phase | round | --build / best reference | --compare-build / best reference "
+              "| --build / --compare-build | ranks' CPU s/GB, --build / --compare-build |")
+        print("|---|---|---|---|---|---|")
+        for name, key in (("save", "put_GBps"), ("load2", "get_GBps"),
+                          ("load4", "get_GBps")):
+            for i, rnd in enumerate(rounds):
+                a, b, ref = rnd["cairn"], rnd["compare"], best_ref(key, rnd)
+                print("| %s | %d | %.0f%% | %.0f%% | %.2fx | %.2f / %.2f |" % (
+                    name, i + 1, 100 * a[name + "_GBps"] / ref,
+                    100 * b[name + "_GBps"] / ref, a[name + "_GBps"] / b[name + "_GBps"],
+                    a[name + "_cpu"]["clients"] / (total / 1e9),
+                    b[name + "_cpu"]["clients"] / (total / 1e9)))
 
     # Where the CPU went (last round): the server's daemons and the clients,
     # per GB moved, and how many of the machine's cores the server kept busy
