@@ -13,7 +13,7 @@ import socket
 import subprocess
 import time
 import traceback
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 # How long a server may take to come up before the test fails naming it.
 _START_TIMEOUT_S = 60.0
@@ -279,12 +279,16 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
 
 
 def run_ranks_raw(fn: Callable, world_size: int, *args: Any,
-                  timeout: float = 300.0
+                  timeout: float = 300.0,
+                  rank_env: Optional[Dict[int, Dict[str, str]]] = None
                   ) -> List[Tuple[Optional[int], bool, Any]]:
     """Runs fn(rank, world_size, *args) in `world_size` spawned processes
     with a gloo group. Returns per rank (exitcode, ok, result-or-traceback);
     a rank that died without reporting has ok False and result None. Ranks
-    still running after `timeout` are killed (exitcode -9)."""
+    still running after `timeout` are killed (exitcode -9). `rank_env`:
+    extra environment of some ranks' processes (set before they start, so
+    it is seen by what reads the environment at load, e.g.
+    CAIRN_CRASH_POINTS)."""
     import torch.multiprocessing as mp  # pylint: disable=import-outside-toplevel
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
@@ -293,8 +297,18 @@ def run_ranks_raw(fn: Callable, world_size: int, *args: Any,
                          args=(fn, r, world_size, port, queue, args),
                          daemon=False)
              for r in range(world_size)]
-    for p in procs:
-        p.start()
+    for r, p in enumerate(procs):
+        extra = (rank_env or {}).get(r, {})
+        saved = {k: os.environ.get(k) for k in extra}
+        os.environ.update(extra)
+        try:
+            p.start()  # a spawned child takes the environment of now
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     deadline = time.monotonic() + timeout
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))

@@ -4,6 +4,7 @@ arguments, a cairnd that is down, and a rank killed mid-save (the previous
 checkpoint stays the latest and loadable)."""
 
 import os
+import signal
 
 import pytest
 import torch
@@ -122,10 +123,12 @@ def save_then_die(rank, world, address, when):
     ckpt = cairn.Checkpointer(address, "killed", collective_timeout=10.0)
     ckpt.save(1, _state(1))
     if rank == 1:
-        # Dies before its save of step 2, or with it in flight (os._exit:
-        # no cleanup, no abort sent).
+        # Dies before its save of step 2 (os._exit: no cleanup, no abort
+        # sent), or with it in flight: its bytes written, SIGKILLed by the
+        # crash point just before its CommitSave (rank_env below), so the
+        # save can never complete, however the machine schedules it.
         if when == "during":
-            ckpt.async_save(2, _state(2))
+            ckpt.async_save(2, _state(2)).result()
         os._exit(7)  # pylint: disable=protected-access
     try:
         ckpt.save(2, _state(2))
@@ -136,9 +139,11 @@ def save_then_die(rank, world, address, when):
 
 @pytest.mark.parametrize("when", ["before", "during"])
 def test_rank_killed_mid_save_leaves_the_previous_checkpoint(cairnd, when):
-    results = harness.run_ranks_raw(save_then_die, 2, cairnd.address, when)
+    rank_env = {1: {"CAIRN_CRASH_POINTS": "client.before_commit@2"}}
+    results = harness.run_ranks_raw(save_then_die, 2, cairnd.address, when,
+                                    rank_env=rank_env)
     (code0, ok0, res0), (code1, _, _) = results
-    assert code1 == 7
+    assert code1 == (-signal.SIGKILL if when == "during" else 7), code1
     assert code0 == 0 and ok0, res0
     kind, message = res0
     # Rank 0 waits for rank 1 until its collective timeout (or is told the
