@@ -81,6 +81,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -439,6 +440,7 @@ struct RoundResult {
   double floor_s = 0;   // this process's encode + decode time for the round
   int64_t resends = 0;  // BeginSave answered resend_plan, sent again
   int from_cache = -1;  // BeginSave: ranks told the plan came from the cache
+  int unchanged = -1;   // BeginSave: ranks told their plan is the one held
 };
 
 class ScaleRun {
@@ -574,6 +576,7 @@ class ScaleRun {
     req.set_rank(rank);
     req.set_world_size(world);
     req.set_incarnation(0x5ca1e000000000ULL + static_cast<uint64_t>(rank) + 1);
+    if (!held_plan_ids_.empty()) req.set_held_plan_id(held_plan_ids_[rank]);
     return req;
   }
 
@@ -593,10 +596,12 @@ class ScaleRun {
       (void)perf->Wait(absl::Minutes(5));
     }
     from_cache_ = -1;
+    unchanged_ = -1;
     take();
     RoundResult r;
     r.resends = static_cast<int64_t>(round.resends());
     r.from_cache = from_cache_;
+    r.unchanged = unchanged_;
     r.round = name;
     r.ranks = ranks;
     r.wall_s = absl::ToDoubleSeconds(wall);
@@ -613,10 +618,10 @@ class ScaleRun {
         "\"cairnd_cpu_s\":%.3f,\"cairnd_peak_rss_mib\":%.1f,"
         "\"cairnd_rss_after_mib\":%.1f,\"request_bytes_per_rank\":%.0f,"
         "\"response_bytes_per_rank\":%.0f,\"codec_floor_s\":%.4f,"
-        "\"resends\":%lld,\"plan_from_cache\":%d}\n",
+        "\"resends\":%lld,\"plan_from_cache\":%d,\"plan_unchanged\":%d}\n",
         name.c_str(), ranks, r.wall_s, r.cpu_s, r.peak_mib, r.rss_mib,
         r.request_bytes_per_rank, r.response_bytes_per_rank, r.floor_s,
-        static_cast<long long>(r.resends), r.from_cache);
+        static_cast<long long>(r.resends), r.from_cache, r.unchanged);
     std::fflush(stdout);
     return r;
   }
@@ -641,7 +646,9 @@ class ScaleRun {
   int TakePlans(Round& round, int world, int64_t step,
                 const std::vector<std::string>& fingerprints, Round* commit) {
     uint64_t planned = 0;
-    int from_cache = 0;
+    int from_cache = 0, unchanged = 0;
+    held_plan_ids_.resize(static_cast<size_t>(world));
+    held_plans_.resize(static_cast<size_t>(world));
     for (int r = 0; r < world; ++r) {
       const std::string who = absl::StrCat("rank ", r, " step ", step);
       v1::BeginSaveResponse plan =
@@ -650,6 +657,8 @@ class ScaleRun {
         Fail(who + ": cairnd asked for the whole plan after it was sent");
       }
       from_cache += plan.plan_from_cache();
+      unchanged += plan.rank_plan_unchanged();
+      HoldOrUse(r, who, plan);
       if (plan.rank_plan().rank() != r) {
         Fail(absl::StrCat(who, ": got the plan of rank ",
                           plan.rank_plan().rank()));
@@ -686,7 +695,36 @@ class ScaleRun {
                         " bytes, the model has ", want));
     }
     from_cache_ = from_cache;
+    unchanged_ = unchanged;
     return from_cache;
+  }
+
+  // As SaveProtocol: an unchanged rank plan is the held one moved into this
+  // attempt's directory; a sent one is held (keys relative to the attempt).
+  void HoldOrUse(int r, const std::string& who, v1::BeginSaveResponse& plan) {
+    const std::string prefix = plan.attempt() + "/";
+    if (plan.rank_plan_unchanged()) {
+      if (plan.plan_id().empty() || plan.plan_id() != held_plan_ids_[r]) {
+        Fail(absl::StrCat(who, ": told its plan ", plan.plan_id(),
+                          " is unchanged, but it holds '", held_plan_ids_[r],
+                          "'"));
+      }
+      *plan.mutable_rank_plan() = held_plans_[r];
+      for (v1::PlannedWrite& w : *plan.mutable_rank_plan()->mutable_writes()) {
+        w.mutable_location()->set_object_key(prefix +
+                                             w.location().object_key());
+      }
+      return;
+    }
+    held_plan_ids_[r] = plan.plan_id();
+    held_plans_[r] = plan.rank_plan();
+    for (v1::PlannedWrite& w : *held_plans_[r].mutable_writes()) {
+      absl::string_view key = w.location().object_key();
+      if (!absl::ConsumePrefix(&key, prefix)) {
+        Fail(absl::StrCat(who, ": object key ", key, " is not under ", prefix));
+      }
+      w.mutable_location()->set_object_key(std::string(key));
+    }
   }
 
   static void MakeSparseObject(const std::string& path, uint64_t size) {
@@ -817,6 +855,10 @@ class ScaleRun {
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
   std::unique_ptr<v1::Coordinator::Stub> control_;
   int from_cache_ = -1;  // of the last BeginSave round taken
+  int unchanged_ = -1;   // of the last BeginSave round taken
+  // What each simulated rank holds from its last BeginSave answer.
+  std::vector<std::string> held_plan_ids_;
+  std::vector<v1::RankSavePlan> held_plans_;
 };
 
 // The checksum facts the zero-byte objects rely on, checked on real bytes.
@@ -840,19 +882,20 @@ void PrintTable(const std::vector<RoundResult>& rows) {
   std::printf(
       "\n| round | ranks | wall s | cairnd CPU s | peak RSS MiB | RSS after "
       "MiB | req B/rank | resp B/rank | codec floor s | wall/floor | "
-      "resends | plan from cache |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "resends | plan from cache | plan unchanged |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const RoundResult& r : rows) {
     std::printf(
         "| %s | %d | %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s "
-        "|\n",
+        "| %s |\n",
         r.round.c_str(), r.ranks, Fmt(r.wall_s, "%.3f").c_str(),
         Fmt(r.cpu_s, "%.2f").c_str(), r.peak_mib, r.rss_mib,
         r.request_bytes_per_rank, r.response_bytes_per_rank,
         Fmt(r.floor_s, "%.3f").c_str(),
         Fmt(r.floor_s > 0 ? r.wall_s / r.floor_s : 0, "%.1f").c_str(),
         r.from_cache < 0 ? "-" : absl::StrCat(r.resends).c_str(),
-        r.from_cache < 0 ? "-" : absl::StrCat(r.from_cache).c_str());
+        r.from_cache < 0 ? "-" : absl::StrCat(r.from_cache).c_str(),
+        r.unchanged < 0 ? "-" : absl::StrCat(r.unchanged).c_str());
   }
   // Growth from N to 4N, same round.
   bool header = false;

@@ -164,6 +164,26 @@ std::string FingerprintLocalPlan(const LocalSavePlan& plan) {
   return StableHash128Hex(canonical);
 }
 
+std::string PlanId(const PlanCache::Key& key, absl::string_view planner_build) {
+  std::string canonical;
+  size_t total =
+      64 + planner_build.size() + key.job.size() + key.storage_settings.size();
+  for (const std::string& f : key.fingerprints) total += 8 + f.size();
+  canonical.reserve(total);
+  auto put_string = [&canonical](absl::string_view s) {
+    PutU64(s.size(), &canonical);
+    canonical.append(s.data(), s.size());
+  };
+  put_string("cairn global save plan id v1");
+  put_string(planner_build);
+  put_string(key.job);
+  PutU64(static_cast<uint64_t>(key.world_size), &canonical);
+  put_string(key.storage_settings);
+  PutU64(key.fingerprints.size(), &canonical);
+  for (const std::string& f : key.fingerprints) put_string(f);
+  return StableHash128Hex(canonical);
+}
+
 size_t ApproximatePlanBytes(const GlobalSavePlan& plan) {
   size_t n = sizeof(GlobalSavePlan) +
              plan.ranks.capacity() * sizeof(RankSavePlan) +

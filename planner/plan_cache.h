@@ -119,6 +119,14 @@ class PlanCache {
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// The id of the global plan built from `key` by the planner of
+// `planner_build` (cairnd passes its version): 32 hex chars of a stable hash
+// of both. The planner is deterministic, so equal ids mean equal plans; a
+// rank holding its part of the plan by id needs it sent again only when the
+// id changes. A planner whose output changes for the same key must change
+// `planner_build` (a new cairnd version does).
+std::string PlanId(const PlanCache::Key& key, absl::string_view planner_build);
+
 }  // namespace cairn::planner
 
 #endif  // CAIRN_PLANNER_PLAN_CACHE_H_

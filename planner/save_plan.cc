@@ -51,7 +51,7 @@ struct Unit {
 class SavePlanBuilder {
  public:
   SavePlanBuilder(absl::string_view job, int64_t step,
-                  const std::vector<LocalSavePlan>& plans,
+                  absl::Span<const LocalSavePlan* const> plans,
                   const SavePlanOptions& options)
       : prefix_(absl::StrCat("job '", job, "' step ", step, ": ")),
         plans_(plans),
@@ -80,7 +80,7 @@ class SavePlanBuilder {
   }
 
   const WriteItem& ItemOf(const Occurrence& o) const {
-    return plans_[o.rank].items[o.item];
+    return plans_[o.rank]->items[o.item];
   }
 
   absl::Status ValidateItem(int rank, const WriteItem& item) const {
@@ -131,17 +131,17 @@ class SavePlanBuilder {
   // exactly (no per-fqn vectors growing and copying).
   absl::Status CollectEntries() {
     size_t total_items = 0;
-    for (const LocalSavePlan& p : plans_) total_items += p.items.size();
+    for (const LocalSavePlan* p : plans_) total_items += p->items.size();
     by_fqn_.reserve(total_items / plans_.size() + 16);
     std::vector<int> ids;  // entry of every item, in (rank, item) order
     ids.reserve(total_items);
     for (int r = 0; r < static_cast<int>(plans_.size()); ++r) {
-      if (plans_[r].rank != r) {
+      if (plans_[r]->rank != r) {
         return Error(absl::StrCat(
-            "the plan at position ", r, " is rank ", plans_[r].rank,
+            "the plan at position ", r, " is rank ", plans_[r]->rank,
             "'s; plans must be ordered by rank 0..", plans_.size() - 1));
       }
-      const auto& items = plans_[r].items;
+      const auto& items = plans_[r]->items;
       for (int i = 0; i < static_cast<int>(items.size()); ++i) {
         const WriteItem& item = items[i];
         if (absl::Status s = ValidateItem(r, item); !s.ok()) return s;
@@ -171,7 +171,7 @@ class SavePlanBuilder {
     keys_.resize(keys);
     size_t next = 0;
     for (int r = 0; r < static_cast<int>(plans_.size()); ++r) {
-      const auto& items = plans_[r].items;
+      const auto& items = plans_[r]->items;
       for (int i = 0; i < static_cast<int>(items.size()); ++i) {
         Entry& e = entries_[ids[next++]];
         occurrences_[e.begin + e.count] = Occurrence{r, i};
@@ -457,7 +457,7 @@ class SavePlanBuilder {
   }
 
   const std::string prefix_;
-  const std::vector<LocalSavePlan>& plans_;
+  const absl::Span<const LocalSavePlan* const> plans_;
   const SavePlanOptions& options_;
 
   absl::flat_hash_map<absl::string_view, int> by_fqn_;
@@ -490,8 +490,18 @@ std::string StorageSettingsKey(const SavePlanOptions& options) {
 
 absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
     absl::string_view job, int64_t step,
-    const std::vector<LocalSavePlan>& plans, const SavePlanOptions& options) {
+    absl::Span<const LocalSavePlan* const> plans,
+    const SavePlanOptions& options) {
   return SavePlanBuilder(job, step, plans, options).Build();
+}
+
+absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
+    absl::string_view job, int64_t step,
+    const std::vector<LocalSavePlan>& plans, const SavePlanOptions& options) {
+  std::vector<const LocalSavePlan*> pointers;
+  pointers.reserve(plans.size());
+  for (const LocalSavePlan& p : plans) pointers.push_back(&p);
+  return BuildGlobalSavePlan(job, step, pointers, options);
 }
 
 }  // namespace cairn::planner

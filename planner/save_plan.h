@@ -37,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "planner/box.h"
 #include "planner/dtype.h"
 
@@ -125,6 +126,12 @@ std::string StorageSettingsKey(const SavePlanOptions& options);
 absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
     absl::string_view job, int64_t step,
     const std::vector<LocalSavePlan>& plans, const SavePlanOptions& options);
+// The same over plans held elsewhere (none null; plans[r]->rank == r), so a
+// caller holding them by pointer (cairnd) copies none.
+absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
+    absl::string_view job, int64_t step,
+    absl::Span<const LocalSavePlan* const> plans,
+    const SavePlanOptions& options);
 
 }  // namespace cairn::planner
 

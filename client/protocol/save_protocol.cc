@@ -6,6 +6,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "client/protocol/coordinator_call.h"
 #include "common/crash_point.h"
@@ -105,6 +106,7 @@ absl::StatusOr<std::unique_ptr<PlannedSave>> SaveProtocol::Begin(
   begin.set_rank(options_.rank);
   begin.set_world_size(options_.world_size);
   begin.set_incarnation(incarnation_);
+  begin.set_held_plan_id(held_plan_id_);
   bool fingerprint_only = false;
   if (fingerprint == last_fingerprint_) {
     begin.set_plan_fingerprint(fingerprint);
@@ -131,15 +133,51 @@ absl::StatusOr<std::unique_ptr<PlannedSave>> SaveProtocol::Begin(
     CAIRN_ASSIGN_OR_RETURN(plan, begin_save());
   }
   last_fingerprint_ = fingerprint;
+  const absl::Status held = UseOrHoldRankPlan(plan);
   std::unique_ptr<PlannedSave> save(
       new PlannedSave(this, step, std::move(plan), fingerprint_only));
   absl::Status ready = [&]() -> absl::Status {
+    CAIRN_RETURN_IF_ERROR(held);
     CAIRN_ASSIGN_OR_RETURN(save->objects_, GroupByObject(save->plan_));
     CAIRN_ASSIGN_OR_RETURN(save->store_, StoreFor(save->plan_.storage_uri()));
     return absl::OkStatus();
   }();
   if (!ready.ok()) return save->Abort(ready);
   return save;
+}
+
+absl::Status SaveProtocol::UseOrHoldRankPlan(v1::BeginSaveResponse& plan) {
+  const std::string key_prefix = absl::StrCat(plan.attempt(), "/");
+  if (plan.rank_plan_unchanged()) {
+    if (held_plan_id_.empty() || held_plan_id_ != plan.plan_id()) {
+      return absl::InternalError(absl::StrCat(
+          "cairnd answered that this rank's plan is unchanged (plan id ",
+          plan.plan_id(), ") but this process holds ",
+          held_plan_id_.empty() ? "no plan"
+                                : absl::StrCat("plan id ", held_plan_id_)));
+    }
+    *plan.mutable_rank_plan() = held_rank_plan_;
+    for (v1::PlannedWrite& w : *plan.mutable_rank_plan()->mutable_writes()) {
+      w.mutable_location()->set_object_key(
+          absl::StrCat(key_prefix, w.location().object_key()));
+    }
+    return absl::OkStatus();
+  }
+  held_plan_id_.clear();
+  held_rank_plan_.Clear();
+  if (plan.plan_id().empty() || plan.attempt().empty()) return absl::OkStatus();
+  held_rank_plan_ = plan.rank_plan();
+  for (v1::PlannedWrite& w : *held_rank_plan_.mutable_writes()) {
+    absl::string_view key = w.location().object_key();
+    if (!absl::ConsumePrefix(&key, key_prefix)) {
+      // Not in the attempt's directory: not a plan this process can reuse.
+      held_rank_plan_.Clear();
+      return absl::OkStatus();
+    }
+    w.mutable_location()->set_object_key(std::string(key));
+  }
+  held_plan_id_ = plan.plan_id();
+  return absl::OkStatus();
 }
 
 absl::Status SaveProtocol::AbortStep(int64_t step, const absl::Status& failure,

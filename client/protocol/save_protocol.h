@@ -7,7 +7,10 @@
 ///                         fingerprint when this rank's local plan is
 ///                         unchanged since its last save; when cairnd no
 ///                         longer holds that plan (resend_plan) the whole
-///                         plan goes again. Returns a PlannedSave.
+///                         plan goes again. The rank's part of the global
+///                         plan is kept by plan id, so cairnd answers an
+///                         unchanged one without sending it again. Returns a
+///                         PlannedSave.
 ///   PlannedSave writes    every planned object through PlannedObjectWriter
 ///                         (zero padding to the planned offsets, crc32c per
 ///                         item, durable on Close): WriteAll from an
@@ -151,6 +154,10 @@ class SaveProtocol {
 
   // "rank 3 saving job 'llama' step 100".
   std::string Where(int64_t step) const;
+  // Fills in `plan`'s rank plan from the held one when cairnd answered
+  // rank_plan_unchanged (INTERNAL if this process holds another), or holds
+  // the one it sent for the next save.
+  absl::Status UseOrHoldRankPlan(v1::BeginSaveResponse& plan);
   // PlannedSave::Abort for `step` (also before a plan exists: a cancelled
   // BeginSave). `*abort_answer` (if not null) gets cairnd's answer to the
   // AbortSave.
@@ -163,6 +170,10 @@ class SaveProtocol {
 
   uint64_t incarnation_;
   std::string last_fingerprint_;
+  // The rank plan of the last BeginSave answer, object keys relative to its
+  // attempt's directory, and its plan id (empty: none held).
+  std::string held_plan_id_;
+  v1::RankSavePlan held_rank_plan_;
   std::string store_uri_;
   std::unique_ptr<storage::ShardStore> store_;
 };

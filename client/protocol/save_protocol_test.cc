@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/protocol/cancellation.h"
@@ -139,6 +140,17 @@ TEST_F(SaveProtocolTest, SavesAndSendsOnlyTheFingerprintWhenThePlanIsSame) {
     auto save = p->Begin(step, local);
     ASSERT_TRUE(save.ok()) << save.status();
     EXPECT_EQ((*save)->sent_fingerprint_only(), step > 1);
+    // From the second save on cairnd does not send the rank plan again: the
+    // one this process holds is used, in the new attempt's directory (the
+    // commit below checks every location against cairnd's plan).
+    EXPECT_EQ((*save)->plan().rank_plan_unchanged(), step > 1);
+    EXPECT_FALSE((*save)->plan().plan_id().empty());
+    for (const PlannedObject& o : (*save)->objects()) {
+      EXPECT_TRUE(
+          absl::StartsWith(o.key, absl::StrCat((*save)->plan().step_prefix(),
+                                               (*save)->plan().attempt(), "/")))
+          << o.key;
+    }
     EXPECT_EQ((*save)->where(),
               absl::StrCat("rank 0 saving job 'job' step ", step));
     EXPECT_EQ((*save)->planned_bytes(), 32u + 5);
@@ -165,6 +177,8 @@ TEST_F(SaveProtocolTest, SavesAndSendsOnlyTheFingerprintWhenThePlanIsSame) {
   auto save = p->Begin(4, local);
   ASSERT_TRUE(save.ok()) << save.status();
   EXPECT_FALSE((*save)->sent_fingerprint_only());
+  // The rebuilt plan is the same plan (same id): still not sent again.
+  EXPECT_TRUE((*save)->plan().rank_plan_unchanged());
   ASSERT_TRUE((*save)->WriteAll(sources, pool).ok());
   ASSERT_TRUE((*save)->Commit().ok());
   EXPECT_EQ(server_->coordinator().stats().plans_built, 1);
@@ -172,6 +186,28 @@ TEST_F(SaveProtocolTest, SavesAndSendsOnlyTheFingerprintWhenThePlanIsSame) {
   save = p->Begin(5, local);
   ASSERT_TRUE(save.ok()) << save.status();
   EXPECT_TRUE((*save)->sent_fingerprint_only());
+  ASSERT_TRUE((*save)->WriteAll(sources, pool).ok());
+  ASSERT_TRUE((*save)->Commit().ok());
+
+  // A changed local plan is a new global plan: sent whole, then held.
+  planner::LocalSavePlan grown = local;
+  planner::WriteItem extra = grown.items[1];
+  extra.fqn = "extra";
+  extra.length = 3;
+  grown.items.push_back(extra);
+  std::string extra_bytes = "abc";
+  sources.AddBytes("extra", extra_bytes);
+  for (int64_t step = 6; step <= 7; ++step) {
+    SCOPED_TRACE(step);
+    save = p->Begin(step, grown);
+    ASSERT_TRUE(save.ok()) << save.status();
+    EXPECT_EQ((*save)->plan().rank_plan_unchanged(), step == 7);
+    EXPECT_EQ((*save)->planned_bytes(), 32u + 5 + 3);
+    ASSERT_TRUE((*save)->WriteAll(sources, pool).ok());
+    absl::StatusOr<v1::CheckpointRecord> record = (*save)->Commit();
+    ASSERT_TRUE(record.ok()) << record.status();
+    EXPECT_EQ(record->total_bytes(), 32u + 5 + 3);
+  }
 }
 
 TEST_F(SaveProtocolTest, CommittedItemsCarryTheCrcOfTheirBytes) {

@@ -132,10 +132,11 @@ struct CoordinatorOptions {
   // Byte bound of the global save plan cache. Default: 512 MiB.
   size_t plan_cache_bytes = size_t{512} << 20;
   // Byte bound of the local plans kept for fingerprint-only BeginSaves (each
-  // rank's last plan, charged its approximate in-memory size). A rank whose
-  // plan was evicted is asked to resend it, and the global plan is then
-  // rebuilt: size it to the ranks x items of the largest job (a 70B model's
-  // FSDP x TP state takes ~0.7 MB per rank). Default: 256 MiB.
+  // rank's last plan, charged its approximate in-memory size). Needed only
+  // when the global plan must be rebuilt (it is not in the plan cache):
+  // ranks whose plans were evicted are then asked to resend them, a second
+  // round trip. Size it to the ranks x items of the largest job (a 70B
+  // model's FSDP x TP state takes ~0.7 MB per rank). Default: 256 MiB.
   size_t known_plan_cache_bytes = size_t{256} << 20;
   // Number of manifests (with their overlap indexes) kept in memory.
   // Default: 16.
@@ -277,9 +278,10 @@ class Coordinator {
       Done<v1::BeginSaveResponse>& done, std::shared_ptr<SaveSession>* to_plan,
       std::vector<std::function<void()>>* answers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fills a fingerprint-only plan from known_plans_ (false: unknown, the rank
-  // must resend it), or remembers a sent one.
-  bool ResolveKnownPlanLocked(const std::string& job, int rank, RankPlan* mine)
+  // Fills a fingerprint-only plan from known_plans_ (left null when unknown:
+  // the global plan may still be cached, see AskForMissingPlans), or
+  // remembers a sent one.
+  void ResolveKnownPlanLocked(const std::string& job, int rank, RankPlan* mine)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Aborts the attempt the rank is in when its process restarted or it saves
   // again after reporting; UNAVAILABLE while that attempt commits.
@@ -295,6 +297,11 @@ class Coordinator {
   // Builds (or fetches) the global plan for a session whose ranks have all
   // arrived, then answers every waiting BeginSave.
   void PlanSession(std::shared_ptr<SaveSession> session);
+  // When the global plan is not cached and some ranks arrived with a
+  // fingerprint whose plan cairnd no longer holds: sends the session back
+  // to gathering and answers those ranks resend_plan (true). False when
+  // every local plan is there.
+  bool AskForMissingPlans(const std::shared_ptr<SaveSession>& session);
   // Publishes the manifest of a session whose ranks have all committed.
   void CommitSession(std::shared_ptr<SaveSession> session);
   // Marks `session` aborted with `status`, answers its waiters and deletes

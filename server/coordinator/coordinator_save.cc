@@ -18,7 +18,9 @@
 #include "common/crash_point.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/version.h"
 #include "planner/box.h"
+#include "planner/plan_cache.h"
 #include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_internal.h"
@@ -89,6 +91,11 @@ absl::StatusOr<Coordinator::RankPlan> Coordinator::DecodeRankPlan(
   const std::string who = absl::StrCat("rank ", request.rank(), " of ",
                                        SaveName(request.job(), request.step()));
   RankPlan mine;
+  if (request.held_plan_id().size() > kMaxFingerprintBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, " sent a held plan id of ", request.held_plan_id().size(),
+        " bytes; at most ", kMaxFingerprintBytes, " are accepted"));
+  }
   if (request.has_local_plan()) {
     CAIRN_RETURN_IF_ERROR(
         CheckLocalPlanBounds(request.local_plan(), options_, who));
@@ -186,11 +193,7 @@ Coordinator::JoinSaveLocked(const v1::BeginSaveRequest& request, RankPlan mine,
     return absl::FailedPreconditionError(absl::StrCat(
         SaveName(job, step), " is being deleted; save it once it is gone"));
   }
-  if (!ResolveKnownPlanLocked(job, rank, &mine)) {
-    v1::BeginSaveResponse resend;
-    resend.set_resend_plan(true);
-    return resend;
-  }
+  ResolveKnownPlanLocked(job, rank, &mine);
   if (absl::Status s = RestartIfRankReturnedLocked(request, answers); !s.ok()) {
     return s;
   }
@@ -211,7 +214,8 @@ Coordinator::JoinSaveLocked(const v1::BeginSaveRequest& request, RankPlan mine,
   absl::StatusOr<v1::BeginSaveResponse> answer;
   const int arrived_before = session->arrived();
   switch (session->Arrive(rank, std::move(mine.plan),
-                          std::move(mine.fingerprint), request.incarnation(),
+                          std::move(mine.fingerprint), request.held_plan_id(),
+                          request.incarnation(),
                           options_.max_plan_items_per_save, done, &answer)) {
     case SaveSession::Arrival::kAnswered:
       return answer;
@@ -228,22 +232,20 @@ Coordinator::JoinSaveLocked(const v1::BeginSaveRequest& request, RankPlan mine,
   return std::nullopt;
 }
 
-bool Coordinator::ResolveKnownPlanLocked(const std::string& job, int rank,
+void Coordinator::ResolveKnownPlanLocked(const std::string& job, int rank,
                                          RankPlan* mine) {
   if (mine->plan == nullptr) {
     std::shared_ptr<const KnownPlan> known = known_plans_.Lookup({job, rank});
-    if (known == nullptr || known->fingerprint != mine->fingerprint) {
-      return false;
+    if (known != nullptr && known->fingerprint == mine->fingerprint) {
+      mine->plan = known->plan;
     }
-    mine->plan = known->plan;
-    return true;
+    return;
   }
   known_plans_.Insert({job, rank},
                       std::make_shared<const KnownPlan>(
                           KnownPlan{mine->fingerprint, mine->plan}),
                       ApproximateLocalPlanBytes(*mine->plan) + job.size() +
                           mine->fingerprint.size());
-  return true;
 }
 
 absl::Status Coordinator::RestartIfRankReturnedLocked(
@@ -328,10 +330,11 @@ void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
                               session->fingerprints(), storage_settings_};
   std::shared_ptr<const planner::GlobalSavePlan> plan = plan_cache_.Lookup(key);
   const bool from_cache = plan != nullptr;
+  if (plan == nullptr && AskForMissingPlans(session)) return;
   if (plan == nullptr) {
-    std::vector<planner::LocalSavePlan> locals;
+    std::vector<const planner::LocalSavePlan*> locals;
     locals.reserve(session->world_size());
-    for (const auto& p : session->plans()) locals.push_back(*p);
+    for (const auto& p : session->plans()) locals.push_back(p.get());
     absl::StatusOr<planner::GlobalSavePlan> built =
         planner::BuildGlobalSavePlan(session->job(), session->step(), locals,
                                      options_.save_plan);
@@ -342,6 +345,7 @@ void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
     plan = std::make_shared<const planner::GlobalSavePlan>(std::move(*built));
     plan_cache_.Insert(key, plan);
   }
+  std::string plan_id = planner::PlanId(key, VersionString("cairnd"));
 
   // Storage, not the catalog, says what is committed: a step whose MANIFEST
   // is there (its catalog write failed after the publish, say) is never
@@ -399,7 +403,7 @@ void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
       m_.save_plan_misses->Increment();
     }
     for (auto& [r, done] :
-         session->Planned(plan, version, from_cache, absl::Now(),
+         session->Planned(plan, plan_id, version, from_cache, absl::Now(),
                           options_.commit_deadline)) {
       answers.push_back([session, r = r, done = std::move(done)] {
         done(session->RankResponse(r));
@@ -410,6 +414,33 @@ void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
             SaveName(session->job(), session->step()), session->plan_version(),
             session->world_size(), from_cache ? "cached" : "built");
   for (auto& a : answers) a();
+}
+
+bool Coordinator::AskForMissingPlans(
+    const std::shared_ptr<SaveSession>& session) {
+  std::vector<int> missing;
+  const auto& plans = session->plans();
+  for (int r = 0; r < static_cast<int>(plans.size()); ++r) {
+    if (plans[r] == nullptr) missing.push_back(r);
+  }
+  if (missing.empty()) return false;
+  std::vector<SaveSession::BeginWaiter> resend;
+  {
+    absl::MutexLock lock(&mu_);
+    if (session->phase() != Phase::kPlanning) return true;  // aborted
+    resend = session->NeedPlansOf(missing);
+  }
+  CAIRN_LOG(info,
+            "{}: no cached plan, and cairnd no longer holds the local plans of "
+            "{} of {} ranks (--known-plan-cache-mib): asking them to resend",
+            SaveName(session->job(), session->step()), missing.size(),
+            session->world_size());
+  for (auto& [r, done] : resend) {
+    v1::BeginSaveResponse again;
+    again.set_resend_plan(true);
+    done(std::move(again));
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------------------
@@ -487,11 +518,12 @@ void Coordinator::CommitSave(const v1::CommitSaveRequest& request,
   {
     absl::MutexLock lock(&mu_);
     absl::Status answer;
-    switch (
-        session->Commit(rank,
-                        std::vector<v1::WriteResult>(request.results().begin(),
-                                                     request.results().end()),
-                        done, &answer)) {
+    std::vector<uint32_t> crc32cs;
+    crc32cs.reserve(request.results().size());
+    for (const v1::WriteResult& r : request.results()) {
+      crc32cs.push_back(r.crc32c());
+    }
+    switch (session->Commit(rank, std::move(crc32cs), done, &answer)) {
       case SaveSession::Report::kParked:
         break;
       case SaveSession::Report::kAllReported:

@@ -1,6 +1,7 @@
 // The save protocol through the coordinator (no gRPC): BeginSave,
 // CommitSave, AbortSave; plan and fingerprint caching, deadlines,
 // idempotent retries, restarted ranks, bounded sessions and tombstones.
+#include <chrono>
 #include <filesystem>
 #include <future>
 #include <string>
@@ -44,7 +45,8 @@ TEST_F(CoordinatorTest, UnchangedPlansSendFingerprintsAndHitThePlanCache) {
   EXPECT_EQ(LatestStep("job"), 3);
 }
 
-TEST_F(CoordinatorTest, KnownPlanCacheTooSmallMakesRanksResendTheirPlans) {
+TEST_F(CoordinatorTest,
+       EvictedLocalPlansAreNotNeededWhileTheGlobalPlanIsCached) {
   options_.known_plan_cache_bytes = 16;  // smaller than any local plan
   Start();
   std::vector<v1::BeginSaveResponse> first = Save("job", 1, 2);
@@ -53,15 +55,64 @@ TEST_F(CoordinatorTest, KnownPlanCacheTooSmallMakesRanksResendTheirPlans) {
     begins.push_back(
         Begin("job", 2, r, 2, std::nullopt, first[r].plan_fingerprint()));
   }
+  std::vector<v1::BeginSaveResponse> second;
   for (auto& f : begins) {
     BeginResult b = f.get();
     ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_TRUE(b->resend_plan());
+    EXPECT_FALSE(b->resend_plan());
+    EXPECT_TRUE(b->plan_from_cache());
+    second.push_back(*b);
   }
-  // The whole plans then save as usual, from the global plan cache.
-  Save("job", 2, 2);
+  std::vector<std::future<CommitResult>> commits;
+  for (int r = 0; r < 2; ++r)
+    commits.push_back(Commit(Write("job", 2, r, second[r])));
+  for (auto& f : commits) ASSERT_TRUE(f.get().ok());
   EXPECT_EQ(LatestStep("job"), 2);
-  EXPECT_EQ(coordinator_->stats().plans_from_cache, 1);
+  EXPECT_EQ(coordinator_->stats().plans_built, 1);
+}
+
+TEST_F(CoordinatorTest,
+       RanksWhosePlansAreEvictedResendThemWhenThePlanIsRebuilt) {
+  options_.known_plan_cache_bytes = 16;  // smaller than any local plan
+  options_.plan_cache_bytes = 16;        // no global plan is cached either
+  Start();
+  std::vector<v1::BeginSaveResponse> first = Save("job", 1, 3);
+  // Ranks 0 and 2 send fingerprints, rank 1 its whole plan: all three are
+  // in before cairnd finds it needs the plans of 0 and 2.
+  std::vector<std::future<BeginResult>> begins;
+  for (int r = 0; r < 3; ++r) {
+    begins.push_back(r == 1 ? Begin("job", 2, r, 3, RankPlan(r, 3))
+                            : Begin("job", 2, r, 3, std::nullopt,
+                                    first[r].plan_fingerprint()));
+  }
+  BeginResult b0 = begins[0].get(), b2 = begins[2].get();
+  ASSERT_TRUE(b0.ok()) << b0.status();
+  ASSERT_TRUE(b2.ok()) << b2.status();
+  EXPECT_TRUE(b0->resend_plan());
+  EXPECT_TRUE(b2->resend_plan());
+  // Rank 1 stays parked until they resend.
+  EXPECT_EQ(begins[1].wait_for(std::chrono::milliseconds(200)),
+            std::future_status::timeout);
+  std::vector<std::future<BeginResult>> again;
+  again.push_back(Begin("job", 2, 0, 3, RankPlan(0, 3)));
+  again.push_back(Begin("job", 2, 2, 3, RankPlan(2, 3)));
+  std::vector<v1::BeginSaveResponse> plans(3);
+  BeginResult b1 = begins[1].get();
+  ASSERT_TRUE(b1.ok()) << b1.status();
+  EXPECT_FALSE(b1->resend_plan());
+  plans[1] = *b1;
+  for (int i = 0; i < 2; ++i) {
+    BeginResult b = again[i].get();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_FALSE(b->resend_plan());
+    plans[i * 2] = *b;
+  }
+  std::vector<std::future<CommitResult>> commits;
+  for (int r = 0; r < 3; ++r)
+    commits.push_back(Commit(Write("job", 2, r, plans[r])));
+  for (auto& f : commits) ASSERT_TRUE(f.get().ok());
+  EXPECT_EQ(LatestStep("job"), 2);
+  EXPECT_EQ(coordinator_->stats().plans_built, 2);
 }
 
 TEST_F(CoordinatorTest, UnknownFingerprintAsksTheRankToResend) {

@@ -102,13 +102,15 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(cairn::flags::InRange(1, 256));
   app.add_option("--plan-cache-mib", plan_cache_mib,
-                 "Byte bound of the save plan cache, in MiB")
+                 "Byte bound of the global save plan cache, in MiB (too "
+                 "small for a job: every save of it is planned anew)")
       ->capture_default_str()
       ->check(cairn::flags::InRange(0, 1 << 20));
   app.add_option("--known-plan-cache-mib", known_plan_cache_mib,
-                 "Byte bound of the ranks' last local plans kept for "
-                 "fingerprint-only saves, in MiB (too small for a job: its "
-                 "ranks resend their plans and every save is planned anew)")
+                 "Byte bound of the ranks' last local plans, in MiB: needed "
+                 "when a global plan is built anew from fingerprint-only "
+                 "saves (too small for a job: its ranks are asked to resend "
+                 "their plans then)")
       ->capture_default_str()
       ->check(cairn::flags::InRange(0, 1 << 20));
   app.add_option("--reload-every", reload_every_s,

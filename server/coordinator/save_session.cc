@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator_internal.h"
@@ -62,8 +63,8 @@ absl::Status SaveSession::WorldSizeMismatch(int rank, int world) const {
 
 SaveSession::Arrival SaveSession::Arrive(
     int rank, std::shared_ptr<const planner::LocalSavePlan> plan,
-    std::string fingerprint, uint64_t incarnation, int64_t max_plan_items,
-    Done<v1::BeginSaveResponse>& done,
+    std::string fingerprint, std::string held_plan_id, uint64_t incarnation,
+    int64_t max_plan_items, Done<v1::BeginSaveResponse>& done,
     absl::StatusOr<v1::BeginSaveResponse>* answer) {
   const std::string* arrived_fingerprint = nullptr;
   if (phase_ == Phase::kGathering) {
@@ -94,7 +95,8 @@ SaveSession::Arrival SaveSession::Arrive(
                      " arrived after the plan was built"));
     return Arrival::kAnswered;
   }
-  const int64_t items = static_cast<int64_t>(plan->items.size());
+  const int64_t items =
+      plan == nullptr ? 0 : static_cast<int64_t>(plan->items.size());
   if (plan_items_ + items > max_plan_items) {
     *answer = absl::ResourceExhaustedError(absl::StrCat(
         "rank ", rank, " of ", SaveName(job_, step_), ": its ", items,
@@ -104,28 +106,61 @@ SaveSession::Arrival SaveSession::Arrive(
     return Arrival::kAnswered;
   }
   plan_items_ += items;
-  arrivals_[rank] =
-      Arrived{std::move(plan), std::move(fingerprint), incarnation};
+  arrivals_[rank] = Arrived{std::move(plan), std::move(fingerprint),
+                            std::move(held_plan_id), incarnation};
   begin_waiters_[rank].push_back(std::move(done));
   if (++arrived_ < world_size_) return Arrival::kParked;
   // Every rank is here: the world is real, lay the session out densely.
   phase_ = Phase::kPlanning;
   plans_.resize(world_size_);
   fingerprints_.resize(world_size_);
+  held_plan_ids_.resize(world_size_);
   incarnations_.resize(world_size_);
   for (auto& [r, a] : arrivals_) {
     plans_[r] = std::move(a.plan);
     fingerprints_[r] = std::move(a.fingerprint);
+    held_plan_ids_[r] = std::move(a.held_plan_id);
     incarnations_[r] = a.incarnation;
   }
   arrivals_.clear();
   return Arrival::kAllArrived;
 }
 
+std::vector<SaveSession::BeginWaiter> SaveSession::NeedPlansOf(
+    const std::vector<int>& ranks) {
+  std::vector<bool> resend(static_cast<size_t>(world_size_), false);
+  for (int r : ranks) resend[r] = true;
+  phase_ = Phase::kGathering;
+  arrived_ = 0;
+  for (int r = 0; r < world_size_; ++r) {
+    if (resend[r]) continue;
+    arrivals_[r] = Arrived{std::move(plans_[r]), std::move(fingerprints_[r]),
+                           std::move(held_plan_ids_[r]), incarnations_[r]};
+    ++arrived_;
+  }
+  plans_.clear();
+  fingerprints_.clear();
+  held_plan_ids_.clear();
+  incarnations_.clear();
+  std::vector<BeginWaiter> waiters;
+  for (int r : ranks) {
+    auto it = begin_waiters_.find(r);
+    if (it == begin_waiters_.end()) continue;
+    for (auto& done : it->second) waiters.emplace_back(r, std::move(done));
+    begin_waiters_.erase(it);
+  }
+  return waiters;
+}
+
 std::vector<SaveSession::BeginWaiter> SaveSession::Planned(
-    std::shared_ptr<const planner::GlobalSavePlan> plan, uint64_t version,
-    bool from_cache, absl::Time now, absl::Duration commit_deadline) {
+    std::shared_ptr<const planner::GlobalSavePlan> plan, std::string plan_id,
+    uint64_t version, bool from_cache, absl::Time now,
+    absl::Duration commit_deadline) {
   plan_ = std::move(plan);
+  plan_id_ = std::move(plan_id);
+  // The local plans served their purpose (the known-plan cache keeps what
+  // its bound allows): at thousands of ranks they are gigabytes.
+  plans_ = {};
   plan_version_ = version;
   plan_from_cache_ = from_cache;
   phase_ = Phase::kWriting;
@@ -147,6 +182,14 @@ absl::StatusOr<v1::BeginSaveResponse> SaveSession::RankResponse(
   r.set_plan_fingerprint(fingerprints_[rank]);
   r.set_storage_uri(storage_uri_);
   r.set_step_prefix(step_prefix_);
+  r.set_plan_id(plan_id_);
+  r.set_attempt(attempt_);
+  if (!plan_id_.empty() && held_plan_ids_[rank] == plan_id_) {
+    // The rank holds this very plan: at thousands of ranks, sending it again
+    // would be most of the round's bytes.
+    r.set_rank_plan_unchanged(true);
+    return r;
+  }
   convert::RankPlanToProto(plan_->ranks[rank], r.mutable_rank_plan());
   // Object keys of this attempt live in its own directory.
   for (v1::PlannedWrite& w : *r.mutable_rank_plan()->mutable_writes()) {
@@ -183,9 +226,12 @@ absl::Status SaveSession::CheckResults(
   for (int i = 0; i < results.size(); ++i) {
     const v1::StorageLocation& got = results[i].location();
     const planner::StorageLocation& want = mine.writes[i].location;
-    const std::string want_key = absl::StrCat(attempt_, "/", want.object_key);
-    if (got.object_key() != want_key || got.offset() != want.offset ||
+    absl::string_view key = got.object_key();
+    const bool in_attempt =
+        absl::ConsumePrefix(&key, attempt_) && absl::ConsumePrefix(&key, "/");
+    if (!in_attempt || key != want.object_key || got.offset() != want.offset ||
         got.length() != want.length) {
+      const std::string want_key = absl::StrCat(attempt_, "/", want.object_key);
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", rank, " of ", SaveName(job_, step_), " result ", i, " for '",
           mine.writes[i].item.fqn, "' is at ", Truncated(got.object_key(), 256),
@@ -196,8 +242,7 @@ absl::Status SaveSession::CheckResults(
   return absl::OkStatus();
 }
 
-SaveSession::Report SaveSession::Commit(int rank,
-                                        std::vector<v1::WriteResult> results,
+SaveSession::Report SaveSession::Commit(int rank, std::vector<uint32_t> crc32cs,
                                         Done<v1::CommitSaveResponse>& done,
                                         absl::Status* answer) {
   if (phase_ == Phase::kAborted) {
@@ -205,13 +250,7 @@ SaveSession::Report SaveSession::Commit(int rank,
     return Report::kAnswered;
   }
   auto& slot = results_[rank];
-  bool same = true;
-  if (slot.has_value()) {
-    same = slot->size() == results.size();
-    for (size_t i = 0; same && i < results.size(); ++i) {
-      same = (*slot)[i].crc32c() == results[i].crc32c();
-    }
-  }
+  const bool same = !slot.has_value() || *slot == crc32cs;
   if (!same && phase_ == Phase::kWriting) {
     // The rank rewrote objects it had reported: what is on storage now
     // cannot be trusted to match either report.
@@ -224,7 +263,7 @@ SaveSession::Report SaveSession::Commit(int rank,
     return Report::kAnswered;
   }
   if (!slot.has_value()) {
-    slot = std::move(results);
+    slot = std::move(crc32cs);
     ++reported_;
   }
   commit_waiters_.push_back(std::move(done));
@@ -311,27 +350,38 @@ absl::StatusOr<v1::Manifest> SaveSession::BuildManifest() const {
   }
   std::set<std::string> objects;
   uint64_t total = 0;
+  // Object keys in this attempt's directory (CheckResults checked that the
+  // ranks wrote there), made once per object, not per write.
+  std::string key;
+  const std::string* planned_key = nullptr;
   for (int r = 0; r < world_size_; ++r) {
     const planner::RankSavePlan& rp = plan_->ranks[r];
-    const std::vector<v1::WriteResult>& results = *results_[r];
+    const std::vector<uint32_t>& crc32cs = *results_[r];
     for (size_t i = 0; i < rp.writes.size(); ++i) {
       const planner::PlannedWrite& w = rp.writes[i];
-      const v1::WriteResult& res = results[i];
-      objects.insert(res.location().object_key());
+      if (planned_key == nullptr || *planned_key != w.location.object_key) {
+        planned_key = &w.location.object_key;
+        key = absl::StrCat(attempt_, "/", w.location.object_key);
+        objects.insert(key);
+      }
       total += w.location.length;
+      v1::StorageLocation* location;
       if (w.item.kind == planner::WriteItem::Kind::kBytes) {
         v1::ManifestBytes& b = bytes[w.item.fqn];
         b.set_fqn(w.item.fqn);
-        *b.mutable_location() = res.location();
-        b.set_crc32c(res.crc32c());
+        location = b.mutable_location();
+        b.set_crc32c(crc32cs[i]);
         b.set_writer_rank(r);
-        continue;
+      } else {
+        v1::StoredChunk* c = tensors[w.item.fqn].add_chunks();
+        convert::BoxToProto(w.item.box, c->mutable_box());
+        location = c->mutable_location();
+        c->set_crc32c(crc32cs[i]);
+        c->set_writer_rank(r);
       }
-      v1::StoredChunk* c = tensors[w.item.fqn].add_chunks();
-      convert::BoxToProto(w.item.box, c->mutable_box());
-      *c->mutable_location() = res.location();
-      c->set_crc32c(res.crc32c());
-      c->set_writer_rank(r);
+      location->set_object_key(key);
+      location->set_offset(w.location.offset);
+      location->set_length(w.location.length);
     }
   }
   for (auto& [fqn, t] : tensors) {

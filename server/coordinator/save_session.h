@@ -5,6 +5,7 @@
 // storage, threads or gRPC (save_session_test.cc).
 //
 //   kGathering --every rank arrived--> kPlanning --Planned()--> kWriting
+//   kPlanning --NeedPlansOf(ranks)--> kGathering (those ranks must resend)
 //   kWriting --every rank reported--> kCommitting --(committed: dropped)
 //   any phase but kCommitting --Abort()--> kAborted
 //
@@ -75,21 +76,33 @@ class SaveSession {
   // is kPlanning: build the plan); kAnswered: `*answer` holds the answer now
   // (a retry after the plan was built, or an error: a different plan from a
   // rank that arrived, a rank arriving after the plan was built, or more
-  // than `max_plan_items` items in the save).
+  // than `max_plan_items` items in the save). `held_plan_id`: the plan id
+  // whose rank plan the rank's process holds (BeginSaveRequest.held_plan_id).
   enum class Arrival { kParked, kAllArrived, kAnswered };
   Arrival Arrive(int rank, std::shared_ptr<const planner::LocalSavePlan> plan,
-                 std::string fingerprint, uint64_t incarnation,
-                 int64_t max_plan_items, Done<v1::BeginSaveResponse>& done,
+                 std::string fingerprint, std::string held_plan_id,
+                 uint64_t incarnation, int64_t max_plan_items,
+                 Done<v1::BeginSaveResponse>& done,
                  absl::StatusOr<v1::BeginSaveResponse>* answer);
 
-  // The plan is built (phase kPlanning -> kWriting): every rank must report
-  // by `now + commit_deadline`. Returns the parked BeginSave calls, to be
-  // answered with RankResponse(rank) off the lock.
-  std::vector<BeginWaiter> Planned(
-      std::shared_ptr<const planner::GlobalSavePlan> plan, uint64_t version,
-      bool from_cache, absl::Time now, absl::Duration commit_deadline);
+  // Planning needs the local plans of `ranks`, which arrived with a
+  // fingerprint only (plan() null) that cairnd no longer holds the plan of,
+  // and the global plan is not cached: back to kGathering without them.
+  // Returns their parked BeginSave calls, to be answered resend_plan off the
+  // lock; they arrive again with their plans.
+  std::vector<BeginWaiter> NeedPlansOf(const std::vector<int>& ranks);
 
-  // `rank`'s part of the plan, its object keys in this attempt's directory.
+  // The plan is built (phase kPlanning -> kWriting): every rank must report
+  // by `now + commit_deadline`. `plan_id` identifies it (planner::PlanId).
+  // Returns the parked BeginSave calls, to be answered with
+  // RankResponse(rank) off the lock.
+  std::vector<BeginWaiter> Planned(
+      std::shared_ptr<const planner::GlobalSavePlan> plan, std::string plan_id,
+      uint64_t version, bool from_cache, absl::Time now,
+      absl::Duration commit_deadline);
+
+  // `rank`'s part of the plan, its object keys in this attempt's directory;
+  // only `rank_plan_unchanged` when the rank holds the plan of this id.
   // Requires phase kWriting or later.
   absl::StatusOr<v1::BeginSaveResponse> RankResponse(int rank) const;
 
@@ -113,7 +126,9 @@ class SaveSession {
   // `*answer` holds the answer now (the attempt was aborted, or the rank
   // reported other checksums once the commit had begun).
   enum class Report { kParked, kAllReported, kConflict, kAnswered };
-  Report Commit(int rank, std::vector<v1::WriteResult> results,
+  // `crc32cs`: of the rank's checked results (CheckResults), in plan order:
+  // the locations are the plan's, so only the checksums are kept.
+  Report Commit(int rank, std::vector<uint32_t> crc32cs,
                 Done<v1::CommitSaveResponse>& done, absl::Status* answer);
 
   // The manifest of a session whose ranks have all reported (kCommitting).
@@ -151,7 +166,9 @@ class SaveSession {
   int arrived() const { return arrived_; }
   // Ranks that arrived, sorted (kGathering; empty afterwards).
   std::vector<int> ArrivedRanks() const;
-  // By rank, once kPlanning.
+  // By rank, while kPlanning (released once planned); a plan is null when
+  // its rank sent only a fingerprint cairnd no longer holds the plan of (see
+  // NeedPlansOf).
   const std::vector<std::shared_ptr<const planner::LocalSavePlan>>& plans()
       const {
     return plans_;
@@ -162,6 +179,7 @@ class SaveSession {
     return plan_;
   }
   uint64_t plan_version() const { return plan_version_; }
+  const std::string& plan_id() const { return plan_id_; }
   bool plan_from_cache() const { return plan_from_cache_; }
   // The commit failed after the MANIFEST may have become visible and it
   // could not be removed: the objects it names stay (recovery decides).
@@ -175,6 +193,7 @@ class SaveSession {
   struct Arrived {
     std::shared_ptr<const planner::LocalSavePlan> plan;
     std::string fingerprint;
+    std::string held_plan_id;
     uint64_t incarnation = 0;  // of the rank's process; 0: not sent
   };
 
@@ -199,15 +218,17 @@ class SaveSession {
   // Once every rank arrived (kPlanning on): the arrivals by rank.
   std::vector<std::shared_ptr<const planner::LocalSavePlan>> plans_;
   std::vector<std::string> fingerprints_;
+  std::vector<std::string> held_plan_ids_;
   std::vector<uint64_t> incarnations_;
 
   // Planned.
   std::shared_ptr<const planner::GlobalSavePlan> plan_;
+  std::string plan_id_;
   uint64_t plan_version_ = 0;
   bool plan_from_cache_ = false;
 
   // Committing (sized world_size once planned).
-  std::vector<std::optional<std::vector<v1::WriteResult>>> results_;
+  std::vector<std::optional<std::vector<uint32_t>>> results_;  // crc32cs
   int reported_ = 0;
   std::vector<Done<v1::CommitSaveResponse>> commit_waiters_;
 

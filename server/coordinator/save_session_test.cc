@@ -3,7 +3,9 @@
 // or gRPC.
 #include "server/coordinator/save_session.h"
 
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,12 +47,13 @@ class SaveSessionTest : public ::testing::Test {
     if (fingerprint.empty()) fingerprint = planner::FingerprintLocalPlan(*plan);
     SaveSession::Done<v1::BeginSaveResponse> done =
         [this, rank](BeginResult r) { begun_.emplace_back(rank, r); };
-    return session_->Arrive(rank, plan, fingerprint, incarnation, max_items,
-                            done, &answer_);
+    return session_->Arrive(rank, plan, fingerprint, held_plan_ids_[rank],
+                            incarnation, max_items, done, &answer_);
   }
   // Every rank arrives, the plan is built and given to the session; returns
   // the parked calls answered.
-  void ArriveAllAndPlan(int world, uint64_t incarnation = 0) {
+  void ArriveAllAndPlan(int world, uint64_t incarnation = 0,
+                        std::string plan_id = "plan-id") {
     Open(world);
     for (int r = 0; r < world; ++r) {
       ASSERT_EQ(Arrive(r, "", incarnation),
@@ -62,8 +65,8 @@ class SaveSessionTest : public ::testing::Test {
     auto plan = planner::BuildGlobalSavePlan("job", 7, locals, {});
     ASSERT_TRUE(plan.ok()) << plan.status();
     for (auto& [r, done] : session_->Planned(
-             std::make_shared<const planner::GlobalSavePlan>(*plan), 3, false,
-             kT0 + absl::Seconds(5), absl::Hours(1))) {
+             std::make_shared<const planner::GlobalSavePlan>(*plan), plan_id, 3,
+             false, kT0 + absl::Seconds(5), absl::Hours(1))) {
       done(session_->RankResponse(r));
     }
   }
@@ -84,7 +87,11 @@ class SaveSessionTest : public ::testing::Test {
   SaveSession::Report Commit(int rank, uint32_t crc = 1) {
     SaveSession::Done<v1::CommitSaveResponse> done =
         [this, rank](CommitResult r) { committed_.emplace_back(rank, r); };
-    return session_->Commit(rank, Results(rank, crc), done, &commit_answer_);
+    std::vector<uint32_t> crc32cs;
+    for (const v1::WriteResult& r : Results(rank, crc)) {
+      crc32cs.push_back(r.crc32c());
+    }
+    return session_->Commit(rank, std::move(crc32cs), done, &commit_answer_);
   }
 
   std::unique_ptr<SaveSession> session_;
@@ -92,6 +99,8 @@ class SaveSessionTest : public ::testing::Test {
   absl::Status commit_answer_;
   std::vector<std::pair<int, BeginResult>> begun_;
   std::vector<std::pair<int, CommitResult>> committed_;
+  // BeginSaveRequest.held_plan_id by rank (Arrive).
+  std::map<int, std::string> held_plan_ids_;
 };
 
 TEST_F(SaveSessionTest, GathersArrivalsThenLaysThemOutByRank) {
@@ -161,6 +170,65 @@ TEST_F(SaveSessionTest, PlannedAnswersEveryParkedCallInTheAttemptDirectory) {
   ASSERT_TRUE(answer_.ok());
   const auto& first = begun_[0].first == 1 ? begun_[0] : begun_[1];
   EXPECT_EQ(answer_->SerializeAsString(), first.second->SerializeAsString());
+}
+
+TEST_F(SaveSessionTest, ARankHoldingThePlanIdGetsNoPlanOthersGetTheirs) {
+  held_plan_ids_ = {{0, "plan-id"}, {1, "an-older-plan-id"}, {2, "plan-id"}};
+  ArriveAllAndPlan(4, 0, "plan-id");  // rank 3 holds no plan
+  ASSERT_EQ(begun_.size(), 4u);
+  for (const auto& [rank, r] : begun_) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->plan_id(), "plan-id");
+    EXPECT_EQ(r->attempt(), "attempt-1");
+    const bool holds = rank == 0 || rank == 2;
+    EXPECT_EQ(r->rank_plan_unchanged(), holds) << "rank " << rank;
+    if (holds) {
+      EXPECT_FALSE(r->has_rank_plan()) << "rank " << rank;
+    } else {
+      EXPECT_EQ(r->rank_plan().writes_size(),
+                static_cast<int>(session_->plan()->ranks[rank].writes.size()))
+          << "rank " << rank;
+    }
+  }
+}
+
+TEST_F(SaveSessionTest, WithoutAPlanIdEveryRankGetsItsPlan) {
+  held_plan_ids_ = {{0, ""}, {1, ""}};
+  ArriveAllAndPlan(2, 0, "");  // a plan without id: nothing matches ""
+  for (const auto& [rank, r] : begun_) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->rank_plan_unchanged());
+    EXPECT_GT(r->rank_plan().writes_size(), 0);
+  }
+}
+
+TEST_F(SaveSessionTest, NeedPlansOfSendsThoseRanksBackToArriveAgain) {
+  Open(3);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(Arrive(r, "", 10 + r), r < 2 ? SaveSession::Arrival::kParked
+                                           : SaveSession::Arrival::kAllArrived);
+  }
+  EXPECT_EQ(Arrive(2, "", 12), SaveSession::Arrival::kParked);  // a retry
+  std::vector<SaveSession::BeginWaiter> resend = session_->NeedPlansOf({0, 2});
+  ASSERT_EQ(resend.size(), 3u);  // rank 0's call, rank 2's call and retry
+  std::set<int> asked;
+  for (const auto& [r, done] : resend) asked.insert(r);
+  EXPECT_EQ(asked, (std::set<int>{0, 2}));
+  EXPECT_EQ(session_->phase(), Phase::kGathering);
+  EXPECT_EQ(session_->arrived(), 1);
+  EXPECT_EQ(session_->ArrivedRanks(), std::vector<int>{1});
+  EXPECT_TRUE(session_->Rank(1).in_save);
+  EXPECT_EQ(session_->Rank(1).incarnation, 11u);
+  EXPECT_FALSE(session_->Rank(0).in_save);
+  // They arrive again (with their plans); the last one completes the world.
+  EXPECT_EQ(Arrive(2, "", 12), SaveSession::Arrival::kParked);
+  EXPECT_EQ(Arrive(0, "", 10), SaveSession::Arrival::kAllArrived);
+  ASSERT_EQ(session_->plans().size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_NE(session_->plans()[r], nullptr);
+    EXPECT_EQ(session_->plans()[r]->rank, r);
+    EXPECT_EQ(session_->Rank(r).incarnation, 10u + r);
+  }
 }
 
 TEST_F(SaveSessionTest, ResultsMustMatchThePlanAndTheProcess) {
