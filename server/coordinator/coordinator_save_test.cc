@@ -20,23 +20,10 @@ TEST_F(CoordinatorTest, UnchangedPlansSendFingerprintsAndHitThePlanCache) {
   std::vector<v1::BeginSaveResponse> first = Save("job", 1, 2);
   EXPECT_FALSE(first[0].plan_from_cache());
   // Step 2: both ranks send only the fingerprint they got back.
-  std::vector<std::future<BeginResult>> begins;
-  for (int r = 0; r < 2; ++r) {
-    begins.push_back(
-        Begin("job", 2, r, 2, std::nullopt, first[r].plan_fingerprint()));
+  for (const v1::BeginSaveResponse& b : Save("job", 2, 2, 8, &first)) {
+    EXPECT_FALSE(b.resend_plan());
+    EXPECT_TRUE(b.plan_from_cache());
   }
-  std::vector<v1::BeginSaveResponse> second;
-  for (auto& f : begins) {
-    BeginResult b = f.get();
-    ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_FALSE(b->resend_plan());
-    EXPECT_TRUE(b->plan_from_cache());
-    second.push_back(*b);
-  }
-  std::vector<std::future<CommitResult>> commits;
-  for (int r = 0; r < 2; ++r)
-    commits.push_back(Commit(Write("job", 2, r, second[r])));
-  for (auto& f : commits) ASSERT_TRUE(f.get().ok());
   EXPECT_EQ(coordinator_->stats().plans_built, 1);
   EXPECT_EQ(coordinator_->stats().plans_from_cache, 1);
   // One rank changes its plan (a bigger tensor): a rebuild, not the cache.
@@ -50,23 +37,10 @@ TEST_F(CoordinatorTest,
   options_.known_plan_cache_bytes = 16;  // smaller than any local plan
   Start();
   std::vector<v1::BeginSaveResponse> first = Save("job", 1, 2);
-  std::vector<std::future<BeginResult>> begins;
-  for (int r = 0; r < 2; ++r) {
-    begins.push_back(
-        Begin("job", 2, r, 2, std::nullopt, first[r].plan_fingerprint()));
+  for (const v1::BeginSaveResponse& b : Save("job", 2, 2, 8, &first)) {
+    EXPECT_FALSE(b.resend_plan());
+    EXPECT_TRUE(b.plan_from_cache());
   }
-  std::vector<v1::BeginSaveResponse> second;
-  for (auto& f : begins) {
-    BeginResult b = f.get();
-    ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_FALSE(b->resend_plan());
-    EXPECT_TRUE(b->plan_from_cache());
-    second.push_back(*b);
-  }
-  std::vector<std::future<CommitResult>> commits;
-  for (int r = 0; r < 2; ++r)
-    commits.push_back(Commit(Write("job", 2, r, second[r])));
-  for (auto& f : commits) ASSERT_TRUE(f.get().ok());
   EXPECT_EQ(LatestStep("job"), 2);
   EXPECT_EQ(coordinator_->stats().plans_built, 1);
 }

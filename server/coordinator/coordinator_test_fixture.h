@@ -285,11 +285,18 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   // A whole save by `world` ranks; returns each rank's BeginSave answer.
-  std::vector<v1::BeginSaveResponse> Save(const std::string& job, int64_t step,
-                                          int world, int64_t rows = 8) {
+  // With `previous` (answers of an earlier save), the ranks send only the
+  // plan fingerprints those answers gave back.
+  std::vector<v1::BeginSaveResponse> Save(
+      const std::string& job, int64_t step, int world, int64_t rows = 8,
+      const std::vector<v1::BeginSaveResponse>* previous = nullptr) {
     std::vector<std::future<BeginResult>> begins;
     for (int r = 0; r < world; ++r) {
-      begins.push_back(Begin(job, step, r, world, RankPlan(r, world, rows)));
+      begins.push_back(
+          previous == nullptr
+              ? Begin(job, step, r, world, RankPlan(r, world, rows))
+              : Begin(job, step, r, world, std::nullopt,
+                      (*previous)[r].plan_fingerprint()));
     }
     std::vector<v1::BeginSaveResponse> plans;
     for (auto& f : begins) {
