@@ -963,6 +963,10 @@ int Main(int argc, char** argv) {
                  "Scratch directory (cairnd's catalog and file:// storage "
                  "of sparse objects); removed first")
       ->capture_default_str();
+  std::vector<std::string> cairnd_args;
+  app.add_option("--cairnd-arg", cairnd_args,
+                 "An extra cairnd flag (repeatable), e.g. "
+                 "--cairnd-arg=--plan-cache-mib=4096");
   app.add_option("--perf-dir", perf_dir,
                  "Record cairnd with perf record -g per round into this dir");
   app.add_flag("--smoke", smoke,
@@ -1005,13 +1009,23 @@ int Main(int argc, char** argv) {
     std::filesystem::remove_all(data_dir);
     const std::string storage = data_dir + "/checkpoints";
     std::filesystem::create_directories(storage);
+    std::vector<std::string> args = {"--storage",
+                                     "file://" + storage,
+                                     "--workers",
+                                     absl::StrCat(workers),
+                                     "--begin-deadline",
+                                     "3600",
+                                     "--commit-deadline",
+                                     "3600",
+                                     "--load-join-grace",
+                                     "600",
+                                     "--load-verify-deadline",
+                                     "600",
+                                     "--log-level",
+                                     "warn"};
+    args.insert(args.end(), cairnd_args.begin(), cairnd_args.end());
     std::unique_ptr<testing::CairndProcess> cairnd =
-        Check(testing::CairndProcess::Start(
-                  cairnd_path, data_dir,
-                  {"--storage", "file://" + storage, "--workers",
-                   absl::StrCat(workers), "--begin-deadline", "3600",
-                   "--commit-deadline", "3600", "--load-join-grace", "600",
-                   "--load-verify-deadline", "600", "--log-level", "warn"}),
+        Check(testing::CairndProcess::Start(cairnd_path, data_dir, args),
               "starting cairnd");
     g_cairnd_pid = cairnd->process().pid();
     std::printf("scale_bench: %d ranks save, %d load; cairnd pid %d\n", world,
