@@ -86,7 +86,27 @@ absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
     const std::vector<WantedChunk>& wanted) const {
   std::vector<ReadItem> reads;
   reads.reserve(wanted.size());  // at least one read per non-empty chunk
+  const absl::Status planned = PlanEach(wanted, [&](const ReadView& r) {
+    const StoredChunk& chunk = r.tensor->chunks[r.source_chunk];
+    ReadItem& item = reads.emplace_back();
+    item.fqn = r.tensor->fqn;
+    item.dest_index = r.dest_index;
+    item.overlap = *r.overlap;
+    item.source_chunk = r.source_chunk;
+    item.source = chunk.location;
+    item.source_crc32c = chunk.crc32c;
+    item.segments = *r.segments;
+  });
+  if (!planned.ok()) return planned;
+  return reads;
+}
+
+absl::Status LoadPlanner::PlanEach(
+    const std::vector<WantedChunk>& wanted,
+    absl::FunctionRef<void(const ReadView&)> sink) const {
   std::vector<int> hits;
+  ChunkBox overlap;
+  std::vector<CopySegment> segments_of_item;  // reused for every item
   uint64_t segments = 0;  // so far, checked before each allocation
   for (int w = 0; w < static_cast<int>(wanted.size()); ++w) {
     const WantedChunk& want = wanted[w];
@@ -114,15 +134,9 @@ absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
     int64_t covered = 0;
     for (int c : hits) {
       const StoredChunk& chunk = t.chunks[c];
-      ReadItem item;
-      Intersect(chunk.box, want.box, &item.overlap);
-      covered += Volume(item.overlap);
-      item.fqn = want.fqn;
-      item.dest_index = w;
-      item.source_chunk = c;
-      item.source = chunk.location;
-      item.source_crc32c = chunk.crc32c;
-      const uint64_t n = NumCopySegments(chunk.box, want.box, item.overlap);
+      Intersect(chunk.box, want.box, &overlap);
+      covered += Volume(overlap);
+      const uint64_t n = NumCopySegments(chunk.box, want.box, overlap);
       if (n > kMaxCopySegmentsPerPlan - segments) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "'", want.fqn, "' wanted chunk ", w, " ", BoxToString(want.box),
@@ -131,9 +145,9 @@ absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
             " alone needs ", n, "); load it as smaller chunks"));
       }
       segments += n;
-      AppendCopySegments(chunk.box, want.box, item.overlap, elem,
-                         &item.segments);
-      reads.push_back(std::move(item));
+      segments_of_item.clear();
+      AppendCopySegments(chunk.box, want.box, overlap, elem, &segments_of_item);
+      sink(ReadView{w, &t, c, &overlap, &segments_of_item});
     }
     if (covered != need) {
       ChunkBox gap;
@@ -146,7 +160,7 @@ absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
           want.fqn, "' wanted chunk ", BoxToString(want.box), example));
     }
   }
-  return reads;
+  return absl::OkStatus();
 }
 
 const StoredTensor* LoadPlanner::Find(absl::string_view fqn) const {

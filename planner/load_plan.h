@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "planner/box.h"
@@ -100,6 +101,22 @@ class LoadPlanner {
   // file comment for errors.
   absl::StatusOr<std::vector<ReadItem>> Plan(
       const std::vector<WantedChunk>& wanted) const;
+
+  // One read item as PlanEach hands it over: views into the planner and a
+  // scratch buffer, valid only during the call.
+  struct ReadView {
+    int dest_index = 0;
+    const StoredTensor* tensor = nullptr;  // the fqn and stored chunks
+    int source_chunk = 0;                  // index into tensor->chunks
+    const ChunkBox* overlap = nullptr;
+    const std::vector<CopySegment>* segments = nullptr;
+  };
+  // Plan() without building ReadItems: calls `sink` once per read item, in
+  // Plan()'s order, so a caller can write each straight into its answer (no
+  // fqn or object key copied per item). On an error `sink` may have seen
+  // some items already; the caller discards them.
+  absl::Status PlanEach(const std::vector<WantedChunk>& wanted,
+                        absl::FunctionRef<void(const ReadView&)> sink) const;
 
   // The stored tensor named `fqn`, or nullptr.
   const StoredTensor* Find(absl::string_view fqn) const;

@@ -295,6 +295,24 @@ void ReadItemToProto(const planner::ReadItem& item, v1::ReadItem* out) {
   }
 }
 
+void ReadViewToProto(const planner::LoadPlanner::ReadView& item,
+                     v1::ReadItem* out) {
+  const planner::StoredChunk& chunk = item.tensor->chunks[item.source_chunk];
+  out->set_fqn(item.tensor->fqn);
+  out->set_dest_index(item.dest_index);
+  BoxToProto(*item.overlap, out->mutable_overlap());
+  LocationToProto(chunk.location, out->mutable_source());
+  out->set_source_crc32c(chunk.crc32c);
+  auto* segments = out->mutable_segments();
+  segments->Reserve(static_cast<int>(item.segments->size()));
+  for (const planner::CopySegment& s : *item.segments) {
+    v1::CopySegment* seg = segments->Add();
+    seg->set_src_offset(s.src_offset);
+    seg->set_dst_offset(s.dst_offset);
+    seg->set_length(s.length);
+  }
+}
+
 absl::StatusOr<planner::ReadItem> ReadItemFromProto(const v1::ReadItem& item) {
   planner::ReadItem out;
   out.fqn = item.fqn();

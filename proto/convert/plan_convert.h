@@ -64,6 +64,10 @@ absl::StatusOr<planner::WantedChunk> WantedFromProto(const v1::WantedChunk& w);
 void WantedToProto(const planner::WantedChunk& w, v1::WantedChunk* out);
 
 void ReadItemToProto(const planner::ReadItem& item, v1::ReadItem* out);
+// The same message from LoadPlanner::PlanEach's view of the item, built
+// without a planner::ReadItem in between.
+void ReadViewToProto(const planner::LoadPlanner::ReadView& item,
+                     v1::ReadItem* out);
 absl::StatusOr<planner::ReadItem> ReadItemFromProto(const v1::ReadItem& item);
 
 }  // namespace cairn::convert

@@ -461,6 +461,64 @@ TEST(PlanConvertTest, RandomLayoutsWantedChunksAndReadItemsRoundTrip) {
   }
 }
 
+TEST(PlanConvertTest, ReadViewsEncodeAsTheirReadItems) {
+  // A column-parallel load of row-sharded tensors, with replicated and
+  // uneven chunks: cairnd writes PlanEach's views straight into its answer;
+  // the bytes must be those of Plan()'s read items.
+  RandomPlans gen(5);
+  size_t reads = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    std::vector<planner::StoredTensor> tensors;
+    std::vector<planner::WantedChunk> wanted;
+    const int n = static_cast<int>(gen.Int(1, 4));
+    for (int t = 0; t < n; ++t) {
+      planner::StoredTensor& st = tensors.emplace_back();
+      st.fqn = absl::StrCat("layers.", t, ".", gen.Fqn());
+      st.dtype = planner::DType::kFloat32;
+      const int64_t rows = gen.Int(1, 40), cols = gen.Int(1, 40);
+      st.global_shape = {rows, cols};
+      const int64_t parts = gen.Int(1, 5);
+      for (int64_t p = 0, r = 0; p < parts && r < rows; ++p) {
+        const int64_t take = p == parts - 1 ? rows - r : gen.Int(1, rows - r);
+        planner::StoredChunk& c = st.chunks.emplace_back();
+        c.box = {{r, 0}, {take, cols}};
+        c.location = gen.Location();
+        c.location.length = static_cast<uint64_t>(take * cols * 4);
+        c.crc32c = static_cast<uint32_t>(gen.Int(0, UINT32_MAX));
+        r += take;
+      }
+      const int64_t c0 = gen.Int(0, cols - 1);
+      wanted.push_back({st.fqn,
+                        st.dtype,
+                        st.global_shape,
+                        {{0, c0}, {rows, gen.Int(1, cols - c0)}}});
+    }
+    auto planner = planner::LoadPlanner::Create(tensors);
+    ASSERT_TRUE(planner.ok()) << planner.status();
+    absl::StatusOr<std::vector<planner::ReadItem>> items =
+        (*planner)->Plan(wanted);
+    ASSERT_TRUE(items.ok()) << items.status();
+    std::vector<std::string> from_views;
+    ASSERT_TRUE((*planner)
+                    ->PlanEach(wanted,
+                               [&](const planner::LoadPlanner::ReadView& r) {
+                                 v1::ReadItem wire;
+                                 ReadViewToProto(r, &wire);
+                                 from_views.push_back(wire.SerializeAsString());
+                               })
+                    .ok());
+    ASSERT_EQ(from_views.size(), items->size());
+    for (size_t i = 0; i < items->size(); ++i) {
+      v1::ReadItem wire;
+      ReadItemToProto((*items)[i], &wire);
+      EXPECT_EQ(from_views[i], wire.SerializeAsString()) << "read item " << i;
+    }
+    reads += items->size();
+  }
+  EXPECT_GT(reads, 400u);
+}
+
 TEST(PlanConvertTest, RandomManifestsConvertToTheirStoredTensors) {
   RandomPlans gen(99);
   for (int trial = 0; trial < 500; ++trial) {

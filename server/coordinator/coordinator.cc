@@ -71,6 +71,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
       plan_cache_(options.plan_cache_bytes),
       manifests_(options.manifest_cache_entries),
       load_plans_(options.load_plan_cache_bytes),
+      load_layouts_seen_(kLoadLayoutsSeenBytes),
       // Round ids differ across restarts, so a report for a round of the
       // previous process never lands in a new one.
       load_rounds_(

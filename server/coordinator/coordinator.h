@@ -142,7 +142,8 @@ struct CoordinatorOptions {
   // Default: 16.
   size_t manifest_cache_entries = 16;
   // Bytes of PlanLoad answers kept in memory (an answer is charged its
-  // serialized size: requests choose how large it is). Default: 256 MiB.
+  // serialized size: requests choose how large it is). An answer is cached
+  // from the second request of its layout on. Default: 256 MiB.
   size_t load_plan_cache_bytes = size_t{256} << 20;
   // Threads for blocking work (storage, RocksDB, plan building). Default: 4.
   int worker_threads = 4;
@@ -361,6 +362,8 @@ class Coordinator {
   planner::PlanCache plan_cache_;  // thread-safe
   LruCache<SaveKey, LoadedCheckpoint> manifests_;
   LruCache<std::string, v1::PlanLoadResponse> load_plans_;
+  // Keys of load_plans_ asked for once: an answer is cached on the second ask.
+  LruCache<std::string, bool> load_layouts_seen_;
   LoadRounds load_rounds_;  // thread-safe (its own mutex, never held with mu_)
 
   // State below is protected by mu_.

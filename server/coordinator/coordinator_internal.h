@@ -61,6 +61,9 @@ inline constexpr size_t kMaxPlanVersionJobs = 4096;
 // one for good, until ListCheckpoints outgrew clients' message limits.
 inline constexpr size_t kMaxAbortedRecordsPerJob = 64;
 
+// Memory for the keys of load layouts asked for once (~100 bytes each).
+inline constexpr size_t kLoadLayoutsSeenBytes = size_t{4} << 20;
+
 using Phase = SaveSession::Phase;
 
 struct Coordinator::LoadedCheckpoint {

@@ -111,29 +111,43 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
   return planned;
 }
 
+namespace {
+
+// What decides a rank's load plan besides the checkpoint: its wanted chunks
+// and bytes entries, length-prefixed so that no two lists encode alike.
+std::string LayoutKey(
+    const std::vector<planner::WantedChunk>& wanted,
+    const google::protobuf::RepeatedPtrField<std::string>& wanted_bytes) {
+  std::string key;
+  const auto put = [&key](int64_t v) {
+    key.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  };
+  const auto put_string = [&](absl::string_view s) {
+    put(static_cast<int64_t>(s.size()));
+    key.append(s.data(), s.size());
+  };
+  const auto put_dims = [&](const planner::Dims& dims) {
+    put(static_cast<int64_t>(dims.size()));
+    for (int64_t d : dims) put(d);
+  };
+  put(static_cast<int64_t>(wanted.size()));
+  for (const planner::WantedChunk& w : wanted) {
+    put_string(w.fqn);
+    put(static_cast<int64_t>(w.dtype));
+    put_dims(w.global_shape);
+    put_dims(w.box.offsets);
+    put_dims(w.box.sizes);
+  }
+  put(static_cast<int64_t>(wanted_bytes.size()));
+  for (const std::string& fqn : wanted_bytes) put_string(fqn);
+  return key;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoadOfStep(
     const v1::PlanLoadRequest& request, int64_t step) {
   const std::string& job = request.job();
-  // Identical requests (same rank layout) are answered from the cache.
-  v1::PlanLoadRequest canonical = request;
-  canonical.set_step(step);
-  canonical.set_rank(0);
-  canonical.set_world_size(0);
-  canonical.set_verify_in_round(false);
-  std::string cache_key;
-  canonical.SerializeToString(&cache_key);
-  cache_key =
-      absl::StrCat(job, "\n", step, "\n", planner::StableHash128Hex(cache_key));
-  if (auto hit = load_plans_.Lookup(cache_key)) {
-    absl::MutexLock lock(&mu_);
-    ++stats_.load_plans_from_cache;
-    m_.load_plan_hits->Increment();
-    return *hit;
-  }
-
-  m_.load_plan_misses->Increment();
-  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedCheckpoint> ckpt,
-                         LoadCheckpoint(job, step));
   std::vector<planner::WantedChunk> wanted;
   wanted.reserve(request.wanted_size());
   for (const v1::WantedChunk& w : request.wanted()) {
@@ -146,21 +160,37 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoadOfStep(
     }
     wanted.push_back(std::move(*c));
   }
-  absl::StatusOr<std::vector<planner::ReadItem>> reads =
-      ckpt->planner->Plan(wanted);
-  if (!reads.ok()) {
-    return absl::Status(
-        reads.status().code(),
-        absl::StrCat("rank ", request.rank(), " loading ", SaveName(job, step),
-                     ": ", reads.status().message()));
+  // Identical requests (same rank layout) are answered from the cache.
+  const std::string cache_key = absl::StrCat(
+      job, "\n", step, "\n",
+      planner::StableHash128Hex(LayoutKey(wanted, request.wanted_bytes())));
+  if (auto hit = load_plans_.Lookup(cache_key)) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.load_plans_from_cache;
+    m_.load_plan_hits->Increment();
+    return *hit;
   }
+
+  m_.load_plan_misses->Increment();
+  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedCheckpoint> ckpt,
+                         LoadCheckpoint(job, step));
   v1::PlanLoadResponse resp;
   resp.set_step(step);
   resp.set_storage_uri(store_->uri());
   resp.set_step_prefix(storage::StepPrefix(job, step));
-  resp.mutable_reads()->Reserve(static_cast<int>(reads->size()));
-  for (const planner::ReadItem& r : *reads) {
-    convert::ReadItemToProto(r, resp.add_reads());
+  // Each read item is written straight into the answer.
+  google::protobuf::RepeatedPtrField<v1::ReadItem>* reads =
+      resp.mutable_reads();
+  reads->Reserve(static_cast<int>(wanted.size()));
+  const absl::Status planned = ckpt->planner->PlanEach(
+      wanted, [reads](const planner::LoadPlanner::ReadView& r) {
+        convert::ReadViewToProto(r, reads->Add());
+      });
+  if (!planned.ok()) {
+    return absl::Status(
+        planned.code(),
+        absl::StrCat("rank ", request.rank(), " loading ", SaveName(job, step),
+                     ": ", planned.message()));
   }
   for (const std::string& fqn : request.wanted_bytes()) {
     auto it = ckpt->bytes_index.find(fqn);
@@ -171,9 +201,19 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoadOfStep(
     }
     *resp.add_bytes_entries() = ckpt->manifest.bytes_entries(it->second);
   }
-  load_plans_.Insert(cache_key,
-                     std::make_shared<const v1::PlanLoadResponse>(resp),
-                     resp.ByteSizeLong() + cache_key.size());
+  // Cached from the second ask of a layout on: in a sharded load most ranks
+  // have a layout of their own, and copying every answer into the cache cost
+  // as much as building it (bench/README "Coordinator at scale"); replicas
+  // asking for one layout are answered from the cache from the third on.
+  static const auto* const kSeen =
+      new std::shared_ptr<const bool>(std::make_shared<const bool>(true));
+  if (load_layouts_seen_.Lookup(cache_key) == nullptr) {
+    load_layouts_seen_.Insert(cache_key, *kSeen, cache_key.size() + 64);
+  } else {
+    load_plans_.Insert(cache_key,
+                       std::make_shared<const v1::PlanLoadResponse>(resp),
+                       resp.ByteSizeLong() + cache_key.size());
+  }
   return resp;
 }
 

@@ -34,11 +34,25 @@ TEST_F(CoordinatorTest, IdenticalLoadPlansComeFromTheCache) {
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->reads_size(), 2);  // rows 2..5 span both stored chunks
   EXPECT_EQ(a->bytes_entries_size(), 1);
+  // A layout asked for once is not cached (most ranks of a sharded load
+  // have one of their own); the second ask plans it again and caches it.
   req.set_rank(5);
   auto b = coordinator_->PlanLoad(req);
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(a->SerializeAsString(), b->SerializeAsString());
+  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 0);
+  req.set_rank(7);
+  auto b2 = coordinator_->PlanLoad(req);
+  ASSERT_TRUE(b2.ok());
+  EXPECT_EQ(a->SerializeAsString(), b2->SerializeAsString());
   EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 1);
+  // Asking for step 1 by number is the same layout as `latest` (step 1).
+  req.set_step(1);
+  req.set_rank(0);
+  auto d = coordinator_->PlanLoad(req);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(a->SerializeAsString(), d->SerializeAsString());
+  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 2);
   req.add_wanted_bytes("missing");
   auto c = coordinator_->PlanLoad(req);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
