@@ -170,13 +170,15 @@ Coordinator::LoadCheckpoint(const std::string& job, int64_t step) {
   for (int i = 0; i < manifest.bytes_entries_size(); ++i) {
     loaded->bytes_index[manifest.bytes_entries(i).fqn()] = i;
   }
-  for (int t = 0; t < manifest.tensors_size(); ++t) {
-    for (int c = 0; c < manifest.tensors(t).chunks_size(); ++c) {
-      const v1::StorageLocation& loc = manifest.tensors(t).chunks(c).location();
+  loaded->manifest = std::move(manifest);
+  // Keyed by views of loaded->manifest's strings, which live as long as it.
+  const v1::Manifest& kept = loaded->manifest;
+  for (int t = 0; t < kept.tensors_size(); ++t) {
+    for (int c = 0; c < kept.tensors(t).chunks_size(); ++c) {
+      const v1::StorageLocation& loc = kept.tensors(t).chunks(c).location();
       loaded->chunk_at[{loc.object_key(), loc.offset()}] = {t, c};
     }
   }
-  loaded->manifest = std::move(manifest);
   {
     absl::MutexLock lock(&mu_);
     ++stats_.manifests_loaded;

@@ -70,8 +70,10 @@ struct Coordinator::LoadedCheckpoint {
   v1::Manifest manifest;
   std::unique_ptr<planner::LoadPlanner> planner;
   absl::flat_hash_map<std::string, int> bytes_index;  // fqn -> bytes_entries
-  // (object key, offset) of a stored chunk -> (tensor, chunk) indexes.
-  absl::flat_hash_map<std::pair<std::string, uint64_t>, std::pair<int, int>>
+  // (object key, offset) of a stored chunk -> (tensor, chunk) indexes. The
+  // keys view the manifest's strings: a lookup allocates nothing.
+  absl::flat_hash_map<std::pair<absl::string_view, uint64_t>,
+                      std::pair<int, int>>
       chunk_at;
 };
 

@@ -259,8 +259,8 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
           who, ": piece ", i, " of '", p.fqn(), "' at ",
           p.source().object_key(), "@", p.source().offset(), ": ", what));
     };
-    auto at =
-        (*ckpt)->chunk_at.find({p.source().object_key(), p.source().offset()});
+    auto at = (*ckpt)->chunk_at.find(std::pair<absl::string_view, uint64_t>(
+        p.source().object_key(), p.source().offset()));
     if (at == (*ckpt)->chunk_at.end()) {
       return done(bad("no stored chunk of the checkpoint is there"));
     }

@@ -134,6 +134,35 @@ TEST_F(LoadRoundsTest, FullRoundCombinesThePiecesOfEveryRank) {
   EXPECT_EQ(stats.live_rounds, 0);
 }
 
+TEST_F(LoadRoundsTest, RoundOfRanksThatDoNotVerifyFinishesWithoutAManifest) {
+  // Ranks that only take the round's step never call Report: the complete
+  // round finishes with no manifest and nothing to combine (cairnd crashed
+  // here once Finish indexed the manifest's chunks).
+  for (int rank = 0; rank < 3; ++rank) {
+    auto j = rounds_->Join("job", rank, 3, /*reports=*/false, 5, 5, kT0);
+    ASSERT_TRUE(j.ok()) << j.status();
+  }
+  const LoadRounds::Stats stats = rounds_->stats();
+  EXPECT_EQ(stats.live_rounds, 0);
+  EXPECT_EQ(stats.chunks_verified, 0);
+  EXPECT_EQ(stats.chunks_unverified, 0);
+  // One rank reports (pieces of one chunk), the other two do not verify.
+  LoadRounds::Joined a = Join(0, 3, 5, kT0 + absl::Seconds(5));
+  for (int rank = 1; rank < 3; ++rank) {
+    ASSERT_TRUE(rounds_
+                    ->Join("job", rank, 3, /*reports=*/false, 5, 5,
+                           kT0 + absl::Seconds(5))
+                    .ok());
+  }
+  std::vector<LoadRounds::Piece> pieces = Pieces(0);
+  pieces.pop_back();
+  Report(a, 0, std::move(pieces), 3, kT0 + absl::Seconds(5));
+  ASSERT_EQ(results_[0].size(), 1u);
+  ASSERT_TRUE(results_[0][0].ok()) << results_[0][0].status();
+  EXPECT_EQ(results_[0][0]->chunks_verified(), 0);
+  EXPECT_THAT(results_[0][0]->verify_locally(), ElementsAre(0));
+}
+
 TEST_F(LoadRoundsTest, DamagedChunkIsSentBackToEveryReader) {
   LoadRounds::Joined a = Join(0), b = Join(1);
   Report(a, 0, Pieces(0));
