@@ -92,11 +92,12 @@ fi
 
 # Tests compare this label with the tree they run in (stale images fail).
 SOURCE_HASH=$(deploy/image/source-hash.sh)
+echo "$SOURCE_HASH" > deploy/image/.source-hash  # git-ignored; see Containerfile
 
 build() {  # build TARGET IMAGE
   echo "build.sh: building $2:$VERSION (target $1) from $BASE with $ENGINE"
   "$ENGINE" build --network=host --build-arg "BASE=$BASE" "${CACHE_ARGS[@]}" \
-    --label "dev.cairn.source-hash=$SOURCE_HASH" \
+    --build-arg "SOURCE_HASH=$SOURCE_HASH" \
     --target "$1" -f deploy/image/Containerfile \
     -t "$2:$VERSION" -t "$2:latest" .
 }
