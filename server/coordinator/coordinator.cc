@@ -160,6 +160,41 @@ absl::StatusOr<std::shared_ptr<const Coordinator::LoadedCheckpoint>>
 Coordinator::LoadCheckpoint(const std::string& job, int64_t step) {
   const SaveKey key{job, step};
   if (auto hit = manifests_.Lookup(key)) return hit;
+  // Every rank of a load round asks at once: one builds, the others wait for
+  // it (two workers building the same index cost twice the CPU and held two
+  // copies at the peak).
+  std::shared_ptr<LoadingCheckpoint> loading;
+  bool build = false;
+  {
+    absl::MutexLock lock(&loading_mu_);
+    std::shared_ptr<LoadingCheckpoint>& slot = loading_[key];
+    if (slot == nullptr) {
+      slot = std::make_shared<LoadingCheckpoint>();
+      build = true;
+    }
+    loading = slot;
+  }
+  if (!build) {
+    loading->done.WaitForNotification();
+    return loading->result;
+  }
+  // A build that finished between the lookup above and taking the slot.
+  if (auto hit = manifests_.Lookup(key)) {
+    loading->result = std::move(hit);
+  } else {
+    loading->result = BuildLoadedCheckpoint(job, step);
+    if (loading->result.ok()) manifests_.Insert(key, *loading->result, 1);
+  }
+  {
+    absl::MutexLock lock(&loading_mu_);
+    loading_.erase(key);
+  }
+  loading->done.Notify();
+  return loading->result;
+}
+
+absl::StatusOr<std::shared_ptr<const Coordinator::LoadedCheckpoint>>
+Coordinator::BuildLoadedCheckpoint(const std::string& job, int64_t step) {
   CAIRN_ASSIGN_OR_RETURN(v1::Manifest manifest,
                          storage::ReadManifest(*store_, job, step));
   auto loaded = std::make_shared<LoadedCheckpoint>();
@@ -183,7 +218,6 @@ Coordinator::LoadCheckpoint(const std::string& job, int64_t step) {
     absl::MutexLock lock(&mu_);
     ++stats_.manifests_loaded;
   }
-  manifests_.Insert(key, loaded, 1);
   return std::shared_ptr<const LoadedCheckpoint>(std::move(loaded));
 }
 

@@ -321,7 +321,12 @@ class Coordinator {
   absl::StatusOr<v1::PlanLoadResponse> PlanLoadOfStep(
       const v1::PlanLoadRequest& request, int64_t step);
 
+  // The manifest of a committed step with its load planner, from manifests_
+  // or read and indexed once: callers asking while it is being built wait
+  // for that build (the ranks of a load round all ask at once).
   absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadCheckpoint(
+      const std::string& job, int64_t step);
+  absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> BuildLoadedCheckpoint(
       const std::string& job, int64_t step);
   absl::StatusOr<v1::GarbageCollectResponse> ApplyRetention(
       const std::string& job, int keep_last, bool dry_run);
@@ -361,6 +366,11 @@ class Coordinator {
 
   planner::PlanCache plan_cache_;  // thread-safe
   LruCache<SaveKey, LoadedCheckpoint> manifests_;
+  // LoadCheckpoint builds in progress, each waited for by later askers.
+  struct LoadingCheckpoint;
+  absl::Mutex loading_mu_;
+  absl::flat_hash_map<SaveKey, std::shared_ptr<LoadingCheckpoint>> loading_
+      ABSL_GUARDED_BY(loading_mu_);
   LruCache<std::string, v1::PlanLoadResponse> load_plans_;
   // Keys of load_plans_ asked for once: an answer is cached on the second ask.
   LruCache<std::string, bool> load_layouts_seen_;

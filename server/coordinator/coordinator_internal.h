@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.pb.h"
 #include "planner/load_plan.h"
@@ -75,6 +76,12 @@ struct Coordinator::LoadedCheckpoint {
   absl::flat_hash_map<std::pair<absl::string_view, uint64_t>,
                       std::pair<int, int>>
       chunk_at;
+};
+
+// A LoadCheckpoint build in progress: `result` is set before `done`.
+struct Coordinator::LoadingCheckpoint {
+  absl::Notification done;
+  absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> result;
 };
 
 }  // namespace cairn::coordinator
