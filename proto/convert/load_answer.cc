@@ -1,0 +1,182 @@
+#include "proto/convert/load_answer.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace cairn::convert {
+namespace {
+
+// Wire tags: (field number << 3) | wire type (0 varint, 2 length-delimited,
+// 5 fixed32), of cairn.v1's PlanLoadResponse and what it holds.
+constexpr uint8_t kStepTag = 1 << 3 | 0;          // PlanLoadResponse.step
+constexpr uint8_t kStorageUriTag = 2 << 3 | 2;    // .storage_uri
+constexpr uint8_t kReadsTag = 3 << 3 | 2;         // .reads
+constexpr uint8_t kBytesEntriesTag = 4 << 3 | 2;  // .bytes_entries
+constexpr uint8_t kStepPrefixTag = 5 << 3 | 2;    // .step_prefix
+constexpr uint8_t kLoadRoundTag = 6 << 3 | 0;     // .load_round
+constexpr uint8_t kFqnTag = 1 << 3 | 2;           // ReadItem.fqn
+constexpr uint8_t kDestIndexTag = 2 << 3 | 0;     // .dest_index
+constexpr uint8_t kOverlapTag = 3 << 3 | 2;       // .overlap
+constexpr uint8_t kSourceTag = 4 << 3 | 2;        // .source
+constexpr uint8_t kCrcTag = 5 << 3 | 5;           // .source_crc32c
+constexpr uint8_t kSegmentTag = 6 << 3 | 2;       // .segments
+constexpr uint8_t kOffsetsTag = 1 << 3 | 2;       // ChunkBox.offsets
+constexpr uint8_t kSizesTag = 2 << 3 | 2;         // ChunkBox.sizes
+constexpr uint8_t kObjectKeyTag = 1 << 3 | 2;     // StorageLocation.object_key
+constexpr uint8_t kLocOffsetTag = 2 << 3 | 0;     // .offset
+constexpr uint8_t kLocLengthTag = 3 << 3 | 0;     // .length
+constexpr uint8_t kSrcOffsetTag = 1 << 3 | 0;     // CopySegment.src_offset
+constexpr uint8_t kDstOffsetTag = 2 << 3 | 0;     // .dst_offset
+constexpr uint8_t kSegLengthTag = 3 << 3 | 0;     // .length
+
+size_t VarintSize(uint64_t v) {
+  return 1 + static_cast<size_t>(63 - __builtin_clzll(v | 1)) / 7;
+}
+
+// A varint field, left out when 0 (a proto3 default).
+size_t FieldSize(uint64_t v) { return v == 0 ? 0 : 1 + VarintSize(v); }
+size_t StringSize(size_t n) { return n == 0 ? 0 : 1 + VarintSize(n) + n; }
+// A length-delimited field that is always written (a set sub-message).
+size_t NestedSize(size_t body) { return 1 + VarintSize(body) + body; }
+
+size_t PackedBody(const planner::Dims& v) {
+  size_t n = 0;
+  for (int64_t x : v) n += VarintSize(static_cast<uint64_t>(x));
+  return n;
+}
+size_t PackedSize(size_t body) { return body == 0 ? 0 : NestedSize(body); }
+
+size_t SegmentBody(const planner::CopySegment& s) {
+  return FieldSize(s.src_offset) + FieldSize(s.dst_offset) +
+         FieldSize(s.length);
+}
+
+size_t LocationBody(const planner::StorageLocation& loc) {
+  return StringSize(loc.object_key.size()) + FieldSize(loc.offset) +
+         FieldSize(loc.length);
+}
+
+// Writes into a buffer sized beforehand.
+class Cursor {
+ public:
+  explicit Cursor(char* p) : p_(p) {}
+  char* pos() const { return p_; }
+
+  void Byte(uint8_t b) { *p_++ = static_cast<char>(b); }
+  void Varint(uint64_t v) {
+    while (v >= 0x80) {
+      Byte(static_cast<uint8_t>(v | 0x80));
+      v >>= 7;
+    }
+    Byte(static_cast<uint8_t>(v));
+  }
+  void Field(uint8_t tag, uint64_t v) {
+    if (v == 0) return;
+    Byte(tag);
+    Varint(v);
+  }
+  void String(uint8_t tag, absl::string_view s) {
+    if (s.empty()) return;
+    Byte(tag);
+    Varint(s.size());
+    std::memcpy(p_, s.data(), s.size());
+    p_ += s.size();
+  }
+  void Packed(uint8_t tag, const planner::Dims& v, size_t body) {
+    if (body == 0) return;
+    Byte(tag);
+    Varint(body);
+    for (int64_t x : v) Varint(static_cast<uint64_t>(x));
+  }
+  void Fixed32(uint8_t tag, uint32_t v) {
+    if (v == 0) return;
+    Byte(tag);
+    for (int i = 0; i < 4; ++i) Byte(static_cast<uint8_t>(v >> (8 * i)));
+  }
+
+ private:
+  char* p_;
+};
+
+}  // namespace
+
+PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
+                                           absl::string_view storage_uri) {
+  out_.resize(FieldSize(static_cast<uint64_t>(step)) +
+              StringSize(storage_uri.size()));
+  Cursor c(out_.data());
+  c.Field(kStepTag, static_cast<uint64_t>(step));
+  c.String(kStorageUriTag, storage_uri);
+}
+
+void PlanLoadAnswerWriter::AddRead(const planner::LoadPlanner::ReadView& item) {
+  const planner::StoredChunk& chunk = item.tensor->chunks[item.source_chunk];
+  const absl::string_view fqn = item.tensor->fqn;
+  const uint64_t dest =
+      static_cast<uint64_t>(static_cast<int64_t>(item.dest_index));
+  const size_t offsets = PackedBody(item.overlap->offsets);
+  const size_t sizes = PackedBody(item.overlap->sizes);
+  const size_t overlap = PackedSize(offsets) + PackedSize(sizes);
+  const size_t source = LocationBody(chunk.location);
+  size_t body = StringSize(fqn.size()) + FieldSize(dest) + NestedSize(overlap) +
+                NestedSize(source) + (chunk.crc32c == 0 ? 0 : 5);
+  for (const planner::CopySegment& s : *item.segments) {
+    body += NestedSize(SegmentBody(s));
+    bytes_to_read_ += s.length;
+  }
+
+  const size_t at = out_.size();
+  out_.resize(at + NestedSize(body));
+  Cursor c(out_.data() + at);
+  c.Byte(kReadsTag);
+  c.Varint(body);
+  c.String(kFqnTag, fqn);
+  c.Field(kDestIndexTag, dest);
+  c.Byte(kOverlapTag);
+  c.Varint(overlap);
+  c.Packed(kOffsetsTag, item.overlap->offsets, offsets);
+  c.Packed(kSizesTag, item.overlap->sizes, sizes);
+  c.Byte(kSourceTag);
+  c.Varint(source);
+  c.String(kObjectKeyTag, chunk.location.object_key);
+  c.Field(kLocOffsetTag, chunk.location.offset);
+  c.Field(kLocLengthTag, chunk.location.length);
+  c.Fixed32(kCrcTag, chunk.crc32c);
+  for (const planner::CopySegment& s : *item.segments) {
+    c.Byte(kSegmentTag);
+    c.Varint(SegmentBody(s));
+    c.Field(kSrcOffsetTag, s.src_offset);
+    c.Field(kDstOffsetTag, s.dst_offset);
+    c.Field(kSegLengthTag, s.length);
+  }
+  ++reads_;
+}
+
+void PlanLoadAnswerWriter::AddBytesEntry(const v1::ManifestBytes& entry) {
+  const size_t body = entry.ByteSizeLong();
+  const size_t at = out_.size();
+  out_.resize(at + NestedSize(body));
+  Cursor c(out_.data() + at);
+  c.Byte(kBytesEntriesTag);
+  c.Varint(body);
+  entry.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(c.pos()));
+  bytes_to_read_ += entry.location().length();
+}
+
+std::string PlanLoadAnswerWriter::Finish(absl::string_view step_prefix) && {
+  const size_t at = out_.size();
+  out_.resize(at + StringSize(step_prefix.size()));
+  Cursor(out_.data() + at).String(kStepPrefixTag, step_prefix);
+  return std::move(out_);
+}
+
+void AppendLoadRound(uint64_t load_round, std::string* out) {
+  const size_t at = out->size();
+  out->resize(at + FieldSize(load_round));
+  Cursor(out->data() + at).Field(kLoadRoundTag, load_round);
+}
+
+}  // namespace cairn::convert

@@ -1,0 +1,64 @@
+// PlanLoad answers written as wire bytes, without building messages.
+//
+// cairnd answers every loading rank with a PlanLoadResponse of thousands of
+// read items. Built as messages, each item is a ReadItem with a ChunkBox, a
+// StorageLocation and one CopySegment per segment: a handful of allocations
+// per item, freed again once serialized, which was most of PlanLoad's CPU
+// (bench/README "Coordinator at scale"). PlanLoadAnswerWriter appends each
+// read item's encoding to one buffer straight from LoadPlanner::PlanEach's
+// views instead.
+//
+// The bytes are exactly those protobuf writes for the message built with
+// ReadViewToProto (load_answer_test checks random plans): fields in number
+// order, proto3 defaults (0, "") left out, repeated int64 packed, `overlap`
+// and `source` always present (ReadViewToProto sets them), every segment
+// present. A rank therefore decodes the same answer as before.
+#ifndef CAIRN_PROTO_CONVERT_LOAD_ANSWER_H_
+#define CAIRN_PROTO_CONVERT_LOAD_ANSWER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "cairn/v1/cairn.pb.h"
+#include "planner/load_plan.h"
+
+namespace cairn::convert {
+
+// Writes one PlanLoadResponse in field order: the constructor writes `step`
+// and `storage_uri`, then AddRead (any number), AddBytesEntry (any number,
+// after every read), Finish (`step_prefix`). `load_round` (the last field)
+// is appended separately by AppendLoadRound, so that an answer's bytes can be
+// cached and shared across rounds.
+//
+// Example:
+//   PlanLoadAnswerWriter w(step, uri);
+//   planner.PlanEach(wanted, [&w](const ReadView& r) { w.AddRead(r); });
+//   std::string bytes = std::move(w).Finish(prefix);
+//   AppendLoadRound(round, &bytes);  // == response.SerializeAsString()
+class PlanLoadAnswerWriter {
+ public:
+  PlanLoadAnswerWriter(int64_t step, absl::string_view storage_uri);
+
+  void AddRead(const planner::LoadPlanner::ReadView& item);
+  void AddBytesEntry(const v1::ManifestBytes& entry);
+  std::string Finish(absl::string_view step_prefix) &&;
+
+  // Read items added so far.
+  int reads() const { return reads_; }
+  // Bytes the answer tells its rank to read: the lengths of every copy
+  // segment and bytes entry added.
+  uint64_t bytes_to_read() const { return bytes_to_read_; }
+
+ private:
+  std::string out_;
+  int reads_ = 0;
+  uint64_t bytes_to_read_ = 0;
+};
+
+// Appends PlanLoadResponse.load_round (omitted when 0, as protobuf does).
+void AppendLoadRound(uint64_t load_round, std::string* out);
+
+}  // namespace cairn::convert
+
+#endif  // CAIRN_PROTO_CONVERT_LOAD_ANSWER_H_

@@ -1,0 +1,162 @@
+#include "proto/convert/load_answer.h"
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "proto/convert/plan_convert.h"
+
+namespace cairn::convert {
+namespace {
+
+// The answer as cairnd built it before: messages from ReadViewToProto,
+// serialized by protobuf.
+std::string AsMessage(const planner::LoadPlanner& planner,
+                      const std::vector<planner::WantedChunk>& wanted,
+                      int64_t step, const std::string& uri,
+                      const std::vector<v1::ManifestBytes>& entries,
+                      const std::string& prefix, uint64_t round) {
+  v1::PlanLoadResponse resp;
+  resp.set_step(step);
+  resp.set_storage_uri(uri);
+  resp.set_step_prefix(prefix);
+  EXPECT_TRUE(planner
+                  .PlanEach(wanted,
+                            [&](const planner::LoadPlanner::ReadView& r) {
+                              ReadViewToProto(r, resp.add_reads());
+                            })
+                  .ok());
+  for (const v1::ManifestBytes& e : entries) *resp.add_bytes_entries() = e;
+  resp.set_load_round(round);
+  return resp.SerializeAsString();
+}
+
+TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
+  // Row-sharded tensors (some scalars, some with a zero dim) loaded in
+  // columns, with values of every varint length (offsets near 2^62, zeros
+  // that proto3 leaves out).
+  std::mt19937_64 rng(17);
+  const auto rand = [&rng](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  const auto big = [&]() -> uint64_t {
+    switch (rand(0, 3)) {
+      case 0:
+        return 0;
+      case 1:
+        return static_cast<uint64_t>(rand(1, 127));
+      case 2:
+        return static_cast<uint64_t>(rand(128, int64_t{1} << 20));
+      default:
+        return static_cast<uint64_t>(rand(0, int64_t{1} << 62));
+    }
+  };
+  size_t reads = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    std::vector<planner::StoredTensor> tensors;
+    std::vector<planner::WantedChunk> wanted;
+    const int n = static_cast<int>(rand(1, 5));
+    for (int t = 0; t < n; ++t) {
+      planner::StoredTensor& st = tensors.emplace_back();
+      st.fqn =
+          absl::StrCat("layers.", t, rand(0, 1) ? ".ü.wq" : "",
+                       std::string(static_cast<size_t>(rand(0, 200)), 'x'));
+      st.dtype = planner::DType::kFloat32;
+      const std::string key =
+          absl::StrCat("r", rand(0, 9999), "/", std::string(rand(0, 150), 'k'));
+      const auto location = [&](uint64_t length) {
+        return planner::StorageLocation{rand(0, 3) ? key : "", big(), length};
+      };
+      if (rand(0, 5) == 0) {  // a scalar: zero dims
+        planner::StoredChunk& c = st.chunks.emplace_back();
+        c.location = location(4);
+        c.crc32c = static_cast<uint32_t>(big());
+        wanted.push_back({st.fqn, st.dtype, {}, {}});
+        continue;
+      }
+      const int64_t rows = rand(1, 300), cols = rand(0, 300);
+      st.global_shape = {rows, cols};
+      const int64_t parts = rand(1, 6);
+      for (int64_t p = 0, r = 0; p < parts && r < rows; ++p) {
+        const int64_t take = p == parts - 1 ? rows - r : rand(1, rows - r);
+        planner::StoredChunk& c = st.chunks.emplace_back();
+        c.box = {{r, 0}, {take, cols}};
+        c.location = location(static_cast<uint64_t>(take * cols * 4));
+        c.crc32c = static_cast<uint32_t>(big());
+        r += take;
+      }
+      const int64_t c0 = cols == 0 ? 0 : rand(0, cols - 1);
+      const int64_t r0 = rand(0, rows - 1);
+      wanted.push_back({st.fqn,
+                        st.dtype,
+                        st.global_shape,
+                        {{r0, c0}, {rand(1, rows - r0), rand(0, cols - c0)}}});
+    }
+    if (rand(0, 1)) std::swap(wanted.front(), wanted.back());
+    auto planner = planner::LoadPlanner::Create(tensors);
+    ASSERT_TRUE(planner.ok()) << planner.status();
+
+    std::vector<v1::ManifestBytes> entries(static_cast<size_t>(rand(0, 2)));
+    for (v1::ManifestBytes& e : entries) {
+      e.set_fqn(absl::StrCat("extra.", rand(0, 99)));
+      e.mutable_location()->set_object_key(absl::StrCat("bytes/", rand(0, 99)));
+      e.mutable_location()->set_offset(big());
+      e.mutable_location()->set_length(big());
+      e.set_crc32c(static_cast<uint32_t>(big()));
+      e.set_writer_rank(static_cast<int32_t>(rand(0, 3)));
+    }
+    const int64_t step = rand(0, 2) ? rand(0, 1 << 20) : 0;
+    const std::string uri = rand(0, 3) ? "file:///dev/shm/x" : "";
+    const std::string prefix = rand(0, 3) ? absl::StrCat("job/", step) : "";
+    const uint64_t round = big();
+
+    PlanLoadAnswerWriter writer(step, uri);
+    uint64_t bytes = 0;
+    ASSERT_TRUE((*planner)
+                    ->PlanEach(wanted,
+                               [&](const planner::LoadPlanner::ReadView& r) {
+                                 writer.AddRead(r);
+                                 for (const auto& s : *r.segments) {
+                                   bytes += s.length;
+                                 }
+                               })
+                    .ok());
+    for (const v1::ManifestBytes& e : entries) {
+      writer.AddBytesEntry(e);
+      bytes += e.location().length();
+    }
+    const int items = writer.reads();
+    EXPECT_EQ(writer.bytes_to_read(), bytes);
+    std::string wire = std::move(writer).Finish(prefix);
+    AppendLoadRound(round, &wire);
+    EXPECT_EQ(wire,
+              AsMessage(**planner, wanted, step, uri, entries, prefix, round));
+    v1::PlanLoadResponse decoded;
+    ASSERT_TRUE(decoded.ParseFromString(wire));
+    EXPECT_EQ(decoded.reads_size(), items);
+    reads += static_cast<size_t>(items);
+  }
+  EXPECT_GT(reads, 1000u);
+}
+
+TEST(LoadAnswerTest, AnswerWithoutReads) {
+  std::string none = PlanLoadAnswerWriter(0, "").Finish("");
+  AppendLoadRound(0, &none);
+  EXPECT_EQ(none, "");  // every field a default
+  std::string some = PlanLoadAnswerWriter(-1, "u").Finish("p");
+  AppendLoadRound(300, &some);
+  v1::PlanLoadResponse want;
+  want.set_step(-1);
+  want.set_storage_uri("u");
+  want.set_step_prefix("p");
+  want.set_load_round(300);
+  EXPECT_EQ(some, want.SerializeAsString());
+}
+
+}  // namespace
+}  // namespace cairn::convert
