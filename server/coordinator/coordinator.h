@@ -175,6 +175,26 @@ struct CoordinatorOptions {
   bool clean_incomplete_on_start = true;
 };
 
+// A rank's load plan as PlanLoadResponse wire bytes
+// (convert::PlanLoadAnswerWriter): every field but load_round. Immutable, so
+// the load plan cache and the answers sent share one copy.
+struct EncodedLoadPlan {
+  std::string bytes;
+  int reads = 0;               // read items
+  uint64_t bytes_to_read = 0;  // what the answer tells its rank to read
+};
+
+// What PlanLoad answers: the plan and the load round joined. Its wire bytes
+// are `plan->bytes` followed by the load_round field (the last one), the
+// bytes protobuf writes for the same PlanLoadResponse.
+struct PlanLoadAnswer {
+  std::shared_ptr<const EncodedLoadPlan> plan;
+  uint64_t load_round = 0;
+
+  std::string Serialize() const;
+  absl::StatusOr<v1::PlanLoadResponse> Decode() const;
+};
+
 class Coordinator {
  public:
   template <typename T>
@@ -199,6 +219,10 @@ class Coordinator {
                   Done<v1::CommitSaveResponse> done);
   absl::Status AbortSave(const v1::AbortSaveRequest& request);
 
+  // The answer as cairnd sends it (wire bytes, see PlanLoadAnswer).
+  absl::StatusOr<PlanLoadAnswer> PlanLoadEncoded(
+      const v1::PlanLoadRequest& request);
+  // PlanLoadEncoded's answer as a message (tests, in-process callers).
   absl::StatusOr<v1::PlanLoadResponse> PlanLoad(
       const v1::PlanLoadRequest& request);
   // Reads the manifest (blocking I/O on a cache miss), then parks `done`
@@ -318,7 +342,7 @@ class Coordinator {
   absl::StatusOr<v1::GetCheckpointResponse> GetCheckpointOfStep(
       const std::string& job, int64_t step);
   // PlanLoad once the step is known.
-  absl::StatusOr<v1::PlanLoadResponse> PlanLoadOfStep(
+  absl::StatusOr<std::shared_ptr<const EncodedLoadPlan>> PlanLoadOfStep(
       const v1::PlanLoadRequest& request, int64_t step);
 
   // The manifest of a committed step with its load planner, from manifests_
@@ -338,7 +362,7 @@ class Coordinator {
   // Registers every metric (coordinator_metrics.cc).
   void RegisterMetrics();
   // Counts bytes a PlanLoad answer tells its rank to read.
-  void RecordLoadPlanned(const v1::PlanLoadResponse& response);
+  void RecordLoadPlanned(const EncodedLoadPlan& plan);
 
   // Declared first: destroyed last (scrape callbacks read the members).
   metrics::Registry metrics_;
@@ -371,7 +395,7 @@ class Coordinator {
   absl::Mutex loading_mu_;
   absl::flat_hash_map<SaveKey, std::shared_ptr<LoadingCheckpoint>> loading_
       ABSL_GUARDED_BY(loading_mu_);
-  LruCache<std::string, v1::PlanLoadResponse> load_plans_;
+  LruCache<std::string, EncodedLoadPlan> load_plans_;
   // Keys of load_plans_ asked for once: an answer is cached on the second ask.
   LruCache<std::string, bool> load_layouts_seen_;
   LoadRounds load_rounds_;  // thread-safe (its own mutex, never held with mu_)

@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "planner/box.h"
+#include "proto/convert/load_answer.h"
 #include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_internal.h"
@@ -29,12 +30,31 @@
 
 namespace cairn::coordinator {
 
+std::string PlanLoadAnswer::Serialize() const {
+  std::string out = plan->bytes;
+  convert::AppendLoadRound(load_round, &out);
+  return out;
+}
+
+absl::StatusOr<v1::PlanLoadResponse> PlanLoadAnswer::Decode() const {
+  v1::PlanLoadResponse resp;
+  if (!resp.ParseFromString(Serialize())) {
+    return absl::InternalError("a PlanLoad answer does not decode");
+  }
+  return resp;
+}
+
 absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
     const v1::PlanLoadRequest& request) {
+  CAIRN_ASSIGN_OR_RETURN(PlanLoadAnswer answer, PlanLoadEncoded(request));
+  return answer.Decode();
+}
+
+absl::StatusOr<PlanLoadAnswer> Coordinator::PlanLoadEncoded(
+    const v1::PlanLoadRequest& request) {
   const absl::Time start = absl::Now();
-  const auto record = [&](const absl::StatusOr<v1::PlanLoadResponse>& r) {
-    if (!r.ok()) return;
-    RecordLoadPlanned(*r);
+  const auto record = [&](const EncodedLoadPlan& plan) {
+    RecordLoadPlanned(plan);
     m_.load_plan_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   };
   const std::string& job = request.job();
@@ -78,10 +98,10 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
       return absl::NotFoundError(
           absl::StrCat("job '", job, "' has no committed checkpoint"));
     }
-    absl::StatusOr<v1::PlanLoadResponse> planned =
-        PlanLoadOfStep(request, latest ? newest : step);
-    record(planned);
-    return planned;
+    CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const EncodedLoadPlan> planned,
+                           PlanLoadOfStep(request, latest ? newest : step));
+    record(*planned);
+    return PlanLoadAnswer{std::move(planned), 0};
   }
   CAIRN_RETURN_IF_ERROR(ValidateRankOfWorld(
       rank, world, options_.max_world_size,
@@ -91,7 +111,7 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
       LoadRounds::Joined joined,
       load_rounds_.Join(job, rank, world, request.verify_in_round(), step,
                         newest, absl::Now()));
-  absl::StatusOr<v1::PlanLoadResponse> planned =
+  absl::StatusOr<std::shared_ptr<const EncodedLoadPlan>> planned =
       PlanLoadOfStep(request, joined.step);
   if (!planned.ok()) {
     CAIRN_LOG(warn, "job '{}' step {} rank {}/{}: load refused: {}", job,
@@ -99,16 +119,15 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
     load_rounds_.Leave(joined.round, rank, absl::Now());
     return planned.status();
   }
-  planned->set_load_round(joined.round);
   // One line per load round (rank 0's), the ranks' own at debug.
   if (rank == 0) {
     CAIRN_LOG(info, "job '{}' step {}: load round {} of {} ranks{}", job,
               joined.step, joined.round, world, latest ? " (latest)" : "");
   }
   CAIRN_LOG(debug, "job '{}' step {} rank {}/{}: load planned, {} read items",
-            job, joined.step, rank, world, planned->reads_size());
-  record(planned);
-  return planned;
+            job, joined.step, rank, world, (*planned)->reads);
+  record(**planned);
+  return PlanLoadAnswer{*std::move(planned), joined.round};
 }
 
 namespace {
@@ -145,8 +164,8 @@ std::string LayoutKey(
 
 }  // namespace
 
-absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoadOfStep(
-    const v1::PlanLoadRequest& request, int64_t step) {
+absl::StatusOr<std::shared_ptr<const EncodedLoadPlan>>
+Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   const std::string& job = request.job();
   std::vector<planner::WantedChunk> wanted;
   wanted.reserve(request.wanted_size());
@@ -168,23 +187,17 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoadOfStep(
     absl::MutexLock lock(&mu_);
     ++stats_.load_plans_from_cache;
     m_.load_plan_hits->Increment();
-    return *hit;
+    return hit;
   }
 
   m_.load_plan_misses->Increment();
   CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedCheckpoint> ckpt,
                          LoadCheckpoint(job, step));
-  v1::PlanLoadResponse resp;
-  resp.set_step(step);
-  resp.set_storage_uri(store_->uri());
-  resp.set_step_prefix(storage::StepPrefix(job, step));
-  // Each read item is written straight into the answer.
-  google::protobuf::RepeatedPtrField<v1::ReadItem>* reads =
-      resp.mutable_reads();
-  reads->Reserve(static_cast<int>(wanted.size()));
+  // Each read item is written straight into the answer's wire bytes.
+  convert::PlanLoadAnswerWriter answer(step, store_->uri());
   const absl::Status planned = ckpt->planner->PlanEach(
-      wanted, [reads](const planner::LoadPlanner::ReadView& r) {
-        convert::ReadViewToProto(r, reads->Add());
+      wanted, [&answer](const planner::LoadPlanner::ReadView& r) {
+        answer.AddRead(r);
       });
   if (!planned.ok()) {
     return absl::Status(
@@ -199,22 +212,25 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoadOfStep(
           "rank ", request.rank(), " loading ", SaveName(job, step),
           ": bytes entry '", fqn, "' is not in the checkpoint"));
     }
-    *resp.add_bytes_entries() = ckpt->manifest.bytes_entries(it->second);
+    answer.AddBytesEntry(ckpt->manifest.bytes_entries(it->second));
   }
+  auto plan = std::make_shared<EncodedLoadPlan>();
+  plan->reads = answer.reads();
+  plan->bytes_to_read = answer.bytes_to_read();
+  plan->bytes = std::move(answer).Finish(storage::StepPrefix(job, step));
   // Cached from the second ask of a layout on: in a sharded load most ranks
-  // have a layout of their own, and copying every answer into the cache cost
-  // as much as building it (bench/README "Coordinator at scale"); replicas
-  // asking for one layout are answered from the cache from the third on.
+  // have a layout of their own, and holding every answer would keep up to
+  // the cache's bound of answers nobody asks for again in memory
+  // (bench/README "Coordinator at scale"); replicas asking for one layout
+  // are answered from the cache from the third on.
   static const auto* const kSeen =
       new std::shared_ptr<const bool>(std::make_shared<const bool>(true));
   if (load_layouts_seen_.Lookup(cache_key) == nullptr) {
     load_layouts_seen_.Insert(cache_key, *kSeen, cache_key.size() + 64);
   } else {
-    load_plans_.Insert(cache_key,
-                       std::make_shared<const v1::PlanLoadResponse>(resp),
-                       resp.ByteSizeLong() + cache_key.size());
+    load_plans_.Insert(cache_key, plan, plan->bytes.size() + cache_key.size());
   }
-  return resp;
+  return plan;
 }
 
 // ---------------------------------------------------------------------------

@@ -143,15 +143,8 @@ void Coordinator::RegisterMetrics() {
       {"cairn_job"}, per_job(&JobStats::last_commit));
 }
 
-void Coordinator::RecordLoadPlanned(const v1::PlanLoadResponse& response) {
-  uint64_t bytes = 0;
-  for (const v1::ReadItem& r : response.reads()) {
-    for (const v1::CopySegment& s : r.segments()) bytes += s.length();
-  }
-  for (const v1::ManifestBytes& b : response.bytes_entries()) {
-    bytes += b.location().length();
-  }
-  m_.bytes_loaded->Increment(static_cast<double>(bytes));
+void Coordinator::RecordLoadPlanned(const EncodedLoadPlan& plan) {
+  m_.bytes_loaded->Increment(static_cast<double>(plan.bytes_to_read));
 }
 
 }  // namespace cairn::coordinator

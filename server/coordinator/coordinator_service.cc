@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -16,6 +17,38 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
+#include "proto/convert/load_answer.h"
+
+// A PlanLoad answer goes out as its bytes: the plan's (shared with the load
+// plan cache, not copied: the slice holds a reference) and the load round's.
+namespace grpc {
+template <>
+class SerializationTraits<cairn::coordinator::PlanLoadAnswer, void> {
+ public:
+  static grpc::Status Serialize(const cairn::coordinator::PlanLoadAnswer& a,
+                                grpc::ByteBuffer* buffer, bool* own_buffer) {
+    using Plan = std::shared_ptr<const cairn::coordinator::EncodedLoadPlan>;
+    std::vector<grpc::Slice> slices;
+    if (!a.plan->bytes.empty()) {
+      auto* held = new Plan(a.plan);
+      slices.emplace_back(
+          const_cast<char*>((*held)->bytes.data()), (*held)->bytes.size(),
+          [](void* p) { delete static_cast<Plan*>(p); }, held);
+    }
+    std::string round;
+    cairn::convert::AppendLoadRound(a.load_round, &round);
+    if (!round.empty()) slices.emplace_back(round);
+    grpc::ByteBuffer(slices.data(), slices.size()).Swap(buffer);
+    *own_buffer = true;
+    return grpc::Status::OK;
+  }
+  static grpc::Status Deserialize(grpc::ByteBuffer*,
+                                  cairn::coordinator::PlanLoadAnswer*) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "PlanLoad answers are only sent");
+  }
+};
+}  // namespace grpc
 
 namespace cairn::coordinator {
 namespace {
@@ -326,11 +359,12 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
                            [](Coordinator& c, const AbortSaveRequest& r) {
                              return c.AbortSave(r);
                            })});
-  add("PlanLoad", Method<PlanLoadRequest, PlanLoadResponse>{
+  // Answered with its wire bytes (PlanLoadAnswer), not a message.
+  add("PlanLoad", Method<PlanLoadRequest, PlanLoadAnswer>{
                       OnJob<PlanLoadRequest>(Action::kRead),
-                      OnWorkers<PlanLoadRequest, PlanLoadResponse>(
+                      OnWorkers<PlanLoadRequest, PlanLoadAnswer>(
                           [](Coordinator& c, const PlanLoadRequest& r) {
-                            return c.PlanLoad(r);
+                            return c.PlanLoadEncoded(r);
                           })});
   // VerifyLoad may read the manifest first: start on a worker; the call then
   // parks without a thread until every rank of the load has reported.
