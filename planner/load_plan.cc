@@ -67,14 +67,15 @@ absl::StatusOr<std::unique_ptr<LoadPlanner>> LoadPlanner::Create(
       return absl::InvalidArgumentError(
           absl::StrCat("manifest tensor '", t.fqn, "': ", s.message()));
     }
-    OverlapIndex index(std::move(boxes));
+    OverlapIndex index(boxes);
+    boxes = {};  // the index keeps no copy; the chunks hold the boxes
     for (int c = 0; c < index.size(); ++c) {
       int hit = -1;
-      if (index.AnyOverlap(index.box(c), c, &hit)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("manifest tensor '", t.fqn, "': stored chunks ",
-                         BoxToString(index.box(std::min(c, hit))), " and ",
-                         BoxToString(index.box(std::max(c, hit))), " overlap"));
+      if (index.AnyOverlap(t.chunks[c].box, c, &hit)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "manifest tensor '", t.fqn, "': stored chunks ",
+            BoxToString(t.chunks[std::min(c, hit)].box), " and ",
+            BoxToString(t.chunks[std::max(c, hit)].box), " overlap"));
       }
     }
     indexed.push_back(IndexedTensor{std::move(t), std::move(index)});

@@ -122,6 +122,8 @@ class LoadPlanner {
   const StoredTensor* Find(absl::string_view fqn) const;
 
   int num_tensors() const { return static_cast<int>(tensors_.size()); }
+  // The stored tensors in the order Create() was given them.
+  const StoredTensor& tensor(int i) const { return tensors_[i].tensor; }
 
  private:
   struct IndexedTensor {

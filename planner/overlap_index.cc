@@ -6,18 +6,18 @@
 
 namespace cairn::planner {
 
-OverlapIndex::OverlapIndex(std::vector<ChunkBox> boxes)
-    : boxes_(std::move(boxes)) {
-  if (boxes_.empty()) return;
-  ndims_ = static_cast<int>(boxes_[0].offsets.size());
+OverlapIndex::OverlapIndex(const std::vector<ChunkBox>& boxes)
+    : size_(static_cast<int>(boxes.size())) {
+  if (boxes.empty()) return;
+  ndims_ = static_cast<int>(boxes[0].offsets.size());
   if (ndims_ > kMaxDims) return;  // never reports anything
   const size_t nd = static_cast<size_t>(ndims_);
   // Flat coordinates per original box index; only well-formed, non-empty
   // boxes with ndims_ dims are indexed.
-  std::vector<int64_t> lo(boxes_.size() * nd), hi(boxes_.size() * nd);
-  order_.reserve(boxes_.size());
-  for (size_t i = 0; i < boxes_.size(); ++i) {
-    const ChunkBox& b = boxes_[i];
+  std::vector<int64_t> lo(boxes.size() * nd), hi(boxes.size() * nd);
+  order_.reserve(boxes.size());
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    const ChunkBox& b = boxes[i];
     if (b.offsets.size() != nd || b.sizes.size() != nd || IsEmpty(b)) continue;
     for (size_t d = 0; d < nd; ++d) {
       lo[i * nd + d] = b.offsets[d];
@@ -41,6 +41,23 @@ OverlapIndex::OverlapIndex(std::vector<ChunkBox> boxes)
   }
   box_lo_.swap(olo);
   box_hi_.swap(ohi);
+  position_.assign(boxes.size(), -1);
+  for (size_t p = 0; p < order_.size(); ++p) {
+    position_[static_cast<size_t>(order_[p])] = static_cast<int>(p);
+  }
+}
+
+ChunkBox OverlapIndex::box(int i) const {
+  ChunkBox out;
+  const int p = position_.empty() ? -1 : position_[static_cast<size_t>(i)];
+  if (p < 0) return out;  // not indexed
+  const size_t nd = static_cast<size_t>(ndims_);
+  for (size_t d = 0; d < nd; ++d) {
+    const int64_t lo = box_lo_[static_cast<size_t>(p) * nd + d];
+    out.offsets.push_back(lo);
+    out.sizes.push_back(box_hi_[static_cast<size_t>(p) * nd + d] - lo);
+  }
+  return out;
 }
 
 int OverlapIndex::Build(int begin, int end) {

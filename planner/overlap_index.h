@@ -27,7 +27,7 @@ class OverlapIndex {
  public:
   // All boxes must have the same number of dims (the caller validates; boxes
   // with another number of dims are never reported).
-  explicit OverlapIndex(std::vector<ChunkBox> boxes);
+  explicit OverlapIndex(const std::vector<ChunkBox>& boxes);
 
   OverlapIndex(const OverlapIndex&) = delete;
   OverlapIndex& operator=(const OverlapIndex&) = delete;
@@ -43,8 +43,11 @@ class OverlapIndex {
   // into *hit (may be nullptr). Stops at the first hit.
   bool AnyOverlap(const ChunkBox& query, int exclude, int* hit) const;
 
-  const ChunkBox& box(int i) const { return boxes_[i]; }
-  int size() const { return static_cast<int>(boxes_.size()); }
+  // Box `i` as indexed; only for boxes the index reports (non-empty, with
+  // the index's number of dims). The boxes themselves are not kept: their
+  // owner (a LoadPlanner's stored chunks) has them already.
+  ChunkBox box(int i) const;
+  int size() const { return size_; }
 
  private:
   static constexpr int kLeafSize = 8;
@@ -61,8 +64,9 @@ class OverlapIndex {
 
   // Constant after construction.
   int ndims_ = 0;
-  std::vector<ChunkBox> boxes_;
+  int size_ = 0;                  // boxes given
   std::vector<int> order_;        // box indices, grouped by node
+  std::vector<int> position_;     // box index -> its position in order_
   std::vector<int64_t> box_lo_;   // [order position * ndims + d]
   std::vector<int64_t> box_hi_;   // exclusive
   std::vector<Node> nodes_;       // nodes_[0] is the root
