@@ -195,23 +195,34 @@ Coordinator::LoadCheckpoint(const std::string& job, int64_t step) {
 
 absl::StatusOr<std::shared_ptr<const Coordinator::LoadedCheckpoint>>
 Coordinator::BuildLoadedCheckpoint(const std::string& job, int64_t step) {
-  CAIRN_ASSIGN_OR_RETURN(v1::Manifest manifest,
-                         storage::ReadManifest(*store_, job, step));
   auto loaded = std::make_shared<LoadedCheckpoint>();
-  CAIRN_ASSIGN_OR_RETURN(std::vector<planner::StoredTensor> tensors,
-                         convert::StoredTensorsFromManifest(manifest));
+  std::vector<planner::StoredTensor> tensors;
+  {
+    CAIRN_ASSIGN_OR_RETURN(v1::Manifest manifest,
+                           storage::ReadManifest(*store_, job, step));
+    CAIRN_ASSIGN_OR_RETURN(tensors,
+                           convert::StoredTensorsFromManifest(manifest));
+    loaded->bytes_entries.assign(manifest.bytes_entries().begin(),
+                                 manifest.bytes_entries().end());
+    loaded->manifest_bytes = manifest.SerializeAsString();
+  }  // the parsed manifest is freed before the index is built
+  for (int i = 0; i < static_cast<int>(loaded->bytes_entries.size()); ++i) {
+    loaded->bytes_index[loaded->bytes_entries[i].fqn()] = i;
+  }
   CAIRN_ASSIGN_OR_RETURN(loaded->planner,
                          planner::LoadPlanner::Create(std::move(tensors)));
-  for (int i = 0; i < manifest.bytes_entries_size(); ++i) {
-    loaded->bytes_index[manifest.bytes_entries(i).fqn()] = i;
+  // Keyed by views of the planner's strings, which live as long as it.
+  const planner::LoadPlanner& kept = *loaded->planner;
+  size_t chunks = 0;
+  for (int t = 0; t < kept.num_tensors(); ++t) {
+    chunks += kept.tensor(t).chunks.size();
   }
-  loaded->manifest = std::move(manifest);
-  // Keyed by views of loaded->manifest's strings, which live as long as it.
-  const v1::Manifest& kept = loaded->manifest;
-  for (int t = 0; t < kept.tensors_size(); ++t) {
-    for (int c = 0; c < kept.tensors(t).chunks_size(); ++c) {
-      const v1::StorageLocation& loc = kept.tensors(t).chunks(c).location();
-      loaded->chunk_at[{loc.object_key(), loc.offset()}] = {t, c};
+  loaded->chunk_at.reserve(chunks);
+  for (int t = 0; t < kept.num_tensors(); ++t) {
+    const std::vector<planner::StoredChunk>& stored = kept.tensor(t).chunks;
+    for (int c = 0; c < static_cast<int>(stored.size()); ++c) {
+      const planner::StorageLocation& loc = stored[c].location;
+      loaded->chunk_at[{loc.object_key, loc.offset}] = {t, c};
     }
   }
   {
@@ -281,7 +292,10 @@ absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpointOfStep(
   if (rec->state() == v1::CHECKPOINT_STATE_COMMITTED) {
     CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedCheckpoint> ckpt,
                            LoadCheckpoint(job, step));
-    *resp.mutable_manifest() = ckpt->manifest;
+    if (!resp.mutable_manifest()->ParseFromString(ckpt->manifest_bytes)) {
+      return absl::InternalError(absl::StrCat(
+          "the kept manifest of ", SaveName(job, step), " does not decode"));
+    }
   }
   return resp;
 }

@@ -67,12 +67,20 @@ inline constexpr size_t kLoadLayoutsSeenBytes = size_t{4} << 20;
 
 using Phase = SaveSession::Phase;
 
+// What cairnd keeps of a loaded checkpoint: the manifest as its serialized
+// bytes (for GetCheckpoint) and its stored chunks once, in the load planner
+// (PlanLoad reads them, VerifyLoad checks pieces against them). The parsed
+// v1::Manifest is not kept: it held every chunk's box, location and key a
+// second time in protobuf messages, ~300 bytes per chunk.
 struct Coordinator::LoadedCheckpoint {
-  v1::Manifest manifest;
+  std::string manifest_bytes;
+  // Stored tensors in the manifest's order: (tensor, chunk) indexes are the
+  // manifest's.
   std::unique_ptr<planner::LoadPlanner> planner;
+  std::vector<v1::ManifestBytes> bytes_entries;
   absl::flat_hash_map<std::string, int> bytes_index;  // fqn -> bytes_entries
   // (object key, offset) of a stored chunk -> (tensor, chunk) indexes. The
-  // keys view the manifest's strings: a lookup allocates nothing.
+  // keys view the planner's strings: a lookup allocates nothing.
   absl::flat_hash_map<std::pair<absl::string_view, uint64_t>,
                       std::pair<int, int>>
       chunk_at;

@@ -212,7 +212,7 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
           "rank ", request.rank(), " loading ", SaveName(job, step),
           ": bytes entry '", fqn, "' is not in the checkpoint"));
     }
-    answer.AddBytesEntry(ckpt->manifest.bytes_entries(it->second));
+    answer.AddBytesEntry(ckpt->bytes_entries[it->second]);
   }
   auto plan = std::make_shared<EncodedLoadPlan>();
   plan->reads = answer.reads();
@@ -265,7 +265,7 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
     return done(absl::Status(ckpt.status().code(),
                              absl::StrCat(who, ": ", ckpt.status().message())));
   }
-  const v1::Manifest& manifest = (*ckpt)->manifest;
+  const planner::LoadPlanner& stored_tensors = *(*ckpt)->planner;
   std::vector<LoadRounds::Piece> pieces;
   pieces.reserve(request.pieces_size());
   for (int i = 0; i < request.pieces_size(); ++i) {
@@ -281,28 +281,25 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
       return done(bad("no stored chunk of the checkpoint is there"));
     }
     const auto [t, c] = at->second;
-    const v1::StoredChunk& stored = manifest.tensors(t).chunks(c);
-    if (manifest.tensors(t).entry().fqn() != p.fqn()) {
-      return done(bad(absl::StrCat("the chunk there belongs to '",
-                                   manifest.tensors(t).entry().fqn(), "'")));
+    const planner::StoredTensor& tensor = stored_tensors.tensor(t);
+    const planner::StoredChunk& stored = tensor.chunks[c];
+    if (tensor.fqn != p.fqn()) {
+      return done(
+          bad(absl::StrCat("the chunk there belongs to '", tensor.fqn, "'")));
     }
-    if (p.source().length() != stored.location().length()) {
+    if (p.source().length() != stored.location.length) {
       return done(bad(absl::StrCat("length ", p.source().length(),
                                    " but the stored chunk has ",
-                                   stored.location().length())));
+                                   stored.location.length)));
     }
     absl::StatusOr<planner::ChunkBox> overlap =
         convert::BoxFromProto(p.overlap(), p.fqn());
-    absl::StatusOr<planner::ChunkBox> box =
-        convert::BoxFromProto(stored.box(), p.fqn());
-    if (!overlap.ok() || !box.ok()) {
-      return done(bad(!overlap.ok() ? overlap.status().message()
-                                    : box.status().message()));
-    }
-    if (planner::IsEmpty(*overlap) || !planner::Contains(*box, *overlap)) {
+    if (!overlap.ok()) return done(bad(overlap.status().message()));
+    if (planner::IsEmpty(*overlap) ||
+        !planner::Contains(stored.box, *overlap)) {
       return done(bad(absl::StrCat("box ", planner::BoxToString(*overlap),
                                    " is empty or not inside the stored chunk ",
-                                   planner::BoxToString(*box))));
+                                   planner::BoxToString(stored.box))));
     }
     pieces.push_back(
         {{t, c}, ChunkPieceReport{rank, i, std::move(*overlap), p.crc_term()}});
@@ -310,8 +307,9 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
 
   load_rounds_.Report(
       request.load_round(), job, step, rank, world, who,
-      // The manifest, kept alive by its loaded checkpoint.
-      std::shared_ptr<const v1::Manifest>(*ckpt, &(*ckpt)->manifest),
+      // The stored chunks, kept alive by their loaded checkpoint.
+      std::shared_ptr<const planner::LoadPlanner>(*ckpt,
+                                                  (*ckpt)->planner.get()),
       std::move(pieces), absl::Now(), std::move(done));
 }
 

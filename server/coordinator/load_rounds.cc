@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
-#include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator_internal.h"
 
 namespace cairn::coordinator {
@@ -22,7 +21,7 @@ struct LoadRounds::Round {
   bool closed = false;   // no rank joins any more
   absl::Time deadline;   // once closed: for the next report
   absl::Status failed;   // the ranks disagreed: every member gets this
-  std::shared_ptr<const v1::Manifest> manifest;
+  std::shared_ptr<const planner::LoadPlanner> stored;  // the checkpoint's
   struct Member {
     bool reports = true;  // calls Report (else counted as reported)
     std::optional<std::vector<Piece>> pieces;  // set once reported
@@ -158,7 +157,7 @@ void LoadRounds::Leave(uint64_t id, int rank, absl::Time now) {
 
 void LoadRounds::Report(uint64_t id, const std::string& job, int64_t step,
                         int rank, int world, const std::string& who,
-                        std::shared_ptr<const v1::Manifest> manifest,
+                        std::shared_ptr<const planner::LoadPlanner> stored,
                         std::vector<Piece> pieces, absl::Time now,
                         Done<v1::VerifyLoadResponse> done) {
   std::optional<absl::StatusOr<v1::VerifyLoadResponse>> reply;
@@ -199,7 +198,7 @@ void LoadRounds::Report(uint64_t id, const std::string& job, int64_t step,
       ++stats_.reports;
       const bool has_pieces = !pieces.empty();
       member.pieces = std::move(pieces);
-      round->manifest = std::move(manifest);
+      round->stored = std::move(stored);
       if (round->closed) round->deadline = now + options_.verify_deadline;
       MaybeFinishLocked(round, &answers);
       // Nothing to verify for this rank: answered now, not parked.
@@ -270,13 +269,14 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
   // The pieces are grouped by stored chunk with a counting sort over dense
   // chunk ids (a tensor's first id + the chunk's index): no map, no vector
   // per chunk (VerifyLoad at 3072 ranks combines 8 M pieces).
-  // No manifest when no member called Report (none verifies in the round).
-  const v1::Manifest& manifest = round->manifest != nullptr
-                                     ? *round->manifest
-                                     : v1::Manifest::default_instance();
-  std::vector<int64_t> first_id(manifest.tensors_size() + 1, 0);
-  for (int t = 0; t < manifest.tensors_size(); ++t) {
-    first_id[t + 1] = first_id[t] + manifest.tensors(t).chunks_size();
+  // No stored chunks when no member called Report (none verifies in the
+  // round).
+  const int tensors =
+      round->stored != nullptr ? round->stored->num_tensors() : 0;
+  std::vector<int64_t> first_id(tensors + 1, 0);
+  for (int t = 0; t < tensors; ++t) {
+    first_id[t + 1] = first_id[t] + static_cast<int64_t>(
+                                        round->stored->tensor(t).chunks.size());
   }
   const auto id_of = [&](const Piece& p) {
     return first_id[p.chunk.first] + p.chunk.second;
@@ -301,9 +301,9 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
   std::vector<ChunkPieceReport> reports;  // of one chunk, reused
   std::vector<int> ranks;
   int64_t verified = 0, unverified = 0;
-  for (int t = 0; t < manifest.tensors_size(); ++t) {
-    const v1::ManifestTensor& tensor = manifest.tensors(t);
-    for (int c = 0; c < tensor.chunks_size(); ++c) {
+  for (int t = 0; t < tensors; ++t) {
+    const planner::StoredTensor& tensor = round->stored->tensor(t);
+    for (int c = 0; c < static_cast<int>(tensor.chunks.size()); ++c) {
       const int64_t id = first_id[t] + c;
       if (start[id] == start[id + 1]) continue;
       reports.clear();
@@ -314,11 +314,11 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
       }
       std::sort(ranks.begin(), ranks.end());
       ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-      const v1::StoredChunk& stored = tensor.chunks(c);
+      const planner::StoredChunk& stored = tensor.chunks[c];
       StoredChunkRef ref;
-      ref.box = convert::BoxFromProto(stored.box(), "").value();  // validated
-      ref.length = stored.location().length();
-      ref.crc32c = stored.crc32c();
+      ref.box = stored.box;
+      ref.length = stored.location.length;
+      ref.crc32c = stored.crc32c;
       const ChunkVerdict verdict = VerifyChunk(ref, reports);
       if (verdict == ChunkVerdict::kVerified) {
         ++verified;
@@ -333,10 +333,9 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
         CAIRN_LOG(warn,
                   "{}: stored chunk {} of '{}' at {}@{}: {} (read by ranks "
                   "{}); they re-read it whole",
-                  round->Name(), planner::BoxToString(ref.box),
-                  tensor.entry().fqn(), stored.location().object_key(),
-                  stored.location().offset(), ChunkVerdictName(verdict),
-                  absl::StrJoin(ranks, ", "));
+                  round->Name(), planner::BoxToString(ref.box), tensor.fqn,
+                  stored.location.object_key, stored.location.offset,
+                  ChunkVerdictName(verdict), absl::StrJoin(ranks, ", "));
       }
     }
   }

@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.pb.h"
+#include "planner/load_plan.h"
 #include "server/coordinator/load_verifier.h"
 
 namespace cairn::coordinator {
@@ -85,20 +86,21 @@ class LoadRounds {
   void Leave(uint64_t round, int rank, absl::Time now);
 
   // One rank's piece of a stored chunk: (tensor, chunk) indexes in the
-  // manifest, and what it read.
+  // checkpoint's stored tensors (the manifest's order), and what it read.
   struct Piece {
     std::pair<int, int> chunk;
     ChunkPieceReport report;
   };
   // `rank`'s VerifyLoad report for `round` (checked against the job, step
   // and world size it joined with; `who` names the rank in messages), with
-  // its pieces checked against `manifest` already. `done` is answered at
+  // its pieces checked against `stored` (the checkpoint's stored chunks)
+  // already. `done` is answered at
   // once when it has no pieces or the call is refused, else when the round
   // is complete. A retry replaces a parked report (the first is answered
   // ABORTED).
   void Report(uint64_t round, const std::string& job, int64_t step, int rank,
               int world, const std::string& who,
-              std::shared_ptr<const v1::Manifest> manifest,
+              std::shared_ptr<const planner::LoadPlanner> stored,
               std::vector<Piece> pieces, absl::Time now,
               Done<v1::VerifyLoadResponse> done);
 

@@ -1,7 +1,7 @@
 // Load rounds alone (load_rounds.h), driven with explicit times and an inline
 // scheduler: membership by join grace or full world, `latest` once per
 // round, world-size disagreement, report deadlines, retries, and the pieces
-// of several ranks combined against a hand-made manifest.
+// of several ranks combined against a hand-made stored tensor.
 #include "server/coordinator/load_rounds.h"
 
 #include <map>
@@ -30,35 +30,28 @@ constexpr size_t kElem = 4;  // float32
 
 // "w" [8, 4] float32 stored as rows 0-3 and rows 4-7, and their bytes.
 struct Stored {
-  v1::Manifest manifest;
+  std::unique_ptr<planner::LoadPlanner> planner;
   std::string bytes[2];
   ChunkBox boxes[2] = {ChunkBox{{0, 0}, {4, 4}}, ChunkBox{{4, 0}, {4, 4}}};
 };
 
 std::shared_ptr<const Stored> MakeStored() {
   auto s = std::make_shared<Stored>();
-  s->manifest.set_job("job");
-  s->manifest.set_step(5);
-  v1::ManifestTensor* t = s->manifest.add_tensors();
-  t->mutable_entry()->set_fqn("w");
-  t->mutable_entry()->set_dtype(v1::DTYPE_FLOAT32);
-  t->mutable_entry()->add_global_shape(8);
-  t->mutable_entry()->add_global_shape(4);
+  planner::StoredTensor t;
+  t.fqn = "w";
+  t.dtype = planner::DType::kFloat32;
+  t.global_shape = {8, 4};
   for (int c = 0; c < 2; ++c) {
     s->bytes[c].resize(4 * 4 * kElem);
     for (size_t i = 0; i < s->bytes[c].size(); ++i) {
       s->bytes[c][i] = static_cast<char>(i * 7 + c * 13);
     }
-    v1::StoredChunk* chunk = t->add_chunks();
-    for (int d = 0; d < 2; ++d) {
-      chunk->mutable_box()->add_offsets(s->boxes[c].offsets[d]);
-      chunk->mutable_box()->add_sizes(s->boxes[c].sizes[d]);
-    }
-    chunk->mutable_location()->set_object_key("data-0");
-    chunk->mutable_location()->set_offset(c * s->bytes[c].size());
-    chunk->mutable_location()->set_length(s->bytes[c].size());
-    chunk->set_crc32c(storage::Crc32c(s->bytes[c]));
+    planner::StoredChunk& chunk = t.chunks.emplace_back();
+    chunk.box = s->boxes[c];
+    chunk.location = {"data-0", c * s->bytes[c].size(), s->bytes[c].size()};
+    chunk.crc32c = storage::Crc32c(s->bytes[c]);
   }
+  s->planner = planner::LoadPlanner::Create({std::move(t)}).value();
   return s;
 }
 
@@ -103,7 +96,8 @@ class LoadRoundsTest : public ::testing::Test {
               absl::Time now = kT0, int64_t step = 5) {
     rounds_->Report(
         j.round, "job", step, rank, world, "rank " + std::to_string(rank),
-        std::shared_ptr<const v1::Manifest>(stored_, &stored_->manifest),
+        std::shared_ptr<const planner::LoadPlanner>(stored_,
+                                                    stored_->planner.get()),
         std::move(pieces), now,
         [this, rank](VerifyResult r) { results_[rank].push_back(r); });
   }
