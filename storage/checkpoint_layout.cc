@@ -9,12 +9,15 @@
 #include <set>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/crash_point.h"
 #include "common/status_macros.h"
 #include "storage/checksum.h"
@@ -118,24 +121,15 @@ absl::StatusOr<int64_t> ParseStepDir(absl::string_view name) {
 }
 
 absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest) {
-  CAIRN_RETURN_IF_ERROR(ValidateManifest(manifest));
-  const std::string& job = manifest.job();
-  const int64_t step = manifest.step();
   // Every referenced object must be durable and long enough before the
   // commit point.
-  std::map<std::string, uint64_t> needed;  // object -> max end
-  auto need = [&](const v1::StorageLocation& loc) {
-    uint64_t& end = needed[loc.object_key()];
-    end = std::max(end, loc.offset() + loc.length());
-  };
-  for (const std::string& o : manifest.objects()) needed.emplace(o, 0);
-  for (const v1::ManifestTensor& t : manifest.tensors()) {
-    for (const v1::StoredChunk& c : t.chunks()) need(c.location());
-  }
-  for (const v1::ManifestBytes& b : manifest.bytes_entries()) {
-    need(b.location());
-  }
-  for (const auto& [object, end] : needed) {
+  std::vector<uint64_t> ends;  // per listed object; every location names one
+  CAIRN_RETURN_IF_ERROR(ValidateManifest(manifest, &ends));
+  const std::string& job = manifest.job();
+  const int64_t step = manifest.step();
+  for (int i = 0; i < manifest.objects_size(); ++i) {
+    const std::string& object = manifest.objects(i);
+    const uint64_t end = ends[i];
     const std::string key = ObjectKey(job, step, object);
     absl::StatusOr<uint64_t> size = store.Size(key);
     if (absl::IsNotFound(size.status())) {
@@ -296,23 +290,19 @@ absl::StatusOr<int> DeleteUnreferenced(ShardStore& store,
   CAIRN_RETURN_IF_ERROR(ValidateStep(step));
   const std::string prefix = StepPrefix(job, step);
   CAIRN_RETURN_IF_ERROR(store.DeleteAbandonedWrites(prefix));
-  // Every object any location names is kept, listed in `objects` or not.
-  std::set<std::string> keep = {ManifestKey(job, step)};
-  for (const std::string& o : manifest.objects()) {
-    keep.insert(ObjectKey(job, step, o));
-  }
-  for (const v1::ManifestTensor& t : manifest.tensors()) {
-    for (const v1::StoredChunk& c : t.chunks()) {
-      keep.insert(ObjectKey(job, step, c.location().object_key()));
-    }
-  }
-  for (const v1::ManifestBytes& b : manifest.bytes_entries()) {
-    keep.insert(ObjectKey(job, step, b.location().object_key()));
-  }
+  // Keys relative to the step, as views into the manifest. A valid
+  // manifest lists every object a location names.
+  const absl::flat_hash_set<absl::string_view> keep(manifest.objects().begin(),
+                                                    manifest.objects().end());
+  const std::string manifest_key = ManifestKey(job, step);
   CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> keys, store.List(prefix));
   int removed = 0;
   for (const std::string& key : keys) {
-    if (keep.count(key) > 0) continue;
+    absl::string_view relative = key;
+    if (key == manifest_key ||
+        (absl::ConsumePrefix(&relative, prefix) && keep.contains(relative))) {
+      continue;
+    }
     absl::Status s = store.Delete(key);
     if (!s.ok() && !absl::IsNotFound(s)) {
       return absl::Status(s.code(),

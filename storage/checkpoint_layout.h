@@ -88,7 +88,9 @@ absl::Status DeleteStep(ShardStore& store, absl::string_view job, int64_t step);
 // and objects neither the MANIFEST nor named by it (objects of other,
 // aborted attempts that a crash or a zombie rank left behind). Only for a
 // step no writer can still be writing into (a committed one: every other
-// attempt of it is aborted). Returns the number of objects removed.
+// attempt of it is aborted). `manifest` must be valid (ValidateManifest, as
+// PublishManifest and ReadManifest check): the objects it keeps are the ones
+// it lists. Returns the number of objects removed.
 absl::StatusOr<int> DeleteUnreferenced(ShardStore& store,
                                        const v1::Manifest& manifest);
 

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -212,24 +213,23 @@ std::string BoxToString(const v1::ChunkBox& box) {
 }
 
 std::string EncodeManifest(const v1::Manifest& manifest) {
-  std::string body;
-  uint32_t version = manifest.format_version();
-  if (version == 0) {
+  if (manifest.format_version() == 0) {
     v1::Manifest copy = manifest;
     copy.set_format_version(kManifestFormatVersion);
-    version = kManifestFormatVersion;
-    copy.SerializeToString(&body);
-  } else {
-    manifest.SerializeToString(&body);
+    return EncodeManifest(copy);
   }
-  std::string out(kManifestHeaderBytes, '\0');
+  // The body is serialized in place after the header: a manifest of
+  // millions of chunks is ~100 MB, not worth a second copy.
+  const size_t body_size = manifest.ByteSizeLong();
+  std::string out(kManifestHeaderBytes + body_size, '\0');
+  char* body = out.data() + kManifestHeaderBytes;
+  manifest.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(body));
   std::memcpy(out.data(), kManifestMagic, kMagicBytes);
-  PutU32(&out[8], version);
+  PutU32(&out[8], manifest.format_version());
   PutU32(&out[12], 0);
-  PutU64(&out[16], body.size());
-  PutU32(&out[24], Crc32c(body.data(), body.size()));
+  PutU64(&out[16], body_size);
+  PutU32(&out[24], Crc32c(body, body_size));
   PutU32(&out[28], Crc32c(out.data(), 28));
-  out += body;
   return out;
 }
 
@@ -304,6 +304,12 @@ absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view bytes,
 }
 
 absl::Status ValidateManifest(const v1::Manifest& m) {
+  std::vector<uint64_t> object_ends;
+  return ValidateManifest(m, &object_ends);
+}
+
+absl::Status ValidateManifest(const v1::Manifest& m,
+                              std::vector<uint64_t>* object_ends) {
   const std::string where =
       absl::StrCat("manifest of job '", m.job(), "' step ", m.step());
   auto bad = [&](auto&&... parts) {
@@ -318,41 +324,51 @@ absl::Status ValidateManifest(const v1::Manifest& m) {
   if (absl::Status s = ValidateStep(m.step()); !s.ok()) return bad(s.message());
   if (m.world_size() <= 0) return bad("world_size ", m.world_size(), " <= 0");
 
-  absl::flat_hash_set<std::string> objects;
+  // Views into `m`: nothing is copied per object, fqn or chunk, and the
+  // messages naming a chunk are built only when it is wrong.
+  absl::flat_hash_map<absl::string_view, int> objects;  // -> index
+  objects.reserve(m.objects_size());
   for (const std::string& key : m.objects()) {
     if (absl::Status s = ValidateKey(key); !s.ok()) {
       return bad("object list: ", s.message());
     }
-    if (!objects.insert(key).second) {
+    if (!objects.try_emplace(key, static_cast<int>(objects.size())).second) {
       return bad("object '", key, "' listed twice");
     }
   }
+  object_ends->assign(m.objects_size(), 0);
+  // `what` names the entry; it is called only to report an error. Every key
+  // in the object list was validated above, so a listed key needs no check.
   auto check_location = [&](const v1::StorageLocation& loc,
-                            absl::string_view what) -> absl::Status {
-    if (absl::Status s = ValidateKey(loc.object_key()); !s.ok()) {
-      return bad(what, ": ", s.message());
-    }
-    if (!objects.contains(loc.object_key())) {
-      return bad(what, ": object '", loc.object_key(),
+                            auto&& what) -> absl::Status {
+    auto object = objects.find(loc.object_key());
+    if (object == objects.end()) {
+      if (absl::Status s = ValidateKey(loc.object_key()); !s.ok()) {
+        return bad(what(), ": ", s.message());
+      }
+      return bad(what(), ": object '", loc.object_key(),
                  "' is not in the manifest's object list");
     }
     // Objects are files: every byte must be addressable by an off_t.
     if (loc.offset() > static_cast<uint64_t>(INT64_MAX) ||
         loc.length() > static_cast<uint64_t>(INT64_MAX) - loc.offset()) {
-      return bad(what, ": location offset ", loc.offset(), " + length ",
+      return bad(what(), ": location offset ", loc.offset(), " + length ",
                  loc.length(), " exceeds 2^63 - 1");
     }
+    uint64_t& end = (*object_ends)[object->second];
+    end = std::max(end, loc.offset() + loc.length());
     return absl::OkStatus();
   };
-  auto check_rank = [&](int32_t rank, absl::string_view what) -> absl::Status {
+  auto check_rank = [&](int32_t rank, auto&& what) -> absl::Status {
     if (rank < 0 || rank >= m.world_size()) {
-      return bad(what, ": writer_rank ", rank, " outside [0, ", m.world_size(),
-                 ")");
+      return bad(what(), ": writer_rank ", rank, " outside [0, ",
+                 m.world_size(), ")");
     }
     return absl::OkStatus();
   };
 
-  absl::flat_hash_set<std::string> fqns;
+  absl::flat_hash_set<absl::string_view> fqns;
+  fqns.reserve(m.tensors_size() + m.bytes_entries_size());
   unsigned __int128 total = 0;
   const std::string* prev = nullptr;
   for (const v1::ManifestTensor& t : m.tensors()) {
@@ -383,12 +399,14 @@ absl::Status ValidateManifest(const v1::Manifest& m) {
     }
     unsigned __int128 covered = 0;
     std::vector<const v1::ChunkBox*> boxes;
+    boxes.reserve(t.chunks_size());
     for (const v1::StoredChunk& c : t.chunks()) {
       const v1::ChunkBox& box = c.box();
-      const std::string what =
-          absl::StrCat("tensor '", fqn, "' chunk ", BoxToString(box));
+      auto what = [&] {
+        return absl::StrCat("tensor '", fqn, "' chunk ", BoxToString(box));
+      };
       if (box.offsets_size() != rank || box.sizes_size() != rank) {
-        return bad(what, " has ", box.offsets_size(), " offsets and ",
+        return bad(what(), " has ", box.offsets_size(), " offsets and ",
                    box.sizes_size(), " sizes for a tensor of rank ", rank);
       }
       for (int d = 0; d < rank; ++d) {
@@ -396,7 +414,7 @@ absl::Status ValidateManifest(const v1::Manifest& m) {
         const int64_t size = box.sizes(d);
         if (off < 0 || size < 0 || off > e.global_shape(d) ||
             size > e.global_shape(d) - off) {
-          return bad(what, " exceeds shape [",
+          return bad(what(), " exceeds shape [",
                      absl::StrJoin(e.global_shape(), ", "), "]");
         }
       }
@@ -405,12 +423,13 @@ absl::Status ValidateManifest(const v1::Manifest& m) {
       const unsigned __int128 want =
           static_cast<unsigned __int128>(volume) * elem;
       if (want != c.location().length()) {
-        return bad(what, " has length ", c.location().length(),
+        return bad(what(), " has length ", c.location().length(),
                    " bytes, expected ", volume, " elements x ", elem, " bytes");
       }
-      CAIRN_RETURN_IF_ERROR(check_location(
-          c.location(),
-          absl::StrCat(what, " in object '", c.location().object_key(), "'")));
+      CAIRN_RETURN_IF_ERROR(check_location(c.location(), [&] {
+        return absl::StrCat(what(), " in object '", c.location().object_key(),
+                            "'");
+      }));
       CAIRN_RETURN_IF_ERROR(check_rank(c.writer_rank(), what));
       covered += volume;
       total += c.location().length();
@@ -440,7 +459,7 @@ absl::Status ValidateManifest(const v1::Manifest& m) {
     }
     prev = &fqn;
     if (!fqns.insert(fqn).second) return bad("fqn '", fqn, "' appears twice");
-    const std::string what = absl::StrCat("bytes entry '", fqn, "'");
+    auto what = [&] { return absl::StrCat("bytes entry '", fqn, "'"); };
     CAIRN_RETURN_IF_ERROR(check_location(b.location(), what));
     CAIRN_RETURN_IF_ERROR(check_rank(b.writer_rank(), what));
     total += b.location().length();

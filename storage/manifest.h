@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -54,6 +55,11 @@ absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view bytes,
 // volume * dtype size; object keys valid and listed in `objects`; writer
 // ranks in [0, world_size); total_bytes == sum of lengths.
 absl::Status ValidateManifest(const v1::Manifest& manifest);
+// The same checks; on success `object_ends[i]` is the end of the furthest
+// byte any location places in `manifest.objects(i)` (0 for an object no
+// location names): how long that object must be.
+absl::Status ValidateManifest(const v1::Manifest& manifest,
+                              std::vector<uint64_t>* object_ends);
 
 // Size in bytes of one element; 0 for DTYPE_UNSPECIFIED or an unknown value.
 size_t DTypeSize(v1::DType dtype);
