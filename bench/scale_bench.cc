@@ -8,9 +8,12 @@
 // channels with the callback API, all N collective calls outstanding at
 // once. Rounds, per N:
 //
+//   rpc_floor    one small RPC per rank (ListAgents): what N calls cost on
+//                this machine, the floor under every round of N
 //   begin        BeginSave of step 1 with every rank's whole local plan
 //                (cairnd builds the global plan: uncached)
-//   commit       CommitSave of step 1 (the manifest is published)
+//   commit       CommitSave of step 1 (the manifest is published), each
+//                rank's checksums in the short form SaveProtocol sends
 //   begin_cached BeginSave of step 2 with the plan fingerprint only (cairnd
 //                takes the global plan from its cache). Ranks whose plan
 //                cairnd no longer holds (its known-plan cache is bounded)
@@ -468,6 +471,17 @@ class ScaleRun {
     const RankChunks chunks(model_, world);
     const int64_t step1 = first_step, step2 = first_step + 1;
 
+    {  // rpc_floor: the smallest RPC once per rank (ListAgents, an empty
+       // answer from memory): what N calls cost here, under any round of N.
+      Round round(&stubs_, Method("ListAgents"));
+      for (int r = 0; r < world; ++r) round.Add(v1::ListAgentsRequest());
+      out.push_back(Measure("rpc_floor", world, round, [&] {
+        for (int r = 0; r < world; ++r) {
+          round.Answer<v1::ListAgentsResponse>(static_cast<size_t>(r),
+                                               absl::StrCat("rank ", r));
+        }
+      }));
+    }
     std::vector<std::string> fingerprints(static_cast<size_t>(world));
     {  // begin: whole local plans.
       Round round(&stubs_, Method("BeginSave"));
@@ -672,16 +686,29 @@ class ScaleRun {
       req.set_step(step);
       req.set_rank(r);
       req.set_incarnation(0x5ca1e000000000ULL + static_cast<uint64_t>(r) + 1);
+      // As SaveProtocol: the short form (checksums only) when cairnd named
+      // its plan and attempt.
+      const bool short_form =
+          !plan.plan_id().empty() && !plan.attempt().empty();
+      if (short_form) {
+        req.set_plan_id(plan.plan_id());
+        req.set_attempt(plan.attempt());
+      }
       std::map<std::string, uint64_t> object_end;
       for (const v1::PlannedWrite& w : plan.rank_plan().writes()) {
         const v1::StorageLocation& loc = w.location();
         uint64_t& end = object_end[loc.object_key()];
         end = std::max(end, loc.offset() + loc.length());
         planned += loc.length();
+        // The item's bytes are zeros: this is their crc32c.
+        const uint32_t crc = storage::Crc32cFromPieces(0, loc.length());
+        if (short_form) {
+          req.add_crc32cs(crc);
+          continue;
+        }
         v1::WriteResult* res = req.add_results();
         *res->mutable_location() = loc;
-        // The item's bytes are zeros: this is their crc32c.
-        res->set_crc32c(storage::Crc32cFromPieces(0, loc.length()));
+        res->set_crc32c(crc);
       }
       for (const auto& [key, end] : object_end) {
         MakeSparseObject(

@@ -281,14 +281,33 @@ absl::Status PlannedSave::WriteAll(const ItemSources& sources,
   return RunAll(&pool, std::move(jobs));
 }
 
+v1::CommitSaveRequest PlannedSave::CommitRequest() const {
+  if (plan_.plan_id().empty() || plan_.attempt().empty()) return commit_;
+  // cairnd named its plan: the short form, the checksums alone (4 bytes per
+  // write instead of a WriteResult with its object key).
+  v1::CommitSaveRequest request;
+  request.set_job(commit_.job());
+  request.set_step(commit_.step());
+  request.set_rank(commit_.rank());
+  request.set_incarnation(commit_.incarnation());
+  request.set_plan_id(plan_.plan_id());
+  request.set_attempt(plan_.attempt());
+  request.mutable_crc32cs()->Reserve(commit_.results_size());
+  for (const v1::WriteResult& r : commit_.results()) {
+    request.add_crc32cs(r.crc32c());
+  }
+  return request;
+}
+
 absl::StatusOr<v1::CheckpointRecord> PlannedSave::Commit() {
   CAIRN_CRASH_POINT("client.before_commit");
   if (before_commit_for_test_) before_commit_for_test_();
   const SaveProtocolOptions& o = protocol_->options_;
   Cancellation* const cancel = o.cancellation;
+  const v1::CommitSaveRequest request = CommitRequest();
   absl::StatusOr<v1::CommitSaveResponse> done =
       CallWithRetry(&v1::Coordinator::Stub::CommitSave, *protocol_->stub_,
-                    commit_, o.collective_timeout, o.max_retries, cancel);
+                    request, o.collective_timeout, o.max_retries, cancel);
   if (done.ok()) return done->checkpoint();
   if (cancel == nullptr || !cancel->cancelled()) return done.status();
   // Cancelled (before the call or while it waited for the other ranks):
@@ -304,7 +323,7 @@ absl::StatusOr<v1::CheckpointRecord> PlannedSave::Commit() {
     return aborted;
   }
   done = CallWithRetry(&v1::Coordinator::Stub::CommitSave, *protocol_->stub_,
-                       commit_, o.collective_timeout, o.max_retries);
+                       request, o.collective_timeout, o.max_retries);
   if (!done.ok()) return aborted;
   return done->checkpoint();
 }

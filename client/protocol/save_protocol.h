@@ -237,6 +237,10 @@ class PlannedSave {
   PlannedSave(SaveProtocol* protocol, int64_t step, v1::BeginSaveResponse plan,
               bool sent_fingerprint_only);
 
+  // The CommitSave to send: commit_, or its short form (CommitSaveRequest
+  // .crc32cs) when cairnd's answer named its plan and attempt.
+  v1::CommitSaveRequest CommitRequest() const;
+
   // Constant after construction.
   SaveProtocol* const protocol_;
   const int64_t step_;

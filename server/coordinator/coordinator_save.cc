@@ -508,22 +508,16 @@ void Coordinator::CommitSave(const v1::CommitSaveRequest& request,
     }
   }
   // The plan is immutable once written to: checked without the lock.
-  if (absl::Status s = session->CheckResults(rank, request.results());
-      !s.ok()) {
-    return done(s);
-  }
+  absl::StatusOr<std::vector<uint32_t>> crc32cs =
+      session->CheckResults(rank, request);
+  if (!crc32cs.ok()) return done(crc32cs.status());
 
   bool commit_now = false;
   std::vector<std::function<void()>> answers;
   {
     absl::MutexLock lock(&mu_);
     absl::Status answer;
-    std::vector<uint32_t> crc32cs;
-    crc32cs.reserve(request.results().size());
-    for (const v1::WriteResult& r : request.results()) {
-      crc32cs.push_back(r.crc32c());
-    }
-    switch (session->Commit(rank, std::move(crc32cs), done, &answer)) {
+    switch (session->Commit(rank, *std::move(crc32cs), done, &answer)) {
       case SaveSession::Report::kParked:
         break;
       case SaveSession::Report::kAllReported:
@@ -553,8 +547,17 @@ void Coordinator::CommitSave(const v1::CommitSaveRequest& request,
 void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   const absl::Time commit_start = absl::Now();
   const std::string name = SaveName(session->job(), session->step());
-  absl::StatusOr<v1::Manifest> manifest = session->BuildManifest();
-  if (!manifest.ok()) return AbortSession(session, manifest.status());
+  // One arena for the manifest's millions of messages: built, encoded and
+  // freed in a few large blocks.
+  google::protobuf::ArenaOptions arena_options;
+  arena_options.start_block_size = 64 << 10;
+  arena_options.max_block_size = 4 << 20;
+  google::protobuf::Arena arena(arena_options);
+  v1::Manifest* manifest =
+      google::protobuf::Arena::CreateMessage<v1::Manifest>(&arena);
+  if (absl::Status s = session->BuildManifest(manifest); !s.ok()) {
+    return AbortSession(session, s);
+  }
 
   // PublishManifest checks that every object holds every planned byte.
   if (absl::Status s = storage::PublishManifest(*store_, *manifest); !s.ok()) {

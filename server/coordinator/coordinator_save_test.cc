@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "server/coordinator/coordinator_test_fixture.h"
+#include "storage/checkpoint_layout.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -316,6 +317,76 @@ TEST_F(CoordinatorTest, CommitResultsMustMatchThePlan) {
   c.mutable_results()->RemoveLast();
   bad = Commit(c).get();
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, ShortCommitsOfThePlanCommitAndOthersAreRefused) {
+  UsePosix();
+  Start();
+  std::vector<std::future<BeginResult>> begun;
+  for (int r = 0; r < 2; ++r)
+    begun.push_back(Begin("job", 1, r, 2, RankPlan(r, 2)));
+  std::vector<v1::CommitSaveRequest> commits;
+  for (int r = 0; r < 2; ++r) {
+    BeginResult b = begun[r].get();
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_FALSE(b->plan_id().empty());
+    ASSERT_FALSE(b->attempt().empty());
+    v1::CommitSaveRequest full = Write("job", 1, r, *b);
+    // The short form SaveProtocol sends: the checksums alone.
+    v1::CommitSaveRequest c;
+    c.set_job("job");
+    c.set_step(1);
+    c.set_rank(r);
+    c.set_plan_id(b->plan_id());
+    c.set_attempt(b->attempt());
+    for (const v1::WriteResult& w : full.results()) c.add_crc32cs(w.crc32c());
+    commits.push_back(c);
+  }
+  v1::CommitSaveRequest stale = commits[0];
+  stale.set_plan_id("not this plan");
+  CommitResult refused = Commit(stale).get();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("rank 0 of job 'job' step 1 reports writes of plan"));
+  std::future<CommitResult> c0 = Commit(commits[0]);
+  CommitResult c1 = Commit(commits[1]).get();
+  ASSERT_TRUE(c1.ok()) << c1.status();
+  ASSERT_TRUE(c0.get().ok());
+  EXPECT_EQ(c1->checkpoint().state(), v1::CHECKPOINT_STATE_COMMITTED);
+  // The manifest holds the reported checksums: the checkpoint verifies.
+  absl::StatusOr<v1::Manifest> m = storage::ReadManifest(Disk(), "job", 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const absl::Status verified = storage::VerifyCheckpoint(Disk(), *m);
+  EXPECT_TRUE(verified.ok()) << verified;
+}
+
+TEST_F(CoordinatorTest, OversizeHeldPlanIdIsRefusedNamingTheRank) {
+  Start();
+  v1::BeginSaveRequest req;
+  req.set_job("job");
+  req.set_step(4);
+  req.set_rank(1);
+  req.set_world_size(2);
+  *req.mutable_local_plan() = RankPlan(1, 2);
+  req.set_held_plan_id(std::string(65, 'x'));
+  auto promise = std::make_shared<std::promise<BeginResult>>();
+  coordinator_->BeginSave(
+      req, [promise](BeginResult r) { promise->set_value(std::move(r)); });
+  BeginResult r = promise->get_future().get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("rank 1 of job 'job' step 4 sent a held plan id of 65 "
+                        "bytes"));
+  // Nothing was opened: the same rank with a sane request still saves.
+  req.set_held_plan_id("");
+  req.set_world_size(1);
+  req.set_rank(0);
+  *req.mutable_local_plan() = RankPlan(0, 1);
+  auto again = std::make_shared<std::promise<BeginResult>>();
+  coordinator_->BeginSave(
+      req, [again](BeginResult r) { again->set_value(std::move(r)); });
+  BeginResult ok = again->get_future().get();
+  EXPECT_TRUE(ok.ok()) << ok.status();
 }
 
 TEST_F(CoordinatorTest, FailedManifestPublishAbortsAndKeepsPreviousLatest) {

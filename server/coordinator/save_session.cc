@@ -5,6 +5,8 @@
 #include <set>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
@@ -213,10 +215,36 @@ absl::Status SaveSession::CheckIncarnation(int rank,
   return absl::OkStatus();
 }
 
-absl::Status SaveSession::CheckResults(
-    int rank,
-    const google::protobuf::RepeatedPtrField<v1::WriteResult>& results) const {
+absl::StatusOr<std::vector<uint32_t>> SaveSession::CheckResults(
+    int rank, const v1::CommitSaveRequest& request) const {
   const planner::RankSavePlan& mine = plan_->ranks[rank];
+  const auto& results = request.results();
+  const bool short_form = !request.plan_id().empty() ||
+                          !request.attempt().empty() ||
+                          !request.crc32cs().empty();
+  if (short_form) {
+    const std::string who =
+        absl::StrCat("rank ", rank, " of ", SaveName(job_, step_));
+    if (!results.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, " sent both write results and checksums"));
+    }
+    if (plan_id_.empty() || request.plan_id() != plan_id_ ||
+        request.attempt() != attempt_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, " reports writes of plan ",
+          absl::CHexEscape(Truncated(request.plan_id(), 64)), " in attempt '",
+          Truncated(request.attempt(), 256), "' but this save's plan is ",
+          absl::CHexEscape(plan_id_), " in attempt '", attempt_, "'"));
+    }
+    if (request.crc32cs_size() != static_cast<int>(mine.writes.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, " reported ", request.crc32cs_size(),
+          " checksums but its plan has ", mine.writes.size(), " writes"));
+    }
+    return std::vector<uint32_t>(request.crc32cs().begin(),
+                                 request.crc32cs().end());
+  }
   if (results.size() != static_cast<int>(mine.writes.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " of ", SaveName(job_, step_), " reported ",
@@ -239,7 +267,10 @@ absl::Status SaveSession::CheckResults(
           "@", want.offset, "+", want.length));
     }
   }
-  return absl::OkStatus();
+  std::vector<uint32_t> crc32cs;
+  crc32cs.reserve(results.size());
+  for (const v1::WriteResult& r : results) crc32cs.push_back(r.crc32c());
+  return crc32cs;
 }
 
 SaveSession::Report SaveSession::Commit(int rank, std::vector<uint32_t> crc32cs,
@@ -329,26 +360,36 @@ bool SaveSession::Abort(absl::Status status,
   return true;
 }
 
-absl::StatusOr<v1::Manifest> SaveSession::BuildManifest() const {
-  v1::Manifest m;
-  m.set_format_version(storage::kManifestFormatVersion);
-  m.set_job(job_);
-  m.set_step(step_);
-  m.set_world_size(world_size_);
-  m.set_created_unix_micros(absl::ToUnixMicros(created_));
+absl::Status SaveSession::BuildManifest(v1::Manifest* m) const {
+  m->set_format_version(storage::kManifestFormatVersion);
+  m->set_job(job_);
+  m->set_step(step_);
+  m->set_world_size(world_size_);
+  m->set_created_unix_micros(absl::ToUnixMicros(created_));
 
-  // Every tensor of the plan appears, even one with no bytes.
-  std::map<std::string, v1::ManifestTensor> tensors;
-  std::map<std::string, v1::ManifestBytes> bytes;
+  // Tensors and bytes entries in fqn order, the plan's entries' order; every
+  // tensor of the plan appears, even one with no bytes. Writes find theirs
+  // by a view of the fqn.
+  struct Slot {
+    bool tensor = true;
+    int index = 0;
+  };
+  absl::flat_hash_map<absl::string_view, Slot> slots;
+  slots.reserve(plan_->entries.size());
   for (const planner::PlannedEntry& entry : plan_->entries) {
-    if (entry.kind != planner::WriteItem::Kind::kTensorChunk) continue;
-    v1::TensorEntry* e = tensors[entry.fqn].mutable_entry();
+    const bool tensor = entry.kind == planner::WriteItem::Kind::kTensorChunk;
+    const int index = tensor ? m->tensors_size() : m->bytes_entries_size();
+    if (!slots.try_emplace(entry.fqn, Slot{tensor, index}).second) continue;
+    if (!tensor) {
+      m->add_bytes_entries()->set_fqn(entry.fqn);
+      continue;
+    }
+    v1::TensorEntry* e = m->add_tensors()->mutable_entry();
     e->set_fqn(entry.fqn);
     e->set_dtype(convert::DTypeToProto(entry.dtype));
     e->mutable_global_shape()->Assign(entry.global_shape.begin(),
                                       entry.global_shape.end());
   }
-  std::set<std::string> objects;
   uint64_t total = 0;
   // Object keys in this attempt's directory (CheckResults checked that the
   // ranks wrote there), made once per object, not per write.
@@ -362,18 +403,29 @@ absl::StatusOr<v1::Manifest> SaveSession::BuildManifest() const {
       if (planned_key == nullptr || *planned_key != w.location.object_key) {
         planned_key = &w.location.object_key;
         key = absl::StrCat(attempt_, "/", w.location.object_key);
-        objects.insert(key);
+        m->add_objects(key);
       }
       total += w.location.length;
       v1::StorageLocation* location;
+      auto slot = slots.find(w.item.fqn);
       if (w.item.kind == planner::WriteItem::Kind::kBytes) {
-        v1::ManifestBytes& b = bytes[w.item.fqn];
-        b.set_fqn(w.item.fqn);
-        location = b.mutable_location();
-        b.set_crc32c(crc32cs[i]);
-        b.set_writer_rank(r);
+        if (slot == slots.end() || slot->second.tensor) {
+          return absl::InternalError(absl::StrCat(
+              SaveName(job_, step_), ": bytes entry '", w.item.fqn,
+              "' written by rank ", r, " is not among the plan's entries"));
+        }
+        v1::ManifestBytes* b = m->mutable_bytes_entries(slot->second.index);
+        location = b->mutable_location();
+        b->set_crc32c(crc32cs[i]);
+        b->set_writer_rank(r);
       } else {
-        v1::StoredChunk* c = tensors[w.item.fqn].add_chunks();
+        if (slot == slots.end() || !slot->second.tensor) {
+          return absl::InternalError(absl::StrCat(
+              SaveName(job_, step_), ": tensor '", w.item.fqn,
+              "' written by rank ", r, " is not among the plan's entries"));
+        }
+        v1::StoredChunk* c =
+            m->mutable_tensors(slot->second.index)->add_chunks();
         convert::BoxToProto(w.item.box, c->mutable_box());
         location = c->mutable_location();
         c->set_crc32c(crc32cs[i]);
@@ -384,20 +436,31 @@ absl::StatusOr<v1::Manifest> SaveSession::BuildManifest() const {
       location->set_length(w.location.length);
     }
   }
-  for (auto& [fqn, t] : tensors) {
-    std::sort(t.mutable_chunks()->begin(), t.mutable_chunks()->end(),
-              [](const v1::StoredChunk& a, const v1::StoredChunk& b) {
+  for (v1::ManifestTensor& t : *m->mutable_tensors()) {
+    auto* chunks = t.mutable_chunks();
+    std::sort(chunks->pointer_begin(), chunks->pointer_end(),
+              [](const v1::StoredChunk* a, const v1::StoredChunk* b) {
                 return std::lexicographical_compare(
-                    a.box().offsets().begin(), a.box().offsets().end(),
-                    b.box().offsets().begin(), b.box().offsets().end());
+                    a->box().offsets().begin(), a->box().offsets().end(),
+                    b->box().offsets().begin(), b->box().offsets().end());
               });
-    *m.add_tensors() = std::move(t);
   }
-  for (auto& [fqn, b] : bytes) *m.add_bytes_entries() = std::move(b);
-  for (const std::string& o : objects) m.add_objects(o);
-  m.set_total_bytes(total);
-  CAIRN_RETURN_IF_ERROR(storage::ValidateManifest(m));
-  return m;
+  // A bytes entry is written once (replicas are planned once); one no rank
+  // wrote is left out, as it was never stored.
+  auto* bytes = m->mutable_bytes_entries();
+  int kept = 0;
+  for (int i = 0; i < bytes->size(); ++i) {
+    if (!bytes->Get(i).has_location()) continue;
+    if (kept != i) bytes->SwapElements(kept, i);
+    ++kept;
+  }
+  bytes->DeleteSubrange(kept, bytes->size() - kept);
+  // Objects sorted, as a set of keys.
+  auto* listed = m->mutable_objects();
+  std::sort(listed->begin(), listed->end());
+  listed->erase(std::unique(listed->begin(), listed->end()), listed->end());
+  m->set_total_bytes(total);
+  return absl::OkStatus();
 }
 
 }  // namespace cairn::coordinator

@@ -111,12 +111,15 @@ class SaveSession {
   // ABORTED when `incarnation` (non-zero) is not the process of `rank` in
   // this attempt (requires phase kWriting or later).
   absl::Status CheckIncarnation(int rank, uint64_t incarnation) const;
-  // INVALID_ARGUMENT unless `results` are exactly `rank`'s planned writes:
-  // their count, object keys (in this attempt), offsets and lengths. Reads
-  // only the plan (immutable once kWriting).
-  absl::Status CheckResults(
-      int rank,
-      const google::protobuf::RepeatedPtrField<v1::WriteResult>& results) const;
+  // The checksums of `rank`'s writes from its CommitSave, in plan order.
+  // Long form (`results`): INVALID_ARGUMENT unless they are exactly the
+  // rank's planned writes: their count, object keys (in this attempt),
+  // offsets and lengths. Short form (`crc32cs`): FAILED_PRECONDITION unless
+  // its plan id and attempt are this save's, INVALID_ARGUMENT unless there is
+  // one checksum per planned write. Reads only the plan (immutable once
+  // kWriting).
+  absl::StatusOr<std::vector<uint32_t>> CheckResults(
+      int rank, const v1::CommitSaveRequest& request) const;
 
   // A rank's CommitSave with checked results. kParked: `done` was taken and
   // is answered by the commit; kAllReported: the same, and it was the last
@@ -131,8 +134,11 @@ class SaveSession {
   Report Commit(int rank, std::vector<uint32_t> crc32cs,
                 Done<v1::CommitSaveResponse>& done, absl::Status* answer);
 
-  // The manifest of a session whose ranks have all reported (kCommitting).
-  absl::StatusOr<v1::Manifest> BuildManifest() const;
+  // Fills `*m` with the manifest of a session whose ranks have all reported
+  // (kCommitting). Not validated here: storage::PublishManifest validates
+  // what it publishes. For a large job `m` belongs on an Arena: millions of
+  // chunks are then allocated and freed in a few large blocks.
+  absl::Status BuildManifest(v1::Manifest* m) const;
 
   // The commit is done: the parked CommitSave calls, to be answered.
   std::vector<Done<v1::CommitSaveResponse>> TakeCommitWaiters();

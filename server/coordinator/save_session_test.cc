@@ -16,6 +16,7 @@
 #include "planner/save_plan.h"
 #include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator_test_fixture.h"
+#include "storage/manifest.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -233,21 +234,23 @@ TEST_F(SaveSessionTest, NeedPlansOfSendsThoseRanksBackToArriveAgain) {
 
 TEST_F(SaveSessionTest, ResultsMustMatchThePlanAndTheProcess) {
   ArriveAllAndPlan(2, /*incarnation=*/5);
-  std::vector<v1::WriteResult> results = Results(0);
-  google::protobuf::RepeatedPtrField<v1::WriteResult> field(results.begin(),
-                                                            results.end());
-  EXPECT_TRUE(session_->CheckResults(0, field).ok());
-  ASSERT_GE(field.size(), 1);
-  field[0].mutable_location()->set_offset(12345);
-  absl::Status s = session_->CheckResults(0, field);
+  std::vector<v1::WriteResult> results = Results(0, /*crc=*/77);
+  v1::CommitSaveRequest req;
+  req.mutable_results()->Assign(results.begin(), results.end());
+  absl::StatusOr<std::vector<uint32_t>> crcs = session_->CheckResults(0, req);
+  ASSERT_TRUE(crcs.ok()) << crcs.status();
+  EXPECT_EQ(*crcs, std::vector<uint32_t>(results.size(), 77));
+  ASSERT_GE(req.results_size(), 1);
+  req.mutable_results(0)->mutable_location()->set_offset(12345);
+  absl::Status s = session_->CheckResults(0, req).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("rank 0 of job 'job' step 7 result 0 for '"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("the plan says attempt-1/"));
-  field.RemoveLast();
-  s = session_->CheckResults(0, field);
+  req.mutable_results()->RemoveLast();
+  s = session_->CheckResults(0, req).status();
   EXPECT_THAT(std::string(s.message()),
-              HasSubstr("reported " + std::to_string(field.size()) +
+              HasSubstr("reported " + std::to_string(req.results_size()) +
                         " write results but its plan has"));
 
   EXPECT_TRUE(session_->CheckIncarnation(0, 5).ok());
@@ -280,11 +283,56 @@ TEST_F(SaveSessionTest, ReportsCommitOnceEveryRankIsInAndConflictsAbort) {
   EXPECT_TRUE(session_->TakeCommitWaiters().empty());
 }
 
+TEST_F(SaveSessionTest, ShortCommitsMustNameThisSavesPlanAndAttempt) {
+  ArriveAllAndPlan(2);
+  const size_t writes = Results(1).size();
+  ASSERT_FALSE(session_->plan_id().empty());
+  v1::CommitSaveRequest req;
+  req.set_plan_id(session_->plan_id());
+  req.set_attempt(session_->attempt());
+  for (size_t i = 0; i < writes; ++i) req.add_crc32cs(100 + i);
+  absl::StatusOr<std::vector<uint32_t>> crcs = session_->CheckResults(1, req);
+  ASSERT_TRUE(crcs.ok()) << crcs.status();
+  ASSERT_EQ(crcs->size(), writes);
+  EXPECT_EQ((*crcs)[0], 100u);
+
+  v1::CommitSaveRequest other_plan = req;
+  other_plan.set_plan_id("another plan");
+  absl::Status s = session_->CheckResults(1, other_plan).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 1 of job 'job' step 7 reports writes of plan "
+                        "another plan in attempt 'attempt-1'"));
+  v1::CommitSaveRequest other_attempt = req;
+  other_attempt.set_attempt("attempt-0");
+  EXPECT_EQ(session_->CheckResults(1, other_attempt).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  v1::CommitSaveRequest short_by_one = req;
+  short_by_one.mutable_crc32cs()->RemoveLast();
+  s = session_->CheckResults(1, short_by_one).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("reported " + std::to_string(writes - 1) +
+                        " checksums but its plan has " +
+                        std::to_string(writes) + " writes"));
+  v1::CommitSaveRequest both = req;
+  std::vector<v1::WriteResult> results = Results(1);
+  both.mutable_results()->Assign(results.begin(), results.end());
+  s = session_->CheckResults(1, both).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("sent both write results and checksums"));
+}
+
 TEST_F(SaveSessionTest, ManifestNamesEveryTensorChunkSortedAndEveryObject) {
   ArriveAllAndPlan(3);
   for (int r = 0; r < 3; ++r) Commit(r, /*crc=*/100 + r);
-  absl::StatusOr<v1::Manifest> m = session_->BuildManifest();
-  ASSERT_TRUE(m.ok()) << m.status();
+  google::protobuf::Arena arena;
+  auto* m = google::protobuf::Arena::CreateMessage<v1::Manifest>(&arena);
+  const absl::Status built = session_->BuildManifest(m);
+  ASSERT_TRUE(built.ok()) << built;
+  const absl::Status valid = storage::ValidateManifest(*m);
+  ASSERT_TRUE(valid.ok()) << valid;
   EXPECT_EQ(m->job(), "job");
   EXPECT_EQ(m->step(), 7);
   EXPECT_EQ(m->world_size(), 3);
