@@ -5,8 +5,6 @@
 #include "storage/checkpoint_layout.h"
 
 #include <algorithm>
-#include <map>
-#include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"

@@ -1,8 +1,6 @@
 #include "server/coordinator/save_session.h"
 
 #include <algorithm>
-#include <map>
-#include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -407,23 +405,20 @@ absl::Status SaveSession::BuildManifest(v1::Manifest* m) const {
       }
       total += w.location.length;
       v1::StorageLocation* location;
+      const bool is_bytes = w.item.kind == planner::WriteItem::Kind::kBytes;
       auto slot = slots.find(w.item.fqn);
-      if (w.item.kind == planner::WriteItem::Kind::kBytes) {
-        if (slot == slots.end() || slot->second.tensor) {
-          return absl::InternalError(absl::StrCat(
-              SaveName(job_, step_), ": bytes entry '", w.item.fqn,
-              "' written by rank ", r, " is not among the plan's entries"));
-        }
+      if (slot == slots.end() || slot->second.tensor == is_bytes) {
+        return absl::InternalError(absl::StrCat(
+            SaveName(job_, step_), ": ", is_bytes ? "bytes entry" : "tensor",
+            " '", w.item.fqn, "' written by rank ", r,
+            " is not among the plan's entries"));
+      }
+      if (is_bytes) {
         v1::ManifestBytes* b = m->mutable_bytes_entries(slot->second.index);
         location = b->mutable_location();
         b->set_crc32c(crc32cs[i]);
         b->set_writer_rank(r);
       } else {
-        if (slot == slots.end() || !slot->second.tensor) {
-          return absl::InternalError(absl::StrCat(
-              SaveName(job_, step_), ": tensor '", w.item.fqn,
-              "' written by rank ", r, " is not among the plan's entries"));
-        }
         v1::StoredChunk* c =
             m->mutable_tensors(slot->second.index)->add_chunks();
         convert::BoxToProto(w.item.box, c->mutable_box());
