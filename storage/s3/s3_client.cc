@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "storage/s3/http_client.h"
 
 namespace cairn::storage::s3 {
@@ -173,7 +174,19 @@ absl::StatusOr<HttpResponse> S3Client::Execute(const S3RequestName& name,
       }
       return S3ErrorToStatus(name, response.status, response.body, attempt);
     }
-    absl::SleepFor(retry_.Backoff(attempt - 1, gen));
+    // Retries are never silent: a stalled or throttled server shows in the
+    // log while the request is still being retried, not only in the status
+    // after the last attempt.
+    const absl::Duration backoff = retry_.Backoff(attempt - 1, gen);
+    CAIRN_LOG(
+        warn, "{}: attempt {} of {} failed ({}); retrying in {}",
+        name.Describe(), attempt, retry_.max_attempts,
+        response.curl_code != 0
+            ? response.curl_error
+            : absl::StrCat("HTTP ", response.status,
+                           outcome.s3_code.empty() ? "" : " ", outcome.s3_code),
+        absl::FormatDuration(backoff));
+    absl::SleepFor(backoff);
   }
 }
 

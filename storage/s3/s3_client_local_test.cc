@@ -28,8 +28,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
 #include "storage/s3/s3_client.h"
 
 namespace cairn::storage::s3 {
@@ -344,10 +346,24 @@ TEST(S3ClientLocalTest, RetriesIdempotentRequestsAndCountsThem) {
   server.Push(Response(503, kSlowDown));
   server.Push(Response(500, ""));
   server.Push(Response(206, "abc", "Content-Range: bytes 0-2/10\r\n"));
+  auto log = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16);
+  Logger().sinks().push_back(log);
   char out[3];
   auto n = client->GetRange("k", {0, 3}, absl::MakeSpan(out, 3));
+  Logger().sinks().pop_back();
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(*n, 3u);
+  // Each retry is logged while it happens, naming the request and why.
+  std::vector<std::string> lines;
+  for (const auto& m : log->last_raw()) {
+    lines.emplace_back(m.payload.data(), m.payload.size());
+  }
+  ASSERT_EQ(lines.size(), 3u) << absl::StrJoin(lines, "\n");
+  EXPECT_THAT(lines[0], HasSubstr("s3 GET"));
+  EXPECT_THAT(lines[0], HasSubstr("/k: attempt 1 of 6 failed ("));
+  EXPECT_THAT(lines[1], HasSubstr("attempt 2 of 6 failed (HTTP 503 SlowDown)"));
+  EXPECT_THAT(lines[2], HasSubstr("attempt 3 of 6 failed (HTTP 500)"));
+  EXPECT_THAT(lines[2], HasSubstr("; retrying in "));
   EXPECT_EQ(std::string(out, 3), "abc");
   EXPECT_EQ(server.requests().size(), 4u);
   EXPECT_EQ(server.requests()[0].Header("Range"), "bytes=0-2");
