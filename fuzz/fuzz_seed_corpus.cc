@@ -101,19 +101,20 @@ v1::Manifest ManifestOf(const planner::GlobalSavePlan& plan, int64_t step) {
   uint64_t crc = 0x1234567;
   for (const planner::RankSavePlan& rp : plan.ranks) {
     for (const planner::PlannedWrite& w : rp.writes) {
-      objects.insert(w.location.object_key);
+      const planner::PlannedEntry& e = plan.EntryOf(w);
+      objects.insert(rp.object_key);
       crc = crc * 6364136223846793005ULL + 1442695040888963407ULL;
-      if (w.item.kind == planner::WriteItem::Kind::kBytes) {
-        v1::ManifestBytes& b = bytes[w.item.fqn];
-        b.set_fqn(w.item.fqn);
-        convert::LocationToProto(w.location, b.mutable_location());
+      if (e.kind == planner::WriteItem::Kind::kBytes) {
+        v1::ManifestBytes& b = bytes[e.fqn];
+        b.set_fqn(e.fqn);
+        convert::LocationToProto(rp.LocationOf(w), b.mutable_location());
         b.set_crc32c(static_cast<uint32_t>(crc >> 32));
         b.set_writer_rank(rp.rank);
         continue;
       }
-      v1::StoredChunk* c = tensors[w.item.fqn].add_chunks();
-      convert::BoxToProto(w.item.box, c->mutable_box());
-      convert::LocationToProto(w.location, c->mutable_location());
+      v1::StoredChunk* c = tensors[e.fqn].add_chunks();
+      convert::BoxToProto(plan.BoxOf(rp.rank, w), c->mutable_box());
+      convert::LocationToProto(rp.LocationOf(w), c->mutable_location());
       c->set_crc32c(static_cast<uint32_t>(crc >> 32));
       c->set_writer_rank(rp.rank);
     }
@@ -228,7 +229,7 @@ int main(int argc, char** argv) {
         convert::WantedToProto(wanted.back(), in.add_wanted());
       }
     }
-    convert::RankPlanToProto(plan->ranks[0], in.mutable_rank_plan());
+    convert::RankPlanToProto(*plan, 0, in.mutable_rank_plan());
     ok &= Write(absl::StrFormat("%s/plan_convert_fuzzer/seed-%zu", root, i),
                 in.SerializeAsString());
     ++files;

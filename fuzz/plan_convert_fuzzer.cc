@@ -58,10 +58,19 @@ void CheckGlobalPlan(const planner::GlobalSavePlan& plan, int world,
     FUZZ_CHECK(rp.object_bytes <= INT64_MAX, "rank %d's object of %llu bytes",
                r, ull(rp.object_bytes));
     uint64_t end = 0;  // writes are laid out in order, back to back
+    FUZZ_CHECK(rp.writes.empty() == rp.object_key.empty(),
+               "rank %d has %zu writes and object key '%s'", r,
+               rp.writes.size(), rp.object_key.c_str());
     for (const planner::PlannedWrite& w : rp.writes) {
-      const planner::StorageLocation& loc = w.location;
-      FUZZ_CHECK(loc.length == w.item.length, "location length %llu != %llu",
-                 ull(loc.length), ull(w.item.length));
+      FUZZ_CHECK(w.entry < plan.entries.size(), "write names entry %u of %zu",
+                 w.entry, plan.entries.size());
+      const planner::PlannedEntry& e = plan.EntryOf(w);
+      if (e.kind == planner::WriteItem::Kind::kTensorChunk) {
+        FUZZ_CHECK(w.box_begin + 2 * e.global_shape.size() <= rp.coords.size(),
+                   "box of write at %u past the %zu coords", w.box_begin,
+                   rp.coords.size());
+      }
+      const planner::StorageLocation loc = rp.LocationOf(w);
       FUZZ_CHECK(loc.offset % alignment == 0, "offset %llu not aligned to %llu",
                  ull(loc.offset), ull(alignment));
       FUZZ_CHECK(loc.offset >= end,
@@ -77,15 +86,18 @@ void CheckGlobalPlan(const planner::GlobalSavePlan& plan, int world,
     }
     // The rank's share crosses the wire and is decoded by the rank.
     v1::RankSavePlan wire;
-    convert::RankPlanToProto(rp, &wire);
-    absl::StatusOr<planner::RankSavePlan> back =
+    convert::RankPlanToProto(plan, r, &wire);
+    absl::StatusOr<convert::DecodedRankPlan> back =
         convert::RankPlanFromProto(wire);
-    FUZZ_CHECK(back.ok() && back->writes.size() == rp.writes.size(),
+    FUZZ_CHECK(back.ok() && back->items.size() == rp.writes.size(),
                "rank plan does not round-trip: %s",
                back.status().ToString().c_str());
     for (size_t i = 0; i < rp.writes.size(); ++i) {
-      FUZZ_CHECK(back->writes[i].location == rp.writes[i].location &&
-                     back->writes[i].item.box == rp.writes[i].item.box,
+      const planner::WriteItem item = plan.ItemOf(r, rp.writes[i]);
+      FUZZ_CHECK(back->locations[i] == rp.LocationOf(rp.writes[i]) &&
+                     back->items[i].fqn == item.fqn &&
+                     back->items[i].box == item.box &&
+                     back->items[i].length == item.length,
                  "planned write %zu of rank %d does not round-trip", i, r);
     }
   }
@@ -104,12 +116,13 @@ std::vector<planner::StoredTensor> Committed(
   }
   for (const planner::RankSavePlan& rp : plan.ranks) {
     for (const planner::PlannedWrite& w : rp.writes) {
-      if (w.item.kind != planner::WriteItem::Kind::kTensorChunk) continue;
-      auto it = by_fqn.find(w.item.fqn);
+      const planner::PlannedEntry& e = plan.EntryOf(w);
+      if (e.kind != planner::WriteItem::Kind::kTensorChunk) continue;
+      auto it = by_fqn.find(e.fqn);
       FUZZ_CHECK(it != by_fqn.end(), "write of '%s' has no entry",
-                 w.item.fqn.c_str());
+                 e.fqn.c_str());
       it->second.chunks.push_back(
-          planner::StoredChunk{w.item.box, w.location, 0});
+          planner::StoredChunk{plan.BoxOf(rp.rank, w), rp.LocationOf(w), 0});
     }
   }
   std::vector<planner::StoredTensor> out;

@@ -122,12 +122,6 @@ std::string EncodeItem(const WriteItem& item) {
   return out;
 }
 
-size_t ItemBytes(const WriteItem& item) {
-  return sizeof(WriteItem) + item.fqn.capacity() +
-         8 * (item.global_shape.capacity() + item.box.offsets.capacity() +
-              item.box.sizes.capacity());
-}
-
 size_t KeyBytes(const PlanCache::Key& key) {
   size_t n = sizeof(PlanCache::Key) + key.job.size() +
              key.storage_settings.size() +
@@ -189,11 +183,8 @@ size_t ApproximatePlanBytes(const GlobalSavePlan& plan) {
              plan.ranks.capacity() * sizeof(RankSavePlan) +
              plan.entries.capacity() * sizeof(PlannedEntry);
   for (const RankSavePlan& r : plan.ranks) {
-    n += r.writes.capacity() * sizeof(PlannedWrite);
-    for (const PlannedWrite& w : r.writes) {
-      n += ItemBytes(w.item) - sizeof(WriteItem) +
-           w.location.object_key.capacity();
-    }
+    n += r.writes.capacity() * sizeof(PlannedWrite) +
+         r.coords.capacity() * sizeof(int64_t) + r.object_key.capacity();
   }
   for (const PlannedEntry& e : plan.entries) {
     n += e.fqn.capacity() + 8 * e.global_shape.capacity();

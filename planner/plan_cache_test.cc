@@ -95,11 +95,17 @@ std::shared_ptr<const GlobalSavePlan> MakePlan(int world, int writes_per_rank) {
   auto plan = std::make_shared<GlobalSavePlan>();
   plan->world_size = world;
   plan->ranks.resize(world);
+  plan->entries.push_back(PlannedEntry{WriteItem::Kind::kTensorChunk, "t",
+                                       DType::kFloat32, Shape{1 << 20}});
   for (int r = 0; r < world; ++r) {
-    plan->ranks[r].rank = r;
+    RankSavePlan& rp = plan->ranks[r];
+    rp.rank = r;
+    rp.object_key = "k";
     for (int i = 0; i < writes_per_rank; ++i) {
-      plan->ranks[r].writes.push_back(
-          PlannedWrite{Chunk("t", i, 1), StorageLocation{"k", 0, 4}});
+      rp.writes.push_back(PlannedWrite{
+          0, static_cast<uint32_t>(rp.coords.size()), uint64_t{4} * i, 4});
+      rp.coords.push_back(i);  // offset
+      rp.coords.push_back(1);  // size
     }
   }
   return plan;

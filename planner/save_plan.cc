@@ -431,15 +431,39 @@ class SavePlanBuilder {
       RankSavePlan& rp = plan.ranks[r];
       rp.rank = r;
       if (count[r] == count[r + 1]) continue;
-      const std::string key = ObjectKeyForRank(options_, r);
+      rp.object_key = ObjectKeyForRank(options_, r);
       rp.writes.resize(static_cast<size_t>(count[r + 1] - count[r]));
+      size_t coords = 0;
+      for (int i = count[r]; i < count[r + 1]; ++i) {
+        const WriteItem& item =
+            ItemOf(holders_[units_[by_writer[i]].holders_begin +
+                            units_[by_writer[i]].writer]);
+        if (item.kind == WriteItem::Kind::kTensorChunk) {
+          coords += 2 * item.box.offsets.size();
+        }
+      }
+      if (coords > UINT32_MAX) {
+        return Error(absl::StrCat("rank ", r, " would write ",
+                                  count[r + 1] - count[r],
+                                  " chunks; their boxes exceed 2^32 numbers"));
+      }
+      rp.coords.resize(coords);
+      uint32_t next_coord = 0;
       for (int i = count[r]; i < count[r + 1]; ++i) {
         const Unit& unit = units_[by_writer[i]];
+        const WriteItem& item =
+            ItemOf(holders_[unit.holders_begin + unit.writer]);
         PlannedWrite& w = rp.writes[static_cast<size_t>(i - count[r])];
-        w.item = ItemOf(holders_[unit.holders_begin + unit.writer]);
-        w.location.object_key = key;
-        w.location.offset = offsets[by_writer[i]];
-        w.location.length = unit.bytes;
+        w.entry = static_cast<uint32_t>(unit.entry);
+        w.offset = offsets[by_writer[i]];
+        w.length = unit.bytes;
+        if (item.kind == WriteItem::Kind::kTensorChunk) {
+          w.box_begin = next_coord;
+          int64_t* c = rp.coords.data() + next_coord;
+          c = std::copy(item.box.offsets.begin(), item.box.offsets.end(), c);
+          std::copy(item.box.sizes.begin(), item.box.sizes.end(), c);
+          next_coord += static_cast<uint32_t>(2 * item.box.offsets.size());
+        }
       }
     }
     plan.entries.reserve(entries_.size());
@@ -476,6 +500,31 @@ class SavePlanBuilder {
 };
 
 }  // namespace
+
+WriteItem GlobalSavePlan::ItemOf(int rank, const PlannedWrite& w) const {
+  const PlannedEntry& e = EntryOf(w);
+  WriteItem item;
+  item.kind = e.kind;
+  item.fqn = e.fqn;
+  item.length = w.length;
+  if (e.kind == WriteItem::Kind::kTensorChunk) {
+    item.dtype = e.dtype;
+    item.global_shape = e.global_shape;
+    item.box = BoxOf(rank, w);
+  }
+  return item;
+}
+
+ChunkBox GlobalSavePlan::BoxOf(int rank, const PlannedWrite& w) const {
+  const RankSavePlan& rp = ranks[static_cast<size_t>(rank)];
+  const size_t dims = EntryOf(w).global_shape.size();
+  const absl::Span<const int64_t> offsets = rp.Offsets(w, dims);
+  const absl::Span<const int64_t> sizes = rp.Sizes(w, dims);
+  ChunkBox box;
+  box.offsets.assign(offsets.begin(), offsets.end());
+  box.sizes.assign(sizes.begin(), sizes.end());
+  return box;
+}
 
 std::string ObjectKeyForRank(const SavePlanOptions& options, int rank) {
   return absl::StrCat(options.object_prefix, absl::StrFormat("%05d", rank),

@@ -27,7 +27,8 @@
 //     each writer's writes are copied from its own plan, writer by writer.
 // Cost: O(N log N) for N items in total. Scratch memory is O(N), about 20
 // bytes per item plus 16 per box dim (most of it freed before the plan is
-// built), besides the returned plan (one PlannedWrite per unit).
+// built), besides the returned plan: per unit, one 24-byte PlannedWrite and
+// 16 bytes per box dim; per fqn, one PlannedEntry.
 #ifndef CAIRN_PLANNER_SAVE_PLAN_H_
 #define CAIRN_PLANNER_SAVE_PLAN_H_
 
@@ -71,16 +72,38 @@ struct StorageLocation {
   }
 };
 
+// One write of the global plan: a distinct tensor chunk or bytes entry, at
+// [offset, offset + length) of its writer's object. Compact (24 bytes, no
+// heap): the fqn, kind, dtype and shape are the plan's entries[entry]; a
+// tensor chunk's box is in its RankSavePlan's coords; the object key is the
+// RankSavePlan's. A 4096-rank x 1000-item plan is ~2M writes, so this is
+// what the planner builds and cairnd's plan cache holds.
 struct PlannedWrite {
-  WriteItem item;
-  StorageLocation location;
+  uint32_t entry = 0;      // index into GlobalSavePlan::entries
+  uint32_t box_begin = 0;  // kTensorChunk: offsets at coords[box_begin, +n),
+                           // then sizes at [box_begin + n, +n); n = dims
+  uint64_t offset = 0;     // in the writer's object
+  uint64_t length = 0;     // bytes: Volume(box) * dtype size, or blob size
 };
 
-// The items one rank must write, sorted by (fqn, box).
+// The items one rank must write, sorted by (fqn, box), laid out in one object.
 struct RankSavePlan {
   int rank = 0;
+  std::string object_key;  // relative to the step's prefix; "" if no writes
   std::vector<PlannedWrite> writes;
-  uint64_t object_bytes = 0;  // size of the rank's object (0: no object)
+  std::vector<int64_t> coords;  // the tensor writes' boxes (see PlannedWrite)
+  uint64_t object_bytes = 0;    // size of the rank's object (0: no object)
+
+  // Write `w`'s box, `dims` = its tensor's number of dimensions.
+  absl::Span<const int64_t> Offsets(const PlannedWrite& w, size_t dims) const {
+    return absl::MakeConstSpan(coords.data() + w.box_begin, dims);
+  }
+  absl::Span<const int64_t> Sizes(const PlannedWrite& w, size_t dims) const {
+    return absl::MakeConstSpan(coords.data() + w.box_begin + dims, dims);
+  }
+  StorageLocation LocationOf(const PlannedWrite& w) const {
+    return StorageLocation{object_key, w.offset, w.length};
+  }
 };
 
 // Every entry of the checkpoint, including tensors with no elements (which
@@ -97,6 +120,15 @@ struct GlobalSavePlan {
   std::vector<RankSavePlan> ranks;    // ranks[r].rank == r
   std::vector<PlannedEntry> entries;  // sorted by fqn
   uint64_t total_bytes = 0;           // sum of write lengths (no padding)
+
+  const PlannedEntry& EntryOf(const PlannedWrite& w) const {
+    return entries[w.entry];
+  }
+  // Write `w` of rank `rank`'s plan spelled out as a WriteItem (copies the
+  // fqn and box: for tests, conversions and messages, not hot loops).
+  WriteItem ItemOf(int rank, const PlannedWrite& w) const;
+  // The box of tensor write `w` of rank `rank`.
+  ChunkBox BoxOf(int rank, const PlannedWrite& w) const;
 };
 
 struct SavePlanOptions {

@@ -66,15 +66,23 @@ TEST(SavePlanTest, ShardedTensorIsWrittenByEachOwnerAtAlignedOffsets) {
   const RankSavePlan& r0 = plan->ranks[0];
   ASSERT_EQ(r0.writes.size(), 2u);
   // Sorted by fqn: "rng" before "w".
-  EXPECT_EQ(r0.writes[0].item.fqn, "rng");
-  EXPECT_EQ(r0.writes[0].location,
+  EXPECT_EQ(plan->EntryOf(r0.writes[0]).fqn, "rng");
+  EXPECT_EQ(r0.LocationOf(r0.writes[0]),
             (StorageLocation{"data/rank-00000.bin", 0, 10}));
-  EXPECT_EQ(r0.writes[1].location,
+  EXPECT_EQ(r0.LocationOf(r0.writes[1]),
             (StorageLocation{"data/rank-00000.bin", 4096, 64}));
   EXPECT_EQ(r0.object_bytes, 4096u + 64u);
   ASSERT_EQ(plan->ranks[1].writes.size(), 1u);
-  EXPECT_EQ(plan->ranks[1].writes[0].location,
+  EXPECT_EQ(plan->ranks[1].LocationOf(plan->ranks[1].writes[0]),
             (StorageLocation{"data/rank-00001.bin", 0, 64}));
+  EXPECT_EQ(plan->ranks[1].object_key, "data/rank-00001.bin");
+  EXPECT_EQ(plan->BoxOf(1, plan->ranks[1].writes[0]), Box({2, 0}, {2, 8}));
+  EXPECT_EQ(plan->BoxOf(0, r0.writes[1]), Box({0, 0}, {2, 8}));
+  // Spelled out, a write is the item its writer listed.
+  EXPECT_EQ(plan->ItemOf(1, plan->ranks[1].writes[0]).global_shape,
+            (Shape{4, 8}));
+  EXPECT_EQ(plan->ItemOf(1, plan->ranks[1].writes[0]).length, 64u);
+  EXPECT_EQ(plan->ItemOf(0, r0.writes[0]).kind, WriteItem::Kind::kBytes);
   EXPECT_EQ(plan->total_bytes, 138u);
   ASSERT_EQ(plan->entries.size(), 2u);
   EXPECT_EQ(plan->entries[1].fqn, "w");
@@ -88,7 +96,7 @@ TEST(SavePlanTest, OptionsControlAlignmentAndObjectKeys) {
   auto plan = BuildGlobalSavePlan(
       "j", 1, Plans({{Bytes("a", 3), Bytes("b", 5)}}), options);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->ranks[0].writes[1].location,
+  EXPECT_EQ(plan->ranks[0].LocationOf(plan->ranks[0].writes[1]),
             (StorageLocation{"x/00000.bin", 3, 5}));
   EXPECT_EQ(ObjectKeyForRank(SavePlanOptions{}, 4095), "data/rank-04095.bin");
   options.alignment = 0;
@@ -123,7 +131,7 @@ TEST(SavePlanTest, BalancingAccountsForForcedWrites) {
   auto plan = BuildGlobalSavePlan("j", 1, Plans({r0, r1}), {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->ranks[0].writes.size(), 1u);
-  EXPECT_EQ(plan->ranks[0].writes[0].item.fqn, "big");
+  EXPECT_EQ(plan->EntryOf(plan->ranks[0].writes[0]).fqn, "big");
   EXPECT_EQ(plan->ranks[1].writes.size(), 2u);
 }
 
@@ -157,8 +165,10 @@ TEST(SavePlanTest, ResultIsIndependentOfItemOrder) {
   for (int r = 0; r < 3; ++r) {
     ASSERT_EQ(a->ranks[r].writes.size(), b->ranks[r].writes.size());
     for (size_t i = 0; i < a->ranks[r].writes.size(); ++i) {
-      EXPECT_EQ(a->ranks[r].writes[i].item.fqn, b->ranks[r].writes[i].item.fqn);
-      EXPECT_EQ(a->ranks[r].writes[i].location, b->ranks[r].writes[i].location);
+      EXPECT_EQ(a->EntryOf(a->ranks[r].writes[i]).fqn,
+                b->EntryOf(b->ranks[r].writes[i]).fqn);
+      EXPECT_EQ(a->ranks[r].LocationOf(a->ranks[r].writes[i]),
+                b->ranks[r].LocationOf(b->ranks[r].writes[i]));
     }
   }
 }
@@ -336,26 +346,28 @@ TEST(SavePlanTest, MatchesCoverageOracleOnRandomLayouts) {
       const RankSavePlan& rp = plan->ranks[r];
       ASSERT_EQ(rp.rank, r);
       uint64_t end = 0;
-      for (const PlannedWrite& w : rp.writes) {
-        ASSERT_EQ(w.location.object_key, ObjectKeyForRank(options, r));
-        ASSERT_EQ(w.location.offset % options.alignment, 0u);
-        ASSERT_GE(w.location.offset, end);  // disjoint, in order
-        ASSERT_EQ(w.location.length, w.item.length);
-        end = w.location.offset + w.location.length;
+      for (const PlannedWrite& pw : rp.writes) {
+        const WriteItem item = plan->ItemOf(r, pw);
+        const StorageLocation location = rp.LocationOf(pw);
+        ASSERT_EQ(location.object_key, ObjectKeyForRank(options, r));
+        ASSERT_EQ(location.offset % options.alignment, 0u);
+        ASSERT_GE(location.offset, end);  // disjoint, in order
+        ASSERT_EQ(location.length, item.length);
+        end = location.offset + location.length;
         // The writer holds the item.
         bool held = false;
         for (const WriteItem& it : items[r]) {
-          held |= it.fqn == w.item.fqn && it.box == w.item.box &&
-                  it.kind == w.item.kind;
+          held |= it.fqn == item.fqn && it.box == item.box &&
+                  it.kind == item.kind && it.length == item.length;
         }
-        ASSERT_TRUE(held) << "rank " << r << " writes " << w.item.fqn;
-        if (w.item.kind == WriteItem::Kind::kBytes) {
+        ASSERT_TRUE(held) << "rank " << r << " writes " << item.fqn;
+        if (item.kind == WriteItem::Kind::kBytes) {
           ++bytes_writes;
           continue;
         }
-        ASSERT_GT(Volume(w.item.box), 0);
-        testing::ForEachElement(w.item.box, tensors[w.item.fqn].shape,
-                                [&](int64_t f) { ++coverage[w.item.fqn][f]; });
+        ASSERT_GT(Volume(item.box), 0);
+        testing::ForEachElement(item.box, tensors[item.fqn].shape,
+                                [&](int64_t f) { ++coverage[item.fqn][f]; });
       }
       ASSERT_EQ(rp.object_bytes, end);
     }
@@ -374,10 +386,10 @@ TEST(SavePlanTest, MatchesCoverageOracleOnRandomLayouts) {
     for (int r = 0; r < world; ++r) {
       ASSERT_EQ(again->ranks[r].writes.size(), plan->ranks[r].writes.size());
       for (size_t i = 0; i < plan->ranks[r].writes.size(); ++i) {
-        ASSERT_EQ(again->ranks[r].writes[i].location,
-                  plan->ranks[r].writes[i].location);
-        ASSERT_EQ(again->ranks[r].writes[i].item.box,
-                  plan->ranks[r].writes[i].item.box);
+        ASSERT_EQ(again->ranks[r].LocationOf(again->ranks[r].writes[i]),
+                  plan->ranks[r].LocationOf(plan->ranks[r].writes[i]));
+        ASSERT_EQ(again->BoxOf(r, again->ranks[r].writes[i]),
+                  plan->BoxOf(r, plan->ranks[r].writes[i]));
       }
     }
   }
@@ -388,8 +400,23 @@ TEST(SavePlanTest, MatchesCoverageOracleOnRandomLayouts) {
 // LPT, units laid out one by one). BuildGlobalSavePlan's faster internals
 // (flat keys, run merging, grid cover check, writer-by-writer copies) must
 // produce exactly this plan. Inputs must be valid.
-GlobalSavePlan ReferencePlan(const std::vector<LocalSavePlan>& plans,
-                             const SavePlanOptions& options) {
+// A plan with every write spelled out (what the compact GlobalSavePlan
+// encodes), as the reference planner builds it.
+struct ExpandedRank {
+  int rank = 0;
+  uint64_t object_bytes = 0;
+  std::vector<WriteItem> items;
+  std::vector<StorageLocation> locations;
+};
+struct ExpandedPlan {
+  int world_size = 0;
+  uint64_t total_bytes = 0;
+  std::vector<PlannedEntry> entries;
+  std::vector<ExpandedRank> ranks;
+};
+
+ExpandedPlan ReferencePlan(const std::vector<LocalSavePlan>& plans,
+                           const SavePlanOptions& options) {
   struct Held {
     int rank;
     const WriteItem* item;
@@ -405,7 +432,7 @@ GlobalSavePlan ReferencePlan(const std::vector<LocalSavePlan>& plans,
     std::vector<Held> holders;  // by rank
   };
   std::vector<Unit> units;
-  GlobalSavePlan plan;
+  ExpandedPlan plan;
   plan.world_size = static_cast<int>(plans.size());
   for (auto& [fqn, held] : by_fqn) {
     const WriteItem& first = *held[0].item;
@@ -461,19 +488,19 @@ GlobalSavePlan ReferencePlan(const std::vector<LocalSavePlan>& plans,
   }
   for (size_t u = 0; u < units.size(); ++u) {
     const Held& h = units[u].holders[writer[u]];
-    RankSavePlan& rp = plan.ranks[h.rank];
+    ExpandedRank& rp = plan.ranks[h.rank];
     const uint64_t offset = (rp.object_bytes + options.alignment - 1) /
                             options.alignment * options.alignment;
-    rp.writes.push_back(
-        PlannedWrite{*h.item, StorageLocation{ObjectKeyForRank(options, h.rank),
-                                              offset, units[u].bytes}});
+    rp.items.push_back(*h.item);
+    rp.locations.push_back(StorageLocation{ObjectKeyForRank(options, h.rank),
+                                           offset, units[u].bytes});
     rp.object_bytes = offset + units[u].bytes;
     plan.total_bytes += units[u].bytes;
   }
   return plan;
 }
 
-void ExpectSamePlan(const GlobalSavePlan& got, const GlobalSavePlan& want) {
+void ExpectSamePlan(const GlobalSavePlan& got, const ExpandedPlan& want) {
   ASSERT_EQ(got.world_size, want.world_size);
   ASSERT_EQ(got.total_bytes, want.total_bytes);
   ASSERT_EQ(got.entries.size(), want.entries.size());
@@ -486,20 +513,21 @@ void ExpectSamePlan(const GlobalSavePlan& got, const GlobalSavePlan& want) {
   ASSERT_EQ(got.ranks.size(), want.ranks.size());
   for (size_t r = 0; r < want.ranks.size(); ++r) {
     const RankSavePlan& g = got.ranks[r];
-    const RankSavePlan& w = want.ranks[r];
+    const ExpandedRank& w = want.ranks[r];
     ASSERT_EQ(g.rank, w.rank);
     ASSERT_EQ(g.object_bytes, w.object_bytes) << "rank " << r;
-    ASSERT_EQ(g.writes.size(), w.writes.size()) << "rank " << r;
-    for (size_t i = 0; i < w.writes.size(); ++i) {
-      const WriteItem& gi = g.writes[i].item;
-      const WriteItem& wi = w.writes[i].item;
+    ASSERT_EQ(g.writes.size(), w.items.size()) << "rank " << r;
+    ASSERT_EQ(g.object_key, w.items.empty() ? "" : w.locations[0].object_key);
+    for (size_t i = 0; i < w.items.size(); ++i) {
+      const WriteItem gi = got.ItemOf(static_cast<int>(r), g.writes[i]);
+      const WriteItem& wi = w.items[i];
       ASSERT_EQ(gi.kind, wi.kind);
       ASSERT_EQ(gi.fqn, wi.fqn) << "rank " << r << " write " << i;
       ASSERT_EQ(gi.dtype, wi.dtype);
       ASSERT_EQ(gi.global_shape, wi.global_shape);
       ASSERT_EQ(gi.box, wi.box) << "rank " << r << " write " << i;
       ASSERT_EQ(gi.length, wi.length);
-      ASSERT_EQ(g.writes[i].location, w.writes[i].location);
+      ASSERT_EQ(g.LocationOf(g.writes[i]), w.locations[i]);
     }
   }
 }
@@ -592,7 +620,7 @@ TEST(SavePlanTest, FullyReplicatedUnitsAreBalancedWithinOneUnit) {
     uint64_t lo = UINT64_MAX, hi = 0;
     for (const RankSavePlan& rp : plan->ranks) {
       uint64_t b = 0;
-      for (const PlannedWrite& w : rp.writes) b += w.item.length;
+      for (const PlannedWrite& w : rp.writes) b += w.length;
       lo = std::min(lo, b);
       hi = std::max(hi, b);
     }

@@ -166,27 +166,53 @@ void LocalPlanToProto(const planner::LocalSavePlan& plan,
   }
 }
 
-absl::StatusOr<planner::RankSavePlan> RankPlanFromProto(
+absl::StatusOr<DecodedRankPlan> RankPlanFromProto(
     const v1::RankSavePlan& plan) {
-  planner::RankSavePlan out;
+  DecodedRankPlan out;
   out.rank = plan.rank();
-  out.writes.reserve(plan.writes_size());
+  out.items.reserve(plan.writes_size());
+  out.locations.reserve(plan.writes_size());
   for (const v1::PlannedWrite& w : plan.writes()) {
-    planner::PlannedWrite pw;
-    CAIRN_ASSIGN_OR_RETURN(pw.item, WriteItemFromProto(w.item()));
-    pw.location = LocationFromProto(w.location());
-    out.writes.push_back(std::move(pw));
+    CAIRN_ASSIGN_OR_RETURN(planner::WriteItem item,
+                           WriteItemFromProto(w.item()));
+    out.items.push_back(std::move(item));
+    out.locations.push_back(LocationFromProto(w.location()));
   }
   return out;
 }
 
-void RankPlanToProto(const planner::RankSavePlan& plan, v1::RankSavePlan* out) {
-  out->set_rank(plan.rank);
-  out->mutable_writes()->Reserve(static_cast<int>(plan.writes.size()));
-  for (const planner::PlannedWrite& w : plan.writes) {
+void RankPlanToProto(const planner::GlobalSavePlan& plan, int rank,
+                     v1::RankSavePlan* out) {
+  const planner::RankSavePlan& rp = plan.ranks[static_cast<size_t>(rank)];
+  out->set_rank(rp.rank);
+  out->mutable_writes()->Reserve(static_cast<int>(rp.writes.size()));
+  for (const planner::PlannedWrite& w : rp.writes) {
+    const planner::PlannedEntry& e = plan.EntryOf(w);
     v1::PlannedWrite* pw = out->add_writes();
-    WriteItemToProto(w.item, pw->mutable_item());
-    LocationToProto(w.location, pw->mutable_location());
+    v1::WriteItem* item = pw->mutable_item();
+    item->set_length(w.length);
+    if (e.kind == planner::WriteItem::Kind::kBytes) {
+      item->set_kind(v1::WriteItem::KIND_BYTES);
+      item->set_bytes_fqn(e.fqn);
+    } else {
+      item->set_kind(v1::WriteItem::KIND_TENSOR_CHUNK);
+      v1::TensorEntry* t = item->mutable_tensor();
+      t->set_fqn(e.fqn);
+      t->set_dtype(DTypeToProto(e.dtype));
+      t->mutable_global_shape()->Assign(e.global_shape.begin(),
+                                        e.global_shape.end());
+      const size_t dims = e.global_shape.size();
+      const absl::Span<const int64_t> offsets = rp.Offsets(w, dims);
+      const absl::Span<const int64_t> sizes = rp.Sizes(w, dims);
+      item->mutable_chunk()->mutable_offsets()->Assign(offsets.begin(),
+                                                       offsets.end());
+      item->mutable_chunk()->mutable_sizes()->Assign(sizes.begin(),
+                                                     sizes.end());
+    }
+    v1::StorageLocation* loc = pw->mutable_location();
+    loc->set_object_key(rp.object_key);
+    loc->set_offset(w.offset);
+    loc->set_length(w.length);
   }
 }
 

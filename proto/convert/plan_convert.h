@@ -47,9 +47,17 @@ absl::StatusOr<planner::LocalSavePlan> LocalPlanFromProto(
 void LocalPlanToProto(const planner::LocalSavePlan& plan,
                       v1::LocalSavePlan* out);
 
-absl::StatusOr<planner::RankSavePlan> RankPlanFromProto(
-    const v1::RankSavePlan& plan);
-void RankPlanToProto(const planner::RankSavePlan& plan, v1::RankSavePlan* out);
+// A rank's share of a global plan as the wire carries it: each write's item
+// (fqn, dtype, shape and box spelled out) and location.
+struct DecodedRankPlan {
+  int rank = 0;
+  std::vector<planner::WriteItem> items;
+  std::vector<planner::StorageLocation> locations;  // locations[i]: items[i]
+};
+absl::StatusOr<DecodedRankPlan> RankPlanFromProto(const v1::RankSavePlan& plan);
+// Rank `rank`'s share of `plan` (0 <= rank < plan.world_size).
+void RankPlanToProto(const planner::GlobalSavePlan& plan, int rank,
+                     v1::RankSavePlan* out);
 
 absl::StatusOr<planner::DTensorLayout> LayoutFromProto(
     const v1::DTensorLayout& layout, absl::string_view fqn);

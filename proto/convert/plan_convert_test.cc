@@ -370,12 +370,33 @@ TEST(PlanConvertTest, RandomLocalAndRankPlansRoundTrip) {
     SCOPED_TRACE(absl::StrCat("trial ", trial));
     planner::LocalSavePlan local;
     local.rank = static_cast<int>(gen.Int(0, 1 << 20));
-    planner::RankSavePlan rank;
+    // A one-rank global plan whose writes are random items (each its own
+    // entry) at random offsets of the rank's object.
+    planner::GlobalSavePlan global;
+    global.ranks.resize(1);
+    planner::RankSavePlan& rank = global.ranks[0];
     rank.rank = local.rank;
+    rank.object_key = gen.Location().object_key;
+    std::vector<planner::WriteItem> written;
     const int n = static_cast<int>(gen.Int(0, 12));
     for (int i = 0; i < n; ++i) {
       local.items.push_back(gen.Item());
-      rank.writes.push_back({gen.Item(), gen.Location()});
+      const planner::WriteItem item = gen.Item();
+      written.push_back(item);
+      const bool bytes = item.kind == planner::WriteItem::Kind::kBytes;
+      global.entries.push_back(planner::PlannedEntry{
+          item.kind, item.fqn,
+          bytes ? planner::DType::kUnspecified : item.dtype,
+          bytes ? planner::Shape{} : item.global_shape});
+      rank.writes.push_back(planner::PlannedWrite{
+          static_cast<uint32_t>(i), static_cast<uint32_t>(rank.coords.size()),
+          gen.Location().offset, item.length});
+      if (!bytes) {
+        rank.coords.insert(rank.coords.end(), item.box.offsets.begin(),
+                           item.box.offsets.end());
+        rank.coords.insert(rank.coords.end(), item.box.sizes.begin(),
+                           item.box.sizes.end());
+      }
     }
 
     v1::LocalSavePlan wire;
@@ -392,14 +413,15 @@ TEST(PlanConvertTest, RandomLocalAndRankPlansRoundTrip) {
     }
 
     v1::RankSavePlan rwire;
-    RankPlanToProto(rank, &rwire);
-    absl::StatusOr<planner::RankSavePlan> rback = RankPlanFromProto(rwire);
+    RankPlanToProto(global, 0, &rwire);
+    absl::StatusOr<DecodedRankPlan> rback = RankPlanFromProto(rwire);
     ASSERT_TRUE(rback.ok()) << rback.status();
     EXPECT_EQ(rback->rank, rank.rank);
-    ASSERT_EQ(rback->writes.size(), rank.writes.size());
-    for (size_t i = 0; i < rank.writes.size(); ++i) {
-      ExpectSameItem(rback->writes[i].item, rank.writes[i].item);
-      EXPECT_EQ(rback->writes[i].location, rank.writes[i].location);
+    ASSERT_EQ(rback->items.size(), written.size());
+    ASSERT_EQ(rback->locations.size(), written.size());
+    for (size_t i = 0; i < written.size(); ++i) {
+      ExpectSameItem(rback->items[i], written[i]);
+      EXPECT_EQ(rback->locations[i], rank.LocationOf(rank.writes[i]));
     }
     // And proto -> planner -> proto is the identity on what To* wrote.
     v1::LocalSavePlan again;

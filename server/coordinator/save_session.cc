@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -190,11 +189,12 @@ absl::StatusOr<v1::BeginSaveResponse> SaveSession::RankResponse(
     r.set_rank_plan_unchanged(true);
     return r;
   }
-  convert::RankPlanToProto(plan_->ranks[rank], r.mutable_rank_plan());
+  convert::RankPlanToProto(*plan_, rank, r.mutable_rank_plan());
   // Object keys of this attempt live in its own directory.
+  const std::string key =
+      absl::StrCat(attempt_, "/", plan_->ranks[rank].object_key);
   for (v1::PlannedWrite& w : *r.mutable_rank_plan()->mutable_writes()) {
-    w.mutable_location()->set_object_key(
-        absl::StrCat(attempt_, "/", w.location().object_key()));
+    w.mutable_location()->set_object_key(key);
   }
   return r;
 }
@@ -251,18 +251,19 @@ absl::StatusOr<std::vector<uint32_t>> SaveSession::CheckResults(
   }
   for (int i = 0; i < results.size(); ++i) {
     const v1::StorageLocation& got = results[i].location();
-    const planner::StorageLocation& want = mine.writes[i].location;
+    const planner::PlannedWrite& want = mine.writes[i];
     absl::string_view key = got.object_key();
     const bool in_attempt =
         absl::ConsumePrefix(&key, attempt_) && absl::ConsumePrefix(&key, "/");
-    if (!in_attempt || key != want.object_key || got.offset() != want.offset ||
+    if (!in_attempt || key != mine.object_key || got.offset() != want.offset ||
         got.length() != want.length) {
-      const std::string want_key = absl::StrCat(attempt_, "/", want.object_key);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, " of ", SaveName(job_, step_), " result ", i, " for '",
-          mine.writes[i].item.fqn, "' is at ", Truncated(got.object_key(), 256),
-          "@", got.offset(), "+", got.length(), " but the plan says ", want_key,
-          "@", want.offset, "+", want.length));
+      const std::string want_key = absl::StrCat(attempt_, "/", mine.object_key);
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, " of ", SaveName(job_, step_), " result ",
+                       i, " for '", plan_->EntryOf(want).fqn, "' is at ",
+                       Truncated(got.object_key(), 256), "@", got.offset(), "+",
+                       got.length(), " but the plan says ", want_key, "@",
+                       want.offset, "+", want.length));
     }
   }
   std::vector<uint32_t> crc32cs;
@@ -366,69 +367,70 @@ absl::Status SaveSession::BuildManifest(v1::Manifest* m) const {
   m->set_created_unix_micros(absl::ToUnixMicros(created_));
 
   // Tensors and bytes entries in fqn order, the plan's entries' order; every
-  // tensor of the plan appears, even one with no bytes. Writes find theirs
-  // by a view of the fqn.
-  struct Slot {
-    bool tensor = true;
-    int index = 0;
-  };
-  absl::flat_hash_map<absl::string_view, Slot> slots;
-  slots.reserve(plan_->entries.size());
-  for (const planner::PlannedEntry& entry : plan_->entries) {
-    const bool tensor = entry.kind == planner::WriteItem::Kind::kTensorChunk;
-    const int index = tensor ? m->tensors_size() : m->bytes_entries_size();
-    if (!slots.try_emplace(entry.fqn, Slot{tensor, index}).second) continue;
-    if (!tensor) {
+  // tensor of the plan appears, even one with no bytes. Each write names its
+  // entry by index: slot[e] is entry e's index among the manifest's tensors
+  // or bytes entries.
+  const std::vector<planner::PlannedEntry>& entries = plan_->entries;
+  std::vector<int> slot(entries.size());
+  for (size_t e = 0; e < entries.size(); ++e) {
+    const planner::PlannedEntry& entry = entries[e];
+    if (e > 0 && entries[e - 1].fqn >= entry.fqn) {
+      return absl::InternalError(absl::StrCat(SaveName(job_, step_),
+                                              ": the plan's entries are not "
+                                              "sorted and unique at '",
+                                              entry.fqn, "'"));
+    }
+    if (entry.kind != planner::WriteItem::Kind::kTensorChunk) {
+      slot[e] = m->bytes_entries_size();
       m->add_bytes_entries()->set_fqn(entry.fqn);
       continue;
     }
-    v1::TensorEntry* e = m->add_tensors()->mutable_entry();
-    e->set_fqn(entry.fqn);
-    e->set_dtype(convert::DTypeToProto(entry.dtype));
-    e->mutable_global_shape()->Assign(entry.global_shape.begin(),
+    slot[e] = m->tensors_size();
+    v1::TensorEntry* t = m->add_tensors()->mutable_entry();
+    t->set_fqn(entry.fqn);
+    t->set_dtype(convert::DTypeToProto(entry.dtype));
+    t->mutable_global_shape()->Assign(entry.global_shape.begin(),
                                       entry.global_shape.end());
   }
   uint64_t total = 0;
-  // Object keys in this attempt's directory (CheckResults checked that the
-  // ranks wrote there), made once per object, not per write.
-  std::string key;
-  const std::string* planned_key = nullptr;
   for (int r = 0; r < world_size_; ++r) {
     const planner::RankSavePlan& rp = plan_->ranks[r];
+    if (rp.writes.empty()) continue;
+    // Object keys in this attempt's directory (CheckResults checked that the
+    // ranks wrote there), made once per object, not per write.
+    const std::string key = absl::StrCat(attempt_, "/", rp.object_key);
+    m->add_objects(key);
     const std::vector<uint32_t>& crc32cs = *results_[r];
     for (size_t i = 0; i < rp.writes.size(); ++i) {
       const planner::PlannedWrite& w = rp.writes[i];
-      if (planned_key == nullptr || *planned_key != w.location.object_key) {
-        planned_key = &w.location.object_key;
-        key = absl::StrCat(attempt_, "/", w.location.object_key);
-        m->add_objects(key);
+      if (w.entry >= entries.size()) {
+        return absl::InternalError(
+            absl::StrCat(SaveName(job_, step_), ": write ", i, " of rank ", r,
+                         " names entry ", w.entry, " of ", entries.size()));
       }
-      total += w.location.length;
+      const planner::PlannedEntry& entry = entries[w.entry];
+      total += w.length;
       v1::StorageLocation* location;
-      const bool is_bytes = w.item.kind == planner::WriteItem::Kind::kBytes;
-      auto slot = slots.find(w.item.fqn);
-      if (slot == slots.end() || slot->second.tensor == is_bytes) {
-        return absl::InternalError(absl::StrCat(
-            SaveName(job_, step_), ": ", is_bytes ? "bytes entry" : "tensor",
-            " '", w.item.fqn, "' written by rank ", r,
-            " is not among the plan's entries"));
-      }
-      if (is_bytes) {
-        v1::ManifestBytes* b = m->mutable_bytes_entries(slot->second.index);
+      if (entry.kind != planner::WriteItem::Kind::kTensorChunk) {
+        v1::ManifestBytes* b = m->mutable_bytes_entries(slot[w.entry]);
         location = b->mutable_location();
         b->set_crc32c(crc32cs[i]);
         b->set_writer_rank(r);
       } else {
-        v1::StoredChunk* c =
-            m->mutable_tensors(slot->second.index)->add_chunks();
-        convert::BoxToProto(w.item.box, c->mutable_box());
+        v1::StoredChunk* c = m->mutable_tensors(slot[w.entry])->add_chunks();
+        const size_t dims = entry.global_shape.size();
+        const absl::Span<const int64_t> offsets = rp.Offsets(w, dims);
+        const absl::Span<const int64_t> sizes = rp.Sizes(w, dims);
+        c->mutable_box()->mutable_offsets()->Assign(offsets.begin(),
+                                                    offsets.end());
+        c->mutable_box()->mutable_sizes()->Assign(sizes.begin(), sizes.end());
         location = c->mutable_location();
         c->set_crc32c(crc32cs[i]);
         c->set_writer_rank(r);
       }
       location->set_object_key(key);
-      location->set_offset(w.location.offset);
-      location->set_length(w.location.length);
+      location->set_offset(w.offset);
+      location->set_length(w.length);
     }
   }
   for (v1::ManifestTensor& t : *m->mutable_tensors()) {
