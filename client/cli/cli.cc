@@ -599,17 +599,13 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   StorageBackend* offline = nullptr;
   CoordinatorBackend* online = nullptr;
   if (!coordinator.empty()) {
-    if (!token_file.empty()) {
-      absl::StatusOr<std::string> token =
-          protocol::ReadTokenFile("--token-file", token_file);
-      if (!token.ok()) {
-        err << "cairn: " << token.status().message() << "\n";
-        return 2;
-      }
-      security.token = *std::move(token);
-    } else if (const char* env = std::getenv("CAIRN_TOKEN")) {
-      security.token = env;
+    absl::StatusOr<std::string> token =
+        protocol::TokenFromFileOrEnv("--token-file", token_file, "CAIRN_TOKEN");
+    if (!token.ok()) {
+      err << "cairn: " << token.status().message() << "\n";
+      return 2;
     }
+    security.token = *std::move(token);
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
         protocol::NewCoordinatorChannel(coordinator, security);
     if (!channel.ok()) {

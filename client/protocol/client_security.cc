@@ -55,4 +55,12 @@ absl::StatusOr<std::string> ReadTokenFile(absl::string_view flag,
   return token;
 }
 
+absl::StatusOr<std::string> TokenFromFileOrEnv(absl::string_view flag,
+                                               const std::string& path,
+                                               const char* env_var,
+                                               size_t max_bytes) {
+  if (!path.empty()) return ReadTokenFile(flag, path, max_bytes);
+  return Env(env_var);
+}
+
 }  // namespace cairn::protocol

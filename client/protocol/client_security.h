@@ -41,6 +41,14 @@ absl::StatusOr<std::string> ReadTokenFile(
     absl::string_view flag, const std::string& path,
     size_t max_bytes = std::numeric_limits<size_t>::max());
 
+// A command's token: ReadTokenFile(flag, path, max_bytes) when `path` (the
+// flag's value) is set, else environment variable `env_var` ("" when unset).
+// A token from the environment is never checked against `max_bytes` here:
+// the receiving side refuses an oversize one.
+absl::StatusOr<std::string> TokenFromFileOrEnv(
+    absl::string_view flag, const std::string& path, const char* env_var,
+    size_t max_bytes = std::numeric_limits<size_t>::max());
+
 }  // namespace cairn::protocol
 
 #endif  // CAIRN_CLIENT_PROTOCOL_CLIENT_SECURITY_H_

@@ -71,6 +71,35 @@ TEST_F(ReadTokenFileTest, TooLongIsRefusedWithoutEchoingTheToken) {
   EXPECT_THAT(token.status().message(), Not(HasSubstr("abcdefghij")));
 }
 
+TEST_F(ReadTokenFileTest, TheFileWinsOverTheEnvironmentWhichIsTheFallback) {
+  ::setenv("CAIRN_TEST_TOKEN", "from-env", 1);
+  const std::string file = Write("t", "from-file\n");
+  absl::StatusOr<std::string> token =
+      TokenFromFileOrEnv("--token-file", file, "CAIRN_TEST_TOKEN");
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, "from-file");
+  token = TokenFromFileOrEnv("--token-file", "", "CAIRN_TEST_TOKEN");
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, "from-env");
+  ::unsetenv("CAIRN_TEST_TOKEN");
+  token = TokenFromFileOrEnv("--token-file", "", "CAIRN_TEST_TOKEN");
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, "");
+  // A named file that cannot be read is an error even with the variable
+  // set: the operator asked for that file.
+  ::setenv("CAIRN_TEST_TOKEN", "from-env", 1);
+  token = TokenFromFileOrEnv("--peer-token-file", (dir_ / "missing").string(),
+                             "CAIRN_TEST_TOKEN");
+  ::unsetenv("CAIRN_TEST_TOKEN");
+  ASSERT_FALSE(token.ok());
+  EXPECT_THAT(token.status().message(), HasSubstr("--peer-token-file"));
+  // The size bound applies to the file.
+  token = TokenFromFileOrEnv("--token-file", Write("big", "0123456789"),
+                             "CAIRN_TEST_TOKEN", 4);
+  ASSERT_FALSE(token.ok());
+  EXPECT_THAT(token.status().message(), HasSubstr("at most 4"));
+}
+
 TEST(ClientSecurityTest, FromEnvironmentReadsTheFourVariables) {
   ::setenv("CAIRN_TLS_CA", "/ca.pem", 1);
   ::setenv("CAIRN_TLS_CERT", "/cert.pem", 1);

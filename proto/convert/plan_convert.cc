@@ -129,20 +129,34 @@ absl::StatusOr<planner::WriteItem> WriteItemFromProto(
   }
 }
 
-void WriteItemToProto(const planner::WriteItem& item, v1::WriteItem* out) {
-  out->set_length(item.length);
-  if (item.kind == planner::WriteItem::Kind::kBytes) {
+namespace {
+
+// Everything of a write item but its chunk box; true for a tensor chunk
+// (whose box the caller adds).
+bool ItemHeadToProto(planner::WriteItem::Kind kind, const std::string& fqn,
+                     planner::DType dtype, const planner::Shape& shape,
+                     uint64_t length, v1::WriteItem* out) {
+  out->set_length(length);
+  if (kind == planner::WriteItem::Kind::kBytes) {
     out->set_kind(v1::WriteItem::KIND_BYTES);
-    out->set_bytes_fqn(item.fqn);
-    return;
+    out->set_bytes_fqn(fqn);
+    return false;
   }
   out->set_kind(v1::WriteItem::KIND_TENSOR_CHUNK);
   v1::TensorEntry* t = out->mutable_tensor();
-  t->set_fqn(item.fqn);
-  t->set_dtype(DTypeToProto(item.dtype));
-  t->mutable_global_shape()->Assign(item.global_shape.begin(),
-                                    item.global_shape.end());
-  BoxToProto(item.box, out->mutable_chunk());
+  t->set_fqn(fqn);
+  t->set_dtype(DTypeToProto(dtype));
+  t->mutable_global_shape()->Assign(shape.begin(), shape.end());
+  return true;
+}
+
+}  // namespace
+
+void WriteItemToProto(const planner::WriteItem& item, v1::WriteItem* out) {
+  if (ItemHeadToProto(item.kind, item.fqn, item.dtype, item.global_shape,
+                      item.length, out)) {
+    BoxToProto(item.box, out->mutable_chunk());
+  }
 }
 
 absl::StatusOr<planner::LocalSavePlan> LocalPlanFromProto(
@@ -190,17 +204,8 @@ void RankPlanToProto(const planner::GlobalSavePlan& plan, int rank,
     const planner::PlannedEntry& e = plan.EntryOf(w);
     v1::PlannedWrite* pw = out->add_writes();
     v1::WriteItem* item = pw->mutable_item();
-    item->set_length(w.length);
-    if (e.kind == planner::WriteItem::Kind::kBytes) {
-      item->set_kind(v1::WriteItem::KIND_BYTES);
-      item->set_bytes_fqn(e.fqn);
-    } else {
-      item->set_kind(v1::WriteItem::KIND_TENSOR_CHUNK);
-      v1::TensorEntry* t = item->mutable_tensor();
-      t->set_fqn(e.fqn);
-      t->set_dtype(DTypeToProto(e.dtype));
-      t->mutable_global_shape()->Assign(e.global_shape.begin(),
-                                        e.global_shape.end());
+    if (ItemHeadToProto(e.kind, e.fqn, e.dtype, e.global_shape, w.length,
+                        item)) {
       const size_t dims = e.global_shape.size();
       const absl::Span<const int64_t> offsets = rp.Offsets(w, dims);
       const absl::Span<const int64_t> sizes = rp.Sizes(w, dims);

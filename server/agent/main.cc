@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -229,29 +230,25 @@ int main(int argc, char** argv) {
     }
     spec.socket_mode = static_cast<mode_t>(mode);
   }
-  if (!peer_token_file.empty()) {
-    absl::StatusOr<std::string> token = cairn::protocol::ReadTokenFile(
-        "--peer-token-file", peer_token_file, cairn::agent::kMaxTokenBytes);
-    if (!token.ok()) {
+  // Tokens from their files, else the environment; a bad file fails the
+  // start, naming its flag.
+  auto token = [](const char* flag, const std::string& path, const char* env,
+                  size_t max_bytes, std::string* out) {
+    absl::StatusOr<std::string> t =
+        cairn::protocol::TokenFromFileOrEnv(flag, path, env, max_bytes);
+    if (!t.ok()) {
       std::fprintf(stderr, "cairn-agent: %s\n",
-                   std::string(token.status().message()).c_str());
-      return 2;
+                   std::string(t.status().message()).c_str());
+      return false;
     }
-    spec.agent.peer_token = *std::move(token);
-  } else if (const char* env = std::getenv("CAIRN_PEER_TOKEN")) {
-    spec.agent.peer_token = env;
-  }
-  if (!token_file.empty()) {
-    absl::StatusOr<std::string> token =
-        cairn::protocol::ReadTokenFile("--token-file", token_file);
-    if (!token.ok()) {
-      std::fprintf(stderr, "cairn-agent: %s\n",
-                   std::string(token.status().message()).c_str());
-      return 2;
-    }
-    security.token = *std::move(token);
-  } else if (const char* env = std::getenv("CAIRN_TOKEN")) {
-    security.token = env;
+    *out = *std::move(t);
+    return true;
+  };
+  if (!token("--peer-token-file", peer_token_file, "CAIRN_PEER_TOKEN",
+             cairn::agent::kMaxTokenBytes, &spec.agent.peer_token) ||
+      !token("--token-file", token_file, "CAIRN_TOKEN",
+             std::numeric_limits<size_t>::max(), &security.token)) {
+    return 2;
   }
   // A missing or bad TLS file fails the start, naming it.
   if (absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
