@@ -433,22 +433,6 @@ class SavePlanBuilder {
       if (count[r] == count[r + 1]) continue;
       rp.object_key = ObjectKeyForRank(options_, r);
       rp.writes.resize(static_cast<size_t>(count[r + 1] - count[r]));
-      size_t coords = 0;
-      for (int i = count[r]; i < count[r + 1]; ++i) {
-        const WriteItem& item =
-            ItemOf(holders_[units_[by_writer[i]].holders_begin +
-                            units_[by_writer[i]].writer]);
-        if (item.kind == WriteItem::Kind::kTensorChunk) {
-          coords += 2 * item.box.offsets.size();
-        }
-      }
-      if (coords > UINT32_MAX) {
-        return Error(absl::StrCat("rank ", r, " would write ",
-                                  count[r + 1] - count[r],
-                                  " chunks; their boxes exceed 2^32 numbers"));
-      }
-      rp.coords.resize(coords);
-      uint32_t next_coord = 0;
       for (int i = count[r]; i < count[r + 1]; ++i) {
         const Unit& unit = units_[by_writer[i]];
         const WriteItem& item =
@@ -458,13 +442,19 @@ class SavePlanBuilder {
         w.offset = offsets[by_writer[i]];
         w.length = unit.bytes;
         if (item.kind == WriteItem::Kind::kTensorChunk) {
-          w.box_begin = next_coord;
-          int64_t* c = rp.coords.data() + next_coord;
-          c = std::copy(item.box.offsets.begin(), item.box.offsets.end(), c);
-          std::copy(item.box.sizes.begin(), item.box.sizes.end(), c);
-          next_coord += static_cast<uint32_t>(2 * item.box.offsets.size());
+          w.box_begin = static_cast<uint32_t>(rp.coords.size());
+          rp.coords.insert(rp.coords.end(), item.box.offsets.begin(),
+                           item.box.offsets.end());
+          rp.coords.insert(rp.coords.end(), item.box.sizes.begin(),
+                           item.box.sizes.end());
+          if (rp.coords.size() > UINT32_MAX) {
+            return Error(absl::StrCat(
+                "rank ", r, " would write ", count[r + 1] - count[r],
+                " chunks; their boxes exceed 2^32 numbers"));
+          }
         }
       }
+      rp.coords.shrink_to_fit();
     }
     plan.entries.reserve(entries_.size());
     for (const Entry& e : entries_) {
