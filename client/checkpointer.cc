@@ -583,6 +583,7 @@ absl::StatusOr<int64_t> Checkpointer::Impl::LatestStep() {
   v1::GetCheckpointRequest request;
   request.set_job(options_.job);
   request.set_latest(true);
+  request.set_record_only(true);  // the step is all it needs
   absl::StatusOr<v1::GetCheckpointResponse> got =
       CallWithRetry(&v1::Coordinator::Stub::GetCheckpoint, *stub_, request,
                     options_.rpc_timeout, options_.max_retries);

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace cairn::planner {
 namespace {
@@ -16,71 +16,155 @@ std::string Describe(DType dtype, const Shape& shape) {
 
 }  // namespace
 
-LoadPlanner::LoadPlanner(std::vector<IndexedTensor> tensors)
-    : tensors_(std::move(tensors)) {
-  by_fqn_.reserve(tensors_.size());
-  for (int i = 0; i < static_cast<int>(tensors_.size()); ++i) {
-    by_fqn_.emplace(tensors_[i].tensor.fqn, i);
+// Stored chunks of one planner, in all: ids are uint32_t, and a tensor's
+// chunk indexes are ints.
+constexpr uint64_t kMaxStoredChunks = uint64_t{1} << 31;
+
+LoadPlanner::Builder::Builder() : planner_(new LoadPlanner()) {}
+LoadPlanner::Builder::~Builder() = default;
+
+absl::Status LoadPlanner::Builder::Add(StoredTensor t) {
+  if (t.fqn.empty()) {
+    return absl::InvalidArgumentError("manifest has a tensor with no fqn");
   }
+  LoadPlanner& p = *planner_;
+  if (p.by_fqn_.contains(t.fqn)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest lists tensor '", t.fqn, "' twice"));
+  }
+  const size_t elem = DTypeSize(t.dtype);
+  if (elem == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest tensor '", t.fqn,
+                                                   "' has unknown dtype ",
+                                                   DTypeName(t.dtype)));
+  }
+  if (absl::Status s = ValidateShape(t.global_shape); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest tensor '", t.fqn, "': ", s.message()));
+  }
+  const uint64_t first = p.chunk_object_.size();
+  if (t.chunks.size() > kMaxStoredChunks - first) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest tensor '", t.fqn, "' brings the checkpoint to ",
+                     first + t.chunks.size(), " stored chunks; at most ",
+                     kMaxStoredChunks, " are supported"));
+  }
+  std::vector<ChunkBox> boxes;
+  boxes.reserve(t.chunks.size());
+  for (size_t c = 0; c < t.chunks.size(); ++c) {
+    const StoredChunk& chunk = t.chunks[c];
+    if (absl::Status s = ValidateBoxInShape(chunk.box, t.global_shape);
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "manifest tensor '", t.fqn, "' stored chunk ", c, ": ", s.message()));
+    }
+    const uint64_t want = static_cast<uint64_t>(Volume(chunk.box)) * elem;
+    if (chunk.location.length != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "manifest tensor '", t.fqn, "' stored chunk ", BoxToString(chunk.box),
+          " in '", chunk.location.object_key, "' has length ",
+          chunk.location.length, " bytes; ", DTypeName(t.dtype), " needs ",
+          want));
+    }
+    boxes.push_back(chunk.box);
+  }
+  OverlapIndex index(boxes);
+  for (int c = 0; c < index.size(); ++c) {
+    int hit = -1;
+    if (index.AnyOverlap(boxes[c], c, &hit)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest tensor '", t.fqn, "': stored chunks ",
+                       BoxToString(boxes[std::min(c, hit)]), " and ",
+                       BoxToString(boxes[std::max(c, hit)]), " overlap"));
+    }
+  }
+  boxes = {};  // the index holds them now
+  for (StoredChunk& chunk : t.chunks) {
+    auto [it, added] = p.object_ids_.try_emplace(
+        chunk.location.object_key, static_cast<uint32_t>(p.objects_.size()));
+    if (added) p.objects_.push_back(std::move(chunk.location.object_key));
+    p.chunk_object_.push_back(it->second);
+    p.chunk_offset_.push_back(chunk.location.offset);
+    p.chunk_crc32c_.push_back(chunk.crc32c);
+  }
+  const int t_index = static_cast<int>(p.tensors_.size());
+  p.by_fqn_.emplace(t.fqn, t_index);
+  p.tensors_.push_back(
+      IndexedTensor{std::move(t.fqn), t.dtype, std::move(t.global_shape),
+                    static_cast<uint32_t>(first),
+                    static_cast<int>(t.chunks.size()), std::move(index)});
+  return absl::OkStatus();
+}
+
+std::unique_ptr<LoadPlanner> LoadPlanner::Builder::Finish() && {
+  LoadPlanner& p = *planner_;
+  p.by_location_.resize(p.chunk_object_.size());
+  for (size_t i = 0; i < p.by_location_.size(); ++i) {
+    p.by_location_[i] = static_cast<uint32_t>(i);
+  }
+  std::sort(p.by_location_.begin(), p.by_location_.end(),
+            [&p](uint32_t a, uint32_t b) {
+              if (p.chunk_object_[a] != p.chunk_object_[b]) {
+                return p.chunk_object_[a] < p.chunk_object_[b];
+              }
+              return p.chunk_offset_[a] < p.chunk_offset_[b];
+            });
+  p.chunk_object_.shrink_to_fit();
+  p.chunk_offset_.shrink_to_fit();
+  p.chunk_crc32c_.shrink_to_fit();
+  p.tensors_.shrink_to_fit();
+  return std::move(planner_);
 }
 
 absl::StatusOr<std::unique_ptr<LoadPlanner>> LoadPlanner::Create(
     std::vector<StoredTensor> tensors) {
-  std::vector<IndexedTensor> indexed;
-  indexed.reserve(tensors.size());
-  absl::flat_hash_set<std::string> seen;  // copies: tensors are moved below
+  Builder builder;
   for (StoredTensor& t : tensors) {
-    if (t.fqn.empty()) {
-      return absl::InvalidArgumentError("manifest has a tensor with no fqn");
-    }
-    if (!seen.insert(t.fqn).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("manifest lists tensor '", t.fqn, "' twice"));
-    }
-    const size_t elem = DTypeSize(t.dtype);
-    if (elem == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("manifest tensor '", t.fqn,
-                                                     "' has unknown dtype ",
-                                                     DTypeName(t.dtype)));
-    }
-    std::vector<ChunkBox> boxes;
-    boxes.reserve(t.chunks.size());
-    for (size_t c = 0; c < t.chunks.size(); ++c) {
-      const StoredChunk& chunk = t.chunks[c];
-      if (absl::Status s = ValidateBoxInShape(chunk.box, t.global_shape);
-          !s.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("manifest tensor '",
-                                                       t.fqn, "' stored chunk ",
-                                                       c, ": ", s.message()));
-      }
-      const uint64_t want = static_cast<uint64_t>(Volume(chunk.box)) * elem;
-      if (chunk.location.length != want) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "manifest tensor '", t.fqn, "' stored chunk ",
-            BoxToString(chunk.box), " in '", chunk.location.object_key,
-            "' has length ", chunk.location.length, " bytes; ",
-            DTypeName(t.dtype), " needs ", want));
-      }
-      boxes.push_back(chunk.box);
-    }
-    if (absl::Status s = ValidateShape(t.global_shape); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("manifest tensor '", t.fqn, "': ", s.message()));
-    }
-    OverlapIndex index(boxes);
-    boxes = {};  // the index keeps no copy; the chunks hold the boxes
-    for (int c = 0; c < index.size(); ++c) {
-      int hit = -1;
-      if (index.AnyOverlap(t.chunks[c].box, c, &hit)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "manifest tensor '", t.fqn, "': stored chunks ",
-            BoxToString(t.chunks[std::min(c, hit)].box), " and ",
-            BoxToString(t.chunks[std::max(c, hit)].box), " overlap"));
-      }
-    }
-    indexed.push_back(IndexedTensor{std::move(t), std::move(index)});
+    CAIRN_RETURN_IF_ERROR(builder.Add(std::move(t)));
+    t = StoredTensor();  // its chunks are freed as they are indexed
   }
-  return std::unique_ptr<LoadPlanner>(new LoadPlanner(std::move(indexed)));
+  return std::move(builder).Finish();
+}
+
+void LoadPlanner::Fill(int t, int c, StoredChunkView* out) const {
+  const IndexedTensor& tensor = tensors_[t];
+  const uint32_t id = Id(t, c);
+  out->box = tensor.index.box(c);
+  out->object_key = objects_[chunk_object_[id]];
+  out->offset = chunk_offset_[id];
+  out->length =
+      static_cast<uint64_t>(Volume(out->box)) * DTypeSize(tensor.dtype);
+  out->crc32c = chunk_crc32c_[id];
+}
+
+StoredChunkView LoadPlanner::chunk(int t, int c) const {
+  StoredChunkView out;
+  Fill(t, c, &out);
+  return out;
+}
+
+std::optional<std::pair<int, int>> LoadPlanner::ChunkAt(
+    absl::string_view object_key, uint64_t offset) const {
+  auto obj = object_ids_.find(object_key);
+  if (obj == object_ids_.end()) return std::nullopt;
+  const uint32_t o = obj->second;
+  auto it = std::lower_bound(
+      by_location_.begin(), by_location_.end(), std::make_pair(o, offset),
+      [this](uint32_t id, const std::pair<uint32_t, uint64_t>& key) {
+        return std::make_pair(chunk_object_[id], chunk_offset_[id]) < key;
+      });
+  if (it == by_location_.end() || chunk_object_[*it] != o ||
+      chunk_offset_[*it] != offset) {
+    return std::nullopt;
+  }
+  // The tensor holding id *it: the last with first_chunk <= *it (ids ascend
+  // with tensors; a tensor with no chunks shares its first_chunk with the
+  // next, so it is never the last).
+  auto t = std::upper_bound(
+      tensors_.begin(), tensors_.end(), *it,
+      [](uint32_t id, const IndexedTensor& x) { return id < x.first_chunk; });
+  const int ti = static_cast<int>(t - tensors_.begin()) - 1;
+  return std::make_pair(ti, static_cast<int>(*it - tensors_[ti].first_chunk));
 }
 
 absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
@@ -88,14 +172,13 @@ absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
   std::vector<ReadItem> reads;
   reads.reserve(wanted.size());  // at least one read per non-empty chunk
   const absl::Status planned = PlanEach(wanted, [&](const ReadView& r) {
-    const StoredChunk& chunk = r.tensor->chunks[r.source_chunk];
     ReadItem& item = reads.emplace_back();
-    item.fqn = r.tensor->fqn;
+    item.fqn = std::string(r.fqn);
     item.dest_index = r.dest_index;
     item.overlap = *r.overlap;
     item.source_chunk = r.source_chunk;
-    item.source = chunk.location;
-    item.source_crc32c = chunk.crc32c;
+    item.source = r.source->location();
+    item.source_crc32c = r.source->crc32c;
     item.segments = *r.segments;
   });
   if (!planned.ok()) return planned;
@@ -107,16 +190,17 @@ absl::Status LoadPlanner::PlanEach(
     absl::FunctionRef<void(const ReadView&)> sink) const {
   std::vector<int> hits;
   ChunkBox overlap;
+  StoredChunkView chunk;                      // reused for every item
   std::vector<CopySegment> segments_of_item;  // reused for every item
   uint64_t segments = 0;  // so far, checked before each allocation
   for (int w = 0; w < static_cast<int>(wanted.size()); ++w) {
     const WantedChunk& want = wanted[w];
-    const IndexedTensor* it = FindIndexed(want.fqn);
-    if (it == nullptr) {
+    const int ti = Find(want.fqn);
+    if (ti < 0) {
       return absl::NotFoundError(absl::StrCat("'", want.fqn, "' (wanted chunk ",
                                               w, ") is not in the checkpoint"));
     }
-    const StoredTensor& t = it->tensor;
+    const IndexedTensor& t = tensors_[ti];
     if (want.dtype != t.dtype || want.global_shape != t.global_shape) {
       return absl::InvalidArgumentError(absl::StrCat(
           "'", want.fqn, "': saved ", Describe(t.dtype, t.global_shape),
@@ -131,10 +215,10 @@ absl::Status LoadPlanner::PlanEach(
     if (need == 0) continue;
     const size_t elem = DTypeSize(t.dtype);
     hits.clear();
-    it->index.Query(want.box, &hits);
+    t.index.Query(want.box, &hits);
     int64_t covered = 0;
     for (int c : hits) {
-      const StoredChunk& chunk = t.chunks[c];
+      Fill(ti, c, &chunk);
       Intersect(chunk.box, want.box, &overlap);
       covered += Volume(overlap);
       const uint64_t n = NumCopySegments(chunk.box, want.box, overlap);
@@ -148,12 +232,12 @@ absl::Status LoadPlanner::PlanEach(
       segments += n;
       segments_of_item.clear();
       AppendCopySegments(chunk.box, want.box, overlap, elem, &segments_of_item);
-      sink(ReadView{w, &t, c, &overlap, &segments_of_item});
+      sink(ReadView{w, ti, t.fqn, c, &chunk, &overlap, &segments_of_item});
     }
     if (covered != need) {
       ChunkBox gap;
       std::string example;
-      if (FindUncovered(it->index, want.box, &gap)) {
+      if (FindUncovered(t.index, want.box, &gap)) {
         example = absl::StrCat("; e.g. ", BoxToString(gap), " is missing");
       }
       return absl::FailedPreconditionError(absl::StrCat(
@@ -164,15 +248,9 @@ absl::Status LoadPlanner::PlanEach(
   return absl::OkStatus();
 }
 
-const StoredTensor* LoadPlanner::Find(absl::string_view fqn) const {
-  const IndexedTensor* t = FindIndexed(fqn);
-  return t == nullptr ? nullptr : &t->tensor;
-}
-
-const LoadPlanner::IndexedTensor* LoadPlanner::FindIndexed(
-    absl::string_view fqn) const {
+int LoadPlanner::Find(absl::string_view fqn) const {
   auto it = by_fqn_.find(fqn);
-  return it == by_fqn_.end() ? nullptr : &tensors_[it->second];
+  return it == by_fqn_.end() ? -1 : it->second;
 }
 
 }  // namespace cairn::planner

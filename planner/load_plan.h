@@ -33,7 +33,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -80,21 +82,61 @@ struct ReadItem {
   std::vector<CopySegment> segments;
 };
 
+// One stored chunk as a LoadPlanner keeps it (see chunk()). The key views
+// the planner's one copy of it and lives as long as the planner.
+struct StoredChunkView {
+  ChunkBox box;
+  absl::string_view object_key;
+  uint64_t offset = 0;
+  uint64_t length = 0;  // Volume(box) * dtype size
+  uint32_t crc32c = 0;
+
+  StorageLocation location() const {
+    return StorageLocation{std::string(object_key), offset, length};
+  }
+};
+
 // Copy segments one Plan() call may produce in all (24 bytes each in memory,
 // up to ~30 on the wire): 8 Mi, 192 MiB, far beyond real loads (a wanted
 // [131072, 8192] tensor stored as 8 column blocks needs 1 Mi) and within
 // cairnd's largest answer.
 inline constexpr uint64_t kMaxCopySegmentsPerPlan = uint64_t{1} << 23;
 
-// Thread-safe: built once per manifest; Plan() and Find() are const and may be
-// called concurrently without external locking.
+// Thread-safe: built once per manifest; every const method may be called
+// concurrently without external locking.
+//
+// Memory: a checkpoint of a 70B model saved by 4096 ranks has ~5.7 M stored
+// chunks, and cairnd keeps the planner of each checkpoint being loaded, so a
+// chunk is kept in ~70 bytes (2-D): its box once, in the overlap index; its
+// object as an index into the planner's one copy of each object key; its
+// offset and checksum; and its place in the (object, offset) lookup. Its
+// length is Volume(box) * dtype size.
 class LoadPlanner {
  public:
   // INVALID_ARGUMENT (naming the fqn and chunk) for: duplicate or empty fqns,
   // unknown dtypes, invalid shapes, chunks outside the shape, overlapping
-  // chunks, chunk location lengths != Volume * dtype size.
+  // chunks, chunk location lengths != Volume * dtype size, more than 2^31
+  // stored chunks in all.
   static absl::StatusOr<std::unique_ptr<LoadPlanner>> Create(
       std::vector<StoredTensor> tensors);
+
+  // Builds a planner one tensor at a time, so a caller converting a manifest
+  // holds one tensor in its spelled-out form at a time (Create is Add for
+  // each, then Finish).
+  class Builder {
+   public:
+    Builder();
+    ~Builder();
+    Builder(const Builder&) = delete;
+    Builder& operator=(const Builder&) = delete;
+    // Create's checks, for this tensor; after an error the builder is
+    // unusable.
+    absl::Status Add(StoredTensor tensor);
+    std::unique_ptr<LoadPlanner> Finish() &&;
+
+   private:
+    std::unique_ptr<LoadPlanner> planner_;
+  };
 
   // Read items for `wanted`, grouped by wanted chunk (dest_index ascending),
   // then by stored chunk index. Empty wanted boxes need no reads. See the
@@ -106,8 +148,10 @@ class LoadPlanner {
   // scratch buffer, valid only during the call.
   struct ReadView {
     int dest_index = 0;
-    const StoredTensor* tensor = nullptr;  // the fqn and stored chunks
-    int source_chunk = 0;                  // index into tensor->chunks
+    int tensor = 0;                           // index of the stored tensor
+    absl::string_view fqn;                    // its fqn
+    int source_chunk = 0;                     // index among its stored chunks
+    const StoredChunkView* source = nullptr;  // that chunk
     const ChunkBox* overlap = nullptr;
     const std::vector<CopySegment>* segments = nullptr;
   };
@@ -118,24 +162,48 @@ class LoadPlanner {
   absl::Status PlanEach(const std::vector<WantedChunk>& wanted,
                         absl::FunctionRef<void(const ReadView&)> sink) const;
 
-  // The stored tensor named `fqn`, or nullptr.
-  const StoredTensor* Find(absl::string_view fqn) const;
-
+  // The stored tensors, in the order Create() was given them.
   int num_tensors() const { return static_cast<int>(tensors_.size()); }
-  // The stored tensors in the order Create() was given them.
-  const StoredTensor& tensor(int i) const { return tensors_[i].tensor; }
+  // The index of the stored tensor named `fqn`, or -1.
+  int Find(absl::string_view fqn) const;
+  const std::string& fqn(int t) const { return tensors_[t].fqn; }
+  DType dtype(int t) const { return tensors_[t].dtype; }
+  const Shape& global_shape(int t) const { return tensors_[t].global_shape; }
+  int num_chunks(int t) const { return tensors_[t].num_chunks; }
+  // Stored chunk `c` of tensor `t`.
+  StoredChunkView chunk(int t, int c) const;
+  // The stored chunk at `offset` of `object_key`: (tensor, chunk), or
+  // std::nullopt when no chunk starts there.
+  std::optional<std::pair<int, int>> ChunkAt(absl::string_view object_key,
+                                             uint64_t offset) const;
 
  private:
   struct IndexedTensor {
-    StoredTensor tensor;
-    OverlapIndex index;
+    std::string fqn;
+    DType dtype = DType::kUnspecified;
+    Shape global_shape;
+    uint32_t first_chunk = 0;  // its chunks' ids: first_chunk + index
+    int num_chunks = 0;
+    OverlapIndex index;  // holds the chunks' boxes
   };
-  explicit LoadPlanner(std::vector<IndexedTensor> tensors);
-  const IndexedTensor* FindIndexed(absl::string_view fqn) const;
+  LoadPlanner() = default;
+  // Id of a tensor's chunk (its position in the per-chunk arrays).
+  uint32_t Id(int t, int c) const {
+    return tensors_[t].first_chunk + static_cast<uint32_t>(c);
+  }
+  void Fill(int t, int c, StoredChunkView* out) const;
 
   // Constant after construction.
   std::vector<IndexedTensor> tensors_;
   absl::flat_hash_map<std::string, int> by_fqn_;
+  std::vector<std::string> objects_;  // each object key once (one per rank)
+  absl::flat_hash_map<std::string, uint32_t> object_ids_;  // key -> index
+  // Per chunk id.
+  std::vector<uint32_t> chunk_object_;  // index into objects_
+  std::vector<uint64_t> chunk_offset_;
+  std::vector<uint32_t> chunk_crc32c_;
+  // Chunk ids sorted by (object, offset), for ChunkAt.
+  std::vector<uint32_t> by_location_;
 };
 
 }  // namespace cairn::planner

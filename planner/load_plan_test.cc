@@ -142,8 +142,8 @@ TEST(LoadPlanTest, ErrorsNameTheFqnAndSayWhatDiffers) {
        WantedChunk{"w", DType::kFloat32, {4, 4}, Box({3, 0}, {0, 4})}});
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->size(), 1u);
-  EXPECT_NE(planner->Find("w"), nullptr);
-  EXPECT_EQ(planner->Find("x"), nullptr);
+  EXPECT_EQ(planner->Find("w"), 0);
+  EXPECT_EQ(planner->Find("x"), -1);
 }
 
 TEST(LoadPlanTest, CreateRejectsBadManifests) {
@@ -168,6 +168,74 @@ TEST(LoadPlanTest, CreateRejectsBadManifests) {
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument)
         << c.substr;
     EXPECT_THAT(p.status().message(), HasSubstr(c.substr));
+  }
+}
+
+// The planner keeps each stored chunk in a compact form (its box in the
+// overlap index, its object as an index): every chunk must come back as it
+// was given, and be found again by its location. Random tensors of 1-4 dims
+// (sizes from 0, so with empty chunks), some with no chunks, over a few
+// objects.
+TEST(LoadPlanTest, KeepsEveryStoredChunkAndFindsItByLocation) {
+  std::mt19937_64 rng(7);
+  for (int iter = 0; iter < 300; ++iter) {
+    std::vector<StoredTensor> tensors;
+    const int num_tensors = static_cast<int>(testing::Uniform(rng, 1, 6));
+    const int num_objects = static_cast<int>(testing::Uniform(rng, 1, 4));
+    std::vector<uint64_t> next_offset(num_objects, 0);
+    for (int t = 0; t < num_tensors; ++t) {
+      StoredTensor st;
+      st.fqn = "t" + std::to_string(t);
+      st.dtype = testing::Uniform(rng, 0, 1) ? DType::kFloat32 : DType::kInt8;
+      st.global_shape = testing::RandomShape(rng, 4, 0, 6);
+      std::vector<ChunkBox> boxes;
+      if (testing::Uniform(rng, 0, 4) > 0) {
+        boxes = testing::RandomTiling(rng, st.global_shape, 12);
+      }
+      for (const ChunkBox& b : boxes) {
+        const int o =
+            static_cast<int>(testing::Uniform(rng, 0, num_objects - 1));
+        const uint64_t len =
+            static_cast<uint64_t>(Volume(b)) * DTypeSize(st.dtype);
+        st.chunks.push_back(StoredChunk{
+            b,
+            StorageLocation{"obj-" + std::to_string(o) + "-of-a-long-key",
+                            next_offset[o], len},
+            static_cast<uint32_t>(rng())});
+        next_offset[o] += len + 2;  // offset + 1 is never a chunk start
+      }
+      tensors.push_back(std::move(st));
+    }
+    const std::vector<StoredTensor> given = tensors;
+    auto planner = MustCreate(std::move(tensors));
+    ASSERT_NE(planner, nullptr);
+    ASSERT_EQ(planner->num_tensors(), num_tensors);
+    for (int t = 0; t < num_tensors; ++t) {
+      const StoredTensor& g = given[t];
+      ASSERT_EQ(planner->fqn(t), g.fqn);
+      ASSERT_EQ(planner->Find(g.fqn), t);
+      ASSERT_EQ(planner->dtype(t), g.dtype);
+      ASSERT_EQ(planner->global_shape(t), g.global_shape);
+      ASSERT_EQ(planner->num_chunks(t), static_cast<int>(g.chunks.size()));
+      for (int c = 0; c < planner->num_chunks(t); ++c) {
+        const StoredChunkView v = planner->chunk(t, c);
+        ASSERT_EQ(v.box, g.chunks[c].box) << g.fqn << " chunk " << c;
+        ASSERT_EQ(v.location(), g.chunks[c].location);
+        ASSERT_EQ(v.crc32c, g.chunks[c].crc32c);
+        const auto at = planner->ChunkAt(g.chunks[c].location.object_key,
+                                         g.chunks[c].location.offset);
+        ASSERT_TRUE(at.has_value());
+        ASSERT_EQ(*at, std::make_pair(t, c));
+        // Not a chunk's start, or not an object of the checkpoint.
+        ASSERT_FALSE(planner
+                         ->ChunkAt(g.chunks[c].location.object_key,
+                                   g.chunks[c].location.offset + 1)
+                         .has_value());
+        ASSERT_FALSE(
+            planner->ChunkAt("no-such-object", g.chunks[c].location.offset)
+                .has_value());
+      }
+    }
   }
 }
 
@@ -248,7 +316,7 @@ TEST(LoadPlanTest, ReadsReassembleEveryWantedByteExactlyOnce) {
     for (const ReadItem& r : *reads) {
       ASSERT_GE(r.dest_index, last_dest);  // grouped by wanted chunk
       last_dest = r.dest_index;
-      ASSERT_EQ(r.source, planner->Find("w")->chunks[r.source_chunk].location);
+      ASSERT_EQ(r.source, planner->chunk(0, r.source_chunk).location());
       ChunkBox expect;
       ASSERT_TRUE(
           Intersect(stored[r.source_chunk], wanted[r.dest_index].box, &expect));

@@ -12,24 +12,29 @@ OverlapIndex::OverlapIndex(const std::vector<ChunkBox>& boxes)
   ndims_ = static_cast<int>(boxes[0].offsets.size());
   if (ndims_ > kMaxDims) return;  // never reports anything
   const size_t nd = static_cast<size_t>(ndims_);
-  // Flat coordinates per original box index; only well-formed, non-empty
-  // boxes with ndims_ dims are indexed.
+  // Flat coordinates per original box index. Well-formed boxes with ndims_
+  // dims are kept; the non-empty ones go into the tree, the empty ones after
+  // it (kept for box(), never reported).
   std::vector<int64_t> lo(boxes.size() * nd), hi(boxes.size() * nd);
+  std::vector<int> empty;
   order_.reserve(boxes.size());
   for (size_t i = 0; i < boxes.size(); ++i) {
     const ChunkBox& b = boxes[i];
-    if (b.offsets.size() != nd || b.sizes.size() != nd || IsEmpty(b)) continue;
+    if (b.offsets.size() != nd || b.sizes.size() != nd) continue;
     for (size_t d = 0; d < nd; ++d) {
       lo[i * nd + d] = b.offsets[d];
       hi[i * nd + d] = b.offsets[d] + b.sizes[d];
     }
-    order_.push_back(static_cast<int>(i));
+    (IsEmpty(b) ? empty : order_).push_back(static_cast<int>(i));
   }
-  if (order_.empty()) return;
+  const int indexed = static_cast<int>(order_.size());
   box_lo_.swap(lo);  // Build() reads original-index coordinates from these
   box_hi_.swap(hi);
-  nodes_.reserve(2 * order_.size() / kLeafSize + 2);
-  Build(0, static_cast<int>(order_.size()));
+  if (indexed > 0) {
+    nodes_.reserve(2 * order_.size() / kLeafSize + 2);
+    Build(0, indexed);
+  }
+  order_.insert(order_.end(), empty.begin(), empty.end());
   // Re-lay the coordinates out in order_ positions so leaf scans are linear.
   std::vector<int64_t> olo(order_.size() * nd), ohi(order_.size() * nd);
   for (size_t p = 0; p < order_.size(); ++p) {

@@ -43,9 +43,10 @@ class OverlapIndex {
   // into *hit (may be nullptr). Stops at the first hit.
   bool AnyOverlap(const ChunkBox& query, int exclude, int* hit) const;
 
-  // Box `i` as indexed; only for boxes the index reports (non-empty, with
-  // the index's number of dims). The boxes themselves are not kept: their
-  // owner (a LoadPlanner's stored chunks) has them already.
+  // Box `i` as given, for every box with the index's number of dims (empty
+  // ones too: they are kept, never reported); an empty ChunkBox for boxes
+  // with another number of dims. A LoadPlanner keeps its chunks' boxes only
+  // here.
   ChunkBox box(int i) const;
   int size() const { return size_; }
 
@@ -65,7 +66,8 @@ class OverlapIndex {
   // Constant after construction.
   int ndims_ = 0;
   int size_ = 0;                  // boxes given
-  std::vector<int> order_;        // box indices, grouped by node
+  std::vector<int> order_;        // box indices, grouped by node; then
+                                  // the empty ones (in no node)
   std::vector<int> position_;     // box index -> its position in order_
   std::vector<int64_t> box_lo_;   // [order position * ndims + d]
   std::vector<int64_t> box_hi_;   // exclusive

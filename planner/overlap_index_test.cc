@@ -32,6 +32,14 @@ TEST(OverlapIndexTest, FindsOverlappingBoxesInIndexOrder) {
   EXPECT_EQ(hit, -1);
   EXPECT_TRUE(index.AnyOverlap(Box({2, 0}, {1, 1}), 0, &hit));
   EXPECT_EQ(hit, 2);
+  // Every box comes back as given, the empty one (never reported) too.
+  EXPECT_EQ(index.box(0), Box({0, 0}, {2, 2}));
+  EXPECT_EQ(index.box(2), Box({2, 0}, {2, 4}));
+  EXPECT_EQ(index.box(3), Box({1, 1}, {0, 3}));
+  // Only empty boxes: nothing is reported, every box is kept.
+  OverlapIndex empties({Box({0, 0}, {0, 4}), Box({3, 1}, {2, 0})});
+  EXPECT_THAT(empties.Query(Box({0, 0}, {9, 9})), IsEmpty());
+  EXPECT_EQ(empties.box(1), Box({3, 1}, {2, 0}));
 }
 
 TEST(OverlapIndexTest, EmptyIndexAndScalars) {

@@ -200,6 +200,7 @@ absl::Status SaveProtocol::AbortStep(int64_t step, const absl::Status& failure,
   v1::GetCheckpointRequest get;
   get.set_job(o.job);
   get.set_step(step);
+  get.set_record_only(true);
   absl::StatusOr<v1::GetCheckpointResponse> rec = CallWithRetry(
       &v1::Coordinator::Stub::GetCheckpoint, stub, get, o.rpc_timeout, 1);
   if (rec.ok() && rec->checkpoint().state() == v1::CHECKPOINT_STATE_ABORTED &&

@@ -54,9 +54,9 @@ size_t SegmentBody(const planner::CopySegment& s) {
          FieldSize(s.length);
 }
 
-size_t LocationBody(const planner::StorageLocation& loc) {
-  return StringSize(loc.object_key.size()) + FieldSize(loc.offset) +
-         FieldSize(loc.length);
+size_t LocationBody(absl::string_view object_key, uint64_t offset,
+                    uint64_t length) {
+  return StringSize(object_key.size()) + FieldSize(offset) + FieldSize(length);
 }
 
 // Writes into a buffer sized beforehand.
@@ -113,14 +113,15 @@ PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
 }
 
 void PlanLoadAnswerWriter::AddRead(const planner::LoadPlanner::ReadView& item) {
-  const planner::StoredChunk& chunk = item.tensor->chunks[item.source_chunk];
-  const absl::string_view fqn = item.tensor->fqn;
+  const planner::StoredChunkView& chunk = *item.source;
+  const absl::string_view fqn = item.fqn;
   const uint64_t dest =
       static_cast<uint64_t>(static_cast<int64_t>(item.dest_index));
   const size_t offsets = PackedBody(item.overlap->offsets);
   const size_t sizes = PackedBody(item.overlap->sizes);
   const size_t overlap = PackedSize(offsets) + PackedSize(sizes);
-  const size_t source = LocationBody(chunk.location);
+  const size_t source =
+      LocationBody(chunk.object_key, chunk.offset, chunk.length);
   size_t body = StringSize(fqn.size()) + FieldSize(dest) + NestedSize(overlap) +
                 NestedSize(source) + (chunk.crc32c == 0 ? 0 : 5);
   for (const planner::CopySegment& s : *item.segments) {
@@ -141,9 +142,9 @@ void PlanLoadAnswerWriter::AddRead(const planner::LoadPlanner::ReadView& item) {
   c.Packed(kSizesTag, item.overlap->sizes, sizes);
   c.Byte(kSourceTag);
   c.Varint(source);
-  c.String(kObjectKeyTag, chunk.location.object_key);
-  c.Field(kLocOffsetTag, chunk.location.offset);
-  c.Field(kLocLengthTag, chunk.location.length);
+  c.String(kObjectKeyTag, chunk.object_key);
+  c.Field(kLocOffsetTag, chunk.offset);
+  c.Field(kLocLengthTag, chunk.length);
   c.Fixed32(kCrcTag, chunk.crc32c);
   for (const planner::CopySegment& s : *item.segments) {
     c.Byte(kSegmentTag);

@@ -269,24 +269,30 @@ void LayoutToProto(const planner::DTensorLayout& layout,
   }
 }
 
+absl::StatusOr<planner::StoredTensor> StoredTensorFromProto(
+    const v1::ManifestTensor& t) {
+  planner::StoredTensor st;
+  st.fqn = t.entry().fqn();
+  CAIRN_ASSIGN_OR_RETURN(st.dtype, DTypeFromProto(t.entry().dtype(), st.fqn));
+  CAIRN_ASSIGN_OR_RETURN(st.global_shape,
+                         ShapeFromProto(t.entry().global_shape(), st.fqn));
+  st.chunks.reserve(t.chunks_size());
+  for (const v1::StoredChunk& c : t.chunks()) {
+    planner::StoredChunk sc;
+    CAIRN_ASSIGN_OR_RETURN(sc.box, BoxFromProto(c.box(), st.fqn));
+    sc.location = LocationFromProto(c.location());
+    sc.crc32c = c.crc32c();
+    st.chunks.push_back(std::move(sc));
+  }
+  return st;
+}
+
 absl::StatusOr<std::vector<planner::StoredTensor>> StoredTensorsFromManifest(
     const v1::Manifest& manifest) {
   std::vector<planner::StoredTensor> out;
   out.reserve(manifest.tensors_size());
   for (const v1::ManifestTensor& t : manifest.tensors()) {
-    planner::StoredTensor st;
-    st.fqn = t.entry().fqn();
-    CAIRN_ASSIGN_OR_RETURN(st.dtype, DTypeFromProto(t.entry().dtype(), st.fqn));
-    CAIRN_ASSIGN_OR_RETURN(st.global_shape,
-                           ShapeFromProto(t.entry().global_shape(), st.fqn));
-    st.chunks.reserve(t.chunks_size());
-    for (const v1::StoredChunk& c : t.chunks()) {
-      planner::StoredChunk sc;
-      CAIRN_ASSIGN_OR_RETURN(sc.box, BoxFromProto(c.box(), st.fqn));
-      sc.location = LocationFromProto(c.location());
-      sc.crc32c = c.crc32c();
-      st.chunks.push_back(std::move(sc));
-    }
+    CAIRN_ASSIGN_OR_RETURN(planner::StoredTensor st, StoredTensorFromProto(t));
     out.push_back(std::move(st));
   }
   return out;
@@ -328,11 +334,14 @@ void ReadItemToProto(const planner::ReadItem& item, v1::ReadItem* out) {
 
 void ReadViewToProto(const planner::LoadPlanner::ReadView& item,
                      v1::ReadItem* out) {
-  const planner::StoredChunk& chunk = item.tensor->chunks[item.source_chunk];
-  out->set_fqn(item.tensor->fqn);
+  const planner::StoredChunkView& chunk = *item.source;
+  out->set_fqn(std::string(item.fqn));
   out->set_dest_index(item.dest_index);
   BoxToProto(*item.overlap, out->mutable_overlap());
-  LocationToProto(chunk.location, out->mutable_source());
+  v1::StorageLocation* source = out->mutable_source();
+  source->set_object_key(std::string(chunk.object_key));
+  source->set_offset(chunk.offset);
+  source->set_length(chunk.length);
   out->set_source_crc32c(chunk.crc32c);
   auto* segments = out->mutable_segments();
   segments->Reserve(static_cast<int>(item.segments->size()));

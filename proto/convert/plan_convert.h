@@ -64,7 +64,10 @@ absl::StatusOr<planner::DTensorLayout> LayoutFromProto(
 void LayoutToProto(const planner::DTensorLayout& layout,
                    v1::DTensorLayout* out);
 
-// Every tensor of a manifest with its stored chunks, for a LoadPlanner.
+// One tensor of a manifest with its stored chunks, for a LoadPlanner.
+absl::StatusOr<planner::StoredTensor> StoredTensorFromProto(
+    const v1::ManifestTensor& tensor);
+// Every tensor of a manifest with its stored chunks.
 absl::StatusOr<std::vector<planner::StoredTensor>> StoredTensorsFromManifest(
     const v1::Manifest& manifest);
 

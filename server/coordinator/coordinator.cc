@@ -196,35 +196,25 @@ Coordinator::LoadCheckpoint(const std::string& job, int64_t step) {
 absl::StatusOr<std::shared_ptr<const Coordinator::LoadedCheckpoint>>
 Coordinator::BuildLoadedCheckpoint(const std::string& job, int64_t step) {
   auto loaded = std::make_shared<LoadedCheckpoint>();
-  std::vector<planner::StoredTensor> tensors;
-  {
-    CAIRN_ASSIGN_OR_RETURN(v1::Manifest manifest,
-                           storage::ReadManifest(*store_, job, step));
-    CAIRN_ASSIGN_OR_RETURN(tensors,
-                           convert::StoredTensorsFromManifest(manifest));
-    loaded->bytes_entries.assign(manifest.bytes_entries().begin(),
-                                 manifest.bytes_entries().end());
-    loaded->manifest_bytes = manifest.SerializeAsString();
-  }  // the parsed manifest is freed before the index is built
+  CAIRN_ASSIGN_OR_RETURN(v1::Manifest manifest,
+                         storage::ReadManifest(*store_, job, step));
+  loaded->bytes_entries.assign(manifest.bytes_entries().begin(),
+                               manifest.bytes_entries().end());
   for (int i = 0; i < static_cast<int>(loaded->bytes_entries.size()); ++i) {
     loaded->bytes_index[loaded->bytes_entries[i].fqn()] = i;
   }
-  CAIRN_ASSIGN_OR_RETURN(loaded->planner,
-                         planner::LoadPlanner::Create(std::move(tensors)));
-  // Keyed by views of the planner's strings, which live as long as it.
-  const planner::LoadPlanner& kept = *loaded->planner;
-  size_t chunks = 0;
-  for (int t = 0; t < kept.num_tensors(); ++t) {
-    chunks += kept.tensor(t).chunks.size();
+  // Tensor by tensor: each is freed from the parsed manifest as the planner
+  // takes it, so the parsed manifest (~300 bytes a stored chunk) and the
+  // spelled-out tensors never coexist whole with the planner (~70).
+  planner::LoadPlanner::Builder builder;
+  for (v1::ManifestTensor& t : *manifest.mutable_tensors()) {
+    CAIRN_ASSIGN_OR_RETURN(planner::StoredTensor tensor,
+                           convert::StoredTensorFromProto(t));
+    v1::ManifestTensor().Swap(&t);  // frees its chunks
+    CAIRN_RETURN_IF_ERROR(builder.Add(std::move(tensor)));
   }
-  loaded->chunk_at.reserve(chunks);
-  for (int t = 0; t < kept.num_tensors(); ++t) {
-    const std::vector<planner::StoredChunk>& stored = kept.tensor(t).chunks;
-    for (int c = 0; c < static_cast<int>(stored.size()); ++c) {
-      const planner::StorageLocation& loc = stored[c].location;
-      loaded->chunk_at[{loc.object_key, loc.offset}] = {t, c};
-    }
-  }
+  manifest = v1::Manifest();
+  loaded->planner = std::move(builder).Finish();
   {
     absl::MutexLock lock(&mu_);
     ++stats_.manifests_loaded;
@@ -251,7 +241,7 @@ absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpoint(
   const std::string& job = request.job();
   if (request.ref_case() != v1::GetCheckpointRequest::kLatest) {
     CAIRN_RETURN_IF_ERROR(ValidateJobStep(job, request.step()));
-    return GetCheckpointOfStep(job, request.step());
+    return GetCheckpointOfStep(job, request.step(), !request.record_only());
   }
   CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(job));
   if (!request.latest()) {
@@ -271,8 +261,9 @@ absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpoint(
     }
     CAIRN_RETURN_IF_ERROR(newest.status());
     absl::StatusOr<v1::GetCheckpointResponse> got =
-        GetCheckpointOfStep(job, newest->step());
-    if (attempt < 3 && (!got.ok() || !got->has_manifest())) {
+        GetCheckpointOfStep(job, newest->step(), !request.record_only());
+    if (attempt < 3 &&
+        (!got.ok() || (!request.record_only() && !got->has_manifest()))) {
       absl::StatusOr<v1::CheckpointRecord> now =
           catalog_->GetCheckpoint(job, newest->step());
       if (!now.ok() || now->state() != v1::CHECKPOINT_STATE_COMMITTED) {
@@ -284,18 +275,16 @@ absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpoint(
 }
 
 absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpointOfStep(
-    const std::string& job, int64_t step) {
+    const std::string& job, int64_t step, bool with_manifest) {
   absl::StatusOr<v1::CheckpointRecord> rec = RecordOfStep(*catalog_, job, step);
   if (!rec.ok()) return rec.status();
   v1::GetCheckpointResponse resp;
   *resp.mutable_checkpoint() = *rec;
-  if (rec->state() == v1::CHECKPOINT_STATE_COMMITTED) {
-    CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedCheckpoint> ckpt,
-                           LoadCheckpoint(job, step));
-    if (!resp.mutable_manifest()->ParseFromString(ckpt->manifest_bytes)) {
-      return absl::InternalError(absl::StrCat(
-          "the kept manifest of ", SaveName(job, step), " does not decode"));
-    }
+  if (with_manifest && rec->state() == v1::CHECKPOINT_STATE_COMMITTED) {
+    // Read from storage, not kept by cairnd: a loaded checkpoint keeps only
+    // its compact planner (the manifest of a 4096-rank save is ~0.5 GB).
+    CAIRN_ASSIGN_OR_RETURN(*resp.mutable_manifest(),
+                           storage::ReadManifest(*store_, job, step));
   }
   return resp;
 }

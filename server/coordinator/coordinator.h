@@ -338,9 +338,10 @@ class Coordinator {
                           std::vector<std::function<void()>>* answers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // GetCheckpoint once the step is known.
+  // GetCheckpoint once the step is known; the manifest (of a committed
+  // step) is read from storage when `with_manifest`.
   absl::StatusOr<v1::GetCheckpointResponse> GetCheckpointOfStep(
-      const std::string& job, int64_t step);
+      const std::string& job, int64_t step, bool with_manifest);
   // PlanLoad once the step is known.
   absl::StatusOr<std::shared_ptr<const EncodedLoadPlan>> PlanLoadOfStep(
       const v1::PlanLoadRequest& request, int64_t step);

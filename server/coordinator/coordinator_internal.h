@@ -73,17 +73,11 @@ using Phase = SaveSession::Phase;
 // v1::Manifest is not kept: it held every chunk's box, location and key a
 // second time in protobuf messages, ~300 bytes per chunk.
 struct Coordinator::LoadedCheckpoint {
-  std::string manifest_bytes;
   // Stored tensors in the manifest's order: (tensor, chunk) indexes are the
-  // manifest's.
+  // manifest's. The planner also finds a stored chunk by its location.
   std::unique_ptr<planner::LoadPlanner> planner;
   std::vector<v1::ManifestBytes> bytes_entries;
   absl::flat_hash_map<std::string, int> bytes_index;  // fqn -> bytes_entries
-  // (object key, offset) of a stored chunk -> (tensor, chunk) indexes. The
-  // keys view the planner's strings: a lookup allocates nothing.
-  absl::flat_hash_map<std::pair<absl::string_view, uint64_t>,
-                      std::pair<int, int>>
-      chunk_at;
 };
 
 // A LoadCheckpoint build in progress: `result` is set before `done`.

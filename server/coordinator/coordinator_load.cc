@@ -275,22 +275,21 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
           who, ": piece ", i, " of '", p.fqn(), "' at ",
           p.source().object_key(), "@", p.source().offset(), ": ", what));
     };
-    auto at = (*ckpt)->chunk_at.find(std::pair<absl::string_view, uint64_t>(
-        p.source().object_key(), p.source().offset()));
-    if (at == (*ckpt)->chunk_at.end()) {
+    const std::optional<std::pair<int, int>> at =
+        stored_tensors.ChunkAt(p.source().object_key(), p.source().offset());
+    if (!at.has_value()) {
       return done(bad("no stored chunk of the checkpoint is there"));
     }
-    const auto [t, c] = at->second;
-    const planner::StoredTensor& tensor = stored_tensors.tensor(t);
-    const planner::StoredChunk& stored = tensor.chunks[c];
-    if (tensor.fqn != p.fqn()) {
-      return done(
-          bad(absl::StrCat("the chunk there belongs to '", tensor.fqn, "'")));
+    const auto [t, c] = *at;
+    const std::string& fqn = stored_tensors.fqn(t);
+    const planner::StoredChunkView stored = stored_tensors.chunk(t, c);
+    if (fqn != p.fqn()) {
+      return done(bad(absl::StrCat("the chunk there belongs to '", fqn, "'")));
     }
-    if (p.source().length() != stored.location.length) {
-      return done(bad(absl::StrCat("length ", p.source().length(),
-                                   " but the stored chunk has ",
-                                   stored.location.length)));
+    if (p.source().length() != stored.length) {
+      return done(
+          bad(absl::StrCat("length ", p.source().length(),
+                           " but the stored chunk has ", stored.length)));
     }
     absl::StatusOr<planner::ChunkBox> overlap =
         convert::BoxFromProto(p.overlap(), p.fqn());

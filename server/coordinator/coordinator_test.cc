@@ -122,6 +122,25 @@ TEST_F(CoordinatorTest, GetCheckpointLatestIsTheNewestCommittedStep) {
   ASSERT_TRUE(got->has_manifest());
   EXPECT_EQ(got->manifest().step(), 3);
   EXPECT_EQ(got->manifest().job(), "job");
+  // record_only (what Checkpointer::LatestStep asks): the same record, no
+  // manifest; by step too, for any state.
+  v1::GetCheckpointRequest record_only;
+  record_only.set_job("job");
+  record_only.set_latest(true);
+  record_only.set_record_only(true);
+  absl::StatusOr<v1::GetCheckpointResponse> rec =
+      coordinator_->GetCheckpoint(record_only);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->checkpoint().step(), 3);
+  EXPECT_EQ(rec->checkpoint().state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_FALSE(rec->has_manifest());
+  for (int64_t step : {3, 4}) {
+    record_only.set_step(step);
+    rec = coordinator_->GetCheckpoint(record_only);
+    ASSERT_TRUE(rec.ok()) << rec.status();
+    EXPECT_EQ(rec->checkpoint().step(), step);
+    EXPECT_FALSE(rec->has_manifest());
+  }
 
   // Step 3's deletion stops at its first storage delete: the record stays
   // DELETING (its MANIFEST is still on storage) and is never `latest`.

@@ -275,8 +275,7 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
       round->stored != nullptr ? round->stored->num_tensors() : 0;
   std::vector<int64_t> first_id(tensors + 1, 0);
   for (int t = 0; t < tensors; ++t) {
-    first_id[t + 1] = first_id[t] + static_cast<int64_t>(
-                                        round->stored->tensor(t).chunks.size());
+    first_id[t + 1] = first_id[t] + round->stored->num_chunks(t);
   }
   const auto id_of = [&](const Piece& p) {
     return first_id[p.chunk.first] + p.chunk.second;
@@ -302,8 +301,7 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
   std::vector<int> ranks;
   int64_t verified = 0, unverified = 0;
   for (int t = 0; t < tensors; ++t) {
-    const planner::StoredTensor& tensor = round->stored->tensor(t);
-    for (int c = 0; c < static_cast<int>(tensor.chunks.size()); ++c) {
+    for (int c = 0; c < round->stored->num_chunks(t); ++c) {
       const int64_t id = first_id[t] + c;
       if (start[id] == start[id + 1]) continue;
       reports.clear();
@@ -314,10 +312,10 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
       }
       std::sort(ranks.begin(), ranks.end());
       ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-      const planner::StoredChunk& stored = tensor.chunks[c];
+      planner::StoredChunkView stored = round->stored->chunk(t, c);
       StoredChunkRef ref;
-      ref.box = stored.box;
-      ref.length = stored.location.length;
+      ref.box = std::move(stored.box);
+      ref.length = stored.length;
       ref.crc32c = stored.crc32c;
       const ChunkVerdict verdict = VerifyChunk(ref, reports);
       if (verdict == ChunkVerdict::kVerified) {
@@ -333,9 +331,10 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
         CAIRN_LOG(warn,
                   "{}: stored chunk {} of '{}' at {}@{}: {} (read by ranks "
                   "{}); they re-read it whole",
-                  round->Name(), planner::BoxToString(ref.box), tensor.fqn,
-                  stored.location.object_key, stored.location.offset,
-                  ChunkVerdictName(verdict), absl::StrJoin(ranks, ", "));
+                  round->Name(), planner::BoxToString(ref.box),
+                  round->stored->fqn(t), std::string(stored.object_key),
+                  stored.offset, ChunkVerdictName(verdict),
+                  absl::StrJoin(ranks, ", "));
       }
     }
   }
