@@ -11,6 +11,64 @@
 
 namespace cairn::coordinator {
 
+namespace {
+
+// One rank's reported pieces, packed for the wait until every rank of the
+// round has reported: ~52 bytes a piece (2-D) instead of a Piece's ~104 (its
+// box is two inlined vectors). A 4096 -> 3072-rank load of a 70B model parks
+// 8.3 M pieces.
+class PackedPieces {
+ public:
+  explicit PackedPieces(const std::vector<LoadRounds::Piece>& pieces) {
+    const size_t n = pieces.size();
+    chunk_.reserve(n);
+    index_.reserve(n);
+    crc_term_.reserve(n);
+    coords_at_.reserve(n + 1);
+    size_t coords = 0;
+    for (const LoadRounds::Piece& p : pieces) {
+      coords += 2 * p.report.overlap.offsets.size();
+    }
+    coords_.reserve(coords);
+    coords_at_.push_back(0);
+    for (const LoadRounds::Piece& p : pieces) {
+      chunk_.push_back(p.chunk);
+      index_.push_back(p.report.index);
+      crc_term_.push_back(p.report.crc_term);
+      const planner::ChunkBox& box = p.report.overlap;
+      coords_.insert(coords_.end(), box.offsets.begin(), box.offsets.end());
+      coords_.insert(coords_.end(), box.sizes.begin(), box.sizes.end());
+      coords_at_.push_back(static_cast<uint32_t>(coords_.size()));
+    }
+  }
+
+  size_t size() const { return chunk_.size(); }
+  bool empty() const { return chunk_.empty(); }
+  const std::pair<int, int>& chunk(size_t i) const { return chunk_[i]; }
+  // Piece i as reported by `rank`.
+  ChunkPieceReport Report(size_t i, int rank) const {
+    ChunkPieceReport r;
+    r.rank = rank;
+    r.index = index_[i];
+    r.crc_term = crc_term_[i];
+    const size_t at = coords_at_[i];
+    const size_t nd = (coords_at_[i + 1] - at) / 2;
+    r.overlap.offsets.assign(coords_.begin() + at, coords_.begin() + at + nd);
+    r.overlap.sizes.assign(coords_.begin() + at + nd,
+                           coords_.begin() + at + 2 * nd);
+    return r;
+  }
+
+ private:
+  std::vector<std::pair<int, int>> chunk_;  // (tensor, chunk)
+  std::vector<int32_t> index_;
+  std::vector<uint32_t> crc_term_;
+  std::vector<uint32_t> coords_at_;  // piece i: [at[i], at[i + 1])
+  std::vector<int64_t> coords_;      // offsets, then sizes
+};
+
+}  // namespace
+
 // One round: the ranks of a job that load one step together.
 struct LoadRounds::Round {
   uint64_t id = 0;
@@ -24,8 +82,8 @@ struct LoadRounds::Round {
   std::shared_ptr<const planner::LoadPlanner> stored;  // the checkpoint's
   struct Member {
     bool reports = true;  // calls Report (else counted as reported)
-    std::optional<std::vector<Piece>> pieces;  // set once reported
-    Done<v1::VerifyLoadResponse> waiter;       // a parked report
+    std::optional<PackedPieces> pieces;   // set once reported
+    Done<v1::VerifyLoadResponse> waiter;  // a parked report
   };
   std::map<int, Member> members;  // by rank
   int reported = 0;               // members whose pieces are set
@@ -112,7 +170,7 @@ absl::StatusOr<LoadRounds::Joined> LoadRounds::Join(const std::string& job,
     Round::Member& m = open->members[rank];
     m.reports = reports;
     if (!reports) {
-      m.pieces.emplace();
+      m.pieces.emplace(std::vector<Piece>());
       ++open->reported;
     }
     open->last_join = now;
@@ -197,7 +255,7 @@ void LoadRounds::Report(uint64_t id, const std::string& job, int64_t step,
       }
       ++stats_.reports;
       const bool has_pieces = !pieces.empty();
-      member.pieces = std::move(pieces);
+      member.pieces.emplace(pieces);
       round->stored = std::move(stored);
       if (round->closed) round->deadline = now + options_.verify_deadline;
       MaybeFinishLocked(round, &answers);
@@ -277,21 +335,36 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
   for (int t = 0; t < tensors; ++t) {
     first_id[t + 1] = first_id[t] + round->stored->num_chunks(t);
   }
-  const auto id_of = [&](const Piece& p) {
-    return first_id[p.chunk.first] + p.chunk.second;
+  const auto id_of = [&](const std::pair<int, int>& chunk) {
+    return first_id[chunk.first] + chunk.second;
   };
-  std::vector<int64_t> start(first_id.back() + 1, 0);
+  // The members that reported pieces, by ordinal; a piece is (ordinal, i).
+  std::vector<std::pair<int, const PackedPieces*>> reporters;
   for (const auto& [rank, m] : round->members) {
-    if (!m.pieces.has_value()) continue;
-    for (const Piece& p : *m.pieces) ++start[id_of(p) + 1];
+    if (m.pieces.has_value() && !m.pieces->empty()) {
+      reporters.emplace_back(rank, &*m.pieces);
+    }
+  }
+  std::vector<int64_t> start(first_id.back() + 1, 0);
+  for (const auto& [rank, pieces] : reporters) {
+    for (size_t i = 0; i < pieces->size(); ++i) {
+      ++start[id_of(pieces->chunk(i)) + 1];
+    }
   }
   for (size_t i = 1; i < start.size(); ++i) start[i] += start[i - 1];
-  std::vector<const Piece*> by_chunk(start.back());
+  struct PieceRef {
+    uint32_t reporter;
+    uint32_t i;
+  };
+  std::vector<PieceRef> by_chunk(start.back());
   {
     std::vector<int64_t> next(start.begin(), start.end() - 1);
-    for (const auto& [rank, m] : round->members) {
-      if (!m.pieces.has_value()) continue;
-      for (const Piece& p : *m.pieces) by_chunk[next[id_of(p)]++] = &p;
+    for (size_t r = 0; r < reporters.size(); ++r) {
+      const PackedPieces& pieces = *reporters[r].second;
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        by_chunk[next[id_of(pieces.chunk(i))]++] =
+            PieceRef{static_cast<uint32_t>(r), static_cast<uint32_t>(i)};
+      }
     }
   }
   // Answers by rank (ranks are < world_size).
@@ -307,8 +380,9 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
       reports.clear();
       ranks.clear();
       for (int64_t i = start[id]; i < start[id + 1]; ++i) {
-        reports.push_back(by_chunk[i]->report);
-        ranks.push_back(by_chunk[i]->report.rank);
+        const auto& [rank, pieces] = reporters[by_chunk[i].reporter];
+        reports.push_back(pieces->Report(by_chunk[i].i, rank));
+        ranks.push_back(rank);
       }
       std::sort(ranks.begin(), ranks.end());
       ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
