@@ -124,6 +124,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   absl::StatusOr<v1::Manifest> m =
       storage::DecodeManifest(framed, kMaxBodyBytes);
+  // Decoding tensor by tensor (how cairnd loads a checkpoint) agrees.
+  {
+    v1::Manifest by_tensor;
+    std::vector<v1::ManifestTensor> tensors;
+    absl::StatusOr<int> n = storage::DecodeManifestByTensor(
+        framed, kMaxBodyBytes, &by_tensor, [&](v1::ManifestTensor& t) {
+          tensors.push_back(std::move(t));
+          return absl::OkStatus();
+        });
+    FUZZ_CHECK(n.status().code() == m.status().code(),
+               "decoding by tensor: %s, whole: %s",
+               n.status().ToString().c_str(), m.status().ToString().c_str());
+    if (n.ok()) {
+      for (v1::ManifestTensor& t : tensors) {
+        *by_tensor.add_tensors() = std::move(t);
+      }
+      FUZZ_CHECK(
+          google::protobuf::util::MessageDifferencer::Equals(*m, by_tensor),
+          "decoding by tensor gives another manifest");
+    }
+  }
   if (!m.ok()) {
     FUZZ_CHECK(
         absl::IsDataLoss(m.status()) || absl::IsFailedPrecondition(m.status()),

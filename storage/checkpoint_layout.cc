@@ -5,6 +5,7 @@
 #include "storage/checkpoint_layout.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -154,8 +155,12 @@ absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::Manifest> ReadManifest(ShardStore& store,
-                                          absl::string_view job, int64_t step) {
+namespace {
+
+// The framed bytes of <job>/<step>/MANIFEST (NOT_FOUND if absent).
+absl::StatusOr<std::string> ReadManifestBytes(ShardStore& store,
+                                              absl::string_view job,
+                                              int64_t step) {
   CAIRN_RETURN_IF_ERROR(ValidateJobName(job));
   CAIRN_RETURN_IF_ERROR(ValidateStep(step));
   const std::string key = ManifestKey(job, step);
@@ -182,24 +187,97 @@ absl::StatusOr<v1::Manifest> ReadManifest(ShardStore& store,
     return ReadFailure(got.status(),
                        absl::StrCat("reading manifest '", key, "'"));
   }
+  return bytes;
+}
+
+absl::Status UndecodableManifest(const absl::Status& s, absl::string_view job,
+                                 int64_t step) {
+  return absl::Status(
+      s.code(), absl::StrCat("manifest '", ManifestKey(job, step), "' of ",
+                             Where(job, step), ": ", s.message()));
+}
+
+absl::Status CheckManifestNames(const v1::Manifest& manifest,
+                                absl::string_view job, int64_t step) {
+  if (manifest.job() != job || manifest.step() != step) {
+    return absl::DataLossError(
+        absl::StrCat("manifest '", ManifestKey(job, step), "' describes job '",
+                     manifest.job(), "' step ", manifest.step(), ", not ",
+                     Where(job, step)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InvalidManifest(const absl::Status& s, absl::string_view job,
+                             int64_t step) {
+  return absl::DataLossError(absl::StrCat("manifest '", ManifestKey(job, step),
+                                          "' is invalid: ", s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Manifest> ReadManifest(ShardStore& store,
+                                          absl::string_view job, int64_t step) {
+  CAIRN_ASSIGN_OR_RETURN(std::string bytes,
+                         ReadManifestBytes(store, job, step));
   absl::StatusOr<v1::Manifest> manifest =
       DecodeManifest(bytes, kMaxManifestBytes);
   if (!manifest.ok()) {
-    return absl::Status(
-        manifest.status().code(),
-        absl::StrCat("manifest '", key, "' of ", Where(job, step), ": ",
-                     manifest.status().message()));
+    return UndecodableManifest(manifest.status(), job, step);
   }
-  if (manifest->job() != job || manifest->step() != step) {
-    return absl::DataLossError(
-        absl::StrCat("manifest '", key, "' describes job '", manifest->job(),
-                     "' step ", manifest->step(), ", not ", Where(job, step)));
-  }
+  CAIRN_RETURN_IF_ERROR(CheckManifestNames(*manifest, job, step));
   if (absl::Status s = ValidateManifest(*manifest); !s.ok()) {
-    return absl::DataLossError(
-        absl::StrCat("manifest '", key, "' is invalid: ", s.message()));
+    return InvalidManifest(s, job, step);
   }
   return manifest;
+}
+
+absl::StatusOr<ManifestSummary> ReadManifestByTensor(
+    ShardStore& store, absl::string_view job, int64_t step,
+    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor) {
+  CAIRN_ASSIGN_OR_RETURN(std::string bytes,
+                         ReadManifestBytes(store, job, step));
+  ManifestSummary summary;
+  // Checked as ReadManifest does, before each tensor is handed over: the
+  // names and the header when the first tensor comes (the header is
+  // complete then), then each tensor.
+  std::optional<ManifestValidator> validator;
+  auto start = [&]() -> absl::Status {
+    CAIRN_RETURN_IF_ERROR(CheckManifestNames(summary.header, job, step));
+    validator.emplace(summary.header);
+    if (absl::Status s = validator->Start(); !s.ok()) {
+      return InvalidManifest(s, job, step);
+    }
+    return absl::OkStatus();
+  };
+  absl::Status from_callback;  // errors of the checks below or of on_tensor
+  absl::StatusOr<int> tensors = DecodeManifestByTensor(
+      bytes, kMaxManifestBytes, &summary.header,
+      [&](v1::ManifestTensor& t) -> absl::Status {
+        from_callback = [&]() -> absl::Status {
+          if (!validator.has_value()) CAIRN_RETURN_IF_ERROR(start());
+          if (absl::Status s = validator->AddTensor(t); !s.ok()) {
+            return InvalidManifest(s, job, step);
+          }
+          return on_tensor(t);
+        }();
+        return from_callback;
+      });
+  if (!from_callback.ok()) return from_callback;
+  if (!tensors.ok()) return UndecodableManifest(tensors.status(), job, step);
+  if (!validator.has_value()) CAIRN_RETURN_IF_ERROR(start());  // no tensors
+  if (absl::Status s = validator->Finish(); !s.ok()) {
+    return InvalidManifest(s, job, step);
+  }
+  summary.num_tensors = *tensors;
+  return summary;
+}
+
+absl::StatusOr<ManifestSummary> ReadManifestSummary(ShardStore& store,
+                                                    absl::string_view job,
+                                                    int64_t step) {
+  return ReadManifestByTensor(
+      store, job, step, [](v1::ManifestTensor&) { return absl::OkStatus(); });
 }
 
 absl::StatusOr<std::vector<std::string>> ListJobs(ShardStore& store) {

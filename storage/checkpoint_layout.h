@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -70,6 +71,27 @@ absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest);
 absl::StatusOr<v1::Manifest> ReadManifest(ShardStore& store,
                                           absl::string_view job, int64_t step);
 
+// What ReadManifestByTensor returns besides the tensors.
+struct ManifestSummary {
+  v1::Manifest header;  // every field of the manifest but its tensors
+  int num_tensors = 0;
+};
+
+// ReadManifest for a reader that takes the tensors one at a time, so that a
+// large manifest's parsed chunks (~300 bytes each: GBs for a save of
+// thousands of ranks) are never all in memory: each tensor is passed to
+// `on_tensor` in order, after the checks ReadManifest makes of it. The checks
+// of the whole manifest end before this returns; on any error (from
+// on_tensor too, returned as is) the caller drops what on_tensor was given.
+absl::StatusOr<ManifestSummary> ReadManifestByTensor(
+    ShardStore& store, absl::string_view job, int64_t step,
+    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor);
+// ReadManifestByTensor for what is not in the tensors (the record, the object
+// list): every check of ReadManifest, none of its memory.
+absl::StatusOr<ManifestSummary> ReadManifestSummary(ShardStore& store,
+                                                    absl::string_view job,
+                                                    int64_t step);
+
 // Job names at the root of the store (valid names only), sorted.
 absl::StatusOr<std::vector<std::string>> ListJobs(ShardStore& store);
 // Steps of `job` with a MANIFEST, ascending.
@@ -90,7 +112,8 @@ absl::Status DeleteStep(ShardStore& store, absl::string_view job, int64_t step);
 // step no writer can still be writing into (a committed one: every other
 // attempt of it is aborted). `manifest` must be valid (ValidateManifest, as
 // PublishManifest and ReadManifest check): the objects it keeps are the ones
-// it lists. Returns the number of objects removed.
+// it lists (its tensors are not read: a ReadManifestSummary header will do).
+// Returns the number of objects removed.
 absl::StatusOr<int> DeleteUnreferenced(ShardStore& store,
                                        const v1::Manifest& manifest);
 

@@ -190,6 +190,93 @@ TEST_P(CheckpointLayoutTest, CorruptOrMisplacedManifestIsDataLoss) {
                 "describes job 'job' step 1");
 }
 
+// ReadManifestByTensor gives what ReadManifest does, or its error, for a
+// good manifest and for each way a stored one can be wrong.
+TEST_P(CheckpointLayoutTest, ReadByTensorMatchesReadManifest) {
+  auto store = NewStore();
+  TestCheckpointSpec spec;
+  spec.num_tensors = 5;
+  ASSERT_TRUE(WriteTestCheckpoint(*store, spec).ok());
+  auto same = [&](int64_t step, const std::string& what) {
+    absl::StatusOr<v1::Manifest> whole = ReadManifest(*store, "job", step);
+    std::vector<v1::ManifestTensor> tensors;
+    absl::StatusOr<ManifestSummary> by_tensor =
+        ReadManifestByTensor(*store, "job", step, [&](v1::ManifestTensor& t) {
+          tensors.push_back(t);
+          return absl::OkStatus();
+        });
+    absl::StatusOr<ManifestSummary> summary =
+        ReadManifestSummary(*store, "job", step);
+    ASSERT_EQ(whole.status(), by_tensor.status()) << what;
+    ASSERT_EQ(whole.status(), summary.status()) << what;
+    if (!whole.ok()) return;
+    v1::Manifest header = *whole;
+    header.clear_tensors();
+    EXPECT_EQ(by_tensor->header.SerializeAsString(),
+              header.SerializeAsString());
+    EXPECT_EQ(summary->header.SerializeAsString(), header.SerializeAsString());
+    EXPECT_EQ(by_tensor->num_tensors, whole->tensors_size());
+    EXPECT_EQ(summary->num_tensors, whole->tensors_size());
+    ASSERT_EQ(static_cast<int>(tensors.size()), whole->tensors_size());
+    for (int i = 0; i < whole->tensors_size(); ++i) {
+      EXPECT_EQ(tensors[i].SerializeAsString(),
+                whole->tensors(i).SerializeAsString());
+    }
+  };
+  same(1, "good");
+  same(9, "absent");
+  const std::string good = ReadObject(*store, ManifestKey("job", 1)).value();
+  auto put = [&](int64_t step, const std::string& bytes) {
+    ASSERT_TRUE(store
+                    ->Put(ManifestKey("job", step),
+                          absl::Span<const char>(bytes.data(), bytes.size()))
+                    .ok());
+  };
+  put(2, good);  // step 1's manifest under step 2
+  same(2, "misplaced");
+  std::string flipped = good;
+  flipped[flipped.size() / 2] ^= 0x10;
+  put(3, flipped);
+  same(3, "corrupt");
+  // Decodable but invalid, in the header, a tensor or the whole.
+  v1::Manifest m = DecodeManifest(good).value();
+  m.set_step(4);
+  m.set_world_size(0);
+  put(4, EncodeManifest(m));
+  same(4, "bad header");
+  m = DecodeManifest(good).value();
+  m.set_step(5);
+  m.mutable_tensors(3)->mutable_chunks(0)->mutable_location()->set_length(1);
+  put(5, EncodeManifest(m));
+  same(5, "bad tensor");
+  m = DecodeManifest(good).value();
+  m.set_step(6);
+  m.set_total_bytes(m.total_bytes() + 1);
+  put(6, EncodeManifest(m));
+  same(6, "bad total");
+  m = DecodeManifest(good).value();
+  m.set_step(7);
+  m.clear_tensors();
+  m.set_total_bytes(0);
+  m.clear_bytes_entries();
+  m.clear_layouts();
+  put(7, EncodeManifest(m));
+  same(7, "no tensors");
+  EXPECT_STATUS(ReadManifestSummary(*store, "job", 4).status(), kDataLoss,
+                "world_size 0");
+  // A caller's error stops the read and comes back as it was.
+  int calls = 0;
+  EXPECT_STATUS(ReadManifestByTensor(*store, "job", 1,
+                                     [&](v1::ManifestTensor&) {
+                                       return ++calls == 2
+                                                  ? absl::AbortedError("stop")
+                                                  : absl::OkStatus();
+                                     })
+                    .status(),
+                kAborted, "stop");
+  EXPECT_EQ(calls, 2);
+}
+
 TEST_P(CheckpointLayoutTest, VerifyDetectsCorruptionAndReportsProgress) {
   auto store = NewStore();
   TestCheckpointSpec spec;

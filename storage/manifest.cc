@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "nlohmann/json.hpp"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
@@ -233,8 +234,12 @@ std::string EncodeManifest(const v1::Manifest& manifest) {
   return out;
 }
 
-absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view bytes,
-                                            uint64_t max_bytes) {
+namespace {
+
+// The checks of the 32-byte header and the body's crc32c; returns the
+// header's format_version and the body.
+absl::StatusOr<std::pair<uint32_t, absl::string_view>> CheckFraming(
+    absl::string_view bytes, uint64_t max_bytes) {
   if (bytes.size() < kManifestHeaderBytes) {
     return absl::DataLossError(absl::StrCat(
         "manifest truncated: ", bytes.size(), " bytes, shorter than its ",
@@ -289,6 +294,80 @@ absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view bytes,
                                             Crc(body_crc), " != stored ",
                                             Crc(GetU32(h + 24))));
   }
+  return std::make_pair(version, body);
+}
+
+constexpr uint32_t kTensorsField = 6;  // Manifest.tensors
+static_assert(v1::Manifest::kTensorsFieldNumber == kTensorsField);
+
+// The wire types of the protobuf encoding.
+enum WireType : uint32_t {
+  kVarint = 0,
+  kFixed64 = 1,
+  kLengthDelimited = 2,
+  kStartGroup = 3,
+  kEndGroup = 4,
+  kFixed32 = 5,
+};
+
+// A length-delimited field's length, as protobuf reads it: a varint of up to
+// 64 bits (not truncated to 32) that must fit in an int.
+bool ReadLength(google::protobuf::io::CodedInputStream& in, int* length) {
+  uint64_t v = 0;
+  if (!in.ReadVarint64(&v) || v > static_cast<uint64_t>(INT32_MAX)) {
+    return false;
+  }
+  *length = static_cast<int>(v);
+  return true;
+}
+
+// Skips the field whose tag `tag` was just read, groups (unknown fields to
+// Manifest, but protobuf accepts them) with everything in them; false if
+// the input ends or is malformed first. Iterative: a hostile nesting depth
+// costs memory in `open`, not stack (protobuf's own parse of what is kept
+// applies its recursion limit).
+bool SkipField(google::protobuf::io::CodedInputStream& in, uint32_t tag) {
+  std::vector<uint32_t> open;  // field numbers of the groups being skipped
+  int length = 0;
+  for (;;) {
+    uint64_t varint = 0;
+    switch (tag & 7) {
+      case kVarint:
+        if (!in.ReadVarint64(&varint)) return false;
+        break;
+      case kFixed64:
+        if (!in.Skip(8)) return false;
+        break;
+      case kLengthDelimited:
+        if (!ReadLength(in, &length) || !in.Skip(length)) {
+          return false;
+        }
+        break;
+      case kStartGroup:
+        open.push_back(tag >> 3);
+        break;
+      case kEndGroup:
+        if (open.empty() || open.back() != (tag >> 3)) return false;
+        open.pop_back();
+        break;
+      case kFixed32:
+        if (!in.Skip(4)) return false;
+        break;
+      default:
+        return false;
+    }
+    if (open.empty()) return true;
+    tag = in.ReadTag();
+    if ((tag >> 3) == 0) return false;  // the end, or field number 0
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view bytes,
+                                            uint64_t max_bytes) {
+  CAIRN_ASSIGN_OR_RETURN(auto framed, CheckFraming(bytes, max_bytes));
+  const auto [version, body] = framed;
   v1::Manifest manifest;
   if (body.size() > static_cast<size_t>(INT32_MAX) ||
       !manifest.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
@@ -303,6 +382,75 @@ absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view bytes,
   return manifest;
 }
 
+absl::StatusOr<int> DecodeManifestByTensor(
+    absl::string_view bytes, uint64_t max_bytes, v1::Manifest* header,
+    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor) {
+  CAIRN_ASSIGN_OR_RETURN(auto framed, CheckFraming(bytes, max_bytes));
+  const auto [version, body] = framed;
+  const absl::Status unparsable =
+      absl::DataLossError("manifest body does not parse as cairn.v1.Manifest");
+  if (body.size() > static_cast<size_t>(INT32_MAX)) return unparsable;
+  // Two passes over the wire format. The first copies every field but the
+  // tensors into `rest` (parsed as the header: protobuf merges repeated
+  // occurrences as it would in the whole message) and notes where each
+  // tensor is; the second parses the tensors one by one, after the header is
+  // known (fields are written in field-number order, so the tensors (6) come
+  // before the object list (10) that checking them needs).
+  std::string rest;
+  std::vector<std::pair<int, int>> tensors;  // (offset, length) in body
+  {
+    google::protobuf::io::CodedInputStream in(
+        reinterpret_cast<const uint8_t*>(body.data()),
+        static_cast<int>(body.size()));
+    for (;;) {
+      const int field_start = in.CurrentPosition();
+      const uint32_t tag = in.ReadTag();
+      if (tag == 0) {
+        if (field_start != static_cast<int>(body.size())) return unparsable;
+        break;
+      }
+      const uint32_t field = tag >> 3;
+      const bool is_tensor =
+          field == kTensorsField && (tag & 7) == kLengthDelimited;
+      int length = 0;
+      bool ok = field != 0;
+      if (ok && is_tensor) {
+        ok = ReadLength(in, &length);
+        if (ok) tensors.emplace_back(in.CurrentPosition(), length);
+        ok = ok && in.Skip(length);
+      } else if (ok) {
+        ok = SkipField(in, tag);
+      }
+      if (!ok) return unparsable;
+      if (!is_tensor) {
+        rest.append(body.data() + field_start,
+                    in.CurrentPosition() - field_start);
+      }
+    }
+  }
+  if (!header->ParseFromString(rest)) return unparsable;
+  if (header->format_version() != version) {
+    return absl::DataLossError(absl::StrCat(
+        "manifest body says format_version ", header->format_version(),
+        " but its header says ", version));
+  }
+  for (const auto& [offset, length] : tensors) {
+    // Parsed as the embedded message it is: one level of protobuf's
+    // recursion budget is the Manifest's, and it must end where its length
+    // says.
+    google::protobuf::io::CodedInputStream in(
+        reinterpret_cast<const uint8_t*>(body.data()) + offset, length);
+    in.SetRecursionLimit(
+        google::protobuf::io::CodedInputStream::GetDefaultRecursionLimit() - 1);
+    v1::ManifestTensor tensor;
+    if (!tensor.ParseFromCodedStream(&in) || !in.ConsumedEntireMessage()) {
+      return unparsable;
+    }
+    CAIRN_RETURN_IF_ERROR(on_tensor(tensor));
+  }
+  return static_cast<int>(tensors.size());
+}
+
 absl::Status ValidateManifest(const v1::Manifest& m) {
   std::vector<uint64_t> object_ends;
   return ValidateManifest(m, &object_ends);
@@ -310,168 +458,202 @@ absl::Status ValidateManifest(const v1::Manifest& m) {
 
 absl::Status ValidateManifest(const v1::Manifest& m,
                               std::vector<uint64_t>* object_ends) {
-  const std::string where =
-      absl::StrCat("manifest of job '", m.job(), "' step ", m.step());
-  auto bad = [&](auto&&... parts) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
-  };
+  ManifestValidator v(m);
+  CAIRN_RETURN_IF_ERROR(v.Start());
+  for (const v1::ManifestTensor& t : m.tensors()) {
+    CAIRN_RETURN_IF_ERROR(v.AddTensor(t));
+  }
+  CAIRN_RETURN_IF_ERROR(v.Finish());
+  *object_ends = std::move(v.object_ends());
+  return absl::OkStatus();
+}
+
+ManifestValidator::ManifestValidator(const v1::Manifest& header)
+    : m_(header),
+      where_(absl::StrCat("manifest of job '", header.job(), "' step ",
+                          header.step())) {}
+
+template <typename... Parts>
+absl::Status ManifestValidator::Bad(const Parts&... parts) const {
+  return absl::InvalidArgumentError(absl::StrCat(where_, ": ", parts...));
+}
+
+// `what` names the entry; it is called only to report an error. Every key in
+// the object list was validated by Start, so a listed key needs no check.
+template <typename What>
+absl::Status ManifestValidator::CheckLocation(const v1::StorageLocation& loc,
+                                              What&& what) {
+  auto object = objects_.find(loc.object_key());
+  if (object == objects_.end()) {
+    if (absl::Status s = ValidateKey(loc.object_key()); !s.ok()) {
+      return Bad(what(), ": ", s.message());
+    }
+    return Bad(what(), ": object '", loc.object_key(),
+               "' is not in the manifest's object list");
+  }
+  // Objects are files: every byte must be addressable by an off_t.
+  if (loc.offset() > static_cast<uint64_t>(INT64_MAX) ||
+      loc.length() > static_cast<uint64_t>(INT64_MAX) - loc.offset()) {
+    return Bad(what(), ": location offset ", loc.offset(), " + length ",
+               loc.length(), " exceeds 2^63 - 1");
+  }
+  uint64_t& end = object_ends_[object->second];
+  end = std::max(end, loc.offset() + loc.length());
+  return absl::OkStatus();
+}
+
+template <typename What>
+absl::Status ManifestValidator::CheckRank(int32_t rank, What&& what) const {
+  if (rank < 0 || rank >= m_.world_size()) {
+    return Bad(what(), ": writer_rank ", rank, " outside [0, ", m_.world_size(),
+               ")");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ManifestValidator::Start() {
+  const v1::Manifest& m = m_;
   if (m.format_version() == 0 || m.format_version() > kManifestFormatVersion) {
-    return bad("unsupported format_version ", m.format_version());
+    return Bad("unsupported format_version ", m.format_version());
   }
   if (absl::Status s = ValidateJobName(m.job()); !s.ok()) {
-    return bad(s.message());
+    return Bad(s.message());
   }
-  if (absl::Status s = ValidateStep(m.step()); !s.ok()) return bad(s.message());
-  if (m.world_size() <= 0) return bad("world_size ", m.world_size(), " <= 0");
+  if (absl::Status s = ValidateStep(m.step()); !s.ok()) return Bad(s.message());
+  if (m.world_size() <= 0) return Bad("world_size ", m.world_size(), " <= 0");
 
-  // Views into `m`: nothing is copied per object, fqn or chunk, and the
+  // Views into the header: nothing is copied per object or chunk, and the
   // messages naming a chunk are built only when it is wrong.
-  absl::flat_hash_map<absl::string_view, int> objects;  // -> index
-  objects.reserve(m.objects_size());
+  objects_.reserve(m.objects_size());
   for (const std::string& key : m.objects()) {
     if (absl::Status s = ValidateKey(key); !s.ok()) {
-      return bad("object list: ", s.message());
+      return Bad("object list: ", s.message());
     }
-    if (!objects.try_emplace(key, static_cast<int>(objects.size())).second) {
-      return bad("object '", key, "' listed twice");
+    if (!objects_.try_emplace(key, static_cast<int>(objects_.size())).second) {
+      return Bad("object '", key, "' listed twice");
     }
   }
-  object_ends->assign(m.objects_size(), 0);
-  // `what` names the entry; it is called only to report an error. Every key
-  // in the object list was validated above, so a listed key needs no check.
-  auto check_location = [&](const v1::StorageLocation& loc,
-                            auto&& what) -> absl::Status {
-    auto object = objects.find(loc.object_key());
-    if (object == objects.end()) {
-      if (absl::Status s = ValidateKey(loc.object_key()); !s.ok()) {
-        return bad(what(), ": ", s.message());
-      }
-      return bad(what(), ": object '", loc.object_key(),
-                 "' is not in the manifest's object list");
-    }
-    // Objects are files: every byte must be addressable by an off_t.
-    if (loc.offset() > static_cast<uint64_t>(INT64_MAX) ||
-        loc.length() > static_cast<uint64_t>(INT64_MAX) - loc.offset()) {
-      return bad(what(), ": location offset ", loc.offset(), " + length ",
-                 loc.length(), " exceeds 2^63 - 1");
-    }
-    uint64_t& end = (*object_ends)[object->second];
-    end = std::max(end, loc.offset() + loc.length());
-    return absl::OkStatus();
-  };
-  auto check_rank = [&](int32_t rank, auto&& what) -> absl::Status {
-    if (rank < 0 || rank >= m.world_size()) {
-      return bad(what(), ": writer_rank ", rank, " outside [0, ",
-                 m.world_size(), ")");
-    }
-    return absl::OkStatus();
-  };
+  object_ends_.assign(m.objects_size(), 0);
+  return absl::OkStatus();
+}
 
-  absl::flat_hash_set<absl::string_view> fqns;
-  fqns.reserve(m.tensors_size() + m.bytes_entries_size());
-  unsigned __int128 total = 0;
-  const std::string* prev = nullptr;
-  for (const v1::ManifestTensor& t : m.tensors()) {
-    const v1::TensorEntry& e = t.entry();
-    const std::string& fqn = e.fqn();
-    if (!ValidFqn(fqn)) {
-      return bad("invalid tensor fqn '", fqn.substr(0, 200),
-                 "' (empty, over 1024 bytes or containing NUL)");
-    }
-    if (prev != nullptr && !(*prev < fqn)) {
-      return bad("tensors not sorted by fqn: '", fqn, "' after '", *prev, "'");
-    }
-    prev = &fqn;
-    if (!fqns.insert(fqn).second) return bad("fqn '", fqn, "' appears twice");
-    const size_t elem = DTypeSize(e.dtype());
-    if (elem == 0) {
-      return bad("tensor '", fqn, "' has dtype ", DTypeName(e.dtype()));
-    }
-    const int rank = e.global_shape_size();
-    if (rank > kMaxTensorRank) {
-      return bad("tensor '", fqn, "' has ", rank, " dims (max ", kMaxTensorRank,
-                 ")");
-    }
-    uint64_t shape_volume = 0;
-    if (!Volume(e.global_shape(), &shape_volume)) {
-      return bad("tensor '", fqn, "' has an invalid or too large shape [",
-                 absl::StrJoin(e.global_shape(), ", "), "]");
-    }
-    unsigned __int128 covered = 0;
-    std::vector<const v1::ChunkBox*> boxes;
-    boxes.reserve(t.chunks_size());
-    for (const v1::StoredChunk& c : t.chunks()) {
-      const v1::ChunkBox& box = c.box();
-      auto what = [&] {
-        return absl::StrCat("tensor '", fqn, "' chunk ", BoxToString(box));
-      };
-      if (box.offsets_size() != rank || box.sizes_size() != rank) {
-        return bad(what(), " has ", box.offsets_size(), " offsets and ",
-                   box.sizes_size(), " sizes for a tensor of rank ", rank);
-      }
-      for (int d = 0; d < rank; ++d) {
-        const int64_t off = box.offsets(d);
-        const int64_t size = box.sizes(d);
-        if (off < 0 || size < 0 || off > e.global_shape(d) ||
-            size > e.global_shape(d) - off) {
-          return bad(what(), " exceeds shape [",
-                     absl::StrJoin(e.global_shape(), ", "), "]");
-        }
-      }
-      uint64_t volume = 0;
-      Volume(box.sizes(), &volume);  // inside the shape: cannot overflow
-      const unsigned __int128 want =
-          static_cast<unsigned __int128>(volume) * elem;
-      if (want != c.location().length()) {
-        return bad(what(), " has length ", c.location().length(),
-                   " bytes, expected ", volume, " elements x ", elem, " bytes");
-      }
-      CAIRN_RETURN_IF_ERROR(check_location(c.location(), [&] {
-        return absl::StrCat(what(), " in object '", c.location().object_key(),
-                            "'");
-      }));
-      CAIRN_RETURN_IF_ERROR(check_rank(c.writer_rank(), what));
-      covered += volume;
-      total += c.location().length();
-      if (volume > 0) boxes.push_back(&box);
-    }
-    if (covered != shape_volume) {
-      return bad("chunks of tensor '", fqn, "' cover ",
-                 static_cast<uint64_t>(covered), " elements of ", shape_volume,
-                 " (shape [", absl::StrJoin(e.global_shape(), ", "), "])");
-    }
-    size_t a = 0;
-    size_t b = 0;
-    if (FindOverlap(boxes, rank, &a, &b)) {
-      return bad("chunks ", BoxToString(*boxes[a]), " and ",
-                 BoxToString(*boxes[b]), " of tensor '", fqn, "' overlap");
-    }
+absl::Status ManifestValidator::AddTensor(const v1::ManifestTensor& t) {
+  const v1::TensorEntry& e = t.entry();
+  const std::string& fqn = e.fqn();
+  if (!ValidFqn(fqn)) {
+    return Bad("invalid tensor fqn '", fqn.substr(0, 200),
+               "' (empty, over 1024 bytes or containing NUL)");
   }
-  prev = nullptr;
+  // Strictly sorted, so also unique.
+  if (!tensor_fqns_.empty() && !(tensor_fqns_.back() < fqn)) {
+    return Bad("tensors not sorted by fqn: '", fqn, "' after '",
+               tensor_fqns_.back(), "'");
+  }
+  tensor_fqns_.push_back(fqn);
+  const size_t elem = DTypeSize(e.dtype());
+  if (elem == 0) {
+    return Bad("tensor '", fqn, "' has dtype ", DTypeName(e.dtype()));
+  }
+  const int rank = e.global_shape_size();
+  if (rank > kMaxTensorRank) {
+    return Bad("tensor '", fqn, "' has ", rank, " dims (max ", kMaxTensorRank,
+               ")");
+  }
+  uint64_t shape_volume = 0;
+  if (!Volume(e.global_shape(), &shape_volume)) {
+    return Bad("tensor '", fqn, "' has an invalid or too large shape [",
+               absl::StrJoin(e.global_shape(), ", "), "]");
+  }
+  unsigned __int128 covered = 0;
+  std::vector<const v1::ChunkBox*> boxes;
+  boxes.reserve(t.chunks_size());
+  for (const v1::StoredChunk& c : t.chunks()) {
+    const v1::ChunkBox& box = c.box();
+    auto what = [&] {
+      return absl::StrCat("tensor '", fqn, "' chunk ", BoxToString(box));
+    };
+    if (box.offsets_size() != rank || box.sizes_size() != rank) {
+      return Bad(what(), " has ", box.offsets_size(), " offsets and ",
+                 box.sizes_size(), " sizes for a tensor of rank ", rank);
+    }
+    for (int d = 0; d < rank; ++d) {
+      const int64_t off = box.offsets(d);
+      const int64_t size = box.sizes(d);
+      if (off < 0 || size < 0 || off > e.global_shape(d) ||
+          size > e.global_shape(d) - off) {
+        return Bad(what(), " exceeds shape [",
+                   absl::StrJoin(e.global_shape(), ", "), "]");
+      }
+    }
+    uint64_t volume = 0;
+    Volume(box.sizes(), &volume);  // inside the shape: cannot overflow
+    const unsigned __int128 want =
+        static_cast<unsigned __int128>(volume) * elem;
+    if (want != c.location().length()) {
+      return Bad(what(), " has length ", c.location().length(),
+                 " bytes, expected ", volume, " elements x ", elem, " bytes");
+    }
+    CAIRN_RETURN_IF_ERROR(CheckLocation(c.location(), [&] {
+      return absl::StrCat(what(), " in object '", c.location().object_key(),
+                          "'");
+    }));
+    CAIRN_RETURN_IF_ERROR(CheckRank(c.writer_rank(), what));
+    covered += volume;
+    total_ += c.location().length();
+    if (volume > 0) boxes.push_back(&box);
+  }
+  if (covered != shape_volume) {
+    return Bad("chunks of tensor '", fqn, "' cover ",
+               static_cast<uint64_t>(covered), " elements of ", shape_volume,
+               " (shape [", absl::StrJoin(e.global_shape(), ", "), "])");
+  }
+  size_t a = 0;
+  size_t b = 0;
+  if (FindOverlap(boxes, rank, &a, &b)) {
+    return Bad("chunks ", BoxToString(*boxes[a]), " and ",
+               BoxToString(*boxes[b]), " of tensor '", fqn, "' overlap");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ManifestValidator::Finish() {
+  const v1::Manifest& m = m_;
+  auto is_tensor = [&](const std::string& fqn) {
+    return std::binary_search(tensor_fqns_.begin(), tensor_fqns_.end(), fqn);
+  };
+  const std::string* prev = nullptr;
   for (const v1::ManifestBytes& b : m.bytes_entries()) {
     const std::string& fqn = b.fqn();
     if (!ValidFqn(fqn)) {
-      return bad("invalid bytes entry fqn '", fqn.substr(0, 200), "'");
+      return Bad("invalid bytes entry fqn '", fqn.substr(0, 200), "'");
     }
     if (prev != nullptr && !(*prev < fqn)) {
-      return bad("bytes entries not sorted by fqn: '", fqn, "' after '", *prev,
+      return Bad("bytes entries not sorted by fqn: '", fqn, "' after '", *prev,
                  "'");
     }
     prev = &fqn;
-    if (!fqns.insert(fqn).second) return bad("fqn '", fqn, "' appears twice");
+    if (is_tensor(fqn)) return Bad("fqn '", fqn, "' appears twice");
     auto what = [&] { return absl::StrCat("bytes entry '", fqn, "'"); };
-    CAIRN_RETURN_IF_ERROR(check_location(b.location(), what));
-    CAIRN_RETURN_IF_ERROR(check_rank(b.writer_rank(), what));
-    total += b.location().length();
+    CAIRN_RETURN_IF_ERROR(CheckLocation(b.location(), what));
+    CAIRN_RETURN_IF_ERROR(CheckRank(b.writer_rank(), what));
+    total_ += b.location().length();
   }
+  auto is_bytes_entry = [&](const std::string& fqn) {
+    auto it = std::lower_bound(
+        m.bytes_entries().begin(), m.bytes_entries().end(), fqn,
+        [](const v1::ManifestBytes& b, const std::string& f) {
+          return b.fqn() < f;
+        });
+    return it != m.bytes_entries().end() && it->fqn() == fqn;
+  };
   for (const v1::TensorLayout& layout : m.layouts()) {
-    if (!fqns.contains(layout.fqn())) {
-      return bad("layout for unknown tensor '", layout.fqn(), "'");
+    if (!is_tensor(layout.fqn()) && !is_bytes_entry(layout.fqn())) {
+      return Bad("layout for unknown tensor '", layout.fqn(), "'");
     }
   }
-  if (total != m.total_bytes()) {
-    return bad("total_bytes ", m.total_bytes(), " != sum of stored lengths ",
-               static_cast<uint64_t>(total));
+  if (total_ != m.total_bytes()) {
+    return Bad("total_bytes ", m.total_bytes(), " != sum of stored lengths ",
+               static_cast<uint64_t>(total_));
   }
   return absl::OkStatus();
 }

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -47,6 +49,16 @@ std::string EncodeManifest(const v1::Manifest& manifest);
 absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view bytes,
                                             uint64_t max_bytes = 1ull << 30);
 
+// DecodeManifest that hands over the tensors one at a time instead of
+// holding them all (a parsed manifest takes ~300 bytes a stored chunk:
+// GBs at thousands of ranks). `header` gets every field but the tensors;
+// each tensor is parsed from `bytes` on its own and passed to `on_tensor`, in
+// order; an error from on_tensor stops the decode and is returned as is.
+// Returns the number of tensors. The same errors as DecodeManifest.
+absl::StatusOr<int> DecodeManifestByTensor(
+    absl::string_view bytes, uint64_t max_bytes, v1::Manifest* header,
+    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor);
+
 // Semantic checks (INVALID_ARGUMENT naming job, step, fqn, chunk box and
 // object key): known format version; valid job and step; world_size > 0;
 // tensors and bytes entries sorted by fqn, fqns unique, non-empty, <= 1024
@@ -60,6 +72,39 @@ absl::Status ValidateManifest(const v1::Manifest& manifest);
 // location names): how long that object must be.
 absl::Status ValidateManifest(const v1::Manifest& manifest,
                               std::vector<uint64_t>* object_ends);
+
+// ValidateManifest in steps, for a manifest whose tensors are not all in
+// memory at once: Start with the manifest's other fields, AddTensor for each
+// tensor in order, then Finish. Each step returns the first error found;
+// the result after Finish is ValidateManifest's. `header` must outlive the
+// validator.
+class ManifestValidator {
+ public:
+  explicit ManifestValidator(const v1::Manifest& header);
+  // The header fields and the object list (tensors of `header` are ignored).
+  absl::Status Start();
+  absl::Status AddTensor(const v1::ManifestTensor& tensor);
+  // Bytes entries, layouts and total_bytes.
+  absl::Status Finish();
+  // After Finish: the furthest byte any location places in each object of
+  // header.objects() (0 for an object no location names).
+  std::vector<uint64_t>& object_ends() { return object_ends_; }
+
+ private:
+  template <typename... Parts>
+  absl::Status Bad(const Parts&... parts) const;
+  template <typename What>
+  absl::Status CheckLocation(const v1::StorageLocation& loc, What&& what);
+  template <typename What>
+  absl::Status CheckRank(int32_t rank, What&& what) const;
+
+  const v1::Manifest& m_;
+  std::string where_;
+  absl::flat_hash_map<absl::string_view, int> objects_;  // -> index
+  std::vector<uint64_t> object_ends_;
+  std::vector<std::string> tensor_fqns_;  // in order, so sorted
+  unsigned __int128 total_ = 0;
+};
 
 // Size in bytes of one element; 0 for DTYPE_UNSPECIFIED or an unknown value.
 size_t DTypeSize(v1::DType dtype);

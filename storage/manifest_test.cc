@@ -5,8 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "storage/checksum.h"
@@ -140,6 +142,164 @@ TEST(ManifestTest, RandomGarbageNeverDecodes) {
     ASSERT_FALSE(d.ok());
     ASSERT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << d.status();
   }
+}
+
+// ---- DecodeManifestByTensor ----
+
+// `body` framed as format version 1, header and crcs valid: what decoding
+// sees once it is past the framing checks.
+std::string Frame(absl::string_view body) {
+  std::string framed(kManifestHeaderBytes, '\0');
+  std::memcpy(framed.data(), kManifestMagic, 8);
+  framed[8] = 1;
+  for (int i = 0; i < 8; ++i) {
+    framed[16 + i] = static_cast<char>(uint64_t{body.size()} >> (8 * i));
+  }
+  const uint32_t crc = Crc32c(body.data(), body.size());
+  for (int i = 0; i < 4; ++i)
+    framed[24 + i] = static_cast<char>(crc >> (8 * i));
+  FixHeaderCrc(framed);
+  return absl::StrCat(framed, body);
+}
+
+// DecodeManifestByTensor's header with its tensors put back, in order.
+absl::StatusOr<v1::Manifest> DecodeByTensor(absl::string_view bytes) {
+  v1::Manifest header;
+  std::vector<v1::ManifestTensor> tensors;
+  absl::StatusOr<int> n = DecodeManifestByTensor(
+      bytes, 1ull << 30, &header, [&](v1::ManifestTensor& t) {
+        tensors.push_back(std::move(t));
+        return absl::OkStatus();
+      });
+  if (!n.ok()) return n.status();
+  EXPECT_EQ(*n, static_cast<int>(tensors.size()));
+  EXPECT_EQ(header.tensors_size(), 0);
+  for (v1::ManifestTensor& t : tensors) *header.add_tensors() = std::move(t);
+  return header;
+}
+
+// Both decoders agree: the same status code, and the same message.
+void ExpectSameDecode(absl::string_view bytes, const std::string& what) {
+  absl::StatusOr<v1::Manifest> whole = DecodeManifest(bytes);
+  absl::StatusOr<v1::Manifest> by_tensor = DecodeByTensor(bytes);
+  ASSERT_EQ(whole.status().code(), by_tensor.status().code())
+      << what << ": " << whole.status() << " vs " << by_tensor.status();
+  if (whole.ok()) {
+    ASSERT_TRUE(
+        google::protobuf::util::MessageDifferencer::Equals(*whole, *by_tensor))
+        << what;
+  }
+}
+
+TEST(DecodeManifestByTensorTest, HandsOverEachTensorInOrder) {
+  const v1::Manifest m = TestManifest(4, 6);
+  std::vector<std::string> fqns;
+  v1::Manifest header;
+  absl::StatusOr<int> n = DecodeManifestByTensor(
+      EncodeManifest(m), 1ull << 30, &header, [&](v1::ManifestTensor& t) {
+        fqns.push_back(t.entry().fqn());
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 6);
+  ASSERT_EQ(fqns.size(), 6u);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(fqns[i], m.tensors(i).entry().fqn());
+  v1::Manifest without = m;
+  without.clear_tensors();
+  EXPECT_TRUE(
+      google::protobuf::util::MessageDifferencer::Equals(header, without));
+  ExpectSameDecode(EncodeManifest(m), "encoded");
+}
+
+TEST(DecodeManifestByTensorTest, StopsAtTheCallersError) {
+  int calls = 0;
+  v1::Manifest header;
+  absl::StatusOr<int> n = DecodeManifestByTensor(
+      EncodeManifest(TestManifest(2, 5)), 1ull << 30, &header,
+      [&](v1::ManifestTensor&) {
+        return ++calls == 2 ? absl::ResourceExhaustedError("full")
+                            : absl::OkStatus();
+      });
+  EXPECT_STATUS(n.status(), kResourceExhausted, "full");
+  EXPECT_EQ(calls, 2);
+}
+
+// Any wire order a protobuf parser accepts: fields out of order, tensors
+// interleaved with the header's fields, a scalar given twice (the last wins),
+// repeated fields split, unknown fields, the tensors' field number with
+// another wire type (an unknown field to protobuf).
+TEST(DecodeManifestByTensorTest, MatchesProtobufOnAnyFieldOrder) {
+  const v1::Manifest m = TestManifest(3, 4);
+  auto part = [&](auto&& fill) {
+    v1::Manifest p;
+    fill(p);
+    return p.SerializeAsString();
+  };
+  std::string body;
+  body += part([&](v1::Manifest& p) { *p.add_tensors() = m.tensors(2); });
+  body += part([&](v1::Manifest& p) {
+    p.set_job("other");
+    p.set_step(m.step());
+    p.add_objects(m.objects(0));
+  });
+  body += part([&](v1::Manifest& p) { *p.add_tensors() = m.tensors(0); });
+  body += part([&](v1::Manifest& p) {
+    p.set_format_version(1);
+    p.set_job(m.job());
+    for (int i = 1; i < m.objects_size(); ++i) p.add_objects(m.objects(i));
+  });
+  body += std::string("\xb8\x06\x07", 3);  // field 103, varint 7
+  body += std::string("\x30\x05", 2);      // field 6 as a varint
+  body += part([&](v1::Manifest& p) {
+    *p.add_tensors() = m.tensors(3);
+    *p.add_tensors() = m.tensors(1);
+    p.set_world_size(m.world_size());
+    p.set_total_bytes(m.total_bytes());
+  });
+  ExpectSameDecode(Frame(body), "interleaved");
+  absl::StatusOr<v1::Manifest> d = DecodeByTensor(Frame(body));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->job(), m.job());
+  ASSERT_EQ(d->tensors_size(), 4);
+  EXPECT_EQ(d->tensors(0).entry().fqn(), m.tensors(2).entry().fqn());
+  EXPECT_EQ(d->objects_size(), m.objects_size());
+}
+
+// Past the framing (re-framed so the crcs hold), every damaged body is
+// decoded alike by both: each single-bit flip, each truncation, random bytes.
+TEST(DecodeManifestByTensorTest, MatchesProtobufOnDamagedBodies) {
+  const std::string body = TestManifest(2, 2).SerializeAsString();
+  for (size_t bit = 0; bit < body.size() * 8; ++bit) {
+    std::string bad = body;
+    bad[bit / 8] ^= static_cast<char>(1 << (bit % 8));
+    ExpectSameDecode(Frame(bad), absl::StrCat("bit ", bit));
+  }
+  for (size_t n = 0; n < body.size(); ++n) {
+    ExpectSameDecode(Frame(body.substr(0, n)), absl::StrCat("length ", n));
+  }
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 3000; ++i) {
+    std::string s(rng() % 64, '\0');
+    for (char& c : s) c = static_cast<char>(rng() % 4 == 0 ? 0x32 : rng());
+    ExpectSameDecode(Frame(s), absl::StrCat("random body ", i));
+  }
+  // What the fuzzer found: groups (unknown fields, skipped whole, nested or
+  // not, or broken), and a length varint of more than 32 bits (2^32 read as
+  // 0 if truncated).
+  const std::string groups[] = {
+      std::string("\x0b\x08\x01\x13\x14\x0c", 6),
+      std::string("\x0b\x14", 2),
+      std::string("\x0b\x08\x01", 3),
+      std::string("\x0c", 1),
+      std::string("\x32\x80\x80\x80\x80\x10", 6),
+  };
+  for (const std::string& g : groups) {
+    ExpectSameDecode(Frame(body + g), "appended " + absl::CEscape(g));
+    ExpectSameDecode(Frame(g + body), "prepended " + absl::CEscape(g));
+  }
+  // Framing errors are DecodeManifest's.
+  ExpectSameDecode(EncodeManifest(TestManifest()) + "x", "trailing");
+  ExpectSameDecode("CAIRNMF", "short");
 }
 
 // ---- ValidateManifest ----

@@ -196,24 +196,24 @@ Coordinator::LoadCheckpoint(const std::string& job, int64_t step) {
 absl::StatusOr<std::shared_ptr<const Coordinator::LoadedCheckpoint>>
 Coordinator::BuildLoadedCheckpoint(const std::string& job, int64_t step) {
   auto loaded = std::make_shared<LoadedCheckpoint>();
-  CAIRN_ASSIGN_OR_RETURN(v1::Manifest manifest,
-                         storage::ReadManifest(*store_, job, step));
-  loaded->bytes_entries.assign(manifest.bytes_entries().begin(),
-                               manifest.bytes_entries().end());
+  // Tensor by tensor, straight from the manifest's bytes: the parsed manifest
+  // (~300 bytes a stored chunk) is never whole in memory beside the planner
+  // (~70).
+  planner::LoadPlanner::Builder builder;
+  CAIRN_ASSIGN_OR_RETURN(
+      storage::ManifestSummary manifest,
+      storage::ReadManifestByTensor(
+          *store_, job, step, [&](v1::ManifestTensor& t) -> absl::Status {
+            CAIRN_ASSIGN_OR_RETURN(planner::StoredTensor tensor,
+                                   convert::StoredTensorFromProto(t));
+            return builder.Add(std::move(tensor));
+          }));
+  loaded->bytes_entries.assign(
+      std::make_move_iterator(manifest.header.mutable_bytes_entries()->begin()),
+      std::make_move_iterator(manifest.header.mutable_bytes_entries()->end()));
   for (int i = 0; i < static_cast<int>(loaded->bytes_entries.size()); ++i) {
     loaded->bytes_index[loaded->bytes_entries[i].fqn()] = i;
   }
-  // Tensor by tensor: each is freed from the parsed manifest as the planner
-  // takes it, so the parsed manifest (~300 bytes a stored chunk) and the
-  // spelled-out tensors never coexist whole with the planner (~70).
-  planner::LoadPlanner::Builder builder;
-  for (v1::ManifestTensor& t : *manifest.mutable_tensors()) {
-    CAIRN_ASSIGN_OR_RETURN(planner::StoredTensor tensor,
-                           convert::StoredTensorFromProto(t));
-    v1::ManifestTensor().Swap(&t);  // frees its chunks
-    CAIRN_RETURN_IF_ERROR(builder.Add(std::move(tensor)));
-  }
-  manifest = v1::Manifest();
   loaded->planner = std::move(builder).Finish();
   {
     absl::MutexLock lock(&mu_);

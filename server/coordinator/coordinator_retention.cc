@@ -126,13 +126,13 @@ absl::StatusOr<v1::GarbageCollectResponse> Coordinator::GarbageCollect(
   CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> kept,
                          catalog_->ListCheckpoints(request.job(), false));
   for (const v1::CheckpointRecord& r : kept) {
-    absl::StatusOr<v1::Manifest> m =
-        storage::ReadManifest(*store_, r.job(), r.step());
+    absl::StatusOr<storage::ManifestSummary> m =
+        storage::ReadManifestSummary(*store_, r.job(), r.step());
     if (!m.ok()) {
       CAIRN_LOG(warn, "gc of job '{}': {}", r.job(), m.status().ToString());
       continue;
     }
-    SweepCommittedStep(*store_, *m);
+    SweepCommittedStep(*store_, m->header);
   }
   return resp;
 }

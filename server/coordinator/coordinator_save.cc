@@ -350,8 +350,8 @@ void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
   // Storage, not the catalog, says what is committed: a step whose MANIFEST
   // is there (its catalog write failed after the publish, say) is never
   // saved over. Its record is repaired; the ranks hear ALREADY_EXISTS.
-  if (absl::StatusOr<v1::Manifest> m =
-          storage::ReadManifest(*store_, session->job(), session->step());
+  if (absl::StatusOr<storage::ManifestSummary> m = storage::ReadManifestSummary(
+          *store_, session->job(), session->step());
       m.ok() || !absl::IsNotFound(m.status())) {
     if (m.ok()) {
       (void)catalog_->PutCheckpoint(

@@ -95,8 +95,8 @@ absl::Status Recover(storage::ShardStore& store, storage::Catalog& catalog,
     }
     // WRITING, ABORTED (or a state this build does not know).
     if (has_manifest) {
-      absl::StatusOr<v1::Manifest> m =
-          storage::ReadManifest(store, r.job(), r.step());
+      absl::StatusOr<storage::ManifestSummary> m =
+          storage::ReadManifestSummary(store, r.job(), r.step());
       if (m.ok()) {
         v1::CheckpointRecord c = storage::RecordFromManifest(*m, uri);
         if (r.created_unix_micros() != 0) {
@@ -107,7 +107,7 @@ absl::Status Recover(storage::ShardStore& store, storage::Catalog& catalog,
                   "durable in {}: COMMITTED",
                   name, v1::CheckpointState_Name(r.state()), uri);
         CAIRN_RETURN_IF_ERROR(catalog.PutCheckpoint(c));
-        SweepCommittedStep(store, *m);
+        SweepCommittedStep(store, m->header);
         continue;
       }
       if (!absl::IsDataLoss(m.status()) && !absl::IsNotFound(m.status())) {
@@ -137,8 +137,8 @@ absl::Status Recover(storage::ShardStore& store, storage::Catalog& catalog,
   // the storage).
   for (const SaveKey& key : with_manifest) {
     if (recorded.count(key) > 0) continue;
-    absl::StatusOr<v1::Manifest> m =
-        storage::ReadManifest(store, key.first, key.second);
+    absl::StatusOr<storage::ManifestSummary> m =
+        storage::ReadManifestSummary(store, key.first, key.second);
     if (!m.ok()) {
       if (absl::IsUnavailable(m.status())) return m.status();
       CAIRN_LOG(warn,

@@ -391,6 +391,13 @@ v1::CheckpointRecord RecordFromManifest(const v1::Manifest& manifest,
   return r;
 }
 
+v1::CheckpointRecord RecordFromManifest(const ManifestSummary& manifest,
+                                        absl::string_view storage_uri) {
+  v1::CheckpointRecord r = RecordFromManifest(manifest.header, storage_uri);
+  r.set_num_tensors(manifest.num_tensors);
+  return r;
+}
+
 absl::StatusOr<int> Catalog::RebuildFromStore(ShardStore& store) {
   CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> jobs,
                          storage::ListJobs(store));
@@ -401,7 +408,8 @@ absl::StatusOr<int> Catalog::RebuildFromStore(ShardStore& store) {
     CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
                            ListCommittedSteps(store, job));
     for (int64_t step : steps) {
-      absl::StatusOr<v1::Manifest> manifest = ReadManifest(store, job, step);
+      absl::StatusOr<ManifestSummary> manifest =
+          ReadManifestSummary(store, job, step);
       if (!manifest.ok()) {
         // A damaged manifest must not keep every other checkpoint from
         // being found again; it stays on storage for an operator to inspect.

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "cairn/v1/cairn.pb.h"
+#include "storage/checkpoint_layout.h"
 #include "storage/shard_store.h"
 
 namespace rocksdb {
@@ -114,6 +115,9 @@ absl::StatusOr<v1::CheckpointRecord> DecodeCheckpointRecord(
 
 // The record a committed manifest implies (state COMMITTED).
 v1::CheckpointRecord RecordFromManifest(const v1::Manifest& manifest,
+                                        absl::string_view storage_uri);
+// The same from a manifest read without its tensors (ReadManifestSummary).
+v1::CheckpointRecord RecordFromManifest(const ManifestSummary& manifest,
                                         absl::string_view storage_uri);
 
 }  // namespace cairn::storage
