@@ -120,10 +120,20 @@ absl::StatusOr<int64_t> ParseStepDir(absl::string_view name) {
 }
 
 absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest) {
+  ManifestEncoder encoder(manifest);
+  CAIRN_RETURN_IF_ERROR(encoder.Start());
+  for (const v1::ManifestTensor& t : manifest.tensors()) {
+    CAIRN_RETURN_IF_ERROR(encoder.AddTensor(t));
+  }
+  return PublishManifest(store, encoder);
+}
+
+absl::Status PublishManifest(ShardStore& store, ManifestEncoder& encoder) {
+  CAIRN_ASSIGN_OR_RETURN(const std::string bytes, encoder.Finish());
   // Every referenced object must be durable and long enough before the
   // commit point.
-  std::vector<uint64_t> ends;  // per listed object; every location names one
-  CAIRN_RETURN_IF_ERROR(ValidateManifest(manifest, &ends));
+  const v1::Manifest& manifest = encoder.header();
+  const std::vector<uint64_t>& ends = encoder.object_ends();
   const std::string& job = manifest.job();
   const int64_t step = manifest.step();
   for (int i = 0; i < manifest.objects_size(); ++i) {
@@ -143,7 +153,6 @@ absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest) {
                        "' has ", *size, " bytes but the manifest needs ", end));
     }
   }
-  const std::string bytes = EncodeManifest(manifest);
   absl::Status s =
       store.Put(ManifestKey(job, step),
                 absl::Span<const char>(bytes.data(), bytes.size()));

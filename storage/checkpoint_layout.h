@@ -35,6 +35,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "cairn/v1/cairn.pb.h"
+#include "storage/manifest.h"
 #include "storage/shard_store.h"
 
 namespace cairn::storage {
@@ -64,6 +65,9 @@ absl::StatusOr<int64_t> ParseStepDir(absl::string_view name);
 // naming the object otherwise), then atomically and durably publishes
 // <job>/<step>/MANIFEST, replacing any previous one.
 absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest);
+// The same for a manifest encoded tensor by tensor: `encoder` has been
+// started and given every tensor (its Finish makes the last checks).
+absl::Status PublishManifest(ShardStore& store, ManifestEncoder& encoder);
 
 // Reads, decodes and validates <job>/<step>/MANIFEST. NOT_FOUND (the step is
 // not committed) if absent; DATA_LOSS if corrupt or if it names another

@@ -58,6 +58,19 @@ uint64_t GetU64(const char* p) {
 
 std::string Crc(uint32_t crc) { return absl::StrFormat("0x%08x", crc); }
 
+constexpr uint32_t kTensorsField = 6;  // Manifest.tensors
+static_assert(v1::Manifest::kTensorsFieldNumber == kTensorsField);
+
+// The wire types of the protobuf encoding.
+enum WireType : uint32_t {
+  kVarint = 0,
+  kFixed64 = 1,
+  kLengthDelimited = 2,
+  kStartGroup = 3,
+  kEndGroup = 4,
+  kFixed32 = 5,
+};
+
 // Volume of a shape/box; false if it does not fit in int64.
 bool Volume(const google::protobuf::RepeatedField<int64_t>& sizes,
             uint64_t* out) {
@@ -213,6 +226,22 @@ std::string BoxToString(const v1::ChunkBox& box) {
   return out;
 }
 
+namespace {
+
+// Writes the 32-byte header before the body that follows it in `framed`.
+void FrameBody(uint32_t format_version, std::string& framed) {
+  const char* body = framed.data() + kManifestHeaderBytes;
+  const size_t body_size = framed.size() - kManifestHeaderBytes;
+  std::memcpy(framed.data(), kManifestMagic, kMagicBytes);
+  PutU32(&framed[8], format_version);
+  PutU32(&framed[12], 0);
+  PutU64(&framed[16], body_size);
+  PutU32(&framed[24], Crc32c(body, body_size));
+  PutU32(&framed[28], Crc32c(framed.data(), 28));
+}
+
+}  // namespace
+
 std::string EncodeManifest(const v1::Manifest& manifest) {
   if (manifest.format_version() == 0) {
     v1::Manifest copy = manifest;
@@ -223,15 +252,60 @@ std::string EncodeManifest(const v1::Manifest& manifest) {
   // millions of chunks is ~100 MB, not worth a second copy.
   const size_t body_size = manifest.ByteSizeLong();
   std::string out(kManifestHeaderBytes + body_size, '\0');
-  char* body = out.data() + kManifestHeaderBytes;
-  manifest.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(body));
-  std::memcpy(out.data(), kManifestMagic, kMagicBytes);
-  PutU32(&out[8], manifest.format_version());
-  PutU32(&out[12], 0);
-  PutU64(&out[16], body_size);
-  PutU32(&out[24], Crc32c(body, body_size));
-  PutU32(&out[28], Crc32c(out.data(), 28));
+  manifest.SerializeWithCachedSizesToArray(
+      reinterpret_cast<uint8_t*>(out.data() + kManifestHeaderBytes));
+  FrameBody(manifest.format_version(), out);
   return out;
+}
+
+ManifestEncoder::ManifestEncoder(const v1::Manifest& header)
+    : header_(header), validator_(header) {}
+
+// Protobuf writes a message's fields in field-number order: format_version,
+// job, step, world_size and created_unix_micros (1-5) before the tensors
+// (6), the rest (7-10, then unknown fields) after them.
+absl::Status ManifestEncoder::Start() {
+  CAIRN_RETURN_IF_ERROR(validator_.Start());
+  v1::Manifest front;
+  front.set_format_version(header_.format_version());
+  front.set_job(header_.job());
+  front.set_step(header_.step());
+  front.set_world_size(header_.world_size());
+  front.set_created_unix_micros(header_.created_unix_micros());
+  out_.assign(kManifestHeaderBytes, '\0');
+  front.AppendToString(&out_);
+  return absl::OkStatus();
+}
+
+absl::Status ManifestEncoder::AddTensor(const v1::ManifestTensor& tensor) {
+  CAIRN_RETURN_IF_ERROR(validator_.AddTensor(tensor));
+  const size_t size = tensor.ByteSizeLong();
+  uint8_t tag[1 + 10];
+  tag[0] = (kTensorsField << 3) | kLengthDelimited;
+  const uint8_t* end =
+      google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(size,
+                                                                    tag + 1);
+  out_.append(reinterpret_cast<const char*>(tag), end - tag);
+  const size_t at = out_.size();
+  out_.resize(at + size);
+  tensor.SerializeWithCachedSizesToArray(
+      reinterpret_cast<uint8_t*>(out_.data() + at));
+  ++num_tensors_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ManifestEncoder::Finish() {
+  CAIRN_RETURN_IF_ERROR(validator_.Finish());
+  v1::Manifest back = header_;
+  back.clear_format_version();
+  back.clear_job();
+  back.clear_step();
+  back.clear_world_size();
+  back.clear_created_unix_micros();
+  back.clear_tensors();
+  back.AppendToString(&out_);
+  FrameBody(header_.format_version(), out_);
+  return std::move(out_);
 }
 
 namespace {
@@ -296,19 +370,6 @@ absl::StatusOr<std::pair<uint32_t, absl::string_view>> CheckFraming(
   }
   return std::make_pair(version, body);
 }
-
-constexpr uint32_t kTensorsField = 6;  // Manifest.tensors
-static_assert(v1::Manifest::kTensorsFieldNumber == kTensorsField);
-
-// The wire types of the protobuf encoding.
-enum WireType : uint32_t {
-  kVarint = 0,
-  kFixed64 = 1,
-  kLengthDelimited = 2,
-  kStartGroup = 3,
-  kEndGroup = 4,
-  kFixed32 = 5,
-};
 
 // A length-delimited field's length, as protobuf reads it: a varint of up to
 // 64 bits (not truncated to 32) that must fit in an int.

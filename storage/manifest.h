@@ -106,6 +106,36 @@ class ManifestValidator {
   unsigned __int128 total_ = 0;
 };
 
+// Encodes a manifest tensor by tensor, checking it as ValidateManifest does,
+// so that a manifest of millions of chunks is never whole in memory as
+// messages (~300 bytes a chunk; its encoding takes ~50): the header (every
+// field but the tensors) first, complete, then each tensor in fqn order.
+// Finish gives the bytes EncodeManifest gives for the whole manifest.
+class ManifestEncoder {
+ public:
+  // `header` (its tensors are ignored) must outlive the encoder; its
+  // format_version must be set.
+  explicit ManifestEncoder(const v1::Manifest& header);
+  // Checks the header; must come first.
+  absl::Status Start();
+  absl::Status AddTensor(const v1::ManifestTensor& tensor);
+  // The checks of the whole; the framed bytes.
+  absl::StatusOr<std::string> Finish();
+
+  const v1::Manifest& header() const { return header_; }
+  int num_tensors() const { return num_tensors_; }
+  // After Finish: ManifestValidator::object_ends.
+  const std::vector<uint64_t>& object_ends() {
+    return validator_.object_ends();
+  }
+
+ private:
+  const v1::Manifest& header_;
+  ManifestValidator validator_;
+  std::string out_;
+  int num_tensors_ = 0;
+};
+
 // Size in bytes of one element; 0 for DTYPE_UNSPECIFIED or an unknown value.
 size_t DTypeSize(v1::DType dtype);
 // "float32", "bfloat16", ...; "unspecified" / "unknown(N)".

@@ -7,6 +7,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -304,6 +305,16 @@ TEST(DecodeManifestByTensorTest, MatchesProtobufOnDamagedBodies) {
 
 // ---- ValidateManifest ----
 
+// ManifestEncoder over the whole of `m`: Start, every tensor, Finish.
+absl::StatusOr<std::string> EncodeByTensor(const v1::Manifest& m) {
+  ManifestEncoder encoder(m);
+  CAIRN_RETURN_IF_ERROR(encoder.Start());
+  for (const v1::ManifestTensor& t : m.tensors()) {
+    CAIRN_RETURN_IF_ERROR(encoder.AddTensor(t));
+  }
+  return encoder.Finish();
+}
+
 struct Corruption {
   const char* name;
   std::function<void(v1::Manifest&)> apply;
@@ -428,6 +439,33 @@ TEST(ValidateManifestTest, RejectsEachKindOfInconsistency) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
     EXPECT_THAT(std::string(s.message()), HasSubstr("job '"));
+    // Encoding tensor by tensor stops at the same error.
+    EXPECT_EQ(EncodeByTensor(m).status(), s);
+  }
+}
+
+TEST(ManifestEncoderTest, GivesEncodeManifestsBytes) {
+  for (int tensors : {0, 1, 4}) {
+    v1::Manifest m = TestManifest(3, tensors);
+    if (tensors == 0) {
+      m.clear_layouts();
+      m.clear_bytes_entries();
+      m.set_total_bytes(0);
+    }
+    ASSERT_TRUE(ValidateManifest(m).ok()) << ValidateManifest(m);
+    absl::StatusOr<std::string> bytes = EncodeByTensor(m);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    EXPECT_EQ(*bytes, EncodeManifest(m)) << tensors << " tensors";
+    ManifestEncoder encoder(m);
+    ASSERT_TRUE(encoder.Start().ok());
+    for (const v1::ManifestTensor& t : m.tensors()) {
+      ASSERT_TRUE(encoder.AddTensor(t).ok());
+    }
+    ASSERT_TRUE(encoder.Finish().ok());
+    std::vector<uint64_t> ends;
+    ASSERT_TRUE(ValidateManifest(m, &ends).ok());
+    EXPECT_EQ(encoder.object_ends(), ends);
+    EXPECT_EQ(encoder.num_tensors(), tensors);
   }
 }
 

@@ -547,20 +547,23 @@ void Coordinator::CommitSave(const v1::CommitSaveRequest& request,
 void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   const absl::Time commit_start = absl::Now();
   const std::string name = SaveName(session->job(), session->step());
-  // One arena for the manifest's millions of messages: built, encoded and
-  // freed in a few large blocks.
-  google::protobuf::ArenaOptions arena_options;
-  arena_options.start_block_size = 64 << 10;
-  arena_options.max_block_size = 4 << 20;
-  google::protobuf::Arena arena(arena_options);
-  v1::Manifest* manifest =
-      google::protobuf::Arena::CreateMessage<v1::Manifest>(&arena);
-  if (absl::Status s = session->BuildManifest(manifest); !s.ok()) {
-    return AbortSession(session, s);
-  }
-
+  // Built, checked and encoded tensor by tensor: the manifest is in memory
+  // as its encoding (~50 bytes a chunk), never as millions of messages.
+  v1::Manifest header;
+  storage::ManifestEncoder encoder(header);
+  bool started = false;
+  absl::Status built = session->BuildManifest(
+      &header, [&](v1::ManifestTensor& t) -> absl::Status {
+        if (!started) {  // the header is complete before the first tensor
+          CAIRN_RETURN_IF_ERROR(encoder.Start());
+          started = true;
+        }
+        return encoder.AddTensor(t);
+      });
+  if (built.ok() && !started) built = encoder.Start();  // no tensors
+  if (!built.ok()) return AbortSession(session, built);
   // PublishManifest checks that every object holds every planned byte.
-  if (absl::Status s = storage::PublishManifest(*store_, *manifest); !s.ok()) {
+  if (absl::Status s = storage::PublishManifest(*store_, encoder); !s.ok()) {
     // The MANIFEST may be visible even so (a failure after the rename): it
     // goes before the objects it names, or they stay.
     absl::Status undo =
@@ -581,9 +584,9 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   record.set_step(session->step());
   record.set_state(v1::CHECKPOINT_STATE_COMMITTED);
   record.set_world_size(session->world_size());
-  record.set_total_bytes(manifest->total_bytes());
-  record.set_num_tensors(manifest->tensors_size());
-  record.set_num_bytes_entries(manifest->bytes_entries_size());
+  record.set_total_bytes(header.total_bytes());
+  record.set_num_tensors(encoder.num_tensors());
+  record.set_num_bytes_entries(header.bytes_entries_size());
   record.set_created_unix_micros(absl::ToUnixMicros(session->created()));
   record.set_committed_unix_micros(NowMicros());
   record.set_storage_uri(store_->uri());
@@ -622,7 +625,7 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   }
   // Every other attempt of this step is aborted: what they (or ranks that
   // died mid-write) left in the step is garbage.
-  SweepCommittedStep(*store_, *manifest);
+  SweepCommittedStep(*store_, header);
   for (auto& done : waiters) {
     v1::CommitSaveResponse resp;
     *resp.mutable_checkpoint() = record;

@@ -360,6 +360,15 @@ bool SaveSession::Abort(absl::Status status,
 }
 
 absl::Status SaveSession::BuildManifest(v1::Manifest* m) const {
+  return BuildManifest(m, [m](v1::ManifestTensor& t) {
+    m->add_tensors()->Swap(&t);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status SaveSession::BuildManifest(
+    v1::Manifest* m,
+    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor) const {
   m->set_format_version(storage::kManifestFormatVersion);
   m->set_job(job_);
   m->set_step(step_);
@@ -372,6 +381,7 @@ absl::Status SaveSession::BuildManifest(v1::Manifest* m) const {
   // or bytes entries.
   const std::vector<planner::PlannedEntry>& entries = plan_->entries;
   std::vector<int> slot(entries.size());
+  int num_tensors = 0;
   for (size_t e = 0; e < entries.size(); ++e) {
     const planner::PlannedEntry& entry = entries[e];
     if (e > 0 && entries[e - 1].fqn >= entry.fqn) {
@@ -383,23 +393,24 @@ absl::Status SaveSession::BuildManifest(v1::Manifest* m) const {
     if (entry.kind != planner::WriteItem::Kind::kTensorChunk) {
       slot[e] = m->bytes_entries_size();
       m->add_bytes_entries()->set_fqn(entry.fqn);
-      continue;
+    } else {
+      slot[e] = num_tensors++;
     }
-    slot[e] = m->tensors_size();
-    v1::TensorEntry* t = m->add_tensors()->mutable_entry();
-    t->set_fqn(entry.fqn);
-    t->set_dtype(convert::DTypeToProto(entry.dtype));
-    t->mutable_global_shape()->Assign(entry.global_shape.begin(),
-                                      entry.global_shape.end());
   }
+
+  // First pass over every write: the header's fields (objects, bytes
+  // entries, total) and, for each tensor, its writes as (rank, index),
+  // grouped by a counting sort (8 bytes a chunk instead of its message).
+  // Object keys are in this attempt's directory (CheckResults checked that
+  // the ranks wrote there), made once per object, not per write.
+  std::vector<std::string> keys(world_size_);
+  std::vector<uint32_t> first(num_tensors + 1, 0);  // -> writes_of
   uint64_t total = 0;
   for (int r = 0; r < world_size_; ++r) {
     const planner::RankSavePlan& rp = plan_->ranks[r];
     if (rp.writes.empty()) continue;
-    // Object keys in this attempt's directory (CheckResults checked that the
-    // ranks wrote there), made once per object, not per write.
-    const std::string key = absl::StrCat(attempt_, "/", rp.object_key);
-    m->add_objects(key);
+    keys[r] = absl::StrCat(attempt_, "/", rp.object_key);
+    m->add_objects(keys[r]);
     const std::vector<uint32_t>& crc32cs = *results_[r];
     for (size_t i = 0; i < rp.writes.size(); ++i) {
       const planner::PlannedWrite& w = rp.writes[i];
@@ -408,39 +419,34 @@ absl::Status SaveSession::BuildManifest(v1::Manifest* m) const {
             absl::StrCat(SaveName(job_, step_), ": write ", i, " of rank ", r,
                          " names entry ", w.entry, " of ", entries.size()));
       }
-      const planner::PlannedEntry& entry = entries[w.entry];
       total += w.length;
-      v1::StorageLocation* location;
-      if (entry.kind != planner::WriteItem::Kind::kTensorChunk) {
-        v1::ManifestBytes* b = m->mutable_bytes_entries(slot[w.entry]);
-        location = b->mutable_location();
-        b->set_crc32c(crc32cs[i]);
-        b->set_writer_rank(r);
-      } else {
-        v1::StoredChunk* c = m->mutable_tensors(slot[w.entry])->add_chunks();
-        const size_t dims = entry.global_shape.size();
-        const absl::Span<const int64_t> offsets = rp.Offsets(w, dims);
-        const absl::Span<const int64_t> sizes = rp.Sizes(w, dims);
-        c->mutable_box()->mutable_offsets()->Assign(offsets.begin(),
-                                                    offsets.end());
-        c->mutable_box()->mutable_sizes()->Assign(sizes.begin(), sizes.end());
-        location = c->mutable_location();
-        c->set_crc32c(crc32cs[i]);
-        c->set_writer_rank(r);
+      if (entries[w.entry].kind == planner::WriteItem::Kind::kTensorChunk) {
+        ++first[slot[w.entry] + 1];
+        continue;
       }
-      location->set_object_key(key);
+      v1::ManifestBytes* b = m->mutable_bytes_entries(slot[w.entry]);
+      v1::StorageLocation* location = b->mutable_location();
+      location->set_object_key(keys[r]);
       location->set_offset(w.offset);
       location->set_length(w.length);
+      b->set_crc32c(crc32cs[i]);
+      b->set_writer_rank(r);
     }
   }
-  for (v1::ManifestTensor& t : *m->mutable_tensors()) {
-    auto* chunks = t.mutable_chunks();
-    std::sort(chunks->pointer_begin(), chunks->pointer_end(),
-              [](const v1::StoredChunk* a, const v1::StoredChunk* b) {
-                return std::lexicographical_compare(
-                    a->box().offsets().begin(), a->box().offsets().end(),
-                    b->box().offsets().begin(), b->box().offsets().end());
-              });
+  for (int t = 0; t < num_tensors; ++t) first[t + 1] += first[t];
+  std::vector<std::pair<uint32_t, uint32_t>> writes_of(first.back());
+  {
+    std::vector<uint32_t> next(first.begin(), first.end() - 1);
+    for (int r = 0; r < world_size_; ++r) {
+      const std::vector<planner::PlannedWrite>& writes = plan_->ranks[r].writes;
+      for (size_t i = 0; i < writes.size(); ++i) {
+        if (entries[writes[i].entry].kind !=
+            planner::WriteItem::Kind::kTensorChunk) {
+          continue;
+        }
+        writes_of[next[slot[writes[i].entry]]++] = {r, i};
+      }
+    }
   }
   // A bytes entry is written once (replicas are planned once); one no rank
   // wrote is left out, as it was never stored.
@@ -457,6 +463,46 @@ absl::Status SaveSession::BuildManifest(v1::Manifest* m) const {
   std::sort(listed->begin(), listed->end());
   listed->erase(std::unique(listed->begin(), listed->end()), listed->end());
   m->set_total_bytes(total);
+
+  // Second pass, tensor by tensor.
+  for (size_t e = 0; e < entries.size(); ++e) {
+    const planner::PlannedEntry& entry = entries[e];
+    if (entry.kind != planner::WriteItem::Kind::kTensorChunk) continue;
+    v1::ManifestTensor t;
+    v1::TensorEntry* te = t.mutable_entry();
+    te->set_fqn(entry.fqn);
+    te->set_dtype(convert::DTypeToProto(entry.dtype));
+    te->mutable_global_shape()->Assign(entry.global_shape.begin(),
+                                       entry.global_shape.end());
+    const size_t dims = entry.global_shape.size();
+    const int s = slot[e];
+    t.mutable_chunks()->Reserve(static_cast<int>(first[s + 1] - first[s]));
+    for (uint32_t k = first[s]; k < first[s + 1]; ++k) {
+      const auto [r, i] = writes_of[k];
+      const planner::RankSavePlan& rp = plan_->ranks[r];
+      const planner::PlannedWrite& w = rp.writes[i];
+      v1::StoredChunk* c = t.add_chunks();
+      const absl::Span<const int64_t> offsets = rp.Offsets(w, dims);
+      const absl::Span<const int64_t> sizes = rp.Sizes(w, dims);
+      c->mutable_box()->mutable_offsets()->Assign(offsets.begin(),
+                                                  offsets.end());
+      c->mutable_box()->mutable_sizes()->Assign(sizes.begin(), sizes.end());
+      v1::StorageLocation* location = c->mutable_location();
+      location->set_object_key(keys[r]);
+      location->set_offset(w.offset);
+      location->set_length(w.length);
+      c->set_crc32c((*results_[r])[i]);
+      c->set_writer_rank(static_cast<int32_t>(r));
+    }
+    auto* chunks = t.mutable_chunks();
+    std::sort(chunks->pointer_begin(), chunks->pointer_end(),
+              [](const v1::StoredChunk* a, const v1::StoredChunk* b) {
+                return std::lexicographical_compare(
+                    a->box().offsets().begin(), a->box().offsets().end(),
+                    b->box().offsets().begin(), b->box().offsets().end());
+              });
+    CAIRN_RETURN_IF_ERROR(on_tensor(t));
+  }
   return absl::OkStatus();
 }
 

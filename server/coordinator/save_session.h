@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -134,10 +135,16 @@ class SaveSession {
   Report Commit(int rank, std::vector<uint32_t> crc32cs,
                 Done<v1::CommitSaveResponse>& done, absl::Status* answer);
 
-  // Fills `*m` with the manifest of a session whose ranks have all reported
-  // (kCommitting). Not validated here: storage::PublishManifest validates
-  // what it publishes. For a large job `m` belongs on an Arena: millions of
-  // chunks are then allocated and freed in a few large blocks.
+  // The manifest of a session whose ranks have all reported (kCommitting),
+  // tensor by tensor: fills `*header` with every field but the tensors, then
+  // passes each tensor to `on_tensor` in fqn order (an error from it stops
+  // the build and is returned), so the manifest of a large job (millions of
+  // chunks) need never be whole in memory as messages. Not validated here:
+  // storage::ManifestEncoder and PublishManifest validate what is published.
+  absl::Status BuildManifest(
+      v1::Manifest* header,
+      absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor) const;
+  // The same into one message (tests, small jobs).
   absl::Status BuildManifest(v1::Manifest* m) const;
 
   // The commit is done: the parked CommitSave calls, to be answered.
