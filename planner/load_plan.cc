@@ -119,10 +119,9 @@ std::unique_ptr<LoadPlanner> LoadPlanner::Builder::Finish() && {
 absl::StatusOr<std::unique_ptr<LoadPlanner>> LoadPlanner::Create(
     std::vector<StoredTensor> tensors) {
   Builder builder;
-  for (StoredTensor& t : tensors) {
+  // Add takes each by value: its chunks are freed as they are indexed.
+  for (StoredTensor& t : tensors)
     CAIRN_RETURN_IF_ERROR(builder.Add(std::move(t)));
-    t = StoredTensor();  // its chunks are freed as they are indexed
-  }
   return std::move(builder).Finish();
 }
 

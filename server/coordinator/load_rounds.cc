@@ -19,6 +19,7 @@ namespace {
 // 8.3 M pieces.
 class PackedPieces {
  public:
+  PackedPieces() = default;  // no pieces
   explicit PackedPieces(const std::vector<LoadRounds::Piece>& pieces) {
     const size_t n = pieces.size();
     chunk_.reserve(n);
@@ -170,7 +171,7 @@ absl::StatusOr<LoadRounds::Joined> LoadRounds::Join(const std::string& job,
     Round::Member& m = open->members[rank];
     m.reports = reports;
     if (!reports) {
-      m.pieces.emplace(std::vector<Piece>());
+      m.pieces.emplace();
       ++open->reported;
     }
     open->last_join = now;
