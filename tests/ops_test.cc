@@ -425,7 +425,7 @@ TEST_F(OpsTest, MalformedRequestsAreInvalidArgument) {
   // 0xff... is an invalid protobuf tag: no message type parses it.
   const std::string garbage(64, '\xff');
   for (const std::string method :
-       {"BeginSave", "PlanLoad", "ListCheckpoints"}) {
+       {"BeginSave", "PlanLoad", "VerifyLoad", "ListCheckpoints"}) {
     grpc::Slice slice(garbage);
     grpc::ByteBuffer request(&slice, 1);
     grpc::ByteBuffer response;
