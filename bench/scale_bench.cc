@@ -21,7 +21,9 @@
 //                SaveProtocol does; the round reports how many.
 //   commit_cached CommitSave of step 2
 //   plan_load    PlanLoad of step 2 into a different world (3N/4 ranks, a
-//                load round with collective verification)
+//                load round with collective verification), compact answers
+//                (expanded by the bench as libcairn does) unless
+//                --full-answers
 //   verify_load  VerifyLoad: every loading rank's crc32c terms of the stored
 //                chunks it reads only in part
 //
@@ -59,6 +61,7 @@
 //   scale_bench --ranks 1024,4096           # 70B model
 //   scale_bench --ranks 16384 --layers 20   # a quarter of the layers
 //   scale_bench --perf-dir DIR              # perf record -g cairnd per round
+//   scale_bench --full-answers              # PlanLoad's full answer form
 #include <signal.h>
 #include <unistd.h>
 
@@ -98,6 +101,7 @@
 #include "planner/layout.h"
 #include "planner/plan_cache.h"
 #include "planner/save_plan.h"
+#include "proto/convert/load_answer.h"
 #include "proto/convert/plan_convert.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
@@ -449,8 +453,10 @@ struct RoundResult {
 class ScaleRun {
  public:
   ScaleRun(const Model& model, testing::CairndProcess* cairnd,
-           std::string storage_root, int channels, std::string perf_dir)
-      : model_(model),
+           std::string storage_root, int channels, std::string perf_dir,
+           bool compact_answers)
+      : compact_answers_(compact_answers),
+        model_(model),
         cairnd_(cairnd),
         storage_root_(std::move(storage_root)),
         perf_dir_(std::move(perf_dir)) {
@@ -526,13 +532,16 @@ class ScaleRun {
       Round round(&stubs_, Method("PlanLoad"));
       std::vector<std::vector<uint64_t>> wanted_bytes(
           static_cast<size_t>(load_world));
-      for (int r = 0; r < load_world; ++r) {
+      // Built again to expand its answer (holding every request would
+      // take GBs at 16k ranks).
+      auto load_request = [&](int r) {
         v1::PlanLoadRequest req;
         req.set_job(kJob);
         req.set_step(step2);
         req.set_rank(r);
         req.set_world_size(load_world);
         req.set_verify_in_round(true);
+        req.set_compact(compact_answers_);
         for (const TensorSpec& t : model_.tensors) {
           const ChunkBox& box = wanted_chunks.Of(t.kind, r);
           if (planner::IsEmpty(box)) continue;
@@ -542,15 +551,24 @@ class ScaleRun {
           w.global_shape = t.shape;
           w.box = box;
           convert::WantedToProto(w, req.add_wanted());
-          wanted_bytes[r].push_back(
-              static_cast<uint64_t>(planner::Volume(box)) * 4);
         }
         req.add_wanted_bytes("train_state");
+        return req;
+      };
+      for (int r = 0; r < load_world; ++r) {
+        const v1::PlanLoadRequest req = load_request(r);
+        for (const v1::WantedChunk& w : req.wanted()) {
+          wanted_bytes[r].push_back(
+              static_cast<uint64_t>(
+                  planner::Volume(convert::BoxFromProto(w.box(), "").value())) *
+              4);
+        }
         round.Add(req);
       }
       Round verify(&stubs_, Method("VerifyLoad"));
       out.push_back(Measure("plan_load", load_world, round, [&] {
-        TakeLoadPlans(round, load_world, step2, wanted_bytes, &verify);
+        TakeLoadPlans(round, load_world, step2, load_request, wanted_bytes,
+                      &verify);
       }));
       out.push_back(Measure("verify_load", load_world, verify,
                             [&] { TakeVerdicts(verify, load_world); }));
@@ -801,6 +819,7 @@ class ScaleRun {
   // PlanLoad's answers: every wanted byte covered; each rank's VerifyLoad
   // request (the pieces of the stored chunks it reads in part) added.
   void TakeLoadPlans(Round& round, int world, int64_t step,
+                     const std::function<v1::PlanLoadRequest(int)>& request_of,
                      const std::vector<std::vector<uint64_t>>& wanted_bytes,
                      Round* verify) {
     uint64_t load_round = 0;
@@ -810,6 +829,14 @@ class ScaleRun {
           round.Answer<v1::PlanLoadResponse>(static_cast<size_t>(r), who);
       if (plan.step() != step) {
         Fail(absl::StrCat(who, ": planned step ", plan.step()));
+      }
+      if (absl::Status s = convert::ExpandCompactAnswer(request_of(r), &plan);
+          !s.ok()) {
+        Fail(absl::StrCat(who, ": ", s.ToString()));
+      }
+      if (compact_answers_ != (plan.objects_size() > 0)) {
+        Fail(absl::StrCat(who, ": asked for compact answers ", compact_answers_,
+                          ", got ", plan.objects_size(), " objects"));
       }
       if (r == 0) load_round = plan.load_round();
       if (plan.load_round() == 0 || plan.load_round() != load_round) {
@@ -834,8 +861,12 @@ class ScaleRun {
         got[it.dest_index()] += bytes;
         if (bytes != it.source().length()) {  // read in part
           v1::ChunkPiece* p = req.add_pieces();
-          p->set_fqn(it.fqn());
-          *p->mutable_source() = it.source();
+          if (it.has_chunk()) {  // as the client does
+            p->set_chunk(it.chunk());
+          } else {
+            p->set_fqn(it.fqn());
+            *p->mutable_source() = it.source();
+          }
           *p->mutable_overlap() = it.overlap();
           p->set_crc_term(0);  // the linear term of zero bytes
         }
@@ -874,6 +905,7 @@ class ScaleRun {
                 static_cast<long long>(verified), world);
   }
 
+  const bool compact_answers_;  // PlanLoadRequest.compact
   const Model& model_;
   testing::CairndProcess* const cairnd_;
   const std::string storage_root_;
@@ -996,6 +1028,11 @@ int Main(int argc, char** argv) {
                  "--cairnd-arg=--plan-cache-mib=4096");
   app.add_option("--perf-dir", perf_dir,
                  "Record cairnd with perf record -g per round into this dir");
+  bool full_answers = false;
+  app.add_flag("--full-answers", full_answers,
+               "PlanLoad answers in the full form (what clients before the "
+               "compact form get) instead of the compact one libcairn asks "
+               "for");
   app.add_flag("--smoke", smoke,
                "64 -> 48 ranks, a 2-layer model of hidden 64: seconds");
   CLI11_PARSE(app, argc, argv);
@@ -1058,7 +1095,8 @@ int Main(int argc, char** argv) {
     std::printf("scale_bench: %d ranks save, %d load; cairnd pid %d\n", world,
                 load_world, static_cast<int>(cairnd->process().pid()));
     std::fflush(stdout);
-    ScaleRun run(model, cairnd.get(), storage, channels, perf_dir);
+    ScaleRun run(model, cairnd.get(), storage, channels, perf_dir,
+                 !full_answers);
     for (RoundResult& r : run.Run(world, load_world, 1)) rows.push_back(r);
     cairnd->process().Signal(SIGTERM);
     (void)cairnd->process().Wait(absl::Minutes(2));

@@ -25,6 +25,7 @@
 #include "common/task_group.h"
 #include "common/thread_pool.h"
 #include "planner/plan_cache.h"
+#include "proto/convert/load_answer.h"
 #include "proto/convert/plan_convert.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
@@ -243,6 +244,8 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
   // once for all its ranks, and world sizes are checked against each other.
   request.set_world_size(options_.world_size);
   request.set_verify_in_round(JoinsLoadCollective());
+  // Compact read items (~4x fewer bytes), expanded below.
+  request.set_compact(true);
   if (ref.latest()) {
     request.set_latest(true);
   } else {
@@ -277,6 +280,17 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
     // Refused (a dtype or shape that differs, say): cairnd took this rank
     // out of the load round, so the others do not wait for it.
     return planned.status();
+  }
+  if (absl::Status s = convert::ExpandCompactAnswer(request, &*planned);
+      !s.ok()) {
+    // cairnd took this rank into its load round: the others must not wait.
+    if (JoinsLoadCollective() && planned->load_round() != 0) {
+      ReportLoadFailure(LoadReport(*planned));
+    }
+    return absl::Status(
+        s.code(),
+        absl::StrCat("rank ", options_.rank, " loading job '", options_.job,
+                     "' step ", planned->step(), ": ", s.message()));
   }
   const v1::PlanLoadResponse& plan = *planned;
   if (options_.after_plan_load_for_test) {
@@ -480,8 +494,12 @@ absl::Status Checkpointer::Impl::ReadItems(
     for (int i : partial) {
       const v1::ReadItem& it = plan.reads(i);
       v1::ChunkPiece* p = verify.add_pieces();
-      p->set_fqn(it.fqn());
-      *p->mutable_source() = it.source();
+      if (it.has_chunk()) {  // a compact answer: the chunk's id names it
+        p->set_chunk(it.chunk());
+      } else {
+        p->set_fqn(it.fqn());
+        *p->mutable_source() = it.source();
+      }
       *p->mutable_overlap() = it.overlap();
       p->set_crc_term(terms[i]);
     }

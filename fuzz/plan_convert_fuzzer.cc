@@ -9,7 +9,10 @@
 //  2. PlanLoad: a LoadPlanner over the checkpoint that global plan commits,
 //     and the wanted chunks of one rank -> WantedFromProto -> Plan ->
 //     ReadItemToProto -> ReadItemFromProto (what the rank decodes).
-//  3. A client decoding hostile answers: RankPlanFromProto, ReadItemFromProto.
+//     The same plan in the compact form (PlanLoadAnswerWriter), expanded as
+//     the rank does (ExpandCompactAnswer), must be the same read items.
+//  3. A client decoding hostile answers: RankPlanFromProto, ReadItemFromProto,
+//     ExpandCompactAnswer (segments it computes stay inside their buffers).
 // Invariants checked (a violation aborts): every error is a status (never a
 // crash, hang or allocation bomb); conversions round-trip; a global plan has
 // one rank plan per rank, writes inside their objects (at most 2^63 - 1
@@ -34,6 +37,7 @@
 #include "planner/load_plan.h"
 #include "planner/plan_cache.h"
 #include "planner/save_plan.h"
+#include "proto/convert/load_answer.h"
 #include "proto/convert/plan_convert.h"
 
 namespace {
@@ -180,6 +184,73 @@ void CheckLoad(const planner::LoadPlanner& loader,
     FUZZ_CHECK(covered[i] == need, "wanted chunk %zu: %llu of %llu bytes", i,
                ull(covered[i]), ull(need));
   }
+
+  // The compact form of the same answer, expanded by the rank.
+  convert::PlanLoadAnswerWriter writer(1, "mem://fuzz",
+                                       convert::AnswerForm::kCompact);
+  FUZZ_CHECK(loader
+                 .PlanEach(wanted,
+                           [&](const planner::LoadPlanner::ReadView& r) {
+                             writer.AddRead(r);
+                           })
+                 .ok(),
+             "PlanEach fails where Plan succeeded");
+  v1::PlanLoadResponse compact;
+  FUZZ_CHECK(compact.ParseFromString(std::move(writer).Finish("p/")),
+             "a compact answer does not parse");
+  v1::PlanLoadRequest request;
+  for (const planner::WantedChunk& w : wanted) {
+    convert::WantedToProto(w, request.add_wanted());
+  }
+  const absl::Status expanded = convert::ExpandCompactAnswer(request, &compact);
+  FUZZ_CHECK(expanded.ok(), "a compact answer does not expand: %s",
+             expanded.ToString().c_str());
+  FUZZ_CHECK(size_t(compact.reads_size()) == reads->size(),
+             "%d compact read items, %zu planned", compact.reads_size(),
+             reads->size());
+  for (size_t i = 0; i < reads->size(); ++i) {
+    absl::StatusOr<planner::ReadItem> got =
+        convert::ReadItemFromProto(compact.reads(int(i)));
+    const planner::ReadItem& want = (*reads)[i];
+    FUZZ_CHECK(got.ok() && got->fqn == want.fqn &&
+                   got->dest_index == want.dest_index &&
+                   got->overlap == want.overlap && got->source == want.source &&
+                   got->segments == want.segments,
+               "compact read item %zu expands to another item", i);
+  }
+}
+
+// A client expanding a hostile compact answer: whatever it accepts reads
+// inside the stored chunk and inside the wanted buffer.
+void CheckHostileCompactAnswer(const fuzz::PlanConvertInput& in) {
+  v1::PlanLoadRequest request;
+  *request.mutable_wanted() = in.wanted();
+  v1::PlanLoadResponse answer;
+  *answer.mutable_reads() = in.reads();
+  *answer.mutable_objects() = in.objects();
+  std::vector<bool> compact(size_t(answer.reads_size()));
+  for (int i = 0; i < answer.reads_size(); ++i) {
+    compact[size_t(i)] = answer.reads(i).has_source_box() &&
+                         answer.reads(i).segments_size() == 0;
+  }
+  if (!convert::ExpandCompactAnswer(request, &answer).ok()) return;
+  for (int i = 0; i < answer.reads_size(); ++i) {
+    if (!compact[size_t(i)]) continue;
+    const v1::ReadItem& it = answer.reads(i);
+    absl::StatusOr<planner::WantedChunk> w =
+        convert::WantedFromProto(request.wanted(it.dest_index()));
+    FUZZ_CHECK(w.ok(), "expanded against a malformed wanted chunk");
+    const uint64_t dst_bytes =
+        uint64_t(planner::Volume(w->box)) * planner::DTypeSize(w->dtype);
+    for (const v1::CopySegment& s : it.segments()) {
+      FUZZ_CHECK(s.length() <= it.source().length() &&
+                     s.src_offset() <= it.source().length() - s.length(),
+                 "expanded segment outside its stored chunk");
+      FUZZ_CHECK(
+          s.length() <= dst_bytes && s.dst_offset() <= dst_bytes - s.length(),
+          "expanded segment outside the wanted buffer");
+    }
+  }
 }
 
 }  // namespace
@@ -191,6 +262,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // 3. A client decoding cairnd's answers.
   (void)convert::RankPlanFromProto(in.rank_plan());
   for (const v1::ReadItem& r : in.reads()) (void)convert::ReadItemFromProto(r);
+  CheckHostileCompactAnswer(in);
 
   // 1. BeginSave from every rank.
   const int world = in.local_plans_size();

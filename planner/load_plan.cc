@@ -156,14 +156,19 @@ std::optional<std::pair<int, int>> LoadPlanner::ChunkAt(
       chunk_offset_[*it] != offset) {
     return std::nullopt;
   }
-  // The tensor holding id *it: the last with first_chunk <= *it (ids ascend
+  return ChunkOfId(*it);
+}
+
+std::optional<std::pair<int, int>> LoadPlanner::ChunkOfId(uint32_t id) const {
+  if (id >= num_chunk_ids()) return std::nullopt;
+  // The tensor holding `id`: the last with first_chunk <= id (ids ascend
   // with tensors; a tensor with no chunks shares its first_chunk with the
   // next, so it is never the last).
   auto t = std::upper_bound(
-      tensors_.begin(), tensors_.end(), *it,
-      [](uint32_t id, const IndexedTensor& x) { return id < x.first_chunk; });
+      tensors_.begin(), tensors_.end(), id,
+      [](uint32_t i, const IndexedTensor& x) { return i < x.first_chunk; });
   const int ti = static_cast<int>(t - tensors_.begin()) - 1;
-  return std::make_pair(ti, static_cast<int>(*it - tensors_[ti].first_chunk));
+  return std::make_pair(ti, static_cast<int>(id - tensors_[ti].first_chunk));
 }
 
 absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
@@ -231,7 +236,9 @@ absl::Status LoadPlanner::PlanEach(
       segments += n;
       segments_of_item.clear();
       AppendCopySegments(chunk.box, want.box, overlap, elem, &segments_of_item);
-      sink(ReadView{w, ti, t.fqn, c, &chunk, &overlap, &segments_of_item});
+      const uint32_t id = Id(ti, c);
+      sink(ReadView{w, ti, t.fqn, c, &chunk, &overlap, &segments_of_item, id,
+                    chunk_object_[id]});
     }
     if (covered != need) {
       ChunkBox gap;

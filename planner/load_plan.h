@@ -154,6 +154,8 @@ class LoadPlanner {
     const StoredChunkView* source = nullptr;  // that chunk
     const ChunkBox* overlap = nullptr;
     const std::vector<CopySegment>* segments = nullptr;
+    uint32_t chunk_id = 0;   // the source's id in the checkpoint (ChunkOfId)
+    uint32_t object_id = 0;  // its object's index (object())
   };
   // Plan() without building ReadItems: calls `sink` once per read item, in
   // Plan()'s order, so a caller can write each straight into its answer (no
@@ -176,6 +178,15 @@ class LoadPlanner {
   // std::nullopt when no chunk starts there.
   std::optional<std::pair<int, int>> ChunkAt(absl::string_view object_key,
                                              uint64_t offset) const;
+  // Stored chunks have ids 0 .. num_chunk_ids() - 1 (ReadView.chunk_id),
+  // tensor by tensor. The chunk with id `id`: (tensor, chunk), or
+  // std::nullopt when there is no such id.
+  uint32_t num_chunk_ids() const {
+    return static_cast<uint32_t>(chunk_offset_.size());
+  }
+  std::optional<std::pair<int, int>> ChunkOfId(uint32_t id) const;
+  // The data objects (ReadView.object_id indexes them).
+  const std::string& object(uint32_t o) const { return objects_[o]; }
 
  private:
   struct IndexedTensor {

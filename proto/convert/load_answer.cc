@@ -3,8 +3,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "proto/convert/plan_convert.h"
 
 namespace cairn::convert {
 namespace {
@@ -17,12 +21,16 @@ constexpr uint8_t kReadsTag = 3 << 3 | 2;         // .reads
 constexpr uint8_t kBytesEntriesTag = 4 << 3 | 2;  // .bytes_entries
 constexpr uint8_t kStepPrefixTag = 5 << 3 | 2;    // .step_prefix
 constexpr uint8_t kLoadRoundTag = 6 << 3 | 0;     // .load_round
+constexpr uint8_t kObjectsTag = 7 << 3 | 2;       // .objects
 constexpr uint8_t kFqnTag = 1 << 3 | 2;           // ReadItem.fqn
 constexpr uint8_t kDestIndexTag = 2 << 3 | 0;     // .dest_index
 constexpr uint8_t kOverlapTag = 3 << 3 | 2;       // .overlap
 constexpr uint8_t kSourceTag = 4 << 3 | 2;        // .source
 constexpr uint8_t kCrcTag = 5 << 3 | 5;           // .source_crc32c
 constexpr uint8_t kSegmentTag = 6 << 3 | 2;       // .segments
+constexpr uint8_t kSourceBoxTag = 7 << 3 | 2;     // .source_box
+constexpr uint8_t kObjectIndexTag = 8 << 3 | 0;   // .object_index
+constexpr uint8_t kChunkTag = 9 << 3 | 0;         // .chunk (optional: always)
 constexpr uint8_t kOffsetsTag = 1 << 3 | 2;       // ChunkBox.offsets
 constexpr uint8_t kSizesTag = 2 << 3 | 2;         // ChunkBox.sizes
 constexpr uint8_t kObjectKeyTag = 1 << 3 | 2;     // StorageLocation.object_key
@@ -104,7 +112,9 @@ class Cursor {
 }  // namespace
 
 PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
-                                           absl::string_view storage_uri) {
+                                           absl::string_view storage_uri,
+                                           AnswerForm form)
+    : form_(form) {
   out_.resize(FieldSize(static_cast<uint64_t>(step)) +
               StringSize(storage_uri.size()));
   Cursor c(out_.data());
@@ -113,6 +123,7 @@ PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
 }
 
 void PlanLoadAnswerWriter::AddRead(const planner::LoadPlanner::ReadView& item) {
+  if (form_ == AnswerForm::kCompact) return AddCompactRead(item);
   const planner::StoredChunkView& chunk = *item.source;
   const absl::string_view fqn = item.fqn;
   const uint64_t dest =
@@ -156,6 +167,56 @@ void PlanLoadAnswerWriter::AddRead(const planner::LoadPlanner::ReadView& item) {
   ++reads_;
 }
 
+void PlanLoadAnswerWriter::AddCompactRead(
+    const planner::LoadPlanner::ReadView& item) {
+  const planner::StoredChunkView& chunk = *item.source;
+  // The item's object, listed (as `objects`) before its first use.
+  auto [object, added] = object_index_.try_emplace(
+      item.object_id, static_cast<int>(object_index_.size()));
+  if (added) {  // an element of a repeated field: written even when empty
+    const absl::string_view key = chunk.object_key;
+    const size_t at = out_.size();
+    out_.resize(at + NestedSize(key.size()));
+    Cursor c(out_.data() + at);
+    c.Byte(kObjectsTag);
+    c.Varint(key.size());
+    std::memcpy(c.pos(), key.data(), key.size());
+  }
+  const uint64_t dest =
+      static_cast<uint64_t>(static_cast<int64_t>(item.dest_index));
+  const uint64_t object_index = static_cast<uint64_t>(object->second);
+  const size_t offsets = PackedBody(chunk.box.offsets);
+  const size_t sizes = PackedBody(chunk.box.sizes);
+  const size_t box = PackedSize(offsets) + PackedSize(sizes);
+  const size_t source = LocationBody("", chunk.offset, chunk.length);
+  const size_t body = FieldSize(dest) + NestedSize(source) +
+                      (chunk.crc32c == 0 ? 0 : 5) + NestedSize(box) +
+                      FieldSize(object_index) + 1 + VarintSize(item.chunk_id);
+  for (const planner::CopySegment& s : *item.segments) {
+    bytes_to_read_ += s.length;
+  }
+
+  const size_t at = out_.size();
+  out_.resize(at + NestedSize(body));
+  Cursor c(out_.data() + at);
+  c.Byte(kReadsTag);
+  c.Varint(body);
+  c.Field(kDestIndexTag, dest);
+  c.Byte(kSourceTag);
+  c.Varint(source);
+  c.Field(kLocOffsetTag, chunk.offset);
+  c.Field(kLocLengthTag, chunk.length);
+  c.Fixed32(kCrcTag, chunk.crc32c);
+  c.Byte(kSourceBoxTag);
+  c.Varint(box);
+  c.Packed(kOffsetsTag, chunk.box.offsets, offsets);
+  c.Packed(kSizesTag, chunk.box.sizes, sizes);
+  c.Field(kObjectIndexTag, object_index);
+  c.Byte(kChunkTag);
+  c.Varint(item.chunk_id);
+  ++reads_;
+}
+
 void PlanLoadAnswerWriter::AddBytesEntry(const v1::ManifestBytes& entry) {
   const size_t body = entry.ByteSizeLong();
   const size_t at = out_.size();
@@ -178,6 +239,103 @@ void AppendLoadRound(uint64_t load_round, std::string* out) {
   const size_t at = out->size();
   out->resize(at + FieldSize(load_round));
   Cursor(out->data() + at).Field(kLoadRoundTag, load_round);
+}
+
+namespace {
+
+// The error for a read item cairnd got wrong (a cairnd bug, or not cairnd).
+absl::Status BadRead(int i, absl::string_view fqn, absl::string_view what) {
+  return absl::InternalError(
+      absl::StrCat("cairnd returned read item ", i,
+                   fqn.empty() ? "" : absl::StrCat(" of '", fqn, "'"),
+                   " that cannot be right: ", what));
+}
+
+}  // namespace
+
+absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
+                                 v1::PlanLoadResponse* answer) {
+  // Each wanted chunk parsed once, when a read item first names it.
+  std::vector<std::optional<planner::WantedChunk>> wanted(
+      static_cast<size_t>(request.wanted_size()));
+  planner::ChunkBox source_box;
+  planner::ChunkBox overlap;
+  std::vector<planner::CopySegment> segments;
+  uint64_t total_segments = 0;
+  for (int i = 0; i < answer->reads_size(); ++i) {
+    v1::ReadItem& item = *answer->mutable_reads(i);
+    // The full form (an older cairnd, or expanded already).
+    if (!item.has_source_box() || item.segments_size() > 0) continue;
+    const int d = item.dest_index();
+    if (d < 0 || d >= request.wanted_size()) {
+      return BadRead(i, "",
+                     absl::StrCat("destination ", d, " of ",
+                                  request.wanted_size(), " wanted chunks"));
+    }
+    std::optional<planner::WantedChunk>& want = wanted[d];
+    if (!want.has_value()) {
+      absl::StatusOr<planner::WantedChunk> w =
+          WantedFromProto(request.wanted(d));
+      if (!w.ok()) return w.status();
+      if (absl::Status s = planner::ValidateBoxInShape(w->box, w->global_shape);
+          !s.ok()) {
+        return s;
+      }
+      want = std::move(*w);
+    }
+    const std::string& fqn = want->fqn;
+    const int o = item.object_index();
+    if (o < 0 || o >= answer->objects_size()) {
+      return BadRead(
+          i, fqn, absl::StrCat("object ", o, " of ", answer->objects_size()));
+    }
+    absl::StatusOr<planner::ChunkBox> box =
+        BoxFromProto(item.source_box(), fqn);
+    if (!box.ok()) return BadRead(i, fqn, box.status().message());
+    source_box = std::move(*box);
+    if (absl::Status s =
+            planner::ValidateBoxInShape(source_box, want->global_shape);
+        !s.ok()) {
+      return BadRead(i, fqn, s.message());
+    }
+    const uint64_t elem = planner::DTypeSize(want->dtype);
+    // In the shape: at most 2^60 elements, so no overflow.
+    const uint64_t length =
+        static_cast<uint64_t>(planner::Volume(source_box)) * elem;
+    if (item.source().length() != length) {
+      return BadRead(
+          i, fqn,
+          absl::StrCat("stored chunk ", planner::BoxToString(source_box),
+                       " of ", length, " bytes but length ",
+                       item.source().length()));
+    }
+    if (!planner::Intersect(source_box, want->box, &overlap)) {
+      return BadRead(
+          i, fqn,
+          absl::StrCat("stored chunk ", planner::BoxToString(source_box),
+                       " outside the wanted chunk ",
+                       planner::BoxToString(want->box)));
+    }
+    const uint64_t n = planner::NumCopySegments(source_box, want->box, overlap);
+    if (n > planner::kMaxCopySegmentsPerPlan - total_segments) {
+      return BadRead(i, fqn, "more copy segments than one plan may have");
+    }
+    total_segments += n;
+    segments.clear();
+    planner::AppendCopySegments(source_box, want->box, overlap, elem,
+                                &segments);
+    item.set_fqn(fqn);
+    BoxToProto(overlap, item.mutable_overlap());
+    item.mutable_source()->set_object_key(answer->objects(o));
+    item.mutable_segments()->Reserve(static_cast<int>(segments.size()));
+    for (const planner::CopySegment& s : segments) {
+      v1::CopySegment* out = item.add_segments();
+      out->set_src_offset(s.src_offset);
+      out->set_dst_offset(s.dst_offset);
+      out->set_length(s.length);
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace cairn::convert

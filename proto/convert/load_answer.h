@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "cairn/v1/cairn.pb.h"
 #include "planner/load_plan.h"
@@ -36,9 +38,18 @@ namespace cairn::convert {
 //   planner.PlanEach(wanted, [&w](const ReadView& r) { w.AddRead(r); });
 //   std::string bytes = std::move(w).Finish(prefix);
 //   AppendLoadRound(round, &bytes);  // == response.SerializeAsString()
+//
+// kCompact writes the compact form of read items (cairn.proto's ReadItem),
+// which the rank expands with ExpandCompactAnswer: no fqn, overlap or
+// segments; each object key once in `objects`, written just before the first
+// read item that uses it. Parsed, it is the message protobuf would decode;
+// its bytes differ from protobuf's own serialization only in that order.
+enum class AnswerForm { kFull, kCompact };
+
 class PlanLoadAnswerWriter {
  public:
-  PlanLoadAnswerWriter(int64_t step, absl::string_view storage_uri);
+  PlanLoadAnswerWriter(int64_t step, absl::string_view storage_uri,
+                       AnswerForm form = AnswerForm::kFull);
 
   void AddRead(const planner::LoadPlanner::ReadView& item);
   void AddBytesEntry(const v1::ManifestBytes& entry);
@@ -51,10 +62,28 @@ class PlanLoadAnswerWriter {
   uint64_t bytes_to_read() const { return bytes_to_read_; }
 
  private:
+  void AddCompactRead(const planner::LoadPlanner::ReadView& item);
+
+  AnswerForm form_;
   std::string out_;
+  // Compact form: the planner's object index -> its index in `objects`.
+  absl::flat_hash_map<uint32_t, int> object_index_;
   int reads_ = 0;
   uint64_t bytes_to_read_ = 0;
 };
+
+// Turns a compact answer to `request` (AnswerForm::kCompact) into the full
+// form in place: each compact read item gets its wanted chunk's fqn, the
+// overlap of its source_box with the wanted box, the copy segments
+// (planner::AppendCopySegments, exactly what cairnd computes for the full
+// form) and source.object_key from `objects`; source_box and chunk stay. Items
+// already in the full form (no source_box: an older cairnd; or segments:
+// expanded already) are left as they are. INTERNAL naming the item and fqn when
+// cairnd sent what cannot be right: a destination or object index out of range,
+// a stored chunk outside the tensor, disjoint from its wanted chunk or of
+// another length, more than planner::kMaxCopySegmentsPerPlan segments.
+absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
+                                 v1::PlanLoadResponse* answer);
 
 // Appends PlanLoadResponse.load_round (omitted when 0, as protobuf does).
 void AppendLoadRound(uint64_t load_round, std::string* out);

@@ -1,6 +1,8 @@
 #include "proto/convert/load_answer.h"
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -140,8 +142,156 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
     ASSERT_TRUE(decoded.ParseFromString(wire));
     EXPECT_EQ(decoded.reads_size(), items);
     reads += static_cast<size_t>(items);
+
+    // The compact form, expanded by the rank, is the full form plus each
+    // item's source_box and chunk id.
+    PlanLoadAnswerWriter compact(step, uri, AnswerForm::kCompact);
+    ASSERT_TRUE((*planner)
+                    ->PlanEach(wanted,
+                               [&](const planner::LoadPlanner::ReadView& r) {
+                                 compact.AddRead(r);
+                               })
+                    .ok());
+    for (const v1::ManifestBytes& e : entries) compact.AddBytesEntry(e);
+    EXPECT_EQ(compact.reads(), items);
+    EXPECT_EQ(compact.bytes_to_read(), bytes);
+    std::string compact_wire = std::move(compact).Finish(prefix);
+    AppendLoadRound(round, &compact_wire);
+    if (items > 0) {
+      EXPECT_LT(compact_wire.size(), wire.size());
+    }
+    v1::PlanLoadRequest request;
+    for (const planner::WantedChunk& w : wanted) {
+      WantedToProto(w, request.add_wanted());
+    }
+    v1::PlanLoadResponse expanded;
+    ASSERT_TRUE(expanded.ParseFromString(compact_wire));
+    ASSERT_TRUE(ExpandCompactAnswer(request, &expanded).ok());
+    for (int i = 0; i < expanded.reads_size(); ++i) {
+      v1::ReadItem& item = *expanded.mutable_reads(i);
+      ASSERT_TRUE(item.has_chunk());
+      const auto at = (*planner)->ChunkOfId(item.chunk());
+      ASSERT_TRUE(at.has_value());
+      const planner::StoredChunkView stored =
+          (*planner)->chunk(at->first, at->second);
+      EXPECT_EQ((*planner)->fqn(at->first), item.fqn());
+      EXPECT_EQ(stored.offset, item.source().offset());
+      EXPECT_EQ(stored.object_key, item.source().object_key());
+      EXPECT_EQ(BoxFromProto(item.source_box(), "").value(), stored.box);
+      item.clear_source_box();
+      item.clear_chunk();
+      item.clear_object_index();
+    }
+    expanded.clear_objects();
+    EXPECT_EQ(expanded.SerializeAsString(), wire);
   }
   EXPECT_GT(reads, 1000u);
+}
+
+// One stored [8, 4] float32 tensor in two row blocks, in two objects; a rank
+// wants rows 2..6.
+struct CompactCase {
+  CompactCase() {
+    planner::StoredTensor t;
+    t.fqn = "w";
+    t.dtype = planner::DType::kFloat32;
+    t.global_shape = {8, 4};
+    t.chunks.push_back({{{0, 0}, {4, 4}}, {"r0", 0, 64}, 1});
+    t.chunks.push_back({{{4, 0}, {4, 4}}, {"r1", 4096, 64}, 2});
+    planner = std::move(planner::LoadPlanner::Create({t}).value());
+    const planner::WantedChunk want{
+        "w", t.dtype, t.global_shape, {{2, 0}, {4, 4}}};
+    WantedToProto(want, request.add_wanted());
+    PlanLoadAnswerWriter w(7, "file:///x", AnswerForm::kCompact);
+    EXPECT_TRUE(planner
+                    ->PlanEach({want},
+                               [&](const planner::LoadPlanner::ReadView& r) {
+                                 w.AddRead(r);
+                               })
+                    .ok());
+    EXPECT_TRUE(answer.ParseFromString(std::move(w).Finish("j/7/")));
+  }
+  std::unique_ptr<planner::LoadPlanner> planner;
+  v1::PlanLoadRequest request;
+  v1::PlanLoadResponse answer;
+};
+
+TEST(LoadAnswerTest, ExpandsACompactAnswer) {
+  CompactCase c;
+  ASSERT_EQ(c.answer.reads_size(), 2);
+  ASSERT_EQ(c.answer.objects_size(), 2);
+  ASSERT_TRUE(ExpandCompactAnswer(c.request, &c.answer).ok());
+  const v1::ReadItem& a = c.answer.reads(0);
+  EXPECT_EQ(a.fqn(), "w");
+  EXPECT_EQ(a.source().object_key(), "r0");
+  EXPECT_EQ(a.chunk(), 0u);
+  ASSERT_EQ(a.segments_size(), 1);  // rows 2..3 of block 0: bytes 32..63
+  EXPECT_EQ(a.segments(0).src_offset(), 32u);
+  EXPECT_EQ(a.segments(0).dst_offset(), 0u);
+  EXPECT_EQ(a.segments(0).length(), 32u);
+  const v1::ReadItem& b = c.answer.reads(1);
+  EXPECT_EQ(b.source().object_key(), "r1");
+  EXPECT_EQ(b.source().offset(), 4096u);
+  EXPECT_EQ(b.chunk(), 1u);
+  ASSERT_EQ(b.segments_size(), 1);  // rows 4..5 of block 1: bytes 0..31
+  EXPECT_EQ(b.segments(0).src_offset(), 0u);
+  EXPECT_EQ(b.segments(0).dst_offset(), 32u);
+  EXPECT_EQ(b.overlap().offsets(0), 4);
+  EXPECT_EQ(b.overlap().sizes(0), 2);
+  // Expanding again changes nothing (items are in the full form by then,
+  // and the full form passes through).
+  v1::PlanLoadResponse again = c.answer;
+  ASSERT_TRUE(ExpandCompactAnswer(c.request, &again).ok());
+  EXPECT_EQ(again.SerializeAsString(), c.answer.SerializeAsString());
+}
+
+TEST(LoadAnswerTest, RefusesACompactAnswerThatCannotBeRight) {
+  const std::vector<
+      std::pair<std::string, std::function<void(v1::PlanLoadResponse*)>>>
+      damages = {
+          {"destination 1 of 1",
+           [](v1::PlanLoadResponse* a) {
+             a->mutable_reads(1)->set_dest_index(1);
+           }},
+          {"destination -1",
+           [](v1::PlanLoadResponse* a) {
+             a->mutable_reads(0)->set_dest_index(-1);
+           }},
+          {"object 2 of 2",
+           [](v1::PlanLoadResponse* a) {
+             a->mutable_reads(1)->set_object_index(2);
+           }},
+          {"object 0 of 0",
+           [](v1::PlanLoadResponse* a) { a->clear_objects(); }},
+          {"but length 65",
+           [](v1::PlanLoadResponse* a) {
+             a->mutable_reads(0)->mutable_source()->set_length(65);
+           }},
+          {"exceeds shape",
+           [](v1::PlanLoadResponse* a) {
+             a->mutable_reads(1)->mutable_source_box()->set_offsets(0, 5);
+           }},
+          {"outside the wanted chunk",
+           [](v1::PlanLoadResponse* a) {
+             a->mutable_reads(0)->mutable_source_box()->set_sizes(0, 2);
+             a->mutable_reads(0)->mutable_source()->set_length(32);
+           }},
+          {"2 offsets but 3 sizes",
+           [](v1::PlanLoadResponse* a) {
+             a->mutable_reads(0)->mutable_source_box()->add_sizes(1);
+           }},
+      };
+  for (const auto& [want, damage] : damages) {
+    SCOPED_TRACE(want);
+    CompactCase c;
+    damage(&c.answer);
+    const absl::Status s = ExpandCompactAnswer(c.request, &c.answer);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find(want), std::string::npos) << s;
+    if (want.find("destination") == std::string::npos) {
+      EXPECT_NE(s.message().find("of 'w'"), std::string::npos) << s;
+    }
+  }
 }
 
 TEST(LoadAnswerTest, AnswerWithoutReads) {

@@ -181,7 +181,7 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   }
   // Identical requests (same rank layout) are answered from the cache.
   const std::string cache_key = absl::StrCat(
-      job, "\n", step, "\n",
+      job, "\n", step, "\n", request.compact() ? "c" : "f",
       planner::StableHash128Hex(LayoutKey(wanted, request.wanted_bytes())));
   if (auto hit = load_plans_.Lookup(cache_key)) {
     absl::MutexLock lock(&mu_);
@@ -194,7 +194,10 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedCheckpoint> ckpt,
                          LoadCheckpoint(job, step));
   // Each read item is written straight into the answer's wire bytes.
-  convert::PlanLoadAnswerWriter answer(step, store_->uri());
+  convert::PlanLoadAnswerWriter answer(step, store_->uri(),
+                                       request.compact()
+                                           ? convert::AnswerForm::kCompact
+                                           : convert::AnswerForm::kFull);
   const absl::Status planned = ckpt->planner->PlanEach(
       wanted, [&answer](const planner::LoadPlanner::ReadView& r) {
         answer.AddRead(r);
@@ -270,29 +273,48 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
   pieces.reserve(request.pieces_size());
   for (int i = 0; i < request.pieces_size(); ++i) {
     const v1::ChunkPiece& p = request.pieces(i);
-    auto bad = [&](absl::string_view what) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, ": piece ", i, " of '", p.fqn(), "' at ",
-          p.source().object_key(), "@", p.source().offset(), ": ", what));
-    };
+    // The stored chunk, by id (compact answers) or by location.
     const std::optional<std::pair<int, int>> at =
-        stored_tensors.ChunkAt(p.source().object_key(), p.source().offset());
+        p.has_chunk() ? stored_tensors.ChunkOfId(p.chunk())
+                      : stored_tensors.ChunkAt(p.source().object_key(),
+                                               p.source().offset());
+    auto bad = [&](absl::string_view what) {
+      const std::string chunk =
+          p.has_chunk()
+              ? absl::StrCat(
+                    "stored chunk ", p.chunk(),
+                    at.has_value()
+                        ? absl::StrCat(" of '", stored_tensors.fqn(at->first),
+                                       "'")
+                        : "")
+              : absl::StrCat("'", p.fqn(), "' at ", p.source().object_key(),
+                             "@", p.source().offset());
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": piece ", i, " of ", chunk, ": ", what));
+    };
     if (!at.has_value()) {
-      return done(bad("no stored chunk of the checkpoint is there"));
+      return done(bad(p.has_chunk()
+                          ? absl::StrCat("the checkpoint has ",
+                                         stored_tensors.num_chunk_ids(),
+                                         " stored chunks")
+                          : "no stored chunk of the checkpoint is there"));
     }
     const auto [t, c] = *at;
     const std::string& fqn = stored_tensors.fqn(t);
     const planner::StoredChunkView stored = stored_tensors.chunk(t, c);
-    if (fqn != p.fqn()) {
-      return done(bad(absl::StrCat("the chunk there belongs to '", fqn, "'")));
-    }
-    if (p.source().length() != stored.length) {
-      return done(
-          bad(absl::StrCat("length ", p.source().length(),
-                           " but the stored chunk has ", stored.length)));
+    if (!p.has_chunk()) {
+      if (fqn != p.fqn()) {
+        return done(
+            bad(absl::StrCat("the chunk there belongs to '", fqn, "'")));
+      }
+      if (p.source().length() != stored.length) {
+        return done(
+            bad(absl::StrCat("length ", p.source().length(),
+                             " but the stored chunk has ", stored.length)));
+      }
     }
     absl::StatusOr<planner::ChunkBox> overlap =
-        convert::BoxFromProto(p.overlap(), p.fqn());
+        convert::BoxFromProto(p.overlap(), fqn);
     if (!overlap.ok()) return done(bad(overlap.status().message()));
     if (planner::IsEmpty(*overlap) ||
         !planner::Contains(stored.box, *overlap)) {

@@ -188,6 +188,73 @@ TEST_F(CoordinatorTest, VerifyLoadRejectsBadRequests) {
   EXPECT_TRUE(a.get().ok());
 }
 
+TEST_F(CoordinatorTest, CompactLoadPlansExpandToTheFullForm) {
+  Start();
+  Save("job", 1, 2);
+  const v1::PlanLoadResponse full = PlanColumns(0, 1, 2, /*world=*/0);
+  v1::PlanLoadResponse compact = PlanColumnsCompact(0, 1, 2, /*world=*/0);
+  ASSERT_EQ(full.reads_size(), 2);
+  ASSERT_EQ(compact.reads_size(), 2);
+  EXPECT_EQ(compact.objects_size(), 2);  // one object per saving rank
+  EXPECT_FALSE(full.reads(0).has_chunk());
+  std::vector<uint32_t> chunks;
+  for (v1::ReadItem& it : *compact.mutable_reads()) {
+    ASSERT_TRUE(it.has_chunk());
+    chunks.push_back(it.chunk());
+    it.clear_chunk();
+    it.clear_source_box();
+    it.clear_object_index();
+  }
+  // "w"'s two chunks, after "b"'s one (tensors in fqn order).
+  EXPECT_THAT(chunks, ::testing::UnorderedElementsAre(1u, 2u));
+  compact.clear_objects();
+  EXPECT_EQ(compact.SerializeAsString(), full.SerializeAsString());
+  // The two forms of one layout are cached apart: asked twice more each,
+  // each is answered in its own form.
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_FALSE(PlanColumns(0, 1, 2, 0).reads(0).has_chunk());
+    EXPECT_TRUE(PlanColumnsCompact(0, 1, 2, 0).reads(0).has_chunk());
+  }
+  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 2);
+}
+
+TEST_F(CoordinatorTest, VerifyLoadTakesPiecesByChunkId) {
+  options_.load_join_grace = absl::Hours(1);
+  Start();
+  Save("job", 1, 2);
+  // Rank 0 names its chunks by id (a compact answer), rank 1 by location (a
+  // client of the full form): the round combines both.
+  const v1::VerifyLoadRequest left = Pieces(PlanColumnsCompact(0, 0, 2), 0, 2);
+  ASSERT_EQ(left.pieces_size(), 2);
+  EXPECT_TRUE(left.pieces(0).has_chunk());
+  EXPECT_TRUE(left.pieces(0).fqn().empty());
+  auto expect = [&](v1::VerifyLoadRequest req, const std::string& text) {
+    VerifyResult r = Verify(req).get();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+        << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(text));
+  };
+  v1::VerifyLoadRequest bad = left;
+  bad.mutable_pieces(1)->set_chunk(3);
+  expect(bad,
+         "rank 0 verifying its load of job 'job' step 1: piece 1 of stored "
+         "chunk 3: the checkpoint has 3 stored chunks");
+  bad = left;
+  bad.mutable_pieces(0)->mutable_overlap()->set_offsets(0, 3);
+  expect(bad,
+         "piece 0 of stored chunk 1 of 'w': box [3:7, 0:2] is empty or "
+         "not inside the stored chunk [0:4, 0:4]");
+  auto a = Verify(left);
+  VerifyResult b = Verify(Pieces(PlanColumns(1, 2, 2), 1, 2)).get();
+  VerifyResult ra = a.get();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(ra->verify_locally_size(), 0);
+  EXPECT_EQ(b->verify_locally_size(), 0);
+  EXPECT_EQ(ra->chunks_verified(), 2);
+  EXPECT_EQ(b->chunks_verified(), 2);
+}
+
 // `latest` is resolved once per load round: a commit landing between two
 // ranks' PlanLoads does not hand them different steps.
 TEST_F(CoordinatorTest, LatestIsResolvedOncePerLoadRoundWhileACommitLands) {

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/plan_cache.h"
+#include "proto/convert/load_answer.h"
 #include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator.h"
 #include "storage/catalog/catalog.h"
@@ -350,6 +351,17 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : v1::PlanLoadResponse();
   }
+  // The same in the compact form, expanded as libcairn does.
+  v1::PlanLoadResponse PlanColumnsCompact(int rank, int64_t col, int64_t cols,
+                                          int world = 2, int64_t step = 1) {
+    v1::PlanLoadRequest req = ColumnsRequest(rank, col, cols, world, step);
+    req.set_compact(true);
+    auto r = coordinator_->PlanLoad(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return v1::PlanLoadResponse();
+    EXPECT_TRUE(convert::ExpandCompactAnswer(req, &*r).ok());
+    return *r;
+  }
 
   // The VerifyLoad request a client sends after reading `plan`'s partial
   // items from storage, as Checkpointer::ReadItems computes it.
@@ -379,8 +391,12 @@ class CoordinatorTest : public ::testing::Test {
       }
       if (needed == it.source().length()) continue;  // checked by the rank
       v1::ChunkPiece* p = req.add_pieces();
-      p->set_fqn(it.fqn());
-      *p->mutable_source() = it.source();
+      if (it.has_chunk()) {
+        p->set_chunk(it.chunk());
+      } else {
+        p->set_fqn(it.fqn());
+        *p->mutable_source() = it.source();
+      }
       *p->mutable_overlap() = it.overlap();
       p->set_crc_term(pieces.Finish(it.source().length()));
     }
