@@ -834,9 +834,13 @@ class ScaleRun {
           !s.ok()) {
         Fail(absl::StrCat(who, ": ", s.ToString()));
       }
-      if (compact_answers_ != (plan.objects_size() > 0)) {
-        Fail(absl::StrCat(who, ": asked for compact answers ", compact_answers_,
-                          ", got ", plan.objects_size(), " objects"));
+      for (const v1::ReadItem& it : plan.reads()) {
+        // (A rank of the last FSDP group may want no tensor bytes at all.)
+        if (it.has_chunk() != compact_answers_) {
+          Fail(absl::StrCat(who, ": asked for ",
+                            compact_answers_ ? "compact" : "full",
+                            " answers, got another form"));
+        }
       }
       if (r == 0) load_round = plan.load_round();
       if (plan.load_round() == 0 || plan.load_round() != load_round) {
