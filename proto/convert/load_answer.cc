@@ -109,6 +109,13 @@ class Cursor {
   char* p_;
 };
 
+// Grows *out by n bytes and returns a cursor at the first of them.
+Cursor Append(std::string* out, size_t n) {
+  const size_t at = out->size();
+  out->resize(at + n);
+  return Cursor(out->data() + at);
+}
+
 }  // namespace
 
 PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
@@ -140,9 +147,7 @@ void PlanLoadAnswerWriter::AddRead(const planner::LoadPlanner::ReadView& item) {
     bytes_to_read_ += s.length;
   }
 
-  const size_t at = out_.size();
-  out_.resize(at + NestedSize(body));
-  Cursor c(out_.data() + at);
+  Cursor c = Append(&out_, NestedSize(body));
   c.Byte(kReadsTag);
   c.Varint(body);
   c.String(kFqnTag, fqn);
@@ -175,9 +180,7 @@ void PlanLoadAnswerWriter::AddCompactRead(
       item.object_id, static_cast<int>(object_index_.size()));
   if (added) {  // an element of a repeated field: written even when empty
     const absl::string_view key = chunk.object_key;
-    const size_t at = out_.size();
-    out_.resize(at + NestedSize(key.size()));
-    Cursor c(out_.data() + at);
+    Cursor c = Append(&out_, NestedSize(key.size()));
     c.Byte(kObjectsTag);
     c.Varint(key.size());
     std::memcpy(c.pos(), key.data(), key.size());
@@ -196,9 +199,7 @@ void PlanLoadAnswerWriter::AddCompactRead(
     bytes_to_read_ += s.length;
   }
 
-  const size_t at = out_.size();
-  out_.resize(at + NestedSize(body));
-  Cursor c(out_.data() + at);
+  Cursor c = Append(&out_, NestedSize(body));
   c.Byte(kReadsTag);
   c.Varint(body);
   c.Field(kDestIndexTag, dest);
@@ -219,9 +220,7 @@ void PlanLoadAnswerWriter::AddCompactRead(
 
 void PlanLoadAnswerWriter::AddBytesEntry(const v1::ManifestBytes& entry) {
   const size_t body = entry.ByteSizeLong();
-  const size_t at = out_.size();
-  out_.resize(at + NestedSize(body));
-  Cursor c(out_.data() + at);
+  Cursor c = Append(&out_, NestedSize(body));
   c.Byte(kBytesEntriesTag);
   c.Varint(body);
   entry.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(c.pos()));
@@ -229,16 +228,13 @@ void PlanLoadAnswerWriter::AddBytesEntry(const v1::ManifestBytes& entry) {
 }
 
 std::string PlanLoadAnswerWriter::Finish(absl::string_view step_prefix) && {
-  const size_t at = out_.size();
-  out_.resize(at + StringSize(step_prefix.size()));
-  Cursor(out_.data() + at).String(kStepPrefixTag, step_prefix);
+  Append(&out_, StringSize(step_prefix.size()))
+      .String(kStepPrefixTag, step_prefix);
   return std::move(out_);
 }
 
 void AppendLoadRound(uint64_t load_round, std::string* out) {
-  const size_t at = out->size();
-  out->resize(at + FieldSize(load_round));
-  Cursor(out->data() + at).Field(kLoadRoundTag, load_round);
+  Append(out, FieldSize(load_round)).Field(kLoadRoundTag, load_round);
 }
 
 namespace {
