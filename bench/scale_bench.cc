@@ -23,7 +23,9 @@
 //   plan_load    PlanLoad of step 2 into a different world (3N/4 ranks, a
 //                load round with collective verification), compact answers
 //                (expanded by the bench as libcairn does) unless
-//                --full-answers
+//                --full-answers; the short form of the request (the
+//                tensors' digest and the rank's boxes) unless
+//                --full-requests
 //   verify_load  VerifyLoad: every loading rank's crc32c terms of the stored
 //                chunks it reads only in part
 //
@@ -62,6 +64,7 @@
 //   scale_bench --ranks 16384 --layers 20   # a quarter of the layers
 //   scale_bench --perf-dir DIR              # perf record -g cairnd per round
 //   scale_bench --full-answers              # PlanLoad's full answer form
+//   scale_bench --full-requests             # PlanLoad's full request form
 #include <signal.h>
 #include <unistd.h>
 
@@ -102,6 +105,7 @@
 #include "planner/plan_cache.h"
 #include "planner/save_plan.h"
 #include "proto/convert/load_answer.h"
+#include "proto/convert/load_request.h"
 #include "proto/convert/plan_convert.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
@@ -454,8 +458,9 @@ class ScaleRun {
  public:
   ScaleRun(const Model& model, testing::CairndProcess* cairnd,
            std::string storage_root, int channels, std::string perf_dir,
-           bool compact_answers)
+           bool compact_answers, bool short_requests)
       : compact_answers_(compact_answers),
+        short_requests_(short_requests),
         model_(model),
         cairnd_(cairnd),
         storage_root_(std::move(storage_root)),
@@ -532,8 +537,16 @@ class ScaleRun {
       Round round(&stubs_, Method("PlanLoad"));
       std::vector<std::vector<uint64_t>> wanted_bytes(
           static_cast<size_t>(load_world));
+      // Tensors in fqn order: the short form's.
+      std::vector<const TensorSpec*> by_fqn;
+      for (const TensorSpec& t : model_.tensors) by_fqn.push_back(&t);
+      std::sort(by_fqn.begin(), by_fqn.end(),
+                [](const TensorSpec* a, const TensorSpec* b) {
+                  return a->fqn < b->fqn;
+                });
       // Built again to expand its answer (holding every request would
-      // take GBs at 16k ranks).
+      // take GBs at 16k ranks). In the full form, as libcairn sends it
+      // when cairnd asks (every tensor in fqn order, empty boxes included).
       auto load_request = [&](int r) {
         v1::PlanLoadRequest req;
         req.set_job(kJob);
@@ -542,14 +555,16 @@ class ScaleRun {
         req.set_world_size(load_world);
         req.set_verify_in_round(true);
         req.set_compact(compact_answers_);
-        for (const TensorSpec& t : model_.tensors) {
-          const ChunkBox& box = wanted_chunks.Of(t.kind, r);
-          if (planner::IsEmpty(box)) continue;
+        for (const TensorSpec* t : by_fqn) {
           planner::WantedChunk w;
-          w.fqn = t.fqn;
+          w.fqn = t->fqn;
           w.dtype = planner::DType::kFloat32;
-          w.global_shape = t.shape;
-          w.box = box;
+          w.global_shape = t->shape;
+          w.box = wanted_chunks.Of(t->kind, r);
+          if (planner::IsEmpty(w.box)) {
+            w.box.offsets.assign(t->shape.size(), 0);
+            w.box.sizes.assign(t->shape.size(), 0);
+          }
           convert::WantedToProto(w, req.add_wanted());
         }
         req.add_wanted_bytes("train_state");
@@ -563,7 +578,15 @@ class ScaleRun {
                   planner::Volume(convert::BoxFromProto(w.box(), "").value())) *
               4);
         }
-        round.Add(req);
+        if (!short_requests_) {
+          round.Add(req);
+          continue;
+        }
+        v1::PlanLoadRequest wire;
+        if (!convert::CompactWanted(req, &wire)) {
+          Fail(absl::StrCat("loading rank ", r, ": no short form"));
+        }
+        round.Add(wire);
       }
       Round verify(&stubs_, Method("VerifyLoad"));
       out.push_back(Measure("plan_load", load_world, round, [&] {
@@ -830,6 +853,11 @@ class ScaleRun {
       if (plan.step() != step) {
         Fail(absl::StrCat(who, ": planned step ", plan.step()));
       }
+      if (plan.resend_wanted()) {
+        Fail(absl::StrCat(who,
+                          ": cairnd asked for the wanted chunks in full "
+                          "(the tensors are the checkpoint's)"));
+      }
       if (absl::Status s = convert::ExpandCompactAnswer(request_of(r), &plan);
           !s.ok()) {
         Fail(absl::StrCat(who, ": ", s.ToString()));
@@ -910,6 +938,7 @@ class ScaleRun {
   }
 
   const bool compact_answers_;  // PlanLoadRequest.compact
+  const bool short_requests_;   // PlanLoadRequest.tensors_digest
   const Model& model_;
   testing::CairndProcess* const cairnd_;
   const std::string storage_root_;
@@ -1033,6 +1062,10 @@ int Main(int argc, char** argv) {
   app.add_option("--perf-dir", perf_dir,
                  "Record cairnd with perf record -g per round into this dir");
   bool full_answers = false;
+  bool full_requests = false;
+  app.add_flag("--full-requests", full_requests,
+               "PlanLoad requests with every wanted chunk in full (fqn, "
+               "dtype, shape, box) instead of the tensors' digest and boxes");
   app.add_flag("--full-answers", full_answers,
                "PlanLoad answers in the full form (what clients before the "
                "compact form get) instead of the compact one libcairn asks "
@@ -1100,7 +1133,7 @@ int Main(int argc, char** argv) {
                 load_world, static_cast<int>(cairnd->process().pid()));
     std::fflush(stdout);
     ScaleRun run(model, cairnd.get(), storage, channels, perf_dir,
-                 !full_answers);
+                 !full_answers, !full_requests);
     for (RoundResult& r : run.Run(world, load_world, 1)) rows.push_back(r);
     cairnd->process().Signal(SIGTERM);
     (void)cairnd->process().Wait(absl::Minutes(2));

@@ -26,6 +26,7 @@
 #include "common/thread_pool.h"
 #include "planner/plan_cache.h"
 #include "proto/convert/load_answer.h"
+#include "proto/convert/load_request.h"
 #include "proto/convert/plan_convert.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
@@ -71,6 +72,62 @@ absl::Status ObjectReadError(storage::ShardStore& store,
       s.code(), absl::StrCat(what, " in object ", key, ": ", s.message()));
 }
 
+// The rank's wanted chunks, added to `request`, and where each one goes. One
+// per tensor in fqn order (an empty box, and a null destination, for a tensor
+// the rank holds none of) when no tensor has more than one chunk to load: the
+// form convert::CompactWanted shortens. Otherwise the non-empty chunks in the
+// state dict's order.
+std::vector<TensorChunk*> AddWanted(const StateDict& state,
+                                    v1::PlanLoadRequest* request) {
+  std::vector<const TensorShard*> order;
+  bool one_each = true;
+  for (const TensorShard& t : state.tensors()) {
+    int chunks = 0;
+    for (const TensorChunk& c : t.chunks) chunks += planner::Volume(c.box) > 0;
+    // A scalar has no empty box: a rank without it cannot say so.
+    if (chunks > 1 || (chunks == 0 && t.global_shape.empty())) {
+      one_each = false;
+    }
+    order.push_back(&t);
+  }
+  if (one_each) {
+    std::sort(order.begin(), order.end(),
+              [](const TensorShard* a, const TensorShard* b) {
+                return a->fqn < b->fqn;
+              });
+  }
+  std::vector<TensorChunk*> dests;
+  const auto add = [&](const TensorShard& t, const planner::ChunkBox& box,
+                       const TensorChunk* dest) {
+    v1::WantedChunk* w = request->add_wanted();
+    w->mutable_tensor()->set_fqn(t.fqn);
+    w->mutable_tensor()->set_dtype(convert::DTypeToProto(t.dtype));
+    w->mutable_tensor()->mutable_global_shape()->Assign(t.global_shape.begin(),
+                                                        t.global_shape.end());
+    convert::BoxToProto(box, w->mutable_box());
+    // The chunk's bytes are the caller's to fill (a span into its buffer).
+    dests.push_back(const_cast<TensorChunk*>(dest));
+  };
+  for (const TensorShard* t : order) {
+    const TensorChunk* held = nullptr;
+    for (const TensorChunk& c : t->chunks) {
+      if (planner::Volume(c.box) == 0) continue;
+      if (!one_each) add(*t, c.box, &c);
+      held = &c;
+    }
+    if (!one_each) continue;
+    if (held != nullptr) {
+      add(*t, held->box, held);
+    } else {
+      planner::ChunkBox none;
+      none.offsets.assign(t->global_shape.size(), 0);
+      none.sizes.assign(t->global_shape.size(), 0);
+      add(*t, none, nullptr);
+    }
+  }
+  return dests;
+}
+
 }  // namespace
 
 // Everything behind the public Checkpointer (which holds only this).
@@ -96,7 +153,9 @@ class Checkpointer::Impl {
   absl::StatusOr<storage::ShardStore*> StoreFor(const std::string& uri) {
     return protocol_->StoreFor(uri);
   }
-  absl::Status ReadItems(const v1::PlanLoadResponse& plan,
+  // dests[i]: where request.wanted(i) goes (null: an empty box).
+  absl::Status ReadItems(const v1::PlanLoadRequest& request,
+                         const v1::PlanLoadResponse& plan,
                          const std::vector<TensorChunk*>& dests);
   absl::Status ReadBytesEntries(const v1::PlanLoadResponse& plan,
                                 StateDict& state);
@@ -251,24 +310,32 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
   } else {
     request.set_step(ref.step());
   }
-  std::vector<TensorChunk*> dests;
-  for (const TensorShard& t : state.tensors()) {
-    for (const TensorChunk& c : t.chunks) {
-      if (planner::Volume(c.box) == 0) continue;
-      v1::WantedChunk* w = request.add_wanted();
-      w->mutable_tensor()->set_fqn(t.fqn);
-      w->mutable_tensor()->set_dtype(convert::DTypeToProto(t.dtype));
-      w->mutable_tensor()->mutable_global_shape()->Assign(
-          t.global_shape.begin(), t.global_shape.end());
-      convert::BoxToProto(c.box, w->mutable_box());
-      dests.push_back(const_cast<TensorChunk*>(&c));
-    }
-  }
+  // dests[i]: where wanted chunk i goes (null: an empty box, nothing to read).
+  std::vector<TensorChunk*> dests = AddWanted(state, &request);
   for (const BytesEntry& b : state.bytes()) request.add_wanted_bytes(b.fqn);
 
+  // The short form when the rank wants one box of each tensor: their digest
+  // and boxes (12x fewer bytes for a 70B model). cairnd asks for the full form
+  // when the checkpoint's tensors differ from this rank's.
+  v1::PlanLoadRequest short_form;
+  const bool compact_wanted = convert::CompactWanted(request, &short_form);
   absl::StatusOr<v1::PlanLoadResponse> planned =
-      CallWithRetry(&v1::Coordinator::Stub::PlanLoad, *stub_, request,
-                    options_.rpc_timeout, options_.max_retries, &cancel_);
+      CallWithRetry(&v1::Coordinator::Stub::PlanLoad, *stub_,
+                    compact_wanted ? short_form : request, options_.rpc_timeout,
+                    options_.max_retries, &cancel_);
+  if (planned.ok() && planned->resend_wanted()) {
+    planned = compact_wanted
+                  ? CallWithRetry(&v1::Coordinator::Stub::PlanLoad, *stub_,
+                                  request, options_.rpc_timeout,
+                                  options_.max_retries, &cancel_)
+                  : absl::InternalError(
+                        "cairnd asked for the wanted chunks in full, which "
+                        "the request held");
+    if (planned.ok() && planned->resend_wanted()) {
+      planned = absl::InternalError(
+          "cairnd asked twice for the wanted chunks in full");
+    }
+  }
   if (!planned.ok() && cancel_.cancelled()) {
     // Nothing read. If cairnd answered the cancelled call after all, this
     // rank is a member of a load round that never hears from it: its
@@ -298,7 +365,7 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
   }
   const absl::Time t1 = absl::Now();
   stats_.plan_time = t1 - t0;
-  absl::Status read = ReadItems(plan, dests);
+  absl::Status read = ReadItems(request, plan, dests);
   if (read.ok() && cancel_.cancelled()) read = cancel_.status();
   if (read.ok()) read = ReadBytesEntries(plan, state);
   if (!read.ok()) {
@@ -350,7 +417,8 @@ absl::Status Checkpointer::Impl::ReadBytesEntries(
 }
 
 absl::Status Checkpointer::Impl::ReadItems(
-    const v1::PlanLoadResponse& plan, const std::vector<TensorChunk*>& dests) {
+    const v1::PlanLoadRequest& request, const v1::PlanLoadResponse& plan,
+    const std::vector<TensorChunk*>& dests) {
   const PartialChunkCheck check = options_.partial_chunk_check;
   // Whatever fails before this rank calls VerifyLoad, it still reports, so
   // that the other ranks are not kept waiting for it until cairnd's deadline.
@@ -364,6 +432,7 @@ absl::Status Checkpointer::Impl::ReadItems(
   // Per read item: where its bytes go and whether it covers its stored chunk.
   std::vector<char*> dst(n);
   std::vector<bool> whole(n);
+  std::vector<uint64_t> covered(dests.size());  // bytes read into each
   for (int i = 0; i < n; ++i) {
     const v1::ReadItem& it = plan.reads(i);
     if (it.dest_index() < 0 ||
@@ -371,6 +440,11 @@ absl::Status Checkpointer::Impl::ReadItems(
       return absl::InternalError(absl::StrCat(
           "cairnd returned a read for '", it.fqn(), "' with destination ",
           it.dest_index(), " of ", dests.size()));
+    }
+    if (dests[it.dest_index()] == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("cairnd returned a read for '", it.fqn(),
+                       "', of which this rank wants nothing"));
     }
     dst[i] = dests[it.dest_index()]->data.data();
     // StateDict checked that the buffer is exactly the chunk's size.
@@ -385,8 +459,23 @@ absl::Status Checkpointer::Impl::ReadItems(
       needed += s.length();
     }
     whole[i] = needed == it.source().length();
+    covered[it.dest_index()] += needed;
     stats_.bytes += needed;
     ++stats_.items;
+  }
+  // cairnd's planner covers every wanted byte exactly once; an answer that
+  // does not (a cairnd older than this client, which does not know the short
+  // form of the request and planned nothing) must not pass for a load.
+  for (size_t d = 0; d < dests.size(); ++d) {
+    const uint64_t size = dests[d] == nullptr ? 0 : dests[d]->data.size();
+    if (covered[d] != size) {
+      const v1::WantedChunk& w = request.wanted(static_cast<int>(d));
+      return absl::InternalError(absl::StrCat(
+          "cairnd's plan reads ", covered[d], " of the ", size, " bytes of '",
+          w.tensor().fqn(), "' wanted chunk ", d,
+          " (a cairnd older than this libcairn plans nothing for the short "
+          "form of the request: upgrade cairnd)"));
+    }
   }
 
   std::atomic<uint64_t> storage_bytes{0};

@@ -277,6 +277,73 @@ TEST_F(CheckpointerTest, FailedLoadsReportBeforeReturningAndLeaveNoCall) {
   }
 }
 
+// A rank loading the checkpoint's tensors sends the short form of PlanLoad
+// (their digest and its boxes): resharded, and on ranks that hold none of a
+// tensor. Other tensors than the checkpoint's go in full when cairnd asks.
+TEST_F(CheckpointerTest, LoadsSendTheShortFormAndTheFullOneWhenAsked) {
+  StartServer();
+  for (const auto& saved : SaveRanks(1, 2)) ASSERT_TRUE(saved.ok());
+  std::vector<char> whole;  // "w" as saved: rank r's rows hold (i * 7 + r)
+  for (int r = 0; r < 2; ++r) {
+    for (int i = 0; i < 64; ++i) whole.push_back(static_cast<char>(i * 7 + r));
+  }
+  // 8 rows over 16 ranks: ranks 8-15 hold none of "w". The ranks of a load
+  // run at once (one load round).
+  for (int world : {3, 16}) {
+    SCOPED_TRACE(world);
+    std::vector<std::thread> ranks;
+    std::vector<std::string> got(world), want(world), rngs(world);
+    std::vector<absl::Status> status(world);
+    for (int r = 0; r < world; ++r) {
+      ranks.emplace_back([&, r] {
+        std::unique_ptr<Checkpointer> c = Connect(r, world);
+        if (c == nullptr) return;
+        StateDict state;
+        std::vector<char> buf;
+        status[r] = AddW(state, r, world, buf, Placement::Shard(0));
+        if (status[r].ok()) status[r] = state.AddBytes("rng", &rngs[r]);
+        if (!status[r].ok()) return;
+        std::fill(buf.begin(), buf.end(), 0);
+        status[r] = c->Load(LoadRef::Step(1), state).status();
+        const size_t begin =
+            std::min<size_t>(
+                8, static_cast<size_t>(r * ((8 + world - 1) / world))) *
+            16;
+        got[r].assign(buf.begin(), buf.end());
+        want[r].assign(whole.begin() + begin,
+                       whole.begin() + begin + buf.size());
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(status[r].ok()) << r << ": " << status[r];
+      EXPECT_EQ(got[r], want[r]) << r;
+      EXPECT_EQ(rngs[r], "rng-state");
+    }
+  }
+  EXPECT_EQ(server_->coordinator().stats().load_requests_short, 3 + 16);
+  EXPECT_EQ(server_->coordinator().stats().load_wanted_resends, 0);
+
+  // One tensor more than the checkpoint holds: asked in full, then refused
+  // naming it.
+  std::unique_ptr<Checkpointer> c = Connect(0, 1);
+  ASSERT_NE(c, nullptr);
+  StateDict state;
+  std::vector<char> buf;
+  std::vector<char> extra(16);
+  ASSERT_TRUE(AddW(state, 0, 1, buf, Placement::Shard(0)).ok());
+  ASSERT_TRUE(state
+                  .AddChunks("x", DType::kFloat32, {4},
+                             {TensorChunk{planner::ChunkBox{{0}, {4}},
+                                          absl::MakeSpan(extra)}})
+                  .ok());
+  absl::StatusOr<int64_t> loaded = c->Load(LoadRef::Step(1), state);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(loaded.status().message()),
+              HasSubstr("'x' (wanted chunk 1) is not in the checkpoint"));
+  EXPECT_EQ(server_->coordinator().stats().load_wanted_resends, 1);
+}
+
 // A rank whose PlanLoad is refused leaves the round at cairnd; destroying
 // its Checkpointer right after leaves nothing running either.
 TEST_F(CheckpointerTest, RefusedLoadsLeaveNoCall) {

@@ -11,6 +11,8 @@
 //     ReadItemToProto -> ReadItemFromProto (what the rank decodes).
 //     The same plan in the compact form (PlanLoadAnswerWriter), expanded as
 //     the rank does (ExpandCompactAnswer), must be the same read items.
+//     The short form of a request (tensors_digest, wanted_boxes) with hostile
+//     boxes: refused, or planned as its full form.
 //  3. A client decoding hostile answers: RankPlanFromProto, ReadItemFromProto,
 //     ExpandCompactAnswer (segments it computes stay inside their buffers).
 // Invariants checked (a violation aborts): every error is a status (never a
@@ -38,6 +40,7 @@
 #include "planner/plan_cache.h"
 #include "planner/save_plan.h"
 #include "proto/convert/load_answer.h"
+#include "proto/convert/load_request.h"
 #include "proto/convert/plan_convert.h"
 
 namespace {
@@ -253,6 +256,44 @@ void CheckHostileCompactAnswer(const fuzz::PlanConvertInput& in) {
   }
 }
 
+// The short form of a load request against that checkpoint, with the
+// input's wanted boxes' values as a hostile rank's wanted_boxes: refused as
+// INVALID_ARGUMENT, or expanded into chunks whose full form shortens back to
+// the same request and plans as CheckLoad demands.
+void CheckShortFormLoad(const planner::LoadPlanner& loader,
+                        const fuzz::PlanConvertInput& in) {
+  std::vector<int> order;
+  const std::string digest = convert::TensorsDigestOf(loader, &order);
+  v1::PlanLoadRequest request;
+  request.set_tensors_digest(digest);
+  for (const v1::WantedChunk& w : in.wanted()) {
+    request.mutable_wanted_boxes()->Add(w.box().offsets().begin(),
+                                        w.box().offsets().end());
+    request.mutable_wanted_boxes()->Add(w.box().sizes().begin(),
+                                        w.box().sizes().end());
+  }
+  absl::StatusOr<std::vector<planner::WantedChunk>> wanted =
+      convert::WantedFromCompact(request, loader, order);
+  if (!wanted.ok()) {
+    FUZZ_CHECK(absl::IsInvalidArgument(wanted.status()), "%s",
+               wanted.status().ToString().c_str());
+    return;
+  }
+  v1::PlanLoadRequest full;
+  for (const planner::WantedChunk& w : *wanted) {
+    convert::WantedToProto(w, full.add_wanted());
+  }
+  v1::PlanLoadRequest again;
+  FUZZ_CHECK(convert::CompactWanted(full, &again), "no short form");
+  FUZZ_CHECK(
+      again.tensors_digest() == digest &&
+          std::equal(again.wanted_boxes().begin(), again.wanted_boxes().end(),
+                     request.wanted_boxes().begin(),
+                     request.wanted_boxes().end()),
+      "a short form does not round-trip");
+  CheckLoad(loader, full.wanted());
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -301,5 +342,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(loader.ok(), "the committed plan gets no LoadPlanner: %s",
              loader.status().ToString().c_str());
   CheckLoad(**loader, in.wanted());
+  CheckShortFormLoad(**loader, in);
   return 0;
 }

@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "planner/box.h"
+#include "proto/convert/load_request.h"
 #include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator_internal.h"
 #include "server/coordinator/load_verifier.h"
@@ -215,6 +216,8 @@ Coordinator::BuildLoadedCheckpoint(const std::string& job, int64_t step) {
     loaded->bytes_index[loaded->bytes_entries[i].fqn()] = i;
   }
   loaded->planner = std::move(builder).Finish();
+  loaded->tensors_digest =
+      convert::TensorsDigestOf(*loaded->planner, &loaded->tensors_by_fqn);
   {
     absl::MutexLock lock(&mu_);
     ++stats_.manifests_loaded;

@@ -258,6 +258,8 @@ class Coordinator {
     int64_t plans_built = 0;
     int64_t plans_from_cache = 0;
     int64_t load_plans_from_cache = 0;
+    int64_t load_requests_short = 0;  // tensors_digest requests planned
+    int64_t load_wanted_resends = 0;  // answered resend_wanted
     int64_t manifests_loaded = 0;
     int64_t commits = 0;
     int64_t aborts = 0;

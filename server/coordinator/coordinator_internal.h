@@ -76,6 +76,10 @@ struct Coordinator::LoadedCheckpoint {
   // Stored tensors in the manifest's order: (tensor, chunk) indexes are the
   // manifest's. The planner also finds a stored chunk by its location.
   std::unique_ptr<planner::LoadPlanner> planner;
+  // The stored tensors in fqn order, and their convert::TensorsDigest (what
+  // a short-form PlanLoad request names).
+  std::vector<int> tensors_by_fqn;
+  std::string tensors_digest;
   std::vector<v1::ManifestBytes> bytes_entries;
   absl::flat_hash_map<std::string, int> bytes_index;  // fqn -> bytes_entries
 };

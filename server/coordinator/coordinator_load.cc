@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "planner/box.h"
 #include "proto/convert/load_answer.h"
+#include "proto/convert/load_request.h"
 #include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_internal.h"
@@ -167,17 +168,50 @@ std::string LayoutKey(
 absl::StatusOr<std::shared_ptr<const EncodedLoadPlan>>
 Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   const std::string& job = request.job();
+  const auto refused = [&](const absl::Status& s) {
+    return absl::Status(s.code(),
+                        absl::StrCat("rank ", request.rank(), " loading ",
+                                     SaveName(job, step), ": ", s.message()));
+  };
+  std::shared_ptr<const LoadedCheckpoint> ckpt;
   std::vector<planner::WantedChunk> wanted;
-  wanted.reserve(request.wanted_size());
-  for (const v1::WantedChunk& w : request.wanted()) {
-    absl::StatusOr<planner::WantedChunk> c = convert::WantedFromProto(w);
-    if (!c.ok()) {
-      return absl::Status(
-          c.status().code(),
-          absl::StrCat("rank ", request.rank(), " loading ",
-                       SaveName(job, step), ": ", c.status().message()));
+  if (!request.tensors_digest().empty()) {
+    // The short form: the checkpoint's own tensors, named by their digest.
+    if (request.wanted_size() > 0) {
+      return refused(absl::InvalidArgumentError(absl::StrCat(
+          "the request has both tensors_digest and ", request.wanted_size(),
+          " wanted chunks; send one form")));
     }
-    wanted.push_back(std::move(*c));
+    CAIRN_ASSIGN_OR_RETURN(ckpt, LoadCheckpoint(job, step));
+    if (request.tensors_digest() != ckpt->tensors_digest) {
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.load_wanted_resends;
+      }
+      // Other tensors than the checkpoint's (a subset, another dtype or
+      // shape): the rank sends them in full, and is told what differs.
+      v1::PlanLoadResponse resend;
+      resend.set_step(step);
+      resend.set_storage_uri(store_->uri());
+      resend.set_resend_wanted(true);
+      auto plan = std::make_shared<EncodedLoadPlan>();
+      plan->bytes = resend.SerializeAsString();
+      return plan;
+    }
+    absl::StatusOr<std::vector<planner::WantedChunk>> expanded =
+        convert::WantedFromCompact(request, *ckpt->planner,
+                                   ckpt->tensors_by_fqn);
+    if (!expanded.ok()) return refused(expanded.status());
+    wanted = *std::move(expanded);
+    absl::MutexLock lock(&mu_);
+    ++stats_.load_requests_short;
+  } else {
+    wanted.reserve(request.wanted_size());
+    for (const v1::WantedChunk& w : request.wanted()) {
+      absl::StatusOr<planner::WantedChunk> c = convert::WantedFromProto(w);
+      if (!c.ok()) return refused(c.status());
+      wanted.push_back(std::move(*c));
+    }
   }
   // Identical requests (same rank layout) are answered from the cache.
   const std::string cache_key = absl::StrCat(
@@ -191,8 +225,9 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   }
 
   m_.load_plan_misses->Increment();
-  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedCheckpoint> ckpt,
-                         LoadCheckpoint(job, step));
+  if (ckpt == nullptr) {
+    CAIRN_ASSIGN_OR_RETURN(ckpt, LoadCheckpoint(job, step));
+  }
   // Each read item is written straight into the answer's wire bytes.
   convert::PlanLoadAnswerWriter answer(step, store_->uri(),
                                        request.compact()
@@ -202,18 +237,12 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
       wanted, [&answer](const planner::LoadPlanner::ReadView& r) {
         answer.AddRead(r);
       });
-  if (!planned.ok()) {
-    return absl::Status(
-        planned.code(),
-        absl::StrCat("rank ", request.rank(), " loading ", SaveName(job, step),
-                     ": ", planned.message()));
-  }
+  if (!planned.ok()) return refused(planned);
   for (const std::string& fqn : request.wanted_bytes()) {
     auto it = ckpt->bytes_index.find(fqn);
     if (it == ckpt->bytes_index.end()) {
-      return absl::NotFoundError(absl::StrCat(
-          "rank ", request.rank(), " loading ", SaveName(job, step),
-          ": bytes entry '", fqn, "' is not in the checkpoint"));
+      return refused(absl::NotFoundError(
+          absl::StrCat("bytes entry '", fqn, "' is not in the checkpoint")));
     }
     answer.AddBytesEntry(ckpt->bytes_entries[it->second]);
   }

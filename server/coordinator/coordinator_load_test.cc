@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "proto/convert/load_request.h"
 #include "server/coordinator/coordinator_test_fixture.h"
 
 namespace cairn::coordinator {
@@ -216,6 +217,87 @@ TEST_F(CoordinatorTest, CompactLoadPlansExpandToTheFullForm) {
     EXPECT_TRUE(PlanColumnsCompact(0, 1, 2, 0).reads(0).has_chunk());
   }
   EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 2);
+}
+
+TEST_F(CoordinatorTest, ShortFormLoadRequestsArePlannedAsTheFullForm) {
+  Start();
+  Save("job", 1, 2);
+  // Every tensor of the checkpoint ("b", then "w" in fqn order): the short
+  // form applies.
+  v1::PlanLoadRequest full = ColumnsRequest(0, 1, 2, /*world=*/0);
+  v1::WantedChunk* b = full.add_wanted();
+  b->mutable_tensor()->set_fqn("b");
+  b->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+  b->mutable_tensor()->add_global_shape(4);
+  b->mutable_box()->add_offsets(1);
+  b->mutable_box()->add_sizes(2);
+  full.mutable_wanted()->SwapElements(0, 1);
+  full.add_wanted_bytes("rng");
+  v1::PlanLoadRequest wire;
+  ASSERT_TRUE(convert::CompactWanted(full, &wire));
+  EXPECT_EQ(wire.wanted_boxes_size(), 6);
+  auto from_full = coordinator_->PlanLoad(full);
+  auto from_short = coordinator_->PlanLoad(wire);
+  ASSERT_TRUE(from_full.ok()) << from_full.status();
+  ASSERT_TRUE(from_short.ok()) << from_short.status();
+  EXPECT_FALSE(from_short->resend_wanted());
+  EXPECT_EQ(from_short->reads_size(), 3);  // "b" from one rank, "w" from two
+  EXPECT_EQ(from_short->bytes_entries_size(), 1);
+  EXPECT_EQ(from_short->SerializeAsString(), from_full->SerializeAsString());
+  // One layout: the third ask comes from the cache, whatever its form.
+  ASSERT_TRUE(coordinator_->PlanLoad(wire).ok());
+  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 1);
+
+  // Fewer tensors than the checkpoint's ("w" only): cairnd asks for them in
+  // full, in the rank's load round, and plans nothing.
+  const v1::PlanLoadRequest only_w = ColumnsRequest(1, 0, 2, /*world=*/2);
+  v1::PlanLoadRequest only_w_wire;
+  ASSERT_TRUE(convert::CompactWanted(only_w, &only_w_wire));
+  auto resend = coordinator_->PlanLoad(only_w_wire);
+  ASSERT_TRUE(resend.ok()) << resend.status();
+  EXPECT_TRUE(resend->resend_wanted());
+  EXPECT_EQ(resend->step(), 1);
+  EXPECT_NE(resend->load_round(), 0u);
+  EXPECT_EQ(resend->reads_size(), 0);
+  auto again = coordinator_->PlanLoad(only_w);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->resend_wanted());
+  EXPECT_EQ(again->load_round(), resend->load_round());
+  EXPECT_EQ(again->reads_size(), 2);
+
+  // A dtype other than the checkpoint's: asked in full, then told.
+  v1::PlanLoadRequest half = full;
+  half.mutable_wanted(1)->mutable_tensor()->set_dtype(v1::DTYPE_BFLOAT16);
+  ASSERT_TRUE(convert::CompactWanted(half, &wire));
+  auto resend_half = coordinator_->PlanLoad(wire);
+  ASSERT_TRUE(resend_half.ok());
+  EXPECT_TRUE(resend_half->resend_wanted());
+  auto refused = coordinator_->PlanLoad(half);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("'w': saved float32 [8, 4], requested bfloat16"));
+
+  // Malformed short forms are refused, naming the rank and the checkpoint.
+  ASSERT_TRUE(convert::CompactWanted(full, &wire));
+  v1::PlanLoadRequest extra = wire;
+  extra.add_wanted_boxes(0);
+  auto r = coordinator_->PlanLoad(extra);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("rank 0 loading job 'job' step 1: wanted_boxes holds "
+                        "7 values but the 2 tensors"));
+  v1::PlanLoadRequest both = wire;
+  *both.add_wanted() = full.wanted(0);
+  r = coordinator_->PlanLoad(both);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("both tensors_digest and 1 wanted chunks"));
+  v1::PlanLoadRequest outside = wire;
+  outside.set_wanted_boxes(0, 3);  // "b" [3, 5) of [4]
+  r = coordinator_->PlanLoad(outside);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("'b' wanted chunk 0: chunk [3:5] exceeds shape [4]"));
 }
 
 TEST_F(CoordinatorTest, VerifyLoadTakesPiecesByChunkId) {

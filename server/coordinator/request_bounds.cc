@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "planner/box.h"
 #include "storage/checkpoint_layout.h"
 
 namespace cairn::coordinator {
@@ -81,10 +82,24 @@ absl::Status CheckLoadRequestBounds(const v1::PlanLoadRequest& r,
   fqns.reserve(std::min(r.wanted_size() + r.wanted_bytes_size(), 1 << 20));
   for (const v1::WantedChunk& w : r.wanted()) fqns.push_back(&w.tensor().fqn());
   for (const std::string& b : r.wanted_bytes()) fqns.push_back(&b);
-  return CheckLoadRequestBounds(
-      r.wanted_size(), r.wanted_bytes_size(), fqns, options,
-      absl::StrCat("rank ", r.rank(), " loading job '", Truncated(r.job(), 128),
-                   "'"));
+  const std::string who = absl::StrCat("rank ", r.rank(), " loading job '",
+                                       Truncated(r.job(), 128), "'");
+  // The short form: an offset and a size per dim of each tensor.
+  const int64_t max_box_values =
+      int64_t{2} * planner::kMaxDims * options.max_plan_items_per_rank;
+  if (r.wanted_boxes_size() > max_box_values) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        who, ": wanted_boxes holds ", r.wanted_boxes_size(),
+        " values; at most ", max_box_values, " (", planner::kMaxDims,
+        " dims of --max-plan-items-per-rank tensors) are accepted"));
+  }
+  if (r.tensors_digest().size() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": tensors_digest is ",
+                                                   r.tensors_digest().size(),
+                                                   " bytes; a digest has 32"));
+  }
+  return CheckLoadRequestBounds(r.wanted_size(), r.wanted_bytes_size(), fqns,
+                                options, who);
 }
 
 absl::Status CheckLoadRequestBounds(const v1::VerifyLoadRequest& r,

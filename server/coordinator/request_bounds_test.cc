@@ -99,6 +99,21 @@ TEST(RequestBoundsTest, LoadRequestsAreBoundedByChunksBytesAndFqns) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("rank 5 loading job 'job': fqn 'model.w' is 7 bytes"));
+  load.clear_wanted();
+  // The short form: 2 offsets and sizes of 8 dims per tensor at most.
+  for (int i = 0; i < 32; ++i) load.add_wanted_boxes(i);
+  EXPECT_TRUE(CheckLoadRequestBounds(load, options).ok());
+  load.add_wanted_boxes(0);
+  s = CheckLoadRequestBounds(load, options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 5 loading job 'job': wanted_boxes holds 33 "
+                        "values; at most 32"));
+  load.clear_wanted_boxes();
+  load.set_tensors_digest(std::string(65, 'd'));
+  s = CheckLoadRequestBounds(load, options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("tensors_digest is 65"));
 
   v1::VerifyLoadRequest verify;
   verify.set_job("job");

@@ -1,0 +1,111 @@
+#include "proto/convert/load_request.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "planner/plan_cache.h"
+#include "proto/convert/plan_convert.h"
+
+namespace cairn::convert {
+namespace {
+
+void PutU64(uint64_t v, std::string* out) {
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out->append(b, 8);
+}
+
+}  // namespace
+
+void TensorsDigest::Add(absl::string_view fqn, v1::DType dtype,
+                        absl::Span<const int64_t> global_shape) {
+  // Length-prefixed, so that no two lists encode alike.
+  PutU64(fqn.size(), &key_);
+  key_.append(fqn.data(), fqn.size());
+  PutU64(static_cast<uint64_t>(dtype), &key_);
+  PutU64(global_shape.size(), &key_);
+  for (int64_t d : global_shape) PutU64(static_cast<uint64_t>(d), &key_);
+  ++count_;
+}
+
+std::string TensorsDigest::Finish() const {
+  std::string key = key_;
+  PutU64(static_cast<uint64_t>(count_), &key);
+  return planner::StableHash128Hex(key);
+}
+
+std::string TensorsDigestOf(const planner::LoadPlanner& planner,
+                            std::vector<int>* order) {
+  order->resize(static_cast<size_t>(planner.num_tensors()));
+  for (int t = 0; t < planner.num_tensors(); ++t) (*order)[t] = t;
+  std::sort(order->begin(), order->end(), [&planner](int a, int b) {
+    return planner.fqn(a) < planner.fqn(b);
+  });
+  TensorsDigest digest;
+  for (int t : *order) {
+    digest.Add(planner.fqn(t), DTypeToProto(planner.dtype(t)),
+               planner.global_shape(t));
+  }
+  return digest.Finish();
+}
+
+bool CompactWanted(const v1::PlanLoadRequest& full,
+                   v1::PlanLoadRequest* compact) {
+  TensorsDigest digest;
+  int values = 0;
+  for (int i = 0; i < full.wanted_size(); ++i) {
+    const v1::WantedChunk& w = full.wanted(i);
+    if (i > 0 && !(full.wanted(i - 1).tensor().fqn() < w.tensor().fqn())) {
+      return false;
+    }
+    const int dims = w.tensor().global_shape_size();
+    if (w.box().offsets_size() != dims || w.box().sizes_size() != dims) {
+      return false;
+    }
+    digest.Add(w.tensor().fqn(), w.tensor().dtype(), w.tensor().global_shape());
+    values += 2 * dims;
+  }
+  *compact = full;
+  compact->clear_wanted();
+  compact->set_tensors_digest(digest.Finish());
+  google::protobuf::RepeatedField<int64_t>& boxes =
+      *compact->mutable_wanted_boxes();
+  boxes.Clear();
+  boxes.Reserve(values);
+  for (const v1::WantedChunk& w : full.wanted()) {
+    boxes.Add(w.box().offsets().begin(), w.box().offsets().end());
+    boxes.Add(w.box().sizes().begin(), w.box().sizes().end());
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<planner::WantedChunk>> WantedFromCompact(
+    const v1::PlanLoadRequest& request, const planner::LoadPlanner& planner,
+    absl::Span<const int> order) {
+  size_t values = 0;
+  for (int t : order) values += 2 * planner.global_shape(t).size();
+  const google::protobuf::RepeatedField<int64_t>& boxes =
+      request.wanted_boxes();
+  if (static_cast<size_t>(boxes.size()) != values) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "wanted_boxes holds ", boxes.size(), " values but the ", order.size(),
+        " tensors of the checkpoint (whose digest the request names) need ",
+        values, ": an offset and a size per dim of each"));
+  }
+  std::vector<planner::WantedChunk> wanted(order.size());
+  const int64_t* v = boxes.data();
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int t = order[i];
+    planner::WantedChunk& w = wanted[i];
+    w.fqn = planner.fqn(t);
+    w.dtype = planner.dtype(t);
+    w.global_shape = planner.global_shape(t);
+    const size_t dims = w.global_shape.size();
+    w.box.offsets.assign(v, v + dims);
+    w.box.sizes.assign(v + dims, v + 2 * dims);
+    v += 2 * dims;
+  }
+  return wanted;
+}
+
+}  // namespace cairn::convert
