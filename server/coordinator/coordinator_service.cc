@@ -154,113 +154,126 @@ struct Method {
   bool parse_on_workers = false;
 };
 
-// The raw gRPC handler of one method: parses the request (INVALID_ARGUMENT
-// when the bytes are not a `Req`), authorizes it, runs the handler, and
-// serializes its answer.
+// Authenticates the caller of `method` and checks `access` against its roles
+// (anyone when auth is off): the caller, or the status to end the call with,
+// audited.
+absl::StatusOr<Caller> Authorize(const Guard& guard,
+                                 grpc::CallbackServerContext* context,
+                                 const std::string& method,
+                                 const Access& access) {
+  if (guard.authorizer == nullptr) return Caller();
+  absl::string_view authorization;
+  const auto& md = context->client_metadata();
+  if (auto it = md.find("authorization"); it != md.end()) {
+    authorization = absl::string_view(it->second.data(), it->second.size());
+  }
+  absl::string_view reason;
+  std::shared_ptr<const grpc::AuthContext> auth_context =
+      context->auth_context();
+  absl::StatusOr<Caller> caller = guard.authorizer->Authenticate(
+      authorization, auth_context.get(), &reason);
+  if (!caller.ok()) {
+    guard.AuditAuthFailure(reason, method, context->peer(), "identity=-",
+                           caller.status().message());
+    return caller.status();
+  }
+  if (access.filtered || caller->principal->Allows(access.action, access.job)) {
+    return caller;
+  }
+  const std::string& identity = caller->principal->name;
+  const Role needed = RequiredRole(access.action);
+  absl::Status denied = absl::PermissionDeniedError(absl::StrCat(
+      "identity ", identity, " (role ", RoleName(caller->principal->MaxRole()),
+      ") may not ", ActionPhrase(access.action),
+      access.job.empty()
+          ? absl::StrCat(" (needs role ", RoleName(needed), " on job glob '*')")
+          : absl::StrCat(" of job '", access.job, "' (needs role ",
+                         RoleName(needed), ")")));
+  guard.AuditAuthFailure(
+      "permission_denied", method, context->peer(),
+      absl::StrCat("identity=", identity, " action=", ActionName(access.action),
+                   " job=", access.job.empty() ? "-" : access.job),
+      denied.message());
+  if (!access.audit.empty()) {
+    guard.Audit(identity, access, context->peer(), "denied", denied);
+  }
+  return denied;
+}
+
+// One call of method `m`: parses the request (INVALID_ARGUMENT when `bytes`
+// are not a `Req`), authorizes it, runs the handler, and serializes its answer
+// into `out`; the reactor finishes the call.
+template <typename Req, typename Resp>
+void Serve(Coordinator* c, const Guard* guard,
+           std::shared_ptr<const Method<Req, Resp>> m,
+           grpc::CallbackServerContext* context,
+           grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* out,
+           grpc::ByteBuffer& bytes) {
+  auto request = std::make_shared<Req>();
+  bool parsed = false;
+  {
+    grpc::ProtoBufferReader reader(&bytes);
+    parsed = reader.status().ok() && request->ParseFromZeroCopyStream(&reader);
+  }
+  if (!parsed) {
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("malformed request to ", m->name, ": ", bytes.Length(),
+                     " bytes that are not a valid ",
+                     Req::descriptor()->full_name())));
+    return;
+  }
+  auto access = std::make_shared<const Access>(m->access(*request));
+  absl::StatusOr<Caller> caller = Authorize(*guard, context, m->name, *access);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return;
+  }
+  m->handler(
+      *c, std::move(request),
+      [reactor, out, guard, access, m, caller = *std::move(caller),
+       peer = context->peer()](absl::StatusOr<Resp> result) {
+        if (!access->audit.empty()) {
+          guard->Audit(caller.principal != nullptr ? caller.principal->name
+                                                   : std::string("anonymous"),
+                       *access, peer, result.ok() ? "ok" : "failed",
+                       result.status());
+        }
+        if (!result.ok()) {
+          reactor->Finish(ToGrpcStatus(result.status()));
+          return;
+        }
+        if (access->filtered && caller.principal != nullptr && m->filter) {
+          m->filter(*caller.principal, &*result);
+        }
+        bool own = false;
+        reactor->Finish(
+            grpc::SerializationTraits<Resp>::Serialize(*result, out, &own));
+      });
+}
+
+// The raw gRPC handler of one method: Serve on gRPC's thread, or on a worker
+// (Method::parse_on_workers).
 template <typename Req, typename Resp>
 grpc::internal::MethodHandler* RawHandler(Coordinator* c, const Guard* guard,
-                                          Method<Req, Resp> m) {
+                                          Method<Req, Resp> method) {
+  auto m = std::make_shared<const Method<Req, Resp>>(std::move(method));
   return new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer,
                                                   grpc::ByteBuffer>(
       [c, guard, m](grpc::CallbackServerContext* context,
                     const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
         grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+        if (!m->parse_on_workers) {
+          grpc::ByteBuffer bytes(*in);
+          Serve(c, guard, m, context, reactor, out, bytes);
+          return reactor;
+        }
         // `bytes` shares the request's slices; `context` and `out` live
         // until the reactor finishes.
-        auto serve = [c, guard, m, context, reactor, out,
-                      bytes = grpc::ByteBuffer(*in)]() mutable {
-          auto request = std::make_shared<Req>();
-          const size_t size = bytes.Length();
-          bool parsed = false;
-          {
-            grpc::ProtoBufferReader reader(&bytes);
-            parsed = reader.status().ok() &&
-                     request->ParseFromZeroCopyStream(&reader);
-          }
-          if (!parsed) {
-            reactor->Finish(
-                grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                             absl::StrCat("malformed request to ", m.name, ": ",
-                                          size, " bytes that are not a valid ",
-                                          Req::descriptor()->full_name())));
-            return;
-          }
-          auto access = std::make_shared<const Access>(m.access(*request));
-          std::string identity = "anonymous";
-          Caller caller;
-          if (guard->authorizer != nullptr) {
-            absl::string_view authorization;
-            const auto& md = context->client_metadata();
-            if (auto it = md.find("authorization"); it != md.end()) {
-              authorization =
-                  absl::string_view(it->second.data(), it->second.size());
-            }
-            absl::string_view reason;
-            std::shared_ptr<const grpc::AuthContext> auth_context =
-                context->auth_context();
-            absl::StatusOr<Caller> who = guard->authorizer->Authenticate(
-                authorization, auth_context.get(), &reason);
-            if (!who.ok()) {
-              guard->AuditAuthFailure(reason, m.name, context->peer(),
-                                      "identity=-", who.status().message());
-              reactor->Finish(ToGrpcStatus(who.status()));
-              return;
-            }
-            caller = *std::move(who);
-            identity = caller.principal->name;
-            if (!access->filtered &&
-                !caller.principal->Allows(access->action, access->job)) {
-              const Role needed = RequiredRole(access->action);
-              absl::Status denied = absl::PermissionDeniedError(absl::StrCat(
-                  "identity ", identity, " (role ",
-                  RoleName(caller.principal->MaxRole()), ") may not ",
-                  ActionPhrase(access->action),
-                  access->job.empty()
-                      ? absl::StrCat(" (needs role ", RoleName(needed),
-                                     " on job glob '*')")
-                      : absl::StrCat(" of job '", access->job, "' (needs role ",
-                                     RoleName(needed), ")")));
-              guard->AuditAuthFailure(
-                  "permission_denied", m.name, context->peer(),
-                  absl::StrCat("identity=", identity,
-                               " action=", ActionName(access->action), " job=",
-                               access->job.empty() ? "-" : access->job),
-                  denied.message());
-              if (!access->audit.empty()) {
-                guard->Audit(identity, *access, context->peer(), "denied",
-                             denied);
-              }
-              reactor->Finish(ToGrpcStatus(denied));
-              return;
-            }
-          }
-          m.handler(
-              *c, std::move(request),
-              [reactor, out, guard, access, caller, identity,
-               peer = context->peer(),
-               filter = m.filter](absl::StatusOr<Resp> result) {
-                if (!access->audit.empty()) {
-                  guard->Audit(identity, *access, peer,
-                               result.ok() ? "ok" : "failed", result.status());
-                }
-                if (!result.ok()) {
-                  reactor->Finish(ToGrpcStatus(result.status()));
-                  return;
-                }
-                if (access->filtered && caller.principal != nullptr && filter) {
-                  filter(*caller.principal, &*result);
-                }
-                bool own = false;
-                grpc::Status s = grpc::SerializationTraits<Resp>::Serialize(
-                    *result, out, &own);
-                reactor->Finish(s);
-              });
-        };
-        if (m.parse_on_workers) {
-          c->workers().Schedule(std::move(serve));
-        } else {
-          serve();
-        }
+        c->workers().Schedule([c, guard, m, context, reactor, out,
+                               bytes = grpc::ByteBuffer(*in)]() mutable {
+          Serve(c, guard, m, context, reactor, out, bytes);
+        });
         return reactor;
       });
 }
