@@ -191,7 +191,7 @@ absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
 
 absl::Status LoadPlanner::PlanEach(
     const std::vector<WantedChunk>& wanted,
-    absl::FunctionRef<void(const ReadView&)> sink) const {
+    absl::FunctionRef<void(const ReadView&)> sink, bool with_segments) const {
   std::vector<int> hits;
   ChunkBox overlap;
   StoredChunkView chunk;                      // reused for every item
@@ -234,11 +234,16 @@ absl::Status LoadPlanner::PlanEach(
             " alone needs ", n, "); load it as smaller chunks"));
       }
       segments += n;
-      segments_of_item.clear();
-      AppendCopySegments(chunk.box, want.box, overlap, elem, &segments_of_item);
+      if (with_segments) {
+        segments_of_item.clear();
+        AppendCopySegments(chunk.box, want.box, overlap, elem,
+                           &segments_of_item);
+      }
       const uint32_t id = Id(ti, c);
-      sink(ReadView{w, ti, t.fqn, c, &chunk, &overlap, &segments_of_item, id,
-                    chunk_object_[id]});
+      sink(ReadView{w, ti, t.fqn, c, &chunk, &overlap,
+                    with_segments ? &segments_of_item : nullptr, id,
+                    chunk_object_[id],
+                    static_cast<uint64_t>(Volume(overlap)) * elem});
     }
     if (covered != need) {
       ChunkBox gap;

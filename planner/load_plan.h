@@ -153,16 +153,21 @@ class LoadPlanner {
     int source_chunk = 0;                     // index among its stored chunks
     const StoredChunkView* source = nullptr;  // that chunk
     const ChunkBox* overlap = nullptr;
+    // Null when PlanEach was asked for no segments.
     const std::vector<CopySegment>* segments = nullptr;
     uint32_t chunk_id = 0;   // the source's id in the checkpoint (ChunkOfId)
     uint32_t object_id = 0;  // its object's index (object())
+    uint64_t bytes = 0;      // the overlap's: what the segments add up to
   };
   // Plan() without building ReadItems: calls `sink` once per read item, in
   // Plan()'s order, so a caller can write each straight into its answer (no
-  // fqn or object key copied per item). On an error `sink` may have seen
-  // some items already; the caller discards them.
+  // fqn or object key copied per item). Without `segments` the copy segments
+  // are not built (a reader that derives them; the plan-wide bound on their
+  // number is still checked). On an error `sink` may have seen some items
+  // already; the caller discards them.
   absl::Status PlanEach(const std::vector<WantedChunk>& wanted,
-                        absl::FunctionRef<void(const ReadView&)> sink) const;
+                        absl::FunctionRef<void(const ReadView&)> sink,
+                        bool segments = true) const;
 
   // The stored tensors, in the order Create() was given them.
   int num_tensors() const { return static_cast<int>(tensors_.size()); }

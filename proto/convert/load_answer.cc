@@ -195,9 +195,7 @@ void PlanLoadAnswerWriter::AddCompactRead(
   const size_t body = FieldSize(dest) + NestedSize(source) +
                       (chunk.crc32c == 0 ? 0 : 5) + NestedSize(box) +
                       FieldSize(object_index) + 1 + VarintSize(item.chunk_id);
-  for (const planner::CopySegment& s : *item.segments) {
-    bytes_to_read_ += s.length;
-  }
+  bytes_to_read_ += item.bytes;
 
   Cursor c = Append(&out_, NestedSize(body));
   c.Byte(kReadsTag);

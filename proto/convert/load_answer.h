@@ -44,6 +44,8 @@ namespace cairn::convert {
 // segments; each object key once in `objects`, written just before the first
 // read item that uses it. Parsed, it is the message protobuf would decode;
 // its bytes differ from protobuf's own serialization only in that order.
+// kFull needs each ReadView's segments; kCompact does not use them
+// (PlanEach(..., /*segments=*/false) skips building them).
 enum class AnswerForm { kFull, kCompact };
 
 class PlanLoadAnswerWriter {

@@ -123,9 +123,12 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
                     ->PlanEach(wanted,
                                [&](const planner::LoadPlanner::ReadView& r) {
                                  writer.AddRead(r);
+                                 uint64_t item_bytes = 0;
                                  for (const auto& s : *r.segments) {
-                                   bytes += s.length;
+                                   item_bytes += s.length;
                                  }
+                                 EXPECT_EQ(r.bytes, item_bytes);
+                                 bytes += item_bytes;
                                })
                     .ok());
     for (const v1::ManifestBytes& e : entries) {
@@ -143,14 +146,18 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
     EXPECT_EQ(decoded.reads_size(), items);
     reads += static_cast<size_t>(items);
 
-    // The compact form, expanded by the rank, is the full form plus each
-    // item's source_box and chunk id.
+    // The compact form (planned without copy segments, as cairnd does),
+    // expanded by the rank, is the full form plus each item's source_box and
+    // chunk id.
     PlanLoadAnswerWriter compact(step, uri, AnswerForm::kCompact);
     ASSERT_TRUE((*planner)
-                    ->PlanEach(wanted,
-                               [&](const planner::LoadPlanner::ReadView& r) {
-                                 compact.AddRead(r);
-                               })
+                    ->PlanEach(
+                        wanted,
+                        [&](const planner::LoadPlanner::ReadView& r) {
+                          EXPECT_EQ(r.segments, nullptr);
+                          compact.AddRead(r);
+                        },
+                        /*segments=*/false)
                     .ok());
     for (const v1::ManifestBytes& e : entries) compact.AddBytesEntry(e);
     EXPECT_EQ(compact.reads(), items);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "absl/types/span.h"
 #include "common/crash_point.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -133,34 +134,48 @@ absl::StatusOr<PlanLoadAnswer> Coordinator::PlanLoadEncoded(
 
 namespace {
 
+// Fields appended length-prefixed, so that no two lists encode alike.
+struct KeyBuilder {
+  void Put(int64_t v) { key.append(reinterpret_cast<const char*>(&v), 8); }
+  void Put(absl::string_view s) {
+    Put(static_cast<int64_t>(s.size()));
+    key.append(s.data(), s.size());
+  }
+  void Put(absl::Span<const int64_t> values) {
+    Put(static_cast<int64_t>(values.size()));
+    key.append(reinterpret_cast<const char*>(values.data()),
+               sizeof(int64_t) * values.size());
+  }
+  std::string key;
+};
+
 // What decides a rank's load plan besides the checkpoint: its wanted chunks
-// and bytes entries, length-prefixed so that no two lists encode alike.
+// and bytes entries.
 std::string LayoutKey(
     const std::vector<planner::WantedChunk>& wanted,
     const google::protobuf::RepeatedPtrField<std::string>& wanted_bytes) {
-  std::string key;
-  const auto put = [&key](int64_t v) {
-    key.append(reinterpret_cast<const char*>(&v), sizeof(v));
-  };
-  const auto put_string = [&](absl::string_view s) {
-    put(static_cast<int64_t>(s.size()));
-    key.append(s.data(), s.size());
-  };
-  const auto put_dims = [&](const planner::Dims& dims) {
-    put(static_cast<int64_t>(dims.size()));
-    for (int64_t d : dims) put(d);
-  };
-  put(static_cast<int64_t>(wanted.size()));
+  KeyBuilder k;
+  k.Put(static_cast<int64_t>(wanted.size()));
   for (const planner::WantedChunk& w : wanted) {
-    put_string(w.fqn);
-    put(static_cast<int64_t>(w.dtype));
-    put_dims(w.global_shape);
-    put_dims(w.box.offsets);
-    put_dims(w.box.sizes);
+    k.Put(w.fqn);
+    k.Put(static_cast<int64_t>(w.dtype));
+    k.Put(w.global_shape);
+    k.Put(w.box.offsets);
+    k.Put(w.box.sizes);
   }
-  put(static_cast<int64_t>(wanted_bytes.size()));
-  for (const std::string& fqn : wanted_bytes) put_string(fqn);
-  return key;
+  k.Put(static_cast<int64_t>(wanted_bytes.size()));
+  for (const std::string& fqn : wanted_bytes) k.Put(fqn);
+  return std::move(k.key);
+}
+
+// The same for a short-form request: its digest, boxes and bytes entries.
+std::string ShortLayoutKey(const v1::PlanLoadRequest& request) {
+  KeyBuilder k;
+  k.Put(request.tensors_digest());
+  k.Put(request.wanted_boxes());
+  k.Put(static_cast<int64_t>(request.wanted_bytes_size()));
+  for (const std::string& fqn : request.wanted_bytes()) k.Put(fqn);
+  return std::move(k.key);
 }
 
 }  // namespace
@@ -173,16 +188,45 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
                         absl::StrCat("rank ", request.rank(), " loading ",
                                      SaveName(job, step), ": ", s.message()));
   };
-  std::shared_ptr<const LoadedCheckpoint> ckpt;
+  // The short form names the checkpoint's own tensors by their digest.
+  const bool short_form = !request.tensors_digest().empty();
+  if (short_form && request.wanted_size() > 0) {
+    return refused(absl::InvalidArgumentError(
+        absl::StrCat("the request has both tensors_digest and ",
+                     request.wanted_size(), " wanted chunks; send one form")));
+  }
   std::vector<planner::WantedChunk> wanted;
-  if (!request.tensors_digest().empty()) {
-    // The short form: the checkpoint's own tensors, named by their digest.
-    if (request.wanted_size() > 0) {
-      return refused(absl::InvalidArgumentError(absl::StrCat(
-          "the request has both tensors_digest and ", request.wanted_size(),
-          " wanted chunks; send one form")));
+  if (!short_form) {
+    wanted.reserve(request.wanted_size());
+    for (const v1::WantedChunk& w : request.wanted()) {
+      absl::StatusOr<planner::WantedChunk> c = convert::WantedFromProto(w);
+      if (!c.ok()) return refused(c.status());
+      wanted.push_back(std::move(*c));
     }
-    CAIRN_ASSIGN_OR_RETURN(ckpt, LoadCheckpoint(job, step));
+  }
+  // Identical requests (same rank layout) are answered from the cache. A
+  // short request is keyed by its digest and boxes as sent: one answered from
+  // the cache matched the checkpoint's digest before (resend_wanted answers
+  // are not cached).
+  const std::string cache_key =
+      absl::StrCat(job, "\n", step, "\n", request.compact() ? "c" : "f",
+                   planner::StableHash128Hex(
+                       short_form ? ShortLayoutKey(request)
+                                  : LayoutKey(wanted, request.wanted_bytes())));
+  const auto count = [&](bool from_cache) {
+    absl::MutexLock lock(&mu_);
+    if (short_form) ++stats_.load_requests_short;
+    if (from_cache) ++stats_.load_plans_from_cache;
+  };
+  if (auto hit = load_plans_.Lookup(cache_key)) {
+    count(/*from_cache=*/true);
+    m_.load_plan_hits->Increment();
+    return hit;
+  }
+
+  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedCheckpoint> ckpt,
+                         LoadCheckpoint(job, step));
+  if (short_form) {
     if (request.tensors_digest() != ckpt->tensors_digest) {
       {
         absl::MutexLock lock(&mu_);
@@ -203,40 +247,19 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
                                    ckpt->tensors_by_fqn);
     if (!expanded.ok()) return refused(expanded.status());
     wanted = *std::move(expanded);
-    absl::MutexLock lock(&mu_);
-    ++stats_.load_requests_short;
-  } else {
-    wanted.reserve(request.wanted_size());
-    for (const v1::WantedChunk& w : request.wanted()) {
-      absl::StatusOr<planner::WantedChunk> c = convert::WantedFromProto(w);
-      if (!c.ok()) return refused(c.status());
-      wanted.push_back(std::move(*c));
-    }
   }
-  // Identical requests (same rank layout) are answered from the cache.
-  const std::string cache_key = absl::StrCat(
-      job, "\n", step, "\n", request.compact() ? "c" : "f",
-      planner::StableHash128Hex(LayoutKey(wanted, request.wanted_bytes())));
-  if (auto hit = load_plans_.Lookup(cache_key)) {
-    absl::MutexLock lock(&mu_);
-    ++stats_.load_plans_from_cache;
-    m_.load_plan_hits->Increment();
-    return hit;
-  }
-
   m_.load_plan_misses->Increment();
-  if (ckpt == nullptr) {
-    CAIRN_ASSIGN_OR_RETURN(ckpt, LoadCheckpoint(job, step));
-  }
+  count(/*from_cache=*/false);
   // Each read item is written straight into the answer's wire bytes.
   convert::PlanLoadAnswerWriter answer(step, store_->uri(),
                                        request.compact()
                                            ? convert::AnswerForm::kCompact
                                            : convert::AnswerForm::kFull);
+  // A rank taking the compact form derives the copy segments itself.
   const absl::Status planned = ckpt->planner->PlanEach(
-      wanted, [&answer](const planner::LoadPlanner::ReadView& r) {
-        answer.AddRead(r);
-      });
+      wanted,
+      [&answer](const planner::LoadPlanner::ReadView& r) { answer.AddRead(r); },
+      /*segments=*/!request.compact());
   if (!planned.ok()) return refused(planned);
   for (const std::string& fqn : request.wanted_bytes()) {
     auto it = ckpt->bytes_index.find(fqn);

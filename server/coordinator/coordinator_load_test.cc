@@ -244,9 +244,14 @@ TEST_F(CoordinatorTest, ShortFormLoadRequestsArePlannedAsTheFullForm) {
   EXPECT_EQ(from_short->reads_size(), 3);  // "b" from one rank, "w" from two
   EXPECT_EQ(from_short->bytes_entries_size(), 1);
   EXPECT_EQ(from_short->SerializeAsString(), from_full->SerializeAsString());
-  // One layout: the third ask comes from the cache, whatever its form.
+  // Cached by what was sent: the third short ask comes from the cache.
   ASSERT_TRUE(coordinator_->PlanLoad(wire).ok());
+  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 0);
+  auto cached = coordinator_->PlanLoad(wire);
+  ASSERT_TRUE(cached.ok());
   EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 1);
+  EXPECT_EQ(cached->SerializeAsString(), from_full->SerializeAsString());
+  EXPECT_EQ(coordinator_->stats().load_requests_short, 3);
 
   // Fewer tensors than the checkpoint's ("w" only): cairnd asks for them in
   // full, in the rank's load round, and plans nothing.
