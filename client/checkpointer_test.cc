@@ -194,6 +194,14 @@ class CheckpointerTest : public ::testing::Test {
                             absl::MakeSpan(buf));
   }
 
+  // Rank `rank`'s state: "w" split by rows over `world` ranks (in `buf`) and
+  // bytes "rng".
+  static absl::Status AddRankState(StateDict& state, int rank, int world,
+                                   std::vector<char>& buf, std::string* rng) {
+    absl::Status added = AddW(state, rank, world, buf, Placement::Shard(0));
+    return added.ok() ? state.AddBytes("rng", rng) : added;
+  }
+
   // Saves step `step` of "w" (rows split over `world` ranks, one thread
   // each) and returns what each rank's Save returned.
   std::vector<absl::StatusOr<CheckpointInfo>> SaveRanks(int64_t step,
@@ -208,8 +216,7 @@ class CheckpointerTest : public ::testing::Test {
         StateDict state;
         std::vector<char> buf;
         std::string rng = "rng-state";
-        absl::Status added = AddW(state, r, world, buf, Placement::Shard(0));
-        if (added.ok()) added = state.AddBytes("rng", &rng);
+        absl::Status added = AddRankState(state, r, world, buf, &rng);
         out[r] = added.ok() ? c->Save(step, state) : added;
       });
     }
@@ -300,8 +307,7 @@ TEST_F(CheckpointerTest, LoadsSendTheShortFormAndTheFullOneWhenAsked) {
         if (c == nullptr) return;
         StateDict state;
         std::vector<char> buf;
-        status[r] = AddW(state, r, world, buf, Placement::Shard(0));
-        if (status[r].ok()) status[r] = state.AddBytes("rng", &rngs[r]);
+        status[r] = AddRankState(state, r, world, buf, &rngs[r]);
         if (!status[r].ok()) return;
         std::fill(buf.begin(), buf.end(), 0);
         status[r] = c->Load(LoadRef::Step(1), state).status();
@@ -324,10 +330,25 @@ TEST_F(CheckpointerTest, LoadsSendTheShortFormAndTheFullOneWhenAsked) {
   EXPECT_EQ(server_->coordinator().stats().load_requests_short, 3 + 16);
   EXPECT_EQ(server_->coordinator().stats().load_wanted_resends, 0);
 
-  // One tensor more than the checkpoint holds: asked in full, then refused
-  // naming it.
+  // A tensor the checkpoint lacks but of which nothing is wanted (shape
+  // [0, 4]): asked in full, and loaded.
   std::unique_ptr<Checkpointer> c = Connect(0, 1);
   ASSERT_NE(c, nullptr);
+  {
+    StateDict state;
+    std::vector<char> buf;
+    ASSERT_TRUE(AddW(state, 0, 1, buf, Placement::Shard(0)).ok());
+    ASSERT_TRUE(state.AddChunks("empty", DType::kFloat32, {0, 4}, {}).ok());
+    std::fill(buf.begin(), buf.end(), 0);
+    absl::StatusOr<int64_t> loaded = c->Load(LoadRef::Step(1), state);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(std::string(buf.begin(), buf.end()),
+              std::string(whole.begin(), whole.end()));
+    EXPECT_EQ(server_->coordinator().stats().load_wanted_resends, 1);
+  }
+
+  // One tensor more than the checkpoint holds: asked in full, then refused
+  // naming it.
   StateDict state;
   std::vector<char> buf;
   std::vector<char> extra(16);
@@ -341,7 +362,7 @@ TEST_F(CheckpointerTest, LoadsSendTheShortFormAndTheFullOneWhenAsked) {
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(loaded.status().message()),
               HasSubstr("'x' (wanted chunk 1) is not in the checkpoint"));
-  EXPECT_EQ(server_->coordinator().stats().load_wanted_resends, 1);
+  EXPECT_EQ(server_->coordinator().stats().load_wanted_resends, 2);
 }
 
 // A rank whose PlanLoad is refused leaves the round at cairnd; destroying

@@ -111,6 +111,18 @@ TEST(LoadPlanTest, ErrorsNameTheFqnAndSayWhatDiffers) {
       planner->Plan({WantedChunk{"nope", DType::kFloat32, {4}, Box({0}, {4})}});
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(), HasSubstr("'nope'"));
+  // Nothing of it wanted (an empty box): nothing to read, nothing missing.
+  auto none = planner->Plan(
+      {WantedChunk{"nope", DType::kFloat32, {4}, Box({0}, {0})},
+       WantedChunk{"nope2", DType::kFloat32, {0, 4}, Box({0, 0}, {0, 4})}});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+  // A scalar's box is never empty.
+  EXPECT_EQ(
+      planner->Plan({WantedChunk{"nope", DType::kFloat32, {}, Box({}, {})}})
+          .status()
+          .code(),
+      absl::StatusCode::kNotFound);
 
   auto dtype =
       planner->Plan({WantedChunk{"b", DType::kFloat32, {4}, Box({0}, {4})}});
