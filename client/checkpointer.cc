@@ -324,6 +324,7 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
                     compact_wanted ? short_form : request, options_.rpc_timeout,
                     options_.max_retries, &cancel_);
   if (planned.ok() && planned->resend_wanted()) {
+    const v1::PlanLoadResponse asked = *std::move(planned);
     planned = compact_wanted
                   ? CallWithRetry(&v1::Coordinator::Stub::PlanLoad, *stub_,
                                   request, options_.rpc_timeout,
@@ -334,6 +335,11 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
     if (planned.ok() && planned->resend_wanted()) {
       planned = absl::InternalError(
           "cairnd asked twice for the wanted chunks in full");
+    }
+    // cairnd holds this rank in its load round: the others must not wait.
+    if (absl::IsInternal(planned.status()) && JoinsLoadCollective() &&
+        asked.load_round() != 0) {
+      ReportLoadFailure(LoadReport(asked));
     }
   }
   if (!planned.ok() && cancel_.cancelled()) {

@@ -249,7 +249,6 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
     wanted = *std::move(expanded);
   }
   m_.load_plan_misses->Increment();
-  count(/*from_cache=*/false);
   // Each read item is written straight into the answer's wire bytes.
   convert::PlanLoadAnswerWriter answer(step, store_->uri(),
                                        request.compact()
@@ -269,6 +268,7 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
     }
     answer.AddBytesEntry(ckpt->bytes_entries[it->second]);
   }
+  count(/*from_cache=*/false);
   auto plan = std::make_shared<EncodedLoadPlan>();
   plan->reads = answer.reads();
   plan->bytes_to_read = answer.bytes_to_read();
