@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
 #include "planner/layout.h"
+#include "planner/packed_plan.h"
 
 namespace cairn::planner {
 namespace {
@@ -28,7 +29,8 @@ struct Occurrence {
 // Every occurrence of one fqn, in rank order.
 struct Entry {
   absl::string_view fqn;
-  const WriteItem* first = nullptr;  // defines kind, dtype and shape
+  const PlanEntry* def = nullptr;  // defines kind, dtype and shape
+  uint64_t first_length = 0;       // of the first occurrence
   int first_rank = 0;
   // The occurrences are occurrences_[begin, begin + count). For tensors, the
   // box of the k-th is at keys_[key_begin + k * 2 * dims]: its offsets, then
@@ -51,7 +53,7 @@ struct Unit {
 class SavePlanBuilder {
  public:
   SavePlanBuilder(absl::string_view job, int64_t step,
-                  absl::Span<const LocalSavePlan* const> plans,
+                  absl::Span<const PackedLocalPlan* const> plans,
                   const SavePlanOptions& options)
       : prefix_(absl::StrCat("job '", job, "' step ", step, ": ")),
         plans_(plans),
@@ -79,47 +81,73 @@ class SavePlanBuilder {
     return absl::InvalidArgumentError(absl::StrCat(prefix_, message));
   }
 
-  const WriteItem& ItemOf(const Occurrence& o) const {
+  const PackedLocalPlan& PlanOf(const Occurrence& o) const {
+    return *plans_[o.rank];
+  }
+  const PackedItem& ItemOf(const Occurrence& o) const {
     return plans_[o.rank]->items[o.item];
   }
 
-  absl::Status ValidateItem(int rank, const WriteItem& item) const {
-    if (item.fqn.empty()) {
+  // The checks of an entry, once per entry of each table: `rank` is the
+  // first that names it.
+  absl::Status ValidateEntry(int rank, const PlanEntry& entry) const {
+    if (entry.fqn.empty()) {
       return Error(
           absl::StrCat("rank ", rank, " has an item with an empty fqn"));
     }
-    if (item.fqn.size() > kMaxFqnBytes ||
-        item.fqn.find('\0') != std::string::npos) {
-      return Error(absl::StrCat("rank ", rank, " fqn '", item.fqn.substr(0, 64),
-                                "...' is longer than ", kMaxFqnBytes,
-                                " bytes or contains NUL"));
+    if (entry.fqn.size() > kMaxFqnBytes ||
+        entry.fqn.find('\0') != std::string::npos) {
+      return Error(absl::StrCat("rank ", rank, " fqn '",
+                                entry.fqn.substr(0, 64), "...' is longer than ",
+                                kMaxFqnBytes, " bytes or contains NUL"));
     }
+    if (entry.kind == WriteItem::Kind::kBytes) return absl::OkStatus();
+    if (entry.kind != WriteItem::Kind::kTensorChunk) {
+      return Error(absl::StrCat("rank ", rank, " '", entry.fqn,
+                                "': unknown write item kind"));
+    }
+    if (DTypeSize(entry.dtype) == 0) {
+      return Error(absl::StrCat("rank ", rank, " '", entry.fqn,
+                                "': unknown dtype ", DTypeName(entry.dtype)));
+    }
+    if (absl::Status s = ValidateShape(entry.global_shape); !s.ok()) {
+      return Error(
+          absl::StrCat("rank ", rank, " '", entry.fqn, "': ", s.message()));
+    }
+    return absl::OkStatus();
+  }
+
+  // The checks of an item whose entry passed ValidateEntry.
+  absl::Status ValidateItem(int rank, const PackedLocalPlan& plan,
+                            const PackedItem& item) const {
+    const PlanEntry& entry = plan.EntryOf(item);
     if (item.length > kMaxObjectBytes) {
-      return Error(absl::StrCat("rank ", rank, " '", item.fqn, "' has length ",
+      return Error(absl::StrCat("rank ", rank, " '", entry.fqn, "' has length ",
                                 item.length, " bytes; at most 2^62 (",
                                 kMaxObjectBytes, ") are supported"));
     }
-    if (item.kind == WriteItem::Kind::kBytes) return absl::OkStatus();
-    if (item.kind != WriteItem::Kind::kTensorChunk) {
-      return Error(absl::StrCat("rank ", rank, " '", item.fqn,
-                                "': unknown write item kind"));
+    if (entry.kind == WriteItem::Kind::kBytes) return absl::OkStatus();
+    const absl::Span<const int64_t> offsets = plan.Offsets(item);
+    const absl::Span<const int64_t> sizes = plan.Sizes(item);
+    const Shape& shape = entry.global_shape;
+    uint64_t volume = 1;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      // offsets[d] <= shape[d] - sizes[d] avoids overflow of offset + size.
+      if (offsets[d] < 0 || sizes[d] < 0 || offsets[d] > shape[d] - sizes[d]) {
+        // The message of the check every other box goes through.
+        return Error(absl::StrCat(
+            "rank ", rank, " '", entry.fqn,
+            "': ", ValidateBoxInShape(plan.Unpack(item).box, shape).message()));
+      }
+      volume *= static_cast<uint64_t>(sizes[d]);
     }
-    const size_t elem = DTypeSize(item.dtype);
-    if (elem == 0) {
-      return Error(absl::StrCat("rank ", rank, " '", item.fqn,
-                                "': unknown dtype ", DTypeName(item.dtype)));
-    }
-    if (absl::Status s = ValidateBoxInShape(item.box, item.global_shape);
-        !s.ok()) {
-      return Error(
-          absl::StrCat("rank ", rank, " '", item.fqn, "': ", s.message()));
-    }
-    const uint64_t want = static_cast<uint64_t>(Volume(item.box)) * elem;
+    // The shape has at most 2^60 elements, so neither product wraps.
+    const uint64_t want = volume * DTypeSize(entry.dtype);
     if (item.length != want) {
-      return Error(absl::StrCat("rank ", rank, " chunk ", BoxToString(item.box),
-                                " of '", item.fqn, "' has length ", item.length,
-                                " bytes; ", DTypeName(item.dtype), " needs ",
-                                want));
+      return Error(absl::StrCat(
+          "rank ", rank, " chunk ", BoxToString(plan.Unpack(item).box), " of '",
+          entry.fqn, "' has length ", item.length, " bytes; ",
+          DTypeName(entry.dtype), " needs ", want));
     }
     return absl::OkStatus();
   }
@@ -131,30 +159,40 @@ class SavePlanBuilder {
   // exactly (no per-fqn vectors growing and copying).
   absl::Status CollectEntries() {
     size_t total_items = 0;
-    for (const LocalSavePlan* p : plans_) total_items += p->items.size();
+    for (const PackedLocalPlan* p : plans_) total_items += p->items.size();
     by_fqn_.reserve(total_items / plans_.size() + 16);
     std::vector<int> ids;  // entry of every item, in (rank, item) order
     ids.reserve(total_items);
+    // The entry of each id of each table, once checked (-1: not yet met).
+    absl::flat_hash_map<const EntryTable*, std::vector<int>> entry_of;
     for (int r = 0; r < static_cast<int>(plans_.size()); ++r) {
-      if (plans_[r]->rank != r) {
+      const PackedLocalPlan& plan = *plans_[r];
+      if (plan.rank != r) {
         return Error(absl::StrCat(
-            "the plan at position ", r, " is rank ", plans_[r]->rank,
+            "the plan at position ", r, " is rank ", plan.rank,
             "'s; plans must be ordered by rank 0..", plans_.size() - 1));
       }
-      const auto& items = plans_[r]->items;
-      for (int i = 0; i < static_cast<int>(items.size()); ++i) {
-        const WriteItem& item = items[i];
-        if (absl::Status s = ValidateItem(r, item); !s.ok()) return s;
-        auto [it, inserted] =
-            by_fqn_.try_emplace(item.fqn, static_cast<int>(entries_.size()));
-        if (inserted) {
-          entries_.push_back(Entry{item.fqn, &item, r, 0, 0, 0});
-        } else {
-          const Entry& e = entries_[it->second];
-          if (absl::Status s = CheckAgrees(e, r, item); !s.ok()) return s;
+      if (plan.items.empty()) continue;
+      std::vector<int>& of_table = entry_of[plan.table.get()];
+      if (of_table.empty()) of_table.assign(plan.table->size(), -1);
+      for (const PackedItem& item : plan.items) {
+        int& id = of_table[item.entry];
+        if (id < 0) {
+          const PlanEntry& def = plan.EntryOf(item);
+          if (absl::Status s = ValidateEntry(r, def); !s.ok()) return s;
+          auto [it, inserted] =
+              by_fqn_.try_emplace(def.fqn, static_cast<int>(entries_.size()));
+          if (inserted) {
+            entries_.push_back(Entry{def.fqn, &def, item.length, r, 0, 0, 0});
+          } else {
+            const Entry& e = entries_[it->second];
+            if (absl::Status s = CheckAgrees(e, r, def); !s.ok()) return s;
+          }
+          id = it->second;
         }
-        ++entries_[it->second].count;
-        ids.push_back(it->second);
+        if (absl::Status s = ValidateItem(r, plan, item); !s.ok()) return s;
+        ++entries_[id].count;
+        ids.push_back(id);
       }
     }
     size_t occurrences = 0, keys = 0;
@@ -162,8 +200,8 @@ class SavePlanBuilder {
       e.begin = occurrences;
       e.key_begin = keys;
       occurrences += e.count;
-      if (e.first->kind == WriteItem::Kind::kTensorChunk) {
-        keys += e.count * 2 * e.first->global_shape.size();
+      if (e.def->kind == WriteItem::Kind::kTensorChunk) {
+        keys += e.count * 2 * e.def->global_shape.size();
       }
       e.count = 0;  // refilled below
     }
@@ -171,16 +209,14 @@ class SavePlanBuilder {
     keys_.resize(keys);
     size_t next = 0;
     for (int r = 0; r < static_cast<int>(plans_.size()); ++r) {
-      const auto& items = plans_[r]->items;
-      for (int i = 0; i < static_cast<int>(items.size()); ++i) {
+      const PackedLocalPlan& plan = *plans_[r];
+      for (int i = 0; i < static_cast<int>(plan.items.size()); ++i) {
         Entry& e = entries_[ids[next++]];
         occurrences_[e.begin + e.count] = Occurrence{r, i};
-        const ChunkBox& box = items[i].box;
-        if (e.first->kind == WriteItem::Kind::kTensorChunk) {
-          int64_t* key =
-              keys_.data() + e.key_begin + e.count * 2 * box.offsets.size();
-          key = std::copy(box.offsets.begin(), box.offsets.end(), key);
-          std::copy(box.sizes.begin(), box.sizes.end(), key);
+        if (e.def->kind == WriteItem::Kind::kTensorChunk) {
+          const size_t n = 2 * e.def->global_shape.size();
+          const int64_t* box = plan.coords.data() + plan.items[i].box_begin;
+          std::copy(box, box + n, keys_.data() + e.key_begin + e.count * n);
         }
         ++e.count;
       }
@@ -191,22 +227,22 @@ class SavePlanBuilder {
     return absl::OkStatus();
   }
 
-  static std::string Describe(const WriteItem& item) {
-    if (item.kind == WriteItem::Kind::kBytes) return "a bytes entry";
-    return absl::StrCat(DTypeName(item.dtype), " ",
-                        ShapeToString(item.global_shape));
+  static std::string Describe(const PlanEntry& entry) {
+    if (entry.kind == WriteItem::Kind::kBytes) return "a bytes entry";
+    return absl::StrCat(DTypeName(entry.dtype), " ",
+                        ShapeToString(entry.global_shape));
   }
 
   absl::Status CheckAgrees(const Entry& e, int rank,
-                           const WriteItem& item) const {
-    const WriteItem& first = *e.first;
-    const bool same =
-        item.kind == first.kind && (item.kind == WriteItem::Kind::kBytes ||
-                                    (item.dtype == first.dtype &&
-                                     item.global_shape == first.global_shape));
+                           const PlanEntry& entry) const {
+    const PlanEntry& first = *e.def;
+    const bool same = entry.kind == first.kind &&
+                      (entry.kind == WriteItem::Kind::kBytes ||
+                       (entry.dtype == first.dtype &&
+                        entry.global_shape == first.global_shape));
     if (!same) {
-      return Error(absl::StrCat("rank ", rank, " has '", item.fqn, "' as ",
-                                Describe(item), " but rank ", e.first_rank,
+      return Error(absl::StrCat("rank ", rank, " has '", entry.fqn, "' as ",
+                                Describe(entry), " but rank ", e.first_rank,
                                 " has it as ", Describe(first)));
     }
     return absl::OkStatus();
@@ -218,28 +254,28 @@ class SavePlanBuilder {
       Entry& entry = entries_[e];
       const absl::Span<const Occurrence> occ(occurrences_.data() + entry.begin,
                                              entry.count);
-      if (entry.first->kind == WriteItem::Kind::kBytes) {
+      if (entry.def->kind == WriteItem::Kind::kBytes) {
         // Replicas of one blob: same length, each rank lists it once.
         for (size_t k = 1; k < occ.size(); ++k) {
-          const WriteItem& item = ItemOf(occ[k]);
+          const PackedItem& item = ItemOf(occ[k]);
           if (occ[k].rank == occ[k - 1].rank) {
             return Error(absl::StrCat("rank ", occ[k].rank,
                                       " lists bytes entry '", entry.fqn,
                                       "' twice"));
           }
-          if (item.length != entry.first->length) {
+          if (item.length != entry.first_length) {
             return Error(absl::StrCat(
                 "rank ", occ[k].rank, " has bytes entry '", entry.fqn,
                 "' with ", item.length, " bytes but rank ", entry.first_rank,
-                " has ", entry.first->length, " (replicas must be identical)"));
+                " has ", entry.first_length, " (replicas must be identical)"));
           }
         }
-        AddUnit(e, entry.first->length, occ.begin(), occ.end());
+        AddUnit(e, entry.first_length, occ.begin(), occ.end());
         continue;
       }
       // Tensor: drop empty boxes, sort by (box, rank), comparing the
       // gathered keys (every box has the shape's dims).
-      const size_t nd = entry.first->global_shape.size();
+      const size_t nd = entry.def->global_shape.size();
       const size_t stride = 2 * nd;
       const int64_t* keys = keys_.data() + entry.key_begin;
       auto key_of = [&](int k) {
@@ -257,17 +293,18 @@ class SavePlanBuilder {
       for (int k : order_) sorted_.push_back(occ[k]);
       distinct_.clear();
       holder_.clear();
-      const size_t elem = DTypeSize(entry.first->dtype);
+      const size_t elem = DTypeSize(entry.def->dtype);
       for (size_t k = 0; k < order_.size();) {
         const int64_t* key = key_of(order_[k]);
         size_t end = k + 1;
         while (end < order_.size() &&
                std::equal(key, key + stride, key_of(order_[end]))) {
           if (sorted_[end].rank == sorted_[end - 1].rank) {
-            return Error(absl::StrCat("rank ", sorted_[end].rank,
-                                      " lists chunk ",
-                                      BoxToString(ItemOf(sorted_[end]).box),
-                                      " of '", entry.fqn, "' twice"));
+            const Occurrence& o = sorted_[end];
+            return Error(
+                absl::StrCat("rank ", o.rank, " lists chunk ",
+                             BoxToString(PlanOf(o).Unpack(ItemOf(o)).box),
+                             " of '", entry.fqn, "' twice"));
           }
           ++end;
         }
@@ -280,7 +317,7 @@ class SavePlanBuilder {
         k = end;
       }
       if (absl::Status s = internal::CheckDisjointCover(
-              entry.fqn, entry.first->global_shape, distinct_, holder_);
+              entry.fqn, entry.def->global_shape, distinct_, holder_);
           !s.ok()) {
         return Error(s.message());
       }
@@ -399,8 +436,8 @@ class SavePlanBuilder {
       const uint64_t offset = (rp.object_bytes + align - 1) / align * align;
       if (offset > kMaxObjectBytes || unit.bytes > kMaxObjectBytes - offset) {
         return Error(absl::StrCat(
-            "rank ", o.rank, " would write '", ItemOf(o).fqn, "' (", unit.bytes,
-            " bytes) at offset ", offset, " of its object, past ",
+            "rank ", o.rank, " would write '", entries_[unit.entry].fqn, "' (",
+            unit.bytes, " bytes) at offset ", offset, " of its object, past ",
             "the largest supported object size 2^62 (", kMaxObjectBytes,
             " bytes)"));
       }
@@ -410,7 +447,7 @@ class SavePlanBuilder {
       if (unit.bytes > kMaxObjectBytes * 2 - plan.total_bytes) {
         return Error(
             absl::StrCat("the checkpoint would exceed 2^63 bytes at rank ",
-                         o.rank, " '", ItemOf(o).fqn, "'"));
+                         o.rank, " '", entries_[unit.entry].fqn, "'"));
       }
       plan.total_bytes += unit.bytes;
     }
@@ -435,18 +472,18 @@ class SavePlanBuilder {
       rp.writes.resize(static_cast<size_t>(count[r + 1] - count[r]));
       for (int i = count[r]; i < count[r + 1]; ++i) {
         const Unit& unit = units_[by_writer[i]];
-        const WriteItem& item =
-            ItemOf(holders_[unit.holders_begin + unit.writer]);
+        const Occurrence& o = holders_[unit.holders_begin + unit.writer];
+        const PackedItem& item = ItemOf(o);
         PlannedWrite& w = rp.writes[static_cast<size_t>(i - count[r])];
         w.entry = static_cast<uint32_t>(unit.entry);
         w.offset = offsets[by_writer[i]];
         w.length = unit.bytes;
-        if (item.kind == WriteItem::Kind::kTensorChunk) {
+        if (entries_[unit.entry].def->kind == WriteItem::Kind::kTensorChunk) {
           w.box_begin = static_cast<uint32_t>(rp.coords.size());
-          rp.coords.insert(rp.coords.end(), item.box.offsets.begin(),
-                           item.box.offsets.end());
-          rp.coords.insert(rp.coords.end(), item.box.sizes.begin(),
-                           item.box.sizes.end());
+          const absl::Span<const int64_t> offsets = PlanOf(o).Offsets(item);
+          const absl::Span<const int64_t> sizes = PlanOf(o).Sizes(item);
+          rp.coords.insert(rp.coords.end(), offsets.begin(), offsets.end());
+          rp.coords.insert(rp.coords.end(), sizes.begin(), sizes.end());
           if (rp.coords.size() > UINT32_MAX) {
             return Error(absl::StrCat(
                 "rank ", r, " would write ", count[r + 1] - count[r],
@@ -458,7 +495,7 @@ class SavePlanBuilder {
     }
     plan.entries.reserve(entries_.size());
     for (const Entry& e : entries_) {
-      const WriteItem& f = *e.first;
+      const PlanEntry& f = *e.def;
       if (f.kind == WriteItem::Kind::kBytes) {
         plan.entries.push_back(
             PlannedEntry{f.kind, f.fqn, DType::kUnspecified, Shape{}});
@@ -471,7 +508,7 @@ class SavePlanBuilder {
   }
 
   const std::string prefix_;
-  const absl::Span<const LocalSavePlan* const> plans_;
+  const absl::Span<const PackedLocalPlan* const> plans_;
   const SavePlanOptions& options_;
 
   absl::flat_hash_map<absl::string_view, int> by_fqn_;
@@ -529,9 +566,30 @@ std::string StorageSettingsKey(const SavePlanOptions& options) {
 
 absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
     absl::string_view job, int64_t step,
-    absl::Span<const LocalSavePlan* const> plans,
+    absl::Span<const PackedLocalPlan* const> plans,
     const SavePlanOptions& options) {
   return SavePlanBuilder(job, step, plans, options).Build();
+}
+
+absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
+    absl::string_view job, int64_t step,
+    absl::Span<const LocalSavePlan* const> plans,
+    const SavePlanOptions& options) {
+  EntryInterner interner;
+  std::vector<PackedLocalPlan> packed;
+  packed.reserve(plans.size());
+  for (const LocalSavePlan* p : plans) {
+    absl::StatusOr<PackedLocalPlan> one = interner.Pack(*p);
+    if (!one.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job '", job, "' step ", step, ": ", one.status().message()));
+    }
+    packed.push_back(*std::move(one));
+  }
+  std::vector<const PackedLocalPlan*> pointers;
+  pointers.reserve(packed.size());
+  for (const PackedLocalPlan& p : packed) pointers.push_back(&p);
+  return BuildGlobalSavePlan(job, step, pointers, options);
 }
 
 absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(

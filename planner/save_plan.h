@@ -158,11 +158,17 @@ std::string StorageSettingsKey(const SavePlanOptions& options);
 absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
     absl::string_view job, int64_t step,
     const std::vector<LocalSavePlan>& plans, const SavePlanOptions& options);
-// The same over plans held elsewhere (none null; plans[r]->rank == r), so a
-// caller holding them by pointer (cairnd) copies none.
+// The same over plans held elsewhere (none null; plans[r]->rank == r).
 absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
     absl::string_view job, int64_t step,
     absl::Span<const LocalSavePlan* const> plans,
+    const SavePlanOptions& options);
+// The same over packed plans (packed_plan.h), as cairnd holds them: the
+// overloads above pack theirs and call this one.
+struct PackedLocalPlan;
+absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
+    absl::string_view job, int64_t step,
+    absl::Span<const PackedLocalPlan* const> plans,
     const SavePlanOptions& options);
 
 }  // namespace cairn::planner

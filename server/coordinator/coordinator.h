@@ -93,6 +93,7 @@
 #include "common/metrics.h"
 #include "common/thread_pool.h"
 #include "planner/load_plan.h"
+#include "planner/packed_plan.h"
 #include "planner/plan_cache.h"
 #include "planner/save_plan.h"
 #include "server/coordinator/agent_registry.h"
@@ -290,7 +291,7 @@ class Coordinator {
   // BeginSave's steps. The rank's plan: decoded and fingerprinted (a local
   // plan), or only its fingerprint (resolved from known_plans_ later).
   struct RankPlan {
-    std::shared_ptr<const planner::LocalSavePlan> plan;
+    std::shared_ptr<const planner::PackedLocalPlan> plan;
     std::string fingerprint;
   };
   absl::StatusOr<RankPlan> DecodeRankPlan(
@@ -427,11 +428,14 @@ class Coordinator {
   // The last local plan each (job, rank) sent, for fingerprint-only saves.
   struct KnownPlan {
     std::string fingerprint;
-    std::shared_ptr<const planner::LocalSavePlan> plan;
+    std::shared_ptr<const planner::PackedLocalPlan> plan;
   };
   // Bounded by bytes (known_plan_cache_bytes): an evicted plan is asked again
   // (resend_plan), so this is only a cache.
   LruCache<std::pair<std::string, int>, KnownPlan> known_plans_;
+  // The fqns, dtypes and shapes of local plans, once for all the ranks that
+  // name the same ones (thread-safe).
+  mutable planner::EntryInterner interner_;
   // Plan version of each job (informational): bounded by kMaxPlanVersionJobs,
   // then the versions of jobs without a save in progress are forgotten.
   absl::flat_hash_map<std::string, uint64_t> plan_versions_

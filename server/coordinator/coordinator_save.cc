@@ -36,18 +36,6 @@ namespace {
 
 int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
 
-// Approximate heap bytes of a local plan (the known-plan cache's charge).
-size_t ApproximateLocalPlanBytes(const planner::LocalSavePlan& plan) {
-  size_t n = sizeof(plan);
-  for (const planner::WriteItem& item : plan.items) {
-    n += sizeof(item) + item.fqn.size() +
-         (item.global_shape.size() + item.box.offsets.size() +
-          item.box.sizes.size()) *
-             sizeof(int64_t);
-  }
-  return n;
-}
-
 // Drops all but the newest kMaxAbortedRecordsPerJob ABORTED records of `job`.
 void PruneAbortedRecords(storage::Catalog& catalog, const std::string& job) {
   absl::StatusOr<std::vector<v1::CheckpointRecord>> records =
@@ -110,7 +98,13 @@ absl::StatusOr<Coordinator::RankPlan> Coordinator::DecodeRankPlan(
                           absl::StrCat(who, ": ", p.status().message()));
     }
     mine.fingerprint = planner::FingerprintLocalPlan(*p);
-    mine.plan = std::make_shared<const planner::LocalSavePlan>(std::move(*p));
+    absl::StatusOr<planner::PackedLocalPlan> packed = interner_.Pack(*p);
+    if (!packed.ok()) {
+      return absl::Status(packed.status().code(),
+                          absl::StrCat(who, ": ", packed.status().message()));
+    }
+    mine.plan =
+        std::make_shared<const planner::PackedLocalPlan>(*std::move(packed));
     return mine;
   }
   if (request.plan_case() == v1::BeginSaveRequest::kPlanFingerprint) {
@@ -241,11 +235,11 @@ void Coordinator::ResolveKnownPlanLocked(const std::string& job, int rank,
     }
     return;
   }
-  known_plans_.Insert({job, rank},
-                      std::make_shared<const KnownPlan>(
-                          KnownPlan{mine->fingerprint, mine->plan}),
-                      ApproximateLocalPlanBytes(*mine->plan) + job.size() +
-                          mine->fingerprint.size());
+  known_plans_.Insert(
+      {job, rank},
+      std::make_shared<const KnownPlan>(
+          KnownPlan{mine->fingerprint, mine->plan}),
+      mine->plan->ApproximateBytes() + job.size() + mine->fingerprint.size());
 }
 
 absl::Status Coordinator::RestartIfRankReturnedLocked(
@@ -332,7 +326,7 @@ void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
   const bool from_cache = plan != nullptr;
   if (plan == nullptr && AskForMissingPlans(session)) return;
   if (plan == nullptr) {
-    std::vector<const planner::LocalSavePlan*> locals;
+    std::vector<const planner::PackedLocalPlan*> locals;
     locals.reserve(session->world_size());
     for (const auto& p : session->plans()) locals.push_back(p.get());
     absl::StatusOr<planner::GlobalSavePlan> built =

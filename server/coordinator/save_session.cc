@@ -61,7 +61,7 @@ absl::Status SaveSession::WorldSizeMismatch(int rank, int world) const {
 }
 
 SaveSession::Arrival SaveSession::Arrive(
-    int rank, std::shared_ptr<const planner::LocalSavePlan> plan,
+    int rank, std::shared_ptr<const planner::PackedLocalPlan> plan,
     std::string fingerprint, std::string held_plan_id, uint64_t incarnation,
     int64_t max_plan_items, Done<v1::BeginSaveResponse>& done,
     absl::StatusOr<v1::BeginSaveResponse>* answer) {

@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.pb.h"
 #include "google/protobuf/repeated_field.h"
+#include "planner/packed_plan.h"
 #include "planner/save_plan.h"
 
 namespace cairn::coordinator {
@@ -80,7 +81,7 @@ class SaveSession {
   // than `max_plan_items` items in the save). `held_plan_id`: the plan id
   // whose rank plan the rank's process holds (BeginSaveRequest.held_plan_id).
   enum class Arrival { kParked, kAllArrived, kAnswered };
-  Arrival Arrive(int rank, std::shared_ptr<const planner::LocalSavePlan> plan,
+  Arrival Arrive(int rank, std::shared_ptr<const planner::PackedLocalPlan> plan,
                  std::string fingerprint, std::string held_plan_id,
                  uint64_t incarnation, int64_t max_plan_items,
                  Done<v1::BeginSaveResponse>& done,
@@ -182,7 +183,7 @@ class SaveSession {
   // By rank, while kPlanning (released once planned); a plan is null when
   // its rank sent only a fingerprint cairnd no longer holds the plan of (see
   // NeedPlansOf).
-  const std::vector<std::shared_ptr<const planner::LocalSavePlan>>& plans()
+  const std::vector<std::shared_ptr<const planner::PackedLocalPlan>>& plans()
       const {
     return plans_;
   }
@@ -204,7 +205,7 @@ class SaveSession {
 
  private:
   struct Arrived {
-    std::shared_ptr<const planner::LocalSavePlan> plan;
+    std::shared_ptr<const planner::PackedLocalPlan> plan;
     std::string fingerprint;
     std::string held_plan_id;
     uint64_t incarnation = 0;  // of the rank's process; 0: not sent
@@ -229,7 +230,7 @@ class SaveSession {
   absl::flat_hash_map<int, std::vector<Done<v1::BeginSaveResponse>>>
       begin_waiters_;
   // Once every rank arrived (kPlanning on): the arrivals by rank.
-  std::vector<std::shared_ptr<const planner::LocalSavePlan>> plans_;
+  std::vector<std::shared_ptr<const planner::PackedLocalPlan>> plans_;
   std::vector<std::string> fingerprints_;
   std::vector<std::string> held_plan_ids_;
   std::vector<uint64_t> incarnations_;

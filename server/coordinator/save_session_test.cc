@@ -29,9 +29,11 @@ using CommitResult = absl::StatusOr<v1::CommitSaveResponse>;
 
 const absl::Time kT0 = absl::FromUnixSeconds(1000000);
 
-std::shared_ptr<const planner::LocalSavePlan> Plan(int rank, int world) {
-  return std::make_shared<const planner::LocalSavePlan>(
-      convert::LocalPlanFromProto(RankPlan(rank, world)).value());
+std::shared_ptr<const planner::PackedLocalPlan> Plan(int rank, int world) {
+  static planner::EntryInterner* interner = new planner::EntryInterner;
+  return std::make_shared<const planner::PackedLocalPlan>(
+      interner->Pack(convert::LocalPlanFromProto(RankPlan(rank, world)).value())
+          .value());
 }
 
 class SaveSessionTest : public ::testing::Test {
@@ -45,7 +47,9 @@ class SaveSessionTest : public ::testing::Test {
                               uint64_t incarnation = 0,
                               int64_t max_items = 1000) {
     auto plan = Plan(rank, session_->world_size());
-    if (fingerprint.empty()) fingerprint = planner::FingerprintLocalPlan(*plan);
+    if (fingerprint.empty()) {
+      fingerprint = planner::FingerprintLocalPlan(plan->Unpack());
+    }
     SaveSession::Done<v1::BeginSaveResponse> done =
         [this, rank](BeginResult r) { begun_.emplace_back(rank, r); };
     return session_->Arrive(rank, plan, fingerprint, held_plan_ids_[rank],
@@ -61,8 +65,8 @@ class SaveSessionTest : public ::testing::Test {
                 r + 1 < world ? SaveSession::Arrival::kParked
                               : SaveSession::Arrival::kAllArrived);
     }
-    std::vector<planner::LocalSavePlan> locals;
-    for (const auto& p : session_->plans()) locals.push_back(*p);
+    std::vector<const planner::PackedLocalPlan*> locals;
+    for (const auto& p : session_->plans()) locals.push_back(p.get());
     auto plan = planner::BuildGlobalSavePlan("job", 7, locals, {});
     ASSERT_TRUE(plan.ok()) << plan.status();
     for (auto& [r, done] : session_->Planned(
@@ -120,7 +124,7 @@ TEST_F(SaveSessionTest, GathersArrivalsThenLaysThemOutByRank) {
   ASSERT_EQ(session_->plans().size(), 3u);
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(session_->fingerprints()[r],
-              planner::FingerprintLocalPlan(*Plan(r, 3)));
+              planner::FingerprintLocalPlan(Plan(r, 3)->Unpack()));
     EXPECT_EQ(session_->Rank(r).incarnation, static_cast<uint64_t>(20 + r));
   }
   EXPECT_TRUE(begun_.empty());  // all parked until the plan is built
