@@ -100,12 +100,12 @@ absl::StatusOr<PackedLocalPlan> EntryInterner::Pack(const LocalSavePlan& plan) {
     if (item.kind != WriteItem::Kind::kTensorChunk) continue;
     if (item.box.offsets.size() != item.global_shape.size() ||
         item.box.sizes.size() != item.global_shape.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", plan.rank, " '", item.fqn, "': chunk ", BoxToString(item.box),
-          " has ", item.box.offsets.size(), " offsets and ",
-          item.box.sizes.size(), " sizes but shape ",
-          ShapeToString(item.global_shape), " has ", item.global_shape.size(),
-          " dims"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", plan.rank, " '", item.fqn, "': chunk ",
+                       BoxToString(item.box), " has ", item.box.offsets.size(),
+                       " offsets and ", item.box.sizes.size(),
+                       " sizes but shape ", ShapeToString(item.global_shape),
+                       " has ", item.global_shape.size(), " dims"));
     }
     coords += 2 * item.global_shape.size();
   }
@@ -151,8 +151,7 @@ absl::StatusOr<PackedLocalPlan> EntryInterner::Pack(const LocalSavePlan& plan) {
     absl::MutexLock lock(&mu_);
     recent_.erase(std::remove_if(recent_.begin(), recent_.end(),
                                  [&](const std::weak_ptr<const EntryTable>& w) {
-                                   return w.expired() ||
-                                          w.lock() == out.table;
+                                   return w.expired() || w.lock() == out.table;
                                  }),
                   recent_.end());
     recent_.insert(recent_.begin(), out.table);

@@ -17,25 +17,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-WriteItem Chunk(std::string fqn, Shape shape, ChunkBox box,
-                DType dtype = DType::kFloat32) {
-  WriteItem item;
-  item.kind = WriteItem::Kind::kTensorChunk;
-  item.fqn = std::move(fqn);
-  item.dtype = dtype;
-  item.global_shape = std::move(shape);
-  item.length = static_cast<uint64_t>(Volume(box)) * DTypeSize(dtype);
-  item.box = std::move(box);
-  return item;
-}
-
-WriteItem Bytes(std::string fqn, uint64_t length) {
-  WriteItem item;
-  item.kind = WriteItem::Kind::kBytes;
-  item.fqn = std::move(fqn);
-  item.length = length;
-  return item;
-}
+using testing::Bytes;
+using testing::Chunk;
 
 bool SameItem(const WriteItem& a, const WriteItem& b) {
   if (a.kind != b.kind || a.fqn != b.fqn || a.length != b.length) return false;
@@ -187,10 +170,10 @@ TEST(PackedPlanTest, DisagreementsAcrossTablesAreNamedByRankAndFqn) {
                         "as float32 [4, 4]"));
 
   // Within one plan: two entries of one fqn in one table.
-  LocalSavePlan both{0,
-                     {Chunk("w", {4, 4}, ChunkBox{{0, 0}, {2, 4}}),
-                      Chunk("w", {4, 4}, ChunkBox{{2, 0}, {2, 4}},
-                            DType::kBFloat16)}};
+  LocalSavePlan both{
+      0,
+      {Chunk("w", {4, 4}, ChunkBox{{0, 0}, {2, 4}}),
+       Chunk("w", {4, 4}, ChunkBox{{2, 0}, {2, 4}}, DType::kBFloat16)}};
   absl::StatusOr<PackedLocalPlan> one = interner.Pack(both);
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->table->size(), 2u);

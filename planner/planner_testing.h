@@ -8,12 +8,37 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "planner/box.h"
+#include "planner/dtype.h"
 #include "planner/layout.h"
+#include "planner/save_plan.h"
 
 namespace cairn::planner::testing {
+
+// A tensor chunk item of `box`, its length the box's bytes.
+inline WriteItem Chunk(std::string fqn, Shape shape, ChunkBox box,
+                       DType dtype = DType::kFloat32) {
+  WriteItem item;
+  item.kind = WriteItem::Kind::kTensorChunk;
+  item.fqn = std::move(fqn);
+  item.dtype = dtype;
+  item.global_shape = std::move(shape);
+  item.length = static_cast<uint64_t>(Volume(box)) * DTypeSize(dtype);
+  item.box = std::move(box);
+  return item;
+}
+
+inline WriteItem Bytes(std::string fqn, uint64_t length) {
+  WriteItem item;
+  item.kind = WriteItem::Kind::kBytes;
+  item.fqn = std::move(fqn);
+  item.length = length;
+  return item;
+}
 
 inline int64_t Uniform(std::mt19937_64& rng, int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);

@@ -22,25 +22,8 @@ ChunkBox Box(const Dims& offsets, const Dims& sizes) {
   return ChunkBox{offsets, sizes};
 }
 
-WriteItem Chunk(std::string fqn, Shape shape, ChunkBox box,
-                DType dtype = DType::kFloat32) {
-  WriteItem item;
-  item.kind = WriteItem::Kind::kTensorChunk;
-  item.fqn = std::move(fqn);
-  item.dtype = dtype;
-  item.global_shape = std::move(shape);
-  item.length = static_cast<uint64_t>(Volume(box)) * DTypeSize(dtype);
-  item.box = std::move(box);
-  return item;
-}
-
-WriteItem Bytes(std::string fqn, uint64_t length) {
-  WriteItem item;
-  item.kind = WriteItem::Kind::kBytes;
-  item.fqn = std::move(fqn);
-  item.length = length;
-  return item;
-}
+using testing::Bytes;
+using testing::Chunk;
 
 std::vector<LocalSavePlan> Plans(std::vector<std::vector<WriteItem>> items) {
   std::vector<LocalSavePlan> plans;
