@@ -42,13 +42,15 @@ struct Entry {
 
 // A distinct piece of data to write once: a distinct tensor box or a bytes
 // entry, with the ranks that hold it (ascending).
+// 24 bytes (one per distinct chunk: 35 M at 16k ranks of a 70B model).
 struct Unit {
-  int entry;
   uint64_t bytes;
+  int entry;
   int holders_begin;  // range in the flat holders array
   int holders_count;
   int writer = -1;  // index into holders, chosen by the balancer
 };
+static_assert(sizeof(Unit) == 24);
 
 class SavePlanBuilder {
  public:
@@ -371,7 +373,7 @@ class SavePlanBuilder {
 
   void AddUnit(int entry, uint64_t bytes, const Occurrence* begin,
                const Occurrence* end) {
-    units_.push_back(Unit{entry, bytes, static_cast<int>(holders_.size()),
+    units_.push_back(Unit{bytes, entry, static_cast<int>(holders_.size()),
                           static_cast<int>(end - begin), -1});
     holders_.insert(holders_.end(), begin, end);
   }

@@ -26,7 +26,6 @@ namespace cairn::storage {
 namespace {
 
 constexpr size_t kVerifyBufferBytes = 8 << 20;
-constexpr uint64_t kMaxManifestBytes = 1ull << 30;
 
 std::string Crc(uint32_t crc) { return absl::StrFormat("0x%08x", crc); }
 
@@ -128,14 +127,26 @@ absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest) {
   return PublishManifest(store, encoder);
 }
 
+absl::Status CheckManifestSize(uint64_t body_bytes, absl::string_view job,
+                               int64_t step) {
+  if (body_bytes <= kMaxManifestBodyBytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "cannot commit ", Where(job, step), ": its manifest would be ",
+      body_bytes, " bytes, and at most ", kMaxManifestBodyBytes,
+      " can be loaded; save fewer, larger chunks (fewer ranks sharding each "
+      "tensor)"));
+}
+
 absl::Status PublishManifest(ShardStore& store, ManifestEncoder& encoder) {
   CAIRN_ASSIGN_OR_RETURN(const std::string bytes, encoder.Finish());
-  // Every referenced object must be durable and long enough before the
-  // commit point.
   const v1::Manifest& manifest = encoder.header();
-  const std::vector<uint64_t>& ends = encoder.object_ends();
   const std::string& job = manifest.job();
   const int64_t step = manifest.step();
+  CAIRN_RETURN_IF_ERROR(
+      CheckManifestSize(bytes.size() - kManifestHeaderBytes, job, step));
+  // Every referenced object must be durable and long enough before the
+  // commit point.
+  const std::vector<uint64_t>& ends = encoder.object_ends();
   for (int i = 0; i < manifest.objects_size(); ++i) {
     const std::string& object = manifest.objects(i);
     const uint64_t end = ends[i];
@@ -180,7 +191,7 @@ absl::StatusOr<std::string> ReadManifestBytes(ShardStore& store,
                                             "' in ", store.uri()));
   }
   CAIRN_RETURN_IF_ERROR(size.status());
-  if (*size > kMaxManifestBytes + kManifestHeaderBytes) {
+  if (*size > kMaxManifestBodyBytes + kManifestHeaderBytes) {
     return absl::DataLossError(absl::StrCat("manifest '", key, "' of ",
                                             Where(job, step), " is ", *size,
                                             " bytes: too large"));
@@ -230,7 +241,7 @@ absl::StatusOr<v1::Manifest> ReadManifest(ShardStore& store,
   CAIRN_ASSIGN_OR_RETURN(std::string bytes,
                          ReadManifestBytes(store, job, step));
   absl::StatusOr<v1::Manifest> manifest =
-      DecodeManifest(bytes, kMaxManifestBytes);
+      DecodeManifest(bytes, kMaxManifestBodyBytes);
   if (!manifest.ok()) {
     return UndecodableManifest(manifest.status(), job, step);
   }
@@ -261,7 +272,7 @@ absl::StatusOr<ManifestSummary> ReadManifestByTensor(
   };
   absl::Status from_callback;  // errors of the checks below or of on_tensor
   absl::StatusOr<int> tensors = DecodeManifestByTensor(
-      bytes, kMaxManifestBytes, &summary.header,
+      bytes, kMaxManifestBodyBytes, &summary.header,
       [&](v1::ManifestTensor& t) -> absl::Status {
         from_callback = [&]() -> absl::Status {
           if (!validator.has_value()) CAIRN_RETURN_IF_ERROR(start());

@@ -60,6 +60,17 @@ std::string ObjectKey(absl::string_view job, int64_t step,
 // trailing '/'); INVALID_ARGUMENT otherwise.
 absl::StatusOr<int64_t> ParseStepDir(absl::string_view name);
 
+// The largest manifest body cairn reads (manifest.h's decoders walk it with
+// protobuf's int-sized streams): 2^31 - 1 bytes, ~50 M chunks at ~40 bytes
+// a chunk (a 70B model saved by 16k FSDP x TP ranks has 35 M, 1.38 GB).
+inline constexpr uint64_t kMaxManifestBodyBytes = (uint64_t{1} << 31) - 1;
+
+// OK when a manifest of `body_bytes` can be read back; otherwise
+// RESOURCE_EXHAUSTED naming the job, the step and both sizes. Publishing
+// checks it, so no step is committed that cannot be loaded.
+absl::Status CheckManifestSize(uint64_t body_bytes, absl::string_view job,
+                               int64_t step);
+
 // The commit: validates `manifest` (ValidateManifest), checks that every
 // referenced object exists and covers its locations (FAILED_PRECONDITION
 // naming the object otherwise), then atomically and durably publishes

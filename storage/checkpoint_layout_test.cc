@@ -69,6 +69,19 @@ class CheckpointLayoutTest : public ::testing::TestWithParam<std::string> {
 INSTANTIATE_TEST_SUITE_P(Backends, CheckpointLayoutTest,
                          ::testing::Values("memory", "posix"));
 
+TEST(CheckpointNamesTest, ManifestsLargerThanReadersTakeAreNotCommitted) {
+  EXPECT_TRUE(CheckManifestSize(0, "llama", 7).ok());
+  EXPECT_TRUE(CheckManifestSize(kMaxManifestBodyBytes, "llama", 7).ok());
+  // The 70B model saved by 16k FSDP x TP ranks, measured: 1.38 GB.
+  EXPECT_TRUE(CheckManifestSize(1377529388, "llama", 7).ok());
+  const absl::Status s =
+      CheckManifestSize(kMaxManifestBodyBytes + 1, "llama", 7);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("cannot commit job 'llama' step 7"));
+  EXPECT_THAT(s.message(), HasSubstr("2147483648 bytes"));
+  EXPECT_THAT(s.message(), HasSubstr("at most 2147483647"));
+}
+
 TEST(CheckpointNamesTest, JobNamesAndSteps) {
   for (const char* ok : {"a", "llama-70b", "run_3.v2", "A.B-C_d", "..."}) {
     EXPECT_TRUE(ValidateJobName(ok).ok()) << ok;
