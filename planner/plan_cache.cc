@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/base/config.h"
 #include "absl/hash/hash.h"
 
 namespace cairn::planner {
@@ -94,32 +95,20 @@ void AppendHex64(uint64_t v, std::string* out) {
 
 // ---- Canonical encoding of write items. ----
 
-void PutU64(uint64_t v, std::string* out) {
-  char b[8];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  out->append(b, 8);
-}
-
-void PutInts(const Dims& v, std::string* out) {
-  PutU64(v.size(), out);
-  for (int64_t x : v) PutU64(static_cast<uint64_t>(x), out);
-}
-
 // Every field, fixed-width or length-prefixed: distinct items never share an
 // encoding, and an encoding never is a prefix of another item's.
 std::string EncodeItem(const WriteItem& item) {
-  std::string out;
-  out.reserve(48 + item.fqn.size() +
+  StableKey out;
+  out.Reserve(48 + item.fqn.size() +
               8 * (item.global_shape.size() + 2 * item.box.offsets.size()));
-  PutU64(static_cast<uint64_t>(item.kind), &out);
-  PutU64(item.fqn.size(), &out);
-  out.append(item.fqn);
-  PutU64(static_cast<uint64_t>(item.dtype), &out);
-  PutInts(item.global_shape, &out);
-  PutInts(item.box.offsets, &out);
-  PutInts(item.box.sizes, &out);
-  PutU64(item.length, &out);
-  return out;
+  out.PutU64(static_cast<uint64_t>(item.kind));
+  out.PutString(item.fqn);
+  out.PutU64(static_cast<uint64_t>(item.dtype));
+  out.PutInts(item.global_shape);
+  out.PutInts(item.box.offsets);
+  out.PutInts(item.box.sizes);
+  out.PutU64(item.length);
+  return out.Take();
 }
 
 size_t KeyBytes(const PlanCache::Key& key) {
@@ -131,6 +120,27 @@ size_t KeyBytes(const PlanCache::Key& key) {
 }
 
 }  // namespace
+
+void StableKey::PutU64(uint64_t v) {
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  bytes_.append(b, 8);
+}
+
+void StableKey::PutString(absl::string_view s) {
+  PutU64(s.size());
+  bytes_.append(s.data(), s.size());
+}
+
+void StableKey::PutInts(absl::Span<const int64_t> values) {
+  PutU64(values.size());
+#ifdef ABSL_IS_LITTLE_ENDIAN
+  bytes_.append(reinterpret_cast<const char*>(values.data()),
+                sizeof(int64_t) * values.size());
+#else
+  for (int64_t v : values) PutInt(v);
+#endif
+}
 
 std::string StableHash128Hex(absl::string_view data) {
   uint64_t h1, h2;
@@ -151,31 +161,27 @@ std::string FingerprintLocalPlan(const LocalSavePlan& plan) {
     total += encoded.back().size();
   }
   std::sort(encoded.begin(), encoded.end());
-  std::string canonical;
-  canonical.reserve(total);
-  PutU64(encoded.size(), &canonical);
-  for (const std::string& e : encoded) canonical.append(e);
-  return StableHash128Hex(canonical);
+  StableKey canonical;
+  canonical.Reserve(total);
+  canonical.PutU64(encoded.size());
+  for (const std::string& e : encoded) canonical.Append(e);
+  return StableHash128Hex(canonical.bytes());
 }
 
 std::string PlanId(const PlanCache::Key& key, absl::string_view planner_build) {
-  std::string canonical;
+  StableKey canonical;
   size_t total =
       64 + planner_build.size() + key.job.size() + key.storage_settings.size();
   for (const std::string& f : key.fingerprints) total += 8 + f.size();
-  canonical.reserve(total);
-  auto put_string = [&canonical](absl::string_view s) {
-    PutU64(s.size(), &canonical);
-    canonical.append(s.data(), s.size());
-  };
-  put_string("cairn global save plan id v1");
-  put_string(planner_build);
-  put_string(key.job);
-  PutU64(static_cast<uint64_t>(key.world_size), &canonical);
-  put_string(key.storage_settings);
-  PutU64(key.fingerprints.size(), &canonical);
-  for (const std::string& f : key.fingerprints) put_string(f);
-  return StableHash128Hex(canonical);
+  canonical.Reserve(total);
+  canonical.PutString("cairn global save plan id v1");
+  canonical.PutString(planner_build);
+  canonical.PutString(key.job);
+  canonical.PutU64(static_cast<uint64_t>(key.world_size));
+  canonical.PutString(key.storage_settings);
+  canonical.PutU64(key.fingerprints.size());
+  for (const std::string& f : key.fingerprints) canonical.PutString(f);
+  return StableHash128Hex(canonical.bytes());
 }
 
 size_t ApproximatePlanBytes(const GlobalSavePlan& plan) {

@@ -26,11 +26,13 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "planner/save_plan.h"
 
 namespace cairn::planner {
@@ -43,6 +45,29 @@ std::string FingerprintLocalPlan(const LocalSavePlan& plan);
 // The 128-bit hash behind the fingerprint, as 32 lower-case hex chars.
 // Exposed for tests and for other stable content hashes.
 std::string StableHash128Hex(absl::string_view data);
+
+// Fields encoded for a stable hash (fingerprints, digests, plan ids) or a
+// cache key: integers as 8 bytes little-endian, strings and lists prefixed by
+// their length, so that no two different lists of fields encode alike and
+// the bytes are the same on every machine.
+class StableKey {
+ public:
+  void Reserve(size_t bytes) { bytes_.reserve(bytes); }
+  void PutU64(uint64_t v);
+  void PutInt(int64_t v) { PutU64(static_cast<uint64_t>(v)); }
+  void PutString(absl::string_view s);
+  void PutInts(absl::Span<const int64_t> values);
+  // Bytes already encoded (another StableKey's).
+  void Append(absl::string_view encoded) {
+    bytes_.append(encoded.data(), encoded.size());
+  }
+
+  const std::string& bytes() const { return bytes_; }
+  std::string Take() { return std::move(bytes_); }
+
+ private:
+  std::string bytes_;
+};
 
 // Approximate heap bytes held by a plan (what PlanCache charges for it).
 size_t ApproximatePlanBytes(const GlobalSavePlan& plan);

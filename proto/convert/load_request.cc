@@ -7,31 +7,18 @@
 #include "proto/convert/plan_convert.h"
 
 namespace cairn::convert {
-namespace {
-
-void PutU64(uint64_t v, std::string* out) {
-  char b[8];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  out->append(b, 8);
-}
-
-}  // namespace
 
 void TensorsDigest::Add(absl::string_view fqn, v1::DType dtype,
                         absl::Span<const int64_t> global_shape) {
-  // Length-prefixed, so that no two lists encode alike.
-  PutU64(fqn.size(), &key_);
-  key_.append(fqn.data(), fqn.size());
-  PutU64(static_cast<uint64_t>(dtype), &key_);
-  PutU64(global_shape.size(), &key_);
-  for (int64_t d : global_shape) PutU64(static_cast<uint64_t>(d), &key_);
+  key_.PutString(fqn);
+  key_.PutU64(static_cast<uint64_t>(dtype));
+  key_.PutInts(global_shape);
   ++count_;
 }
 
-std::string TensorsDigest::Finish() const {
-  std::string key = key_;
-  PutU64(static_cast<uint64_t>(count_), &key);
-  return planner::StableHash128Hex(key);
+std::string TensorsDigest::Finish() && {
+  key_.PutU64(static_cast<uint64_t>(count_));
+  return planner::StableHash128Hex(key_.bytes());
 }
 
 std::string TensorsDigestOf(const planner::LoadPlanner& planner,
@@ -46,7 +33,7 @@ std::string TensorsDigestOf(const planner::LoadPlanner& planner,
     digest.Add(planner.fqn(t), DTypeToProto(planner.dtype(t)),
                planner.global_shape(t));
   }
-  return digest.Finish();
+  return std::move(digest).Finish();
 }
 
 bool CompactWanted(const v1::PlanLoadRequest& full,
@@ -67,7 +54,7 @@ bool CompactWanted(const v1::PlanLoadRequest& full,
   }
   *compact = full;
   compact->clear_wanted();
-  compact->set_tensors_digest(digest.Finish());
+  compact->set_tensors_digest(std::move(digest).Finish());
   google::protobuf::RepeatedField<int64_t>& boxes =
       *compact->mutable_wanted_boxes();
   boxes.Clear();

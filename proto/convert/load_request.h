@@ -24,6 +24,7 @@
 #include "absl/types/span.h"
 #include "cairn/v1/cairn.pb.h"
 #include "planner/load_plan.h"
+#include "planner/plan_cache.h"
 
 namespace cairn::convert {
 
@@ -34,10 +35,11 @@ class TensorsDigest {
  public:
   void Add(absl::string_view fqn, v1::DType dtype,
            absl::Span<const int64_t> global_shape);
-  std::string Finish() const;
+  // The digest; the last call.
+  std::string Finish() &&;
 
  private:
-  std::string key_;
+  planner::StableKey key_;
   int64_t count_ = 0;
 };
 

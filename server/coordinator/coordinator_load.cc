@@ -134,48 +134,33 @@ absl::StatusOr<PlanLoadAnswer> Coordinator::PlanLoadEncoded(
 
 namespace {
 
-// Fields appended length-prefixed, so that no two lists encode alike.
-struct KeyBuilder {
-  void Put(int64_t v) { key.append(reinterpret_cast<const char*>(&v), 8); }
-  void Put(absl::string_view s) {
-    Put(static_cast<int64_t>(s.size()));
-    key.append(s.data(), s.size());
-  }
-  void Put(absl::Span<const int64_t> values) {
-    Put(static_cast<int64_t>(values.size()));
-    key.append(reinterpret_cast<const char*>(values.data()),
-               sizeof(int64_t) * values.size());
-  }
-  std::string key;
-};
-
 // What decides a rank's load plan besides the checkpoint: its wanted chunks
 // and bytes entries.
 std::string LayoutKey(
     const std::vector<planner::WantedChunk>& wanted,
     const google::protobuf::RepeatedPtrField<std::string>& wanted_bytes) {
-  KeyBuilder k;
-  k.Put(static_cast<int64_t>(wanted.size()));
+  planner::StableKey k;
+  k.PutU64(wanted.size());
   for (const planner::WantedChunk& w : wanted) {
-    k.Put(w.fqn);
-    k.Put(static_cast<int64_t>(w.dtype));
-    k.Put(w.global_shape);
-    k.Put(w.box.offsets);
-    k.Put(w.box.sizes);
+    k.PutString(w.fqn);
+    k.PutU64(static_cast<uint64_t>(w.dtype));
+    k.PutInts(w.global_shape);
+    k.PutInts(w.box.offsets);
+    k.PutInts(w.box.sizes);
   }
-  k.Put(static_cast<int64_t>(wanted_bytes.size()));
-  for (const std::string& fqn : wanted_bytes) k.Put(fqn);
-  return std::move(k.key);
+  k.PutU64(static_cast<uint64_t>(wanted_bytes.size()));
+  for (const std::string& fqn : wanted_bytes) k.PutString(fqn);
+  return k.Take();
 }
 
 // The same for a short-form request: its digest, boxes and bytes entries.
 std::string ShortLayoutKey(const v1::PlanLoadRequest& request) {
-  KeyBuilder k;
-  k.Put(request.tensors_digest());
-  k.Put(request.wanted_boxes());
-  k.Put(static_cast<int64_t>(request.wanted_bytes_size()));
-  for (const std::string& fqn : request.wanted_bytes()) k.Put(fqn);
-  return std::move(k.key);
+  planner::StableKey k;
+  k.PutString(request.tensors_digest());
+  k.PutInts(request.wanted_boxes());
+  k.PutU64(static_cast<uint64_t>(request.wanted_bytes_size()));
+  for (const std::string& fqn : request.wanted_bytes()) k.PutString(fqn);
+  return k.Take();
 }
 
 }  // namespace
