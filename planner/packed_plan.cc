@@ -52,16 +52,6 @@ uint32_t EntryTable::Add(const WriteItem& item) {
   return id;
 }
 
-size_t EntryTable::ApproximateBytes() const {
-  size_t n = sizeof(*this) + entries_.capacity() * sizeof(PlanEntry) +
-             next_.capacity() * sizeof(uint32_t) +
-             first_.capacity() * (sizeof(std::string) + sizeof(uint32_t) + 1);
-  for (const PlanEntry& e : entries_) {
-    n += 2 * e.fqn.capacity() + e.global_shape.capacity() * sizeof(int64_t);
-  }
-  return n;
-}
-
 WriteItem PackedLocalPlan::Unpack(const PackedItem& item) const {
   const PlanEntry& e = EntryOf(item);
   WriteItem out;

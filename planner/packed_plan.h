@@ -50,8 +50,6 @@ class EntryTable {
   // The id of the entry `item` names, or -1.
   int64_t Find(const WriteItem& item) const;
 
-  size_t ApproximateBytes() const;
-
  private:
   friend class EntryInterner;
   // Adds `item`'s entry unless present; its id.

@@ -34,13 +34,17 @@ std::vector<LocalSavePlan> RandomSave(std::mt19937_64& rng, int world,
   std::vector<LocalSavePlan> plans(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) plans[r].rank = r;
   for (int t = 0; t < tensors; ++t) {
-    const Shape shape = testing::RandomShape(rng, 3, 0, 9);
+    // Every fifth tensor is a scalar, replicated (a step counter, say).
+    const Shape shape =
+        t % 5 == 4 ? Shape{} : testing::RandomShape(rng, 3, 0, 9);
     const DType dtype = t % 2 == 0 ? DType::kFloat32 : DType::kBFloat16;
-    DTensorLayout layout = testing::RandomLayout(rng, shape, 0, 3, 4);
+    DTensorLayout layout;
+    if (!shape.empty()) layout = testing::RandomLayout(rng, shape, 0, 3, 4);
     if (layout.mesh.ranks.size() != static_cast<size_t>(world)) {
-      layout = DTensorLayout{DeviceMesh{{world}, {}}, {Placement::Shard(0)}};
+      layout = DTensorLayout{
+          DeviceMesh{{world}, {}},
+          {shape.empty() ? Placement::Replicate() : Placement::Shard(0)}};
       for (int r = 0; r < world; ++r) layout.mesh.ranks.push_back(r);
-      if (shape.empty()) layout.placements = {Placement::Replicate()};
     }
     auto all = AllChunks(layout, shape);
     EXPECT_TRUE(all.ok()) << all.status();

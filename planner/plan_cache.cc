@@ -223,9 +223,9 @@ std::shared_ptr<const GlobalSavePlan> PlanCache::Lookup(const Key& key) {
   return it->second->plan;
 }
 
-void PlanCache::Insert(const Key& key,
-                       std::shared_ptr<const GlobalSavePlan> plan) {
-  if (plan == nullptr) return;
+size_t PlanCache::Insert(const Key& key,
+                         std::shared_ptr<const GlobalSavePlan> plan) {
+  if (plan == nullptr) return 0;
   const size_t charge = KeyBytes(key) + ApproximatePlanBytes(*plan);
   absl::MutexLock lock(&mu_);
   if (auto it = index_.find(&key); it != index_.end()) {
@@ -235,11 +235,12 @@ void PlanCache::Insert(const Key& key,
     bytes_ -= node->charge;
     lru_.erase(node);
   }
-  if (charge > max_bytes_) return;
+  if (charge > max_bytes_) return charge;
   lru_.push_front(Entry{key, std::move(plan), charge});
   index_.emplace(&lru_.front().key, lru_.begin());
   bytes_ += charge;
   EvictLocked();
+  return 0;
 }
 
 void PlanCache::EraseJob(absl::string_view job) {

@@ -103,8 +103,9 @@ class PlanCache {
 
   // Caches `plan` under `key`, replacing any plan cached under the same key,
   // then evicts least recently used plans until bytes() <= max_bytes. A plan
-  // whose own charge exceeds max_bytes is not cached. Null plans are ignored.
-  void Insert(const Key& key, std::shared_ptr<const GlobalSavePlan> plan);
+  // whose own charge exceeds max_bytes is not cached: returns its charge
+  // then (0 when cached). Null plans are ignored.
+  size_t Insert(const Key& key, std::shared_ptr<const GlobalSavePlan> plan);
 
   // Drops every plan of `job` (e.g. when its checkpoints are deleted).
   void EraseJob(absl::string_view job);

@@ -180,12 +180,15 @@ TEST(PlanCacheTest, EvictsLeastRecentlyUsedWithinByteBound) {
 
 TEST(PlanCacheTest, ReplacesSameKeyAndSkipsOversizedPlans) {
   PlanCache small(1000);
-  small.Insert(MakeKey("j", 1, {"a"}), MakePlan(100, 100));
+  const auto big = MakePlan(100, 100);
+  const size_t charge = small.Insert(MakeKey("j", 1, {"a"}), big);
+  EXPECT_GT(charge, ApproximatePlanBytes(*big));  // the key's bytes too
+  EXPECT_LT(charge, ApproximatePlanBytes(*big) + 1000);
   EXPECT_EQ(small.size(), 0u);
   EXPECT_EQ(small.bytes(), 0u);
   PlanCache cache(1 << 20);
   auto p1 = MakePlan(1, 1), p2 = MakePlan(1, 2);
-  cache.Insert(MakeKey("j", 1, {"a"}), p1);
+  EXPECT_EQ(cache.Insert(MakeKey("j", 1, {"a"}), p1), 0u);
   const size_t b1 = cache.bytes();
   cache.Insert(MakeKey("j", 1, {"a"}), p2);
   EXPECT_EQ(cache.size(), 1u);

@@ -5,6 +5,8 @@
 #include "storage/checkpoint_layout.h"
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -118,15 +120,6 @@ absl::StatusOr<int64_t> ParseStepDir(absl::string_view name) {
   return step;
 }
 
-absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest) {
-  ManifestEncoder encoder(manifest);
-  CAIRN_RETURN_IF_ERROR(encoder.Start());
-  for (const v1::ManifestTensor& t : manifest.tensors()) {
-    CAIRN_RETURN_IF_ERROR(encoder.AddTensor(t));
-  }
-  return PublishManifest(store, encoder);
-}
-
 absl::Status CheckManifestSize(uint64_t body_bytes, absl::string_view job,
                                int64_t step) {
   if (body_bytes <= kMaxManifestBodyBytes) return absl::OkStatus();
@@ -137,20 +130,33 @@ absl::Status CheckManifestSize(uint64_t body_bytes, absl::string_view job,
       "tensor)"));
 }
 
-absl::Status PublishManifest(ShardStore& store, ManifestEncoder& encoder) {
-  CAIRN_ASSIGN_OR_RETURN(const std::string bytes, encoder.Finish());
-  const v1::Manifest& manifest = encoder.header();
-  const std::string& job = manifest.job();
-  const int64_t step = manifest.step();
+namespace {
+
+// Runs `source` through `encoder`: Start once the header is filled, then
+// every tensor, then Finish (its bytes: kept, the framed manifest).
+absl::StatusOr<std::string> Encode(ManifestSource source, v1::Manifest& header,
+                                   ManifestEncoder& encoder) {
+  bool started = false;
   CAIRN_RETURN_IF_ERROR(
-      CheckManifestSize(bytes.size() - kManifestHeaderBytes, job, step));
-  // Every referenced object must be durable and long enough before the
-  // commit point.
-  const std::vector<uint64_t>& ends = encoder.object_ends();
-  for (int i = 0; i < manifest.objects_size(); ++i) {
-    const std::string& object = manifest.objects(i);
-    const uint64_t end = ends[i];
-    const std::string key = ObjectKey(job, step, object);
+      source(&header, [&](const v1::ManifestTensor& t) -> absl::Status {
+        if (!started) {  // the header is complete before the first tensor
+          CAIRN_RETURN_IF_ERROR(encoder.Start());
+          started = true;
+        }
+        return encoder.AddTensor(t);
+      }));
+  if (!started) CAIRN_RETURN_IF_ERROR(encoder.Start());  // no tensors
+  return encoder.Finish();
+}
+
+// Every object `header` names must be durable and long enough (`ends`)
+// before the commit point.
+absl::Status CheckObjects(ShardStore& store, const v1::Manifest& header,
+                          const std::vector<uint64_t>& ends) {
+  const std::string& job = header.job();
+  const int64_t step = header.step();
+  for (int i = 0; i < header.objects_size(); ++i) {
+    const std::string key = ObjectKey(job, step, header.objects(i));
     absl::StatusOr<uint64_t> size = store.Size(key);
     if (absl::IsNotFound(size.status())) {
       return absl::FailedPreconditionError(
@@ -158,19 +164,109 @@ absl::Status PublishManifest(ShardStore& store, ManifestEncoder& encoder) {
                        "' is missing in ", store.uri()));
     }
     CAIRN_RETURN_IF_ERROR(size.status());
-    if (*size < end) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot commit ", Where(job, step), ": object '", key,
-                       "' has ", *size, " bytes but the manifest needs ", end));
+    if (*size < ends[i]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot commit ", Where(job, step), ": object '", key, "' has ",
+          *size, " bytes but the manifest needs ", ends[i]));
     }
   }
-  absl::Status s =
-      store.Put(ManifestKey(job, step),
-                absl::Span<const char>(bytes.data(), bytes.size()));
+  return absl::OkStatus();
+}
+
+// The second run of a large manifest's source, streamed through a writer
+// that makes MANIFEST visible only once it closes: the body must be the one
+// the first run measured.
+absl::Status StreamManifest(ShardStore& store, ManifestSource source,
+                            const std::string& key,
+                            const ManifestEncoder& measured) {
+  const uint64_t body_bytes = measured.body_bytes();
+  CAIRN_ASSIGN_OR_RETURN(
+      std::unique_ptr<ObjectWriter> writer,
+      store.NewWriter(
+          key,
+          WriterOptions{.expected_bytes = kManifestHeaderBytes + body_bytes}));
+  const std::string frame = ManifestFrameHeader(
+      measured.header().format_version(), body_bytes, measured.body_crc32c());
+  CAIRN_RETURN_IF_ERROR(writer->Append(frame));
+  v1::Manifest header;
+  ManifestEncoder encoder(
+      header,
+      [&](absl::string_view piece) {
+        return writer->Append(absl::MakeConstSpan(piece));
+      },
+      /*validate=*/false);
+  CAIRN_RETURN_IF_ERROR(Encode(source, header, encoder).status());
+  if (encoder.body_bytes() != body_bytes ||
+      encoder.body_crc32c() != measured.body_crc32c()) {
+    return absl::InternalError(
+        absl::StrCat("the manifest changed between its two encodings (",
+                     body_bytes, " then ", encoder.body_bytes(),
+                     " bytes, crc32c ", measured.body_crc32c(), " then ",
+                     encoder.body_crc32c(), "); nothing was published"));
+  }
+  return writer->Close();
+}
+
+}  // namespace
+
+absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest) {
+  return PublishManifest(
+      store,
+      [&](v1::Manifest* header,
+          absl::FunctionRef<absl::Status(const v1::ManifestTensor&)> add) {
+        *header = manifest;
+        header->clear_tensors();
+        for (const v1::ManifestTensor& t : manifest.tensors()) {
+          CAIRN_RETURN_IF_ERROR(add(t));
+        }
+        return absl::OkStatus();
+      },
+      PublishOptions(), nullptr);
+}
+
+absl::Status PublishManifest(ShardStore& store, ManifestSource source,
+                             const PublishOptions& options,
+                             ManifestSummary* published) {
+  // The first run checks the manifest and measures its body, keeping it
+  // (after a gap for the frame's header) while it is small enough.
+  v1::Manifest header;
+  std::string held(kManifestHeaderBytes, '\0');
+  bool holding = true;
+  ManifestEncoder measure(
+      header,
+      [&](absl::string_view piece) {
+        if (holding && held.size() + piece.size() >
+                           kManifestHeaderBytes + options.max_held_bytes) {
+          holding = false;
+          std::string().swap(held);
+        }
+        if (holding) held.append(piece.data(), piece.size());
+        return absl::OkStatus();
+      },
+      /*validate=*/true);
+  CAIRN_RETURN_IF_ERROR(Encode(source, header, measure).status());
+  const std::string& job = header.job();
+  const int64_t step = header.step();
+  CAIRN_RETURN_IF_ERROR(CheckManifestSize(measure.body_bytes(), job, step));
+  CAIRN_RETURN_IF_ERROR(CheckObjects(store, header, measure.object_ends()));
+  const std::string key = ManifestKey(job, step);
+  absl::Status s;
+  if (holding) {
+    const std::string frame = ManifestFrameHeader(
+        header.format_version(), measure.body_bytes(), measure.body_crc32c());
+    std::memcpy(held.data(), frame.data(), kManifestHeaderBytes);
+    s = store.Put(key, absl::Span<const char>(held.data(), held.size()));
+  } else {
+    s = StreamManifest(store, source, key, measure);
+  }
   if (!s.ok()) {
     return absl::Status(
         s.code(), absl::StrCat("publishing the manifest of ", Where(job, step),
                                ": ", s.message()));
+  }
+  if (published != nullptr) {
+    published->header = std::move(header);
+    published->num_tensors = measure.num_tensors();
   }
   return absl::OkStatus();
 }

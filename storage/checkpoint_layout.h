@@ -71,26 +71,50 @@ inline constexpr uint64_t kMaxManifestBodyBytes = (uint64_t{1} << 31) - 1;
 absl::Status CheckManifestSize(uint64_t body_bytes, absl::string_view job,
                                int64_t step);
 
+// What ReadManifestByTensor and PublishManifest give besides the tensors.
+struct ManifestSummary {
+  v1::Manifest header;  // every field of the manifest but its tensors
+  int num_tensors = 0;
+};
+
 // The commit: validates `manifest` (ValidateManifest), checks that every
 // referenced object exists and covers its locations (FAILED_PRECONDITION
 // naming the object otherwise), then atomically and durably publishes
 // <job>/<step>/MANIFEST, replacing any previous one.
 absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest);
-// The same for a manifest encoded tensor by tensor: `encoder` has been
-// started and given every tensor (its Finish makes the last checks).
-absl::Status PublishManifest(ShardStore& store, ManifestEncoder& encoder);
+
+// A manifest made tensor by tensor (a commit's, from its save plan): fills
+// `*header` with every field but the tensors (format_version set), then
+// passes each tensor to `add` in fqn order; an error from `add` is returned
+// as is. PublishManifest may run it twice, and both runs must make the same
+// manifest.
+using ManifestSource = absl::FunctionRef<absl::Status(
+    v1::Manifest* header,
+    absl::FunctionRef<absl::Status(const v1::ManifestTensor&)> add)>;
+
+struct PublishOptions {
+  // The largest body kept in memory between encoding and writing. The
+  // frame's header (the body's length and crc32c) comes before the body, so
+  // a larger one is encoded twice: a first run of the source checks and
+  // measures it, a second streams it to the store in 4 MiB pieces. A 16k-rank
+  // save's manifest is 1.4 GB; encoding it again costs a few seconds of CPU.
+  uint64_t max_held_bytes = uint64_t{64} << 20;
+};
+
+// PublishManifest for a manifest `source` makes, never whole in memory as
+// messages, nor (over options.max_held_bytes) as bytes. The same checks,
+// then RESOURCE_EXHAUSTED over kMaxManifestBodyBytes; INTERNAL (and nothing
+// published) if a second run of the source makes another body. `published`
+// (optional) gets the header and the number of tensors.
+absl::Status PublishManifest(ShardStore& store, ManifestSource source,
+                             const PublishOptions& options,
+                             ManifestSummary* published);
 
 // Reads, decodes and validates <job>/<step>/MANIFEST. NOT_FOUND (the step is
 // not committed) if absent; DATA_LOSS if corrupt or if it names another
 // job/step.
 absl::StatusOr<v1::Manifest> ReadManifest(ShardStore& store,
                                           absl::string_view job, int64_t step);
-
-// What ReadManifestByTensor returns besides the tensors.
-struct ManifestSummary {
-  v1::Manifest header;  // every field of the manifest but its tensors
-  int num_tensors = 0;
-};
 
 // ReadManifest for a reader that takes the tensors one at a time, so that a
 // large manifest's parsed chunks (~300 bytes each: GBs for a save of

@@ -178,6 +178,119 @@ TEST_P(CheckpointLayoutTest, PublishRefusesMissingOrShortObjects) {
                 "MANIFEST");
 }
 
+// The source of `m`, run by PublishManifest once or twice; `runs` counts.
+auto SourceOf(const v1::Manifest& m, int* runs) {
+  return
+      [&m, runs](v1::Manifest* header,
+                 absl::FunctionRef<absl::Status(const v1::ManifestTensor&)> add)
+          -> absl::Status {
+        ++*runs;
+        *header = m;
+        header->clear_tensors();
+        for (const v1::ManifestTensor& t : m.tensors()) {
+          if (absl::Status s = add(t); !s.ok()) return s;
+        }
+        return absl::OkStatus();
+      };
+}
+
+// Over max_held_bytes the body is measured by one run and streamed by a
+// second: the same bytes on storage as a manifest put whole.
+TEST_P(CheckpointLayoutTest, LargeManifestsAreStreamedWithTheSameBytes) {
+  auto store = NewStore();
+  TestCheckpointSpec spec;
+  spec.world_size = 16;
+  spec.num_tensors = 2000;  // 32k chunks, a manifest of ~1.3 MB
+  spec.cols = 4;
+  auto m = WriteTestCheckpointData(*store, spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::string whole = EncodeManifest(*m);
+  for (uint64_t held : {uint64_t{0}, uint64_t{100000}, uint64_t{64} << 20}) {
+    SCOPED_TRACE(held);
+    int runs = 0;
+    ManifestSummary published;
+    ASSERT_TRUE(PublishManifest(*store, SourceOf(*m, &runs),
+                                PublishOptions{.max_held_bytes = held},
+                                &published)
+                    .ok());
+    EXPECT_EQ(runs, held < whole.size() ? 2 : 1);
+    EXPECT_EQ(ReadObject(*store, ManifestKey("job", 1)).value(), whole);
+    EXPECT_EQ(published.num_tensors, spec.num_tensors);
+    EXPECT_EQ(published.header.total_bytes(), m->total_bytes());
+    EXPECT_EQ(published.header.tensors_size(), 0);
+    auto back = ReadManifest(*store, "job", 1);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->SerializeAsString(), m->SerializeAsString());
+    ASSERT_TRUE(store->Delete(ManifestKey("job", 1)).ok());
+  }
+}
+
+// A streamed publish that fails leaves no MANIFEST: a source that changes
+// between its runs, a write that fails, a crash before the rename. The
+// checks come before anything is written.
+TEST_P(CheckpointLayoutTest, StreamedPublishFailuresLeaveNothingVisible) {
+  auto base = NewStore();
+  TestCheckpointSpec spec;
+  spec.world_size = 8;
+  spec.num_tensors = 64;
+  auto m = WriteTestCheckpointData(*base, spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const PublishOptions stream{.max_held_bytes = 0};
+  const std::string key = ManifestKey("job", 1);
+
+  int runs = 0;
+  auto changing =
+      [&](v1::Manifest* header,
+          absl::FunctionRef<absl::Status(const v1::ManifestTensor&)> add)
+      -> absl::Status {
+    v1::Manifest copy = *m;
+    if (++runs == 2) {  // the same size, another checksum
+      copy.mutable_tensors(3)->mutable_chunks(0)->set_crc32c(
+          copy.tensors(3).chunks(0).crc32c() ^ 1);
+    }
+    int inner = 0;
+    return SourceOf(copy, &inner)(header, add);
+  };
+  EXPECT_STATUS(PublishManifest(*base, changing, stream, nullptr), kInternal,
+                "changed between its two encodings");
+  EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
+
+  FaultInjectionStore store(base.get());
+  for (FaultAction action : {FaultAction::kFail, FaultAction::kShortWrite,
+                             FaultAction::kCrashBeforeRename}) {
+    SCOPED_TRACE(static_cast<int>(action));
+    store.Reset();
+    store.AddRule({.ops = action == FaultAction::kCrashBeforeRename
+                              ? kFaultClose
+                              : kFaultAppend,
+                   .key_contains = "MANIFEST",
+                   .skip = action == FaultAction::kFail ? 1 : 0,
+                   .action = action});
+    runs = 0;
+    EXPECT_STATUS(PublishManifest(store, SourceOf(*m, &runs), stream, nullptr),
+                  kUnavailable, "publishing the manifest of job 'job' step 1");
+    EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
+    EXPECT_THAT(ListCommittedSteps(*base, "job").value(), IsEmpty());
+  }
+  // An invalid manifest is refused by the first run, before any write.
+  store.Reset();
+  store.AddRule(
+      {.ops = kFaultAnyWrite, .key_contains = "MANIFEST", .count = -1});
+  v1::Manifest bad = *m;
+  bad.set_total_bytes(1);
+  runs = 0;
+  const absl::Status refused =
+      PublishManifest(store, SourceOf(bad, &runs), stream, nullptr);
+  EXPECT_STATUS(refused, kInvalidArgument, "total_bytes");
+  EXPECT_THAT(refused.message(), HasSubstr("manifest of job 'job' step 1"));
+  EXPECT_EQ(runs, 1);
+  // Then a good one goes through.
+  store.Reset();
+  ASSERT_TRUE(
+      PublishManifest(store, SourceOf(*m, &runs), stream, nullptr).ok());
+  EXPECT_EQ(ReadObject(*base, key).value(), EncodeManifest(*m));
+}
+
 TEST_P(CheckpointLayoutTest, CorruptOrMisplacedManifestIsDataLoss) {
   auto store = NewStore();
   TestCheckpointSpec spec;

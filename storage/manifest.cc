@@ -232,15 +232,24 @@ namespace {
 void FrameBody(uint32_t format_version, std::string& framed) {
   const char* body = framed.data() + kManifestHeaderBytes;
   const size_t body_size = framed.size() - kManifestHeaderBytes;
-  std::memcpy(framed.data(), kManifestMagic, kMagicBytes);
-  PutU32(&framed[8], format_version);
-  PutU32(&framed[12], 0);
-  PutU64(&framed[16], body_size);
-  PutU32(&framed[24], Crc32c(body, body_size));
-  PutU32(&framed[28], Crc32c(framed.data(), 28));
+  const std::string header =
+      ManifestFrameHeader(format_version, body_size, Crc32c(body, body_size));
+  std::memcpy(framed.data(), header.data(), kManifestHeaderBytes);
 }
 
 }  // namespace
+
+std::string ManifestFrameHeader(uint32_t format_version, uint64_t body_bytes,
+                                uint32_t body_crc32c) {
+  std::string h(kManifestHeaderBytes, '\0');
+  std::memcpy(h.data(), kManifestMagic, kMagicBytes);
+  PutU32(&h[8], format_version);
+  PutU32(&h[12], 0);
+  PutU64(&h[16], body_bytes);
+  PutU32(&h[24], body_crc32c);
+  PutU32(&h[28], Crc32c(h.data(), 28));
+  return h;
+}
 
 std::string EncodeManifest(const v1::Manifest& manifest) {
   if (manifest.format_version() == 0) {
@@ -261,24 +270,31 @@ std::string EncodeManifest(const v1::Manifest& manifest) {
 ManifestEncoder::ManifestEncoder(const v1::Manifest& header)
     : header_(header), validator_(header) {}
 
+ManifestEncoder::ManifestEncoder(const v1::Manifest& header, Sink sink,
+                                 bool validate)
+    : header_(header),
+      validator_(header),
+      sink_(std::move(sink)),
+      validate_(validate) {}
+
 // Protobuf writes a message's fields in field-number order: format_version,
 // job, step, world_size and created_unix_micros (1-5) before the tensors
 // (6), the rest (7-10, then unknown fields) after them.
 absl::Status ManifestEncoder::Start() {
-  CAIRN_RETURN_IF_ERROR(validator_.Start());
+  if (validate_) CAIRN_RETURN_IF_ERROR(validator_.Start());
   v1::Manifest front;
   front.set_format_version(header_.format_version());
   front.set_job(header_.job());
   front.set_step(header_.step());
   front.set_world_size(header_.world_size());
   front.set_created_unix_micros(header_.created_unix_micros());
-  out_.assign(kManifestHeaderBytes, '\0');
+  out_.assign(sink_ ? 0 : kManifestHeaderBytes, '\0');
   front.AppendToString(&out_);
-  return absl::OkStatus();
+  return Flush(/*all=*/false);
 }
 
 absl::Status ManifestEncoder::AddTensor(const v1::ManifestTensor& tensor) {
-  CAIRN_RETURN_IF_ERROR(validator_.AddTensor(tensor));
+  if (validate_) CAIRN_RETURN_IF_ERROR(validator_.AddTensor(tensor));
   const size_t size = tensor.ByteSizeLong();
   uint8_t tag[1 + 10];
   tag[0] = (kTensorsField << 3) | kLengthDelimited;
@@ -291,11 +307,11 @@ absl::Status ManifestEncoder::AddTensor(const v1::ManifestTensor& tensor) {
   tensor.SerializeWithCachedSizesToArray(
       reinterpret_cast<uint8_t*>(out_.data() + at));
   ++num_tensors_;
-  return absl::OkStatus();
+  return Flush(/*all=*/false);
 }
 
 absl::StatusOr<std::string> ManifestEncoder::Finish() {
-  CAIRN_RETURN_IF_ERROR(validator_.Finish());
+  if (validate_) CAIRN_RETURN_IF_ERROR(validator_.Finish());
   v1::Manifest back = header_;
   back.clear_format_version();
   back.clear_job();
@@ -304,8 +320,23 @@ absl::StatusOr<std::string> ManifestEncoder::Finish() {
   back.clear_created_unix_micros();
   back.clear_tensors();
   back.AppendToString(&out_);
+  if (sink_) {
+    CAIRN_RETURN_IF_ERROR(Flush(/*all=*/true));
+    return std::string();
+  }
   FrameBody(header_.format_version(), out_);
   return std::move(out_);
+}
+
+absl::Status ManifestEncoder::Flush(bool all) {
+  if (!sink_ || out_.empty() || (!all && out_.size() < kManifestPieceBytes)) {
+    return absl::OkStatus();
+  }
+  crc_ = Crc32cExtend(crc_, out_.data(), out_.size());
+  streamed_ += out_.size();
+  CAIRN_RETURN_IF_ERROR(sink_(out_));
+  out_.clear();
+  return absl::OkStatus();
 }
 
 namespace {
@@ -529,10 +560,7 @@ absl::Status ValidateManifest(const v1::Manifest& m,
   return absl::OkStatus();
 }
 
-ManifestValidator::ManifestValidator(const v1::Manifest& header)
-    : m_(header),
-      where_(absl::StrCat("manifest of job '", header.job(), "' step ",
-                          header.step())) {}
+ManifestValidator::ManifestValidator(const v1::Manifest& header) : m_(header) {}
 
 template <typename... Parts>
 absl::Status ManifestValidator::Bad(const Parts&... parts) const {
@@ -574,6 +602,9 @@ absl::Status ManifestValidator::CheckRank(int32_t rank, What&& what) const {
 
 absl::Status ManifestValidator::Start() {
   const v1::Manifest& m = m_;
+  // Here, not in the constructor: a header may be filled in between
+  // (PublishManifest's sources fill it as they run).
+  where_ = absl::StrCat("manifest of job '", m.job(), "' step ", m.step());
   if (m.format_version() == 0 || m.format_version() > kManifestFormatVersion) {
     return Bad("unsupported format_version ", m.format_version());
   }

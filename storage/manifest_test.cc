@@ -7,6 +7,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -441,6 +442,79 @@ TEST(ValidateManifestTest, RejectsEachKindOfInconsistency) {
     EXPECT_THAT(std::string(s.message()), HasSubstr("job '"));
     // Encoding tensor by tensor stops at the same error.
     EXPECT_EQ(EncodeByTensor(m).status(), s);
+  }
+}
+
+// A streaming encoder's pieces, framed from its length and crc32c, are
+// EncodeManifest's bytes; pieces are ~kManifestPieceBytes but the last.
+TEST(ManifestEncoderTest, StreamsEncodeManifestsBytesInPieces) {
+  // 2 x 3 tensors fits one piece; 64 x 3000 (192k chunks) takes several.
+  for (auto [world, tensors] : {std::pair{2, 3}, std::pair{64, 3000}}) {
+    SCOPED_TRACE(absl::StrCat(world, " ranks x ", tensors, " tensors"));
+    const v1::Manifest m = TestManifest(world, tensors);
+    std::vector<std::string> pieces;
+    ManifestEncoder encoder(
+        m,
+        [&](absl::string_view piece) {
+          pieces.emplace_back(piece);
+          return absl::OkStatus();
+        },
+        /*validate=*/true);
+    ASSERT_TRUE(encoder.Start().ok());
+    for (const v1::ManifestTensor& t : m.tensors()) {
+      ASSERT_TRUE(encoder.AddTensor(t).ok());
+    }
+    absl::StatusOr<std::string> rest = encoder.Finish();
+    ASSERT_TRUE(rest.ok()) << rest.status();
+    EXPECT_EQ(*rest, "");
+    const std::string body = absl::StrJoin(pieces, "");
+    EXPECT_EQ(encoder.body_bytes(), body.size());
+    EXPECT_EQ(ManifestFrameHeader(m.format_version(), encoder.body_bytes(),
+                                  encoder.body_crc32c()) +
+                  body,
+              EncodeManifest(m));
+    for (size_t i = 0; i + 1 < pieces.size(); ++i) {
+      EXPECT_GE(pieces[i].size(), kManifestPieceBytes);
+      EXPECT_LT(pieces[i].size(), kManifestPieceBytes + (1 << 20));
+    }
+    if (tensors > 1000) {
+      EXPECT_GT(pieces.size(), 1u);
+    }
+  }
+}
+
+// The sink's error stops the encoding; without validation a bad manifest
+// streams (the second encoding of one already checked).
+TEST(ManifestEncoderTest, StreamingStopsAtTheSinksErrorAndMayNotCheck) {
+  const v1::Manifest m = TestManifest(64, 3000);
+  int calls = 0;
+  ManifestEncoder failing(
+      m,
+      [&](absl::string_view) {
+        ++calls;
+        return absl::UnavailableError("disk gone");
+      },
+      /*validate=*/true);
+  ASSERT_TRUE(failing.Start().ok());
+  absl::Status s;
+  for (const v1::ManifestTensor& t : m.tensors()) {
+    s = failing.AddTensor(t);
+    if (!s.ok()) break;
+  }
+  EXPECT_STATUS(s, kUnavailable, "disk gone");
+  EXPECT_EQ(calls, 1);
+
+  v1::Manifest bad = TestManifest();
+  bad.set_total_bytes(1);
+  for (bool validate : {true, false}) {
+    ManifestEncoder encoder(
+        bad, [](absl::string_view) { return absl::OkStatus(); }, validate);
+    absl::Status st = encoder.Start();
+    for (const v1::ManifestTensor& t : bad.tensors()) {
+      if (st.ok()) st = encoder.AddTensor(t);
+    }
+    if (st.ok()) st = encoder.Finish().status();
+    EXPECT_EQ(st.ok(), !validate) << st;
   }
 }
 

@@ -337,7 +337,15 @@ void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
       return;
     }
     plan = std::make_shared<const planner::GlobalSavePlan>(std::move(*built));
-    plan_cache_.Insert(key, plan);
+    if (const size_t charge = plan_cache_.Insert(key, plan); charge > 0) {
+      CAIRN_LOG(warn,
+                "{}: its global plan ({} MiB) is larger than the plan cache "
+                "(--plan-cache-mib {}), so every save of this job is planned "
+                "anew and its ranks resend their plans; set --plan-cache-mib "
+                "to at least {}",
+                SaveName(session->job(), session->step()), charge >> 20,
+                plan_cache_.max_bytes() >> 20, (charge >> 20) + 1);
+    }
   }
   std::string plan_id = planner::PlanId(key, VersionString("cairnd"));
 
@@ -541,23 +549,19 @@ void Coordinator::CommitSave(const v1::CommitSaveRequest& request,
 void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   const absl::Time commit_start = absl::Now();
   const std::string name = SaveName(session->job(), session->step());
-  // Built, checked and encoded tensor by tensor: the manifest is in memory
-  // as its encoding (~50 bytes a chunk), never as millions of messages.
-  v1::Manifest header;
-  storage::ManifestEncoder encoder(header);
-  bool started = false;
-  absl::Status built = session->BuildManifest(
-      &header, [&](v1::ManifestTensor& t) -> absl::Status {
-        if (!started) {  // the header is complete before the first tensor
-          CAIRN_RETURN_IF_ERROR(encoder.Start());
-          started = true;
-        }
-        return encoder.AddTensor(t);
-      });
-  if (built.ok() && !started) built = encoder.Start();  // no tensors
-  if (!built.ok()) return AbortSession(session, built);
+  // Built, checked and encoded tensor by tensor from the plan: the manifest
+  // is never whole in memory as messages, nor (when large) as bytes.
+  storage::ManifestSummary published;
+  auto build =
+      [&](v1::Manifest* header,
+          absl::FunctionRef<absl::Status(const v1::ManifestTensor&)> add) {
+        return session->BuildManifest(
+            header, [&](v1::ManifestTensor& t) { return add(t); });
+      };
   // PublishManifest checks that every object holds every planned byte.
-  if (absl::Status s = storage::PublishManifest(*store_, encoder); !s.ok()) {
+  if (absl::Status s = storage::PublishManifest(
+          *store_, build, storage::PublishOptions(), &published);
+      !s.ok()) {
     // The MANIFEST may be visible even so (a failure after the rename): it
     // goes before the objects it names, or they stay.
     absl::Status undo =
@@ -578,9 +582,9 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   record.set_step(session->step());
   record.set_state(v1::CHECKPOINT_STATE_COMMITTED);
   record.set_world_size(session->world_size());
-  record.set_total_bytes(header.total_bytes());
-  record.set_num_tensors(encoder.num_tensors());
-  record.set_num_bytes_entries(header.bytes_entries_size());
+  record.set_total_bytes(published.header.total_bytes());
+  record.set_num_tensors(published.num_tensors);
+  record.set_num_bytes_entries(published.header.bytes_entries_size());
   record.set_created_unix_micros(absl::ToUnixMicros(session->created()));
   record.set_committed_unix_micros(NowMicros());
   record.set_storage_uri(store_->uri());
@@ -619,7 +623,7 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   }
   // Every other attempt of this step is aborted: what they (or ranks that
   // died mid-write) left in the step is garbage.
-  SweepCommittedStep(*store_, header);
+  SweepCommittedStep(*store_, published.header);
   for (auto& done : waiters) {
     v1::CommitSaveResponse resp;
     *resp.mutable_checkpoint() = record;

@@ -124,6 +124,12 @@ absl::StatusOr<v1::Manifest> WriteTestCheckpointData(
     CAIRN_RETURN_IF_ERROR(writer->Close());
   }
   m.set_total_bytes(total);
+  // A manifest lists its tensors by fqn ("model.layers.10." before ".2.").
+  std::sort(m.mutable_tensors()->pointer_begin(),
+            m.mutable_tensors()->pointer_end(),
+            [](const v1::ManifestTensor* a, const v1::ManifestTensor* b) {
+              return a->entry().fqn() < b->entry().fqn();
+            });
   return m;
 }
 
