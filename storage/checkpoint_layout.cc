@@ -8,7 +8,9 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -173,6 +175,23 @@ absl::Status CheckObjects(ShardStore& store, const v1::Manifest& header,
   return absl::OkStatus();
 }
 
+// MANIFEST from its frame header and body pieces, through a writer that
+// makes it visible only once it closes.
+absl::Status WriteManifest(ShardStore& store, const std::string& key,
+                           absl::string_view frame,
+                           const std::vector<std::string>& pieces) {
+  uint64_t bytes = frame.size();
+  for (const std::string& p : pieces) bytes += p.size();
+  CAIRN_ASSIGN_OR_RETURN(
+      std::unique_ptr<ObjectWriter> writer,
+      store.NewWriter(key, WriterOptions{.expected_bytes = bytes}));
+  CAIRN_RETURN_IF_ERROR(writer->Append(absl::MakeConstSpan(frame)));
+  for (const std::string& p : pieces) {
+    CAIRN_RETURN_IF_ERROR(writer->Append(absl::MakeConstSpan(p)));
+  }
+  return writer->Close();
+}
+
 // The second run of a large manifest's source, streamed through a writer
 // that makes MANIFEST visible only once it closes: the body must be the one
 // the first run measured.
@@ -227,20 +246,21 @@ absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest) {
 absl::Status PublishManifest(ShardStore& store, ManifestSource source,
                              const PublishOptions& options,
                              ManifestSummary* published) {
-  // The first run checks the manifest and measures its body, keeping it
-  // (after a gap for the frame's header) while it is small enough.
+  // The first run checks the manifest and measures its body, keeping its
+  // pieces while they fit options.max_held_bytes.
   v1::Manifest header;
-  std::string held(kManifestHeaderBytes, '\0');
+  std::vector<std::string> held;
+  uint64_t held_bytes = 0;
   bool holding = true;
   ManifestEncoder measure(
       header,
       [&](absl::string_view piece) {
-        if (holding && held.size() + piece.size() >
-                           kManifestHeaderBytes + options.max_held_bytes) {
+        held_bytes += piece.size();
+        if (holding && held_bytes > options.max_held_bytes) {
           holding = false;
-          std::string().swap(held);
+          std::vector<std::string>().swap(held);
         }
-        if (holding) held.append(piece.data(), piece.size());
+        if (holding) held.emplace_back(piece);
         return absl::OkStatus();
       },
       /*validate=*/true);
@@ -250,14 +270,16 @@ absl::Status PublishManifest(ShardStore& store, ManifestSource source,
   CAIRN_RETURN_IF_ERROR(CheckManifestSize(measure.body_bytes(), job, step));
   CAIRN_RETURN_IF_ERROR(CheckObjects(store, header, measure.object_ends()));
   const std::string key = ManifestKey(job, step);
+  std::string frame = ManifestFrameHeader(
+      header.format_version(), measure.body_bytes(), measure.body_crc32c());
   absl::Status s;
-  if (holding) {
-    const std::string frame = ManifestFrameHeader(
-        header.format_version(), measure.body_bytes(), measure.body_crc32c());
-    std::memcpy(held.data(), frame.data(), kManifestHeaderBytes);
-    s = store.Put(key, absl::Span<const char>(held.data(), held.size()));
-  } else {
+  if (!holding) {
     s = StreamManifest(store, source, key, measure);
+  } else if (held.size() <= 1) {  // one piece: one Put
+    if (!held.empty()) frame += held[0];
+    s = store.Put(key, absl::MakeConstSpan(frame));
+  } else {
+    s = WriteManifest(store, key, frame, held);
   }
   if (!s.ok()) {
     return absl::Status(

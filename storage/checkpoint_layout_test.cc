@@ -199,13 +199,16 @@ auto SourceOf(const v1::Manifest& m, int* runs) {
 TEST_P(CheckpointLayoutTest, LargeManifestsAreStreamedWithTheSameBytes) {
   auto store = NewStore();
   TestCheckpointSpec spec;
-  spec.world_size = 16;
-  spec.num_tensors = 2000;  // 32k chunks, a manifest of ~1.3 MB
+  spec.world_size = 32;
+  spec.num_tensors = 7000;  // 224k chunks: a manifest of three pieces
   spec.cols = 4;
   auto m = WriteTestCheckpointData(*store, spec);
   ASSERT_TRUE(m.ok()) << m.status();
   const std::string whole = EncodeManifest(*m);
-  for (uint64_t held : {uint64_t{0}, uint64_t{100000}, uint64_t{64} << 20}) {
+  ASSERT_GT(whole.size(), 2 * kManifestPieceBytes);
+  // Streamed; streamed after holding a piece; held in pieces.
+  for (uint64_t held :
+       {uint64_t{0}, uint64_t{kManifestPieceBytes}, uint64_t{64} << 20}) {
     SCOPED_TRACE(held);
     int runs = 0;
     ManifestSummary published;
@@ -225,16 +228,18 @@ TEST_P(CheckpointLayoutTest, LargeManifestsAreStreamedWithTheSameBytes) {
   }
 }
 
-// A streamed publish that fails leaves no MANIFEST: a source that changes
-// between its runs, a write that fails, a crash before the rename. The
-// checks come before anything is written.
-TEST_P(CheckpointLayoutTest, StreamedPublishFailuresLeaveNothingVisible) {
+// A publish of a large manifest that fails leaves no MANIFEST: a source
+// that changes between its runs, a write that fails, a crash before the
+// rename, streamed or held. The checks come before anything is written.
+TEST_P(CheckpointLayoutTest, LargeManifestPublishFailuresLeaveNothingVisible) {
   auto base = NewStore();
   TestCheckpointSpec spec;
-  spec.world_size = 8;
-  spec.num_tensors = 64;
+  spec.world_size = 32;
+  spec.num_tensors = 3500;  // 112k chunks, two pieces
+  spec.cols = 4;
   auto m = WriteTestCheckpointData(*base, spec);
   ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_GT(EncodeManifest(*m).size(), kManifestPieceBytes);
   const PublishOptions stream{.max_held_bytes = 0};
   const std::string key = ManifestKey("job", 1);
 
@@ -256,21 +261,25 @@ TEST_P(CheckpointLayoutTest, StreamedPublishFailuresLeaveNothingVisible) {
   EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
 
   FaultInjectionStore store(base.get());
-  for (FaultAction action : {FaultAction::kFail, FaultAction::kShortWrite,
-                             FaultAction::kCrashBeforeRename}) {
-    SCOPED_TRACE(static_cast<int>(action));
-    store.Reset();
-    store.AddRule({.ops = action == FaultAction::kCrashBeforeRename
-                              ? kFaultClose
-                              : kFaultAppend,
-                   .key_contains = "MANIFEST",
-                   .skip = action == FaultAction::kFail ? 1 : 0,
-                   .action = action});
-    runs = 0;
-    EXPECT_STATUS(PublishManifest(store, SourceOf(*m, &runs), stream, nullptr),
-                  kUnavailable, "publishing the manifest of job 'job' step 1");
-    EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
-    EXPECT_THAT(ListCommittedSteps(*base, "job").value(), IsEmpty());
+  for (const PublishOptions& options : {stream, PublishOptions()}) {
+    for (FaultAction action : {FaultAction::kFail, FaultAction::kShortWrite,
+                               FaultAction::kCrashBeforeRename}) {
+      SCOPED_TRACE(absl::StrCat("held ", options.max_held_bytes, " action ",
+                                static_cast<int>(action)));
+      store.Reset();
+      store.AddRule({.ops = action == FaultAction::kCrashBeforeRename
+                                ? kFaultClose
+                                : kFaultAppend,
+                     .key_contains = "MANIFEST",
+                     .skip = action == FaultAction::kFail ? 1 : 0,
+                     .action = action});
+      runs = 0;
+      EXPECT_STATUS(
+          PublishManifest(store, SourceOf(*m, &runs), options, nullptr),
+          kUnavailable, "publishing the manifest of job 'job' step 1");
+      EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
+      EXPECT_THAT(ListCommittedSteps(*base, "job").value(), IsEmpty());
+    }
   }
   // An invalid manifest is refused by the first run, before any write.
   store.Reset();

@@ -338,13 +338,14 @@ void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
     }
     plan = std::make_shared<const planner::GlobalSavePlan>(std::move(*built));
     if (const size_t charge = plan_cache_.Insert(key, plan); charge > 0) {
+      const size_t mib = (charge + (size_t{1} << 20) - 1) >> 20;
       CAIRN_LOG(warn,
                 "{}: its global plan ({} MiB) is larger than the plan cache "
                 "(--plan-cache-mib {}), so every save of this job is planned "
-                "anew and its ranks resend their plans; set --plan-cache-mib "
-                "to at least {}",
-                SaveName(session->job(), session->step()), charge >> 20,
-                plan_cache_.max_bytes() >> 20, (charge >> 20) + 1);
+                "anew and its ranks may have to resend their plans; set "
+                "--plan-cache-mib to at least {}",
+                SaveName(session->job(), session->step()), mib,
+                plan_cache_.max_bytes() >> 20, mib);
     }
   }
   std::string plan_id = planner::PlanId(key, VersionString("cairnd"));
@@ -560,7 +561,10 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
       };
   // PublishManifest checks that every object holds every planned byte.
   if (absl::Status s = storage::PublishManifest(
-          *store_, build, storage::PublishOptions(), &published);
+          *store_, build,
+          storage::PublishOptions{.max_held_bytes =
+                                      options_.manifest_held_bytes},
+          &published);
       !s.ok()) {
     // The MANIFEST may be visible even so (a failure after the rename): it
     // goes before the objects it names, or they stay.

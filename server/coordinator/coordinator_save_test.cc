@@ -4,10 +4,16 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
 #include "server/coordinator/coordinator_test_fixture.h"
+#include "spdlog/sinks/base_sink.h"
 #include "storage/checkpoint_layout.h"
 
 namespace cairn::coordinator {
@@ -88,6 +94,69 @@ TEST_F(CoordinatorTest,
   for (auto& f : commits) ASSERT_TRUE(f.get().ok());
   EXPECT_EQ(LatestStep("job"), 2);
   EXPECT_EQ(coordinator_->stats().plans_built, 2);
+}
+
+// Keeps the messages cairnd logs.
+class LineSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::vector<std::string> Lines() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return lines_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    lines_.emplace_back(msg.payload.data(), msg.payload.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+// A plan the plan cache cannot hold is built anew at every save: cairnd says
+// so, naming the save and the --plan-cache-mib that would hold it.
+TEST_F(CoordinatorTest, PlansLargerThanThePlanCacheAreLoggedWithTheSizeToSet) {
+  options_.plan_cache_bytes = 16;
+  auto sink = std::make_shared<LineSink>();
+  Logger().sinks().push_back(sink);  // before cairnd's threads start
+  Start();
+  std::vector<v1::BeginSaveResponse> first = Save("job", 1, 2);
+  Save("job", 2, 2, 8, &first);
+  coordinator_.reset();  // no thread logs while the sink goes
+  Logger().sinks().pop_back();
+  std::vector<std::string> warned;
+  for (const std::string& line : sink->Lines()) {
+    if (absl::StrContains(line, "larger than the plan cache")) {
+      warned.push_back(line);
+    }
+  }
+  ASSERT_EQ(warned.size(), 2u) << absl::StrJoin(sink->Lines(), "\n");
+  EXPECT_THAT(warned[0],
+              HasSubstr("job 'job' step 1: its global plan (1 MiB)"));
+  EXPECT_THAT(warned[0], HasSubstr("(--plan-cache-mib 0)"));
+  EXPECT_THAT(warned[0], HasSubstr("set --plan-cache-mib to at least 1"));
+  EXPECT_THAT(warned[1], HasSubstr("job 'job' step 2"));
+}
+
+// A manifest over manifest_held_bytes (--manifest-held-mib) is encoded twice
+// and streamed: the same checkpoint is committed, whole and verifiable.
+TEST_F(CoordinatorTest, StreamedManifestsCommitTheSameCheckpoint) {
+  UsePosix();
+  options_.manifest_held_bytes = 0;
+  Start();
+  Save("job", 1, 3);
+  Save("job", 2, 3);
+  EXPECT_EQ(LatestStep("job"), 2);
+  auto m = storage::ReadManifest(Disk(), "job", 2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->world_size(), 3);
+  EXPECT_GT(m->tensors_size(), 0);
+  auto record = Record("job", 2);
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->total_bytes(), m->total_bytes());
+  EXPECT_EQ(record->num_tensors(), m->tensors_size());
+  ExpectCatalogAndStorageAgree("job");
 }
 
 TEST_F(CoordinatorTest, UnknownFingerprintAsksTheRankToResend) {

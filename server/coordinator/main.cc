@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
   double reload_every_s = 0;
   int plan_cache_mib = 512;
   int known_plan_cache_mib = 256;
+  int manifest_held_mib = 64;
   app.add_option("--listen", spec.listen_address,
                  "host:port to serve on (port 0 picks a free port; default: "
                  "0.0.0.0:7070 with TLS, 127.0.0.1:7070 without)");
@@ -180,6 +181,12 @@ int main(int argc, char** argv) {
                  "when a global plan is built anew from fingerprint-only "
                  "saves (too small for a job: its ranks are asked to resend "
                  "their plans then)")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(0, 1 << 20));
+  app.add_option("--manifest-held-mib", manifest_held_mib,
+                 "Largest manifest a commit keeps in memory between encoding "
+                 "and writing, in MiB; a larger one is encoded twice and "
+                 "streamed to storage")
       ->capture_default_str()
       ->check(cairn::flags::InRange(0, 1 << 20));
   app.add_option("--reload-every", reload_every_s,
@@ -282,6 +289,8 @@ int main(int argc, char** argv) {
   spec.coordinator.plan_cache_bytes = static_cast<size_t>(plan_cache_mib) << 20;
   spec.coordinator.known_plan_cache_bytes =
       static_cast<size_t>(known_plan_cache_mib) << 20;
+  spec.coordinator.manifest_held_bytes = static_cast<size_t>(manifest_held_mib)
+                                         << 20;
   if (reflection != "auto") spec.reflection = reflection == "on";
 
   // Block the handled signals in every thread (gRPC's inherit the mask);
