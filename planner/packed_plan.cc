@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -50,6 +51,34 @@ uint32_t EntryTable::Add(const WriteItem& item) {
   next_.push_back(kNone);
   if (last != kNone) next_[last] = id;
   return id;
+}
+
+BoxInterner::BoxInterner(std::vector<int64_t>* coords)
+    : coords_(coords), boxes_(0, Hash{this}, Eq{this}) {}
+
+BoxInterner::Probe BoxInterner::View(const Stored& s) const {
+  const int64_t* at = coords_->data() + s.begin;
+  return Probe{absl::MakeConstSpan(at, s.dims),
+               absl::MakeConstSpan(at + s.dims, s.dims)};
+}
+
+size_t BoxInterner::Hash::operator()(const Probe& p) const {
+  return absl::HashOf(p.offsets, p.sizes);
+}
+
+bool BoxInterner::Eq::operator()(const Probe& a, const Probe& b) const {
+  return a.offsets == b.offsets && a.sizes == b.sizes;
+}
+
+size_t BoxInterner::Add(absl::Span<const int64_t> offsets,
+                        absl::Span<const int64_t> sizes) {
+  auto it = boxes_.find(Probe{offsets, sizes});
+  if (it != boxes_.end()) return it->begin;
+  const Stored stored{coords_->size(), offsets.size()};
+  coords_->insert(coords_->end(), offsets.begin(), offsets.end());
+  coords_->insert(coords_->end(), sizes.begin(), sizes.end());
+  boxes_.insert(stored);
+  return stored.begin;
 }
 
 WriteItem PackedLocalPlan::Unpack(const PackedItem& item) const {
@@ -105,7 +134,6 @@ absl::StatusOr<PackedLocalPlan> EntryInterner::Pack(const LocalSavePlan& plan) {
                      " items whose boxes exceed 2^32 numbers"));
   }
   out.items.resize(plan.items.size());
-  out.coords.reserve(coords);
 
   // A recent table naming every entry of the plan, most recent first.
   std::vector<std::shared_ptr<const EntryTable>> candidates;
@@ -148,17 +176,18 @@ absl::StatusOr<PackedLocalPlan> EntryInterner::Pack(const LocalSavePlan& plan) {
     if (recent_.size() > kRecentTables) recent_.resize(kRecentTables);
   }
 
+  BoxInterner boxes(&out.coords);
   for (size_t i = 0; i < plan.items.size(); ++i) {
     const WriteItem& item = plan.items[i];
     PackedItem& p = out.items[i];
     p.length = item.length;
     if (item.kind != WriteItem::Kind::kTensorChunk) continue;
-    p.box_begin = static_cast<uint32_t>(out.coords.size());
-    out.coords.insert(out.coords.end(), item.box.offsets.begin(),
-                      item.box.offsets.end());
-    out.coords.insert(out.coords.end(), item.box.sizes.begin(),
-                      item.box.sizes.end());
+    // At most `coords` numbers in all (checked above): fits 32 bits.
+    p.box_begin =
+        static_cast<uint32_t>(boxes.Add(absl::MakeConstSpan(item.box.offsets),
+                                        absl::MakeConstSpan(item.box.sizes)));
   }
+  out.coords.shrink_to_fit();
   return out;
 }
 

@@ -96,6 +96,60 @@ TEST(PackedPlanTest, UnpacksToThePlanItPacked) {
   }
 }
 
+TEST(PackedPlanTest, BoxInternerKeepsEachDistinctBoxOnce) {
+  std::vector<int64_t> coords;
+  BoxInterner boxes(&coords);
+  auto add = [&](const Dims& offsets, const Dims& sizes) {
+    return boxes.Add(absl::MakeConstSpan(offsets), absl::MakeConstSpan(sizes));
+  };
+  EXPECT_EQ(add({0, 4}, {2, 4}), 0u);
+  EXPECT_EQ(add({2, 4}, {2, 4}), 4u);
+  EXPECT_EQ(add({0, 4}, {2, 4}), 0u);
+  // The same numbers as another box's, or a prefix of them, in other dims
+  // are another box.
+  EXPECT_EQ(add({0}, {4}), 8u);
+  EXPECT_EQ(add({0, 4, 2}, {4, 1, 1}), 10u);
+  EXPECT_EQ(add({0}, {4}), 8u);
+  // A scalar's box is empty: it takes no numbers and is found again.
+  const size_t scalar = add({}, {});
+  EXPECT_EQ(scalar, 16u);
+  EXPECT_EQ(add({}, {}), scalar);
+  EXPECT_EQ(coords, (std::vector<int64_t>{0, 4, 2, 4, 2, 4, 2, 4, 0, 4, 0, 4, 2,
+                                          4, 1, 1}));
+  // Many boxes, each added twice: the array grows by the distinct ones.
+  for (int64_t i = 0; i < 1000; ++i) {
+    const size_t at = add({i, 0}, {1, 7});
+    EXPECT_EQ(add({i, 0}, {1, 7}), at);
+    EXPECT_EQ(coords[at], i);
+    EXPECT_EQ(coords[at + 3], 7);
+  }
+  EXPECT_EQ(coords.size(), 16u + 4000u);
+}
+
+TEST(PackedPlanTest, ItemsWithTheSameBoxShareIt) {
+  // An FSDP x TP rank: layer after layer, the same shapes and so the same box.
+  LocalSavePlan plan{3, {}};
+  for (int layer = 0; layer < 40; ++layer) {
+    const std::string prefix = "layers." + std::to_string(layer) + ".";
+    plan.items.push_back(
+        Chunk(prefix + "attn.w", {64, 32}, ChunkBox{{16, 0}, {16, 32}}));
+    plan.items.push_back(
+        Chunk(prefix + "mlp.w", {128, 32}, ChunkBox{{32, 0}, {32, 32}}));
+    plan.items.push_back(Chunk(prefix + "norm", {32}, ChunkBox{{0}, {32}}));
+  }
+  plan.items.push_back(Bytes("extra_state", 5));
+  EntryInterner interner;
+  absl::StatusOr<PackedLocalPlan> packed = interner.Pack(plan);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  // Three distinct boxes: 4 + 4 + 2 numbers, not 10 for each of 40 layers.
+  EXPECT_EQ(packed->coords.size(), 10u);
+  const LocalSavePlan back = packed->Unpack();
+  ASSERT_EQ(back.items.size(), plan.items.size());
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    EXPECT_TRUE(SameItem(back.items[i], plan.items[i])) << i;
+  }
+}
+
 TEST(PackedPlanTest, RanksNamingTheSameTensorsShareOneTable) {
   std::mt19937_64 rng(9);
   const std::vector<LocalSavePlan> plans = RandomSave(rng, 16, 4);

@@ -472,6 +472,7 @@ class SavePlanBuilder {
       if (count[r] == count[r + 1]) continue;
       rp.object_key = ObjectKeyForRank(options_, r);
       rp.writes.resize(static_cast<size_t>(count[r + 1] - count[r]));
+      BoxInterner boxes(&rp.coords);
       for (int i = count[r]; i < count[r + 1]; ++i) {
         const Unit& unit = units_[by_writer[i]];
         const Occurrence& o = holders_[unit.holders_begin + unit.writer];
@@ -481,11 +482,9 @@ class SavePlanBuilder {
         w.offset = offsets[by_writer[i]];
         w.length = unit.bytes;
         if (entries_[unit.entry].def->kind == WriteItem::Kind::kTensorChunk) {
-          w.box_begin = static_cast<uint32_t>(rp.coords.size());
-          const absl::Span<const int64_t> offsets = PlanOf(o).Offsets(item);
-          const absl::Span<const int64_t> sizes = PlanOf(o).Sizes(item);
-          rp.coords.insert(rp.coords.end(), offsets.begin(), offsets.end());
-          rp.coords.insert(rp.coords.end(), sizes.begin(), sizes.end());
+          const size_t begin =
+              boxes.Add(PlanOf(o).Offsets(item), PlanOf(o).Sizes(item));
+          w.box_begin = static_cast<uint32_t>(begin);
           if (rp.coords.size() > UINT32_MAX) {
             return Error(absl::StrCat(
                 "rank ", r, " would write ", count[r + 1] - count[r],

@@ -27,8 +27,10 @@
 //     each writer's writes are copied from its own plan, writer by writer.
 // Cost: O(N log N) for N items in total. Scratch memory is O(N), about 20
 // bytes per item plus 16 per box dim (most of it freed before the plan is
-// built), besides the returned plan: per unit, one 24-byte PlannedWrite and
-// 16 bytes per box dim; per fqn, one PlannedEntry.
+// built), besides the returned plan: per unit, one 24-byte PlannedWrite;
+// per rank, 16 bytes per box dim of each distinct box it writes (an FSDP x TP
+// rank writes the same few boxes layer after layer); per fqn, one
+// PlannedEntry.
 #ifndef CAIRN_PLANNER_SAVE_PLAN_H_
 #define CAIRN_PLANNER_SAVE_PLAN_H_
 
@@ -91,7 +93,8 @@ struct RankSavePlan {
   int rank = 0;
   std::string object_key;  // relative to the step's prefix; "" if no writes
   std::vector<PlannedWrite> writes;
-  std::vector<int64_t> coords;  // the tensor writes' boxes (see PlannedWrite)
+  std::vector<int64_t> coords;  // the tensor writes' boxes (see PlannedWrite),
+                                // each distinct box once
   uint64_t object_bytes = 0;    // size of the rank's object (0: no object)
 
   // Write `w`'s box, `dims` = its tensor's number of dimensions.

@@ -72,6 +72,40 @@ TEST(SavePlanTest, ShardedTensorIsWrittenByEachOwnerAtAlignedOffsets) {
   EXPECT_EQ(plan->entries[1].global_shape, (Shape{4, 8}));
 }
 
+TEST(SavePlanTest, WritesWithTheSameBoxShareItInTheirRanksPlan) {
+  // Two ranks, rows of 30 same-shaped tensors and a replicated norm each.
+  std::vector<std::vector<WriteItem>> items(2);
+  for (int layer = 0; layer < 30; ++layer) {
+    const std::string fqn = "layers." + std::to_string(layer) + ".w";
+    const std::string norm = "layers." + std::to_string(layer) + ".norm";
+    for (int64_t r = 0; r < 2; ++r) {
+      items[r].push_back(Chunk(fqn, {8, 6}, Box({4 * r, 0}, {4, 6})));
+      items[r].push_back(Chunk(norm, {6}, Box({0}, {6})));
+    }
+  }
+  auto plan = BuildGlobalSavePlan("llama", 100, Plans(std::move(items)),
+                                  SavePlanOptions{});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  size_t writes = 0;
+  for (int r = 0; r < 2; ++r) {
+    const RankSavePlan& rp = plan->ranks[r];
+    writes += rp.writes.size();
+    // Rank r's row box, plus the norm's box on a rank that writes some norm.
+    EXPECT_EQ(rp.coords.size(), 4u + 2u) << r;
+    for (const PlannedWrite& w : rp.writes) {
+      const std::string& fqn = plan->EntryOf(w).fqn;
+      if (fqn.size() > 2 && fqn.substr(fqn.size() - 2) == ".w") {
+        EXPECT_EQ(plan->BoxOf(r, w), Box({4 * r, 0}, {4, 6})) << fqn;
+      } else {
+        EXPECT_EQ(plan->BoxOf(r, w), Box({0}, {6})) << fqn;
+      }
+    }
+  }
+  // 60 row chunks, 30 norms written once each, balanced over the ranks.
+  EXPECT_EQ(writes, 90u);
+  EXPECT_EQ(plan->ranks[0].writes.size(), 45u);
+}
+
 TEST(SavePlanTest, OptionsControlAlignmentAndObjectKeys) {
   SavePlanOptions options;
   options.alignment = 1;
