@@ -135,9 +135,9 @@ absl::Status CheckManifestSize(uint64_t body_bytes, absl::string_view job,
 namespace {
 
 // Runs `source` through `encoder`: Start once the header is filled, then
-// every tensor, then Finish (its bytes: kept, the framed manifest).
-absl::StatusOr<std::string> Encode(ManifestSource source, v1::Manifest& header,
-                                   ManifestEncoder& encoder) {
+// every tensor, then Finish.
+absl::Status Encode(ManifestSource source, v1::Manifest& header,
+                    ManifestEncoder& encoder) {
   bool started = false;
   CAIRN_RETURN_IF_ERROR(
       source(&header, [&](const v1::ManifestTensor& t) -> absl::Status {
@@ -175,55 +175,44 @@ absl::Status CheckObjects(ShardStore& store, const v1::Manifest& header,
   return absl::OkStatus();
 }
 
-// MANIFEST from its frame header and body pieces, through a writer that
-// makes it visible only once it closes.
-absl::Status WriteManifest(ShardStore& store, const std::string& key,
-                           absl::string_view frame,
-                           const std::vector<std::string>& pieces) {
-  uint64_t bytes = frame.size();
-  for (const std::string& p : pieces) bytes += p.size();
-  CAIRN_ASSIGN_OR_RETURN(
-      std::unique_ptr<ObjectWriter> writer,
-      store.NewWriter(key, WriterOptions{.expected_bytes = bytes}));
-  CAIRN_RETURN_IF_ERROR(writer->Append(absl::MakeConstSpan(frame)));
-  for (const std::string& p : pieces) {
-    CAIRN_RETURN_IF_ERROR(writer->Append(absl::MakeConstSpan(p)));
-  }
-  return writer->Close();
-}
-
-// The second run of a large manifest's source, streamed through a writer
-// that makes MANIFEST visible only once it closes: the body must be the one
-// the first run measured.
-absl::Status StreamManifest(ShardStore& store, ManifestSource source,
-                            const std::string& key,
-                            const ManifestEncoder& measured) {
-  const uint64_t body_bytes = measured.body_bytes();
+// MANIFEST through a writer that makes it visible only once it closes: the
+// frame header, then the `body_bytes` that `write_body` appends.
+absl::Status WriteFramed(
+    ShardStore& store, const std::string& key, absl::string_view frame,
+    uint64_t body_bytes,
+    absl::FunctionRef<absl::Status(ObjectWriter&)> write_body) {
   CAIRN_ASSIGN_OR_RETURN(
       std::unique_ptr<ObjectWriter> writer,
       store.NewWriter(
-          key,
-          WriterOptions{.expected_bytes = kManifestHeaderBytes + body_bytes}));
-  const std::string frame = ManifestFrameHeader(
-      measured.header().format_version(), body_bytes, measured.body_crc32c());
-  CAIRN_RETURN_IF_ERROR(writer->Append(frame));
+          key, WriterOptions{.expected_bytes = frame.size() + body_bytes}));
+  CAIRN_RETURN_IF_ERROR(writer->Append(absl::MakeConstSpan(frame)));
+  CAIRN_RETURN_IF_ERROR(write_body(*writer));
+  // The whole MANIFEST written, not yet visible.
+  CAIRN_CRASH_POINT("storage.publish_manifest.before_close");
+  return writer->Close();
+}
+
+// The second run of a large manifest's source, its body appended to
+// `writer`: it must be the body the first run measured.
+absl::Status StreamBody(ManifestSource source, const ManifestEncoder& measured,
+                        ObjectWriter& writer) {
   v1::Manifest header;
   ManifestEncoder encoder(
       header,
       [&](absl::string_view piece) {
-        return writer->Append(absl::MakeConstSpan(piece));
+        return writer.Append(absl::MakeConstSpan(piece));
       },
       /*validate=*/false);
-  CAIRN_RETURN_IF_ERROR(Encode(source, header, encoder).status());
-  if (encoder.body_bytes() != body_bytes ||
+  CAIRN_RETURN_IF_ERROR(Encode(source, header, encoder));
+  if (encoder.body_bytes() != measured.body_bytes() ||
       encoder.body_crc32c() != measured.body_crc32c()) {
     return absl::InternalError(
         absl::StrCat("the manifest changed between its two encodings (",
-                     body_bytes, " then ", encoder.body_bytes(),
+                     measured.body_bytes(), " then ", encoder.body_bytes(),
                      " bytes, crc32c ", measured.body_crc32c(), " then ",
                      encoder.body_crc32c(), "); nothing was published"));
   }
-  return writer->Close();
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -264,7 +253,7 @@ absl::Status PublishManifest(ShardStore& store, ManifestSource source,
         return absl::OkStatus();
       },
       /*validate=*/true);
-  CAIRN_RETURN_IF_ERROR(Encode(source, header, measure).status());
+  CAIRN_RETURN_IF_ERROR(Encode(source, header, measure));
   const std::string& job = header.job();
   const int64_t step = header.step();
   CAIRN_RETURN_IF_ERROR(CheckManifestSize(measure.body_bytes(), job, step));
@@ -274,12 +263,22 @@ absl::Status PublishManifest(ShardStore& store, ManifestSource source,
       header.format_version(), measure.body_bytes(), measure.body_crc32c());
   absl::Status s;
   if (!holding) {
-    s = StreamManifest(store, source, key, measure);
+    s = WriteFramed(store, key, frame, measure.body_bytes(),
+                    [&](ObjectWriter& writer) {
+                      return StreamBody(source, measure, writer);
+                    });
   } else if (held.size() <= 1) {  // one piece: one Put
     if (!held.empty()) frame += held[0];
     s = store.Put(key, absl::MakeConstSpan(frame));
   } else {
-    s = WriteManifest(store, key, frame, held);
+    s = WriteFramed(
+        store, key, frame, measure.body_bytes(),
+        [&](ObjectWriter& writer) -> absl::Status {
+          for (const std::string& piece : held) {
+            CAIRN_RETURN_IF_ERROR(writer.Append(absl::MakeConstSpan(piece)));
+          }
+          return absl::OkStatus();
+        });
   }
   if (!s.ok()) {
     return absl::Status(

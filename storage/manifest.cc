@@ -267,9 +267,6 @@ std::string EncodeManifest(const v1::Manifest& manifest) {
   return out;
 }
 
-ManifestEncoder::ManifestEncoder(const v1::Manifest& header)
-    : header_(header), validator_(header) {}
-
 ManifestEncoder::ManifestEncoder(const v1::Manifest& header, Sink sink,
                                  bool validate)
     : header_(header),
@@ -288,7 +285,7 @@ absl::Status ManifestEncoder::Start() {
   front.set_step(header_.step());
   front.set_world_size(header_.world_size());
   front.set_created_unix_micros(header_.created_unix_micros());
-  out_.assign(sink_ ? 0 : kManifestHeaderBytes, '\0');
+  out_.clear();
   front.AppendToString(&out_);
   return Flush(/*all=*/false);
 }
@@ -310,7 +307,7 @@ absl::Status ManifestEncoder::AddTensor(const v1::ManifestTensor& tensor) {
   return Flush(/*all=*/false);
 }
 
-absl::StatusOr<std::string> ManifestEncoder::Finish() {
+absl::Status ManifestEncoder::Finish() {
   if (validate_) CAIRN_RETURN_IF_ERROR(validator_.Finish());
   v1::Manifest back = header_;
   back.clear_format_version();
@@ -320,16 +317,11 @@ absl::StatusOr<std::string> ManifestEncoder::Finish() {
   back.clear_created_unix_micros();
   back.clear_tensors();
   back.AppendToString(&out_);
-  if (sink_) {
-    CAIRN_RETURN_IF_ERROR(Flush(/*all=*/true));
-    return std::string();
-  }
-  FrameBody(header_.format_version(), out_);
-  return std::move(out_);
+  return Flush(/*all=*/true);
 }
 
 absl::Status ManifestEncoder::Flush(bool all) {
-  if (!sink_ || out_.empty() || (!all && out_.size() < kManifestPieceBytes)) {
+  if (out_.empty() || (!all && out_.size() < kManifestPieceBytes)) {
     return absl::OkStatus();
   }
   crc_ = Crc32cExtend(crc_, out_.data(), out_.size());

@@ -112,34 +112,30 @@ class ManifestValidator {
 // messages (~300 bytes a chunk; its encoding takes ~40): the header (every
 // field but the tensors) first, complete, then each tensor in fqn order.
 //
-// It keeps the body and Finish frames it (EncodeManifest's bytes), or it
-// streams the body to a sink in pieces of about kManifestPieceBytes as it is
-// encoded, counting it and taking its crc32c, so that not even the encoding
-// is whole in memory (1.4 GB for a save of 16k ranks): PublishManifest frames
-// a streamed body from body_bytes() and body_crc32c().
+// It streams the body to a sink in pieces of about kManifestPieceBytes as it
+// is encoded, counting it and taking its crc32c, so that not even the
+// encoding is whole in memory (1.4 GB for a save of 16k ranks):
+// PublishManifest frames the body from body_bytes() and body_crc32c().
 class ManifestEncoder {
  public:
   // Takes the body in order, piece by piece; an error stops the encoding and
   // is returned by the call that flushed the piece.
   using Sink = std::function<absl::Status(absl::string_view piece)>;
 
-  // Keeps the body; Finish returns it framed. `header` (its tensors are
-  // ignored) must outlive the encoder; its format_version must be set.
-  explicit ManifestEncoder(const v1::Manifest& header);
-  // Streams the body to `sink`; Finish returns "" once the last piece is
-  // given. With `validate` false the checks are skipped (a second encoding of
-  // a manifest already checked: PublishManifest).
+  // `header` (its tensors are ignored) must outlive the encoder; its
+  // format_version must be set. With `validate` false the checks are skipped
+  // (a second encoding of a manifest already checked: PublishManifest).
   ManifestEncoder(const v1::Manifest& header, Sink sink, bool validate);
 
   // Checks the header; must come first.
   absl::Status Start();
   absl::Status AddTensor(const v1::ManifestTensor& tensor);
-  // The checks of the whole; the framed bytes (streamed: "").
-  absl::StatusOr<std::string> Finish();
+  // The checks of the whole; hands the sink the last piece.
+  absl::Status Finish();
 
   const v1::Manifest& header() const { return header_; }
   int num_tensors() const { return num_tensors_; }
-  // Streamed, after Finish: the body's length and crc32c.
+  // After Finish: the body's length and crc32c.
   uint64_t body_bytes() const { return streamed_; }
   uint32_t body_crc32c() const { return crc_; }
   // After Finish: ManifestValidator::object_ends.
@@ -148,14 +144,14 @@ class ManifestEncoder {
   }
 
  private:
-  // Streamed: hands out_ to the sink once it holds a piece (or `all`).
+  // Hands out_ to the sink once it holds a piece (or `all`).
   absl::Status Flush(bool all);
 
   const v1::Manifest& header_;
   ManifestValidator validator_;
-  Sink sink_;  // null: keep the body
+  Sink sink_;
   bool validate_ = true;
-  std::string out_;  // kept: header gap + body; streamed: what is not flushed
+  std::string out_;  // what is not yet flushed
   uint64_t streamed_ = 0;
   uint32_t crc_ = 0;
   int num_tensors_ = 0;

@@ -62,6 +62,9 @@ GC_KEEP_ALL = 1000000
 
 # Crash points (see the CAIRN_CRASH_POINT calls in the sources).
 CAIRND_COMMIT_POINTS = [
+    # Reached only by a MANIFEST written through a writer (streamed or held
+    # in pieces): start_cairnd passes --manifest-held-mib 0 when it is armed.
+    "storage.publish_manifest.before_close",
     "coordinator.commit.after_manifest_publish",
     "coordinator.commit.after_catalog_commit",
 ]
@@ -253,6 +256,11 @@ class Harness:
                 "--keep-last", str(keep_last), "--begin-deadline", "20",
                 "--commit-deadline", str(commit_deadline),
                 "--shutdown-grace", "5", "--log-level", "info"]
+        # Half the time every MANIFEST is streamed through an ObjectWriter
+        # (the path of a manifest over 64 MiB), not put in one write.
+        if (points and "publish_manifest" in points) or \
+                self.rng.random() < 0.5:
+            argv += ["--manifest-held-mib", "0"]
         env = {"CAIRN_CRASH_POINTS": points} if points else None
         self.cairnd = Proc("cairnd", argv, self.log_path("cairnd"), env)
         self.cairnd.points = points
