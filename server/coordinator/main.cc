@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
       absl::ToDoubleSeconds(defaults.load_verify_deadline);
   double grace_s = 10;
   double reload_every_s = 0;
-  int plan_cache_mib = 512;
+  int plan_cache_mib = 1024;
   int known_plan_cache_mib = 256;
   int manifest_held_mib = 64;
   app.add_option("--listen", spec.listen_address,
