@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -68,15 +70,23 @@ absl::Status LoadPlanner::Builder::Add(StoredTensor t) {
     }
     boxes.push_back(chunk.box);
   }
-  OverlapIndex index(boxes);
-  for (int c = 0; c < index.size(); ++c) {
-    int hit = -1;
-    if (index.AnyOverlap(boxes[c], c, &hit)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("manifest tensor '", t.fqn, "': stored chunks ",
-                       BoxToString(boxes[std::min(c, hit)]), " and ",
-                       BoxToString(boxes[std::max(c, hit)]), " overlap"));
+  // Tensors stored in the same tiling share one index (the layers of a
+  // model have the same shapes and layouts: a 70B model's 2,169 tensors have
+  // a few dozen tilings), checked once for overlaps.
+  std::shared_ptr<const OverlapIndex> index = Shared(boxes);
+  if (index == nullptr) {
+    auto built = std::make_shared<const OverlapIndex>(boxes);
+    for (int c = 0; c < built->size(); ++c) {
+      int hit = -1;
+      if (built->AnyOverlap(boxes[c], c, &hit)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("manifest tensor '", t.fqn, "': stored chunks ",
+                         BoxToString(boxes[std::min(c, hit)]), " and ",
+                         BoxToString(boxes[std::max(c, hit)]), " overlap"));
+      }
     }
+    indexes_[TilingHash(boxes)].push_back(built);
+    index = std::move(built);
   }
   boxes = {};  // the index holds them now
   for (StoredChunk& chunk : t.chunks) {
@@ -94,6 +104,25 @@ absl::Status LoadPlanner::Builder::Add(StoredTensor t) {
                     static_cast<uint32_t>(first),
                     static_cast<int>(t.chunks.size()), std::move(index)});
   return absl::OkStatus();
+}
+
+size_t LoadPlanner::Builder::TilingHash(const std::vector<ChunkBox>& boxes) {
+  size_t h = absl::HashOf(boxes.size());
+  for (const ChunkBox& box : boxes) h = absl::HashOf(h, box.offsets, box.sizes);
+  return h;
+}
+
+std::shared_ptr<const OverlapIndex> LoadPlanner::Builder::Shared(
+    const std::vector<ChunkBox>& boxes) const {
+  auto it = indexes_.find(TilingHash(boxes));
+  if (it == indexes_.end()) return nullptr;
+  for (const std::shared_ptr<const OverlapIndex>& index : it->second) {
+    if (index->size() != static_cast<int>(boxes.size())) continue;
+    int c = 0;
+    while (c < index->size() && index->box(c) == boxes[c]) ++c;
+    if (c == index->size()) return index;
+  }
+  return nullptr;
 }
 
 std::unique_ptr<LoadPlanner> LoadPlanner::Builder::Finish() && {
@@ -125,10 +154,16 @@ absl::StatusOr<std::unique_ptr<LoadPlanner>> LoadPlanner::Create(
   return std::move(builder).Finish();
 }
 
+int LoadPlanner::num_indexes() const {
+  absl::flat_hash_set<const OverlapIndex*> distinct;
+  for (const IndexedTensor& t : tensors_) distinct.insert(t.index.get());
+  return static_cast<int>(distinct.size());
+}
+
 void LoadPlanner::Fill(int t, int c, StoredChunkView* out) const {
   const IndexedTensor& tensor = tensors_[t];
   const uint32_t id = Id(t, c);
-  out->box = tensor.index.box(c);
+  out->box = tensor.index->box(c);
   out->object_key = objects_[chunk_object_[id]];
   out->offset = chunk_offset_[id];
   out->length =
@@ -222,7 +257,7 @@ absl::Status LoadPlanner::PlanEach(
     if (need == 0) continue;
     const size_t elem = DTypeSize(t.dtype);
     hits.clear();
-    t.index.Query(want.box, &hits);
+    t.index->Query(want.box, &hits);
     int64_t covered = 0;
     for (int c : hits) {
       Fill(ti, c, &chunk);
@@ -251,7 +286,7 @@ absl::Status LoadPlanner::PlanEach(
     if (covered != need) {
       ChunkBox gap;
       std::string example;
-      if (FindUncovered(t.index, want.box, &gap)) {
+      if (FindUncovered(*t.index, want.box, &gap)) {
         example = absl::StrCat("; e.g. ", BoxToString(gap), " is missing");
       }
       return absl::FailedPreconditionError(absl::StrCat(

@@ -107,10 +107,12 @@ inline constexpr uint64_t kMaxCopySegmentsPerPlan = uint64_t{1} << 23;
 //
 // Memory: a checkpoint of a 70B model saved by 4096 ranks has ~5.7 M stored
 // chunks, and cairnd keeps the planner of each checkpoint being loaded, so a
-// chunk is kept in ~70 bytes (2-D): its box once, in the overlap index; its
-// object as an index into the planner's one copy of each object key; its
-// offset and checksum; and its place in the (object, offset) lookup. Its
-// length is Volume(box) * dtype size.
+// chunk is kept in ~20 bytes: its object as an index into the planner's one
+// copy of each object key; its offset and checksum; and its place in the
+// (object, offset) lookup. Its box is in its tensor's overlap index (~50
+// bytes a 2-D box), which every tensor stored in the same tiling shares: the
+// layers of a model repeat a few dozen tilings. Its length is Volume(box) *
+// dtype size.
 class LoadPlanner {
  public:
   // INVALID_ARGUMENT (naming the fqn and chunk) for: duplicate or empty fqns,
@@ -135,7 +137,16 @@ class LoadPlanner {
     std::unique_ptr<LoadPlanner> Finish() &&;
 
    private:
+    static size_t TilingHash(const std::vector<ChunkBox>& boxes);
+    // An index built earlier over exactly `boxes`, or null.
+    std::shared_ptr<const OverlapIndex> Shared(
+        const std::vector<ChunkBox>& boxes) const;
+
     std::unique_ptr<LoadPlanner> planner_;
+    // The indexes built so far, by TilingHash of their boxes.
+    absl::flat_hash_map<size_t,
+                        std::vector<std::shared_ptr<const OverlapIndex>>>
+        indexes_;
   };
 
   // Read items for `wanted`, grouped by wanted chunk (dest_index ascending),
@@ -190,6 +201,8 @@ class LoadPlanner {
     return static_cast<uint32_t>(chunk_offset_.size());
   }
   std::optional<std::pair<int, int>> ChunkOfId(uint32_t id) const;
+  // Distinct overlap indexes: the tilings of the stored tensors (stats).
+  int num_indexes() const;
   // The data objects (ReadView.object_id indexes them).
   const std::string& object(uint32_t o) const { return objects_[o]; }
 
@@ -200,7 +213,9 @@ class LoadPlanner {
     Shape global_shape;
     uint32_t first_chunk = 0;  // its chunks' ids: first_chunk + index
     int num_chunks = 0;
-    OverlapIndex index;  // holds the chunks' boxes
+    // Holds the chunks' boxes; shared by the tensors stored in the same
+    // tiling.
+    std::shared_ptr<const OverlapIndex> index;
   };
   LoadPlanner() = default;
   // Id of a tensor's chunk (its position in the per-chunk arrays).

@@ -174,12 +174,60 @@ TEST(LoadPlanTest, CreateRejectsBadManifests) {
       {{Tensor("", {4}, {})}, "no fqn"},
       {{Tensor("w", {4}, {}, DType::kUnspecified)}, "unknown dtype"},
       {{bad_len}, "has length 3 bytes; float32 needs 16"},
+      // A tiling met before is checked against each tensor's shape; one
+      // that differs from it by a box is checked for overlaps.
+      {{Tensor("a", {4}, {Box({0}, {2}), Box({2}, {2})}),
+        Tensor("b", {3}, {Box({0}, {2}), Box({2}, {2})})},
+       "'b' stored chunk 1: chunk [2:4] exceeds shape [3]"},
+      {{Tensor("a", {4}, {Box({0}, {2}), Box({2}, {2})}),
+        Tensor("b", {4}, {Box({0}, {2}), Box({1}, {2})})},
+       "'b': stored chunks [0:2] and [1:3] overlap"},
   };
   for (Case& c : cases) {
     auto p = LoadPlanner::Create(std::move(c.tensors));
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument)
         << c.substr;
     EXPECT_THAT(p.status().message(), HasSubstr(c.substr));
+  }
+}
+
+// Tensors stored in the same tiling share one overlap index; each keeps its
+// own locations and checksums.
+TEST(LoadPlanTest, TensorsInTheSameTilingShareAnIndex) {
+  const std::vector<ChunkBox> rows = {Box({0, 0}, {2, 8}), Box({2, 0}, {2, 8})};
+  const std::vector<ChunkBox> cols = {Box({0, 0}, {4, 4}), Box({0, 4}, {4, 4})};
+  std::vector<StoredTensor> tensors;
+  for (int layer = 0; layer < 40; ++layer) {
+    for (const auto& [name, tiling] :
+         {std::pair{"attn", rows}, std::pair{"mlp", cols}}) {
+      StoredTensor t = Tensor("layers." + std::to_string(layer) + "." + name,
+                              {4, 8}, tiling);
+      for (StoredChunk& c : t.chunks) {
+        c.location.offset += 1 << 20 * (layer % 2);
+        c.crc32c += 100 * layer;
+      }
+      tensors.push_back(std::move(t));
+    }
+  }
+  const std::vector<StoredTensor> given = tensors;
+  auto planner = MustCreate(std::move(tensors));
+  ASSERT_NE(planner, nullptr);
+  EXPECT_EQ(planner->num_indexes(), 2);
+  for (int t = 0; t < planner->num_tensors(); ++t) {
+    auto reads = planner->Plan(
+        {{given[t].fqn, DType::kFloat32, {4, 8}, Box({1, 2}, {2, 4})}});
+    ASSERT_TRUE(reads.ok()) << reads.status();
+    uint64_t bytes = 0;
+    for (const ReadItem& r : *reads) {
+      const StoredChunk& source = given[t].chunks[r.source_chunk];
+      EXPECT_EQ(r.source, source.location) << given[t].fqn;
+      EXPECT_EQ(r.source_crc32c, source.crc32c) << given[t].fqn;
+      ChunkBox overlap;
+      ASSERT_TRUE(Intersect(source.box, Box({1, 2}, {2, 4}), &overlap));
+      EXPECT_EQ(r.overlap, overlap);
+      bytes += static_cast<uint64_t>(Volume(r.overlap)) * 4;
+    }
+    EXPECT_EQ(bytes, 2u * 4u * 4u) << given[t].fqn;
   }
 }
 
@@ -201,7 +249,13 @@ TEST(LoadPlanTest, KeepsEveryStoredChunkAndFindsItByLocation) {
       st.dtype = testing::Uniform(rng, 0, 1) ? DType::kFloat32 : DType::kInt8;
       st.global_shape = testing::RandomShape(rng, 4, 0, 6);
       std::vector<ChunkBox> boxes;
-      if (testing::Uniform(rng, 0, 4) > 0) {
+      if (t > 0 && testing::Uniform(rng, 0, 2) == 0) {
+        // The previous tensor's tiling again (layers of a model): shared.
+        st.global_shape = tensors.back().global_shape;
+        for (const StoredChunk& c : tensors.back().chunks) {
+          boxes.push_back(c.box);
+        }
+      } else if (testing::Uniform(rng, 0, 4) > 0) {
         boxes = testing::RandomTiling(rng, st.global_shape, 12);
       }
       for (const ChunkBox& b : boxes) {
