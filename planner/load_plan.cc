@@ -73,7 +73,8 @@ absl::Status LoadPlanner::Builder::Add(StoredTensor t) {
   // Tensors stored in the same tiling share one index (the layers of a
   // model have the same shapes and layouts: a 70B model's 2,169 tensors have
   // a few dozen tilings), checked once for overlaps.
-  std::shared_ptr<const OverlapIndex> index = Shared(boxes);
+  const size_t tiling = TilingHash(boxes);
+  std::shared_ptr<const OverlapIndex> index = Shared(tiling, boxes);
   if (index == nullptr) {
     auto built = std::make_shared<const OverlapIndex>(boxes);
     for (int c = 0; c < built->size(); ++c) {
@@ -85,7 +86,7 @@ absl::Status LoadPlanner::Builder::Add(StoredTensor t) {
                          BoxToString(boxes[std::max(c, hit)]), " overlap"));
       }
     }
-    indexes_[TilingHash(boxes)].push_back(built);
+    indexes_[tiling].push_back(built);
     index = std::move(built);
   }
   boxes = {};  // the index holds them now
@@ -113,8 +114,8 @@ size_t LoadPlanner::Builder::TilingHash(const std::vector<ChunkBox>& boxes) {
 }
 
 std::shared_ptr<const OverlapIndex> LoadPlanner::Builder::Shared(
-    const std::vector<ChunkBox>& boxes) const {
-  auto it = indexes_.find(TilingHash(boxes));
+    size_t tiling, const std::vector<ChunkBox>& boxes) const {
+  auto it = indexes_.find(tiling);
   if (it == indexes_.end()) return nullptr;
   for (const std::shared_ptr<const OverlapIndex>& index : it->second) {
     if (index->size() != static_cast<int>(boxes.size())) continue;

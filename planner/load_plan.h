@@ -138,9 +138,10 @@ class LoadPlanner {
 
    private:
     static size_t TilingHash(const std::vector<ChunkBox>& boxes);
-    // An index built earlier over exactly `boxes`, or null.
+    // An index built earlier over exactly `boxes` (whose TilingHash is
+    // `tiling`), or null.
     std::shared_ptr<const OverlapIndex> Shared(
-        const std::vector<ChunkBox>& boxes) const;
+        size_t tiling, const std::vector<ChunkBox>& boxes) const;
 
     std::unique_ptr<LoadPlanner> planner_;
     // The indexes built so far, by TilingHash of their boxes.

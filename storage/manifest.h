@@ -133,7 +133,6 @@ class ManifestEncoder {
   // The checks of the whole; hands the sink the last piece.
   absl::Status Finish();
 
-  const v1::Manifest& header() const { return header_; }
   int num_tensors() const { return num_tensors_; }
   // After Finish: the body's length and crc32c.
   uint64_t body_bytes() const { return streamed_; }
