@@ -66,7 +66,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -170,9 +169,10 @@ def rank_main(rank, world, path, phase, cfg, port, queue):
         import cairn  # pylint: disable=import-outside-toplevel
         import torch.distributed as dist  # pylint: disable=import-outside-toplevel
         from torch.distributed._shard import checkpoint as dcp  # pylint: disable=import-outside-toplevel
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        # run_phase serves the rendezvous store (rendezvous_store).
+        store = dist.TCPStore("127.0.0.1", port, world, False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
         save = phase == "save"
         state = make_state(torch, cfg["rows"], world, 0 if save else 1, fill=save)
         ckpt = None
@@ -222,7 +222,8 @@ def run_phase(path, phase, world, cfg, timeout):
     import torch.multiprocessing as mp  # pylint: disable=import-outside-toplevel
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = free_port()
+    store = rendezvous_store(world)
+    port = store.port
     procs = [ctx.Process(target=rank_main, args=(r, world, path, phase, cfg, port, queue))
              for r in range(world)]
     for p in procs:
@@ -253,10 +254,12 @@ def run_phase(path, phase, world, cfg, timeout):
 
 # ------------------------------------------------------------- parent side
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_store(world):
+    """The ranks' rendezvous store, served here on a port the kernel picked
+    and held while they run (a port found free and released could be taken
+    by another process before rank 0 binds it)."""
+    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+    return dist.TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)
 
 
 class Cairnd:

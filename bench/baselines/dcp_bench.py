@@ -54,7 +54,6 @@ import importlib.machinery
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -258,10 +257,10 @@ def proc_io(field):
 
 def rank_main(rank, world, phase, args, port, result_queue):
     try:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(port)
         torch.set_num_threads(args.threads)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        # run_phase serves the rendezvous store (rendezvous_store).
+        store = dist.TCPStore("127.0.0.1", port, world, False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
         ckpt = os.path.join(args.dir, "save")
 
         if phase == "save":
@@ -309,10 +308,11 @@ def rank_main(rank, world, phase, args, port, result_queue):
         raise
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_store(world):
+    """The ranks' rendezvous store, served here on a port the kernel picked
+    and held while they run (a port found free and released could be taken
+    by another process before rank 0 binds it)."""
+    return dist.TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)
 
 
 def drop_caches():
@@ -329,7 +329,8 @@ def drop_caches():
 def run_phase(phase, world, args):
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = free_port()
+    store = rendezvous_store(world)
+    port = store.port
     log(f"{phase}: spawning {world} ranks (port {port})")
     mp.spawn(rank_main, args=(world, phase, args, port, queue), nprocs=world, join=True)
     results = [queue.get() for _ in range(world)]

@@ -48,7 +48,6 @@ import argparse
 import datetime
 import os
 import random
-import socket
 import sys
 
 import torch
@@ -142,11 +141,16 @@ def say(rank, text):
 
 
 def rank_main(rank, args, port):
-    if port is not None:  # spawned here; else torchrun-style MASTER_ADDR/PORT
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # deterministic kernels, and 2 cores are shared
-    dist.init_process_group("gloo", rank=rank, world_size=args.world_size,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    timeout = datetime.timedelta(seconds=args.timeout)
+    if port is not None:  # spawned here: main() serves the rendezvous store
+        store = dist.TCPStore("127.0.0.1", port, args.world_size, False,
+                              timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank,
+                                world_size=args.world_size, timeout=timeout)
+    else:  # torchrun-style: rank 0 serves it at $MASTER_ADDR:$MASTER_PORT
+        dist.init_process_group("gloo", rank=rank, world_size=args.world_size,
+                                timeout=timeout)
     torch.manual_seed(args.seed)  # same initial model on every rank
     model = nn.parallel.DistributedDataParallel(Mlp())
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -209,10 +213,13 @@ def rank_main(rank, args, port):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_store(args):
+    """The ranks' rendezvous store, served here on a port the kernel picked
+    and held while they run (a port found free and released could be taken
+    by another process before rank 0 binds it)."""
+    return dist.TCPStore("127.0.0.1", 0, args.world_size, True,
+                         timeout=datetime.timedelta(seconds=args.timeout),
+                         wait_for_workers=False)
 
 
 def parse_args(argv=None):
@@ -263,8 +270,9 @@ def main(argv=None):
         os.environ.setdefault("MASTER_PORT", "29500")
         rank_main(args.rank, args, None)
         return 0
+    store = rendezvous_store(args)
     try:
-        mp.spawn(rank_main, args=(args, free_port()), nprocs=args.world_size,
+        mp.spawn(rank_main, args=(args, store.port), nprocs=args.world_size,
                  join=True)
     except mp.ProcessExitedException as e:
         # Every rank dies at the same step; spawn reports the first it sees

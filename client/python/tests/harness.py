@@ -9,7 +9,6 @@ way a training job's ranks run.
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import time
 import traceback
@@ -44,11 +43,16 @@ class Binaries:
         return Binaries(pathlib.Path(build_dir).resolve())
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_store(world_size: int) -> Any:
+    """The gloo group's rendezvous store, served from this process on a port
+    the kernel picked: bound here and held until the ranks are done, so no
+    other process can take it between choosing a free port and a rank
+    binding it (a race that can fail runs under load)."""
+    import datetime  # pylint: disable=import-outside-toplevel
+    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+    return dist.TCPStore("127.0.0.1", 0, world_size, True,
+                         timeout=datetime.timedelta(seconds=120),
+                         wait_for_workers=False)
 
 
 def _wait_for_file(path: pathlib.Path, proc: subprocess.Popen, what: str,
@@ -266,8 +270,12 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
                       RANK=str(rank), WORLD_SIZE=str(world_size))
     try:
         import datetime  # pylint: disable=import-outside-toplevel
-        dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=120))
+        timeout = datetime.timedelta(seconds=120)
+        # The parent holds the rendezvous store's port (rendezvous_store).
+        store = dist.TCPStore("127.0.0.1", port, world_size, False,
+                              timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank,
+                                world_size=world_size, timeout=timeout)
         result = fn(rank, world_size, *args)
         queue.put((rank, True, result))
     except BaseException:  # report everything, KeyboardInterrupt included
@@ -292,7 +300,8 @@ def run_ranks_raw(fn: Callable, world_size: int, *args: Any,
     import torch.multiprocessing as mp  # pylint: disable=import-outside-toplevel
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = free_port()
+    store = rendezvous_store(world_size)
+    port = store.port
     procs = [ctx.Process(target=_rank_main,
                          args=(fn, r, world_size, port, queue, args),
                          daemon=False)
