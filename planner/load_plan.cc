@@ -128,17 +128,30 @@ std::shared_ptr<const OverlapIndex> LoadPlanner::Builder::Shared(
 
 std::unique_ptr<LoadPlanner> LoadPlanner::Builder::Finish() && {
   LoadPlanner& p = *planner_;
+  // Chunks by (object, offset): counted out by object, in id order, which is
+  // usually offset order already (a rank writes its chunks tensor by
+  // tensor, and the tensors come in fqn order), so a comparison sort runs
+  // only over an object whose chunks are not (35 M chunks at 16k ranks).
+  std::vector<uint64_t> starts(p.objects_.size() + 1, 0);
+  for (uint32_t o : p.chunk_object_) ++starts[o + 1];
+  for (size_t o = 1; o < starts.size(); ++o) starts[o] += starts[o - 1];
   p.by_location_.resize(p.chunk_object_.size());
-  for (size_t i = 0; i < p.by_location_.size(); ++i) {
-    p.by_location_[i] = static_cast<uint32_t>(i);
+  {
+    std::vector<uint64_t> next(starts.begin(), starts.end() - 1);
+    for (size_t i = 0; i < p.chunk_object_.size(); ++i) {
+      p.by_location_[next[p.chunk_object_[i]]++] = static_cast<uint32_t>(i);
+    }
   }
-  std::sort(p.by_location_.begin(), p.by_location_.end(),
-            [&p](uint32_t a, uint32_t b) {
-              if (p.chunk_object_[a] != p.chunk_object_[b]) {
-                return p.chunk_object_[a] < p.chunk_object_[b];
-              }
-              return p.chunk_offset_[a] < p.chunk_offset_[b];
-            });
+  const auto by_offset = [&p](uint32_t a, uint32_t b) {
+    return p.chunk_offset_[a] < p.chunk_offset_[b];
+  };
+  for (size_t o = 0; o + 1 < starts.size(); ++o) {
+    const auto begin = p.by_location_.begin() + starts[o];
+    const auto end = p.by_location_.begin() + starts[o + 1];
+    if (!std::is_sorted(begin, end, by_offset)) {
+      std::sort(begin, end, by_offset);
+    }
+  }
   p.chunk_object_.shrink_to_fit();
   p.chunk_offset_.shrink_to_fit();
   p.chunk_crc32c_.shrink_to_fit();

@@ -1,5 +1,6 @@
 #include "planner/load_plan.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -235,7 +236,7 @@ TEST(LoadPlanTest, TensorsInTheSameTilingShareAnIndex) {
 // overlap index, its object as an index): every chunk must come back as it
 // was given, and be found again by its location. Random tensors of 1-4 dims
 // (sizes from 0, so with empty chunks), some with no chunks, over a few
-// objects.
+// objects, their chunks laid out in the order listed or shuffled.
 TEST(LoadPlanTest, KeepsEveryStoredChunkAndFindsItByLocation) {
   std::mt19937_64 rng(7);
   for (int iter = 0; iter < 300; ++iter) {
@@ -271,6 +272,24 @@ TEST(LoadPlanTest, KeepsEveryStoredChunkAndFindsItByLocation) {
         next_offset[o] += len + 2;  // offset + 1 is never a chunk start
       }
       tensors.push_back(std::move(st));
+    }
+    if (iter % 2 == 1) {
+      // Objects whose chunks are not laid out in the order they are listed
+      // (ChunkAt's index then sorts them by offset).
+      std::vector<std::vector<StoredChunk*>> in_object(num_objects);
+      for (StoredTensor& st : tensors) {
+        for (StoredChunk& c : st.chunks) {
+          in_object[c.location.object_key[4] - '0'].push_back(&c);
+        }
+      }
+      for (std::vector<StoredChunk*>& chunks : in_object) {
+        std::shuffle(chunks.begin(), chunks.end(), rng);
+        uint64_t offset = 0;
+        for (StoredChunk* c : chunks) {
+          c->location.offset = offset;
+          offset += c->location.length + 2;
+        }
+      }
     }
     const std::vector<StoredTensor> given = tensors;
     auto planner = MustCreate(std::move(tensors));

@@ -183,8 +183,19 @@ Coordinator::LoadCheckpoint(const std::string& job, int64_t step) {
   if (auto hit = manifests_.Lookup(key)) {
     loading->result = std::move(hit);
   } else {
+    const absl::Time start = absl::Now();
     loading->result = BuildLoadedCheckpoint(job, step);
-    if (loading->result.ok()) manifests_.Insert(key, *loading->result, 1);
+    if (loading->result.ok()) {
+      manifests_.Insert(key, *loading->result, 1);
+      // The first PlanLoad of a step waits for this; at thousands of ranks
+      // it is seconds, so say what it was.
+      const planner::LoadPlanner& p = *(*loading->result)->planner;
+      CAIRN_LOG(info,
+                "job '{}' step {}: checkpoint loaded for planning: {} tensors, "
+                "{} stored chunks, {} tilings, {:.2f} s",
+                job, step, p.num_tensors(), p.num_chunk_ids(), p.num_indexes(),
+                absl::ToDoubleSeconds(absl::Now() - start));
+    }
   }
   {
     absl::MutexLock lock(&loading_mu_);
