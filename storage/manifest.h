@@ -54,7 +54,8 @@ absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view bytes,
 // holding them all (a parsed manifest takes ~300 bytes a stored chunk:
 // GBs at thousands of ranks). `header` gets every field but the tensors;
 // each tensor is parsed from `bytes` on its own and passed to `on_tensor`, in
-// order; an error from on_tensor stops the decode and is returned as is.
+// order; an error from on_tensor stops the decode and is returned as is. The
+// tensor lives on an arena until on_tensor returns (moving from it copies).
 // Returns the number of tensors. The same errors as DecodeManifest.
 absl::StatusOr<int> DecodeManifestByTensor(
     absl::string_view bytes, uint64_t max_bytes, v1::Manifest* header,
