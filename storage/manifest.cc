@@ -533,8 +533,8 @@ absl::StatusOr<int> DecodeManifestByTensor(
     // On an arena, freed whole before the next tensor: a tensor of a
     // 16k-rank save is 16k stored chunks of ~6 allocations each.
     arena.Reset();
-    auto* tensor = google::protobuf::Arena::CreateMessage<v1::ManifestTensor>(
-        &arena);
+    auto* tensor =
+        google::protobuf::Arena::CreateMessage<v1::ManifestTensor>(&arena);
     if (!tensor->ParseFromCodedStream(&in) || !in.ConsumedEntireMessage()) {
       return unparsable;
     }
@@ -699,13 +699,34 @@ absl::Status ManifestValidator::AddTensor(const v1::ManifestTensor& t) {
                static_cast<uint64_t>(covered), " elements of ", shape_volume,
                " (shape [", absl::StrJoin(e.global_shape(), ", "), "])");
   }
+  std::vector<int64_t> tiling;
+  tiling.reserve(1 + boxes.size() * 2 * static_cast<size_t>(rank));
+  tiling.push_back(rank);
+  for (const v1::ChunkBox* box : boxes) {
+    tiling.insert(tiling.end(), box->offsets().begin(), box->offsets().end());
+    tiling.insert(tiling.end(), box->sizes().begin(), box->sizes().end());
+  }
+  if (KnownDisjoint(tiling)) return absl::OkStatus();
   size_t a = 0;
   size_t b = 0;
   if (FindOverlap(boxes, rank, &a, &b)) {
     return Bad("chunks ", BoxToString(*boxes[a]), " and ",
                BoxToString(*boxes[b]), " of tensor '", fqn, "' overlap");
   }
+  if (known_tiling_coords_ + tiling.size() <= kMaxKnownTilingCoords) {
+    known_tiling_coords_ += tiling.size();
+    disjoint_tilings_[absl::HashOf(tiling)].push_back(std::move(tiling));
+  }
   return absl::OkStatus();
+}
+
+bool ManifestValidator::KnownDisjoint(const std::vector<int64_t>& boxes) const {
+  auto it = disjoint_tilings_.find(absl::HashOf(boxes));
+  if (it == disjoint_tilings_.end()) return false;
+  for (const std::vector<int64_t>& known : it->second) {
+    if (known == boxes) return true;
+  }
+  return false;
 }
 
 absl::Status ManifestValidator::Finish() {

@@ -100,8 +100,21 @@ class ManifestValidator {
   template <typename What>
   absl::Status CheckRank(int32_t rank, What&& what) const;
 
+  static constexpr size_t kMaxKnownTilingCoords = size_t{1} << 22;  // 32 MB
+
+  // Whether `boxes` (the tensor's rank, then each box's offsets and sizes,
+  // flat) is a tiling already found disjoint.
+  bool KnownDisjoint(const std::vector<int64_t>& boxes) const;
+
   const v1::Manifest& m_;
   std::string where_;
+  // Tilings found disjoint, by hash, while they take at most
+  // kMaxKnownTilingCoords coordinates in all: the layers of a model have the
+  // same shapes and layouts (a 70B model's 2,169 tensors have 7 tilings), and
+  // a sweep of a tensor of 16k chunks costs three sorts.
+  absl::flat_hash_map<size_t, std::vector<std::vector<int64_t>>>
+      disjoint_tilings_;
+  size_t known_tiling_coords_ = 0;
   absl::flat_hash_map<absl::string_view, int> objects_;  // -> index
   std::vector<uint64_t> object_ends_;
   std::vector<std::string> tensor_fqns_;  // in order, so sorted

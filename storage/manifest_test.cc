@@ -1,8 +1,11 @@
 #include "storage/manifest.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -589,15 +592,17 @@ bool TilesExactly(
   return true;
 }
 
+// Random grids, perturbed or not, several tensors a manifest; a tensor often
+// repeats an earlier one's tiling (as the layers of a model do, which the
+// validator checks once), perturbed or not. Oracle: every tensor's boxes tile
+// its shape exactly (TilesExactly, cell by cell).
 TEST(ValidateManifestTest, TilingCheckMatchesBruteForceOracle) {
+  using Boxes =
+      std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>;
   std::mt19937_64 rng(2024);
-  int valid = 0;
-  int invalid = 0;
-  for (int iter = 0; iter < 1500; ++iter) {
-    const int rank = 1 + static_cast<int>(rng() % 3);
-    std::vector<int64_t> shape(rank);
-    for (auto& s : shape) s = 1 + static_cast<int64_t>(rng() % 7);
-    // A random grid: split each dim at random cut points.
+  auto grid = [&rng](const std::vector<int64_t>& shape) {
+    const int rank = static_cast<int>(shape.size());
+    // Split each dim at random cut points.
     std::vector<std::vector<int64_t>> cuts(rank);
     for (int d = 0; d < rank; ++d) {
       cuts[d] = {0, shape[d]};
@@ -605,7 +610,7 @@ TEST(ValidateManifestTest, TilingCheckMatchesBruteForceOracle) {
       std::sort(cuts[d].begin(), cuts[d].end());
       cuts[d].erase(std::unique(cuts[d].begin(), cuts[d].end()), cuts[d].end());
     }
-    std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> boxes;
+    Boxes boxes;
     std::vector<size_t> pos(rank, 0);
     while (true) {
       std::vector<int64_t> off(rank);
@@ -619,9 +624,13 @@ TEST(ValidateManifestTest, TilingCheckMatchesBruteForceOracle) {
       while (d >= 0 && ++pos[d] + 1 >= cuts[d].size()) pos[d--] = 0;
       if (d < 0) break;
     }
-    // Perturb: move, grow, shrink, drop or duplicate a box (or nothing).
+    return boxes;
+  };
+  // Move, grow, shrink, drop or duplicate a box (or nothing).
+  auto perturb = [&rng](const std::vector<int64_t>& shape, Boxes* boxes) {
+    const int rank = static_cast<int>(shape.size());
     const int action = static_cast<int>(rng() % 6);
-    auto& victim = boxes[rng() % boxes.size()];
+    auto& victim = (*boxes)[rng() % boxes->size()];
     const int d = static_cast<int>(rng() % rank);
     if (action == 0 && victim.first[d] > 0) {
       --victim.first[d];
@@ -629,44 +638,68 @@ TEST(ValidateManifestTest, TilingCheckMatchesBruteForceOracle) {
       ++victim.second[d];
     } else if (action == 2 && victim.second[d] > 1) {
       --victim.second[d];
-    } else if (action == 3 && boxes.size() > 1) {
-      boxes.pop_back();
+    } else if (action == 3 && boxes->size() > 1) {
+      boxes->pop_back();
     } else if (action == 4) {
-      boxes.push_back(boxes.front());
+      boxes->push_back(boxes->front());
     }
+  };
+  int valid = 0;
+  int invalid = 0;
+  int repeats = 0;
+  for (int iter = 0; iter < 1500; ++iter) {
     v1::Manifest m;
     m.set_format_version(1);
     m.set_job("j");
     m.set_step(0);
     m.set_world_size(1);
     m.add_objects("o");
-    v1::ManifestTensor* t = m.add_tensors();
-    t->mutable_entry()->set_fqn("t");
-    t->mutable_entry()->set_dtype(v1::DTYPE_INT8);
-    for (int64_t s : shape) t->mutable_entry()->add_global_shape(s);
+    // Unperturbed grids of this manifest's tensors so far.
+    std::vector<std::pair<std::vector<int64_t>, Boxes>> grids;
+    bool oracle = true;
     uint64_t offset = 0;
-    for (const auto& [off, size] : boxes) {
-      v1::StoredChunk* c = t->add_chunks();
-      int64_t vol = 1;
-      for (int k = 0; k < rank; ++k) {
-        c->mutable_box()->add_offsets(off[k]);
-        c->mutable_box()->add_sizes(size[k]);
-        vol *= size[k];
+    const int num_tensors = 1 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < num_tensors; ++k) {
+      std::vector<int64_t> shape;
+      Boxes boxes;
+      if (k > 0 && rng() % 2 == 0) {
+        std::tie(shape, boxes) = grids[rng() % grids.size()];
+        ++repeats;
+      } else {
+        shape.resize(1 + rng() % 3);
+        for (auto& s : shape) s = 1 + static_cast<int64_t>(rng() % 7);
+        boxes = grid(shape);
       }
-      c->mutable_location()->set_object_key("o");
-      c->mutable_location()->set_offset(offset);
-      c->mutable_location()->set_length(vol);
-      offset += vol;
+      grids.emplace_back(shape, boxes);
+      if (rng() % 3 == 0) perturb(shape, &boxes);
+      oracle = oracle && TilesExactly(shape, boxes);
+      v1::ManifestTensor* t = m.add_tensors();
+      t->mutable_entry()->set_fqn("t" + std::to_string(k));
+      t->mutable_entry()->set_dtype(v1::DTYPE_INT8);
+      for (int64_t s : shape) t->mutable_entry()->add_global_shape(s);
+      for (const auto& [off, size] : boxes) {
+        v1::StoredChunk* c = t->add_chunks();
+        int64_t vol = 1;
+        for (size_t d = 0; d < shape.size(); ++d) {
+          c->mutable_box()->add_offsets(off[d]);
+          c->mutable_box()->add_sizes(size[d]);
+          vol *= size[d];
+        }
+        c->mutable_location()->set_object_key("o");
+        c->mutable_location()->set_offset(offset);
+        c->mutable_location()->set_length(vol);
+        offset += vol;
+      }
     }
     m.set_total_bytes(offset);
-    const bool oracle = TilesExactly(shape, boxes);
     const absl::Status s = ValidateManifest(m);
     ASSERT_EQ(s.ok(), oracle) << "iteration " << iter << ": " << s;
     (oracle ? valid : invalid)++;
   }
-  // Both outcomes were exercised.
+  // Both outcomes were exercised, and tilings met again.
   EXPECT_GT(valid, 200);
   EXPECT_GT(invalid, 200);
+  EXPECT_GT(repeats, 500);
 }
 
 TEST(ManifestTest, JsonView) {
