@@ -49,6 +49,7 @@
 namespace cairn {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::Each;
 using ::testing::Eq;
 using ::testing::HasSubstr;
@@ -260,6 +261,12 @@ TEST_F(E2ETest, EightRankDTensorSaveLoadsBitExactIntoOtherLayouts) {
   EXPECT_THAT(log, HasSubstr("job 'llama' step 200: load round"));
   EXPECT_THAT(log, HasSubstr("of 16 ranks (latest)"));
   EXPECT_THAT(log, HasSubstr("job 'llama' step 100: load round"));
+  // So is each checkpoint cairnd indexes for planning loads, once.
+  EXPECT_THAT(log, ContainsRegex("job 'llama' step 200: checkpoint loaded for "
+                                 "planning: [0-9]+ tensors, [1-9][0-9]* "
+                                 "stored chunks, [1-9][0-9]* tilings, "));
+  const std::string indexed = "job 'llama' step 200: checkpoint loaded";
+  EXPECT_EQ(log.find(indexed), log.rfind(indexed)) << log;
 }
 
 TEST_F(E2ETest, RankKilledMidSaveLeavesPreviousCheckpointLatest) {
