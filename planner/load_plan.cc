@@ -131,7 +131,7 @@ std::unique_ptr<LoadPlanner> LoadPlanner::Builder::Finish() && {
   // Chunks by (object, offset): counted out by object, in id order, which is
   // usually offset order already (a rank writes its chunks tensor by
   // tensor, and the tensors come in fqn order), so a comparison sort runs
-  // only over an object whose chunks are not (35 M chunks at 16k ranks).
+  // only over an object whose chunks are not (18 M chunks at 16k ranks).
   std::vector<uint64_t> starts(p.objects_.size() + 1, 0);
   for (uint32_t o : p.chunk_object_) ++starts[o + 1];
   for (size_t o = 1; o < starts.size(); ++o) starts[o] += starts[o - 1];
