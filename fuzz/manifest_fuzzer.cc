@@ -128,11 +128,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     v1::Manifest by_tensor;
     std::vector<v1::ManifestTensor> tensors;
+    // Read through a window of a few bytes (a field head or a tensor split
+    // across reads) or of the default size.
+    const size_t window = (data[0] & 2) ? size_t{1} + (data[0] >> 2)
+                                        : storage::kManifestReadWindow;
     absl::StatusOr<int> n = storage::DecodeManifestByTensor(
-        framed, kMaxBodyBytes, &by_tensor, [&](v1::ManifestTensor& t) {
+        framed, kMaxBodyBytes, &by_tensor,
+        [&](v1::ManifestTensor& t) {
           tensors.push_back(std::move(t));
           return absl::OkStatus();
-        });
+        },
+        window);
     FUZZ_CHECK(n.status().code() == m.status().code(),
                "decoding by tensor: %s, whole: %s",
                n.status().ToString().c_str(), m.status().ToString().c_str());

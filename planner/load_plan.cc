@@ -23,9 +23,36 @@ std::string Describe(DType dtype, const Shape& shape) {
 constexpr uint64_t kMaxStoredChunks = uint64_t{1} << 31;
 
 LoadPlanner::Builder::Builder() : planner_(new LoadPlanner()) {}
+
+LoadPlanner::Builder::Builder(std::vector<std::string> objects)
+    : planner_(new LoadPlanner()) {
+  LoadPlanner& p = *planner_;
+  p.objects_ = std::move(objects);
+  p.object_ids_.reserve(p.objects_.size());
+  for (size_t o = 0; o < p.objects_.size(); ++o) {
+    p.object_ids_.try_emplace(p.objects_[o], static_cast<uint32_t>(o));
+  }
+}
+
 LoadPlanner::Builder::~Builder() = default;
 
 absl::Status LoadPlanner::Builder::Add(StoredTensor t) {
+  LoadPlanner& p = *planner_;
+  StoredTensorByIndex indexed{
+      std::move(t.fqn), t.dtype, std::move(t.global_shape), {}};
+  indexed.chunks.reserve(t.chunks.size());
+  for (StoredChunk& chunk : t.chunks) {
+    auto [it, added] = p.object_ids_.try_emplace(
+        chunk.location.object_key, static_cast<uint32_t>(p.objects_.size()));
+    if (added) p.objects_.push_back(std::move(chunk.location.object_key));
+    indexed.chunks.push_back(StoredChunkByIndex{
+        std::move(chunk.box), it->second, chunk.location.offset,
+        chunk.location.length, chunk.crc32c});
+  }
+  return Add(std::move(indexed));
+}
+
+absl::Status LoadPlanner::Builder::Add(StoredTensorByIndex t) {
   if (t.fqn.empty()) {
     return absl::InvalidArgumentError("manifest has a tensor with no fqn");
   }
@@ -54,21 +81,25 @@ absl::Status LoadPlanner::Builder::Add(StoredTensor t) {
   std::vector<ChunkBox> boxes;
   boxes.reserve(t.chunks.size());
   for (size_t c = 0; c < t.chunks.size(); ++c) {
-    const StoredChunk& chunk = t.chunks[c];
+    StoredChunkByIndex& chunk = t.chunks[c];
     if (absl::Status s = ValidateBoxInShape(chunk.box, t.global_shape);
         !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "manifest tensor '", t.fqn, "' stored chunk ", c, ": ", s.message()));
     }
-    const uint64_t want = static_cast<uint64_t>(Volume(chunk.box)) * elem;
-    if (chunk.location.length != want) {
+    if (chunk.object >= p.objects_.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "manifest tensor '", t.fqn, "' stored chunk ", BoxToString(chunk.box),
-          " in '", chunk.location.object_key, "' has length ",
-          chunk.location.length, " bytes; ", DTypeName(t.dtype), " needs ",
-          want));
+          " names object ", chunk.object, " of ", p.objects_.size()));
     }
-    boxes.push_back(chunk.box);
+    const uint64_t want = static_cast<uint64_t>(Volume(chunk.box)) * elem;
+    if (chunk.length != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "manifest tensor '", t.fqn, "' stored chunk ", BoxToString(chunk.box),
+          " in '", p.objects_[chunk.object], "' has length ", chunk.length,
+          " bytes; ", DTypeName(t.dtype), " needs ", want));
+    }
+    boxes.push_back(std::move(chunk.box));
   }
   // Tensors stored in the same tiling share one index (the layers of a
   // model have the same shapes and layouts: a 70B model's 2,169 tensors have
@@ -90,12 +121,9 @@ absl::Status LoadPlanner::Builder::Add(StoredTensor t) {
     index = std::move(built);
   }
   boxes = {};  // the index holds them now
-  for (StoredChunk& chunk : t.chunks) {
-    auto [it, added] = p.object_ids_.try_emplace(
-        chunk.location.object_key, static_cast<uint32_t>(p.objects_.size()));
-    if (added) p.objects_.push_back(std::move(chunk.location.object_key));
-    p.chunk_object_.push_back(it->second);
-    p.chunk_offset_.push_back(chunk.location.offset);
+  for (const StoredChunkByIndex& chunk : t.chunks) {
+    p.chunk_object_.push_back(chunk.object);
+    p.chunk_offset_.push_back(chunk.offset);
     p.chunk_crc32c_.push_back(chunk.crc32c);
   }
   const int t_index = static_cast<int>(p.tensors_.size());
@@ -120,7 +148,7 @@ std::shared_ptr<const OverlapIndex> LoadPlanner::Builder::Shared(
   for (const std::shared_ptr<const OverlapIndex>& index : it->second) {
     if (index->size() != static_cast<int>(boxes.size())) continue;
     int c = 0;
-    while (c < index->size() && index->box(c) == boxes[c]) ++c;
+    while (c < index->size() && index->HoldsBox(c, boxes[c])) ++c;
     if (c == index->size()) return index;
   }
   return nullptr;
@@ -177,7 +205,7 @@ int LoadPlanner::num_indexes() const {
 void LoadPlanner::Fill(int t, int c, StoredChunkView* out) const {
   const IndexedTensor& tensor = tensors_[t];
   const uint32_t id = Id(t, c);
-  out->box = tensor.index->box(c);
+  tensor.index->BoxInto(c, &out->box);
   out->object_key = objects_[chunk_object_[id]];
   out->offset = chunk_offset_[id];
   out->length =

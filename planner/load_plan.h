@@ -62,6 +62,24 @@ struct StoredTensor {
   std::vector<StoredChunk> chunks;  // disjoint boxes
 };
 
+// A stored chunk whose object is named by its index among the objects a
+// LoadPlanner::Builder was made with (a manifest lists its objects once;
+// naming them by key costs a string per chunk, 18 M at 16k ranks).
+struct StoredChunkByIndex {
+  ChunkBox box;
+  uint32_t object = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;  // Volume(box) * dtype size
+  uint32_t crc32c = 0;
+};
+
+struct StoredTensorByIndex {
+  std::string fqn;
+  DType dtype = DType::kUnspecified;
+  Shape global_shape;
+  std::vector<StoredChunkByIndex> chunks;  // disjoint boxes
+};
+
 struct WantedChunk {
   std::string fqn;
   DType dtype = DType::kUnspecified;
@@ -128,12 +146,18 @@ class LoadPlanner {
   class Builder {
    public:
     Builder();
+    // A builder whose chunks may also name their objects by index into
+    // `objects` (distinct keys, as a valid manifest's object list).
+    explicit Builder(std::vector<std::string> objects);
     ~Builder();
     Builder(const Builder&) = delete;
     Builder& operator=(const Builder&) = delete;
     // Create's checks, for this tensor; after an error the builder is
     // unusable.
     absl::Status Add(StoredTensor tensor);
+    // The same, for chunks naming their objects by index (INVALID_ARGUMENT
+    // for an index past the objects the builder knows).
+    absl::Status Add(StoredTensorByIndex tensor);
     std::unique_ptr<LoadPlanner> Finish() &&;
 
    private:

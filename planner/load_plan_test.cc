@@ -190,6 +190,14 @@ TEST(LoadPlanTest, CreateRejectsBadManifests) {
         << c.substr;
     EXPECT_THAT(p.status().message(), HasSubstr(c.substr));
   }
+  // A chunk naming an object by an index past the builder's objects.
+  LoadPlanner::Builder builder({"data/rank-00000.bin"});
+  StoredTensorByIndex past{"w", DType::kFloat32, {4}, {}};
+  past.chunks.push_back(StoredChunkByIndex{Box({0}, {4}), 1, 0, 16, 0});
+  const absl::Status s = builder.Add(std::move(past));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("'w' stored chunk [0:4] names object 1 "
+                                     "of 1"));
 }
 
 // Tensors stored in the same tiling share one overlap index; each keeps its
@@ -292,7 +300,33 @@ TEST(LoadPlanTest, KeepsEveryStoredChunkAndFindsItByLocation) {
       }
     }
     const std::vector<StoredTensor> given = tensors;
-    auto planner = MustCreate(std::move(tensors));
+    std::unique_ptr<LoadPlanner> planner;
+    if (iter % 3 == 2) {
+      // The same chunks naming their objects by index into a list in
+      // another order, holding one object no chunk is in.
+      std::vector<std::string> objects;
+      for (int o = 0; o <= num_objects; ++o) {
+        objects.push_back("obj-" + std::to_string(o) + "-of-a-long-key");
+      }
+      std::shuffle(objects.begin(), objects.end(), rng);
+      auto index_of = [&](const std::string& key) {
+        return static_cast<uint32_t>(
+            std::find(objects.begin(), objects.end(), key) - objects.begin());
+      };
+      LoadPlanner::Builder builder(objects);
+      for (StoredTensor& st : tensors) {
+        StoredTensorByIndex by_index{st.fqn, st.dtype, st.global_shape, {}};
+        for (const StoredChunk& c : st.chunks) {
+          by_index.chunks.push_back(StoredChunkByIndex{
+              c.box, index_of(c.location.object_key), c.location.offset,
+              c.location.length, c.crc32c});
+        }
+        ASSERT_TRUE(builder.Add(std::move(by_index)).ok());
+      }
+      planner = std::move(builder).Finish();
+    } else {
+      planner = MustCreate(std::move(tensors));
+    }
     ASSERT_NE(planner, nullptr);
     ASSERT_EQ(planner->num_tensors(), num_tensors);
     for (int t = 0; t < num_tensors; ++t) {

@@ -54,15 +54,36 @@ OverlapIndex::OverlapIndex(const std::vector<ChunkBox>& boxes)
 
 ChunkBox OverlapIndex::box(int i) const {
   ChunkBox out;
-  const int p = position_.empty() ? -1 : position_[static_cast<size_t>(i)];
-  if (p < 0) return out;  // not indexed
-  const size_t nd = static_cast<size_t>(ndims_);
-  for (size_t d = 0; d < nd; ++d) {
-    const int64_t lo = box_lo_[static_cast<size_t>(p) * nd + d];
-    out.offsets.push_back(lo);
-    out.sizes.push_back(box_hi_[static_cast<size_t>(p) * nd + d] - lo);
-  }
+  BoxInto(i, &out);
   return out;
+}
+
+void OverlapIndex::BoxInto(int i, ChunkBox* out) const {
+  const int p = position_.empty() ? -1 : position_[static_cast<size_t>(i)];
+  if (p < 0) {  // not indexed
+    out->offsets.clear();
+    out->sizes.clear();
+    return;
+  }
+  const size_t nd = static_cast<size_t>(ndims_);
+  const int64_t* lo = box_lo_.data() + static_cast<size_t>(p) * nd;
+  const int64_t* hi = box_hi_.data() + static_cast<size_t>(p) * nd;
+  out->offsets.assign(lo, lo + nd);
+  out->sizes.resize(nd);
+  for (size_t d = 0; d < nd; ++d) out->sizes[d] = hi[d] - lo[d];
+}
+
+bool OverlapIndex::HoldsBox(int i, const ChunkBox& b) const {
+  const int p = position_.empty() ? -1 : position_[static_cast<size_t>(i)];
+  if (p < 0) return b.offsets.empty() && b.sizes.empty();
+  const size_t nd = static_cast<size_t>(ndims_);
+  if (b.offsets.size() != nd || b.sizes.size() != nd) return false;
+  const int64_t* lo = box_lo_.data() + static_cast<size_t>(p) * nd;
+  const int64_t* hi = box_hi_.data() + static_cast<size_t>(p) * nd;
+  for (size_t d = 0; d < nd; ++d) {
+    if (b.offsets[d] != lo[d] || b.sizes[d] != hi[d] - lo[d]) return false;
+  }
+  return true;
 }
 
 int OverlapIndex::Build(int begin, int end) {

@@ -48,6 +48,11 @@ class OverlapIndex {
   // with another number of dims. A LoadPlanner keeps its chunks' boxes only
   // here.
   ChunkBox box(int i) const;
+  // box(i) written into *out, reusing its storage (no allocation for up to
+  // 4 dims): a LoadPlanner fills one box per read item it plans.
+  void BoxInto(int i, ChunkBox* out) const;
+  // Whether box(i) == b, without making box(i).
+  bool HoldsBox(int i, const ChunkBox& b) const;
   int size() const { return size_; }
 
  private:

@@ -47,6 +47,11 @@ TEST(OverlapIndexTest, EmptyIndexAndScalars) {
   EXPECT_THAT(empty.Query(Box({0}, {1})), IsEmpty());
   OverlapIndex scalars({Box({}, {}), Box({}, {})});
   EXPECT_THAT(scalars.Query(Box({}, {})), ElementsAre(0, 1));
+  ChunkBox b = Box({1}, {2});
+  scalars.BoxInto(1, &b);
+  EXPECT_EQ(b, Box({}, {}));
+  EXPECT_TRUE(scalars.HoldsBox(0, Box({}, {})));
+  EXPECT_FALSE(scalars.HoldsBox(0, Box({0}, {1})));
 }
 
 // Oracle: a linear scan with Intersect.
@@ -64,6 +69,25 @@ TEST(OverlapIndexTest, MatchesLinearScanOnRandomBoxes) {
       }
     }
     OverlapIndex index(boxes);
+    // Every box comes back as given, into a box of any prior content, and
+    // HoldsBox tells it from its neighbours and from a one-off change.
+    ChunkBox reused = Box({1, 2, 3, 4, 5}, {6, 7, 8, 9, 10});
+    for (int i = 0; i < static_cast<int>(boxes.size()); ++i) {
+      index.BoxInto(i, &reused);
+      ASSERT_EQ(reused, boxes[i]) << i;
+      ASSERT_EQ(index.box(i), boxes[i]) << i;
+      ASSERT_TRUE(index.HoldsBox(i, boxes[i])) << i;
+      const ChunkBox& other = boxes[(i + 1) % boxes.size()];
+      ASSERT_EQ(index.HoldsBox(i, other), other == boxes[i]) << i;
+      ChunkBox changed = boxes[i];
+      if (!changed.sizes.empty()) {
+        changed.sizes[rng() % changed.sizes.size()] += 1;
+        ASSERT_FALSE(index.HoldsBox(i, changed)) << i;
+      }
+      changed.offsets.push_back(0);  // another number of dims
+      changed.sizes.push_back(1);
+      ASSERT_FALSE(index.HoldsBox(i, changed)) << i;
+    }
     for (int q = 0; q < 30; ++q) {
       const ChunkBox query = testing::RandomBox(rng, shape, q % 5 == 0);
       std::vector<int> want;

@@ -61,8 +61,8 @@ std::string ObjectKey(absl::string_view job, int64_t step,
 absl::StatusOr<int64_t> ParseStepDir(absl::string_view name);
 
 // The largest manifest body cairn reads (manifest.h's decoders walk it with
-// protobuf's int-sized streams): 2^31 - 1 bytes, ~50 M chunks at ~40 bytes
-// a chunk (a 70B model saved by 16k FSDP x TP ranks has 35 M, 1.38 GB).
+// protobuf's int-sized streams): 2^31 - 1 bytes, ~28 M chunks at ~75 bytes
+// a chunk (a 70B model saved by 16k FSDP x TP ranks has 18.3 M, 1.38 GB).
 inline constexpr uint64_t kMaxManifestBodyBytes = (uint64_t{1} << 31) - 1;
 
 // OK when a manifest of `body_bytes` can be read back; otherwise
@@ -117,6 +117,15 @@ absl::Status PublishManifest(ShardStore& store, ManifestSource source,
 absl::StatusOr<v1::Manifest> ReadManifest(ShardStore& store,
                                           absl::string_view job, int64_t step);
 
+// One tensor of a manifest as ReadManifestByTensor hands it over.
+struct TensorOfManifest {
+  v1::ManifestTensor& tensor;
+  // chunk_objects[i]: the index in header.objects() of chunk i's object.
+  absl::Span<const uint32_t> chunk_objects;
+  // Every field of the manifest but its tensors (checked, as the tensor).
+  const v1::Manifest& header;
+};
+
 // ReadManifest for a reader that takes the tensors one at a time, so that a
 // large manifest's parsed chunks (~300 bytes each: GBs for a save of
 // thousands of ranks) are never all in memory: each tensor is passed to
@@ -125,7 +134,7 @@ absl::StatusOr<v1::Manifest> ReadManifest(ShardStore& store,
 // on_tensor too, returned as is) the caller drops what on_tensor was given.
 absl::StatusOr<ManifestSummary> ReadManifestByTensor(
     ShardStore& store, absl::string_view job, int64_t step,
-    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor);
+    absl::FunctionRef<absl::Status(const TensorOfManifest&)> on_tensor);
 // ReadManifestByTensor for what is not in the tensors (the record, the object
 // list): every check of ReadManifest, none of its memory.
 absl::StatusOr<ManifestSummary> ReadManifestSummary(ShardStore& store,

@@ -335,9 +335,21 @@ TEST_P(CheckpointLayoutTest, ReadByTensorMatchesReadManifest) {
   auto same = [&](int64_t step, const std::string& what) {
     absl::StatusOr<v1::Manifest> whole = ReadManifest(*store, "job", step);
     std::vector<v1::ManifestTensor> tensors;
-    absl::StatusOr<ManifestSummary> by_tensor =
-        ReadManifestByTensor(*store, "job", step, [&](v1::ManifestTensor& t) {
-          tensors.push_back(t);
+    absl::StatusOr<ManifestSummary> by_tensor = ReadManifestByTensor(
+        *store, "job", step, [&](const TensorOfManifest& t) {
+          // Each chunk's object, by index into the
+          // header's complete object list.
+          EXPECT_EQ(t.chunk_objects.size(), t.tensor.chunks_size());
+          for (int c = 0; c < t.tensor.chunks_size() &&
+                          c < static_cast<int>(t.chunk_objects.size());
+               ++c) {
+            const int o = static_cast<int>(t.chunk_objects[c]);
+            EXPECT_LT(o, t.header.objects_size());
+            if (o >= t.header.objects_size()) continue;
+            EXPECT_EQ(t.header.objects(o),
+                      t.tensor.chunks(c).location().object_key());
+          }
+          tensors.push_back(t.tensor);
           return absl::OkStatus();
         });
     absl::StatusOr<ManifestSummary> summary =
@@ -402,7 +414,7 @@ TEST_P(CheckpointLayoutTest, ReadByTensorMatchesReadManifest) {
   // A caller's error stops the read and comes back as it was.
   int calls = 0;
   EXPECT_STATUS(ReadManifestByTensor(*store, "job", 1,
-                                     [&](v1::ManifestTensor&) {
+                                     [&](const TensorOfManifest&) {
                                        return ++calls == 2
                                                   ? absl::AbortedError("stop")
                                                   : absl::OkStatus();

@@ -336,14 +336,22 @@ namespace {
 
 // The checks of the 32-byte header and the body's crc32c; returns the
 // header's format_version and the body.
-absl::StatusOr<std::pair<uint32_t, absl::string_view>> CheckFraming(
-    absl::string_view bytes, uint64_t max_bytes) {
-  if (bytes.size() < kManifestHeaderBytes) {
-    return absl::DataLossError(absl::StrCat(
-        "manifest truncated: ", bytes.size(), " bytes, shorter than its ",
-        kManifestHeaderBytes, "-byte header"));
+struct Frame {
+  uint32_t version = 0;
+  uint64_t body_length = 0;
+  uint32_t body_crc = 0;
+};
+
+absl::Status BodyCrcError(uint32_t got, uint32_t stored);
+
+// The checks of the 32-byte header `h` of a manifest of `size` bytes.
+absl::StatusOr<Frame> CheckFrameHeader(const char* h, uint64_t size,
+                                       uint64_t max_bytes) {
+  if (size < kManifestHeaderBytes) {
+    return absl::DataLossError(
+        absl::StrCat("manifest truncated: ", size, " bytes, shorter than its ",
+                     kManifestHeaderBytes, "-byte header"));
   }
-  const char* h = bytes.data();
   if (std::memcmp(h, kManifestMagic, kMagicBytes) != 0) {
     return absl::DataLossError(
         "not a Cairn manifest: bad magic (expected \"CAIRNMF\\n\")");
@@ -374,7 +382,7 @@ absl::StatusOr<std::pair<uint32_t, absl::string_view>> CheckFraming(
                                             " bytes exceeds the limit of ",
                                             max_bytes));
   }
-  const uint64_t present = bytes.size() - kManifestHeaderBytes;
+  const uint64_t present = size - kManifestHeaderBytes;
   if (present < body_length) {
     return absl::DataLossError(absl::StrCat("manifest truncated: body has ",
                                             present, " of ", body_length,
@@ -385,14 +393,24 @@ absl::StatusOr<std::pair<uint32_t, absl::string_view>> CheckFraming(
                                             present - body_length,
                                             " trailing bytes after its body"));
   }
+  return Frame{version, body_length, GetU32(h + 24)};
+}
+
+absl::Status BodyCrcError(uint32_t got, uint32_t stored) {
+  return absl::DataLossError(absl::StrCat("manifest body is corrupt: crc32c ",
+                                          Crc(got), " != stored ",
+                                          Crc(stored)));
+}
+
+absl::StatusOr<std::pair<uint32_t, absl::string_view>> CheckFraming(
+    absl::string_view bytes, uint64_t max_bytes) {
+  CAIRN_ASSIGN_OR_RETURN(
+      const Frame frame,
+      CheckFrameHeader(bytes.data(), bytes.size(), max_bytes));
   const absl::string_view body = bytes.substr(kManifestHeaderBytes);
   const uint32_t body_crc = Crc32c(body.data(), body.size());
-  if (body_crc != GetU32(h + 24)) {
-    return absl::DataLossError(absl::StrCat("manifest body is corrupt: crc32c ",
-                                            Crc(body_crc), " != stored ",
-                                            Crc(GetU32(h + 24))));
-  }
-  return std::make_pair(version, body);
+  if (body_crc != frame.body_crc) return BodyCrcError(body_crc, frame.body_crc);
+  return std::make_pair(frame.version, body);
 }
 
 // A length-delimited field's length, as protobuf reads it: a varint of up to
@@ -467,67 +485,190 @@ absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view bytes,
   return manifest;
 }
 
+namespace {
+
+// A manifest body read forward through one buffer: Ensure(pos, n) makes the
+// bytes [pos, pos + n) present (fewer only where the body ends), dropping
+// those before pos. Every byte of the body is read once, in order (bytes
+// skipped over are read and dropped), and checksummed as it is read, so
+// the crc32c is the body's once the end was reached.
+class BodyWindow {
+ public:
+  BodyWindow(uint64_t body_length, ManifestReader read, size_t window)
+      : length_(body_length),
+        read_(read),
+        window_(std::max<size_t>(window, 1)) {}
+
+  absl::StatusOr<absl::string_view> Ensure(uint64_t pos, uint64_t n) {
+    pos = std::min(pos, length_);
+    n = std::min(n, length_ - pos);
+    if (pos > fetched_) {  // skip: read through what lies before pos
+      buf_.clear();
+      while (fetched_ < pos) {
+        CAIRN_RETURN_IF_ERROR(Fetch(pos - fetched_));
+        buf_.clear();
+      }
+      start_ = pos;
+    } else if (pos > start_) {
+      buf_.erase(0, static_cast<size_t>(pos - start_));
+      start_ = pos;
+    }
+    while (fetched_ < pos + n) {
+      CAIRN_RETURN_IF_ERROR(
+          Fetch(std::max<uint64_t>(pos + n - fetched_, window_)));
+    }
+    return absl::string_view(buf_).substr(static_cast<size_t>(pos - start_),
+                                          static_cast<size_t>(n));
+  }
+  bool at_end() const { return fetched_ == length_; }
+  uint32_t crc() const { return crc_; }
+
+ private:
+  // Appends up to `want` more bytes of the body to buf_.
+  absl::Status Fetch(uint64_t want) {
+    const size_t n = static_cast<size_t>(std::min(want, length_ - fetched_));
+    const size_t old = buf_.size();
+    buf_.resize(old + n);
+    CAIRN_ASSIGN_OR_RETURN(const size_t got,
+                           read_(kManifestHeaderBytes + fetched_,
+                                 absl::Span<char>(&buf_[old], n)));
+    if (got != n) {
+      return absl::DataLossError(
+          absl::StrCat("manifest truncated while read: body has ",
+                       fetched_ + got, " of ", length_, " bytes"));
+    }
+    crc_ = Crc32cExtend(crc_, &buf_[old], n);
+    fetched_ += n;
+    return absl::OkStatus();
+  }
+
+  const uint64_t length_;
+  const ManifestReader read_;
+  const size_t window_;
+  std::string buf_;  // body bytes [start_, fetched_)
+  uint64_t start_ = 0;
+  uint64_t fetched_ = 0;
+  uint32_t crc_ = 0;
+};
+
+// The most bytes a field's tag and length take: two varints.
+constexpr uint64_t kMaxFieldHead = 20;
+
+}  // namespace
+
 absl::StatusOr<int> DecodeManifestByTensor(
     absl::string_view bytes, uint64_t max_bytes, v1::Manifest* header,
-    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor) {
-  CAIRN_ASSIGN_OR_RETURN(auto framed, CheckFraming(bytes, max_bytes));
-  const auto [version, body] = framed;
-  const absl::Status unparsable =
-      absl::DataLossError("manifest body does not parse as cairn.v1.Manifest");
-  if (body.size() > static_cast<size_t>(INT32_MAX)) return unparsable;
-  // Two passes over the wire format. The first copies every field but the
-  // tensors into `rest` (parsed as the header: protobuf merges repeated
-  // occurrences as it would in the whole message) and notes where each
-  // tensor is; the second parses the tensors one by one, after the header is
-  // known (fields are written in field-number order, so the tensors (6) come
-  // before the object list (10) that checking them needs).
-  std::string rest;
-  std::vector<std::pair<int, int>> tensors;  // (offset, length) in body
-  {
-    google::protobuf::io::CodedInputStream in(
-        reinterpret_cast<const uint8_t*>(body.data()),
-        static_cast<int>(body.size()));
-    for (;;) {
-      const int field_start = in.CurrentPosition();
-      const uint32_t tag = in.ReadTag();
-      if (tag == 0) {
-        if (field_start != static_cast<int>(body.size())) return unparsable;
-        break;
-      }
-      const uint32_t field = tag >> 3;
-      const bool is_tensor =
-          field == kTensorsField && (tag & 7) == kLengthDelimited;
-      int length = 0;
-      bool ok = field != 0;
-      if (ok && is_tensor) {
-        ok = ReadLength(in, &length);
-        if (ok) tensors.emplace_back(in.CurrentPosition(), length);
-        ok = ok && in.Skip(length);
-      } else if (ok) {
-        ok = SkipField(in, tag);
-      }
-      if (!ok) return unparsable;
-      if (!is_tensor) {
-        rest.append(body.data() + field_start,
-                    in.CurrentPosition() - field_start);
-      }
+    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor,
+    size_t window) {
+  return DecodeManifestByTensor(
+      bytes.size(),
+      [bytes](uint64_t offset, absl::Span<char> out) -> absl::StatusOr<size_t> {
+        if (offset >= bytes.size()) return 0;
+        const size_t n = std::min<size_t>(out.size(), bytes.size() - offset);
+        std::memcpy(out.data(), bytes.data() + offset, n);
+        return n;
+      },
+      max_bytes, header, on_tensor, window);
+}
+
+absl::StatusOr<int> DecodeManifestByTensor(
+    uint64_t size, ManifestReader read, uint64_t max_bytes,
+    v1::Manifest* header,
+    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor,
+    size_t window) {
+  char h[kManifestHeaderBytes] = {};
+  if (size >= kManifestHeaderBytes) {
+    CAIRN_ASSIGN_OR_RETURN(const size_t got,
+                           read(0, absl::Span<char>(h, sizeof(h))));
+    if (got != sizeof(h)) {
+      return absl::DataLossError("manifest truncated while read: no header");
     }
   }
+  CAIRN_ASSIGN_OR_RETURN(const Frame frame,
+                         CheckFrameHeader(h, size, max_bytes));
+  const absl::Status unparsable =
+      absl::DataLossError("manifest body does not parse as cairn.v1.Manifest");
+  if (frame.body_length > static_cast<uint64_t>(INT32_MAX)) return unparsable;
+  const uint64_t length = frame.body_length;
+  // Two passes over the body, each reading it forward through a window of
+  // `window` bytes (a 16k-rank save's manifest is 1.4 GB; holding it whole
+  // cost more than parsing it). The first checks the body's crc32c, copies
+  // every field but the tensors into `rest` (parsed as the header: protobuf
+  // merges repeated occurrences as it would in the whole message) and notes
+  // where each tensor is; the second parses the tensors one by one, after
+  // the header is known (fields are written in field-number order, so the
+  // tensors (6) come before the object list (10) that checking them needs).
+  std::string rest;
+  std::vector<std::pair<uint64_t, int>> tensors;  // (offset, length) in body
+  {
+    BodyWindow body(length, read, window);
+    bool parsed = true;
+    uint64_t pos = 0;
+    while (parsed && pos < length) {
+      uint64_t need = kMaxFieldHead;
+      for (;;) {
+        CAIRN_ASSIGN_OR_RETURN(absl::string_view view, body.Ensure(pos, need));
+        google::protobuf::io::CodedInputStream in(
+            reinterpret_cast<const uint8_t*>(view.data()),
+            static_cast<int>(view.size()));
+        const uint32_t tag = in.ReadTag();
+        const uint32_t field = tag >> 3;
+        int field_length = 0;
+        if (field == kTensorsField && (tag & 7) == kLengthDelimited) {
+          if (!ReadLength(in, &field_length)) {
+            parsed = false;  // a field head fits in kMaxFieldHead bytes
+            break;
+          }
+          const uint64_t payload =
+              pos + static_cast<uint64_t>(in.CurrentPosition());
+          if (static_cast<uint64_t>(field_length) > length - payload) {
+            parsed = false;
+            break;
+          }
+          tensors.emplace_back(payload, field_length);
+          pos = payload + static_cast<uint64_t>(field_length);
+          break;
+        }
+        if (field != 0 && SkipField(in, tag)) {
+          rest.append(view.data(), static_cast<size_t>(in.CurrentPosition()));
+          pos += static_cast<uint64_t>(in.CurrentPosition());
+          break;
+        }
+        // Malformed, or a field longer than the bytes at hand: more, if the
+        // body has more.
+        if (field == 0 || pos + view.size() >= length) {
+          parsed = false;
+          break;
+        }
+        need = std::max<uint64_t>(need, view.size()) * 2;
+      }
+    }
+    // The whole body is checksummed before anything is handed over, and a
+    // corrupt body is reported as such even where it also fails to parse.
+    CAIRN_RETURN_IF_ERROR(body.Ensure(length, 0).status());
+    if (body.crc() != frame.body_crc) {
+      return BodyCrcError(body.crc(), frame.body_crc);
+    }
+    if (!parsed) return unparsable;
+  }
   if (!header->ParseFromString(rest)) return unparsable;
-  if (header->format_version() != version) {
+  if (header->format_version() != frame.version) {
     return absl::DataLossError(absl::StrCat(
         "manifest body says format_version ", header->format_version(),
-        " but its header says ", version));
+        " but its header says ", frame.version));
   }
   google::protobuf::ArenaOptions arena_options;
   arena_options.max_block_size = 1 << 20;
   google::protobuf::Arena arena(arena_options);
-  for (const auto& [offset, length] : tensors) {
+  BodyWindow body(length, read, window);
+  for (const auto& [offset, tensor_length] : tensors) {
+    CAIRN_ASSIGN_OR_RETURN(absl::string_view view,
+                           body.Ensure(offset, tensor_length));
     // Parsed as the embedded message it is: one level of protobuf's
     // recursion budget is the Manifest's, and it must end where its length
     // says.
     google::protobuf::io::CodedInputStream in(
-        reinterpret_cast<const uint8_t*>(body.data()) + offset, length);
+        reinterpret_cast<const uint8_t*>(view.data()), tensor_length);
     in.SetRecursionLimit(
         google::protobuf::io::CodedInputStream::GetDefaultRecursionLimit() - 1);
     // On an arena, freed whole before the next tensor: a tensor of a
@@ -539,6 +680,14 @@ absl::StatusOr<int> DecodeManifestByTensor(
       return unparsable;
     }
     CAIRN_RETURN_IF_ERROR(on_tensor(*tensor));
+  }
+  // The bytes parsed are the bytes checked: a body that changed between the
+  // passes is an error (the caller drops what it was given).
+  CAIRN_RETURN_IF_ERROR(body.Ensure(length, 0).status());
+  if (body.crc() != frame.body_crc) {
+    return absl::DataLossError(
+        absl::StrCat("manifest changed while read: body crc32c ",
+                     Crc(body.crc()), " != stored ", Crc(frame.body_crc)));
   }
   return static_cast<int>(tensors.size());
 }
@@ -571,7 +720,8 @@ absl::Status ManifestValidator::Bad(const Parts&... parts) const {
 // the object list was validated by Start, so a listed key needs no check.
 template <typename What>
 absl::Status ManifestValidator::CheckLocation(const v1::StorageLocation& loc,
-                                              What&& what) {
+                                              What&& what,
+                                              uint32_t* object_index) {
   auto object = objects_.find(loc.object_key());
   if (object == objects_.end()) {
     if (absl::Status s = ValidateKey(loc.object_key()); !s.ok()) {
@@ -588,6 +738,9 @@ absl::Status ManifestValidator::CheckLocation(const v1::StorageLocation& loc,
   }
   uint64_t& end = object_ends_[object->second];
   end = std::max(end, loc.offset() + loc.length());
+  if (object_index != nullptr) {
+    *object_index = static_cast<uint32_t>(object->second);
+  }
   return absl::OkStatus();
 }
 
@@ -659,6 +812,8 @@ absl::Status ManifestValidator::AddTensor(const v1::ManifestTensor& t) {
   unsigned __int128 covered = 0;
   std::vector<const v1::ChunkBox*> boxes;
   boxes.reserve(t.chunks_size());
+  chunk_objects_.resize(static_cast<size_t>(t.chunks_size()));
+  uint32_t* chunk_object = chunk_objects_.data();
   for (const v1::StoredChunk& c : t.chunks()) {
     const v1::ChunkBox& box = c.box();
     auto what = [&] {
@@ -685,10 +840,13 @@ absl::Status ManifestValidator::AddTensor(const v1::ManifestTensor& t) {
       return Bad(what(), " has length ", c.location().length(),
                  " bytes, expected ", volume, " elements x ", elem, " bytes");
     }
-    CAIRN_RETURN_IF_ERROR(CheckLocation(c.location(), [&] {
-      return absl::StrCat(what(), " in object '", c.location().object_key(),
-                          "'");
-    }));
+    CAIRN_RETURN_IF_ERROR(CheckLocation(
+        c.location(),
+        [&] {
+          return absl::StrCat(what(), " in object '", c.location().object_key(),
+                              "'");
+        },
+        chunk_object++));
     CAIRN_RETURN_IF_ERROR(CheckRank(c.writer_rank(), what));
     covered += volume;
     total_ += c.location().length();

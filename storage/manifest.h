@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "cairn/v1/cairn.pb.h"
 
 namespace cairn::storage {
@@ -57,9 +58,27 @@ absl::StatusOr<v1::Manifest> DecodeManifest(absl::string_view bytes,
 // order; an error from on_tensor stops the decode and is returned as is. The
 // tensor lives on an arena until on_tensor returns (moving from it copies).
 // Returns the number of tensors. The same errors as DecodeManifest.
+//
+// The bytes are read forward through a buffer of about `window` bytes (and
+// the largest tensor), twice: a manifest is never whole in memory.
+inline constexpr size_t kManifestReadWindow = size_t{8} << 20;
 absl::StatusOr<int> DecodeManifestByTensor(
     absl::string_view bytes, uint64_t max_bytes, v1::Manifest* header,
-    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor);
+    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor,
+    size_t window = kManifestReadWindow);
+
+// Reads up to out.size() bytes at `offset` of a manifest's framed bytes into
+// `out`; returns how many (fewer only at the end). An error is returned by
+// the decoder as is.
+using ManifestReader = absl::FunctionRef<absl::StatusOr<size_t>(
+    uint64_t offset, absl::Span<char> out)>;
+// DecodeManifestByTensor of the `size` bytes `read` gives (a file on
+// storage). The same errors, and DATA_LOSS if they change while read.
+absl::StatusOr<int> DecodeManifestByTensor(
+    uint64_t size, ManifestReader read, uint64_t max_bytes,
+    v1::Manifest* header,
+    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor,
+    size_t window = kManifestReadWindow);
 
 // Semantic checks (INVALID_ARGUMENT naming job, step, fqn, chunk box and
 // object key): known format version; valid job and step; world_size > 0;
@@ -86,6 +105,10 @@ class ManifestValidator {
   // The header fields and the object list (tensors of `header` are ignored).
   absl::Status Start();
   absl::Status AddTensor(const v1::ManifestTensor& tensor);
+  // After AddTensor succeeded: for each chunk of that tensor, the index of
+  // its object in header.objects() (so a reader need not look the key up
+  // again).
+  absl::Span<const uint32_t> chunk_objects() const { return chunk_objects_; }
   // Bytes entries, layouts and total_bytes.
   absl::Status Finish();
   // After Finish: the furthest byte any location places in each object of
@@ -95,8 +118,10 @@ class ManifestValidator {
  private:
   template <typename... Parts>
   absl::Status Bad(const Parts&... parts) const;
+  // On success *object (optional) is the index of loc's object.
   template <typename What>
-  absl::Status CheckLocation(const v1::StorageLocation& loc, What&& what);
+  absl::Status CheckLocation(const v1::StorageLocation& loc, What&& what,
+                             uint32_t* object = nullptr);
   template <typename What>
   absl::Status CheckRank(int32_t rank, What&& what) const;
 
@@ -117,6 +142,7 @@ class ManifestValidator {
   size_t known_tiling_coords_ = 0;
   absl::flat_hash_map<absl::string_view, int> objects_;  // -> index
   std::vector<uint64_t> object_ends_;
+  std::vector<uint32_t> chunk_objects_;   // of the last tensor added
   std::vector<std::string> tensor_fqns_;  // in order, so sorted
   unsigned __int128 total_ = 0;
 };

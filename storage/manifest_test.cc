@@ -167,15 +167,19 @@ std::string Frame(absl::string_view body) {
   return absl::StrCat(framed, body);
 }
 
-// DecodeManifestByTensor's header with its tensors put back, in order.
-absl::StatusOr<v1::Manifest> DecodeByTensor(absl::string_view bytes) {
+// DecodeManifestByTensor's header with its tensors put back, in order,
+// reading through a window of `window` bytes.
+absl::StatusOr<v1::Manifest> DecodeByTensor(
+    absl::string_view bytes, size_t window = kManifestReadWindow) {
   v1::Manifest header;
   std::vector<v1::ManifestTensor> tensors;
   absl::StatusOr<int> n = DecodeManifestByTensor(
-      bytes, 1ull << 30, &header, [&](v1::ManifestTensor& t) {
+      bytes, 1ull << 30, &header,
+      [&](v1::ManifestTensor& t) {
         tensors.push_back(std::move(t));
         return absl::OkStatus();
-      });
+      },
+      window);
   if (!n.ok()) return n.status();
   EXPECT_EQ(*n, static_cast<int>(tensors.size()));
   EXPECT_EQ(header.tensors_size(), 0);
@@ -183,16 +187,22 @@ absl::StatusOr<v1::Manifest> DecodeByTensor(absl::string_view bytes) {
   return header;
 }
 
-// Both decoders agree: the same status code, and the same message.
+// Both decoders agree: the same status code, and the same manifest; by
+// tensor through windows of every size from 1 byte (a field head or a
+// tensor split across reads) to the default.
 void ExpectSameDecode(absl::string_view bytes, const std::string& what) {
   absl::StatusOr<v1::Manifest> whole = DecodeManifest(bytes);
-  absl::StatusOr<v1::Manifest> by_tensor = DecodeByTensor(bytes);
-  ASSERT_EQ(whole.status().code(), by_tensor.status().code())
-      << what << ": " << whole.status() << " vs " << by_tensor.status();
-  if (whole.ok()) {
-    ASSERT_TRUE(
-        google::protobuf::util::MessageDifferencer::Equals(*whole, *by_tensor))
-        << what;
+  for (size_t window :
+       {size_t{1}, size_t{3}, size_t{17}, size_t{100}, kManifestReadWindow}) {
+    absl::StatusOr<v1::Manifest> by_tensor = DecodeByTensor(bytes, window);
+    ASSERT_EQ(whole.status().code(), by_tensor.status().code())
+        << what << ", window " << window << ": " << whole.status() << " vs "
+        << by_tensor.status();
+    if (whole.ok()) {
+      ASSERT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+          *whole, *by_tensor))
+          << what << ", window " << window;
+    }
   }
 }
 
@@ -227,6 +237,67 @@ TEST(DecodeManifestByTensorTest, StopsAtTheCallersError) {
       });
   EXPECT_STATUS(n.status(), kResourceExhausted, "full");
   EXPECT_EQ(calls, 2);
+}
+
+// Read from storage: a read's error comes back as it is; a file that is
+// cut short or changes between the two reads is DATA_LOSS, and what was
+// handed over before (the caller drops it) is the only harm.
+TEST(DecodeManifestByTensorTest, ReadErrorsAndChangesWhileRead) {
+  const std::string bytes = EncodeManifest(TestManifest(3, 6));
+  auto decode = [&](auto&& read) {
+    v1::Manifest header;
+    return DecodeManifestByTensor(
+               bytes.size(), read, 1ull << 30, &header,
+               [](v1::ManifestTensor&) { return absl::OkStatus(); }, 64)
+        .status();
+  };
+  int reads = 0;
+  size_t largest = 0;
+  auto from = [&](const std::string& src, uint64_t offset,
+                  absl::Span<char> out) -> absl::StatusOr<size_t> {
+    ++reads;
+    largest = std::max(largest, out.size());
+    if (offset >= src.size()) return 0;
+    const size_t n = std::min<size_t>(out.size(), src.size() - offset);
+    std::memcpy(out.data(), src.data() + offset, n);
+    return n;
+  };
+  EXPECT_TRUE(decode([&](uint64_t o, absl::Span<char> out) {
+                return from(bytes, o, out);
+              }).ok());
+  // In windows (or a tensor, when larger), never the whole.
+  EXPECT_LT(largest, bytes.size() / 3);
+  EXPECT_GT(reads, 2);
+  // An error of the third read.
+  reads = 0;
+  EXPECT_STATUS(
+      decode([&](uint64_t o, absl::Span<char> out) -> absl::StatusOr<size_t> {
+        if (++reads == 3) return absl::UnavailableError("disk gone");
+        return from(bytes, o, out);
+      }),
+      kUnavailable, "disk gone");
+  // Cut short after the first pass began.
+  const std::string cut = bytes.substr(0, bytes.size() - 10);
+  EXPECT_STATUS(decode([&](uint64_t o, absl::Span<char> out) {
+                  return from(cut, o, out);
+                }),
+                kDataLoss, "truncated while read");
+  // Another body (one byte changed) in the second pass than in the first:
+  // the first pass checked the crc of the bytes as they were then.
+  std::string changed = bytes;
+  changed[bytes.size() - 1] ^= 1;
+  bool second_pass = false;
+  EXPECT_STATUS(decode([&](uint64_t o, absl::Span<char> out) {
+                  if (o + out.size() >= bytes.size()) {
+                    // The last window: the first pass ends here.
+                    absl::StatusOr<size_t> n =
+                        from(second_pass ? changed : bytes, o, out);
+                    second_pass = true;
+                    return n;
+                  }
+                  return from(second_pass ? changed : bytes, o, out);
+                }),
+                kDataLoss, "changed while read");
 }
 
 // Any wire order a protobuf parser accepts: fields out of order, tensors

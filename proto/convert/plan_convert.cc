@@ -287,6 +287,31 @@ absl::StatusOr<planner::StoredTensor> StoredTensorFromProto(
   return st;
 }
 
+absl::StatusOr<planner::StoredTensorByIndex> StoredTensorByIndexFromProto(
+    const v1::ManifestTensor& t, absl::Span<const uint32_t> chunk_objects) {
+  planner::StoredTensorByIndex st;
+  st.fqn = t.entry().fqn();
+  if (chunk_objects.size() != static_cast<size_t>(t.chunks_size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest tensor '", st.fqn, "' has ", t.chunks_size(),
+                     " chunks and ", chunk_objects.size(), " object indexes"));
+  }
+  CAIRN_ASSIGN_OR_RETURN(st.dtype, DTypeFromProto(t.entry().dtype(), st.fqn));
+  CAIRN_ASSIGN_OR_RETURN(st.global_shape,
+                         ShapeFromProto(t.entry().global_shape(), st.fqn));
+  st.chunks.resize(static_cast<size_t>(t.chunks_size()));
+  for (int i = 0; i < t.chunks_size(); ++i) {
+    const v1::StoredChunk& c = t.chunks(i);
+    planner::StoredChunkByIndex& sc = st.chunks[static_cast<size_t>(i)];
+    CAIRN_ASSIGN_OR_RETURN(sc.box, BoxFromProto(c.box(), st.fqn));
+    sc.object = chunk_objects[static_cast<size_t>(i)];
+    sc.offset = c.location().offset();
+    sc.length = c.location().length();
+    sc.crc32c = c.crc32c();
+  }
+  return st;
+}
+
 absl::StatusOr<std::vector<planner::StoredTensor>> StoredTensorsFromManifest(
     const v1::Manifest& manifest) {
   std::vector<planner::StoredTensor> out;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "cairn/v1/cairn.pb.h"
 #include "planner/box.h"
 #include "planner/dtype.h"
@@ -67,6 +68,11 @@ void LayoutToProto(const planner::DTensorLayout& layout,
 // One tensor of a manifest with its stored chunks, for a LoadPlanner.
 absl::StatusOr<planner::StoredTensor> StoredTensorFromProto(
     const v1::ManifestTensor& tensor);
+// The same, with each chunk's object as its index: chunk_objects[i] for
+// chunk i (ManifestValidator::chunk_objects()); INVALID_ARGUMENT if their
+// numbers differ.
+absl::StatusOr<planner::StoredTensorByIndex> StoredTensorByIndexFromProto(
+    const v1::ManifestTensor& tensor, absl::Span<const uint32_t> chunk_objects);
 // Every tensor of a manifest with its stored chunks.
 absl::StatusOr<std::vector<planner::StoredTensor>> StoredTensorsFromManifest(
     const v1::Manifest& manifest);

@@ -208,25 +208,36 @@ Coordinator::LoadCheckpoint(const std::string& job, int64_t step) {
 absl::StatusOr<std::shared_ptr<const Coordinator::LoadedCheckpoint>>
 Coordinator::BuildLoadedCheckpoint(const std::string& job, int64_t step) {
   auto loaded = std::make_shared<LoadedCheckpoint>();
-  // Tensor by tensor, straight from the manifest's bytes: the parsed manifest
-  // (~300 bytes a stored chunk) is never whole in memory beside the planner
-  // (~70).
-  planner::LoadPlanner::Builder builder;
+  // Tensor by tensor, the manifest's bytes read through a window: neither
+  // the parsed manifest (~300 bytes a stored chunk) nor its bytes (~75) are
+  // ever whole in memory beside the planner (~70).
+  // Chunks name their objects by index into the manifest's object list (the
+  // validator looked each key up already): no key is copied or hashed per
+  // chunk.
+  std::optional<planner::LoadPlanner::Builder> builder;
+  auto objects_of = [](const v1::Manifest& header) {
+    return std::vector<std::string>(header.objects().begin(),
+                                    header.objects().end());
+  };
   CAIRN_ASSIGN_OR_RETURN(
       storage::ManifestSummary manifest,
       storage::ReadManifestByTensor(
-          *store_, job, step, [&](v1::ManifestTensor& t) -> absl::Status {
-            CAIRN_ASSIGN_OR_RETURN(planner::StoredTensor tensor,
-                                   convert::StoredTensorFromProto(t));
-            return builder.Add(std::move(tensor));
+          *store_, job, step,
+          [&](const storage::TensorOfManifest& t) -> absl::Status {
+            if (!builder.has_value()) builder.emplace(objects_of(t.header));
+            CAIRN_ASSIGN_OR_RETURN(planner::StoredTensorByIndex tensor,
+                                   convert::StoredTensorByIndexFromProto(
+                                       t.tensor, t.chunk_objects));
+            return builder->Add(std::move(tensor));
           }));
+  if (!builder.has_value()) builder.emplace(objects_of(manifest.header));
   loaded->bytes_entries.assign(
       std::make_move_iterator(manifest.header.mutable_bytes_entries()->begin()),
       std::make_move_iterator(manifest.header.mutable_bytes_entries()->end()));
   for (int i = 0; i < static_cast<int>(loaded->bytes_entries.size()); ++i) {
     loaded->bytes_index[loaded->bytes_entries[i].fqn()] = i;
   }
-  loaded->planner = std::move(builder).Finish();
+  loaded->planner = std::move(*builder).Finish();
   loaded->tensors_digest =
       convert::TensorsDigestOf(*loaded->planner, &loaded->tensors_by_fqn);
   {
