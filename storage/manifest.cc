@@ -505,11 +505,15 @@ class BodyWindow {
     if (pos > fetched_) {  // skip: read through what lies before pos
       buf_.clear();
       while (fetched_ < pos) {
-        CAIRN_RETURN_IF_ERROR(Fetch(pos - fetched_));
+        CAIRN_RETURN_IF_ERROR(
+            Fetch(std::min<uint64_t>(pos - fetched_, window_)));
         buf_.clear();
       }
       start_ = pos;
-    } else if (pos > start_) {
+    }
+    if (fetched_ < pos + n && pos > start_) {
+      // The bytes before pos are done with: dropped only when more must be
+      // read, so the buffer moves once a refill, not once a field or tensor.
       buf_.erase(0, static_cast<size_t>(pos - start_));
       start_ = pos;
     }
@@ -520,7 +524,6 @@ class BodyWindow {
     return absl::string_view(buf_).substr(static_cast<size_t>(pos - start_),
                                           static_cast<size_t>(n));
   }
-  bool at_end() const { return fetched_ == length_; }
   uint32_t crc() const { return crc_; }
 
  private:
