@@ -6,6 +6,8 @@ loopback / a Unix socket, and `run_ranks` runs each rank in its own process
 way a training job's ranks run.
 """
 
+import faulthandler
+import gc
 import os
 import pathlib
 import signal
@@ -266,6 +268,9 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
                queue: Any, args: Tuple) -> None:
     """Body of one rank process: gloo group up, fn, result to the parent."""
     import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+    # A rank that aborts (SIGABRT) or crashes prints every thread's Python
+    # stack to its stderr, which pytest shows with the failure.
+    faulthandler.enable()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       RANK=str(rank), WORLD_SIZE=str(world_size))
     try:
@@ -284,6 +289,15 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        # destroy_process_group drops only the registry's reference to the
+        # group. An exception's traceback frames (a rank that failed, as the
+        # DCP coordinator does in the error tests) are a reference cycle that
+        # can hold it, and the tensors gloo's worker threads used, until the
+        # interpreter is finalizing; gloo's threads freeing those tensors
+        # then cannot take the GIL and the process aborts ("terminate called
+        # without an active exception", once in CI, in rank 0 after it had
+        # reported its result). Free them now, while the interpreter runs.
+        gc.collect()
 
 
 def run_ranks_raw(fn: Callable, world_size: int, *args: Any,
