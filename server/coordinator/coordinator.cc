@@ -17,9 +17,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/bounded_queue.h"
 #include "common/crash_point.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/task_group.h"
 #include "planner/box.h"
 #include "proto/convert/load_request.h"
 #include "proto/convert/plan_convert.h"
@@ -205,6 +207,17 @@ Coordinator::LoadCheckpoint(const std::string& job, int64_t step) {
   return loading->result;
 }
 
+namespace {
+
+// Converted tensors on their way from the manifest's reader (decoding,
+// checking and converting the next tensors) to the planner's builder
+// (indexing the previous ones) on a thread of its own, at most this many at
+// once: enough to smooth tensors of different sizes, few enough to stay
+// small (the largest tensor of a 16k-rank checkpoint is ~1 MB of chunks).
+constexpr size_t kMaxPendingTensors = 16;
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const Coordinator::LoadedCheckpoint>>
 Coordinator::BuildLoadedCheckpoint(const std::string& job, int64_t step) {
   auto loaded = std::make_shared<LoadedCheckpoint>();
@@ -219,21 +232,49 @@ Coordinator::BuildLoadedCheckpoint(const std::string& job, int64_t step) {
     return std::vector<std::string>(header.objects().begin(),
                                     header.objects().end());
   };
-  CAIRN_ASSIGN_OR_RETURN(
-      storage::ManifestSummary manifest,
+  // This thread reads, checks and converts; the builder adds on a thread of
+  // its own (started with the first tensor, when the object list is known):
+  // at 16k ranks each side is seconds of CPU, and the load round's ranks
+  // wait for both.
+  BoundedQueue<planner::StoredTensorByIndex> handoff(kMaxPendingTensors);
+  TaskGroup::Options building_options;
+  building_options.thread_per_task = true;
+  TaskGroup building(building_options);
+  auto build = [&]() -> absl::Status {
+    while (std::optional<planner::StoredTensorByIndex> t = handoff.Pop()) {
+      if (absl::Status added = builder->Add(*std::move(t)); !added.ok()) {
+        handoff.Stop();
+        return added;
+      }
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<storage::ManifestSummary> manifest =
       storage::ReadManifestByTensor(
           *store_, job, step,
           [&](const storage::TensorOfManifest& t) -> absl::Status {
-            if (!builder.has_value()) builder.emplace(objects_of(t.header));
+            if (!builder.has_value()) {
+              builder.emplace(objects_of(t.header));
+              building.Run(build);
+            }
             CAIRN_ASSIGN_OR_RETURN(planner::StoredTensorByIndex tensor,
                                    convert::StoredTensorByIndexFromProto(
                                        t.tensor, t.chunk_objects));
-            return builder->Add(std::move(tensor));
-          }));
-  if (!builder.has_value()) builder.emplace(objects_of(manifest.header));
+            // A refusal is the builder's error, which Wait() returns below.
+            if (!handoff.Push(std::move(tensor))) {
+              return absl::AbortedError("the planner's builder stopped");
+            }
+            return absl::OkStatus();
+          });
+  handoff.Close();
+  // The builder's error first: when it stopped, the read only saw a refusal.
+  CAIRN_RETURN_IF_ERROR(building.Wait());
+  CAIRN_RETURN_IF_ERROR(manifest.status());
+  if (!builder.has_value()) builder.emplace(objects_of(manifest->header));
   loaded->bytes_entries.assign(
-      std::make_move_iterator(manifest.header.mutable_bytes_entries()->begin()),
-      std::make_move_iterator(manifest.header.mutable_bytes_entries()->end()));
+      std::make_move_iterator(
+          manifest->header.mutable_bytes_entries()->begin()),
+      std::make_move_iterator(manifest->header.mutable_bytes_entries()->end()));
   for (int i = 0; i < static_cast<int>(loaded->bytes_entries.size()); ++i) {
     loaded->bytes_index[loaded->bytes_entries[i].fqn()] = i;
   }

@@ -2,6 +2,7 @@
 // cache, load rounds (`latest` once per round, join grace, world-size
 // disagreement) and VerifyLoad combining the ranks' pieces.
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <string>
 #include <vector>
@@ -452,6 +453,117 @@ TEST_F(CoordinatorTest, EmptyReportsAreAnsweredAtOnceAndRefusedRanksLeave) {
   ASSERT_TRUE(Verify(vc).get().ok());
   VerifyResult rb = vb.get();
   ASSERT_TRUE(rb.ok()) << rb.status();
+}
+
+// A checkpoint of many tensors (more than the reader queues for the
+// planner's builder at once) is indexed whole and in order: every tensor,
+// asked for whole, is planned from each rank's chunk of it, with its own
+// rows and bytes.
+TEST_F(CoordinatorTest, CheckpointOfManyTensorsIsPlannedWhole) {
+  Start();
+  constexpr int kWorld = 3;
+  constexpr int kTensors = 70;
+  auto rows_of = [](int t) -> int64_t { return 3 + t % 7; };
+  std::vector<std::future<BeginResult>> begins;
+  for (int r = 0; r < kWorld; ++r) {
+    v1::LocalSavePlan p;
+    p.set_rank(r);
+    for (int t = 0; t < kTensors; ++t) {
+      // Rank r holds rows [r * rows / 3, (r + 1) * rows / 3) of tensor t.
+      const int64_t rows = rows_of(t);
+      const int64_t begin = r * rows / kWorld;
+      const int64_t end = (r + 1) * rows / kWorld;
+      v1::WriteItem* it = p.add_items();
+      it->set_kind(v1::WriteItem::KIND_TENSOR_CHUNK);
+      it->mutable_tensor()->set_fqn(absl::StrCat("layer", t, ".weight"));
+      it->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+      it->mutable_tensor()->add_global_shape(rows);
+      it->mutable_tensor()->add_global_shape(2);
+      it->mutable_chunk()->add_offsets(begin);
+      it->mutable_chunk()->add_offsets(0);
+      it->mutable_chunk()->add_sizes(end - begin);
+      it->mutable_chunk()->add_sizes(2);
+      it->set_length(static_cast<uint64_t>(end - begin) * 2 * 4);
+    }
+    begins.push_back(Begin("many", 1, r, kWorld, p));
+  }
+  std::vector<v1::BeginSaveResponse> plans;
+  for (auto& f : begins) {
+    BeginResult b = f.get();
+    ASSERT_TRUE(b.ok()) << b.status();
+    plans.push_back(*b);
+  }
+  std::vector<std::future<CommitResult>> commits;
+  for (int r = 0; r < kWorld; ++r) {
+    commits.push_back(Commit(Write("many", 1, r, plans[r])));
+  }
+  for (auto& f : commits) ASSERT_TRUE(f.get().ok());
+
+  v1::PlanLoadRequest req;
+  req.set_job("many");
+  req.set_step(1);
+  for (int t = kTensors - 1; t >= 0; --t) {  // asked for in reverse
+    v1::WantedChunk* w = req.add_wanted();
+    w->mutable_tensor()->set_fqn(absl::StrCat("layer", t, ".weight"));
+    w->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+    w->mutable_tensor()->add_global_shape(rows_of(t));
+    w->mutable_tensor()->add_global_shape(2);
+    w->mutable_box()->add_offsets(0);
+    w->mutable_box()->add_offsets(0);
+    w->mutable_box()->add_sizes(rows_of(t));
+    w->mutable_box()->add_sizes(2);
+  }
+  absl::StatusOr<v1::PlanLoadResponse> a = coordinator_->PlanLoad(req);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->reads_size(), kWorld * kTensors);
+  std::vector<int64_t> rows_read(kTensors, 0);
+  for (const v1::ReadItem& item : a->reads()) {
+    const int t = kTensors - 1 - item.dest_index();
+    ASSERT_GE(t, 0);
+    ASSERT_LT(t, kTensors);
+    EXPECT_EQ(item.fqn(), absl::StrCat("layer", t, ".weight"));
+    EXPECT_EQ(item.overlap().sizes(1), 2);
+    EXPECT_EQ(item.source().length(),
+              static_cast<uint64_t>(item.overlap().sizes(0)) * 2 * 4);
+    rows_read[t] += item.overlap().sizes(0);
+  }
+  for (int t = 0; t < kTensors; ++t) EXPECT_EQ(rows_read[t], rows_of(t)) << t;
+}
+
+// A MANIFEST damaged on storage after its commit: planning a load from it
+// is DATA_LOSS naming the job and step (the index is never built from it),
+// and the coordinator goes on planning the job's other checkpoints.
+TEST_F(CoordinatorTest, DamagedManifestIsDataLossAndOtherStepsStillLoad) {
+  UsePosix();
+  Start();
+  Save("job", 1, 2);
+  Save("job", 2, 2);
+  const std::filesystem::path manifest =
+      std::filesystem::path(data_dir_) / storage::ManifestKey("job", 2);
+  const auto size = std::filesystem::file_size(manifest);
+  ASSERT_GT(size, 16u);
+  {
+    std::fstream f(manifest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(size / 2));
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(static_cast<std::streamoff>(size / 2));
+    c = static_cast<char>(c ^ 0x10);
+    f.write(&c, 1);
+  }
+  v1::PlanLoadRequest req = ColumnsRequest(0, 0, 4, 1, 2);
+  req.set_world_size(0);  // not in a load round: each ask is planned
+  req.set_verify_in_round(false);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // not cached as good
+    absl::StatusOr<v1::PlanLoadResponse> bad = coordinator_->PlanLoad(req);
+    ASSERT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("'job'"));
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("2"));
+  }
+  req.set_step(1);
+  absl::StatusOr<v1::PlanLoadResponse> good = coordinator_->PlanLoad(req);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->reads_size(), 2);
 }
 
 }  // namespace
