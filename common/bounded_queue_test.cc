@@ -58,8 +58,8 @@ TEST(BoundedQueueTest, PushWaitsWhileFull) {
     third_pushed.Notify();
   });
   // It cannot finish while the queue is full, however long it is given.
-  EXPECT_FALSE(third_pushed.WaitForNotificationWithTimeout(
-      absl::Milliseconds(100)));
+  EXPECT_FALSE(
+      third_pushed.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
   EXPECT_EQ(queue.Pop(), 1);
   third_pushed.WaitForNotification();
   producer.join();
