@@ -55,13 +55,6 @@ struct StoredChunk {
   uint32_t crc32c = 0;
 };
 
-struct StoredTensor {
-  std::string fqn;
-  DType dtype = DType::kUnspecified;
-  Shape global_shape;
-  std::vector<StoredChunk> chunks;  // disjoint boxes
-};
-
 // A stored chunk whose object is named by its index among the objects a
 // LoadPlanner::Builder was made with (a manifest lists its objects once;
 // naming them by key costs a string per chunk, 18 M at 16k ranks).
@@ -73,12 +66,17 @@ struct StoredChunkByIndex {
   uint32_t crc32c = 0;
 };
 
-struct StoredTensorByIndex {
+// A stored tensor whose chunks name their objects by key (StoredChunk) or
+// by index (StoredChunkByIndex).
+template <typename Chunk>
+struct StoredTensorOf {
   std::string fqn;
   DType dtype = DType::kUnspecified;
   Shape global_shape;
-  std::vector<StoredChunkByIndex> chunks;  // disjoint boxes
+  std::vector<Chunk> chunks;  // disjoint boxes
 };
+using StoredTensor = StoredTensorOf<StoredChunk>;
+using StoredTensorByIndex = StoredTensorOf<StoredChunkByIndex>;
 
 struct WantedChunk {
   std::string fqn;

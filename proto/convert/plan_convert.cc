@@ -269,13 +269,25 @@ void LayoutToProto(const planner::DTensorLayout& layout,
   }
 }
 
+namespace {
+
+// The fqn, dtype and shape of `t` into `st` (its chunks are the caller's).
+template <typename Chunk>
+absl::Status StoredTensorEntryFromProto(const v1::ManifestTensor& t,
+                                        planner::StoredTensorOf<Chunk>* st) {
+  st->fqn = t.entry().fqn();
+  CAIRN_ASSIGN_OR_RETURN(st->dtype, DTypeFromProto(t.entry().dtype(), st->fqn));
+  CAIRN_ASSIGN_OR_RETURN(st->global_shape,
+                         ShapeFromProto(t.entry().global_shape(), st->fqn));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<planner::StoredTensor> StoredTensorFromProto(
     const v1::ManifestTensor& t) {
   planner::StoredTensor st;
-  st.fqn = t.entry().fqn();
-  CAIRN_ASSIGN_OR_RETURN(st.dtype, DTypeFromProto(t.entry().dtype(), st.fqn));
-  CAIRN_ASSIGN_OR_RETURN(st.global_shape,
-                         ShapeFromProto(t.entry().global_shape(), st.fqn));
+  CAIRN_RETURN_IF_ERROR(StoredTensorEntryFromProto(t, &st));
   st.chunks.reserve(t.chunks_size());
   for (const v1::StoredChunk& c : t.chunks()) {
     planner::StoredChunk sc;
@@ -290,15 +302,12 @@ absl::StatusOr<planner::StoredTensor> StoredTensorFromProto(
 absl::StatusOr<planner::StoredTensorByIndex> StoredTensorByIndexFromProto(
     const v1::ManifestTensor& t, absl::Span<const uint32_t> chunk_objects) {
   planner::StoredTensorByIndex st;
-  st.fqn = t.entry().fqn();
   if (chunk_objects.size() != static_cast<size_t>(t.chunks_size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("manifest tensor '", st.fqn, "' has ", t.chunks_size(),
-                     " chunks and ", chunk_objects.size(), " object indexes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "manifest tensor '", t.entry().fqn(), "' has ", t.chunks_size(),
+        " chunks and ", chunk_objects.size(), " object indexes"));
   }
-  CAIRN_ASSIGN_OR_RETURN(st.dtype, DTypeFromProto(t.entry().dtype(), st.fqn));
-  CAIRN_ASSIGN_OR_RETURN(st.global_shape,
-                         ShapeFromProto(t.entry().global_shape(), st.fqn));
+  CAIRN_RETURN_IF_ERROR(StoredTensorEntryFromProto(t, &st));
   st.chunks.resize(static_cast<size_t>(t.chunks_size()));
   for (int i = 0; i < t.chunks_size(); ++i) {
     const v1::StoredChunk& c = t.chunks(i);
