@@ -272,7 +272,7 @@ void CheckShortFormLoad(const planner::LoadPlanner& loader,
     request.mutable_wanted_boxes()->Add(w.box().sizes().begin(),
                                         w.box().sizes().end());
   }
-  absl::StatusOr<std::vector<planner::WantedChunk>> wanted =
+  absl::StatusOr<std::vector<planner::WantedBox>> wanted =
       convert::WantedFromCompact(request, loader, order);
   if (!wanted.ok()) {
     FUZZ_CHECK(absl::IsInvalidArgument(wanted.status()), "%s",
@@ -280,8 +280,8 @@ void CheckShortFormLoad(const planner::LoadPlanner& loader,
     return;
   }
   v1::PlanLoadRequest full;
-  for (const planner::WantedChunk& w : *wanted) {
-    convert::WantedToProto(w, full.add_wanted());
+  for (const planner::WantedBox& w : *wanted) {
+    convert::WantedToProto(loader.Named(w), full.add_wanted());
   }
   v1::PlanLoadRequest again;
   FUZZ_CHECK(convert::CompactWanted(full, &again), "no short form");

@@ -71,7 +71,7 @@ absl::Status LoadPlanner::Builder::Add(StoredTensorByIndex t) {
     return absl::InvalidArgumentError(
         absl::StrCat("manifest tensor '", t.fqn, "': ", s.message()));
   }
-  const uint64_t first = p.chunk_object_.size();
+  const uint64_t first = p.chunks_.size();
   if (t.chunks.size() > kMaxStoredChunks - first) {
     return absl::InvalidArgumentError(
         absl::StrCat("manifest tensor '", t.fqn, "' brings the checkpoint to ",
@@ -122,9 +122,7 @@ absl::Status LoadPlanner::Builder::Add(StoredTensorByIndex t) {
   }
   boxes = {};  // the index holds them now
   for (const StoredChunkByIndex& chunk : t.chunks) {
-    p.chunk_object_.push_back(chunk.object);
-    p.chunk_offset_.push_back(chunk.offset);
-    p.chunk_crc32c_.push_back(chunk.crc32c);
+    p.chunks_.push_back(ChunkRecord{chunk.offset, chunk.object, chunk.crc32c});
   }
   const int t_index = static_cast<int>(p.tensors_.size());
   p.by_fqn_.emplace(t.fqn, t_index);
@@ -161,17 +159,17 @@ std::unique_ptr<LoadPlanner> LoadPlanner::Builder::Finish() && {
   // tensor, and the tensors come in fqn order), so a comparison sort runs
   // only over an object whose chunks are not (18 M chunks at 16k ranks).
   std::vector<uint64_t> starts(p.objects_.size() + 1, 0);
-  for (uint32_t o : p.chunk_object_) ++starts[o + 1];
+  for (const ChunkRecord& r : p.chunks_) ++starts[r.object + 1];
   for (size_t o = 1; o < starts.size(); ++o) starts[o] += starts[o - 1];
-  p.by_location_.resize(p.chunk_object_.size());
+  p.by_location_.resize(p.chunks_.size());
   {
     std::vector<uint64_t> next(starts.begin(), starts.end() - 1);
-    for (size_t i = 0; i < p.chunk_object_.size(); ++i) {
-      p.by_location_[next[p.chunk_object_[i]]++] = static_cast<uint32_t>(i);
+    for (size_t i = 0; i < p.chunks_.size(); ++i) {
+      p.by_location_[next[p.chunks_[i].object]++] = static_cast<uint32_t>(i);
     }
   }
   const auto by_offset = [&p](uint32_t a, uint32_t b) {
-    return p.chunk_offset_[a] < p.chunk_offset_[b];
+    return p.chunks_[a].offset < p.chunks_[b].offset;
   };
   for (size_t o = 0; o + 1 < starts.size(); ++o) {
     const auto begin = p.by_location_.begin() + starts[o];
@@ -180,9 +178,7 @@ std::unique_ptr<LoadPlanner> LoadPlanner::Builder::Finish() && {
       std::sort(begin, end, by_offset);
     }
   }
-  p.chunk_object_.shrink_to_fit();
-  p.chunk_offset_.shrink_to_fit();
-  p.chunk_crc32c_.shrink_to_fit();
+  p.chunks_.shrink_to_fit();
   p.tensors_.shrink_to_fit();
   return std::move(planner_);
 }
@@ -205,12 +201,13 @@ int LoadPlanner::num_indexes() const {
 void LoadPlanner::Fill(int t, int c, StoredChunkView* out) const {
   const IndexedTensor& tensor = tensors_[t];
   const uint32_t id = Id(t, c);
+  const ChunkRecord& r = chunks_[id];
   tensor.index->BoxInto(c, &out->box);
-  out->object_key = objects_[chunk_object_[id]];
-  out->offset = chunk_offset_[id];
+  out->object_key = objects_[r.object];
+  out->offset = r.offset;
   out->length =
       static_cast<uint64_t>(Volume(out->box)) * DTypeSize(tensor.dtype);
-  out->crc32c = chunk_crc32c_[id];
+  out->crc32c = r.crc32c;
 }
 
 StoredChunkView LoadPlanner::chunk(int t, int c) const {
@@ -227,10 +224,10 @@ std::optional<std::pair<int, int>> LoadPlanner::ChunkAt(
   auto it = std::lower_bound(
       by_location_.begin(), by_location_.end(), std::make_pair(o, offset),
       [this](uint32_t id, const std::pair<uint32_t, uint64_t>& key) {
-        return std::make_pair(chunk_object_[id], chunk_offset_[id]) < key;
+        return std::make_pair(chunks_[id].object, chunks_[id].offset) < key;
       });
-  if (it == by_location_.end() || chunk_object_[*it] != o ||
-      chunk_offset_[*it] != offset) {
+  if (it == by_location_.end() || chunks_[*it].object != o ||
+      chunks_[*it].offset != offset) {
     return std::nullopt;
   }
   return ChunkOfId(*it);
@@ -248,32 +245,49 @@ std::optional<std::pair<int, int>> LoadPlanner::ChunkOfId(uint32_t id) const {
   return std::make_pair(ti, static_cast<int>(id - tensors_[ti].first_chunk));
 }
 
+void LoadPlanner::AddRead(const ReadView& r, std::vector<ReadItem>* reads) {
+  ReadItem& item = reads->emplace_back();
+  item.fqn = std::string(r.fqn);
+  item.dest_index = r.dest_index;
+  item.overlap = *r.overlap;
+  item.source_chunk = r.source_chunk;
+  item.source = r.source->location();
+  item.source_crc32c = r.source->crc32c;
+  item.segments = *r.segments;
+}
+
 absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
     const std::vector<WantedChunk>& wanted) const {
   std::vector<ReadItem> reads;
   reads.reserve(wanted.size());  // at least one read per non-empty chunk
-  const absl::Status planned = PlanEach(wanted, [&](const ReadView& r) {
-    ReadItem& item = reads.emplace_back();
-    item.fqn = std::string(r.fqn);
-    item.dest_index = r.dest_index;
-    item.overlap = *r.overlap;
-    item.source_chunk = r.source_chunk;
-    item.source = r.source->location();
-    item.source_crc32c = r.source->crc32c;
-    item.segments = *r.segments;
-  });
+  const absl::Status planned =
+      PlanEach(wanted, [&](const ReadView& r) { AddRead(r, &reads); });
   if (!planned.ok()) return planned;
   return reads;
 }
 
+absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
+    absl::Span<const WantedBox> wanted) const {
+  std::vector<ReadItem> reads;
+  reads.reserve(wanted.size());
+  const absl::Status planned =
+      PlanEach(wanted, [&](const ReadView& r) { AddRead(r, &reads); });
+  if (!planned.ok()) return planned;
+  return reads;
+}
+
+struct LoadPlanner::PlanScratch {
+  std::vector<int> hits;
+  ChunkBox overlap;
+  StoredChunkView chunk;
+  std::vector<CopySegment> segments_of_item;
+  uint64_t segments = 0;  // in the plan so far, checked before each item
+};
+
 absl::Status LoadPlanner::PlanEach(
     const std::vector<WantedChunk>& wanted,
     absl::FunctionRef<void(const ReadView&)> sink, bool with_segments) const {
-  std::vector<int> hits;
-  ChunkBox overlap;
-  StoredChunkView chunk;                      // reused for every item
-  std::vector<CopySegment> segments_of_item;  // reused for every item
-  uint64_t segments = 0;  // so far, checked before each allocation
+  PlanScratch scratch;
   for (int w = 0; w < static_cast<int>(wanted.size()); ++w) {
     const WantedChunk& want = wanted[w];
     const int ti = Find(want.fqn);
@@ -290,51 +304,84 @@ absl::Status LoadPlanner::PlanEach(
           "'", want.fqn, "': saved ", Describe(t.dtype, t.global_shape),
           ", requested ", Describe(want.dtype, want.global_shape)));
     }
-    if (absl::Status s = ValidateBoxInShape(want.box, t.global_shape);
-        !s.ok()) {
+    CAIRN_RETURN_IF_ERROR(
+        PlanWanted(w, ti, want.box, scratch, sink, with_segments));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadPlanner::PlanEach(
+    absl::Span<const WantedBox> wanted,
+    absl::FunctionRef<void(const ReadView&)> sink, bool with_segments) const {
+  PlanScratch scratch;
+  for (int w = 0; w < static_cast<int>(wanted.size()); ++w) {
+    const int ti = wanted[w].tensor;
+    if (ti < 0 || ti >= num_tensors()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("'", want.fqn, "' wanted chunk ", w, ": ", s.message()));
+          absl::StrCat("wanted chunk ", w, " names stored tensor ", ti, " of ",
+                       num_tensors()));
     }
-    const int64_t need = Volume(want.box);
-    if (need == 0) continue;
-    const size_t elem = DTypeSize(t.dtype);
-    hits.clear();
-    t.index->Query(want.box, &hits);
-    int64_t covered = 0;
-    for (int c : hits) {
-      Fill(ti, c, &chunk);
-      Intersect(chunk.box, want.box, &overlap);
-      covered += Volume(overlap);
-      const uint64_t n = NumCopySegments(chunk.box, want.box, overlap);
-      if (n > kMaxCopySegmentsPerPlan - segments) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "'", want.fqn, "' wanted chunk ", w, " ", BoxToString(want.box),
-            ": reading it needs more than ", kMaxCopySegmentsPerPlan,
-            " copy segments in one plan (stored chunk ", BoxToString(chunk.box),
-            " alone needs ", n, "); load it as smaller chunks"));
-      }
-      segments += n;
-      if (with_segments) {
-        segments_of_item.clear();
-        AppendCopySegments(chunk.box, want.box, overlap, elem,
-                           &segments_of_item);
-      }
-      const uint32_t id = Id(ti, c);
-      sink(ReadView{w, ti, t.fqn, c, &chunk, &overlap,
-                    with_segments ? &segments_of_item : nullptr, id,
-                    chunk_object_[id],
-                    static_cast<uint64_t>(Volume(overlap)) * elem});
+    CAIRN_RETURN_IF_ERROR(
+        PlanWanted(w, ti, wanted[w].box, scratch, sink, with_segments));
+  }
+  return absl::OkStatus();
+}
+
+WantedChunk LoadPlanner::Named(const WantedBox& w) const {
+  const IndexedTensor& t = tensors_[w.tensor];
+  return WantedChunk{t.fqn, t.dtype, t.global_shape, w.box};
+}
+
+absl::Status LoadPlanner::PlanWanted(
+    int w, int ti, const ChunkBox& box, PlanScratch& scratch,
+    absl::FunctionRef<void(const ReadView&)> sink, bool with_segments) const {
+  const IndexedTensor& t = tensors_[ti];
+  if (absl::Status s = ValidateBoxInShape(box, t.global_shape); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", t.fqn, "' wanted chunk ", w, ": ", s.message()));
+  }
+  const int64_t need = Volume(box);
+  if (need == 0) return absl::OkStatus();
+  const size_t elem = DTypeSize(t.dtype);
+  std::vector<int>& hits = scratch.hits;
+  ChunkBox& overlap = scratch.overlap;
+  StoredChunkView& chunk = scratch.chunk;
+  hits.clear();
+  t.index->Query(box, &hits);
+  int64_t covered = 0;
+  for (int c : hits) {
+    Fill(ti, c, &chunk);
+    Intersect(chunk.box, box, &overlap);
+    covered += Volume(overlap);
+    const uint64_t n = NumCopySegments(chunk.box, box, overlap);
+    if (n > kMaxCopySegmentsPerPlan - scratch.segments) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "'", t.fqn, "' wanted chunk ", w, " ", BoxToString(box),
+          ": reading it needs more than ", kMaxCopySegmentsPerPlan,
+          " copy segments in one plan (stored chunk ", BoxToString(chunk.box),
+          " alone needs ", n, "); load it as smaller chunks"));
     }
-    if (covered != need) {
-      ChunkBox gap;
-      std::string example;
-      if (FindUncovered(*t.index, want.box, &gap)) {
-        example = absl::StrCat("; e.g. ", BoxToString(gap), " is missing");
-      }
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the checkpoint holds ", covered, " of the ", need, " elements of '",
-          want.fqn, "' wanted chunk ", BoxToString(want.box), example));
+    scratch.segments += n;
+    if (with_segments) {
+      scratch.segments_of_item.clear();
+      AppendCopySegments(chunk.box, box, overlap, elem,
+                         &scratch.segments_of_item);
     }
+    const uint32_t id = Id(ti, c);
+    sink(ReadView{w, ti, t.fqn, c, &chunk, &overlap,
+                  with_segments ? &scratch.segments_of_item : nullptr, id,
+                  chunks_[id].object,
+                  static_cast<uint64_t>(Volume(overlap)) * elem});
+  }
+  if (covered != need) {
+    ChunkBox gap;
+    std::string example;
+    if (FindUncovered(*t.index, box, &gap)) {
+      example = absl::StrCat("; e.g. ", BoxToString(gap), " is missing");
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint holds ", covered, " of the ", need, " elements of '",
+        t.fqn, "' wanted chunk ", BoxToString(box), example));
   }
   return absl::OkStatus();
 }

@@ -42,6 +42,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "planner/box.h"
 #include "planner/dtype.h"
 #include "planner/overlap_index.h"
@@ -82,6 +83,15 @@ struct WantedChunk {
   std::string fqn;
   DType dtype = DType::kUnspecified;
   Shape global_shape;
+  ChunkBox box;
+};
+
+// A wanted chunk of a tensor the planner holds, named by its index
+// (LoadPlanner::Find): its dtype and global shape are the stored tensor's.
+// A request that names the checkpoint's own tensors (cairnd's short form)
+// is planned this way, with no fqn copied, hashed or compared per chunk.
+struct WantedBox {
+  int tensor = 0;
   ChunkBox box;
 };
 
@@ -177,6 +187,10 @@ class LoadPlanner {
   // file comment for errors.
   absl::StatusOr<std::vector<ReadItem>> Plan(
       const std::vector<WantedChunk>& wanted) const;
+  // The same for wanted chunks named by tensor index: INVALID_ARGUMENT for an
+  // index that is no stored tensor, every other error as above.
+  absl::StatusOr<std::vector<ReadItem>> Plan(
+      absl::Span<const WantedBox> wanted) const;
 
   // One read item as PlanEach hands it over: views into the planner and a
   // scratch buffer, valid only during the call.
@@ -202,6 +216,12 @@ class LoadPlanner {
   absl::Status PlanEach(const std::vector<WantedChunk>& wanted,
                         absl::FunctionRef<void(const ReadView&)> sink,
                         bool segments = true) const;
+  absl::Status PlanEach(absl::Span<const WantedBox> wanted,
+                        absl::FunctionRef<void(const ReadView&)> sink,
+                        bool segments = true) const;
+  // `w` with its tensor named: the fqn, dtype and global shape of stored
+  // tensor w.tensor (which must be one).
+  WantedChunk Named(const WantedBox& w) const;
 
   // The stored tensors, in the order Create() was given them.
   int num_tensors() const { return static_cast<int>(tensors_.size()); }
@@ -221,7 +241,7 @@ class LoadPlanner {
   // tensor by tensor. The chunk with id `id`: (tensor, chunk), or
   // std::nullopt when there is no such id.
   uint32_t num_chunk_ids() const {
-    return static_cast<uint32_t>(chunk_offset_.size());
+    return static_cast<uint32_t>(chunks_.size());
   }
   std::optional<std::pair<int, int>> ChunkOfId(uint32_t id) const;
   // Distinct overlap indexes: the tilings of the stored tensors (stats).
@@ -246,16 +266,30 @@ class LoadPlanner {
     return tensors_[t].first_chunk + static_cast<uint32_t>(c);
   }
   void Fill(int t, int c, StoredChunkView* out) const;
+  // What PlanEach reuses from one wanted chunk to the next.
+  struct PlanScratch;
+  // The reads of wanted chunk `w`, a box of stored tensor `t` (dtype and
+  // shape already matched), into `sink`.
+  absl::Status PlanWanted(int w, int t, const ChunkBox& box,
+                          PlanScratch& scratch,
+                          absl::FunctionRef<void(const ReadView&)> sink,
+                          bool with_segments) const;
+  static void AddRead(const ReadView& r, std::vector<ReadItem>* reads);
 
   // Constant after construction.
   std::vector<IndexedTensor> tensors_;
   absl::flat_hash_map<std::string, int> by_fqn_;
   std::vector<std::string> objects_;  // each object key once (one per rank)
   absl::flat_hash_map<std::string, uint32_t> object_ids_;  // key -> index
-  // Per chunk id.
-  std::vector<uint32_t> chunk_object_;  // index into objects_
-  std::vector<uint64_t> chunk_offset_;
-  std::vector<uint32_t> chunk_crc32c_;
+  // Where each stored chunk is, by chunk id: one record of 16 bytes, so an
+  // item of a plan touches one cache line of these, not three arrays (18 M
+  // chunks at 16k ranks: every item is a cache miss).
+  struct ChunkRecord {
+    uint64_t offset = 0;
+    uint32_t object = 0;  // index into objects_
+    uint32_t crc32c = 0;
+  };
+  std::vector<ChunkRecord> chunks_;
   // Chunk ids sorted by (object, offset), for ChunkAt.
   std::vector<uint32_t> by_location_;
 };

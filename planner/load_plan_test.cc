@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/layout.h"
@@ -157,6 +158,60 @@ TEST(LoadPlanTest, ErrorsNameTheFqnAndSayWhatDiffers) {
   EXPECT_EQ(ok->size(), 1u);
   EXPECT_EQ(planner->Find("w"), 0);
   EXPECT_EQ(planner->Find("x"), -1);
+}
+
+TEST(LoadPlanTest, WantedByTensorIndexPlansAsByNameAndNamesTheFqn) {
+  auto planner = MustCreate(
+      {Tensor("w", {4, 4}, {Box({0, 0}, {2, 4}), Box({2, 0}, {1, 4})}),
+       Tensor("b", {4}, {Box({0}, {4})}, DType::kBFloat16)});
+  ASSERT_NE(planner, nullptr);
+  const int w = planner->Find("w");
+  const int b = planner->Find("b");
+  const std::vector<WantedBox> by_index = {WantedBox{b, Box({1}, {2})},
+                                           WantedBox{w, Box({1, 1}, {2, 2})},
+                                           WantedBox{w, Box({0, 0}, {0, 4})}};
+  std::vector<WantedChunk> by_name;
+  for (const WantedBox& x : by_index) by_name.push_back(planner->Named(x));
+  EXPECT_EQ(by_name[0].fqn, "b");
+  EXPECT_EQ(by_name[0].dtype, DType::kBFloat16);
+  EXPECT_EQ(by_name[1].global_shape, (Shape{4, 4}));
+  auto got = planner->Plan(by_index);
+  auto want = planner->Plan(by_name);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(got->size(), 3u);  // b once, w from both of its chunks
+  ASSERT_EQ(got->size(), want->size());
+  for (size_t i = 0; i < got->size(); ++i) {
+    EXPECT_EQ((*got)[i].fqn, (*want)[i].fqn);
+    EXPECT_EQ((*got)[i].dest_index, (*want)[i].dest_index);
+    EXPECT_EQ((*got)[i].overlap, (*want)[i].overlap);
+    EXPECT_EQ((*got)[i].source, (*want)[i].source);
+    EXPECT_EQ((*got)[i].segments, (*want)[i].segments);
+  }
+
+  for (int bad : {-1, 2, 1 << 30}) {
+    auto no_tensor = planner->Plan(std::vector<WantedBox>{
+        WantedBox{w, Box({0, 0}, {1, 1})}, WantedBox{bad, Box({0}, {1})}});
+    EXPECT_EQ(no_tensor.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(no_tensor.status().message(),
+                HasSubstr(absl::StrCat("wanted chunk 1 names stored tensor ",
+                                       bad, " of 2")));
+  }
+  auto outside =
+      planner->Plan(std::vector<WantedBox>{WantedBox{b, Box({2}, {3})}});
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(outside.status().message(),
+              HasSubstr("'b' wanted chunk 0: chunk [2:5] exceeds shape [4]"));
+  auto dims =
+      planner->Plan(std::vector<WantedBox>{WantedBox{w, Box({0}, {4})}});
+  EXPECT_EQ(dims.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(dims.status().message(), HasSubstr("'w' wanted chunk 0"));
+  auto uncovered =
+      planner->Plan(std::vector<WantedBox>{WantedBox{w, Box({2, 0}, {2, 4})}});
+  EXPECT_EQ(uncovered.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(uncovered.status().message(),
+              HasSubstr("holds 4 of the 8 elements of 'w' wanted chunk [2:4, "
+                        "0:4]; e.g. [3:4, 0:4] is missing"));
 }
 
 TEST(LoadPlanTest, CreateRejectsBadManifests) {

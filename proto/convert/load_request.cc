@@ -66,7 +66,7 @@ bool CompactWanted(const v1::PlanLoadRequest& full,
   return true;
 }
 
-absl::StatusOr<std::vector<planner::WantedChunk>> WantedFromCompact(
+absl::StatusOr<std::vector<planner::WantedBox>> WantedFromCompact(
     const v1::PlanLoadRequest& request, const planner::LoadPlanner& planner,
     absl::Span<const int> order) {
   size_t values = 0;
@@ -79,15 +79,12 @@ absl::StatusOr<std::vector<planner::WantedChunk>> WantedFromCompact(
         " tensors of the checkpoint (whose digest the request names) need ",
         values, ": an offset and a size per dim of each"));
   }
-  std::vector<planner::WantedChunk> wanted(order.size());
+  std::vector<planner::WantedBox> wanted(order.size());
   const int64_t* v = boxes.data();
   for (size_t i = 0; i < order.size(); ++i) {
-    const int t = order[i];
-    planner::WantedChunk& w = wanted[i];
-    w.fqn = planner.fqn(t);
-    w.dtype = planner.dtype(t);
-    w.global_shape = planner.global_shape(t);
-    const size_t dims = w.global_shape.size();
+    planner::WantedBox& w = wanted[i];
+    w.tensor = order[i];
+    const size_t dims = planner.global_shape(w.tensor).size();
     w.box.offsets.assign(v, v + dims);
     w.box.sizes.assign(v + dims, v + 2 * dims);
     v += 2 * dims;

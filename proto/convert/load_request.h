@@ -56,10 +56,11 @@ bool CompactWanted(const v1::PlanLoadRequest& full,
                    v1::PlanLoadRequest* compact);
 
 // The wanted chunks of a short-form request, for the stored tensors of
-// `planner` in `order` (whose digest the request named). INVALID_ARGUMENT when
+// `planner` in `order` (whose digest the request named), by tensor index
+// (LoadPlanner::Named gives the full form). INVALID_ARGUMENT when
 // wanted_boxes does not hold exactly the offsets and sizes of every one
 // (the boxes themselves are checked by the planner).
-absl::StatusOr<std::vector<planner::WantedChunk>> WantedFromCompact(
+absl::StatusOr<std::vector<planner::WantedBox>> WantedFromCompact(
     const v1::PlanLoadRequest& request, const planner::LoadPlanner& planner,
     absl::Span<const int> order);
 

@@ -90,13 +90,13 @@ TEST(LoadRequestTest, ShortFormExpandsToTheFullFormOnRandomCases) {
     full_rest.clear_wanted();
     EXPECT_EQ(rest.SerializeAsString(), full_rest.SerializeAsString());
 
-    absl::StatusOr<std::vector<planner::WantedChunk>> wanted =
+    absl::StatusOr<std::vector<planner::WantedBox>> wanted =
         WantedFromCompact(wire, *c.planner, order);
     ASSERT_TRUE(wanted.ok()) << wanted.status();
     ASSERT_EQ(static_cast<int>(wanted->size()), c.full.wanted_size());
     for (int i = 0; i < c.full.wanted_size(); ++i) {
       const planner::WantedChunk want = *WantedFromProto(c.full.wanted(i));
-      const planner::WantedChunk& got = (*wanted)[i];
+      const planner::WantedChunk got = c.planner->Named((*wanted)[i]);
       EXPECT_EQ(got.fqn, want.fqn);
       EXPECT_EQ(got.dtype, want.dtype);
       EXPECT_EQ(got.global_shape, want.global_shape);
@@ -113,6 +113,14 @@ TEST(LoadRequestTest, ShortFormExpandsToTheFullFormOnRandomCases) {
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(b.ok()) << b.status();
     ASSERT_EQ(a->size(), b->size());
+    for (size_t i = 0; i < a->size(); ++i) {
+      EXPECT_EQ((*a)[i].fqn, (*b)[i].fqn);
+      EXPECT_EQ((*a)[i].dest_index, (*b)[i].dest_index);
+      EXPECT_EQ((*a)[i].overlap, (*b)[i].overlap);
+      EXPECT_EQ((*a)[i].source, (*b)[i].source);
+      EXPECT_EQ((*a)[i].source_crc32c, (*b)[i].source_crc32c);
+      EXPECT_EQ((*a)[i].segments, (*b)[i].segments);
+    }
     // Smaller on the wire, unless every fqn is tiny.
     EXPECT_LT(wire.ByteSizeLong(), c.full.ByteSizeLong() + 40);
   }
@@ -190,7 +198,7 @@ TEST(LoadRequestTest, RefusesBoxesOfTheWrongLength) {
   TensorsDigestOf(*c.planner, &order);
   v1::PlanLoadRequest longer = wire;
   longer.add_wanted_boxes(0);
-  absl::StatusOr<std::vector<planner::WantedChunk>> got =
+  absl::StatusOr<std::vector<planner::WantedBox>> got =
       WantedFromCompact(longer, *c.planner, order);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(got.status().message().find(absl::StrCat(

@@ -180,7 +180,8 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
         absl::StrCat("the request has both tensors_digest and ",
                      request.wanted_size(), " wanted chunks; send one form")));
   }
-  std::vector<planner::WantedChunk> wanted;
+  std::vector<planner::WantedChunk> wanted;    // the full form
+  std::vector<planner::WantedBox> wanted_ids;  // the short form, expanded
   if (!short_form) {
     wanted.reserve(request.wanted_size());
     for (const v1::WantedChunk& w : request.wanted()) {
@@ -227,11 +228,11 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
       plan->bytes = resend.SerializeAsString();
       return plan;
     }
-    absl::StatusOr<std::vector<planner::WantedChunk>> expanded =
+    absl::StatusOr<std::vector<planner::WantedBox>> expanded =
         convert::WantedFromCompact(request, *ckpt->planner,
                                    ckpt->tensors_by_fqn);
     if (!expanded.ok()) return refused(expanded.status());
-    wanted = *std::move(expanded);
+    wanted_ids = *std::move(expanded);
   }
   m_.load_plan_misses->Increment();
   // Each read item is written straight into the answer's wire bytes.
@@ -240,10 +241,13 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
                                            ? convert::AnswerForm::kCompact
                                            : convert::AnswerForm::kFull);
   // A rank taking the compact form derives the copy segments itself.
-  const absl::Status planned = ckpt->planner->PlanEach(
-      wanted,
-      [&answer](const planner::LoadPlanner::ReadView& r) { answer.AddRead(r); },
-      /*segments=*/!request.compact());
+  const auto add = [&answer](const planner::LoadPlanner::ReadView& r) {
+    answer.AddRead(r);
+  };
+  const bool segments = !request.compact();
+  const absl::Status planned =
+      short_form ? ckpt->planner->PlanEach(wanted_ids, add, segments)
+                 : ckpt->planner->PlanEach(wanted, add, segments);
   if (!planned.ok()) return refused(planned);
   for (const std::string& fqn : request.wanted_bytes()) {
     auto it = ckpt->bytes_index.find(fqn);
