@@ -154,33 +154,36 @@ std::shared_ptr<const OverlapIndex> LoadPlanner::Builder::Shared(
 
 std::unique_ptr<LoadPlanner> LoadPlanner::Builder::Finish() && {
   LoadPlanner& p = *planner_;
+  p.chunks_.shrink_to_fit();
+  p.tensors_.shrink_to_fit();
+  return std::move(planner_);
+}
+
+void LoadPlanner::SortByLocation() const {
   // Chunks by (object, offset): counted out by object, in id order, which is
   // usually offset order already (a rank writes its chunks tensor by
   // tensor, and the tensors come in fqn order), so a comparison sort runs
   // only over an object whose chunks are not (18 M chunks at 16k ranks).
-  std::vector<uint64_t> starts(p.objects_.size() + 1, 0);
-  for (const ChunkRecord& r : p.chunks_) ++starts[r.object + 1];
+  std::vector<uint64_t> starts(objects_.size() + 1, 0);
+  for (const ChunkRecord& r : chunks_) ++starts[r.object + 1];
   for (size_t o = 1; o < starts.size(); ++o) starts[o] += starts[o - 1];
-  p.by_location_.resize(p.chunks_.size());
+  by_location_.resize(chunks_.size());
   {
     std::vector<uint64_t> next(starts.begin(), starts.end() - 1);
-    for (size_t i = 0; i < p.chunks_.size(); ++i) {
-      p.by_location_[next[p.chunks_[i].object]++] = static_cast<uint32_t>(i);
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      by_location_[next[chunks_[i].object]++] = static_cast<uint32_t>(i);
     }
   }
-  const auto by_offset = [&p](uint32_t a, uint32_t b) {
-    return p.chunks_[a].offset < p.chunks_[b].offset;
+  const auto by_offset = [this](uint32_t a, uint32_t b) {
+    return chunks_[a].offset < chunks_[b].offset;
   };
   for (size_t o = 0; o + 1 < starts.size(); ++o) {
-    const auto begin = p.by_location_.begin() + starts[o];
-    const auto end = p.by_location_.begin() + starts[o + 1];
+    const auto begin = by_location_.begin() + starts[o];
+    const auto end = by_location_.begin() + starts[o + 1];
     if (!std::is_sorted(begin, end, by_offset)) {
       std::sort(begin, end, by_offset);
     }
   }
-  p.chunks_.shrink_to_fit();
-  p.tensors_.shrink_to_fit();
-  return std::move(planner_);
 }
 
 absl::StatusOr<std::unique_ptr<LoadPlanner>> LoadPlanner::Create(
@@ -221,6 +224,7 @@ std::optional<std::pair<int, int>> LoadPlanner::ChunkAt(
   auto obj = object_ids_.find(object_key);
   if (obj == object_ids_.end()) return std::nullopt;
   const uint32_t o = obj->second;
+  absl::call_once(by_location_once_, [this] { SortByLocation(); });
   auto it = std::lower_bound(
       by_location_.begin(), by_location_.end(), std::make_pair(o, offset),
       [this](uint32_t id, const std::pair<uint32_t, uint64_t>& key) {

@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
@@ -290,8 +291,13 @@ class LoadPlanner {
     uint32_t crc32c = 0;
   };
   std::vector<ChunkRecord> chunks_;
-  // Chunk ids sorted by (object, offset), for ChunkAt.
-  std::vector<uint32_t> by_location_;
+  // Chunk ids sorted by (object, offset), for ChunkAt: built by its first
+  // call (only a VerifyLoad piece in the full form names a chunk by its
+  // location; compact answers name it by id), not by every build of a
+  // loaded checkpoint (0.3-0.4 s of a 2.5 s build at 4096 ranks).
+  void SortByLocation() const;
+  mutable absl::once_flag by_location_once_;
+  mutable std::vector<uint32_t> by_location_;
 };
 
 }  // namespace cairn::planner

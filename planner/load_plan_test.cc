@@ -1,9 +1,11 @@
 #include "planner/load_plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -384,6 +386,27 @@ TEST(LoadPlanTest, KeepsEveryStoredChunkAndFindsItByLocation) {
     }
     ASSERT_NE(planner, nullptr);
     ASSERT_EQ(planner->num_tensors(), num_tensors);
+    if (iter % 4 == 0) {
+      // First lookups from several threads at once: ChunkAt's index is
+      // built once, by whichever comes first, and each finds every chunk.
+      std::atomic<int> found{0};
+      int stored = 0;
+      for (const StoredTensor& g : given) stored += g.chunks.size();
+      std::vector<std::thread> threads;
+      for (int k = 0; k < 4; ++k) {
+        threads.emplace_back([&] {
+          for (const StoredTensor& g : given) {
+            for (const StoredChunk& c : g.chunks) {
+              if (planner->ChunkAt(c.location.object_key, c.location.offset)) {
+                ++found;
+              }
+            }
+          }
+        });
+      }
+      for (std::thread& th : threads) th.join();
+      ASSERT_EQ(found.load(), 4 * stored);
+    }
     for (int t = 0; t < num_tensors; ++t) {
       const StoredTensor& g = given[t];
       ASSERT_EQ(planner->fqn(t), g.fqn);
