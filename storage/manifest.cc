@@ -725,8 +725,15 @@ template <typename What>
 absl::Status ManifestValidator::CheckLocation(const v1::StorageLocation& loc,
                                               What&& what,
                                               uint32_t* object_index) {
-  auto object = objects_.find(loc.object_key());
-  if (object == objects_.end()) {
+  int index = -1;
+  if (object_index != nullptr && *object_index < object_keys_.size() &&
+      object_keys_[*object_index] == loc.object_key()) {
+    index = static_cast<int>(*object_index);
+  } else if (auto object = objects_.find(loc.object_key());
+             object != objects_.end()) {
+    index = object->second;
+  }
+  if (index < 0) {
     if (absl::Status s = ValidateKey(loc.object_key()); !s.ok()) {
       return Bad(what(), ": ", s.message());
     }
@@ -739,11 +746,9 @@ absl::Status ManifestValidator::CheckLocation(const v1::StorageLocation& loc,
     return Bad(what(), ": location offset ", loc.offset(), " + length ",
                loc.length(), " exceeds 2^63 - 1");
   }
-  uint64_t& end = object_ends_[object->second];
+  uint64_t& end = object_ends_[index];
   end = std::max(end, loc.offset() + loc.length());
-  if (object_index != nullptr) {
-    *object_index = static_cast<uint32_t>(object->second);
-  }
+  if (object_index != nullptr) *object_index = static_cast<uint32_t>(index);
   return absl::OkStatus();
 }
 
@@ -773,6 +778,7 @@ absl::Status ManifestValidator::Start() {
   // Views into the header: nothing is copied per object or chunk, and the
   // messages naming a chunk are built only when it is wrong.
   objects_.reserve(m.objects_size());
+  object_keys_.reserve(m.objects_size());
   for (const std::string& key : m.objects()) {
     if (absl::Status s = ValidateKey(key); !s.ok()) {
       return Bad("object list: ", s.message());
@@ -780,6 +786,7 @@ absl::Status ManifestValidator::Start() {
     if (!objects_.try_emplace(key, static_cast<int>(objects_.size())).second) {
       return Bad("object '", key, "' listed twice");
     }
+    object_keys_.push_back(key);
   }
   object_ends_.assign(m.objects_size(), 0);
   return absl::OkStatus();

@@ -118,7 +118,10 @@ class ManifestValidator {
  private:
   template <typename... Parts>
   absl::Status Bad(const Parts&... parts) const;
-  // On success *object (optional) is the index of loc's object.
+  // On success *object (optional) is the index of loc's object. Its value
+  // on entry is a guess, tried before the hash lookup: the object of the
+  // same chunk of the previous tensor (a rank writes one chunk of every
+  // tensor, so the objects repeat tensor after tensor).
   template <typename What>
   absl::Status CheckLocation(const v1::StorageLocation& loc, What&& what,
                              uint32_t* object = nullptr);
@@ -141,6 +144,7 @@ class ManifestValidator {
       disjoint_tilings_;
   size_t known_tiling_coords_ = 0;
   absl::flat_hash_map<absl::string_view, int> objects_;  // -> index
+  std::vector<absl::string_view> object_keys_;           // index -> key
   std::vector<uint64_t> object_ends_;
   std::vector<uint32_t> chunk_objects_;   // of the last tensor added
   std::vector<std::string> tensor_fqns_;  // in order, so sorted

@@ -410,6 +410,46 @@ struct Corruption {
   const char* message;
 };
 
+// chunk_objects() is each chunk's object whether or not the objects come in
+// the previous tensor's order (the validator tries that order first).
+TEST(ValidateManifestTest, ChunkObjectsNameEachChunksObjectInAnyOrder) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 20; ++trial) {
+    v1::Manifest m = TestManifest(/*world_size=*/4, /*tensors=*/6);
+    for (v1::ManifestTensor& t : *m.mutable_tensors()) {
+      std::vector<std::string> keys;
+      for (const v1::StoredChunk& c : t.chunks()) {
+        keys.push_back(c.location().object_key());
+      }
+      if (trial % 2 == 1) std::shuffle(keys.begin(), keys.end(), rng);
+      for (int c = 0; c < t.chunks_size(); ++c) {
+        t.mutable_chunks(c)->mutable_location()->set_object_key(keys[c]);
+      }
+    }
+    ManifestValidator validator(m);
+    ASSERT_TRUE(validator.Start().ok());
+    for (const v1::ManifestTensor& t : m.tensors()) {
+      ASSERT_TRUE(validator.AddTensor(t).ok());
+      ASSERT_EQ(validator.chunk_objects().size(),
+                static_cast<size_t>(t.chunks_size()));
+      for (int c = 0; c < t.chunks_size(); ++c) {
+        const uint32_t o = validator.chunk_objects()[c];
+        ASSERT_LT(o, static_cast<uint32_t>(m.objects_size()));
+        EXPECT_EQ(m.objects(o), t.chunks(c).location().object_key());
+      }
+    }
+    // A key that is no object is refused, where the previous tensor's
+    // chunk at the same place named a listed one.
+    v1::ManifestTensor stray = m.tensors(m.tensors_size() - 1);
+    stray.mutable_entry()->set_fqn("zz.after.every.tensor");
+    stray.mutable_chunks(1)->mutable_location()->set_object_key(m.objects(0) +
+                                                                "x");
+    absl::Status s = validator.AddTensor(stray);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("is not in the manifest's object list"));
+  }
+}
+
 TEST(ValidateManifestTest, RejectsEachKindOfInconsistency) {
   const std::vector<Corruption> cases = {
       {"version", [](v1::Manifest& m) { m.set_format_version(2); },
