@@ -201,6 +201,38 @@ int LoadPlanner::num_indexes() const {
   return static_cast<int>(distinct.size());
 }
 
+size_t LoadPlanner::MemoryBytes() const {
+  // A string's heap bytes, past what fits in the object itself.
+  const auto heap = [](const std::string& s) {
+    return s.capacity() > 15 ? s.capacity() + 1 : 0;
+  };
+  // A flat_hash_map slot's bytes (key, value, control byte), at its capacity.
+  const auto slots = [](const auto& map, size_t slot) {
+    return map.capacity() * (slot + 1);
+  };
+  size_t bytes = sizeof(*this) + chunks_.capacity() * sizeof(ChunkRecord) +
+                 // ChunkAt's lookup, built by its first call.
+                 chunks_.size() * sizeof(uint32_t) +
+                 tensors_.capacity() * sizeof(IndexedTensor) +
+                 slots(by_fqn_, sizeof(std::pair<std::string, int>)) +
+                 objects_.capacity() * sizeof(std::string) +
+                 slots(object_ids_, sizeof(std::pair<std::string, uint32_t>));
+  absl::flat_hash_set<const OverlapIndex*> distinct;
+  for (const IndexedTensor& t : tensors_) {
+    // The fqn twice: the tensor's and by_fqn_'s key.
+    bytes += 2 * heap(t.fqn);
+    if (t.global_shape.capacity() > 4) {  // past the inline dims
+      bytes += t.global_shape.capacity() * sizeof(int64_t);
+    }
+    if (t.index != nullptr && distinct.insert(t.index.get()).second) {
+      bytes += t.index->MemoryBytes();
+    }
+  }
+  // Each key twice: objects_ and object_ids_.
+  for (const std::string& o : objects_) bytes += 2 * heap(o);
+  return bytes;
+}
+
 void LoadPlanner::Fill(int t, int c, StoredChunkView* out) const {
   const IndexedTensor& tensor = tensors_[t];
   const uint32_t id = Id(t, c);

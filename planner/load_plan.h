@@ -247,6 +247,10 @@ class LoadPlanner {
   std::optional<std::pair<int, int>> ChunkOfId(uint32_t id) const;
   // Distinct overlap indexes: the tilings of the stored tensors (stats).
   int num_indexes() const;
+  // Approximate bytes the planner holds: its chunks, tensors, object keys,
+  // distinct overlap indexes and the (object, offset) lookup as if built
+  // (what a cache of planners should charge it).
+  size_t MemoryBytes() const;
   // The data objects (ReadView.object_id indexes them).
   const std::string& object(uint32_t o) const { return objects_[o]; }
 

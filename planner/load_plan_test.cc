@@ -297,6 +297,35 @@ TEST(LoadPlanTest, TensorsInTheSameTilingShareAnIndex) {
   }
 }
 
+// MemoryBytes charges each chunk its record and its place in the location
+// lookup, each distinct overlap index once (a tiling shared by 40 layers is
+// not charged 40 times), and grows with the chunks.
+TEST(LoadPlanTest, MemoryBytesCountsChunksAndEachSharedIndexOnce) {
+  auto layers = [](int n, int tiles) {
+    std::vector<ChunkBox> tiling;
+    for (int i = 0; i < tiles; ++i) tiling.push_back(Box({i, 0}, {1, 8}));
+    std::vector<StoredTensor> tensors;
+    for (int layer = 0; layer < n; ++layer) {
+      tensors.push_back(
+          Tensor("layers." + std::to_string(layer), {tiles, 8}, tiling));
+    }
+    return MustCreate(std::move(tensors));
+  };
+  auto one = layers(1, 1000);
+  auto forty = layers(40, 1000);
+  ASSERT_NE(one, nullptr);
+  ASSERT_NE(forty, nullptr);
+  ASSERT_EQ(forty->num_indexes(), 1);
+  // 16-byte records plus a 4-byte lookup entry per chunk, at least.
+  EXPECT_GE(one->MemoryBytes(), 1000u * 20u);
+  EXPECT_GE(forty->MemoryBytes(), 40000u * 20u);
+  // The index (1000 2-D boxes: >= 32 bytes each) is in the one, and charged
+  // once in the forty: they differ by about 39 x 1000 chunks' records.
+  const size_t index_bytes = one->MemoryBytes() - 1000u * 20u;
+  EXPECT_GE(index_bytes, 1000u * 32u);
+  EXPECT_LT(forty->MemoryBytes(), 40000u * 40u + index_bytes);
+}
+
 // The planner keeps each stored chunk in a compact form (its box in the
 // overlap index, its object as an index): every chunk must come back as it
 // was given, and be found again by its location. Random tensors of 1-4 dims

@@ -52,6 +52,15 @@ OverlapIndex::OverlapIndex(const std::vector<ChunkBox>& boxes)
   }
 }
 
+size_t OverlapIndex::MemoryBytes() const {
+  return sizeof(*this) + order_.capacity() * sizeof(int) +
+         position_.capacity() * sizeof(int) +
+         (box_lo_.capacity() + box_hi_.capacity() + node_lo_.capacity() +
+          node_hi_.capacity()) *
+             sizeof(int64_t) +
+         nodes_.capacity() * sizeof(Node);
+}
+
 ChunkBox OverlapIndex::box(int i) const {
   ChunkBox out;
   BoxInto(i, &out);

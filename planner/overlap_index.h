@@ -54,6 +54,8 @@ class OverlapIndex {
   // Whether box(i) == b, without making box(i).
   bool HoldsBox(int i, const ChunkBox& b) const;
   int size() const { return size_; }
+  // Approximate bytes this index holds (its vectors' capacity).
+  size_t MemoryBytes() const;
 
  private:
   static constexpr int kLeafSize = 8;

@@ -72,7 +72,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
           absl::StrCat(store_->uri(), "|align=", options.save_plan.alignment,
                        "|prefix=", options.save_plan.object_prefix)),
       plan_cache_(options.plan_cache_bytes),
-      manifests_(options.manifest_cache_entries),
+      manifests_(options.load_index_cache_bytes),
       load_plans_(options.load_plan_cache_bytes),
       load_layouts_seen_(kLoadLayoutsSeenBytes),
       // Round ids differ across restarts, so a report for a round of the
@@ -102,6 +102,7 @@ void Coordinator::Shutdown() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
+    stopping_ = true;
     std::vector<std::shared_ptr<SaveSession>> live;
     for (auto& [key, s] : sessions_) live.push_back(s);
     for (auto& s : live) {
@@ -188,15 +189,25 @@ Coordinator::LoadCheckpoint(const std::string& job, int64_t step) {
     const absl::Time start = absl::Now();
     loading->result = BuildLoadedCheckpoint(job, step);
     if (loading->result.ok()) {
-      manifests_.Insert(key, *loading->result, 1);
+      const size_t bytes = (*loading->result)->MemoryBytes();
+      manifests_.Insert(key, *loading->result, bytes);
       // The first PlanLoad of a step waits for this; at thousands of ranks
       // it is seconds, so say what it was.
       const planner::LoadPlanner& p = *(*loading->result)->planner;
       CAIRN_LOG(info,
                 "job '{}' step {}: checkpoint loaded for planning: {} tensors, "
-                "{} stored chunks, {} tilings, {:.2f} s",
+                "{} stored chunks, {} tilings, {:.0f} MiB, {:.2f} s",
                 job, step, p.num_tensors(), p.num_chunk_ids(), p.num_indexes(),
+                static_cast<double>(bytes) / (1 << 20),
                 absl::ToDoubleSeconds(absl::Now() - start));
+      if (bytes > options_.load_index_cache_bytes) {
+        CAIRN_LOG(warn,
+                  "job '{}' step {}: its load index takes {} MiB, more than "
+                  "--load-index-cache-mib {}: it is not kept, and every "
+                  "PlanLoad round of the step builds it again",
+                  job, step, (bytes >> 20) + 1,
+                  options_.load_index_cache_bytes >> 20);
+      }
     }
   }
   {
@@ -253,6 +264,13 @@ Coordinator::BuildLoadedCheckpoint(const std::string& job, int64_t step) {
       storage::ReadManifestByTensor(
           *store_, job, step,
           [&](const storage::TensorOfManifest& t) -> absl::Status {
+            // A build takes seconds at thousands of ranks: shutdown does
+            // not wait for it.
+            if (stopping_.load(std::memory_order_relaxed)) {
+              return absl::UnavailableError(
+                  absl::StrCat("cairnd is shutting down; the load of job '",
+                               job, "' step ", step, " was not planned"));
+            }
             if (!builder.has_value()) {
               builder.emplace(objects_of(t.header));
               building.Run(build);
@@ -285,7 +303,41 @@ Coordinator::BuildLoadedCheckpoint(const std::string& job, int64_t step) {
     absl::MutexLock lock(&mu_);
     ++stats_.manifests_loaded;
   }
+  m_.load_indexes_built->Increment();
   return std::shared_ptr<const LoadedCheckpoint>(std::move(loaded));
+}
+
+size_t Coordinator::LoadedCheckpoint::MemoryBytes() const {
+  size_t bytes = sizeof(*this) + planner->MemoryBytes() +
+                 tensors_by_fqn.capacity() * sizeof(int) +
+                 tensors_digest.capacity() +
+                 bytes_index.capacity() * (sizeof(std::string) + sizeof(int));
+  for (const v1::ManifestBytes& b : bytes_entries) {
+    bytes += b.SpaceUsedLong() + b.fqn().size();  // the fqn again, the key
+  }
+  return bytes;
+}
+
+void Coordinator::PrepareLoad(const std::string& job, int64_t step) {
+  if (stopping_.load(std::memory_order_relaxed)) return;
+  // A job that restarts loads its newest checkpoint: the older ones leave
+  // memory (a load of one builds it again).
+  manifests_.EraseIf(
+      [&](const SaveKey& k) { return k.first == job && k.second < step; });
+  absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> loaded =
+      LoadCheckpoint(job, step);
+  if (!loaded.ok()) {
+    if (!stopping_.load(std::memory_order_relaxed)) {
+      CAIRN_LOG(warn,
+                "job '{}' step {}: preparing its load index after the commit "
+                "failed ({}); the first PlanLoad of it builds it",
+                job, step, loaded.status().ToString());
+    }
+    return;
+  }
+  m_.load_indexes_prepared->Increment();
+  absl::MutexLock lock(&mu_);
+  ++stats_.loads_prepared;
 }
 
 absl::StatusOr<v1::ListCheckpointsResponse> Coordinator::ListCheckpoints(

@@ -82,6 +82,9 @@ struct Coordinator::LoadedCheckpoint {
   std::string tensors_digest;
   std::vector<v1::ManifestBytes> bytes_entries;
   absl::flat_hash_map<std::string, int> bytes_index;  // fqn -> bytes_entries
+
+  // Approximate bytes held (what the load index cache charges).
+  size_t MemoryBytes() const;
 };
 
 // A LoadCheckpoint build in progress: `result` is set before `done`.

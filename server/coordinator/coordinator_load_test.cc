@@ -533,8 +533,108 @@ TEST_F(CoordinatorTest, CheckpointOfManyTensorsIsPlannedWhole) {
 // A MANIFEST damaged on storage after its commit: planning a load from it
 // is DATA_LOSS naming the job and step (the index is never built from it),
 // and the coordinator goes on planning the job's other checkpoints.
+// Waits (up to a minute: a stuck preparation fails the test, it does not
+// hang it) until `done` holds.
+template <typename Done>
+bool Eventually(Done done) {
+  const absl::Time give_up = absl::Now() + absl::Minutes(1);
+  while (!done()) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// Each commit indexes its checkpoint for PlanLoad on a worker, before any
+// load asks: the loads of it then build nothing. A newer commit of the job
+// drops the job's older indexes (they are built again when loaded), not
+// other jobs'.
+TEST_F(CoordinatorTest,
+       LoadIndexIsPreparedAfterCommitAndOlderStepsLeaveMemory) {
+  Start();
+  auto prepared = [&](int64_t n) {
+    return Eventually(
+        [&] { return coordinator_->stats().loads_prepared == n; });
+  };
+  auto load = [&](const std::string& job, int64_t step) {
+    v1::PlanLoadRequest req = ColumnsRequest(0, 0, 4, /*world=*/0, step);
+    req.set_job(job);
+    req.set_verify_in_round(false);
+    absl::StatusOr<v1::PlanLoadResponse> a = coordinator_->PlanLoad(req);
+    EXPECT_TRUE(a.ok()) << job << " step " << step << ": " << a.status();
+    if (a.ok()) {
+      EXPECT_EQ(a->reads_size(), 2) << job << " step " << step;
+    }
+  };
+  Save("job", 1, 2);
+  ASSERT_TRUE(prepared(1));
+  EXPECT_EQ(coordinator_->stats().manifests_loaded, 1);
+  load("job", 1);
+  EXPECT_EQ(coordinator_->stats().manifests_loaded, 1);
+  EXPECT_THAT(coordinator_->metrics().Render(),
+              HasSubstr("cairn_load_indexes_prepared_total 1\n"));
+  EXPECT_THAT(coordinator_->metrics().Render(),
+              Not(HasSubstr("cairn_load_index_bytes 0\n")));
+
+  Save("other", 1, 2);
+  ASSERT_TRUE(prepared(2));
+  Save("job", 2, 2);
+  ASSERT_TRUE(prepared(3));
+  EXPECT_EQ(coordinator_->stats().manifests_loaded, 3);
+  load("job", 2);
+  load("other", 1);
+  EXPECT_EQ(coordinator_->stats().manifests_loaded, 3);
+  load("job", 1);  // dropped when step 2 was prepared
+  EXPECT_EQ(coordinator_->stats().manifests_loaded, 4);
+  load("job", 1);
+  EXPECT_EQ(coordinator_->stats().manifests_loaded, 4);
+  EXPECT_THAT(coordinator_->metrics().Render(),
+              HasSubstr("cairn_load_indexes_built_total 4\n"));
+}
+
+// --prepare-loads=false: the first load of a checkpoint builds its index.
+// An index larger than --load-index-cache-mib is not kept: each load builds
+// it again (and cairnd warns), prepared or not.
+TEST_F(CoordinatorTest, LoadIndexesAreBuiltByLoadsWhenNotPreparedOrNotKept) {
+  options_.prepare_loads = false;
+  Start();
+  Save("job", 1, 2);
+  EXPECT_EQ(coordinator_->stats().manifests_loaded, 0);
+  v1::PlanLoadRequest req = ColumnsRequest(0, 0, 4, /*world=*/0);
+  req.set_verify_in_round(false);
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<v1::PlanLoadResponse> a = coordinator_->PlanLoad(req);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->reads_size(), 2);
+    req.set_rank(i + 1);  // another rank: not an answer from the cache
+  }
+  EXPECT_EQ(coordinator_->stats().manifests_loaded, 1);
+  EXPECT_EQ(coordinator_->stats().loads_prepared, 0);
+
+  coordinator_.reset();
+  options_.prepare_loads = true;
+  options_.load_index_cache_bytes = 1;
+  Start();
+  Save("job", 2, 2);
+  ASSERT_TRUE(
+      Eventually([&] { return coordinator_->stats().loads_prepared == 1; }));
+  req.set_step(2);
+  for (int i = 0; i < 2; ++i) {
+    req.set_rank(10 + i);
+    absl::StatusOr<v1::PlanLoadResponse> a = coordinator_->PlanLoad(req);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->reads_size(), 2);
+  }
+  EXPECT_EQ(coordinator_->stats().manifests_loaded, 3);
+  EXPECT_THAT(coordinator_->metrics().Render(),
+              HasSubstr("cairn_load_index_bytes 0\n"));
+}
+
 TEST_F(CoordinatorTest, DamagedManifestIsDataLossAndOtherStepsStillLoad) {
   UsePosix();
+  // Damaged after the commit: a load index prepared at the commit would be
+  // the manifest as read back then (see LoadIndexIsPreparedAfterCommit).
+  options_.prepare_loads = false;
   Start();
   Save("job", 1, 2);
   Save("job", 2, 2);

@@ -61,6 +61,20 @@ void Coordinator::RegisterMetrics() {
   m_.save_plan_misses = misses->Get({"save"});
   m_.load_plan_misses = misses->Get({"load"});
 
+  m_.load_indexes_built = r.AddCounter(
+      "cairn_load_indexes_built_total",
+      "Load indexes built: a committed checkpoint's manifest read back and "
+      "indexed for PlanLoad (after its commit, or by a PlanLoad that found "
+      "none in memory).");
+  m_.load_indexes_prepared = r.AddCounter(
+      "cairn_load_indexes_prepared_total",
+      "Load indexes built after a commit (--prepare-loads), before any "
+      "PlanLoad asked.");
+  r.AddCallbackGauge(
+      "cairn_load_index_bytes",
+      "Bytes of the load indexes held in memory (bound: "
+      "--load-index-cache-mib).",
+      [this] { return static_cast<double>(manifests_.charge()); });
   r.AddCallbackGauge("cairn_saves_in_progress",
                      "Save attempts in progress (gathering ranks, writing "
                      "or committing).",

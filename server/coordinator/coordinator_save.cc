@@ -633,6 +633,8 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
     *resp.mutable_checkpoint() = record;
     done(std::move(resp));
   }
+  // On this worker, after every rank has its answer (a shutdown stops it).
+  if (options_.prepare_loads) PrepareLoad(session->job(), session->step());
 }
 
 void Coordinator::AbortSessionLocked(

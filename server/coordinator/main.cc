@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
   double reload_every_s = 0;
   int plan_cache_mib = 1024;
   int known_plan_cache_mib = 256;
+  int load_index_cache_mib = 2048;
   int manifest_held_mib = 64;
   app.add_option("--listen", spec.listen_address,
                  "host:port to serve on (port 0 picks a free port; default: "
@@ -183,6 +184,18 @@ int main(int argc, char** argv) {
                  "their plans then)")
       ->capture_default_str()
       ->check(cairn::flags::InRange(0, 1 << 20));
+  app.add_option("--load-index-cache-mib", load_index_cache_mib,
+                 "Byte bound of the committed checkpoints indexed for "
+                 "PlanLoad kept in memory, in MiB (about 20 bytes a stored "
+                 "chunk; one that does not fit is indexed again by every "
+                 "load round of it)")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(0, 1 << 20));
+  app.add_option("--prepare-loads", spec.coordinator.prepare_loads,
+                 "After each commit, index the new checkpoint for PlanLoad "
+                 "at once (and drop the job's older ones from memory), so "
+                 "that a restarted job's first load does not wait for it")
+      ->capture_default_str();
   app.add_option("--manifest-held-mib", manifest_held_mib,
                  "Largest manifest a commit keeps in memory between encoding "
                  "and writing, in MiB; a larger one is encoded twice and "
@@ -289,6 +302,8 @@ int main(int argc, char** argv) {
   spec.coordinator.plan_cache_bytes = static_cast<size_t>(plan_cache_mib) << 20;
   spec.coordinator.known_plan_cache_bytes =
       static_cast<size_t>(known_plan_cache_mib) << 20;
+  spec.coordinator.load_index_cache_bytes =
+      static_cast<size_t>(load_index_cache_mib) << 20;
   spec.coordinator.manifest_held_bytes = static_cast<size_t>(manifest_held_mib)
                                          << 20;
   if (reflection != "auto") spec.reflection = reflection == "on";
