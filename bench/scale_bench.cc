@@ -20,6 +20,15 @@
 //                are answered resend_plan and send the whole plan, as
 //                SaveProtocol does; the round reports how many.
 //   commit_cached CommitSave of step 2
+//   prepare      no RPC: cairnd indexes each committed checkpoint for
+//                PlanLoad right after its commit (--prepare-loads); the
+//                bench waits, polling cairnd's /metrics, until step 1's
+//                index is built (--no-prepare: skipped, and both load
+//                rounds build theirs). prepare_cached: step 2's, after
+//                commit_cached.
+//   plan_load_cold PlanLoad of step 1 (its index was dropped when step 2's
+//                was prepared, so the round waits for the build, as after a
+//                cairnd restart) into 3N/4 ranks, outside a load round
 //   plan_load    PlanLoad of step 2 into a different world (3N/4 ranks, a
 //                load round with collective verification), compact answers
 //                (expanded by the bench as libcairn does) unless
@@ -65,6 +74,7 @@
 //   scale_bench --perf-dir DIR              # perf record cairnd per round
 //   scale_bench --full-answers              # PlanLoad's full answer form
 //   scale_bench --full-requests             # PlanLoad's full request form
+//   scale_bench --no-prepare                # cairnd --prepare-loads=false
 #include <signal.h>
 #include <unistd.h>
 
@@ -99,6 +109,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "httplib.h"
 #include "planner/box.h"
 #include "planner/dtype.h"
 #include "planner/layout.h"
@@ -458,9 +469,11 @@ class ScaleRun {
  public:
   ScaleRun(const Model& model, testing::CairndProcess* cairnd,
            std::string storage_root, int channels, std::string perf_dir,
-           bool compact_answers, bool short_requests)
+           bool compact_answers, bool short_requests,
+           std::string metrics_port_file)
       : compact_answers_(compact_answers),
         short_requests_(short_requests),
+        metrics_port_file_(std::move(metrics_port_file)),
         model_(model),
         cairnd_(cairnd),
         storage_root_(std::move(storage_root)),
@@ -513,6 +526,11 @@ class ScaleRun {
       out.push_back(Measure("commit", world, commit,
                             [&] { TakeCommits(commit, world, step1); }));
     }
+    // Step 1's load index, built after its commit, before the next save
+    // (saves are minutes apart).
+    if (!metrics_port_file_.empty()) {
+      out.push_back(MeasurePrepare("prepare", world, 1));
+    }
     {  // begin_cached: fingerprints only.
       Round round(&stubs_, Method("BeginSave"));
       for (int r = 0; r < world; ++r) {
@@ -531,10 +549,13 @@ class ScaleRun {
                             [&] { TakeCommits(commit, world, step2); }));
     }
     CheckListed({step1, step2});
+    // Step 2's load index (which drops step 1's).
+    if (!metrics_port_file_.empty()) {
+      out.push_back(MeasurePrepare("prepare_cached", world, 2));
+    }
 
-    {  // plan_load into load_world ranks, then verify_load.
+    {  // plan_load_cold and plan_load into load_world ranks, verify_load.
       const RankChunks wanted_chunks(model_, load_world);
-      Round round(&stubs_, Method("PlanLoad"));
       std::vector<std::vector<uint64_t>> wanted_bytes(
           static_cast<size_t>(load_world));
       // Tensors in fqn order: the short form's.
@@ -547,13 +568,16 @@ class ScaleRun {
       // Built again to expand its answer (holding every request would
       // take GBs at 16k ranks). In the full form, as libcairn sends it
       // when cairnd asks (every tensor in fqn order, empty boxes included).
-      auto load_request = [&](int r) {
+      // Step 2's in a load round (verified collectively), or step 1's
+      // alone.
+      auto load_request_of = [&](int64_t step, int r) {
+        const bool in_round = step == step2;
         v1::PlanLoadRequest req;
         req.set_job(kJob);
-        req.set_step(step2);
+        req.set_step(step);
         req.set_rank(r);
-        req.set_world_size(load_world);
-        req.set_verify_in_round(true);
+        req.set_world_size(in_round ? load_world : 0);
+        req.set_verify_in_round(in_round);
         req.set_compact(compact_answers_);
         for (const TensorSpec* t : by_fqn) {
           planner::WantedChunk w;
@@ -571,23 +595,41 @@ class ScaleRun {
         return req;
       };
       for (int r = 0; r < load_world; ++r) {
-        const v1::PlanLoadRequest req = load_request(r);
+        const v1::PlanLoadRequest req = load_request_of(step2, r);
         for (const v1::WantedChunk& w : req.wanted()) {
           wanted_bytes[r].push_back(
               static_cast<uint64_t>(
                   planner::Volume(convert::BoxFromProto(w.box(), "").value())) *
               4);
         }
-        if (!short_requests_) {
-          round.Add(req);
-          continue;
-        }
-        v1::PlanLoadRequest wire;
-        if (!convert::CompactWanted(req, &wire)) {
-          Fail(absl::StrCat("loading rank ", r, ": no short form"));
-        }
-        round.Add(wire);
       }
+      auto add_requests = [&](int64_t step, Round* round) {
+        for (int r = 0; r < load_world; ++r) {
+          const v1::PlanLoadRequest req = load_request_of(step, r);
+          if (!short_requests_) {
+            round->Add(req);
+            continue;
+          }
+          v1::PlanLoadRequest wire;
+          if (!convert::CompactWanted(req, &wire)) {
+            Fail(absl::StrCat("loading rank ", r, ": no short form"));
+          }
+          round->Add(wire);
+        }
+      };
+      {
+        Round cold(&stubs_, Method("PlanLoad"));
+        add_requests(step1, &cold);
+        out.push_back(Measure("plan_load_cold", load_world, cold, [&] {
+          TakeLoadPlans(
+              cold, load_world, step1,
+              [&](int r) { return load_request_of(step1, r); }, wanted_bytes,
+              nullptr);
+        }));
+      }
+      auto load_request = [&](int r) { return load_request_of(step2, r); };
+      Round round(&stubs_, Method("PlanLoad"));
+      add_requests(step2, &round);
       Round verify(&stubs_, Method("VerifyLoad"));
       out.push_back(Measure("plan_load", load_world, round, [&] {
         TakeLoadPlans(round, load_world, step2, load_request, wanted_bytes,
@@ -668,17 +710,73 @@ class ScaleRun {
     r.response_bytes_per_rank =
         static_cast<double>(round.response_bytes()) / ranks;
     r.floor_s = absl::ToDoubleSeconds(round.codec_time());
+    Report(r);
+    return r;
+  }
+
+  // The prepare round: waits until cairnd has prepared `n` load indexes in
+  // all (cairn_load_indexes_prepared_total on its /metrics), measuring
+  // cairnd meanwhile as a round of no RPC.
+  RoundResult MeasurePrepare(const std::string& name, int ranks, int n) {
+    const pid_t pid = cairnd_->process().pid();
+    ResetPeak(pid);
+    std::optional<testing::Subprocess> perf = StartPerf(name, ranks, pid);
+    const ProcSample before = SampleProc(pid);
+    const absl::Time start = absl::Now();
+    while (PreparedIndexes() < n) {
+      if (absl::Now() - start > absl::Hours(1)) {
+        Fail(absl::StrCat("cairnd prepared ", PreparedIndexes(), " of ", n,
+                          " load indexes in an hour"));
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    RoundResult r;
+    r.wall_s = absl::ToDoubleSeconds(absl::Now() - start);
+    const ProcSample after = SampleProc(pid);
+    if (perf.has_value()) {
+      perf->Signal(SIGINT);
+      (void)perf->Wait(absl::Minutes(5));
+    }
+    r.round = name;
+    r.ranks = ranks;
+    r.cpu_s = after.cpu_s - before.cpu_s;
+    r.peak_mib = after.hwm_mib;
+    r.rss_mib = after.rss_mib;
+    Report(r);
+    return r;
+  }
+
+  // cairn_load_indexes_prepared_total, from cairnd's /metrics.
+  int PreparedIndexes() {
+    if (metrics_port_ == 0) {
+      std::ifstream in(metrics_port_file_);
+      if (!(in >> metrics_port_)) Fail("cairnd wrote no metrics port");
+    }
+    httplib::Client client("127.0.0.1", metrics_port_);
+    httplib::Result got = client.Get("/metrics");
+    if (!got || got->status != 200) Fail("GET /metrics of cairnd failed");
+    constexpr absl::string_view kName = "cairn_load_indexes_prepared_total ";
+    for (absl::string_view line : absl::StrSplit(got->body, '\n')) {
+      int n = 0;
+      if (absl::ConsumePrefix(&line, kName) && absl::SimpleAtoi(line, &n)) {
+        return n;
+      }
+    }
+    Fail("cairnd's /metrics has no cairn_load_indexes_prepared_total");
+    return 0;
+  }
+
+  static void Report(const RoundResult& r) {
     std::printf(
         "{\"bench\":\"scale\",\"round\":\"%s\",\"ranks\":%d,\"wall_s\":%.4f,"
         "\"cairnd_cpu_s\":%.3f,\"cairnd_peak_rss_mib\":%.1f,"
         "\"cairnd_rss_after_mib\":%.1f,\"request_bytes_per_rank\":%.0f,"
         "\"response_bytes_per_rank\":%.0f,\"codec_floor_s\":%.4f,"
         "\"resends\":%lld,\"plan_from_cache\":%d,\"plan_unchanged\":%d}\n",
-        name.c_str(), ranks, r.wall_s, r.cpu_s, r.peak_mib, r.rss_mib,
+        r.round.c_str(), r.ranks, r.wall_s, r.cpu_s, r.peak_mib, r.rss_mib,
         r.request_bytes_per_rank, r.response_bytes_per_rank, r.floor_s,
         static_cast<long long>(r.resends), r.from_cache, r.unchanged);
     std::fflush(stdout);
-    return r;
   }
 
   std::optional<testing::Subprocess> StartPerf(const std::string& name,
@@ -844,7 +942,8 @@ class ScaleRun {
   }
 
   // PlanLoad's answers: every wanted byte covered; each rank's VerifyLoad
-  // request (the pieces of the stored chunks it reads in part) added.
+  // request (the pieces of the stored chunks it reads in part) added to
+  // `verify` (nullptr: a load outside a load round).
   void TakeLoadPlans(Round& round, int world, int64_t step,
                      const std::function<v1::PlanLoadRequest(int)>& request_of,
                      const std::vector<std::vector<uint64_t>>& wanted_bytes,
@@ -875,7 +974,8 @@ class ScaleRun {
         }
       }
       if (r == 0) load_round = plan.load_round();
-      if (plan.load_round() == 0 || plan.load_round() != load_round) {
+      if ((verify != nullptr) != (plan.load_round() != 0) ||
+          plan.load_round() != load_round) {
         Fail(absl::StrCat(who, ": load round ", plan.load_round(),
                           ", rank 0's is ", load_round));
       }
@@ -920,7 +1020,7 @@ class ScaleRun {
           plan.bytes_entries(0).location().length() != kTrainStateBytes) {
         Fail(who + ": the bytes entry 'train_state' is not planned");
       }
-      verify->Add(req);
+      if (verify != nullptr) verify->Add(req);
     }
   }
 
@@ -943,6 +1043,10 @@ class ScaleRun {
 
   const bool compact_answers_;  // PlanLoadRequest.compact
   const bool short_requests_;   // PlanLoadRequest.tensors_digest
+  // Where cairnd writes its metrics port; empty: cairnd prepares no load
+  // index (--no-prepare), no prepare round.
+  const std::string metrics_port_file_;
+  int metrics_port_ = 0;
   const Model& model_;
   testing::CairndProcess* const cairnd_;
   const std::string storage_root_;
@@ -1069,6 +1173,10 @@ int Main(int argc, char** argv) {
                  "a round at 4096 ranks)");
   bool full_answers = false;
   bool full_requests = false;
+  bool no_prepare = false;
+  app.add_flag("--no-prepare", no_prepare,
+               "cairnd --prepare-loads=false: no load index is built before "
+               "a PlanLoad asks (both load rounds build theirs)");
   app.add_flag("--full-requests", full_requests,
                "PlanLoad requests with every wanted chunk in full (fqn, "
                "dtype, shape, box) instead of the tensors' digest and boxes");
@@ -1130,6 +1238,13 @@ int Main(int argc, char** argv) {
                                      "600",
                                      "--log-level",
                                      "warn"};
+    const std::string metrics_port_file = data_dir + "/metrics-port";
+    if (no_prepare) {
+      args.push_back("--prepare-loads=false");
+    } else {
+      args.insert(args.end(), {"--metrics-listen", "127.0.0.1:0",
+                               "--metrics-port-file", metrics_port_file});
+    }
     args.insert(args.end(), cairnd_args.begin(), cairnd_args.end());
     std::unique_ptr<testing::CairndProcess> cairnd =
         Check(testing::CairndProcess::Start(cairnd_path, data_dir, args),
@@ -1139,7 +1254,8 @@ int Main(int argc, char** argv) {
                 load_world, static_cast<int>(cairnd->process().pid()));
     std::fflush(stdout);
     ScaleRun run(model, cairnd.get(), storage, channels, perf_dir,
-                 !full_answers, !full_requests);
+                 !full_answers, !full_requests,
+                 no_prepare ? "" : metrics_port_file);
     for (RoundResult& r : run.Run(world, load_world, 1)) rows.push_back(r);
     cairnd->process().Signal(SIGTERM);
     (void)cairnd->process().Wait(absl::Minutes(2));

@@ -292,8 +292,9 @@ void LoadPlanner::AddRead(const ReadView& r, std::vector<ReadItem>* reads) {
   item.segments = *r.segments;
 }
 
-absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
-    const std::vector<WantedChunk>& wanted) const {
+template <typename Wanted>
+absl::StatusOr<std::vector<ReadItem>> LoadPlanner::PlanAll(
+    const Wanted& wanted) const {
   std::vector<ReadItem> reads;
   reads.reserve(wanted.size());  // at least one read per non-empty chunk
   const absl::Status planned =
@@ -303,21 +304,75 @@ absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
 }
 
 absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
+    const std::vector<WantedChunk>& wanted) const {
+  return PlanAll(wanted);
+}
+
+absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
     absl::Span<const WantedBox> wanted) const {
-  std::vector<ReadItem> reads;
-  reads.reserve(wanted.size());
-  const absl::Status planned =
-      PlanEach(wanted, [&](const ReadView& r) { AddRead(r, &reads); });
-  if (!planned.ok()) return planned;
-  return reads;
+  return PlanAll(wanted);
 }
 
 struct LoadPlanner::PlanScratch {
-  std::vector<int> hits;
-  ChunkBox overlap;
-  StoredChunkView chunk;
+  // The overlaps of one wanted box with one tiling's stored chunks: the same
+  // for every tensor stored in that tiling of which the rank wants that box
+  // (a model's layers repeat their shapes and layouts, so a rank of a
+  // 2169-tensor load has a dozen of these). Only the chunks' records differ.
+  struct Overlaps {
+    const OverlapIndex* index = nullptr;
+    ChunkBox box;
+    std::vector<int> hits;                // the stored chunks overlapping box
+    std::vector<StoredChunkView> chunks;  // their boxes; the rest per item
+    std::vector<int64_t> chunk_volumes;
+    std::vector<ChunkBox> overlaps;
+    std::vector<int64_t> overlap_volumes;
+    std::vector<uint64_t> segments;  // NumCopySegments of each
+    int64_t covered = 0;
+  };
+  static constexpr size_t kMaxOverlaps = 32;
+  std::vector<Overlaps> memo;
+  size_t next_evicted = 0;
+  Overlaps unshared;  // of a tiling only one tensor has: never looked up
   std::vector<CopySegment> segments_of_item;
   uint64_t segments = 0;  // in the plan so far, checked before each item
+
+  Overlaps& OverlapsOf(const OverlapIndex& index, const ChunkBox& box,
+                       bool shared) {
+    if (shared) {
+      for (Overlaps& o : memo) {
+        if (o.index == &index && o.box == box) return o;
+      }
+    }
+    Overlaps* o = nullptr;
+    if (!shared) {
+      o = &unshared;
+    } else if (memo.size() < kMaxOverlaps) {
+      o = &memo.emplace_back();
+    } else {
+      o = &memo[next_evicted];
+      next_evicted = (next_evicted + 1) % kMaxOverlaps;
+    }
+    o->index = &index;
+    o->box = box;
+    o->hits.clear();
+    index.Query(box, &o->hits);
+    const size_t n = o->hits.size();
+    o->chunks.resize(n);
+    o->chunk_volumes.resize(n);
+    o->overlaps.resize(n);
+    o->overlap_volumes.resize(n);
+    o->segments.resize(n);
+    o->covered = 0;
+    for (size_t k = 0; k < n; ++k) {
+      index.BoxInto(o->hits[k], &o->chunks[k].box);
+      o->chunk_volumes[k] = Volume(o->chunks[k].box);
+      Intersect(o->chunks[k].box, box, &o->overlaps[k]);
+      o->overlap_volumes[k] = Volume(o->overlaps[k]);
+      o->covered += o->overlap_volumes[k];
+      o->segments[k] = NumCopySegments(o->chunks[k].box, box, o->overlaps[k]);
+    }
+    return *o;
+  }
 };
 
 absl::Status LoadPlanner::PlanEach(
@@ -379,17 +434,13 @@ absl::Status LoadPlanner::PlanWanted(
   const int64_t need = Volume(box);
   if (need == 0) return absl::OkStatus();
   const size_t elem = DTypeSize(t.dtype);
-  std::vector<int>& hits = scratch.hits;
-  ChunkBox& overlap = scratch.overlap;
-  StoredChunkView& chunk = scratch.chunk;
-  hits.clear();
-  t.index->Query(box, &hits);
-  int64_t covered = 0;
-  for (int c : hits) {
-    Fill(ti, c, &chunk);
-    Intersect(chunk.box, box, &overlap);
-    covered += Volume(overlap);
-    const uint64_t n = NumCopySegments(chunk.box, box, overlap);
+  // (The planner's tensors hold the only references to their indexes.)
+  PlanScratch::Overlaps& o =
+      scratch.OverlapsOf(*t.index, box, t.index.use_count() > 1);
+  for (size_t k = 0; k < o.hits.size(); ++k) {
+    const int c = o.hits[k];
+    StoredChunkView& chunk = o.chunks[k];
+    const uint64_t n = o.segments[k];
     if (n > kMaxCopySegmentsPerPlan - scratch.segments) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "'", t.fqn, "' wanted chunk ", w, " ", BoxToString(box),
@@ -398,17 +449,23 @@ absl::Status LoadPlanner::PlanWanted(
           " alone needs ", n, "); load it as smaller chunks"));
     }
     scratch.segments += n;
+    const uint32_t id = Id(ti, c);
+    const ChunkRecord& record = chunks_[id];
+    chunk.object_key = objects_[record.object];
+    chunk.offset = record.offset;
+    chunk.length = static_cast<uint64_t>(o.chunk_volumes[k]) * elem;
+    chunk.crc32c = record.crc32c;
     if (with_segments) {
       scratch.segments_of_item.clear();
-      AppendCopySegments(chunk.box, box, overlap, elem,
+      AppendCopySegments(chunk.box, box, o.overlaps[k], elem,
                          &scratch.segments_of_item);
     }
-    const uint32_t id = Id(ti, c);
-    sink(ReadView{w, ti, t.fqn, c, &chunk, &overlap,
+    sink(ReadView{w, ti, t.fqn, c, &chunk, &o.overlaps[k],
                   with_segments ? &scratch.segments_of_item : nullptr, id,
-                  chunks_[id].object,
-                  static_cast<uint64_t>(Volume(overlap)) * elem});
+                  record.object,
+                  static_cast<uint64_t>(o.overlap_volumes[k]) * elem});
   }
+  const int64_t covered = o.covered;
   if (covered != need) {
     ChunkBox gap;
     std::string example;

@@ -280,6 +280,9 @@ class LoadPlanner {
                           absl::FunctionRef<void(const ReadView&)> sink,
                           bool with_segments) const;
   static void AddRead(const ReadView& r, std::vector<ReadItem>* reads);
+  // Plan's body, for either form of the wanted chunks.
+  template <typename Wanted>
+  absl::StatusOr<std::vector<ReadItem>> PlanAll(const Wanted& wanted) const;
 
   // Constant after construction.
   std::vector<IndexedTensor> tensors_;

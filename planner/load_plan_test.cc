@@ -297,6 +297,79 @@ TEST(LoadPlanTest, TensorsInTheSameTilingShareAnIndex) {
   }
 }
 
+// A rank's load names many tensors stored in the same few tilings, often
+// with the same box: PlanEach works out each (tiling, box) overlap once and
+// reuses it (evicting past a few dozen pairs). Whatever it reuses, every
+// wanted chunk must get exactly the items it gets planned on its own: its
+// own tensor's records, lengths of its own dtype, the same segments.
+TEST(LoadPlanTest, ReusedOverlapsGiveEachWantedChunkItsOwnItems) {
+  std::vector<std::vector<ChunkBox>> tilings(3);
+  for (int i = 0; i < 4; ++i) tilings[0].push_back(Box({3 * i, 0}, {3, 12}));
+  for (int i = 0; i < 3; ++i) tilings[1].push_back(Box({0, 4 * i}, {12, 4}));
+  for (int i = 0; i < 4; ++i) {
+    tilings[2].push_back(Box({6 * (i / 2), 6 * (i % 2)}, {6, 6}));
+  }
+  std::vector<StoredTensor> tensors;
+  for (int t = 0; t < 60; ++t) {
+    StoredTensor tensor =
+        Tensor(absl::StrCat("t", 100 + t), {12, 12}, tilings[t % 3],
+               t % 2 == 0 ? DType::kFloat32 : DType::kBFloat16);
+    for (StoredChunk& c : tensor.chunks) {
+      c.location.object_key = absl::StrCat("data/rank-", t % 5, ".bin");
+      c.location.offset += uint64_t{1} << (20 + t % 7);
+      c.crc32c += 17 * t;
+    }
+    tensors.push_back(std::move(tensor));
+  }
+  auto planner = MustCreate(std::move(tensors));
+  ASSERT_NE(planner, nullptr);
+  ASSERT_EQ(planner->num_indexes(), 3);
+  std::mt19937 rng(20261127);
+  auto coord = [&](int n) {
+    return static_cast<int64_t>(std::uniform_int_distribution<int>(0, n)(rng));
+  };
+  std::vector<ChunkBox> pool;  // 50 boxes: more pairs than are kept
+  while (pool.size() < 50) {
+    const int64_t r = coord(11), c = coord(11);
+    pool.push_back(Box({r, c}, {1 + coord(static_cast<int>(11 - r)),
+                                1 + coord(static_cast<int>(11 - c))}));
+  }
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<WantedBox> wanted;
+    for (int t = 0; t < planner->num_tensors(); ++t) {
+      for (int k = coord(2); k >= 0; --k) {
+        wanted.push_back(WantedBox{t, pool[static_cast<size_t>(
+                                          coord(trial < 10 ? 3 : 49))]});
+      }
+    }
+    absl::StatusOr<std::vector<ReadItem>> all = planner->Plan(wanted);
+    ASSERT_TRUE(all.ok()) << all.status();
+    size_t next = 0;
+    for (size_t w = 0; w < wanted.size(); ++w) {
+      absl::StatusOr<std::vector<ReadItem>> alone =
+          planner->Plan(absl::MakeConstSpan(&wanted[w], 1));
+      ASSERT_TRUE(alone.ok()) << alone.status();
+      for (const ReadItem& want : *alone) {
+        ASSERT_LT(next, all->size()) << "wanted chunk " << w;
+        const ReadItem& got = (*all)[next++];
+        const std::string where =
+            absl::StrCat("trial ", trial, " wanted chunk ", w, " (", want.fqn,
+                         ") stored chunk ", want.source_chunk);
+        EXPECT_EQ(got.dest_index, static_cast<int>(w)) << where;
+        EXPECT_EQ(got.fqn, want.fqn) << where;
+        EXPECT_EQ(got.source_chunk, want.source_chunk) << where;
+        EXPECT_EQ(got.overlap, want.overlap) << where;
+        EXPECT_EQ(got.source.object_key, want.source.object_key) << where;
+        EXPECT_EQ(got.source.offset, want.source.offset) << where;
+        EXPECT_EQ(got.source.length, want.source.length) << where;
+        EXPECT_EQ(got.source_crc32c, want.source_crc32c) << where;
+        EXPECT_EQ(got.segments, want.segments) << where;
+      }
+    }
+    EXPECT_EQ(next, all->size()) << "trial " << trial;
+  }
+}
+
 // MemoryBytes charges each chunk its record and its place in the location
 // lookup, each distinct overlap index once (a tiling shared by 40 layers is
 // not charged 40 times), and grows with the chunks.
