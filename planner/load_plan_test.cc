@@ -338,8 +338,8 @@ TEST(LoadPlanTest, ReusedOverlapsGiveEachWantedChunkItsOwnItems) {
     std::vector<WantedBox> wanted;
     for (int t = 0; t < planner->num_tensors(); ++t) {
       for (int k = coord(2); k >= 0; --k) {
-        wanted.push_back(WantedBox{t, pool[static_cast<size_t>(
-                                          coord(trial < 10 ? 3 : 49))]});
+        wanted.push_back(WantedBox{
+            t, pool[static_cast<size_t>(coord(trial < 10 ? 3 : 49))]});
       }
     }
     absl::StatusOr<std::vector<ReadItem>> all = planner->Plan(wanted);
