@@ -154,24 +154,69 @@ std::shared_ptr<const OverlapIndex> LoadPlanner::Builder::Shared(
 
 std::unique_ptr<LoadPlanner> LoadPlanner::Builder::Finish() && {
   LoadPlanner& p = *planner_;
-  p.chunks_.shrink_to_fit();
+  // The tensors of each tiling (sharing an index), in order of first use.
+  absl::flat_hash_map<const OverlapIndex*, size_t> run_of;
+  std::vector<std::vector<int>> runs;
+  for (int t = 0; t < p.num_tensors(); ++t) {
+    if (p.tensors_[t].num_chunks == 0) continue;  // no records
+    auto [it, added] =
+        run_of.try_emplace(p.tensors_[t].index.get(), runs.size());
+    if (added) runs.emplace_back();
+    runs[it->second].push_back(t);
+  }
+  // Lay the records out run by run (see chunks_), writing them in order.
+  std::vector<ChunkRecord> placed(p.chunks_.size());
+  uint32_t base = 0;
+  for (const std::vector<int>& tensors : runs) {
+    const uint32_t m = static_cast<uint32_t>(tensors.size());
+    p.runs_.push_back(
+        RecordRun{base, m, static_cast<uint32_t>(p.run_tensors_.size())});
+    for (uint32_t j = 0; j < m; ++j) {
+      IndexedTensor& tensor = p.tensors_[tensors[j]];
+      tensor.record = base + j;
+      tensor.stride = m;
+      p.run_tensors_.push_back(tensors[j]);
+    }
+    const int n = p.tensors_[tensors[0]].num_chunks;  // the tiling's
+    for (int c = 0; c < n; ++c) {
+      for (uint32_t j = 0; j < m; ++j) {
+        placed[base++] = p.chunks_[p.Id(tensors[j], c)];
+      }
+    }
+  }
+  p.chunks_ = std::move(placed);
   p.tensors_.shrink_to_fit();
   return std::move(planner_);
 }
 
+std::pair<int, int> LoadPlanner::OfRecord(uint32_t record) const {
+  // The last run starting at or before `record`.
+  auto run = std::upper_bound(
+      runs_.begin(), runs_.end(), record,
+      [](uint32_t r, const RecordRun& x) { return r < x.base; });
+  --run;
+  const uint32_t rel = record - run->base;
+  return {run_tensors_[run->first + rel % run->tensors],
+          static_cast<int>(rel / run->tensors)};
+}
+
 void LoadPlanner::SortByLocation() const {
-  // Chunks by (object, offset): counted out by object, in id order, which is
-  // usually offset order already (a rank writes its chunks tensor by
-  // tensor, and the tensors come in fqn order), so a comparison sort runs
-  // only over an object whose chunks are not (18 M chunks at 16k ranks).
+  // Records by (object, offset): counted out by object, in id order (tensor
+  // by tensor), which is usually offset order already (a rank writes its
+  // chunks tensor by tensor, and the tensors come in fqn order), so a
+  // comparison sort runs only over an object whose chunks are not (18 M
+  // chunks at 16k ranks).
   std::vector<uint64_t> starts(objects_.size() + 1, 0);
   for (const ChunkRecord& r : chunks_) ++starts[r.object + 1];
   for (size_t o = 1; o < starts.size(); ++o) starts[o] += starts[o - 1];
   by_location_.resize(chunks_.size());
   {
     std::vector<uint64_t> next(starts.begin(), starts.end() - 1);
-    for (size_t i = 0; i < chunks_.size(); ++i) {
-      by_location_[next[chunks_[i].object]++] = static_cast<uint32_t>(i);
+    for (int t = 0; t < num_tensors(); ++t) {
+      for (int c = 0; c < tensors_[t].num_chunks; ++c) {
+        const uint32_t r = Record(t, c);
+        by_location_[next[chunks_[r].object]++] = r;
+      }
     }
   }
   const auto by_offset = [this](uint32_t a, uint32_t b) {
@@ -213,6 +258,8 @@ size_t LoadPlanner::MemoryBytes() const {
   size_t bytes = sizeof(*this) + chunks_.capacity() * sizeof(ChunkRecord) +
                  // ChunkAt's lookup, built by its first call.
                  chunks_.size() * sizeof(uint32_t) +
+                 runs_.capacity() * sizeof(RecordRun) +
+                 run_tensors_.capacity() * sizeof(int) +
                  tensors_.capacity() * sizeof(IndexedTensor) +
                  slots(by_fqn_, sizeof(std::pair<std::string, int>)) +
                  objects_.capacity() * sizeof(std::string) +
@@ -235,8 +282,7 @@ size_t LoadPlanner::MemoryBytes() const {
 
 void LoadPlanner::Fill(int t, int c, StoredChunkView* out) const {
   const IndexedTensor& tensor = tensors_[t];
-  const uint32_t id = Id(t, c);
-  const ChunkRecord& r = chunks_[id];
+  const ChunkRecord& r = chunks_[Record(t, c)];
   tensor.index->BoxInto(c, &out->box);
   out->object_key = objects_[r.object];
   out->offset = r.offset;
@@ -266,7 +312,7 @@ std::optional<std::pair<int, int>> LoadPlanner::ChunkAt(
       chunks_[*it].offset != offset) {
     return std::nullopt;
   }
-  return ChunkOfId(*it);
+  return OfRecord(*it);
 }
 
 std::optional<std::pair<int, int>> LoadPlanner::ChunkOfId(uint32_t id) const {
@@ -450,7 +496,7 @@ absl::Status LoadPlanner::PlanWanted(
     }
     scratch.segments += n;
     const uint32_t id = Id(ti, c);
-    const ChunkRecord& record = chunks_[id];
+    const ChunkRecord& record = chunks_[Record(ti, c)];
     chunk.object_key = objects_[record.object];
     chunk.offset = record.offset;
     chunk.length = static_cast<uint64_t>(o.chunk_volumes[k]) * elem;

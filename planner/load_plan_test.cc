@@ -408,7 +408,7 @@ TEST(LoadPlanTest, KeepsEveryStoredChunkAndFindsItByLocation) {
   std::mt19937_64 rng(7);
   for (int iter = 0; iter < 300; ++iter) {
     std::vector<StoredTensor> tensors;
-    const int num_tensors = static_cast<int>(testing::Uniform(rng, 1, 6));
+    const int num_tensors = static_cast<int>(testing::Uniform(rng, 1, 8));
     const int num_objects = static_cast<int>(testing::Uniform(rng, 1, 4));
     std::vector<uint64_t> next_offset(num_objects, 0);
     for (int t = 0; t < num_tensors; ++t) {
@@ -418,11 +418,13 @@ TEST(LoadPlanTest, KeepsEveryStoredChunkAndFindsItByLocation) {
       st.global_shape = testing::RandomShape(rng, 4, 0, 6);
       std::vector<ChunkBox> boxes;
       if (t > 0 && testing::Uniform(rng, 0, 2) == 0) {
-        // The previous tensor's tiling again (layers of a model): shared.
-        st.global_shape = tensors.back().global_shape;
-        for (const StoredChunk& c : tensors.back().chunks) {
-          boxes.push_back(c.box);
-        }
+        // An earlier tensor's tiling again (layers of a model): shared, and
+        // the tilings' tensors interleaved (their records are kept tiling by
+        // tiling).
+        const StoredTensor& earlier =
+            tensors[testing::Uniform(rng, 0, static_cast<int>(t) - 1)];
+        st.global_shape = earlier.global_shape;
+        for (const StoredChunk& c : earlier.chunks) boxes.push_back(c.box);
       } else if (testing::Uniform(rng, 0, 4) > 0) {
         boxes = testing::RandomTiling(rng, st.global_shape, 12);
       }
@@ -509,6 +511,7 @@ TEST(LoadPlanTest, KeepsEveryStoredChunkAndFindsItByLocation) {
       for (std::thread& th : threads) th.join();
       ASSERT_EQ(found.load(), 4 * stored);
     }
+    uint32_t ids = 0;  // tensor by tensor
     for (int t = 0; t < num_tensors; ++t) {
       const StoredTensor& g = given[t];
       ASSERT_EQ(planner->fqn(t), g.fqn);
@@ -517,6 +520,8 @@ TEST(LoadPlanTest, KeepsEveryStoredChunkAndFindsItByLocation) {
       ASSERT_EQ(planner->global_shape(t), g.global_shape);
       ASSERT_EQ(planner->num_chunks(t), static_cast<int>(g.chunks.size()));
       for (int c = 0; c < planner->num_chunks(t); ++c) {
+        ASSERT_EQ(planner->ChunkOfId(ids), std::make_pair(t, c));
+        ++ids;
         const StoredChunkView v = planner->chunk(t, c);
         ASSERT_EQ(v.box, g.chunks[c].box) << g.fqn << " chunk " << c;
         ASSERT_EQ(v.location(), g.chunks[c].location);
@@ -535,6 +540,8 @@ TEST(LoadPlanTest, KeepsEveryStoredChunkAndFindsItByLocation) {
                 .has_value());
       }
     }
+    ASSERT_EQ(planner->num_chunk_ids(), ids);
+    ASSERT_FALSE(planner->ChunkOfId(ids).has_value());
   }
 }
 
