@@ -399,8 +399,7 @@ absl::Status SaveSession::BuildManifest(
   }
 
   // First pass over every write: the header's fields (objects, bytes
-  // entries, total) and, for each tensor, its writes as (rank, index),
-  // grouped by a counting sort (8 bytes a chunk instead of its message).
+  // entries, total) and, for each tensor, how many chunks it has.
   // Object keys are in this attempt's directory (CheckResults checked that
   // the ranks wrote there), made once per object, not per write.
   std::vector<std::string> keys(world_size_);
@@ -433,18 +432,34 @@ absl::Status SaveSession::BuildManifest(
       b->set_writer_rank(r);
     }
   }
+  // Second pass, rank by rank: each tensor's chunks gathered by a counting
+  // sort, with what its messages need (32 bytes a chunk instead of its
+  // message). Gathering them tensor by tensor instead would read each rank's
+  // writes and checksums out of order: at 16k ranks, a cache miss or three
+  // for each of 18 M chunks, 80% of this function's time.
+  struct Gathered {
+    const int64_t* box;  // offsets, then sizes, in the rank's coords
+    uint64_t offset;
+    uint64_t length;
+    uint32_t rank;
+    uint32_t crc32c;
+  };
   for (int t = 0; t < num_tensors; ++t) first[t + 1] += first[t];
-  std::vector<std::pair<uint32_t, uint32_t>> writes_of(first.back());
+  std::vector<Gathered> chunks_of(first.back());
   {
     std::vector<uint32_t> next(first.begin(), first.end() - 1);
     for (int r = 0; r < world_size_; ++r) {
-      const std::vector<planner::PlannedWrite>& writes = plan_->ranks[r].writes;
-      for (size_t i = 0; i < writes.size(); ++i) {
-        if (entries[writes[i].entry].kind !=
-            planner::WriteItem::Kind::kTensorChunk) {
+      const planner::RankSavePlan& rp = plan_->ranks[r];
+      if (rp.writes.empty()) continue;
+      const std::vector<uint32_t>& crc32cs = *results_[r];
+      for (size_t i = 0; i < rp.writes.size(); ++i) {
+        const planner::PlannedWrite& w = rp.writes[i];
+        if (entries[w.entry].kind != planner::WriteItem::Kind::kTensorChunk) {
           continue;
         }
-        writes_of[next[slot[writes[i].entry]]++] = {r, i};
+        chunks_of[next[slot[w.entry]]++] =
+            Gathered{rp.coords.data() + w.box_begin, w.offset, w.length,
+                     static_cast<uint32_t>(r), crc32cs[i]};
       }
     }
   }
@@ -464,7 +479,7 @@ absl::Status SaveSession::BuildManifest(
   listed->erase(std::unique(listed->begin(), listed->end()), listed->end());
   m->set_total_bytes(total);
 
-  // Second pass, tensor by tensor.
+  // Then tensor by tensor, each one's chunks by offsets.
   for (size_t e = 0; e < entries.size(); ++e) {
     const planner::PlannedEntry& entry = entries[e];
     if (entry.kind != planner::WriteItem::Kind::kTensorChunk) continue;
@@ -476,31 +491,25 @@ absl::Status SaveSession::BuildManifest(
                                        entry.global_shape.end());
     const size_t dims = entry.global_shape.size();
     const int s = slot[e];
-    t.mutable_chunks()->Reserve(static_cast<int>(first[s + 1] - first[s]));
-    for (uint32_t k = first[s]; k < first[s + 1]; ++k) {
-      const auto [r, i] = writes_of[k];
-      const planner::RankSavePlan& rp = plan_->ranks[r];
-      const planner::PlannedWrite& w = rp.writes[i];
+    const auto begin = chunks_of.begin() + first[s];
+    const auto end = chunks_of.begin() + first[s + 1];
+    std::sort(begin, end, [dims](const Gathered& a, const Gathered& b) {
+      return std::lexicographical_compare(a.box, a.box + dims, b.box,
+                                          b.box + dims);
+    });
+    t.mutable_chunks()->Reserve(static_cast<int>(end - begin));
+    for (auto g = begin; g != end; ++g) {
       v1::StoredChunk* c = t.add_chunks();
-      const absl::Span<const int64_t> offsets = rp.Offsets(w, dims);
-      const absl::Span<const int64_t> sizes = rp.Sizes(w, dims);
-      c->mutable_box()->mutable_offsets()->Assign(offsets.begin(),
-                                                  offsets.end());
-      c->mutable_box()->mutable_sizes()->Assign(sizes.begin(), sizes.end());
+      c->mutable_box()->mutable_offsets()->Assign(g->box, g->box + dims);
+      c->mutable_box()->mutable_sizes()->Assign(g->box + dims,
+                                                g->box + 2 * dims);
       v1::StorageLocation* location = c->mutable_location();
-      location->set_object_key(keys[r]);
-      location->set_offset(w.offset);
-      location->set_length(w.length);
-      c->set_crc32c((*results_[r])[i]);
-      c->set_writer_rank(static_cast<int32_t>(r));
+      location->set_object_key(keys[g->rank]);
+      location->set_offset(g->offset);
+      location->set_length(g->length);
+      c->set_crc32c(g->crc32c);
+      c->set_writer_rank(static_cast<int32_t>(g->rank));
     }
-    auto* chunks = t.mutable_chunks();
-    std::sort(chunks->pointer_begin(), chunks->pointer_end(),
-              [](const v1::StoredChunk* a, const v1::StoredChunk* b) {
-                return std::lexicographical_compare(
-                    a->box().offsets().begin(), a->box().offsets().end(),
-                    b->box().offsets().begin(), b->box().offsets().end());
-              });
     CAIRN_RETURN_IF_ERROR(on_tensor(t));
   }
   return absl::OkStatus();
