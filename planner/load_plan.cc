@@ -511,15 +511,14 @@ absl::Status LoadPlanner::PlanWanted(
                   record.object,
                   static_cast<uint64_t>(o.overlap_volumes[k]) * elem});
   }
-  const int64_t covered = o.covered;
-  if (covered != need) {
+  if (o.covered != need) {
     ChunkBox gap;
     std::string example;
     if (FindUncovered(*t.index, box, &gap)) {
       example = absl::StrCat("; e.g. ", BoxToString(gap), " is missing");
     }
     return absl::FailedPreconditionError(absl::StrCat(
-        "the checkpoint holds ", covered, " of the ", need, " elements of '",
+        "the checkpoint holds ", o.covered, " of the ", need, " elements of '",
         t.fqn, "' wanted chunk ", BoxToString(box), example));
   }
   return absl::OkStatus();
