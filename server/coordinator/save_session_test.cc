@@ -3,14 +3,17 @@
 // or gRPC.
 #include "server/coordinator/save_session.h"
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/save_plan.h"
@@ -29,11 +32,11 @@ using CommitResult = absl::StatusOr<v1::CommitSaveResponse>;
 
 const absl::Time kT0 = absl::FromUnixSeconds(1000000);
 
-std::shared_ptr<const planner::PackedLocalPlan> Plan(int rank, int world) {
+std::shared_ptr<const planner::PackedLocalPlan> Plan(
+    const v1::LocalSavePlan& local) {
   static planner::EntryInterner* interner = new planner::EntryInterner;
   return std::make_shared<const planner::PackedLocalPlan>(
-      interner->Pack(convert::LocalPlanFromProto(RankPlan(rank, world)).value())
-          .value());
+      interner->Pack(convert::LocalPlanFromProto(local).value()).value());
 }
 
 class SaveSessionTest : public ::testing::Test {
@@ -46,7 +49,7 @@ class SaveSessionTest : public ::testing::Test {
   SaveSession::Arrival Arrive(int rank, std::string fingerprint = "",
                               uint64_t incarnation = 0,
                               int64_t max_items = 1000) {
-    auto plan = Plan(rank, session_->world_size());
+    auto plan = Plan(make_plan_(rank, session_->world_size()));
     if (fingerprint.empty()) {
       fingerprint = planner::FingerprintLocalPlan(plan->Unpack());
     }
@@ -99,6 +102,9 @@ class SaveSessionTest : public ::testing::Test {
     return session_->Commit(rank, std::move(crc32cs), done, &commit_answer_);
   }
 
+  // Rank `rank`'s local plan in a save by `world` ranks.
+  std::function<v1::LocalSavePlan(int rank, int world)> make_plan_ =
+      [](int rank, int world) { return RankPlan(rank, world); };
   std::unique_ptr<SaveSession> session_;
   BeginResult answer_;
   absl::Status commit_answer_;
@@ -124,7 +130,7 @@ TEST_F(SaveSessionTest, GathersArrivalsThenLaysThemOutByRank) {
   ASSERT_EQ(session_->plans().size(), 3u);
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(session_->fingerprints()[r],
-              planner::FingerprintLocalPlan(Plan(r, 3)->Unpack()));
+              planner::FingerprintLocalPlan(Plan(RankPlan(r, 3))->Unpack()));
     EXPECT_EQ(session_->Rank(r).incarnation, static_cast<uint64_t>(20 + r));
   }
   EXPECT_TRUE(begun_.empty());  // all parked until the plan is built
@@ -363,6 +369,88 @@ TEST_F(SaveSessionTest, ManifestNamesEveryTensorChunkSortedAndEveryObject) {
   EXPECT_EQ(m->total_bytes(), total);
   for (const std::string& o : m->objects()) {
     EXPECT_TRUE(absl::StartsWith(o, "attempt-1/")) << o;
+  }
+}
+
+// Many tensors, each replicated (one chunk) or split by rows among the
+// first k ranks (k chunks), 1-D or 2-D, in a random order of kinds: the
+// manifest built for a streaming consumer (one message reused, its chunks
+// overwritten, fewer or more from tensor to tensor) is the one built into a
+// whole Manifest (fresh messages), tensor by tensor, byte for byte.
+TEST_F(SaveSessionTest, ManifestStreamedTensorByTensorIsTheWholeOne) {
+  constexpr int kWorld = 5;
+  constexpr int kTensors = 40;
+  std::mt19937 rng(17);
+  struct Layout {
+    int split;  // ranks the rows are split among; 1: replicated
+    bool two_dims;
+    int64_t rows;
+  };
+  std::vector<Layout> layouts;
+  for (int i = 0; i < kTensors; ++i) {
+    layouts.push_back(Layout{static_cast<int>(rng() % kWorld) + 1,
+                             rng() % 2 == 0,
+                             static_cast<int64_t>(kWorld + rng() % 20)});
+  }
+  make_plan_ = [&layouts](int rank, int world) {
+    v1::LocalSavePlan p;
+    p.set_rank(rank);
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      const Layout& l = layouts[i];
+      const int64_t per = (l.rows + l.split - 1) / l.split;
+      const int part = l.split == 1 ? 0 : rank;
+      if (part >= l.split) continue;  // not among this tensor's writers
+      const int64_t begin = std::min<int64_t>(part * per, l.rows);
+      const int64_t size = std::min<int64_t>(per, l.rows - begin);
+      if (size == 0) continue;
+      v1::WriteItem* it = p.add_items();
+      it->set_kind(v1::WriteItem::KIND_TENSOR_CHUNK);
+      it->mutable_tensor()->set_fqn(absl::StrFormat("t%02d", i));
+      it->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+      it->mutable_tensor()->add_global_shape(l.rows);
+      it->mutable_chunk()->add_offsets(begin);
+      it->mutable_chunk()->add_sizes(size);
+      int64_t volume = size;
+      if (l.two_dims) {
+        it->mutable_tensor()->add_global_shape(3);
+        it->mutable_chunk()->add_offsets(0);
+        it->mutable_chunk()->add_sizes(3);
+        volume *= 3;
+      }
+      it->set_length(static_cast<uint64_t>(volume) * 4);
+    }
+    (void)world;
+    return p;
+  };
+  ArriveAllAndPlan(kWorld);
+  for (int r = 0; r < kWorld; ++r) Commit(r, /*crc=*/100 + r);
+
+  v1::Manifest whole;
+  const absl::Status built = session_->BuildManifest(&whole);
+  ASSERT_TRUE(built.ok()) << built;
+  ASSERT_TRUE(storage::ValidateManifest(whole).ok());
+  ASSERT_EQ(whole.tensors_size(), kTensors);
+  v1::Manifest header;
+  std::vector<std::string> streamed;
+  const absl::Status by_tensor =
+      session_->BuildManifest(&header, [&](v1::ManifestTensor& t) {
+        streamed.push_back(t.SerializeAsString());
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(by_tensor.ok()) << by_tensor;
+  ASSERT_EQ(streamed.size(), static_cast<size_t>(kTensors));
+  for (int i = 0; i < kTensors; ++i) {
+    const v1::ManifestTensor& t = whole.tensors(i);
+    // Each tensor has the chunks its layout gives it, rows ascending.
+    const Layout& l = layouts[i];
+    const int64_t per = (l.rows + l.split - 1) / l.split;
+    const int64_t chunks = (l.rows + per - 1) / per;
+    ASSERT_EQ(t.chunks_size(), chunks) << t.entry().fqn();
+    for (int c = 0; c < t.chunks_size(); ++c) {
+      EXPECT_EQ(t.chunks(c).box().offsets(0), c * per) << t.entry().fqn();
+      EXPECT_EQ(t.chunks(c).box().offsets_size(), l.two_dims ? 2 : 1);
+    }
+    EXPECT_EQ(streamed[i], t.SerializeAsString()) << t.entry().fqn();
   }
 }
 
