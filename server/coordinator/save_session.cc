@@ -368,9 +368,28 @@ absl::Status SaveSession::BuildManifest(v1::Manifest* m) const {
   });
 }
 
-absl::Status SaveSession::BuildManifest(
-    v1::Manifest* m,
-    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor) const {
+// Every write's chunk, gathered by tensor with what its message needs (32
+// bytes a chunk instead of its message), and the manifest's header.
+struct SaveSession::ManifestParts {
+  struct Chunk {
+    const int64_t* box;  // offsets, then sizes, in the rank's coords
+    uint64_t offset;
+    uint64_t length;
+    uint32_t rank;
+    uint32_t crc32c;
+  };
+  v1::Manifest header;            // every field but the tensors
+  std::vector<std::string> keys;  // object key by rank
+  std::vector<uint32_t> first;    // tensor t's chunks: [first[t], first[t+1])
+  // Each tensor's sorted by box; first.back() of them. Not zeroed first
+  // (every one is written): zeroing them was an eighth of a commit.
+  std::unique_ptr<Chunk[]> chunks;
+};
+
+absl::StatusOr<std::shared_ptr<const SaveSession::ManifestParts>>
+SaveSession::GatherManifest() const {
+  auto parts = std::make_shared<ManifestParts>();
+  v1::Manifest* m = &parts->header;
   m->set_format_version(storage::kManifestFormatVersion);
   m->set_job(job_);
   m->set_step(step_);
@@ -404,8 +423,10 @@ absl::Status SaveSession::BuildManifest(
   // entries, total) and, for each tensor, how many chunks it has.
   // Object keys are in this attempt's directory (CheckResults checked that
   // the ranks wrote there), made once per object, not per write.
-  std::vector<std::string> keys(world_size_);
-  std::vector<uint32_t> first(num_tensors + 1, 0);  // -> writes_of
+  std::vector<std::string>& keys = parts->keys;
+  keys.resize(world_size_);
+  std::vector<uint32_t>& first = parts->first;
+  first.assign(num_tensors + 1, 0);
   uint64_t total = 0;
   for (int r = 0; r < world_size_; ++r) {
     const planner::RankSavePlan& rp = plan_->ranks[r];
@@ -435,19 +456,12 @@ absl::Status SaveSession::BuildManifest(
     }
   }
   // Second pass, rank by rank: each tensor's chunks gathered by a counting
-  // sort, with what its messages need (32 bytes a chunk instead of its
-  // message). Gathering them tensor by tensor instead would read each rank's
+  // sort. Gathering them tensor by tensor instead would read each rank's
   // writes and checksums out of order: at 16k ranks, a cache miss or three
-  // for each of 18 M chunks, 80% of this function's time.
-  struct Gathered {
-    const int64_t* box;  // offsets, then sizes, in the rank's coords
-    uint64_t offset;
-    uint64_t length;
-    uint32_t rank;
-    uint32_t crc32c;
-  };
+  // for each of 18 M chunks, 80% of the gathering's time.
   for (int t = 0; t < num_tensors; ++t) first[t + 1] += first[t];
-  std::vector<Gathered> chunks_of(first.back());
+  parts->chunks.reset(new ManifestParts::Chunk[first.back()]);
+  ManifestParts::Chunk* chunks = parts->chunks.get();
   {
     std::vector<uint32_t> next(first.begin(), first.end() - 1);
     for (int r = 0; r < world_size_; ++r) {
@@ -459,11 +473,24 @@ absl::Status SaveSession::BuildManifest(
         if (entries[w.entry].kind != planner::WriteItem::Kind::kTensorChunk) {
           continue;
         }
-        chunks_of[next[slot[w.entry]]++] =
-            Gathered{rp.coords.data() + w.box_begin, w.offset, w.length,
-                     static_cast<uint32_t>(r), crc32cs[i]};
+        chunks[next[slot[w.entry]]++] = ManifestParts::Chunk{
+            rp.coords.data() + w.box_begin, w.offset, w.length,
+            static_cast<uint32_t>(r), crc32cs[i]};
       }
     }
+  }
+  // Each tensor's chunks by offsets.
+  int t = 0;
+  for (const planner::PlannedEntry& entry : entries) {
+    if (entry.kind != planner::WriteItem::Kind::kTensorChunk) continue;
+    const size_t dims = entry.global_shape.size();
+    std::sort(
+        chunks + first[t], chunks + first[t + 1],
+        [dims](const ManifestParts::Chunk& a, const ManifestParts::Chunk& b) {
+          return std::lexicographical_compare(a.box, a.box + dims, b.box,
+                                              b.box + dims);
+        });
+    ++t;
   }
   // A bytes entry is written once (replicas are planned once); one no rank
   // wrote is left out, as it was never stored.
@@ -480,16 +507,29 @@ absl::Status SaveSession::BuildManifest(
   std::sort(listed->begin(), listed->end());
   listed->erase(std::unique(listed->begin(), listed->end()), listed->end());
   m->set_total_bytes(total);
+  return parts;
+}
 
-  // Then tensor by tensor, each one's chunks by offsets. One message is
-  // reused for every tensor: its chunks (and their boxes and locations) are
-  // overwritten in place, every field set, instead of made and freed each
-  // time (allocating and freeing them was a quarter of a commit at 4096
-  // ranks, and PublishManifest runs this twice for a large manifest).
+absl::Status SaveSession::BuildManifest(
+    v1::Manifest* m,
+    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor) const {
+  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestParts> parts,
+                         GatherManifest());
+  return BuildManifest(*parts, m, on_tensor);
+}
+
+absl::Status SaveSession::BuildManifest(
+    const ManifestParts& parts, v1::Manifest* m,
+    absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor) const {
+  *m = parts.header;
+  // Tensor by tensor. One message is reused for every tensor: its chunks
+  // (and their boxes and locations) are overwritten in place, every field
+  // set, instead of made and freed each time (allocating and freeing them
+  // was a quarter of a commit at 4096 ranks).
   v1::ManifestTensor t;
   std::vector<std::unique_ptr<v1::StoredChunk>> spare;
-  for (size_t e = 0; e < entries.size(); ++e) {
-    const planner::PlannedEntry& entry = entries[e];
+  int s = 0;
+  for (const planner::PlannedEntry& entry : plan_->entries) {
     if (entry.kind != planner::WriteItem::Kind::kTensorChunk) continue;
     v1::TensorEntry* te = t.mutable_entry();
     te->set_fqn(entry.fqn);
@@ -497,13 +537,9 @@ absl::Status SaveSession::BuildManifest(
     te->mutable_global_shape()->Assign(entry.global_shape.begin(),
                                        entry.global_shape.end());
     const size_t dims = entry.global_shape.size();
-    const int s = slot[e];
-    const auto begin = chunks_of.begin() + first[s];
-    const auto end = chunks_of.begin() + first[s + 1];
-    std::sort(begin, end, [dims](const Gathered& a, const Gathered& b) {
-      return std::lexicographical_compare(a.box, a.box + dims, b.box,
-                                          b.box + dims);
-    });
+    const ManifestParts::Chunk* begin = parts.chunks.get() + parts.first[s];
+    const ManifestParts::Chunk* end = parts.chunks.get() + parts.first[s + 1];
+    ++s;
     // Exactly n chunk messages, kept (not cleared: that would free their
     // boxes and locations) in `spare` while a tensor needs fewer.
     auto* chunks = t.mutable_chunks();
@@ -515,13 +551,13 @@ absl::Status SaveSession::BuildManifest(
     }
     chunks->Reserve(n);
     while (chunks->size() < n) chunks->Add();
-    for (auto g = begin; g != end; ++g) {
+    for (const ManifestParts::Chunk* g = begin; g != end; ++g) {
       v1::StoredChunk* c = chunks->Mutable(static_cast<int>(g - begin));
       c->mutable_box()->mutable_offsets()->Assign(g->box, g->box + dims);
       c->mutable_box()->mutable_sizes()->Assign(g->box + dims,
                                                 g->box + 2 * dims);
       v1::StorageLocation* location = c->mutable_location();
-      location->set_object_key(keys[g->rank]);
+      location->set_object_key(parts.keys[g->rank]);
       location->set_offset(g->offset);
       location->set_length(g->length);
       c->set_crc32c(g->crc32c);

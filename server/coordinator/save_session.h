@@ -147,6 +147,16 @@ class SaveSession {
       absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor) const;
   // The same into one message (tests, small jobs).
   absl::Status BuildManifest(v1::Manifest* m) const;
+  // What BuildManifest makes the manifest from (every write's chunk, sorted
+  // by box within its tensor, ~32 bytes each), gathered once: PublishManifest
+  // runs its source twice for a large manifest, and each run then only
+  // makes and passes the messages.
+  struct ManifestParts;
+  absl::StatusOr<std::shared_ptr<const ManifestParts>> GatherManifest() const;
+  // BuildManifest from `parts`, this session's GatherManifest.
+  absl::Status BuildManifest(
+      const ManifestParts& parts, v1::Manifest* header,
+      absl::FunctionRef<absl::Status(v1::ManifestTensor&)> on_tensor) const;
 
   // The commit is done: the parked CommitSave calls, to be answered.
   std::vector<Done<v1::CommitSaveResponse>> TakeCommitWaiters();
