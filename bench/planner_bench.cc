@@ -16,6 +16,11 @@
 //                         boundaries that do not line up), via LoadPlanner's
 //                         overlap index (built once per manifest, not timed;
 //                         BM_LoadPlanIndexBuild/n times the build).
+//   BM_LoadAnswerCompact/n  the same read items written as the wire bytes of
+//                         cairnd's compact PlanLoad answer (PlanEach without
+//                         copy segments into convert::PlanLoadAnswerWriter,
+//                         given the previous answer's size as cairnd does):
+//                         what cairnd spends per loading rank besides gRPC.
 //   BM_LoadPlanNaive/n    the same read items from PyTorch's
 //                         create_read_items_for_chunk_list loop: every wanted
 //                         chunk against every stored chunk. Lives here only,
@@ -50,6 +55,7 @@
 #include "planner/plan_cache.h"
 #include "planner/save_plan.h"
 #include "planner/transfer_plan.h"
+#include "proto/convert/load_answer.h"
 
 namespace cairn::planner {
 namespace {
@@ -295,6 +301,34 @@ void BM_LoadPlanIndex(benchmark::State& state) {
   SetLoadCounters(state, reads, state.range(0));
 }
 
+void BM_LoadAnswerCompact(benchmark::State& state) {
+  LoadFixture& f = GetLoadFixture(state.range(0));
+  size_t expected = 0;
+  int items = 0;
+  for (auto _ : state) {
+    convert::PlanLoadAnswerWriter answer(1, "file:///ckpt",
+                                         convert::AnswerForm::kCompact,
+                                         expected + expected / 16);
+    const absl::Status s = f.planner->PlanEach(
+        f.wanted,
+        [&answer](const LoadPlanner::ReadView& r) { answer.AddRead(r); },
+        /*segments=*/false);
+    if (!s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      break;
+    }
+    items = answer.reads();
+    std::string bytes = std::move(answer).Finish("job/1/");
+    expected = bytes.size();
+    benchmark::DoNotOptimize(bytes);
+  }
+  state.counters["read_items"] = items;
+  state.counters["answer_bytes"] = static_cast<double>(expected);
+  state.counters["items/s"] = benchmark::Counter(
+      static_cast<double>(items) * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
+}
+
 void BM_LoadPlanIndexBuild(benchmark::State& state) {
   LoadFixture& f = GetLoadFixture(state.range(0));
   for (auto _ : state) {
@@ -389,6 +423,7 @@ void RegisterAll(const Sizes& z, bool smoke) {
             ->Unit(benchmark::kMicrosecond));
   for (auto [name, fn] :
        {std::pair{"BM_LoadPlanIndex", BM_LoadPlanIndex},
+        std::pair{"BM_LoadAnswerCompact", BM_LoadAnswerCompact},
         std::pair{"BM_LoadPlanIndexBuild", BM_LoadPlanIndexBuild}}) {
     auto* b =
         benchmark::RegisterBenchmark(name, fn)->Unit(benchmark::kMillisecond);

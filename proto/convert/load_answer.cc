@@ -1,5 +1,6 @@
 #include "proto/convert/load_answer.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -40,8 +41,11 @@ constexpr uint8_t kSrcOffsetTag = 1 << 3 | 0;     // CopySegment.src_offset
 constexpr uint8_t kDstOffsetTag = 2 << 3 | 0;     // .dst_offset
 constexpr uint8_t kSegLengthTag = 3 << 3 | 0;     // .length
 
+// 1 + floor(log2(v) / 7) for v > 0 (and 1 for 0), without a division:
+// (b * 9 + 73) / 64 for b = log2(v) is 1 + floor(b / 7) for every b < 64.
 size_t VarintSize(uint64_t v) {
-  return 1 + static_cast<size_t>(63 - __builtin_clzll(v | 1)) / 7;
+  const size_t log2 = static_cast<size_t>(63 - __builtin_clzll(v | 1));
+  return (log2 * 9 + 73) / 64;
 }
 
 // A varint field, left out when 0 (a proto3 default).
@@ -120,13 +124,25 @@ Cursor Append(std::string* out, size_t n) {
 
 PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
                                            absl::string_view storage_uri,
-                                           AnswerForm form)
+                                           AnswerForm form,
+                                           size_t expected_bytes)
     : form_(form) {
-  out_.resize(FieldSize(static_cast<uint64_t>(step)) +
-              StringSize(storage_uri.size()));
-  Cursor c(out_.data());
+  out_.reserve(expected_bytes);
+  Cursor c(Grow(FieldSize(static_cast<uint64_t>(step)) +
+                StringSize(storage_uri.size())));
   c.Field(kStepTag, static_cast<uint64_t>(step));
   c.String(kStorageUriTag, storage_uri);
+}
+
+char* PlanLoadAnswerWriter::Grow(size_t n) {
+  if (out_.size() - used_ < n) {
+    // 64 KiB more at a time (the string's capacity grows geometrically):
+    // room reserved and never used is never touched.
+    out_.resize(used_ + std::max(n, size_t{64} << 10));
+  }
+  char* at = out_.data() + used_;
+  used_ += n;
+  return at;
 }
 
 void PlanLoadAnswerWriter::AddRead(const planner::LoadPlanner::ReadView& item) {
@@ -147,7 +163,7 @@ void PlanLoadAnswerWriter::AddRead(const planner::LoadPlanner::ReadView& item) {
     bytes_to_read_ += s.length;
   }
 
-  Cursor c = Append(&out_, NestedSize(body));
+  Cursor c(Grow(NestedSize(body)));
   c.Byte(kReadsTag);
   c.Varint(body);
   c.String(kFqnTag, fqn);
@@ -176,18 +192,21 @@ void PlanLoadAnswerWriter::AddCompactRead(
     const planner::LoadPlanner::ReadView& item) {
   const planner::StoredChunkView& chunk = *item.source;
   // The item's object, listed (as `objects`) before its first use.
-  auto [object, added] = object_index_.try_emplace(
-      item.object_id, static_cast<int>(object_index_.size()));
-  if (added) {  // an element of a repeated field: written even when empty
+  if (item.object_id >= object_index_.size()) {
+    object_index_.resize(item.object_id + size_t{1}, -1);
+  }
+  int32_t& object = object_index_[item.object_id];
+  if (object < 0) {  // an element of a repeated field: written even when empty
+    object = num_objects_++;
     const absl::string_view key = chunk.object_key;
-    Cursor c = Append(&out_, NestedSize(key.size()));
+    Cursor c(Grow(NestedSize(key.size())));
     c.Byte(kObjectsTag);
     c.Varint(key.size());
     std::memcpy(c.pos(), key.data(), key.size());
   }
   const uint64_t dest =
       static_cast<uint64_t>(static_cast<int64_t>(item.dest_index));
-  const uint64_t object_index = static_cast<uint64_t>(object->second);
+  const uint64_t object_index = static_cast<uint64_t>(object);
   const size_t offsets = PackedBody(chunk.box.offsets);
   const size_t sizes = PackedBody(chunk.box.sizes);
   const size_t box = PackedSize(offsets) + PackedSize(sizes);
@@ -197,7 +216,7 @@ void PlanLoadAnswerWriter::AddCompactRead(
                       FieldSize(object_index) + 1 + VarintSize(item.chunk_id);
   bytes_to_read_ += item.bytes;
 
-  Cursor c = Append(&out_, NestedSize(body));
+  Cursor c(Grow(NestedSize(body)));
   c.Byte(kReadsTag);
   c.Varint(body);
   c.Field(kDestIndexTag, dest);
@@ -218,7 +237,7 @@ void PlanLoadAnswerWriter::AddCompactRead(
 
 void PlanLoadAnswerWriter::AddBytesEntry(const v1::ManifestBytes& entry) {
   const size_t body = entry.ByteSizeLong();
-  Cursor c = Append(&out_, NestedSize(body));
+  Cursor c(Grow(NestedSize(body)));
   c.Byte(kBytesEntriesTag);
   c.Varint(body);
   entry.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(c.pos()));
@@ -226,8 +245,12 @@ void PlanLoadAnswerWriter::AddBytesEntry(const v1::ManifestBytes& entry) {
 }
 
 std::string PlanLoadAnswerWriter::Finish(absl::string_view step_prefix) && {
-  Append(&out_, StringSize(step_prefix.size()))
+  Cursor(Grow(StringSize(step_prefix.size())))
       .String(kStepPrefixTag, step_prefix);
+  out_.resize(used_);
+  // Room made ahead and not used is given back when it is much (an answer
+  // may be cached: its size is what the cache charges).
+  if (out_.capacity() > used_ + used_ / 8 + 64) out_.shrink_to_fit();
   return std::move(out_);
 }
 

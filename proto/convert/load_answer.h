@@ -16,10 +16,11 @@
 #ifndef CAIRN_PROTO_CONVERT_LOAD_ANSWER_H_
 #define CAIRN_PROTO_CONVERT_LOAD_ANSWER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "cairn/v1/cairn.pb.h"
@@ -50,8 +51,12 @@ enum class AnswerForm { kFull, kCompact };
 
 class PlanLoadAnswerWriter {
  public:
+  // `expected_bytes`: room made for the answer up front (e.g. the size of
+  // another rank's answer to the same checkpoint), so that a large answer is
+  // not copied as it grows; 0 grows it as needed.
   PlanLoadAnswerWriter(int64_t step, absl::string_view storage_uri,
-                       AnswerForm form = AnswerForm::kFull);
+                       AnswerForm form = AnswerForm::kFull,
+                       size_t expected_bytes = 0);
 
   void AddRead(const planner::LoadPlanner::ReadView& item);
   void AddBytesEntry(const v1::ManifestBytes& entry);
@@ -59,17 +64,27 @@ class PlanLoadAnswerWriter {
 
   // Read items added so far.
   int reads() const { return reads_; }
+  // Bytes of the answer written so far.
+  size_t size() const { return used_; }
   // Bytes the answer tells its rank to read: the lengths of every copy
   // segment and bytes entry added.
   uint64_t bytes_to_read() const { return bytes_to_read_; }
 
  private:
   void AddCompactRead(const planner::LoadPlanner::ReadView& item);
+  // Room for n more bytes at the end of the answer: where they go.
+  char* Grow(size_t n);
 
   AnswerForm form_;
+  // The answer is out_'s first used_ bytes; the rest is room made ahead (a
+  // string's resize per item would zero and grow it item by item).
   std::string out_;
-  // Compact form: the planner's object index -> its index in `objects`.
-  absl::flat_hash_map<uint32_t, int> object_index_;
+  size_t used_ = 0;
+  // Compact form: the planner's object index -> its index in `objects`, -1
+  // while not listed (grown to the largest object index seen: the planner's
+  // objects are one per saving rank, so at most a few hundred KB).
+  std::vector<int32_t> object_index_;
+  int num_objects_ = 0;
   int reads_ = 0;
   uint64_t bytes_to_read_ = 0;
 };

@@ -117,7 +117,20 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
     const std::string prefix = rand(0, 3) ? absl::StrCat("job/", step) : "";
     const uint64_t round = big();
 
-    PlanLoadAnswerWriter writer(step, uri);
+    // Room made up front: none, too little, or far too much.
+    const auto expected = [&]() -> size_t {
+      switch (rand(0, 3)) {
+        case 0:
+          return 0;
+        case 1:
+          return static_cast<size_t>(rand(1, 200));
+        case 2:
+          return static_cast<size_t>(rand(0, 1 << 16));
+        default:
+          return size_t{1} << 22;
+      }
+    };
+    PlanLoadAnswerWriter writer(step, uri, AnswerForm::kFull, expected());
     uint64_t bytes = 0;
     ASSERT_TRUE((*planner)
                     ->PlanEach(wanted,
@@ -149,7 +162,7 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
     // The compact form (planned without copy segments, as cairnd does),
     // expanded by the rank, is the full form plus each item's source_box and
     // chunk id.
-    PlanLoadAnswerWriter compact(step, uri, AnswerForm::kCompact);
+    PlanLoadAnswerWriter compact(step, uri, AnswerForm::kCompact, expected());
     ASSERT_TRUE((*planner)
                     ->PlanEach(
                         wanted,
@@ -298,6 +311,60 @@ TEST(LoadAnswerTest, RefusesACompactAnswerThatCannotBeRight) {
     if (want.find("destination") == std::string::npos) {
       EXPECT_NE(s.message().find("of 'w'"), std::string::npos) << s;
     }
+  }
+}
+
+// Answers of many 64 KiB steps, in either form, the same bytes whatever room
+// they were given up front, and not holding much more memory than they use.
+TEST(LoadAnswerTest, LargeAnswersWhateverTheRoomGiven) {
+  // A [6000, 8] tensor saved in rows by 40 writers (objects), wanted whole.
+  planner::StoredTensor t;
+  t.fqn = "layers.0.w";
+  t.dtype = planner::DType::kFloat32;
+  t.global_shape = {6000, 8};
+  for (int64_t r = 0; r < 6000; ++r) {
+    t.chunks.push_back({{{r, 0}, {1, 8}},
+                        {absl::StrCat("rank", r % 40, "/data"),
+                         static_cast<uint64_t>(r) * 32, 32},
+                        static_cast<uint32_t>(r + 1)});
+  }
+  auto planner = planner::LoadPlanner::Create({t});
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  const std::vector<planner::WantedChunk> wanted = {
+      {t.fqn, t.dtype, t.global_shape, {{0, 0}, {6000, 8}}}};
+  const auto answer = [&](AnswerForm form, size_t expected) {
+    PlanLoadAnswerWriter w(3, "file:///x", form, expected);
+    EXPECT_TRUE(
+        (*planner)
+            ->PlanEach(
+                wanted,
+                [&](const planner::LoadPlanner::ReadView& r) { w.AddRead(r); },
+                form == AnswerForm::kFull)
+            .ok());
+    EXPECT_EQ(w.reads(), 6000);
+    std::string bytes = std::move(w).Finish("j/3/");
+    EXPECT_LE(bytes.capacity(), bytes.size() + bytes.size() / 8 + 64)
+        << "given " << expected;
+    return bytes;
+  };
+  const std::string full = answer(AnswerForm::kFull, 0);
+  EXPECT_EQ(full, AsMessage(**planner, wanted, 3, "file:///x", {}, "j/3/", 0));
+  ASSERT_GT(full.size(), size_t{4} << 16);
+  const std::string compact = answer(AnswerForm::kCompact, 0);
+  ASSERT_GT(compact.size(), size_t{2} << 16);
+  for (const size_t given : {size_t{1}, size_t{100} << 10, full.size() - 1,
+                             full.size(), size_t{64} << 20}) {
+    EXPECT_EQ(answer(AnswerForm::kFull, given), full) << given;
+    EXPECT_EQ(answer(AnswerForm::kCompact, given), compact) << given;
+  }
+  // Each of the 40 objects listed once, in the order of first use.
+  v1::PlanLoadResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(compact));
+  ASSERT_EQ(parsed.objects_size(), 40);
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_EQ(parsed.objects(i), absl::StrCat("rank", i, "/data"));
+    EXPECT_EQ(parsed.reads(i).object_index(), i);
+    EXPECT_EQ(parsed.reads(i + 40).object_index(), i);
   }
 }
 

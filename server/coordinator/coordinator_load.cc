@@ -3,6 +3,7 @@
 // pieces combined per stored chunk). See coordinator.h.
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <optional>
 #include <set>
@@ -236,10 +237,13 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   }
   m_.load_plan_misses->Increment();
   // Each read item is written straight into the answer's wire bytes.
+  std::atomic<size_t>& answer_bytes = ckpt->answer_bytes[request.compact()];
+  const size_t expected = answer_bytes.load(std::memory_order_relaxed);
   convert::PlanLoadAnswerWriter answer(step, store_->uri(),
                                        request.compact()
                                            ? convert::AnswerForm::kCompact
-                                           : convert::AnswerForm::kFull);
+                                           : convert::AnswerForm::kFull,
+                                       expected + expected / 16);
   // A rank taking the compact form derives the copy segments itself.
   const auto add = [&answer](const planner::LoadPlanner::ReadView& r) {
     answer.AddRead(r);
@@ -262,6 +266,7 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   plan->reads = answer.reads();
   plan->bytes_to_read = answer.bytes_to_read();
   plan->bytes = std::move(answer).Finish(storage::StepPrefix(job, step));
+  answer_bytes.store(plan->bytes.size(), std::memory_order_relaxed);
   // Cached from the second ask of a layout on: in a sharded load most ranks
   // have a layout of their own, and holding every answer would keep up to
   // the cache's bound of answers nobody asks for again in memory
