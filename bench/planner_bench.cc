@@ -306,9 +306,8 @@ void BM_LoadAnswerCompact(benchmark::State& state) {
   size_t expected = 0;
   int items = 0;
   for (auto _ : state) {
-    convert::PlanLoadAnswerWriter answer(1, "file:///ckpt",
-                                         convert::AnswerForm::kCompact,
-                                         expected + expected / 16);
+    convert::PlanLoadAnswerWriter answer(
+        1, "file:///ckpt", convert::AnswerForm::kCompact, expected);
     const absl::Status s = f.planner->PlanEach(
         f.wanted,
         [&answer](const LoadPlanner::ReadView& r) { answer.AddRead(r); },

@@ -127,7 +127,7 @@ PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
                                            AnswerForm form,
                                            size_t expected_bytes)
     : form_(form) {
-  out_.reserve(expected_bytes);
+  out_.reserve(expected_bytes + expected_bytes / 16);
   Cursor c(Grow(FieldSize(static_cast<uint64_t>(step)) +
                 StringSize(storage_uri.size())));
   c.Field(kStepTag, static_cast<uint64_t>(step));

@@ -51,9 +51,10 @@ enum class AnswerForm { kFull, kCompact };
 
 class PlanLoadAnswerWriter {
  public:
-  // `expected_bytes`: room made for the answer up front (e.g. the size of
-  // another rank's answer to the same checkpoint), so that a large answer is
-  // not copied as it grows; 0 grows it as needed.
+  // `expected_bytes`: what the answer will likely take (e.g. the size of
+  // another rank's answer to the same checkpoint); room for it and a
+  // sixteenth more is made up front, so that a large answer is not copied as
+  // it grows. 0 grows it as needed.
   PlanLoadAnswerWriter(int64_t step, absl::string_view storage_uri,
                        AnswerForm form = AnswerForm::kFull,
                        size_t expected_bytes = 0);
@@ -64,8 +65,6 @@ class PlanLoadAnswerWriter {
 
   // Read items added so far.
   int reads() const { return reads_; }
-  // Bytes of the answer written so far.
-  size_t size() const { return used_; }
   // Bytes the answer tells its rank to read: the lengths of every copy
   // segment and bytes entry added.
   uint64_t bytes_to_read() const { return bytes_to_read_; }

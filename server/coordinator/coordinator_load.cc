@@ -238,12 +238,11 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   m_.load_plan_misses->Increment();
   // Each read item is written straight into the answer's wire bytes.
   std::atomic<size_t>& answer_bytes = ckpt->answer_bytes[request.compact()];
-  const size_t expected = answer_bytes.load(std::memory_order_relaxed);
-  convert::PlanLoadAnswerWriter answer(step, store_->uri(),
-                                       request.compact()
-                                           ? convert::AnswerForm::kCompact
-                                           : convert::AnswerForm::kFull,
-                                       expected + expected / 16);
+  convert::PlanLoadAnswerWriter answer(
+      step, store_->uri(),
+      request.compact() ? convert::AnswerForm::kCompact
+                        : convert::AnswerForm::kFull,
+      answer_bytes.load(std::memory_order_relaxed));
   // A rank taking the compact form derives the copy segments itself.
   const auto add = [&answer](const planner::LoadPlanner::ReadView& r) {
     answer.AddRead(r);
