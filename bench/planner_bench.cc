@@ -21,6 +21,9 @@
 //                         copy segments into convert::PlanLoadAnswerWriter,
 //                         given the previous answer's size as cairnd does):
 //                         what cairnd spends per loading rank besides gRPC.
+//   BM_LoadAnswerSharedBoxes/n  the same in the compact form with shared
+//                         boxes (libcairn's): one tensor, so no box is
+//                         shared here; it shows the cost of listing them.
 //   BM_LoadPlanNaive/n    the same read items from PyTorch's
 //                         create_read_items_for_chunk_list loop: every wanted
 //                         chunk against every stored chunk. Lives here only,
@@ -301,13 +304,12 @@ void BM_LoadPlanIndex(benchmark::State& state) {
   SetLoadCounters(state, reads, state.range(0));
 }
 
-void BM_LoadAnswerCompact(benchmark::State& state) {
+void LoadAnswer(benchmark::State& state, convert::AnswerForm form) {
   LoadFixture& f = GetLoadFixture(state.range(0));
   size_t expected = 0;
   int items = 0;
   for (auto _ : state) {
-    convert::PlanLoadAnswerWriter answer(
-        1, "file:///ckpt", convert::AnswerForm::kCompact, expected);
+    convert::PlanLoadAnswerWriter answer(1, "file:///ckpt", form, expected);
     const absl::Status s = f.planner->PlanEach(
         f.wanted,
         [&answer](const LoadPlanner::ReadView& r) { answer.AddRead(r); },
@@ -326,6 +328,14 @@ void BM_LoadAnswerCompact(benchmark::State& state) {
   state.counters["items/s"] = benchmark::Counter(
       static_cast<double>(items) * static_cast<double>(state.iterations()),
       benchmark::Counter::kIsRate);
+}
+
+void BM_LoadAnswerCompact(benchmark::State& state) {
+  LoadAnswer(state, convert::AnswerForm::kCompact);
+}
+
+void BM_LoadAnswerSharedBoxes(benchmark::State& state) {
+  LoadAnswer(state, convert::AnswerForm::kCompactSharedBoxes);
 }
 
 void BM_LoadPlanIndexBuild(benchmark::State& state) {
@@ -423,6 +433,7 @@ void RegisterAll(const Sizes& z, bool smoke) {
   for (auto [name, fn] :
        {std::pair{"BM_LoadPlanIndex", BM_LoadPlanIndex},
         std::pair{"BM_LoadAnswerCompact", BM_LoadAnswerCompact},
+        std::pair{"BM_LoadAnswerSharedBoxes", BM_LoadAnswerSharedBoxes},
         std::pair{"BM_LoadPlanIndexBuild", BM_LoadPlanIndexBuild}}) {
     auto* b =
         benchmark::RegisterBenchmark(name, fn)->Unit(benchmark::kMillisecond);

@@ -31,9 +31,9 @@
 //                cairnd restart) into 3N/4 ranks, outside a load round
 //   plan_load    PlanLoad of step 2 into a different world (3N/4 ranks, a
 //                load round with collective verification), compact answers
-//                (expanded by the bench as libcairn does) unless
-//                --full-answers; the short form of the request (the
-//                tensors' digest and the rank's boxes) unless
+//                with shared boxes (expanded by the bench as libcairn
+//                does) unless --full-answers or --own-boxes; the short form of
+//                the request (the tensors' digest and the rank's boxes) unless
 //                --full-requests
 //   verify_load  VerifyLoad: every loading rank's crc32c terms of the stored
 //                chunks it reads only in part
@@ -73,6 +73,7 @@
 //   scale_bench --ranks 16384 --layers 20   # a quarter of the layers
 //   scale_bench --perf-dir DIR              # perf record cairnd per round
 //   scale_bench --full-answers              # PlanLoad's full answer form
+//   scale_bench --own-boxes                 # compact, a box in each item
 //   scale_bench --full-requests             # PlanLoad's full request form
 //   scale_bench --no-prepare                # cairnd --prepare-loads=false
 #include <signal.h>
@@ -469,9 +470,9 @@ class ScaleRun {
  public:
   ScaleRun(const Model& model, testing::CairndProcess* cairnd,
            std::string storage_root, int channels, std::string perf_dir,
-           bool compact_answers, bool short_requests,
+           convert::AnswerForm answer_form, bool short_requests,
            std::string metrics_port_file)
-      : compact_answers_(compact_answers),
+      : answer_form_(answer_form),
         short_requests_(short_requests),
         metrics_port_file_(std::move(metrics_port_file)),
         model_(model),
@@ -578,7 +579,9 @@ class ScaleRun {
         req.set_rank(r);
         req.set_world_size(in_round ? load_world : 0);
         req.set_verify_in_round(in_round);
-        req.set_compact(compact_answers_);
+        req.set_compact(answer_form_ != convert::AnswerForm::kFull);
+        req.set_shared_boxes(answer_form_ ==
+                             convert::AnswerForm::kCompactSharedBoxes);
         for (const TensorSpec* t : by_fqn) {
           planner::WantedChunk w;
           w.fqn = t->fqn;
@@ -967,10 +970,14 @@ class ScaleRun {
       }
       for (const v1::ReadItem& it : plan.reads()) {
         // (A rank of the last FSDP group may want no tensor bytes at all.)
-        if (it.has_chunk() != compact_answers_) {
-          Fail(absl::StrCat(who, ": asked for ",
-                            compact_answers_ ? "compact" : "full",
-                            " answers, got another form"));
+        const convert::AnswerForm got =
+            !it.has_chunk() ? convert::AnswerForm::kFull
+            : it.has_box()  ? convert::AnswerForm::kCompactSharedBoxes
+                            : convert::AnswerForm::kCompact;
+        if (got != answer_form_) {
+          Fail(absl::StrCat(who, ": asked for answers of form ",
+                            static_cast<int>(answer_form_),
+                            ", got one of form ", static_cast<int>(got)));
         }
       }
       if (r == 0) load_round = plan.load_round();
@@ -1041,8 +1048,8 @@ class ScaleRun {
                 static_cast<long long>(verified), world);
   }
 
-  const bool compact_answers_;  // PlanLoadRequest.compact
-  const bool short_requests_;   // PlanLoadRequest.tensors_digest
+  const convert::AnswerForm answer_form_;  // PlanLoadRequest.compact, ...boxes
+  const bool short_requests_;              // PlanLoadRequest.tensors_digest
   // Where cairnd writes its metrics port; empty: cairnd prepares no load
   // index (--no-prepare), no prepare round.
   const std::string metrics_port_file_;
@@ -1172,6 +1179,7 @@ int Main(int argc, char** argv) {
                  "(DWARF call graphs: cairnd has no frame pointers; ~100 MB "
                  "a round at 4096 ranks)");
   bool full_answers = false;
+  bool own_boxes = false;
   bool full_requests = false;
   bool no_prepare = false;
   app.add_flag("--no-prepare", no_prepare,
@@ -1184,6 +1192,9 @@ int Main(int argc, char** argv) {
                "PlanLoad answers in the full form (what clients before the "
                "compact form get) instead of the compact one libcairn asks "
                "for");
+  app.add_flag("--own-boxes", own_boxes,
+               "Compact PlanLoad answers with each read item's own stored "
+               "box (what libcairn asked for before shared boxes)");
   app.add_flag("--smoke", smoke,
                "64 -> 48 ranks, a 2-layer model of hidden 64: seconds");
   CLI11_PARSE(app, argc, argv);
@@ -1254,8 +1265,10 @@ int Main(int argc, char** argv) {
                 load_world, static_cast<int>(cairnd->process().pid()));
     std::fflush(stdout);
     ScaleRun run(model, cairnd.get(), storage, channels, perf_dir,
-                 !full_answers, !full_requests,
-                 no_prepare ? "" : metrics_port_file);
+                 full_answers ? convert::AnswerForm::kFull
+                 : own_boxes  ? convert::AnswerForm::kCompact
+                              : convert::AnswerForm::kCompactSharedBoxes,
+                 !full_requests, no_prepare ? "" : metrics_port_file);
     for (RoundResult& r : run.Run(world, load_world, 1)) rows.push_back(r);
     cairnd->process().Signal(SIGTERM);
     (void)cairnd->process().Wait(absl::Minutes(2));

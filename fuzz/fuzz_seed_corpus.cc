@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "fuzz/fuzz_input.pb.h"
 #include "planner/layout.h"
 #include "planner/save_plan.h"
+#include "proto/convert/load_answer.h"
 #include "proto/convert/plan_convert.h"
 #include "storage/catalog/catalog.h"
 #include "storage/manifest.h"
@@ -37,7 +39,7 @@ planner::DTensorLayout Layout(std::vector<int64_t> mesh,
   planner::DTensorLayout l;
   int64_t n = 1;
   for (int64_t d : mesh) n *= d;
-  l.mesh.shape = std::move(mesh);
+  l.mesh.shape.assign(mesh.begin(), mesh.end());
   for (int r = 0; r < n; ++r) l.mesh.ranks.push_back(r);
   l.placements = std::move(placements);
   return l;
@@ -230,6 +232,29 @@ int main(int argc, char** argv) {
       }
     }
     convert::RankPlanToProto(*plan, 0, in.mutable_rank_plan());
+    // cairnd's compact answer with shared boxes to the load's wanted chunks.
+    std::unique_ptr<planner::LoadPlanner> loader =
+        planner::LoadPlanner::Create(
+            convert::StoredTensorsFromManifest(manifest).value())
+            .value();
+    convert::PlanLoadAnswerWriter answer(
+        manifest.step(), "mem://fuzz",
+        convert::AnswerForm::kCompactSharedBoxes);
+    if (!loader
+             ->PlanEach(
+                 wanted,
+                 [&](const planner::LoadPlanner::ReadView& r) {
+                   answer.AddRead(r);
+                 },
+                 /*segments=*/false)
+             .ok()) {
+      return 1;
+    }
+    v1::PlanLoadResponse planned;
+    if (!planned.ParseFromString(std::move(answer).Finish(""))) return 1;
+    *in.mutable_reads() = planned.reads();
+    *in.mutable_objects() = planned.objects();
+    *in.mutable_boxes() = planned.boxes();
     ok &= Write(absl::StrFormat("%s/plan_convert_fuzzer/seed-%zu", root, i),
                 in.SerializeAsString());
     ++files;

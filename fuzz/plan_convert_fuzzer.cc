@@ -9,8 +9,8 @@
 //  2. PlanLoad: a LoadPlanner over the checkpoint that global plan commits,
 //     and the wanted chunks of one rank -> WantedFromProto -> Plan ->
 //     ReadItemToProto -> ReadItemFromProto (what the rank decodes).
-//     The same plan in the compact form (PlanLoadAnswerWriter), expanded as
-//     the rank does (ExpandCompactAnswer), must be the same read items.
+//     The same plan in both compact forms (PlanLoadAnswerWriter), expanded
+//     as the rank does (ExpandCompactAnswer), must be the same read items.
 //     The short form of a request (tensors_digest, wanted_boxes) with hostile
 //     boxes: refused, or planned as its full form.
 //  3. A client decoding hostile answers: RankPlanFromProto, ReadItemFromProto,
@@ -188,41 +188,49 @@ void CheckLoad(const planner::LoadPlanner& loader,
                ull(covered[i]), ull(need));
   }
 
-  // The compact form of the same answer, expanded by the rank; given some
+  // Both compact forms of the same answer, expanded by the rank; given some
   // room up front (none, too little or too much, by the input) as cairnd
   // gives it the size of the last answer.
-  convert::PlanLoadAnswerWriter writer(
-      1, "mem://fuzz", convert::AnswerForm::kCompact,
-      (wanted.size() % 3) * reads->size() * 16);
-  FUZZ_CHECK(loader
-                 .PlanEach(wanted,
-                           [&](const planner::LoadPlanner::ReadView& r) {
-                             writer.AddRead(r);
-                           })
-                 .ok(),
-             "PlanEach fails where Plan succeeded");
-  v1::PlanLoadResponse compact;
-  FUZZ_CHECK(compact.ParseFromString(std::move(writer).Finish("p/")),
-             "a compact answer does not parse");
   v1::PlanLoadRequest request;
   for (const planner::WantedChunk& w : wanted) {
     convert::WantedToProto(w, request.add_wanted());
   }
-  const absl::Status expanded = convert::ExpandCompactAnswer(request, &compact);
-  FUZZ_CHECK(expanded.ok(), "a compact answer does not expand: %s",
-             expanded.ToString().c_str());
-  FUZZ_CHECK(size_t(compact.reads_size()) == reads->size(),
-             "%d compact read items, %zu planned", compact.reads_size(),
-             reads->size());
-  for (size_t i = 0; i < reads->size(); ++i) {
-    absl::StatusOr<planner::ReadItem> got =
-        convert::ReadItemFromProto(compact.reads(int(i)));
-    const planner::ReadItem& want = (*reads)[i];
-    FUZZ_CHECK(got.ok() && got->fqn == want.fqn &&
-                   got->dest_index == want.dest_index &&
-                   got->overlap == want.overlap && got->source == want.source &&
-                   got->segments == want.segments,
-               "compact read item %zu expands to another item", i);
+  for (const convert::AnswerForm form :
+       {convert::AnswerForm::kCompact,
+        convert::AnswerForm::kCompactSharedBoxes}) {
+    convert::PlanLoadAnswerWriter writer(
+        1, "mem://fuzz", form, (wanted.size() % 3) * reads->size() * 16);
+    FUZZ_CHECK(loader
+                   .PlanEach(
+                       wanted,
+                       [&](const planner::LoadPlanner::ReadView& r) {
+                         writer.AddRead(r);
+                       },
+                       /*segments=*/false)
+                   .ok(),
+               "PlanEach fails where Plan succeeded");
+    v1::PlanLoadResponse compact;
+    FUZZ_CHECK(compact.ParseFromString(std::move(writer).Finish("p/")),
+               "a compact answer does not parse");
+    const absl::Status expanded =
+        convert::ExpandCompactAnswer(request, &compact);
+    FUZZ_CHECK(expanded.ok(), "a compact answer (form %d) does not expand: %s",
+               int(form), expanded.ToString().c_str());
+    FUZZ_CHECK(size_t(compact.reads_size()) == reads->size(),
+               "%d compact read items, %zu planned", compact.reads_size(),
+               reads->size());
+    for (size_t i = 0; i < reads->size(); ++i) {
+      absl::StatusOr<planner::ReadItem> got =
+          convert::ReadItemFromProto(compact.reads(int(i)));
+      const planner::ReadItem& want = (*reads)[i];
+      FUZZ_CHECK(got.ok() && got->fqn == want.fqn &&
+                     got->dest_index == want.dest_index &&
+                     got->overlap == want.overlap &&
+                     got->source == want.source &&
+                     got->segments == want.segments,
+                 "compact read item %zu (form %d) expands to another item", i,
+                 int(form));
+    }
   }
 }
 
@@ -234,10 +242,12 @@ void CheckHostileCompactAnswer(const fuzz::PlanConvertInput& in) {
   v1::PlanLoadResponse answer;
   *answer.mutable_reads() = in.reads();
   *answer.mutable_objects() = in.objects();
+  *answer.mutable_boxes() = in.boxes();
   std::vector<bool> compact(size_t(answer.reads_size()));
   for (int i = 0; i < answer.reads_size(); ++i) {
-    compact[size_t(i)] = answer.reads(i).has_source_box() &&
-                         answer.reads(i).segments_size() == 0;
+    compact[size_t(i)] =
+        (answer.reads(i).has_source_box() || answer.reads(i).has_box()) &&
+        answer.reads(i).segments_size() == 0;
   }
   if (!convert::ExpandCompactAnswer(request, &answer).ok()) return;
   for (int i = 0; i < answer.reads_size(); ++i) {

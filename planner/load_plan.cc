@@ -171,13 +171,16 @@ std::unique_ptr<LoadPlanner> LoadPlanner::Builder::Finish() && {
     const uint32_t m = static_cast<uint32_t>(tensors.size());
     p.runs_.push_back(
         RecordRun{base, m, static_cast<uint32_t>(p.run_tensors_.size())});
+    const int n = p.tensors_[tensors[0]].num_chunks;  // the tiling's
     for (uint32_t j = 0; j < m; ++j) {
       IndexedTensor& tensor = p.tensors_[tensors[j]];
       tensor.record = base + j;
       tensor.stride = m;
+      tensor.box_base = p.num_box_ids_;
       p.run_tensors_.push_back(tensors[j]);
     }
-    const int n = p.tensors_[tensors[0]].num_chunks;  // the tiling's
+    // At most as many as the stored chunks (< 2^31): no overflow.
+    p.num_box_ids_ += static_cast<uint32_t>(n);
     for (int c = 0; c < n; ++c) {
       for (uint32_t j = 0; j < m; ++j) {
         placed[base++] = p.chunks_[p.Id(tensors[j], c)];
@@ -509,7 +512,8 @@ absl::Status LoadPlanner::PlanWanted(
     sink(ReadView{w, ti, t.fqn, c, &chunk, &o.overlaps[k],
                   with_segments ? &scratch.segments_of_item : nullptr, id,
                   record.object,
-                  static_cast<uint64_t>(o.overlap_volumes[k]) * elem});
+                  static_cast<uint64_t>(o.overlap_volumes[k]) * elem,
+                  t.box_base + static_cast<uint32_t>(c)});
   }
   if (o.covered != need) {
     ChunkBox gap;

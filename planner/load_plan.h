@@ -207,6 +207,10 @@ class LoadPlanner {
     uint32_t chunk_id = 0;   // the source's id in the checkpoint (ChunkOfId)
     uint32_t object_id = 0;  // its object's index (object())
     uint64_t bytes = 0;      // the overlap's: what the segments add up to
+    // The source's box among the boxes of the checkpoint's distinct tilings
+    // (< num_box_ids()): chunks of tensors stored in one tiling share the
+    // ids of their boxes, so a reader may send each box once.
+    uint32_t box_id = 0;
   };
   // Plan() without building ReadItems: calls `sink` once per read item, in
   // Plan()'s order, so a caller can write each straight into its answer (no
@@ -247,6 +251,8 @@ class LoadPlanner {
   std::optional<std::pair<int, int>> ChunkOfId(uint32_t id) const;
   // Distinct overlap indexes: the tilings of the stored tensors (stats).
   int num_indexes() const;
+  // The boxes of those tilings (ReadView.box_id counts them).
+  uint32_t num_box_ids() const { return num_box_ids_; }
   // Approximate bytes the planner holds: its chunks, tensors, object keys,
   // distinct overlap indexes and the (object, offset) lookup as if built
   // (what a cache of planners should charge it).
@@ -268,6 +274,9 @@ class LoadPlanner {
     // stride (see chunks_).
     uint32_t record = 0;
     uint32_t stride = 1;
+    // Its chunks' boxes' ids (ReadView.box_id): box_base + chunk index,
+    // shared with the other tensors of its tiling.
+    uint32_t box_base = 0;
   };
   LoadPlanner() = default;
   // Id of a tensor's chunk (tensor by tensor: what answers name it by).
@@ -321,6 +330,7 @@ class LoadPlanner {
   };
   std::vector<RecordRun> runs_;
   std::vector<int> run_tensors_;
+  uint32_t num_box_ids_ = 0;  // the runs' tilings' chunks, summed
   // Records sorted by (object, offset), for ChunkAt: built by its first
   // call (only a VerifyLoad piece in the full form names a chunk by its
   // location; compact answers name it by id), not by every build of a

@@ -23,6 +23,7 @@ constexpr uint8_t kBytesEntriesTag = 4 << 3 | 2;  // .bytes_entries
 constexpr uint8_t kStepPrefixTag = 5 << 3 | 2;    // .step_prefix
 constexpr uint8_t kLoadRoundTag = 6 << 3 | 0;     // .load_round
 constexpr uint8_t kObjectsTag = 7 << 3 | 2;       // .objects
+constexpr uint8_t kBoxesTag = 9 << 3 | 2;         // .boxes
 constexpr uint8_t kFqnTag = 1 << 3 | 2;           // ReadItem.fqn
 constexpr uint8_t kDestIndexTag = 2 << 3 | 0;     // .dest_index
 constexpr uint8_t kOverlapTag = 3 << 3 | 2;       // .overlap
@@ -32,6 +33,7 @@ constexpr uint8_t kSegmentTag = 6 << 3 | 2;       // .segments
 constexpr uint8_t kSourceBoxTag = 7 << 3 | 2;     // .source_box
 constexpr uint8_t kObjectIndexTag = 8 << 3 | 0;   // .object_index
 constexpr uint8_t kChunkTag = 9 << 3 | 0;         // .chunk (optional: always)
+constexpr uint8_t kBoxTag = 10 << 3 | 0;          // .box (optional: always)
 constexpr uint8_t kOffsetsTag = 1 << 3 | 2;       // ChunkBox.offsets
 constexpr uint8_t kSizesTag = 2 << 3 | 2;         // ChunkBox.sizes
 constexpr uint8_t kObjectKeyTag = 1 << 3 | 2;     // StorageLocation.object_key
@@ -120,6 +122,13 @@ Cursor Append(std::string* out, size_t n) {
   return Cursor(out->data() + at);
 }
 
+// The shared boxes' table (PlanLoadAnswerWriter::box_slots_): 2 KiB to start
+// with (a rank's answer names a few hundred boxes), at most 4 MiB (an answer
+// naming more boxes lists some of them more than once).
+constexpr int kFirstBoxSlotsLog2 = 8;
+constexpr size_t kFirstBoxSlots = size_t{1} << kFirstBoxSlotsLog2;
+constexpr size_t kMaxBoxSlots = size_t{1} << 19;
+
 }  // namespace
 
 PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
@@ -128,6 +137,10 @@ PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
                                            size_t expected_bytes)
     : form_(form) {
   out_.reserve(expected_bytes + expected_bytes / 16);
+  if (form == AnswerForm::kCompactSharedBoxes) {
+    box_slots_.resize(kFirstBoxSlots);
+    box_shift_ = 32 - kFirstBoxSlotsLog2;
+  }
   Cursor c(Grow(FieldSize(static_cast<uint64_t>(step)) +
                 StringSize(storage_uri.size())));
   c.Field(kStepTag, static_cast<uint64_t>(step));
@@ -146,7 +159,7 @@ char* PlanLoadAnswerWriter::Grow(size_t n) {
 }
 
 void PlanLoadAnswerWriter::AddRead(const planner::LoadPlanner::ReadView& item) {
-  if (form_ == AnswerForm::kCompact) return AddCompactRead(item);
+  if (form_ != AnswerForm::kFull) return AddCompactRead(item);
   const planner::StoredChunkView& chunk = *item.source;
   const absl::string_view fqn = item.fqn;
   const uint64_t dest =
@@ -207,6 +220,29 @@ void PlanLoadAnswerWriter::AddCompactRead(
   const uint64_t dest =
       static_cast<uint64_t>(static_cast<int64_t>(item.dest_index));
   const uint64_t object_index = static_cast<uint64_t>(object);
+  bytes_to_read_ += item.bytes;
+  if (form_ == AnswerForm::kCompactSharedBoxes) {
+    const uint32_t box = BoxIndex(item);
+    const size_t source = LocationBody("", chunk.offset, 0);
+    const size_t body = FieldSize(dest) + NestedSize(source) +
+                        (chunk.crc32c == 0 ? 0 : 5) + FieldSize(object_index) +
+                        1 + VarintSize(item.chunk_id) + 1 + VarintSize(box);
+    Cursor c(Grow(NestedSize(body)));
+    c.Byte(kReadsTag);
+    c.Varint(body);
+    c.Field(kDestIndexTag, dest);
+    c.Byte(kSourceTag);
+    c.Varint(source);
+    c.Field(kLocOffsetTag, chunk.offset);
+    c.Fixed32(kCrcTag, chunk.crc32c);
+    c.Field(kObjectIndexTag, object_index);
+    c.Byte(kChunkTag);
+    c.Varint(item.chunk_id);
+    c.Byte(kBoxTag);
+    c.Varint(box);
+    ++reads_;
+    return;
+  }
   const size_t offsets = PackedBody(chunk.box.offsets);
   const size_t sizes = PackedBody(chunk.box.sizes);
   const size_t box = PackedSize(offsets) + PackedSize(sizes);
@@ -214,7 +250,6 @@ void PlanLoadAnswerWriter::AddCompactRead(
   const size_t body = FieldSize(dest) + NestedSize(source) +
                       (chunk.crc32c == 0 ? 0 : 5) + NestedSize(box) +
                       FieldSize(object_index) + 1 + VarintSize(item.chunk_id);
-  bytes_to_read_ += item.bytes;
 
   Cursor c(Grow(NestedSize(body)));
   c.Byte(kReadsTag);
@@ -233,6 +268,39 @@ void PlanLoadAnswerWriter::AddCompactRead(
   c.Byte(kChunkTag);
   c.Varint(item.chunk_id);
   ++reads_;
+}
+
+uint32_t PlanLoadAnswerWriter::BoxIndex(
+    const planner::LoadPlanner::ReadView& item) {
+  const uint32_t key = item.box_id + 1;  // box ids are < 2^31
+  BoxSlot* slot = &box_slots_[(item.box_id * 0x9E3779B1u) >> box_shift_];
+  if (slot->id_plus_one == key) return slot->index;
+  if (num_boxes_ >= box_slots_.size() / 2 && box_slots_.size() < kMaxBoxSlots) {
+    // Half full: twice the slots, keeping what the table holds (where two
+    // land on one slot, one is lost: listed again if named again).
+    std::vector<BoxSlot> old(box_slots_.size() * 2);
+    old.swap(box_slots_);
+    --box_shift_;
+    for (const BoxSlot& s : old) {
+      if (s.id_plus_one != 0) {
+        box_slots_[((s.id_plus_one - 1) * 0x9E3779B1u) >> box_shift_] = s;
+      }
+    }
+    slot = &box_slots_[(item.box_id * 0x9E3779B1u) >> box_shift_];
+  }
+  // Listed (a repeated field's element: written even when empty), before the
+  // item naming it.
+  const planner::ChunkBox& box = item.source->box;
+  const size_t offsets = PackedBody(box.offsets);
+  const size_t sizes = PackedBody(box.sizes);
+  const size_t body = PackedSize(offsets) + PackedSize(sizes);
+  Cursor c(Grow(NestedSize(body)));
+  c.Byte(kBoxesTag);
+  c.Varint(body);
+  c.Packed(kOffsetsTag, box.offsets, offsets);
+  c.Packed(kSizesTag, box.sizes, sizes);
+  *slot = BoxSlot{key, num_boxes_};
+  return num_boxes_++;
 }
 
 void PlanLoadAnswerWriter::AddBytesEntry(const v1::ManifestBytes& entry) {
@@ -275,14 +343,20 @@ absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
   // Each wanted chunk parsed once, when a read item first names it.
   std::vector<std::optional<planner::WantedChunk>> wanted(
       static_cast<size_t>(request.wanted_size()));
-  planner::ChunkBox source_box;
+  // Each shared box parsed once, when a read item first names it.
+  std::vector<std::optional<planner::ChunkBox>> boxes(
+      static_cast<size_t>(answer->boxes_size()));
+  planner::ChunkBox own_box;  // an item's source_box
   planner::ChunkBox overlap;
   std::vector<planner::CopySegment> segments;
   uint64_t total_segments = 0;
   for (int i = 0; i < answer->reads_size(); ++i) {
     v1::ReadItem& item = *answer->mutable_reads(i);
     // The full form (an older cairnd, or expanded already).
-    if (!item.has_source_box() || item.segments_size() > 0) continue;
+    if ((!item.has_source_box() && !item.has_box()) ||
+        item.segments_size() > 0) {
+      continue;
+    }
     const int d = item.dest_index();
     if (d < 0 || d >= request.wanted_size()) {
       return BadRead(i, "",
@@ -306,10 +380,31 @@ absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
       return BadRead(
           i, fqn, absl::StrCat("object ", o, " of ", answer->objects_size()));
     }
-    absl::StatusOr<planner::ChunkBox> box =
-        BoxFromProto(item.source_box(), fqn);
-    if (!box.ok()) return BadRead(i, fqn, box.status().message());
-    source_box = std::move(*box);
+    const planner::ChunkBox* stored = &own_box;
+    if (item.has_box()) {
+      if (item.has_source_box()) {
+        return BadRead(i, fqn, "names its stored box both ways");
+      }
+      const uint32_t b = item.box();
+      if (b >= boxes.size()) {
+        return BadRead(i, fqn,
+                       absl::StrCat("box ", b, " of ", answer->boxes_size()));
+      }
+      std::optional<planner::ChunkBox>& shared = boxes[b];
+      if (!shared.has_value()) {
+        absl::StatusOr<planner::ChunkBox> box =
+            BoxFromProto(answer->boxes(static_cast<int>(b)), fqn);
+        if (!box.ok()) return BadRead(i, fqn, box.status().message());
+        shared = std::move(*box);
+      }
+      stored = &*shared;
+    } else {
+      absl::StatusOr<planner::ChunkBox> box =
+          BoxFromProto(item.source_box(), fqn);
+      if (!box.ok()) return BadRead(i, fqn, box.status().message());
+      own_box = std::move(*box);
+    }
+    const planner::ChunkBox& source_box = *stored;
     if (absl::Status s =
             planner::ValidateBoxInShape(source_box, want->global_shape);
         !s.ok()) {
@@ -319,6 +414,10 @@ absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
     // In the shape: at most 2^60 elements, so no overflow.
     const uint64_t length =
         static_cast<uint64_t>(planner::Volume(source_box)) * elem;
+    // Shared boxes leave the length out: the box's.
+    if (item.has_box() && item.source().length() == 0) {
+      item.mutable_source()->set_length(length);
+    }
     if (item.source().length() != length) {
       return BadRead(
           i, fqn,

@@ -45,9 +45,13 @@ namespace cairn::convert {
 // segments; each object key once in `objects`, written just before the first
 // read item that uses it. Parsed, it is the message protobuf would decode;
 // its bytes differ from protobuf's own serialization only in that order.
-// kFull needs each ReadView's segments; kCompact does not use them
+// kCompactSharedBoxes (PlanLoadRequest.shared_boxes) is kCompact with each
+// stored box written once into `boxes` (just before the first read item that
+// names it; again only when the writer's table of listed boxes lost it), and
+// items naming it by `box`, without source_box and source.length.
+// kFull needs each ReadView's segments; the compact forms do not use them
 // (PlanEach(..., /*segments=*/false) skips building them).
-enum class AnswerForm { kFull, kCompact };
+enum class AnswerForm { kFull, kCompact, kCompactSharedBoxes };
 
 class PlanLoadAnswerWriter {
  public:
@@ -71,6 +75,9 @@ class PlanLoadAnswerWriter {
 
  private:
   void AddCompactRead(const planner::LoadPlanner::ReadView& item);
+  // The index in `boxes` of the item's stored box, listing it first if it
+  // is not (kCompactSharedBoxes).
+  uint32_t BoxIndex(const planner::LoadPlanner::ReadView& item);
   // Room for n more bytes at the end of the answer: where they go.
   char* Grow(size_t n);
 
@@ -84,20 +91,34 @@ class PlanLoadAnswerWriter {
   // objects are one per saving rank, so at most a few hundred KB).
   std::vector<int32_t> object_index_;
   int num_objects_ = 0;
+  // kCompactSharedBoxes: the boxes listed, by ReadView.box_id, direct-mapped
+  // (a box whose slot another took is listed again: a few bytes, where a
+  // hash map's lookup per item would cost more than it saves). The table
+  // doubles when half as many boxes were listed as it has slots, up to a
+  // bound.
+  struct BoxSlot {
+    uint32_t id_plus_one = 0;  // 0: empty
+    uint32_t index = 0;        // in `boxes`
+  };
+  std::vector<BoxSlot> box_slots_;
+  int box_shift_ = 0;  // slot of id: (id * golden ratio) >> box_shift_
+  uint32_t num_boxes_ = 0;
   int reads_ = 0;
   uint64_t bytes_to_read_ = 0;
 };
 
-// Turns a compact answer to `request` (AnswerForm::kCompact) into the full
+// Turns a compact answer to `request` (either compact form) into the full
 // form in place: each compact read item gets its wanted chunk's fqn, the
-// overlap of its source_box with the wanted box, the copy segments
-// (planner::AppendCopySegments, exactly what cairnd computes for the full
-// form) and source.object_key from `objects`; source_box and chunk stay. Items
-// already in the full form (no source_box: an older cairnd; or segments:
-// expanded already) are left as they are. INTERNAL naming the item and fqn when
-// cairnd sent what cannot be right: a destination or object index out of range,
-// a stored chunk outside the tensor, disjoint from its wanted chunk or of
-// another length, more than planner::kMaxCopySegmentsPerPlan segments.
+// overlap of its stored box (source_box, or boxes[box]) with the wanted box,
+// the copy segments (planner::AppendCopySegments, exactly what cairnd
+// computes for the full form), source.object_key from `objects` and, when
+// left out, source.length; source_box or box, and chunk, stay. Items already
+// in the full form (neither source_box nor box: an older cairnd; or segments:
+// expanded already) are left as they are. INTERNAL naming the item and fqn
+// when cairnd sent what cannot be right: a destination, object or box index
+// out of range, an item naming its box both ways, a stored chunk outside the
+// tensor, disjoint from its wanted chunk or of another length, more than
+// planner::kMaxCopySegmentsPerPlan segments.
 absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
                                  v1::PlanLoadResponse* answer);
 

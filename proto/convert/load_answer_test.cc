@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "proto/convert/plan_convert.h"
@@ -64,6 +65,25 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
     std::vector<planner::WantedChunk> wanted;
     const int n = static_cast<int>(rand(1, 5));
     for (int t = 0; t < n; ++t) {
+      // Some stored in the previous tensor's tiling (as a model's layers
+      // are), wanted in another box: they share box ids.
+      if (t > 0 && !tensors.back().chunks.empty() &&
+          !tensors.back().global_shape.empty() && rand(0, 2) == 0) {
+        planner::StoredTensor st = tensors.back();
+        st.fqn = absl::StrCat(st.fqn, ".", t);
+        for (planner::StoredChunk& c : st.chunks) {
+          c.location.offset = big();
+          c.crc32c = static_cast<uint32_t>(big());
+        }
+        const int64_t rows = st.global_shape[0], cols = st.global_shape[1];
+        const int64_t r0 = rand(0, rows - 1);
+        wanted.push_back({st.fqn,
+                          st.dtype,
+                          st.global_shape,
+                          {{r0, 0}, {rand(1, rows - r0), cols}}});
+        tensors.push_back(std::move(st));
+        continue;
+      }
       planner::StoredTensor& st = tensors.emplace_back();
       st.fqn =
           absl::StrCat("layers.", t, rand(0, 1) ? ".ü.wq" : "",
@@ -204,6 +224,49 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
     }
     expanded.clear_objects();
     EXPECT_EQ(expanded.SerializeAsString(), wire);
+
+    // The compact form with shared boxes, expanded, is the same: each item's
+    // box is the stored chunk's. Each box is listed at least once, and again
+    // at most when another took its slot in the writer's table.
+    PlanLoadAnswerWriter shared(step, uri, AnswerForm::kCompactSharedBoxes,
+                                expected());
+    absl::flat_hash_set<uint32_t> box_ids;
+    ASSERT_TRUE((*planner)
+                    ->PlanEach(
+                        wanted,
+                        [&](const planner::LoadPlanner::ReadView& r) {
+                          EXPECT_LT(r.box_id, (*planner)->num_box_ids());
+                          box_ids.insert(r.box_id);
+                          shared.AddRead(r);
+                        },
+                        /*segments=*/false)
+                    .ok());
+    for (const v1::ManifestBytes& e : entries) shared.AddBytesEntry(e);
+    EXPECT_EQ(shared.reads(), items);
+    EXPECT_EQ(shared.bytes_to_read(), bytes);
+    std::string shared_wire = std::move(shared).Finish(prefix);
+    AppendLoadRound(round, &shared_wire);
+    ASSERT_TRUE(expanded.ParseFromString(shared_wire));
+    EXPECT_GE(expanded.boxes_size(), static_cast<int>(box_ids.size()));
+    EXPECT_LE(expanded.boxes_size(), items);
+    ASSERT_TRUE(ExpandCompactAnswer(request, &expanded).ok());
+    for (int i = 0; i < expanded.reads_size(); ++i) {
+      v1::ReadItem& item = *expanded.mutable_reads(i);
+      ASSERT_TRUE(item.has_chunk());
+      ASSERT_TRUE(item.has_box());
+      EXPECT_FALSE(item.has_source_box());
+      const auto at = (*planner)->ChunkOfId(item.chunk());
+      ASSERT_TRUE(at.has_value());
+      EXPECT_EQ(BoxFromProto(expanded.boxes(static_cast<int>(item.box())), "")
+                    .value(),
+                (*planner)->chunk(at->first, at->second).box);
+      item.clear_box();
+      item.clear_chunk();
+      item.clear_object_index();
+    }
+    expanded.clear_objects();
+    expanded.clear_boxes();
+    EXPECT_EQ(expanded.SerializeAsString(), wire);
   }
   EXPECT_GT(reads, 1000u);
 }
@@ -211,7 +274,7 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
 // One stored [8, 4] float32 tensor in two row blocks, in two objects; a rank
 // wants rows 2..6.
 struct CompactCase {
-  CompactCase() {
+  explicit CompactCase(AnswerForm form = AnswerForm::kCompact) {
     planner::StoredTensor t;
     t.fqn = "w";
     t.dtype = planner::DType::kFloat32;
@@ -222,7 +285,7 @@ struct CompactCase {
     const planner::WantedChunk want{
         "w", t.dtype, t.global_shape, {{2, 0}, {4, 4}}};
     WantedToProto(want, request.add_wanted());
-    PlanLoadAnswerWriter w(7, "file:///x", AnswerForm::kCompact);
+    PlanLoadAnswerWriter w(7, "file:///x", form);
     EXPECT_TRUE(planner
                     ->PlanEach({want},
                                [&](const planner::LoadPlanner::ReadView& r) {
@@ -311,6 +374,162 @@ TEST(LoadAnswerTest, RefusesACompactAnswerThatCannotBeRight) {
     if (want.find("destination") == std::string::npos) {
       EXPECT_NE(s.message().find("of 'w'"), std::string::npos) << s;
     }
+  }
+}
+
+TEST(LoadAnswerTest, RefusesASharedBoxesAnswerThatCannotBeRight) {
+  const std::vector<
+      std::pair<std::string, std::function<void(v1::PlanLoadResponse*)>>>
+      damages = {
+          {"box 2 of 2",
+           [](v1::PlanLoadResponse* a) { a->mutable_reads(1)->set_box(2); }},
+          {"box 0 of 0", [](v1::PlanLoadResponse* a) { a->clear_boxes(); }},
+          {"names its stored box both ways",
+           [](v1::PlanLoadResponse* a) {
+             *a->mutable_reads(0)->mutable_source_box() = a->boxes(0);
+           }},
+          {"but length 65",
+           [](v1::PlanLoadResponse* a) {
+             a->mutable_reads(0)->mutable_source()->set_length(65);
+           }},
+          {"exceeds shape",
+           [](v1::PlanLoadResponse* a) {
+             a->mutable_boxes(1)->set_offsets(0, 5);
+           }},
+          {"outside the wanted chunk",
+           [](v1::PlanLoadResponse* a) {
+             a->mutable_boxes(0)->set_sizes(0, 2);
+           }},
+          {"2 offsets but 3 sizes",
+           [](v1::PlanLoadResponse* a) { a->mutable_boxes(0)->add_sizes(1); }},
+      };
+  for (const auto& [want, damage] : damages) {
+    SCOPED_TRACE(want);
+    CompactCase c(AnswerForm::kCompactSharedBoxes);
+    ASSERT_EQ(c.answer.boxes_size(), 2);
+    damage(&c.answer);
+    const absl::Status s = ExpandCompactAnswer(c.request, &c.answer);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find(want), std::string::npos) << s;
+    EXPECT_NE(s.message().find("of 'w'"), std::string::npos) << s;
+  }
+}
+
+// A model's layers stored in one tiling: the shared-boxes answer lists each
+// stored box once, in far fewer bytes than the compact form, and expands to
+// the same read items.
+TEST(LoadAnswerTest, SharedBoxesAreListedOnce) {
+  // 40 [64, 16] float32 tensors, each in 8 row blocks written by 8 ranks; a
+  // rank wants rows 4..35 of each: 5 blocks.
+  std::vector<planner::StoredTensor> tensors;
+  std::vector<planner::WantedChunk> wanted;
+  for (int i = 0; i < 40; ++i) {
+    planner::StoredTensor& t = tensors.emplace_back();
+    t.fqn = absl::StrCat("layers.", i, ".w");
+    t.dtype = planner::DType::kFloat32;
+    t.global_shape = {64, 16};
+    for (int64_t b = 0; b < 8; ++b) {
+      t.chunks.push_back({{{b * 8, 0}, {8, 16}},
+                          {absl::StrCat("rank", b, "/data"),
+                           static_cast<uint64_t>(i) * 512, 512},
+                          static_cast<uint32_t>(i * 8 + b + 1)});
+    }
+    wanted.push_back({t.fqn, t.dtype, t.global_shape, {{4, 0}, {32, 16}}});
+  }
+  auto planner = planner::LoadPlanner::Create(tensors);
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  EXPECT_EQ((*planner)->num_box_ids(), 8u);
+  v1::PlanLoadRequest request;
+  for (const planner::WantedChunk& w : wanted) {
+    WantedToProto(w, request.add_wanted());
+  }
+  const auto answer = [&](AnswerForm form) {
+    PlanLoadAnswerWriter w(3, "file:///x", form);
+    EXPECT_TRUE(
+        (*planner)
+            ->PlanEach(
+                wanted,
+                [&](const planner::LoadPlanner::ReadView& r) { w.AddRead(r); },
+                /*segments=*/false)
+            .ok());
+    EXPECT_EQ(w.reads(), 200);
+    return std::move(w).Finish("j/3/");
+  };
+  const std::string compact = answer(AnswerForm::kCompact);
+  const std::string shared = answer(AnswerForm::kCompactSharedBoxes);
+  v1::PlanLoadResponse a, b;
+  ASSERT_TRUE(a.ParseFromString(compact));
+  ASSERT_TRUE(b.ParseFromString(shared));
+  ASSERT_EQ(b.boxes_size(), 5);
+  for (int k = 0; k < 5; ++k) {
+    EXPECT_EQ(BoxFromProto(b.boxes(k), "").value(),
+              (planner::ChunkBox{{k * 8, 0}, {8, 16}}));
+  }
+  for (int i = 0; i < 200; ++i) {
+    EXPECT_EQ(b.reads(i).box(), static_cast<uint32_t>(i % 5));
+    EXPECT_EQ(b.reads(i).source().length(), 0u);  // left out
+  }
+  // ~20 bytes an item instead of ~31 (its own box and length left out):
+  // 4184 bytes instead of 6334.
+  EXPECT_LT(shared.size() * 10, compact.size() * 7)
+      << shared.size() << " vs " << compact.size();
+  ASSERT_TRUE(ExpandCompactAnswer(request, &a).ok());
+  ASSERT_TRUE(ExpandCompactAnswer(request, &b).ok());
+  for (int i = 0; i < 200; ++i) {
+    a.mutable_reads(i)->clear_source_box();
+    b.mutable_reads(i)->clear_box();
+  }
+  b.clear_boxes();
+  EXPECT_EQ(b.SerializeAsString(), a.SerializeAsString());
+}
+
+// An answer naming more boxes than the writer's table starts with: the table
+// grows, so that boxes named again are rarely listed again.
+TEST(LoadAnswerTest, SharedBoxesOfALargeTiling) {
+  // Two [6000, 8] tensors saved in rows, wanted whole, one after the other.
+  std::vector<planner::StoredTensor> tensors(2);
+  std::vector<planner::WantedChunk> wanted;
+  for (int i = 0; i < 2; ++i) {
+    planner::StoredTensor& t = tensors[i];
+    t.fqn = absl::StrCat("layers.", i, ".w");
+    t.dtype = planner::DType::kFloat32;
+    t.global_shape = {6000, 8};
+    for (int64_t r = 0; r < 6000; ++r) {
+      t.chunks.push_back({{{r, 0}, {1, 8}},
+                          {absl::StrCat("rank", r % 40, "/data"),
+                           static_cast<uint64_t>(r * 64 + i * 32), 32},
+                          static_cast<uint32_t>(r + 1)});
+    }
+    wanted.push_back({t.fqn, t.dtype, t.global_shape, {{0, 0}, {6000, 8}}});
+  }
+  auto planner = planner::LoadPlanner::Create(tensors);
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  PlanLoadAnswerWriter w(3, "file:///x", AnswerForm::kCompactSharedBoxes);
+  ASSERT_TRUE(
+      (*planner)
+          ->PlanEach(
+              wanted,
+              [&](const planner::LoadPlanner::ReadView& r) { w.AddRead(r); },
+              /*segments=*/false)
+          .ok());
+  v1::PlanLoadResponse a;
+  ASSERT_TRUE(a.ParseFromString(std::move(w).Finish("j/3/")));
+  ASSERT_EQ(a.reads_size(), 12000);
+  EXPECT_GE(a.boxes_size(), 6000);
+  EXPECT_LT(a.boxes_size(), 6000 + 60) << "the table did not grow";
+  v1::PlanLoadRequest request;
+  for (const planner::WantedChunk& x : wanted) {
+    WantedToProto(x, request.add_wanted());
+  }
+  ASSERT_TRUE(ExpandCompactAnswer(request, &a).ok());
+  for (int i = 0; i < 12000; ++i) {
+    const v1::ReadItem& item = a.reads(i);
+    EXPECT_EQ(BoxFromProto(a.boxes(static_cast<int>(item.box())), "").value(),
+              (planner::ChunkBox{{i % 6000, 0}, {1, 8}}));
+    EXPECT_EQ(item.source().length(), 32u);
+    ASSERT_EQ(item.segments_size(), 1);
+    EXPECT_EQ(item.segments(0).dst_offset(),
+              static_cast<uint64_t>(i % 6000) * 32);
   }
 }
 

@@ -85,9 +85,9 @@ struct Coordinator::LoadedCheckpoint {
   std::vector<v1::ManifestBytes> bytes_entries;
   absl::flat_hash_map<std::string, int> bytes_index;  // fqn -> bytes_entries
   // The size of the last PlanLoad answer made of this checkpoint, by form
-  // (full, compact): the room the next one is given up front (the ranks of a
-  // sharded load get answers of about one size).
-  mutable std::atomic<size_t> answer_bytes[2] = {0, 0};
+  // (convert::AnswerForm): the room the next one is given up front (the ranks
+  // of a sharded load get answers of about one size).
+  mutable std::atomic<size_t> answer_bytes[3] = {0, 0, 0};
 
   // Approximate bytes held (what the load index cache charges).
   size_t MemoryBytes() const;

@@ -195,8 +195,15 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   // short request is keyed by its digest and boxes as sent: one answered from
   // the cache matched the checkpoint's digest before (resend_wanted answers
   // are not cached).
+  // The form of the answer: full, compact, or compact with shared boxes (a
+  // request for shared boxes in the full form gets the full form).
+  const convert::AnswerForm form =
+      !request.compact()       ? convert::AnswerForm::kFull
+      : request.shared_boxes() ? convert::AnswerForm::kCompactSharedBoxes
+                               : convert::AnswerForm::kCompact;
   const std::string cache_key =
-      absl::StrCat(job, "\n", step, "\n", request.compact() ? "c" : "f",
+      absl::StrCat(job, "\n", step, "\n",
+                   absl::string_view("fcb").substr(static_cast<int>(form), 1),
                    planner::StableHash128Hex(
                        short_form ? ShortLayoutKey(request)
                                   : LayoutKey(wanted, request.wanted_bytes())));
@@ -237,17 +244,15 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   }
   m_.load_plan_misses->Increment();
   // Each read item is written straight into the answer's wire bytes.
-  std::atomic<size_t>& answer_bytes = ckpt->answer_bytes[request.compact()];
+  std::atomic<size_t>& answer_bytes =
+      ckpt->answer_bytes[static_cast<int>(form)];
   convert::PlanLoadAnswerWriter answer(
-      step, store_->uri(),
-      request.compact() ? convert::AnswerForm::kCompact
-                        : convert::AnswerForm::kFull,
-      answer_bytes.load(std::memory_order_relaxed));
-  // A rank taking the compact form derives the copy segments itself.
+      step, store_->uri(), form, answer_bytes.load(std::memory_order_relaxed));
+  // A rank taking a compact form derives the copy segments itself.
   const auto add = [&answer](const planner::LoadPlanner::ReadView& r) {
     answer.AddRead(r);
   };
-  const bool segments = !request.compact();
+  const bool segments = form == convert::AnswerForm::kFull;
   const absl::Status planned =
       short_form ? ckpt->planner->PlanEach(wanted_ids, add, segments)
                  : ckpt->planner->PlanEach(wanted, add, segments);

@@ -194,30 +194,43 @@ TEST_F(CoordinatorTest, CompactLoadPlansExpandToTheFullForm) {
   Start();
   Save("job", 1, 2);
   const v1::PlanLoadResponse full = PlanColumns(0, 1, 2, /*world=*/0);
-  v1::PlanLoadResponse compact = PlanColumnsCompact(0, 1, 2, /*world=*/0);
   ASSERT_EQ(full.reads_size(), 2);
-  ASSERT_EQ(compact.reads_size(), 2);
-  EXPECT_EQ(compact.objects_size(), 2);  // one object per saving rank
   EXPECT_FALSE(full.reads(0).has_chunk());
-  std::vector<uint32_t> chunks;
-  for (v1::ReadItem& it : *compact.mutable_reads()) {
-    ASSERT_TRUE(it.has_chunk());
-    chunks.push_back(it.chunk());
-    it.clear_chunk();
-    it.clear_source_box();
-    it.clear_object_index();
+  for (const bool shared_boxes : {false, true}) {
+    SCOPED_TRACE(shared_boxes ? "shared boxes" : "own boxes");
+    v1::PlanLoadResponse compact =
+        PlanColumnsCompact(0, 1, 2, /*world=*/0, 1, shared_boxes);
+    ASSERT_EQ(compact.reads_size(), 2);
+    EXPECT_EQ(compact.objects_size(), 2);  // one object per saving rank
+    EXPECT_EQ(compact.boxes_size(), shared_boxes ? 2 : 0);
+    std::vector<uint32_t> chunks;
+    for (v1::ReadItem& it : *compact.mutable_reads()) {
+      ASSERT_TRUE(it.has_chunk());
+      EXPECT_EQ(it.has_box(), shared_boxes);
+      EXPECT_EQ(it.has_source_box(), !shared_boxes);
+      chunks.push_back(it.chunk());
+      it.clear_chunk();
+      it.clear_source_box();
+      it.clear_box();
+      it.clear_object_index();
+    }
+    // "w"'s two chunks, after "b"'s one (tensors in fqn order).
+    EXPECT_THAT(chunks, ::testing::UnorderedElementsAre(1u, 2u));
+    compact.clear_objects();
+    compact.clear_boxes();
+    EXPECT_EQ(compact.SerializeAsString(), full.SerializeAsString());
   }
-  // "w"'s two chunks, after "b"'s one (tensors in fqn order).
-  EXPECT_THAT(chunks, ::testing::UnorderedElementsAre(1u, 2u));
-  compact.clear_objects();
-  EXPECT_EQ(compact.SerializeAsString(), full.SerializeAsString());
-  // The two forms of one layout are cached apart: asked twice more each,
+  // The three forms of one layout are cached apart: asked twice more each,
   // each is answered in its own form.
   for (int i = 0; i < 2; ++i) {
     EXPECT_FALSE(PlanColumns(0, 1, 2, 0).reads(0).has_chunk());
-    EXPECT_TRUE(PlanColumnsCompact(0, 1, 2, 0).reads(0).has_chunk());
+    const v1::ReadItem own = PlanColumnsCompact(0, 1, 2, 0, 1, false).reads(0);
+    EXPECT_TRUE(own.has_source_box() && !own.has_box());
+    const v1::ReadItem shared =
+        PlanColumnsCompact(0, 1, 2, 0, 1, true).reads(0);
+    EXPECT_TRUE(shared.has_box() && !shared.has_source_box());
   }
-  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 2);
+  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 3);
 }
 
 TEST_F(CoordinatorTest, ShortFormLoadRequestsArePlannedAsTheFullForm) {

@@ -351,11 +351,14 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : v1::PlanLoadResponse();
   }
-  // The same in the compact form, expanded as libcairn does.
+  // The same in the compact form (with shared boxes, as libcairn asks, or
+  // without), expanded as libcairn does.
   v1::PlanLoadResponse PlanColumnsCompact(int rank, int64_t col, int64_t cols,
-                                          int world = 2, int64_t step = 1) {
+                                          int world = 2, int64_t step = 1,
+                                          bool shared_boxes = true) {
     v1::PlanLoadRequest req = ColumnsRequest(rank, col, cols, world, step);
     req.set_compact(true);
+    req.set_shared_boxes(shared_boxes);
     auto r = coordinator_->PlanLoad(req);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return v1::PlanLoadResponse();
