@@ -221,35 +221,18 @@ void PlanLoadAnswerWriter::AddCompactRead(
       static_cast<uint64_t>(static_cast<int64_t>(item.dest_index));
   const uint64_t object_index = static_cast<uint64_t>(object);
   bytes_to_read_ += item.bytes;
-  if (form_ == AnswerForm::kCompactSharedBoxes) {
-    const uint32_t box = BoxIndex(item);
-    const size_t source = LocationBody("", chunk.offset, 0);
-    const size_t body = FieldSize(dest) + NestedSize(source) +
-                        (chunk.crc32c == 0 ? 0 : 5) + FieldSize(object_index) +
-                        1 + VarintSize(item.chunk_id) + 1 + VarintSize(box);
-    Cursor c(Grow(NestedSize(body)));
-    c.Byte(kReadsTag);
-    c.Varint(body);
-    c.Field(kDestIndexTag, dest);
-    c.Byte(kSourceTag);
-    c.Varint(source);
-    c.Field(kLocOffsetTag, chunk.offset);
-    c.Fixed32(kCrcTag, chunk.crc32c);
-    c.Field(kObjectIndexTag, object_index);
-    c.Byte(kChunkTag);
-    c.Varint(item.chunk_id);
-    c.Byte(kBoxTag);
-    c.Varint(box);
-    ++reads_;
-    return;
-  }
-  const size_t offsets = PackedBody(chunk.box.offsets);
-  const size_t sizes = PackedBody(chunk.box.sizes);
+  // With shared boxes: the box's index instead of the box, and no length.
+  const bool shared = form_ == AnswerForm::kCompactSharedBoxes;
+  const uint32_t box_index = shared ? BoxIndex(item) : 0;
+  const uint64_t length = shared ? 0 : chunk.length;
+  const size_t offsets = shared ? 0 : PackedBody(chunk.box.offsets);
+  const size_t sizes = shared ? 0 : PackedBody(chunk.box.sizes);
   const size_t box = PackedSize(offsets) + PackedSize(sizes);
-  const size_t source = LocationBody("", chunk.offset, chunk.length);
-  const size_t body = FieldSize(dest) + NestedSize(source) +
-                      (chunk.crc32c == 0 ? 0 : 5) + NestedSize(box) +
-                      FieldSize(object_index) + 1 + VarintSize(item.chunk_id);
+  const size_t source = LocationBody("", chunk.offset, length);
+  const size_t body =
+      FieldSize(dest) + NestedSize(source) + (chunk.crc32c == 0 ? 0 : 5) +
+      (shared ? 0 : NestedSize(box)) + FieldSize(object_index) + 1 +
+      VarintSize(item.chunk_id) + (shared ? 1 + VarintSize(box_index) : 0);
 
   Cursor c(Grow(NestedSize(body)));
   c.Byte(kReadsTag);
@@ -258,15 +241,21 @@ void PlanLoadAnswerWriter::AddCompactRead(
   c.Byte(kSourceTag);
   c.Varint(source);
   c.Field(kLocOffsetTag, chunk.offset);
-  c.Field(kLocLengthTag, chunk.length);
+  c.Field(kLocLengthTag, length);
   c.Fixed32(kCrcTag, chunk.crc32c);
-  c.Byte(kSourceBoxTag);
-  c.Varint(box);
-  c.Packed(kOffsetsTag, chunk.box.offsets, offsets);
-  c.Packed(kSizesTag, chunk.box.sizes, sizes);
+  if (!shared) {
+    c.Byte(kSourceBoxTag);
+    c.Varint(box);
+    c.Packed(kOffsetsTag, chunk.box.offsets, offsets);
+    c.Packed(kSizesTag, chunk.box.sizes, sizes);
+  }
   c.Field(kObjectIndexTag, object_index);
   c.Byte(kChunkTag);
   c.Varint(item.chunk_id);
+  if (shared) {
+    c.Byte(kBoxTag);
+    c.Varint(box_index);
+  }
   ++reads_;
 }
 
