@@ -123,11 +123,12 @@ Cursor Append(std::string* out, size_t n) {
 }
 
 // The shared boxes' table (PlanLoadAnswerWriter::box_slots_): 2 KiB to start
-// with (a rank's answer names a few hundred boxes), at most 4 MiB (an answer
-// naming more boxes lists some of them more than once).
+// with (a rank's answer names a few hundred boxes), at most 512 KiB (an answer
+// naming more boxes lists some of them more than once, a few bytes each,
+// while the table stays small enough to be cached).
 constexpr int kFirstBoxSlotsLog2 = 8;
 constexpr size_t kFirstBoxSlots = size_t{1} << kFirstBoxSlotsLog2;
-constexpr size_t kMaxBoxSlots = size_t{1} << 19;
+constexpr size_t kMaxBoxSlots = size_t{1} << 16;
 
 }  // namespace
 
