@@ -238,6 +238,8 @@ class LoadPlanner {
   int num_chunks(int t) const { return tensors_[t].num_chunks; }
   // Stored chunk `c` of tensor `t`.
   StoredChunkView chunk(int t, int c) const;
+  // The same into `out`, reusing its box's storage (for loops over chunks).
+  void Fill(int t, int c, StoredChunkView* out) const;
   // The stored chunk at `offset` of `object_key`: (tensor, chunk), or
   // std::nullopt when no chunk starts there.
   std::optional<std::pair<int, int>> ChunkAt(absl::string_view object_key,
@@ -289,7 +291,6 @@ class LoadPlanner {
   }
   // The (tensor, chunk) whose record is chunks_[record].
   std::pair<int, int> OfRecord(uint32_t record) const;
-  void Fill(int t, int c, StoredChunkView* out) const;
   // What PlanEach reuses from one wanted chunk to the next.
   struct PlanScratch;
   // The reads of wanted chunk `w`, a box of stored tensor `t` (dtype and

@@ -69,6 +69,21 @@ void BoxToProto(const planner::ChunkBox& box, v1::ChunkBox* out) {
   out->mutable_sizes()->Assign(box.sizes.begin(), box.sizes.end());
 }
 
+bool NonEmptyBoxInside(const v1::ChunkBox& box,
+                       const planner::ChunkBox& outer) {
+  const int n = static_cast<int>(outer.offsets.size());
+  if (box.offsets_size() != n || box.sizes_size() != n) return false;
+  for (int d = 0; d < n; ++d) {
+    const int64_t offset = box.offsets(d);
+    const int64_t size = box.sizes(d);
+    if (size <= 0 || size > outer.sizes[d] || offset < outer.offsets[d] ||
+        offset - outer.offsets[d] > outer.sizes[d] - size) {
+      return false;
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<planner::Shape> ShapeFromProto(
     const google::protobuf::RepeatedField<int64_t>& shape,
     absl::string_view fqn) {

@@ -130,6 +130,73 @@ TEST(PlanConvertTest, ScalarBoxAndEmptyBoxesConvert) {
   EXPECT_EQ(empty->sizes[0], 0);
 }
 
+// The direct check VerifyLoad makes of a piece's box against the stored
+// chunk agrees with converting the box and asking IsEmpty and Contains, on
+// random boxes near the outer one's edges, hostile ones (negative, huge,
+// wrong dims) among them.
+TEST(PlanConvertTest, NonEmptyBoxInsideAgreesWithConvertingTheBox) {
+  std::mt19937_64 rng(20261128);
+  const std::vector<int64_t> extremes = {
+      kInt64Max, kInt64Max - 1, std::numeric_limits<int64_t>::min(), -1};
+  // Near [base, base + span] (which does not wrap), or an extreme value.
+  auto pick = [&](int64_t base, int64_t span) -> int64_t {
+    int64_t v = base;
+    switch (rng() % 8) {
+      case 0:
+        return extremes[rng() % extremes.size()];
+      case 1:
+        return base;
+      case 2:
+        return base + span;
+      default:
+        if (__builtin_add_overflow(
+                base, static_cast<int64_t>(rng() % (span + 3)) - 1, &v)) {
+          return base;
+        }
+        return v;
+    }
+  };
+  int inside = 0, outside = 0;
+  for (int round = 0; round < 20000; ++round) {
+    const int dims = static_cast<int>(rng() % 4);
+    planner::ChunkBox outer;
+    for (int d = 0; d < dims; ++d) {
+      outer.offsets.push_back(static_cast<int64_t>(rng() % 100));
+      outer.sizes.push_back(1 + static_cast<int64_t>(rng() % 20));
+    }
+    if (dims > 0 && rng() % 16 == 0) {
+      outer.offsets[0] = kInt64Max - outer.sizes[0];  // ends at 2^63 - 1
+    }
+    // The piece mostly has the outer box's dims, sometimes one more or less.
+    int piece_dims = dims;
+    if (rng() % 10 == 0) piece_dims += (rng() % 2 == 0 && dims > 0) ? -1 : 1;
+    std::vector<int64_t> offsets, sizes;
+    for (int d = 0; d < piece_dims; ++d) {
+      const int64_t o = d < dims ? outer.offsets[d] : 0;
+      const int64_t s = d < dims ? outer.sizes[d] : 4;
+      const int64_t offset = pick(o, s);
+      offsets.push_back(offset);
+      int64_t to_end = 0;  // a size reaching the outer box's end
+      if (rng() % 2 == 0 || __builtin_sub_overflow(o + s, offset, &to_end)) {
+        to_end = pick(0, s);
+      }
+      sizes.push_back(to_end);
+    }
+    v1::ChunkBox box = Box(offsets, sizes);
+    if (rng() % 20 == 0) box.add_sizes(1);  // offsets and sizes disagree
+    absl::StatusOr<planner::ChunkBox> converted = BoxFromProto(box, "w");
+    const bool expected = converted.ok() && !planner::IsEmpty(*converted) &&
+                          planner::Contains(outer, *converted);
+    EXPECT_EQ(NonEmptyBoxInside(box, outer), expected)
+        << "box " << box.ShortDebugString() << " outer "
+        << planner::BoxToString(outer);
+    (expected ? inside : outside)++;
+  }
+  // Both answers are common, so each side of the check is exercised.
+  EXPECT_GT(inside, 2000);
+  EXPECT_GT(outside, 2000);
+}
+
 TEST(PlanConvertTest, ShapeWithANegativeDimOrTooManyDimsIsRejected) {
   v1::TensorEntry t;
   t.add_global_shape(4);

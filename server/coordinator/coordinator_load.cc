@@ -319,8 +319,12 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
                              absl::StrCat(who, ": ", ckpt.status().message())));
   }
   const planner::LoadPlanner& stored_tensors = *(*ckpt)->planner;
-  std::vector<LoadRounds::Piece> pieces;
-  pieces.reserve(request.pieces_size());
+  LoadRounds::Pieces pieces;
+  if (request.pieces_size() > 0) {
+    pieces.Reserve(request.pieces_size(),
+                   request.pieces(0).overlap().offsets_size());
+  }
+  planner::StoredChunkView stored;  // reused: no box copy per piece
   for (int i = 0; i < request.pieces_size(); ++i) {
     const v1::ChunkPiece& p = request.pieces(i);
     // The stored chunk, by id (compact answers) or by location.
@@ -350,9 +354,9 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
                           : "no stored chunk of the checkpoint is there"));
     }
     const auto [t, c] = *at;
-    const std::string& fqn = stored_tensors.fqn(t);
-    const planner::StoredChunkView stored = stored_tensors.chunk(t, c);
+    stored_tensors.Fill(t, c, &stored);
     if (!p.has_chunk()) {
+      const std::string& fqn = stored_tensors.fqn(t);
       if (fqn != p.fqn()) {
         return done(
             bad(absl::StrCat("the chunk there belongs to '", fqn, "'")));
@@ -363,17 +367,17 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
                              " but the stored chunk has ", stored.length)));
       }
     }
-    absl::StatusOr<planner::ChunkBox> overlap =
-        convert::BoxFromProto(p.overlap(), fqn);
-    if (!overlap.ok()) return done(bad(overlap.status().message()));
-    if (planner::IsEmpty(*overlap) ||
-        !planner::Contains(stored.box, *overlap)) {
-      return done(bad(absl::StrCat("box ", planner::BoxToString(*overlap),
+    const v1::ChunkBox& overlap = p.overlap();
+    if (!convert::NonEmptyBoxInside(overlap, stored.box)) {
+      // Refused: the message says why, from the box as parsed.
+      absl::StatusOr<planner::ChunkBox> box =
+          convert::BoxFromProto(overlap, stored_tensors.fqn(t));
+      if (!box.ok()) return done(bad(box.status().message()));
+      return done(bad(absl::StrCat("box ", planner::BoxToString(*box),
                                    " is empty or not inside the stored chunk ",
                                    planner::BoxToString(stored.box))));
     }
-    pieces.push_back(
-        {{t, c}, ChunkPieceReport{rank, i, std::move(*overlap), p.crc_term()}});
+    pieces.Add({t, c}, i, p.crc_term(), overlap.offsets(), overlap.sizes());
   }
 
   load_rounds_.Report(

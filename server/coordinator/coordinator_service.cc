@@ -11,6 +11,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "google/protobuf/arena.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/impl/codegen/server_callback_handlers.h"
 #include "grpcpp/security/auth_context.h"
@@ -209,7 +210,15 @@ void Serve(Coordinator* c, const Guard* guard,
            grpc::CallbackServerContext* context,
            grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* out,
            grpc::ByteBuffer& bytes) {
-  auto request = std::make_shared<Req>();
+  // The request is parsed onto an arena that lives as long as it does: its
+  // sub-messages (a VerifyLoad request of 3,000 pieces has 9,000) are carved
+  // from a few blocks and freed at once, not allocated and freed one by one.
+  struct OnArena {
+    google::protobuf::Arena arena;
+    Req* message = google::protobuf::Arena::CreateMessage<Req>(&arena);
+  };
+  auto held = std::make_shared<OnArena>();
+  std::shared_ptr<Req> request(held, held->message);
   bool parsed = false;
   {
     grpc::ProtoBufferReader reader(&bytes);

@@ -11,64 +11,45 @@
 
 namespace cairn::coordinator {
 
-namespace {
-
-// One rank's reported pieces, packed for the wait until every rank of the
-// round has reported: ~52 bytes a piece (2-D) instead of a Piece's ~104 (its
-// box is two inlined vectors). A 4096 -> 3072-rank load of a 70B model parks
-// 8.3 M pieces.
-class PackedPieces {
- public:
-  PackedPieces() = default;  // no pieces
-  explicit PackedPieces(const std::vector<LoadRounds::Piece>& pieces) {
-    const size_t n = pieces.size();
-    chunk_.reserve(n);
-    index_.reserve(n);
-    crc_term_.reserve(n);
-    coords_at_.reserve(n + 1);
-    size_t coords = 0;
-    for (const LoadRounds::Piece& p : pieces) {
-      coords += 2 * p.report.overlap.offsets.size();
-    }
-    coords_.reserve(coords);
-    coords_at_.push_back(0);
-    for (const LoadRounds::Piece& p : pieces) {
-      chunk_.push_back(p.chunk);
-      index_.push_back(p.report.index);
-      crc_term_.push_back(p.report.crc_term);
-      const planner::ChunkBox& box = p.report.overlap;
-      coords_.insert(coords_.end(), box.offsets.begin(), box.offsets.end());
-      coords_.insert(coords_.end(), box.sizes.begin(), box.sizes.end());
-      coords_at_.push_back(static_cast<uint32_t>(coords_.size()));
-    }
+LoadRounds::Pieces::Pieces(const std::vector<Piece>& pieces) {
+  Reserve(pieces.size(),
+          pieces.empty() ? 0 : pieces[0].report.overlap.offsets.size());
+  for (const Piece& p : pieces) {
+    Add(p.chunk, p.report.index, p.report.crc_term, p.report.overlap.offsets,
+        p.report.overlap.sizes);
   }
+}
 
-  size_t size() const { return chunk_.size(); }
-  bool empty() const { return chunk_.empty(); }
-  const std::pair<int, int>& chunk(size_t i) const { return chunk_[i]; }
-  // Piece i as reported by `rank`.
-  ChunkPieceReport Report(size_t i, int rank) const {
-    ChunkPieceReport r;
-    r.rank = rank;
-    r.index = index_[i];
-    r.crc_term = crc_term_[i];
-    const size_t at = coords_at_[i];
-    const size_t nd = (coords_at_[i + 1] - at) / 2;
-    r.overlap.offsets.assign(coords_.begin() + at, coords_.begin() + at + nd);
-    r.overlap.sizes.assign(coords_.begin() + at + nd,
-                           coords_.begin() + at + 2 * nd);
-    return r;
-  }
+void LoadRounds::Pieces::Reserve(size_t n, size_t dims) {
+  chunk_.reserve(n);
+  index_.reserve(n);
+  crc_term_.reserve(n);
+  coords_at_.reserve(n + 1);
+  coords_.reserve(2 * dims * n);
+}
 
- private:
-  std::vector<std::pair<int, int>> chunk_;  // (tensor, chunk)
-  std::vector<int32_t> index_;
-  std::vector<uint32_t> crc_term_;
-  std::vector<uint32_t> coords_at_;  // piece i: [at[i], at[i + 1])
-  std::vector<int64_t> coords_;      // offsets, then sizes
-};
+void LoadRounds::Pieces::Add(std::pair<int, int> chunk, int index,
+                             uint32_t crc_term,
+                             absl::Span<const int64_t> offsets,
+                             absl::Span<const int64_t> sizes) {
+  chunk_.push_back(chunk);
+  index_.push_back(index);
+  crc_term_.push_back(crc_term);
+  coords_.insert(coords_.end(), offsets.begin(), offsets.end());
+  coords_.insert(coords_.end(), sizes.begin(), sizes.end());
+  coords_at_.push_back(static_cast<uint32_t>(coords_.size()));
+}
 
-}  // namespace
+void LoadRounds::Pieces::ReportInto(size_t i, int rank,
+                                    ChunkPieceReport* out) const {
+  out->rank = rank;
+  out->index = index_[i];
+  out->crc_term = crc_term_[i];
+  const auto at = coords_.begin() + coords_at_[i];
+  const size_t nd = (coords_at_[i + 1] - coords_at_[i]) / 2;
+  out->overlap.offsets.assign(at, at + nd);
+  out->overlap.sizes.assign(at + nd, at + 2 * nd);
+}
 
 // One round: the ranks of a job that load one step together.
 struct LoadRounds::Round {
@@ -82,8 +63,8 @@ struct LoadRounds::Round {
   absl::Status failed;   // the ranks disagreed: every member gets this
   std::shared_ptr<const planner::LoadPlanner> stored;  // the checkpoint's
   struct Member {
-    bool reports = true;  // calls Report (else counted as reported)
-    std::optional<PackedPieces> pieces;   // set once reported
+    bool reports = true;           // calls Report (else counted as reported)
+    std::optional<Pieces> pieces;  // set once reported
     Done<v1::VerifyLoadResponse> waiter;  // a parked report
   };
   std::map<int, Member> members;  // by rank
@@ -217,7 +198,7 @@ void LoadRounds::Leave(uint64_t id, int rank, absl::Time now) {
 void LoadRounds::Report(uint64_t id, const std::string& job, int64_t step,
                         int rank, int world, const std::string& who,
                         std::shared_ptr<const planner::LoadPlanner> stored,
-                        std::vector<Piece> pieces, absl::Time now,
+                        Pieces pieces, absl::Time now,
                         Done<v1::VerifyLoadResponse> done) {
   std::optional<absl::StatusOr<v1::VerifyLoadResponse>> reply;
   Done<v1::VerifyLoadResponse> superseded;
@@ -256,7 +237,7 @@ void LoadRounds::Report(uint64_t id, const std::string& job, int64_t step,
       }
       ++stats_.reports;
       const bool has_pieces = !pieces.empty();
-      member.pieces.emplace(pieces);
+      member.pieces = std::move(pieces);
       round->stored = std::move(stored);
       if (round->closed) round->deadline = now + options_.verify_deadline;
       MaybeFinishLocked(round, &answers);
@@ -340,7 +321,7 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
     return first_id[chunk.first] + chunk.second;
   };
   // The members that reported pieces, by ordinal; a piece is (ordinal, i).
-  std::vector<std::pair<int, const PackedPieces*>> reporters;
+  std::vector<std::pair<int, const Pieces*>> reporters;
   for (const auto& [rank, m] : round->members) {
     if (m.pieces.has_value() && !m.pieces->empty()) {
       reporters.emplace_back(rank, &*m.pieces);
@@ -361,7 +342,7 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
   {
     std::vector<int64_t> next(start.begin(), start.end() - 1);
     for (size_t r = 0; r < reporters.size(); ++r) {
-      const PackedPieces& pieces = *reporters[r].second;
+      const Pieces& pieces = *reporters[r].second;
       for (size_t i = 0; i < pieces.size(); ++i) {
         by_chunk[next[id_of(pieces.chunk(i))]++] =
             PieceRef{static_cast<uint32_t>(r), static_cast<uint32_t>(i)};
@@ -372,6 +353,8 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
   std::vector<v1::VerifyLoadResponse> answers(round->world_size);
   std::vector<int64_t> chunks_verified(round->world_size, 0);
   std::vector<ChunkPieceReport> reports;  // of one chunk, reused
+  planner::StoredChunkView stored;        // the chunk, reused
+  StoredChunkRef ref;
   std::vector<int> ranks;
   int64_t verified = 0, unverified = 0;
   for (int t = 0; t < tensors; ++t) {
@@ -382,14 +365,13 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
       ranks.clear();
       for (int64_t i = start[id]; i < start[id + 1]; ++i) {
         const auto& [rank, pieces] = reporters[by_chunk[i].reporter];
-        reports.push_back(pieces->Report(by_chunk[i].i, rank));
+        pieces->ReportInto(by_chunk[i].i, rank, &reports.emplace_back());
         ranks.push_back(rank);
       }
       std::sort(ranks.begin(), ranks.end());
       ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-      planner::StoredChunkView stored = round->stored->chunk(t, c);
-      StoredChunkRef ref;
-      ref.box = std::move(stored.box);
+      round->stored->Fill(t, c, &stored);
+      ref.box = stored.box;
       ref.length = stored.length;
       ref.crc32c = stored.crc32c;
       const ChunkVerdict verdict = VerifyChunk(ref, reports);

@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "cairn/v1/cairn.pb.h"
 #include "planner/load_plan.h"
 #include "server/coordinator/load_verifier.h"
@@ -91,6 +92,36 @@ class LoadRounds {
     std::pair<int, int> chunk;
     ChunkPieceReport report;
   };
+  // One rank's pieces, packed for the wait until every rank of the round
+  // has reported: ~52 bytes a piece (2-D) instead of a Piece's ~104 (its
+  // box is two inlined vectors). A 4096 -> 3072-rank load of a 70B model
+  // parks 8.3 M pieces. VerifyLoad adds them straight from the request.
+  class Pieces {
+   public:
+    Pieces() = default;
+    explicit Pieces(const std::vector<Piece>& pieces);
+
+    // Room for `n` pieces of `dims` dims.
+    void Reserve(size_t n, size_t dims);
+    // Piece `index` of the report: its stored chunk (tensor, chunk), the
+    // crc32c term and the box read (offsets and sizes of equal length).
+    void Add(std::pair<int, int> chunk, int index, uint32_t crc_term,
+             absl::Span<const int64_t> offsets,
+             absl::Span<const int64_t> sizes);
+
+    size_t size() const { return chunk_.size(); }
+    bool empty() const { return chunk_.empty(); }
+    const std::pair<int, int>& chunk(size_t i) const { return chunk_[i]; }
+    // Piece i as reported by `rank`, into `out` (reusing its box's storage).
+    void ReportInto(size_t i, int rank, ChunkPieceReport* out) const;
+
+   private:
+    std::vector<std::pair<int, int>> chunk_;  // (tensor, chunk)
+    std::vector<int32_t> index_;
+    std::vector<uint32_t> crc_term_;
+    std::vector<uint32_t> coords_at_ = {0};  // piece i: [at[i], at[i + 1])
+    std::vector<int64_t> coords_;            // offsets, then sizes
+  };
   // `rank`'s VerifyLoad report for `round` (checked against the job, step
   // and world size it joined with; `who` names the rank in messages), with
   // its pieces checked against `stored` (the checkpoint's stored chunks)
@@ -100,9 +131,8 @@ class LoadRounds {
   // ABORTED).
   void Report(uint64_t round, const std::string& job, int64_t step, int rank,
               int world, const std::string& who,
-              std::shared_ptr<const planner::LoadPlanner> stored,
-              std::vector<Piece> pieces, absl::Time now,
-              Done<v1::VerifyLoadResponse> done);
+              std::shared_ptr<const planner::LoadPlanner> stored, Pieces pieces,
+              absl::Time now, Done<v1::VerifyLoadResponse> done);
 
   // Closes memberships whose grace is over at `now`, completes full rounds
   // and expires rounds past their verify deadline.

@@ -73,7 +73,7 @@ class LoadRoundsTest : public ::testing::Test {
   }
   // The pieces `rank` read of both stored chunks: columns [2 * rank,
   // 2 * rank + 2), with chunk 1's term damaged when `damage`.
-  std::vector<LoadRounds::Piece> Pieces(int rank, bool damage = false) {
+  std::vector<LoadRounds::Piece> PieceList(int rank, bool damage = false) {
     std::vector<LoadRounds::Piece> pieces;
     for (int c = 0; c < 2; ++c) {
       const ChunkBox& box = stored_->boxes[c];
@@ -90,10 +90,12 @@ class LoadRoundsTest : public ::testing::Test {
     }
     return pieces;
   }
+  LoadRounds::Pieces Pieces(int rank, bool damage = false) {
+    return LoadRounds::Pieces(PieceList(rank, damage));
+  }
   // Rank `rank` reports; its answer lands in results_[rank].
-  void Report(const LoadRounds::Joined& j, int rank,
-              std::vector<LoadRounds::Piece> pieces, int world = 2,
-              absl::Time now = kT0, int64_t step = 5) {
+  void Report(const LoadRounds::Joined& j, int rank, LoadRounds::Pieces pieces,
+              int world = 2, absl::Time now = kT0, int64_t step = 5) {
     rounds_->Report(
         j.round, "job", step, rank, world, "rank " + std::to_string(rank),
         std::shared_ptr<const planner::LoadPlanner>(stored_,
@@ -148,9 +150,9 @@ TEST_F(LoadRoundsTest, RoundOfRanksThatDoNotVerifyFinishesWithoutAManifest) {
                            kT0 + absl::Seconds(5))
                     .ok());
   }
-  std::vector<LoadRounds::Piece> pieces = Pieces(0);
+  std::vector<LoadRounds::Piece> pieces = PieceList(0);
   pieces.pop_back();
-  Report(a, 0, std::move(pieces), 3, kT0 + absl::Seconds(5));
+  Report(a, 0, LoadRounds::Pieces(pieces), 3, kT0 + absl::Seconds(5));
   ASSERT_EQ(results_[0].size(), 1u);
   ASSERT_TRUE(results_[0][0].ok()) << results_[0][0].status();
   EXPECT_EQ(results_[0][0]->chunks_verified(), 0);
