@@ -251,6 +251,10 @@ class LoadPlanner {
     return static_cast<uint32_t>(chunks_.size());
   }
   std::optional<std::pair<int, int>> ChunkOfId(uint32_t id) const;
+  // Id of a tensor's chunk (tensor by tensor: what answers name it by).
+  uint32_t Id(int t, int c) const {
+    return tensors_[t].first_chunk + static_cast<uint32_t>(c);
+  }
   // Distinct overlap indexes: the tilings of the stored tensors (stats).
   int num_indexes() const;
   // The boxes of those tilings (ReadView.box_id counts them).
@@ -281,10 +285,6 @@ class LoadPlanner {
     uint32_t box_base = 0;
   };
   LoadPlanner() = default;
-  // Id of a tensor's chunk (tensor by tensor: what answers name it by).
-  uint32_t Id(int t, int c) const {
-    return tensors_[t].first_chunk + static_cast<uint32_t>(c);
-  }
   // Where a tensor's chunk's record is in chunks_.
   uint32_t Record(int t, int c) const {
     return tensors_[t].record + static_cast<uint32_t>(c) * tensors_[t].stride;

@@ -377,7 +377,8 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
                                    " is empty or not inside the stored chunk ",
                                    planner::BoxToString(stored.box))));
     }
-    pieces.Add({t, c}, i, p.crc_term(), overlap.offsets(), overlap.sizes());
+    pieces.Add(stored_tensors.Id(t, c), stored.box, p.crc_term(),
+               overlap.offsets(), overlap.sizes());
   }
 
   load_rounds_.Report(

@@ -11,44 +11,65 @@
 
 namespace cairn::coordinator {
 
-LoadRounds::Pieces::Pieces(const std::vector<Piece>& pieces) {
-  Reserve(pieces.size(),
-          pieces.empty() ? 0 : pieces[0].report.overlap.offsets.size());
-  for (const Piece& p : pieces) {
-    Add(p.chunk, p.report.index, p.report.crc_term, p.report.overlap.offsets,
-        p.report.overlap.sizes);
+namespace {
+
+// Unsigned LEB128, as protobuf writes varints: 7 bits a byte, low first.
+void PutVarint(uint64_t v, std::vector<uint8_t>* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<uint8_t>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<uint8_t>(v));
+}
+
+uint64_t GetVarint(const uint8_t*& p) {
+  uint64_t v = 0;
+  for (int shift = 0;; shift += 7) {
+    const uint8_t b = *p++;
+    v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if (b < 0x80) return v;
   }
 }
 
+}  // namespace
+
 void LoadRounds::Pieces::Reserve(size_t n, size_t dims) {
-  chunk_.reserve(n);
-  index_.reserve(n);
+  chunk_id_.reserve(n);
   crc_term_.reserve(n);
-  coords_at_.reserve(n + 1);
-  coords_.reserve(2 * dims * n);
+  at_.reserve(n);
+  box_.reserve(n * dims * 4);  // two varints of ~2 bytes a dim
 }
 
-void LoadRounds::Pieces::Add(std::pair<int, int> chunk, int index,
+void LoadRounds::Pieces::Add(uint32_t chunk_id, const planner::ChunkBox& stored,
                              uint32_t crc_term,
                              absl::Span<const int64_t> offsets,
                              absl::Span<const int64_t> sizes) {
-  chunk_.push_back(chunk);
-  index_.push_back(index);
+  chunk_id_.push_back(chunk_id);
   crc_term_.push_back(crc_term);
-  coords_.insert(coords_.end(), offsets.begin(), offsets.end());
-  coords_.insert(coords_.end(), sizes.begin(), sizes.end());
-  coords_at_.push_back(static_cast<uint32_t>(coords_.size()));
+  at_.push_back(static_cast<uint32_t>(box_.size()));
+  for (size_t d = 0; d < offsets.size(); ++d) {
+    PutVarint(static_cast<uint64_t>(offsets[d] - stored.offsets[d]), &box_);
+  }
+  for (int64_t size : sizes) PutVarint(static_cast<uint64_t>(size), &box_);
 }
 
 void LoadRounds::Pieces::ReportInto(size_t i, int rank,
+                                    const planner::ChunkBox& stored,
                                     ChunkPieceReport* out) const {
   out->rank = rank;
-  out->index = index_[i];
+  out->index = static_cast<int>(i);
   out->crc_term = crc_term_[i];
-  const auto at = coords_.begin() + coords_at_[i];
-  const size_t nd = (coords_at_[i + 1] - coords_at_[i]) / 2;
-  out->overlap.offsets.assign(at, at + nd);
-  out->overlap.sizes.assign(at + nd, at + 2 * nd);
+  const size_t dims = stored.offsets.size();
+  out->overlap.offsets.resize(dims);
+  out->overlap.sizes.resize(dims);
+  const uint8_t* p = box_.data() + at_[i];
+  for (size_t d = 0; d < dims; ++d) {
+    out->overlap.offsets[d] =
+        stored.offsets[d] + static_cast<int64_t>(GetVarint(p));
+  }
+  for (size_t d = 0; d < dims; ++d) {
+    out->overlap.sizes[d] = static_cast<int64_t>(GetVarint(p));
+  }
 }
 
 // One round: the ranks of a job that load one step together.
@@ -311,15 +332,11 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
   // per chunk (VerifyLoad at 3072 ranks combines 8 M pieces).
   // No stored chunks when no member called Report (none verifies in the
   // round).
+  const planner::LoadPlanner* stored_tensors = round->stored.get();
   const int tensors =
-      round->stored != nullptr ? round->stored->num_tensors() : 0;
-  std::vector<int64_t> first_id(tensors + 1, 0);
-  for (int t = 0; t < tensors; ++t) {
-    first_id[t + 1] = first_id[t] + round->stored->num_chunks(t);
-  }
-  const auto id_of = [&](const std::pair<int, int>& chunk) {
-    return first_id[chunk.first] + chunk.second;
-  };
+      stored_tensors != nullptr ? stored_tensors->num_tensors() : 0;
+  const uint32_t ids =
+      stored_tensors != nullptr ? stored_tensors->num_chunk_ids() : 0;
   // The members that reported pieces, by ordinal; a piece is (ordinal, i).
   std::vector<std::pair<int, const Pieces*>> reporters;
   for (const auto& [rank, m] : round->members) {
@@ -327,10 +344,10 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
       reporters.emplace_back(rank, &*m.pieces);
     }
   }
-  std::vector<int64_t> start(first_id.back() + 1, 0);
+  std::vector<int64_t> start(static_cast<size_t>(ids) + 1, 0);
   for (const auto& [rank, pieces] : reporters) {
     for (size_t i = 0; i < pieces->size(); ++i) {
-      ++start[id_of(pieces->chunk(i)) + 1];
+      ++start[pieces->chunk_id(i) + 1];
     }
   }
   for (size_t i = 1; i < start.size(); ++i) start[i] += start[i - 1];
@@ -344,7 +361,7 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
     for (size_t r = 0; r < reporters.size(); ++r) {
       const Pieces& pieces = *reporters[r].second;
       for (size_t i = 0; i < pieces.size(); ++i) {
-        by_chunk[next[id_of(pieces.chunk(i))]++] =
+        by_chunk[next[pieces.chunk_id(i)]++] =
             PieceRef{static_cast<uint32_t>(r), static_cast<uint32_t>(i)};
       }
     }
@@ -358,19 +375,20 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
   std::vector<int> ranks;
   int64_t verified = 0, unverified = 0;
   for (int t = 0; t < tensors; ++t) {
-    for (int c = 0; c < round->stored->num_chunks(t); ++c) {
-      const int64_t id = first_id[t] + c;
+    for (int c = 0; c < stored_tensors->num_chunks(t); ++c) {
+      const uint32_t id = stored_tensors->Id(t, c);
       if (start[id] == start[id + 1]) continue;
+      stored_tensors->Fill(t, c, &stored);
       reports.clear();
       ranks.clear();
       for (int64_t i = start[id]; i < start[id + 1]; ++i) {
         const auto& [rank, pieces] = reporters[by_chunk[i].reporter];
-        pieces->ReportInto(by_chunk[i].i, rank, &reports.emplace_back());
+        pieces->ReportInto(by_chunk[i].i, rank, stored.box,
+                           &reports.emplace_back());
         ranks.push_back(rank);
       }
       std::sort(ranks.begin(), ranks.end());
       ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-      round->stored->Fill(t, c, &stored);
       ref.box = stored.box;
       ref.length = stored.length;
       ref.crc32c = stored.crc32c;
@@ -389,7 +407,7 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
                   "{}: stored chunk {} of '{}' at {}@{}: {} (read by ranks "
                   "{}); they re-read it whole",
                   round->Name(), planner::BoxToString(ref.box),
-                  round->stored->fqn(t), std::string(stored.object_key),
+                  stored_tensors->fqn(t), std::string(stored.object_key),
                   stored.offset, ChunkVerdictName(verdict),
                   absl::StrJoin(ranks, ", "));
       }

@@ -86,49 +86,44 @@ class LoadRounds {
   // the grace lasts the round opens again for it.
   void Leave(uint64_t round, int rank, absl::Time now);
 
-  // One rank's piece of a stored chunk: (tensor, chunk) indexes in the
-  // checkpoint's stored tensors (the manifest's order), and what it read.
-  struct Piece {
-    std::pair<int, int> chunk;
-    ChunkPieceReport report;
-  };
   // One rank's pieces, packed for the wait until every rank of the round
-  // has reported: ~52 bytes a piece (2-D) instead of a Piece's ~104 (its
-  // box is two inlined vectors). A 4096 -> 3072-rank load of a 70B model
-  // parks 8.3 M pieces. VerifyLoad adds them straight from the request.
+  // has reported. A piece is its stored chunk's id (LoadPlanner::Id), its
+  // crc32c term and its box as varints relative to the stored chunk's box:
+  // ~20 bytes (2-D) where a ChunkPieceReport takes ~104. A 4096 -> 3072-rank
+  // load of a 70B model parks 8.3 M pieces. Piece i is the report's piece i
+  // (VerifyLoadResponse.verify_locally names it so).
   class Pieces {
    public:
-    Pieces() = default;
-    explicit Pieces(const std::vector<Piece>& pieces);
-
     // Room for `n` pieces of `dims` dims.
     void Reserve(size_t n, size_t dims);
-    // Piece `index` of the report: its stored chunk (tensor, chunk), the
-    // crc32c term and the box read (offsets and sizes of equal length).
-    void Add(std::pair<int, int> chunk, int index, uint32_t crc_term,
-             absl::Span<const int64_t> offsets,
+    // The next piece: the stored chunk `chunk_id` with box `stored`, the
+    // crc32c term and the box read, which must be non-empty and inside
+    // `stored` (offsets and sizes with its dims).
+    void Add(uint32_t chunk_id, const planner::ChunkBox& stored,
+             uint32_t crc_term, absl::Span<const int64_t> offsets,
              absl::Span<const int64_t> sizes);
 
-    size_t size() const { return chunk_.size(); }
-    bool empty() const { return chunk_.empty(); }
-    const std::pair<int, int>& chunk(size_t i) const { return chunk_[i]; }
-    // Piece i as reported by `rank`, into `out` (reusing its box's storage).
-    void ReportInto(size_t i, int rank, ChunkPieceReport* out) const;
+    size_t size() const { return chunk_id_.size(); }
+    bool empty() const { return chunk_id_.empty(); }
+    uint32_t chunk_id(size_t i) const { return chunk_id_[i]; }
+    // Piece i as reported by `rank`, into `out` (reusing its box's storage);
+    // `stored` is its stored chunk's box, as given to Add.
+    void ReportInto(size_t i, int rank, const planner::ChunkBox& stored,
+                    ChunkPieceReport* out) const;
 
    private:
-    std::vector<std::pair<int, int>> chunk_;  // (tensor, chunk)
-    std::vector<int32_t> index_;
+    std::vector<uint32_t> chunk_id_;
     std::vector<uint32_t> crc_term_;
-    std::vector<uint32_t> coords_at_ = {0};  // piece i: [at[i], at[i + 1])
-    std::vector<int64_t> coords_;            // offsets, then sizes
+    std::vector<uint32_t> at_;  // piece i's box starts at box_[at_[i]]
+    std::vector<uint8_t> box_;  // offsets - stored offsets, then sizes
   };
   // `rank`'s VerifyLoad report for `round` (checked against the job, step
   // and world size it joined with; `who` names the rank in messages), with
   // its pieces checked against `stored` (the checkpoint's stored chunks)
-  // already. `done` is answered at
-  // once when it has no pieces or the call is refused, else when the round
-  // is complete. A retry replaces a parked report (the first is answered
-  // ABORTED).
+  // already and their chunk ids below stored->num_chunk_ids(). `done` is
+  // answered at once when it has no pieces or the call is refused, else when
+  // the round is complete. A retry replaces a parked report (the first is
+  // answered ABORTED).
   void Report(uint64_t round, const std::string& job, int64_t step, int rank,
               int world, const std::string& who,
               std::shared_ptr<const planner::LoadPlanner> stored, Pieces pieces,

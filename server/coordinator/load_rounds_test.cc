@@ -4,8 +4,11 @@
 // of several ranks combined against a hand-made stored tensor.
 #include "server/coordinator/load_rounds.h"
 
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,11 +74,11 @@ class LoadRoundsTest : public ::testing::Test {
     EXPECT_TRUE(j.ok()) << j.status();
     return j.ok() ? *j : LoadRounds::Joined();
   }
-  // The pieces `rank` read of both stored chunks: columns [2 * rank,
-  // 2 * rank + 2), with chunk 1's term damaged when `damage`.
-  std::vector<LoadRounds::Piece> PieceList(int rank, bool damage = false) {
-    std::vector<LoadRounds::Piece> pieces;
-    for (int c = 0; c < 2; ++c) {
+  // The pieces `rank` read of the first `chunks` stored chunks: columns
+  // [2 * rank, 2 * rank + 2), with chunk 1's term damaged when `damage`.
+  LoadRounds::Pieces Pieces(int rank, bool damage = false, int chunks = 2) {
+    LoadRounds::Pieces pieces;
+    for (int c = 0; c < chunks; ++c) {
       const ChunkBox& box = stored_->boxes[c];
       ChunkBox piece{{box.offsets[0], 2 * rank}, {4, 2}};
       storage::Crc32cPieces crc;
@@ -86,12 +89,10 @@ class LoadRoundsTest : public ::testing::Test {
       }
       uint32_t term = crc.Finish(stored_->bytes[c].size());
       if (damage && c == 1) term ^= 1;
-      pieces.push_back({{0, c}, ChunkPieceReport{rank, c, piece, term}});
+      pieces.Add(stored_->planner->Id(0, c), box, term, piece.offsets,
+                 piece.sizes);
     }
     return pieces;
-  }
-  LoadRounds::Pieces Pieces(int rank, bool damage = false) {
-    return LoadRounds::Pieces(PieceList(rank, damage));
   }
   // Rank `rank` reports; its answer lands in results_[rank].
   void Report(const LoadRounds::Joined& j, int rank, LoadRounds::Pieces pieces,
@@ -108,6 +109,54 @@ class LoadRoundsTest : public ::testing::Test {
   std::unique_ptr<LoadRounds> rounds_;
   std::map<int, std::vector<VerifyResult>> results_;
 };
+
+// Packed pieces give back every box, id and term as added: boxes of 0-5
+// dims anywhere in int64's range (1- to 10-byte varints), stored boxes
+// reaching 2^63 - 1.
+TEST(LoadRoundsPiecesTest, EveryPieceComesBackAsAdded) {
+  std::mt19937_64 rng(20261128);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  struct Added {
+    uint32_t id;
+    uint32_t term;
+    ChunkBox stored, piece;
+  };
+  std::vector<Added> added;
+  LoadRounds::Pieces pieces;
+  pieces.Reserve(5000, 2);
+  for (int i = 0; i < 5000; ++i) {
+    Added a{static_cast<uint32_t>(rng()), static_cast<uint32_t>(rng()), {}, {}};
+    const int dims = static_cast<int>(rng() % 6);
+    for (int d = 0; d < dims; ++d) {
+      // Sizes from 1 to ~2^62, by a random number of bits.
+      const int64_t size = 1 + static_cast<int64_t>(rng() >> (2 + rng() % 62));
+      const int64_t offset = rng() % 4 == 0
+                                 ? kMax - size
+                                 : static_cast<int64_t>(rng() % (kMax - size));
+      a.stored.offsets.push_back(offset);
+      a.stored.sizes.push_back(size);
+      const int64_t piece_size = 1 + static_cast<int64_t>(rng() % size);
+      a.piece.offsets.push_back(
+          offset + static_cast<int64_t>(rng() % (size - piece_size + 1)));
+      a.piece.sizes.push_back(piece_size);
+    }
+    pieces.Add(a.id, a.stored, a.term, a.piece.offsets, a.piece.sizes);
+    added.push_back(std::move(a));
+  }
+  ASSERT_EQ(pieces.size(), added.size());
+  ChunkPieceReport report;
+  for (size_t i = 0; i < added.size(); ++i) {
+    const size_t j = (i * 7919) % added.size();  // out of order, as Finish
+    pieces.ReportInto(j, 3, added[j].stored, &report);
+    EXPECT_EQ(pieces.chunk_id(j), added[j].id);
+    EXPECT_EQ(report.rank, 3);
+    EXPECT_EQ(report.index, static_cast<int>(j));
+    EXPECT_EQ(report.crc_term, added[j].term);
+    EXPECT_EQ(report.overlap, added[j].piece)
+        << j << ": " << planner::BoxToString(report.overlap) << " vs "
+        << planner::BoxToString(added[j].piece);
+  }
+}
 
 TEST_F(LoadRoundsTest, FullRoundCombinesThePiecesOfEveryRank) {
   LoadRounds::Joined a = Join(0), b = Join(1);
@@ -150,9 +199,8 @@ TEST_F(LoadRoundsTest, RoundOfRanksThatDoNotVerifyFinishesWithoutAManifest) {
                            kT0 + absl::Seconds(5))
                     .ok());
   }
-  std::vector<LoadRounds::Piece> pieces = PieceList(0);
-  pieces.pop_back();
-  Report(a, 0, LoadRounds::Pieces(pieces), 3, kT0 + absl::Seconds(5));
+  Report(a, 0, Pieces(0, /*damage=*/false, /*chunks=*/1), 3,
+         kT0 + absl::Seconds(5));
   ASSERT_EQ(results_[0].size(), 1u);
   ASSERT_TRUE(results_[0][0].ok()) << results_[0][0].status();
   EXPECT_EQ(results_[0][0]->chunks_verified(), 0);
