@@ -579,9 +579,7 @@ class ScaleRun {
         req.set_rank(r);
         req.set_world_size(in_round ? load_world : 0);
         req.set_verify_in_round(in_round);
-        req.set_compact(answer_form_ != convert::AnswerForm::kFull);
-        req.set_shared_boxes(answer_form_ ==
-                             convert::AnswerForm::kCompactSharedBoxes);
+        convert::AskForAnswerForm(answer_form_, &req);
         for (const TensorSpec* t : by_fqn) {
           planner::WantedChunk w;
           w.fqn = t->fqn;

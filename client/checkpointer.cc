@@ -305,8 +305,7 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
   request.set_verify_in_round(JoinsLoadCollective());
   // Compact read items naming shared boxes (a third fewer bytes than with a
   // box in every item, a fraction of the full form), expanded below.
-  request.set_compact(true);
-  request.set_shared_boxes(true);
+  convert::AskForAnswerForm(convert::AnswerForm::kCompactSharedBoxes, &request);
   if (ref.latest()) {
     request.set_latest(true);
   } else {

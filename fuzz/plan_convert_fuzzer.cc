@@ -245,9 +245,7 @@ void CheckHostileCompactAnswer(const fuzz::PlanConvertInput& in) {
   *answer.mutable_boxes() = in.boxes();
   std::vector<bool> compact(size_t(answer.reads_size()));
   for (int i = 0; i < answer.reads_size(); ++i) {
-    compact[size_t(i)] =
-        (answer.reads(i).has_source_box() || answer.reads(i).has_box()) &&
-        answer.reads(i).segments_size() == 0;
+    compact[size_t(i)] = convert::IsCompactItem(answer.reads(i));
   }
   if (!convert::ExpandCompactAnswer(request, &answer).ok()) return;
   for (int i = 0; i < answer.reads_size(); ++i) {

@@ -132,6 +132,17 @@ constexpr size_t kMaxBoxSlots = size_t{1} << 16;
 
 }  // namespace
 
+AnswerForm AnswerFormOf(const v1::PlanLoadRequest& request) {
+  if (!request.compact()) return AnswerForm::kFull;
+  return request.shared_boxes() ? AnswerForm::kCompactSharedBoxes
+                                : AnswerForm::kCompact;
+}
+
+void AskForAnswerForm(AnswerForm form, v1::PlanLoadRequest* request) {
+  request->set_compact(form != AnswerForm::kFull);
+  request->set_shared_boxes(form == AnswerForm::kCompactSharedBoxes);
+}
+
 PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
                                            absl::string_view storage_uri,
                                            AnswerForm form,
@@ -343,10 +354,7 @@ absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
   for (int i = 0; i < answer->reads_size(); ++i) {
     v1::ReadItem& item = *answer->mutable_reads(i);
     // The full form (an older cairnd, or expanded already).
-    if ((!item.has_source_box() && !item.has_box()) ||
-        item.segments_size() > 0) {
-      continue;
-    }
+    if (!IsCompactItem(item)) continue;
     const int d = item.dest_index();
     if (d < 0 || d >= request.wanted_size()) {
       return BadRead(i, "",

@@ -53,6 +53,12 @@ namespace cairn::convert {
 // (PlanEach(..., /*segments=*/false) skips building them).
 enum class AnswerForm { kFull, kCompact, kCompactSharedBoxes };
 
+// The form a PlanLoad request asks for (`compact`, then `shared_boxes`:
+// shared_boxes without compact is the full form), and the request's fields
+// asking for `form`.
+AnswerForm AnswerFormOf(const v1::PlanLoadRequest& request);
+void AskForAnswerForm(AnswerForm form, v1::PlanLoadRequest* request);
+
 class PlanLoadAnswerWriter {
  public:
   // `expected_bytes`: what the answer will likely take (e.g. the size of
@@ -106,6 +112,12 @@ class PlanLoadAnswerWriter {
   int reads_ = 0;
   uint64_t bytes_to_read_ = 0;
 };
+
+// Whether `item` is in a compact form ExpandCompactAnswer completes: it names
+// its stored box (source_box, or box) and has no segments yet.
+inline bool IsCompactItem(const v1::ReadItem& item) {
+  return (item.has_source_box() || item.has_box()) && item.segments_size() == 0;
+}
 
 // Turns a compact answer to `request` (either compact form) into the full
 // form in place: each compact read item gets its wanted chunk's fqn, the

@@ -38,6 +38,25 @@ std::string AsMessage(const planner::LoadPlanner& planner,
   return resp.SerializeAsString();
 }
 
+TEST(LoadAnswerTest, ARequestAsksForTheFormItWasGiven) {
+  for (AnswerForm form : {AnswerForm::kFull, AnswerForm::kCompact,
+                          AnswerForm::kCompactSharedBoxes}) {
+    v1::PlanLoadRequest request;
+    request.set_compact(true);  // overwritten either way
+    request.set_shared_boxes(true);
+    AskForAnswerForm(form, &request);
+    EXPECT_EQ(AnswerFormOf(request), form);
+  }
+  // shared_boxes alone (not a form libcairn asks for) is the full form.
+  v1::PlanLoadRequest request;
+  request.set_shared_boxes(true);
+  EXPECT_EQ(AnswerFormOf(request), AnswerForm::kFull);
+  request.set_compact(true);
+  EXPECT_EQ(AnswerFormOf(request), AnswerForm::kCompactSharedBoxes);
+  request.set_shared_boxes(false);
+  EXPECT_EQ(AnswerFormOf(request), AnswerForm::kCompact);
+}
+
 TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
   // Row-sharded tensors (some scalars, some with a zero dim) loaded in
   // columns, with values of every varint length (offsets near 2^62, zeros

@@ -197,10 +197,7 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   // are not cached).
   // The form of the answer: full, compact, or compact with shared boxes (a
   // request for shared boxes in the full form gets the full form).
-  const convert::AnswerForm form =
-      !request.compact()       ? convert::AnswerForm::kFull
-      : request.shared_boxes() ? convert::AnswerForm::kCompactSharedBoxes
-                               : convert::AnswerForm::kCompact;
+  const convert::AnswerForm form = convert::AnswerFormOf(request);
   const std::string cache_key =
       absl::StrCat(job, "\n", step, "\n",
                    absl::string_view("fcb").substr(static_cast<int>(form), 1),
