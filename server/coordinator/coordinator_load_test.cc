@@ -345,6 +345,17 @@ TEST_F(CoordinatorTest, VerifyLoadTakesPiecesByChunkId) {
   expect(bad,
          "piece 0 of stored chunk 1 of 'w': box [3:7, 0:2] is empty or "
          "not inside the stored chunk [0:4, 0:4]");
+  // A hostile report: 60,000 pieces, the first with a million dims. cairnd
+  // sizes its packed pieces from the first piece's dims (bounded: it once
+  // asked for ~250 GB here) and refuses the piece.
+  bad = left;
+  for (int i = 0; i < (1 << 20); ++i) {
+    bad.mutable_pieces(0)->mutable_overlap()->add_offsets(0);
+  }
+  while (bad.pieces_size() < 60000) *bad.add_pieces() = left.pieces(1);
+  expect(bad,
+         "piece 0 of stored chunk 1 of 'w': chunk of 'w' has 1048578 "
+         "offsets but 2 sizes");
   auto a = Verify(left);
   VerifyResult b = Verify(Pieces(PlanColumns(1, 2, 2), 1, 2)).get();
   VerifyResult ra = a.get();

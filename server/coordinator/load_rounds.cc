@@ -38,7 +38,8 @@ void LoadRounds::Pieces::Reserve(size_t n, size_t dims) {
   chunk_id_.reserve(n);
   crc_term_.reserve(n);
   at_.reserve(n);
-  box_.reserve(n * dims * 4);  // two varints of ~2 bytes a dim
+  // Two varints of ~2 bytes a dim; `dims` may come from a hostile request.
+  box_.reserve(n * std::min<size_t>(dims, planner::kMaxDims) * 4);
 }
 
 void LoadRounds::Pieces::Add(uint32_t chunk_id, const planner::ChunkBox& stored,
