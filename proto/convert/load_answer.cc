@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "proto/convert/plan_convert.h"
 
 namespace cairn::convert {
@@ -43,11 +44,8 @@ constexpr uint8_t kSrcOffsetTag = 1 << 3 | 0;     // CopySegment.src_offset
 constexpr uint8_t kDstOffsetTag = 2 << 3 | 0;     // .dst_offset
 constexpr uint8_t kSegLengthTag = 3 << 3 | 0;     // .length
 
-// 1 + floor(log2(v) / 7) for v > 0 (and 1 for 0), without a division:
-// (b * 9 + 73) / 64 for b = log2(v) is 1 + floor(b / 7) for every b < 64.
 size_t VarintSize(uint64_t v) {
-  const size_t log2 = static_cast<size_t>(63 - __builtin_clzll(v | 1));
-  return (log2 * 9 + 73) / 64;
+  return google::protobuf::io::CodedOutputStream::VarintSize64(v);
 }
 
 // A varint field, left out when 0 (a proto3 default).
@@ -81,11 +79,9 @@ class Cursor {
 
   void Byte(uint8_t b) { *p_++ = static_cast<char>(b); }
   void Varint(uint64_t v) {
-    while (v >= 0x80) {
-      Byte(static_cast<uint8_t>(v | 0x80));
-      v >>= 7;
-    }
-    Byte(static_cast<uint8_t>(v));
+    p_ = reinterpret_cast<char*>(
+        google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
+            v, reinterpret_cast<uint8_t*>(p_)));
   }
   void Field(uint8_t tag, uint64_t v) {
     if (v == 0) return;

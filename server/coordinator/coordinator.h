@@ -36,22 +36,22 @@
 // Load protocol: PlanLoad resolves a step, loads its manifest through a
 // cache, and answers read items from the planner's overlap index; identical
 // requests are answered from a plan cache. A rank that names its world size
-// joins a load round of the job: the ranks whose PlanLoads arrive within
-// load_join_grace of the previous one (or all world_size ranks, whichever
-// comes first) form the round's membership. `latest` is resolved once per
-// round: a rank asking for it gets the step of the newest live round of the
-// job it has not taken part in, else the newest COMMITTED step (and opens a
-// round), so a commit landing between two ranks' PlanLoads never hands them
-// different steps. Ranks of one round that disagree on world_size get
-// INVALID_ARGUMENT naming both sizes, at once. After reading, every member
+// joins a load round of the job: the membership stays open while its ranks
+// read, until all world_size ranks have joined or every member has reported
+// and load_join_grace has passed since the last join. `latest` is resolved
+// once per round: a rank asking for it gets the step of the newest live round
+// of the job it has not taken part in, else the newest COMMITTED step (and
+// opens a round), so a commit landing between two ranks' PlanLoads never
+// hands them different steps. Ranks of one round that disagree on world_size
+// get INVALID_ARGUMENT naming both sizes, at once. After reading, every member
 // calls VerifyLoad with the crc32c terms of the stored chunks it read only in
 // part; it parks until the membership is closed and every member has
 // reported (a report without pieces is answered at once), then each chunk the
 // ranks read completely between them is checked against the manifest
 // (load_verifier.h) and every rank is told which of its pieces it must still
 // verify by reading the chunk whole. A rank loading alone, or after the
-// others, therefore waits at most load_join_grace for peers, never for ranks
-// that are not loading.
+// others finished, therefore waits at most load_join_grace after reading,
+// never for ranks that are not loading.
 //
 // Parts (each with its own tests beside it):
 //   save_session.h    the state machine of one save attempt (pure)
@@ -119,12 +119,13 @@ struct CoordinatorOptions {
   // All ranks must call CommitSave within this time of receiving the plan.
   // Default: 60 minutes.
   absl::Duration commit_deadline = absl::Minutes(60);
-  // A load round's membership closes this long after the last PlanLoad that
-  // joined it (or when all world_size ranks have joined). A rank planning
-  // later joins a new round. Default: 2 seconds.
+  // Once every member of a load round has reported, its membership closes
+  // this long after the last PlanLoad that joined it (at once when all
+  // world_size ranks have joined). A rank planning later joins a new round.
+  // Default: 2 seconds.
   absl::Duration load_join_grace = absl::Seconds(2);
-  // Once a load round's membership is closed, its ranks must call VerifyLoad
-  // within this time of the previous report (or of the close); then the
+  // A load round's ranks must call VerifyLoad within this time of the
+  // round's previous PlanLoad or report; then the
   // waiting ranks get DEADLINE_EXCEEDED and verify locally (only a rank that
   // planned and then died or stalled can cause this). Default: 1 minute.
   absl::Duration load_verify_deadline = absl::Minutes(1);

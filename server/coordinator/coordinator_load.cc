@@ -317,10 +317,7 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
   }
   const planner::LoadPlanner& stored_tensors = *(*ckpt)->planner;
   LoadRounds::Pieces pieces;
-  if (request.pieces_size() > 0) {
-    pieces.Reserve(request.pieces_size(),
-                   request.pieces(0).overlap().offsets_size());
-  }
+  pieces.Reserve(request.pieces_size());
   planner::StoredChunkView stored;  // reused: no box copy per piece
   for (int i = 0; i < request.pieces_size(); ++i) {
     const v1::ChunkPiece& p = request.pieces(i);

@@ -8,21 +8,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "server/coordinator/coordinator_internal.h"
 
 namespace cairn::coordinator {
 
 namespace {
 
-// Unsigned LEB128, as protobuf writes varints: 7 bits a byte, low first.
+// Appends v as protobuf writes a varint (LEB128: 7 bits a byte, low first).
 void PutVarint(uint64_t v, std::vector<uint8_t>* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<uint8_t>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<uint8_t>(v));
+  const size_t at = out->size();
+  out->resize(at + google::protobuf::io::CodedOutputStream::VarintSize64(v));
+  google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
+      v, out->data() + at);
 }
 
+// Reads a varint PutVarint wrote (protobuf's array reader is internal).
 uint64_t GetVarint(const uint8_t*& p) {
   uint64_t v = 0;
   for (int shift = 0;; shift += 7) {
@@ -34,12 +35,13 @@ uint64_t GetVarint(const uint8_t*& p) {
 
 }  // namespace
 
-void LoadRounds::Pieces::Reserve(size_t n, size_t dims) {
+void LoadRounds::Pieces::Reserve(size_t n) {
   chunk_id_.reserve(n);
   crc_term_.reserve(n);
   at_.reserve(n);
-  // Two varints of ~2 bytes a dim; `dims` may come from a hostile request.
-  box_.reserve(n * std::min<size_t>(dims, planner::kMaxDims) * 4);
+  // A 2-D piece's box is ~8 bytes; larger ones grow the vector. Not from
+  // the pieces' dims: those come from the request, unchecked yet.
+  box_.reserve(n * 8);
 }
 
 void LoadRounds::Pieces::Add(uint32_t chunk_id, const planner::ChunkBox& stored,
@@ -82,7 +84,7 @@ struct LoadRounds::Round {
   int world_size = 0;
   absl::Time last_join;  // the membership closes join_grace after it
   bool closed = false;   // no rank joins any more
-  absl::Time deadline;   // once closed: for the next report
+  absl::Time deadline;   // for the next report (after a join or report)
   absl::Status failed;   // the ranks disagreed: every member gets this
   std::shared_ptr<const planner::LoadPlanner> stored;  // the checkpoint's
   struct Member {
@@ -146,12 +148,23 @@ absl::StatusOr<LoadRounds::Joined> LoadRounds::Join(const std::string& job,
             absl::StrCat("job '", job, "' has no committed checkpoint"));
       }
     }
+    // The newest open round of the step with this world size; else the
+    // newest with another size, which this rank fails if it is still within
+    // the grace (ranks of one load disagree) and leaves to itself if not (a
+    // load by other ranks still reading, say an evaluation of the step).
+    std::shared_ptr<Round> other_world;
     for (auto& [id, r] : rounds_) {
       if (r->job != job || r->step != step || r->closed ||
           r->members.count(rank) > 0) {
         continue;
       }
-      if (open == nullptr || r->id > open->id) open = r;
+      std::shared_ptr<Round>& newest =
+          r->world_size == world ? open : other_world;
+      if (newest == nullptr || r->id > newest->id) newest = r;
+    }
+    if (open == nullptr && other_world != nullptr &&
+        now <= other_world->last_join + options_.join_grace) {
+      open = other_world;
     }
     if (open != nullptr && !open->failed.ok()) return open->failed;
     if (open != nullptr && open->world_size != world) {
@@ -179,11 +192,9 @@ absl::StatusOr<LoadRounds::Joined> LoadRounds::Join(const std::string& job,
       ++open->reported;
     }
     open->last_join = now;
-    if (static_cast<int>(open->members.size()) == world) {
-      open->closed = true;
-      open->deadline = now + options_.verify_deadline;
-      MaybeFinishLocked(open, &answers);
-    }
+    open->deadline = now + options_.verify_deadline;
+    MaybeCloseLocked(*open, now);
+    MaybeFinishLocked(open, &answers);
     return Joined{open->id, open->step};
   }();
   for (auto& a : answers) a();
@@ -208,11 +219,10 @@ void LoadRounds::Leave(uint64_t id, int rank, absl::Time now) {
       rounds_.erase(live);
       return;
     }
-    // Closed only because every rank had joined: open again for the rank
-    // that left (it may plan again) while the grace lasts.
-    if (round->closed && now <= round->last_join + options_.join_grace) {
-      round->closed = false;
-    }
+    // Open again for the rank that left (it may plan again) unless the
+    // others are done.
+    round->closed = false;
+    MaybeCloseLocked(*round, now);
     MaybeFinishLocked(round, &answers);
   }
   for (auto& a : answers) a();
@@ -262,7 +272,8 @@ void LoadRounds::Report(uint64_t id, const std::string& job, int64_t step,
       const bool has_pieces = !pieces.empty();
       member.pieces = std::move(pieces);
       round->stored = std::move(stored);
-      if (round->closed) round->deadline = now + options_.verify_deadline;
+      round->deadline = now + options_.verify_deadline;
+      MaybeCloseLocked(*round, now);
       MaybeFinishLocked(round, &answers);
       // Nothing to verify for this rank: answered now, not parked.
       if (!has_pieces) return v1::VerifyLoadResponse();
@@ -312,6 +323,17 @@ void LoadRounds::FailLocked(Round& round, const absl::Status& status,
     if (!m.waiter) continue;
     answers->push_back([done = std::move(m.waiter), status] { done(status); });
     m.waiter = nullptr;
+  }
+}
+
+void LoadRounds::MaybeCloseLocked(Round& round, absl::Time now) const {
+  // A failed round takes no rank after the grace either: its members were
+  // answered, and ranks starting again must not find the old failure.
+  const int members = static_cast<int>(round.members.size());
+  const bool grace_over = now > round.last_join + options_.join_grace;
+  if (members == round.world_size ||
+      (grace_over && (round.reported == members || !round.failed.ok()))) {
+    round.closed = true;
   }
 }
 
@@ -399,7 +421,6 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
   }
   std::vector<ChunkPieceReport> reports;  // of one chunk, reused
   planner::StoredChunkView stored;        // the chunk, reused
-  StoredChunkRef ref;
   std::vector<int> ranks;
   int64_t verified = 0, unverified = 0;
   for (int t = 0; t < tensors; ++t) {
@@ -417,10 +438,8 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
       }
       std::sort(ranks.begin(), ranks.end());
       ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-      ref.box = stored.box;
-      ref.length = stored.length;
-      ref.crc32c = stored.crc32c;
-      const ChunkVerdict verdict = VerifyChunk(ref, reports);
+      const ChunkVerdict verdict =
+          VerifyChunk(stored.box, stored.length, stored.crc32c, reports);
       if (verdict == ChunkVerdict::kVerified) {
         ++verified;
         for (int r : ranks) ++chunks_verified[r];
@@ -434,7 +453,7 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
         CAIRN_LOG(warn,
                   "{}: stored chunk {} of '{}' at {}@{}: {} (read by ranks "
                   "{}); they re-read it whole",
-                  round->Name(), planner::BoxToString(ref.box),
+                  round->Name(), planner::BoxToString(stored.box),
                   stored_tensors->fqn(t), std::string(stored.object_key),
                   stored.offset, ChunkVerdictName(verdict),
                   absl::StrJoin(ranks, ", "));
@@ -454,15 +473,18 @@ void LoadRounds::AdvanceLocked(absl::Time now, bool shutdown,
   std::vector<std::shared_ptr<Round>> rounds;
   for (auto& [id, round] : rounds_) rounds.push_back(round);
   for (const std::shared_ptr<Round>& round : rounds) {
-    if (!round->closed &&
-        (shutdown || now > round->last_join + options_.join_grace)) {
+    if (shutdown) {
       round->closed = true;
-      round->deadline = now + options_.verify_deadline;
+    } else {
+      MaybeCloseLocked(*round, now);
+      MaybeFinishLocked(round, answers);
+      if (!rounds_.contains(round->id)) continue;
+      // Every member reported: the round waits for its grace, not expiry.
+      if (now <= round->deadline ||
+          round->reported == static_cast<int>(round->members.size())) {
+        continue;
+      }
     }
-    if (!round->closed) continue;
-    if (!shutdown) MaybeFinishLocked(round, answers);
-    if (!rounds_.contains(round->id)) continue;
-    if (!shutdown && now <= round->deadline) continue;
     rounds_.erase(round->id);
     std::vector<int> missing;
     for (const auto& [rank, m] : round->members) {
@@ -476,8 +498,8 @@ void LoadRounds::AdvanceLocked(absl::Time now, bool shutdown,
                        " planned their reads but never called VerifyLoad "
                        "within ",
                        absl::FormatDuration(options_.verify_deadline),
-                       " of the previous report; verify partly read chunks "
-                       "locally"));
+                       " of the round's previous PlanLoad or report; verify "
+                       "partly read chunks locally"));
     for (auto& [rank, m] : round->members) {
       if (!m.waiter) continue;
       answers->push_back(

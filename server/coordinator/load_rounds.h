@@ -2,9 +2,15 @@
 // `latest` is resolved once for all of them and the chunks they read only in
 // part are verified by combining their pieces (load_verifier.h).
 //
-// A rank that names its world size joins a round of its job: the ranks whose
-// PlanLoads arrive within `join_grace` of the previous one (or all
-// world_size ranks, whichever comes first) form the round's membership.
+// A rank that names its world size joins a round of its job and step: the
+// membership stays open until all world_size ranks have joined, or until
+// every member has reported and `join_grace` has passed since the last
+// join. A rank that starts late therefore still joins while the others are
+// reading (it used to need to arrive within the grace of the previous one,
+// and a rank 3 s late made both re-read every chunk whole: 2-3x the bytes).
+// A rank naming another world size fails a round still within the grace of
+// its last join (ranks of one load disagree); after that it loads in a
+// round of its own (another load of the step, an evaluation say).
 // `latest` is resolved once per round: a rank asking for it gets the step of
 // the newest live round of the job it has not taken part in, else the newest
 // committed step (and opens a round), so a commit landing between two ranks'
@@ -15,8 +21,8 @@
 // membership is closed and every member has reported (a report without
 // pieces is answered at once), then each chunk the ranks read completely
 // between them is checked and every rank is told which of its pieces it must
-// still verify by reading the chunk whole. A closed round whose members stop
-// reporting expires `verify_deadline` after the previous report
+// still verify by reading the chunk whole. A round whose members stop
+// reporting expires `verify_deadline` after its previous join or report
 // (DEADLINE_EXCEEDED naming the missing ranks).
 //
 // Times are arguments (tests drive the rounds with explicit times); the
@@ -55,9 +61,11 @@ class LoadRounds {
   using Schedule = std::function<void(std::function<void()>)>;
 
   struct Options {
-    // A round's membership closes this long after the last rank joined.
+    // Once every member has reported, a round's membership closes this long
+    // after the last rank joined.
     absl::Duration join_grace = absl::Seconds(2);
-    // A closed round expires this long after its previous report.
+    // A round missing reports expires this long after its previous join or
+    // report.
     absl::Duration verify_deadline = absl::Minutes(1);
   };
 
@@ -94,8 +102,8 @@ class LoadRounds {
   // (VerifyLoadResponse.verify_locally names it so).
   class Pieces {
    public:
-    // Room for `n` pieces of `dims` dims.
-    void Reserve(size_t n, size_t dims);
+    // Room for `n` pieces.
+    void Reserve(size_t n);
     // The next piece: the stored chunk `chunk_id` with box `stored`, the
     // crc32c term and the box read, which must be non-empty and inside
     // `stored` (offsets and sizes with its dims).
@@ -149,6 +157,10 @@ class LoadRounds {
   using Answers = std::vector<std::function<void()>>;
 
   void FailLocked(Round& round, const absl::Status& status, Answers* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes `round`'s membership when every rank of the world has joined, or
+  // when every member has reported and the grace since the last join is over.
+  void MaybeCloseLocked(Round& round, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes memberships, finishes complete rounds, expires late ones (every
   // round when `shutdown`).

@@ -1,7 +1,8 @@
 // Load rounds alone (load_rounds.h), driven with explicit times and an inline
-// scheduler: membership by join grace or full world, `latest` once per
-// round, world-size disagreement, report deadlines, retries, and the pieces
-// of several ranks combined against a hand-made stored tensor.
+// scheduler: membership by full world or join grace after every report,
+// `latest` once per round, world-size disagreement, report deadlines,
+// retries, and the pieces of several ranks combined against a hand-made
+// stored tensor.
 #include "server/coordinator/load_rounds.h"
 
 #include <cstdint>
@@ -123,7 +124,7 @@ TEST(LoadRoundsPiecesTest, EveryPieceComesBackAsAdded) {
   };
   std::vector<Added> added;
   LoadRounds::Pieces pieces;
-  pieces.Reserve(5000, 2);
+  pieces.Reserve(5000);
   for (int i = 0; i < 5000; ++i) {
     Added a{static_cast<uint32_t>(rng()), static_cast<uint32_t>(rng()), {}, {}};
     const int dims = static_cast<int>(rng() % 6);
@@ -274,6 +275,87 @@ TEST_F(LoadRoundsTest, MembershipClosesAfterTheGraceOnly) {
   EXPECT_NE(b.round, a.round);
 }
 
+// A rank starting after the grace still joins the round while its members
+// read: every chunk is verified by combining, none re-read whole (a rank 3 s
+// late used to make both ranks read every chunk again).
+TEST_F(LoadRoundsTest, ALateRankJoinsTheRoundWhileItsMembersRead) {
+  LoadRounds::Joined a = Join(0, 3);
+  rounds_->Advance(kT0 + absl::Seconds(5));  // rank 0 still reading
+  LoadRounds::Joined b = Join(1, 3, 5, kT0 + absl::Seconds(5));
+  EXPECT_EQ(b.round, a.round);
+  Report(a, 0, Pieces(0), 3, kT0 + absl::Seconds(6));
+  Report(b, 1, Pieces(1), 3, kT0 + absl::Seconds(6));
+  // Both reported, within the grace of rank 1's join: rank 2 may still come.
+  rounds_->Advance(kT0 + absl::Seconds(7));
+  EXPECT_TRUE(results_[0].empty());
+  LoadRounds::Joined c = Join(2, 3, 5, kT0 + absl::Seconds(7));
+  EXPECT_EQ(c.round, a.round);
+  Report(c, 2, {}, 3, kT0 + absl::Seconds(8));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(results_[r].size(), 1u) << r;
+    ASSERT_TRUE(results_[r][0].ok()) << results_[r][0].status();
+    EXPECT_EQ(results_[r][0]->chunks_verified(), 2) << r;
+    EXPECT_THAT(results_[r][0]->verify_locally(), IsEmpty()) << r;
+  }
+  EXPECT_EQ(rounds_->stats().live_rounds, 0);
+}
+
+// Once every member has reported and the grace is over, the round finishes
+// at the last report (no tick needed) and a later rank starts a new one.
+TEST_F(LoadRoundsTest, RoundFinishesAtTheLastReportAfterTheGrace) {
+  LoadRounds::Joined a = Join(0, 3), b = Join(1, 3);
+  Report(a, 0, Pieces(0), 3, kT0 + absl::Seconds(5));
+  EXPECT_TRUE(results_[0].empty());
+  Report(b, 1, Pieces(1), 3, kT0 + absl::Seconds(6));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(results_[r].size(), 1u) << r;
+    ASSERT_TRUE(results_[r][0].ok()) << results_[r][0].status();
+    EXPECT_EQ(results_[r][0]->chunks_verified(), 2) << r;
+  }
+  LoadRounds::Joined c = Join(2, 3, 5, kT0 + absl::Seconds(7));
+  EXPECT_NE(c.round, a.round);
+}
+
+// Another world size after the grace is another load of the step (an
+// evaluation, say): its own round, the first one unharmed. A round failed
+// for disagreeing ranks takes nobody after the grace.
+TEST_F(LoadRoundsTest, AnotherWorldSizeAfterTheGraceLoadsInItsOwnRound) {
+  LoadRounds::Joined a = Join(0, 3);
+  LoadRounds::Joined eval = Join(0, 1, 5, kT0 + absl::Seconds(3));
+  EXPECT_NE(eval.round, a.round);
+  Report(eval, 0, Pieces(0, false, 1), 1, kT0 + absl::Seconds(4));
+  ASSERT_EQ(results_[0].size(), 1u);
+  ASSERT_TRUE(results_[0][0].ok()) << results_[0][0].status();
+  EXPECT_THAT(results_[0][0]->verify_locally(), ElementsAre(0));
+  LoadRounds::Joined b = Join(1, 3, 5, kT0 + absl::Seconds(4));
+  EXPECT_EQ(b.round, a.round);
+  // Within the grace of rank 1's join a world of 2 is a disagreement...
+  auto bad = rounds_->Join("job", 2, 2, true, 5, 5, kT0 + absl::Seconds(5));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  auto c = rounds_->Join("job", 2, 3, true, 5, 5, kT0 + absl::Seconds(5));
+  EXPECT_EQ(c.status(), bad.status());
+  // ...and ranks starting again after the grace find a new round.
+  rounds_->Advance(kT0 + absl::Seconds(7));
+  LoadRounds::Joined again = Join(2, 3, 5, kT0 + absl::Seconds(7));
+  EXPECT_NE(again.round, a.round);
+}
+
+// A round that never filled expires too when a member stops reporting.
+TEST_F(LoadRoundsTest, OpenRoundExpiresAfterTheVerifyDeadline) {
+  LoadRounds::Joined a = Join(0, 3);
+  Join(1, 3, 5, kT0 + absl::Seconds(1));               // and never reports
+  Report(a, 0, Pieces(0), 3, kT0 + absl::Seconds(2));  // deadline kT0 + 12s
+  rounds_->Advance(kT0 + absl::Seconds(12));
+  EXPECT_TRUE(results_[0].empty());
+  rounds_->Advance(kT0 + absl::Seconds(12) + absl::Microseconds(1));
+  ASSERT_EQ(results_[0].size(), 1u);
+  EXPECT_EQ(results_[0][0].status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(results_[0][0].status().message()),
+              HasSubstr("ranks [1] (1 of 3) planned their reads"));
+  EXPECT_EQ(rounds_->stats().live_rounds, 0);
+}
+
 TEST_F(LoadRoundsTest, ClosedRoundExpiresAfterTheVerifyDeadline) {
   LoadRounds::Joined a = Join(0);
   Join(1);  // the world is complete: closed, deadline kT0 + 10s
@@ -287,7 +369,8 @@ TEST_F(LoadRoundsTest, ClosedRoundExpiresAfterTheVerifyDeadline) {
   EXPECT_EQ(results_[0][0].status().message(),
             "load of job 'job' step 5 by 2 ranks: ranks [1] (1 of 2) planned "
             "their reads but never called VerifyLoad within 10s of the "
-            "previous report; verify partly read chunks locally");
+            "round's previous PlanLoad or report; verify partly read chunks "
+            "locally");
   EXPECT_EQ(rounds_->stats().live_rounds, 0);
 }
 

@@ -20,7 +20,8 @@ const char* ChunkVerdictName(ChunkVerdict v) {
   return "unknown";
 }
 
-ChunkVerdict VerifyChunk(const StoredChunkRef& chunk,
+ChunkVerdict VerifyChunk(const planner::ChunkBox& box, uint64_t length,
+                         uint32_t crc32c,
                          std::vector<ChunkPieceReport>& pieces) {
   std::sort(pieces.begin(), pieces.end(),
             [](const ChunkPieceReport& a, const ChunkPieceReport& b) {
@@ -43,12 +44,12 @@ ChunkVerdict VerifyChunk(const StoredChunkRef& chunk,
   }
   int64_t volume = 0;
   for (const ChunkPieceReport* p : distinct) {
-    if (!planner::Contains(chunk.box, p->overlap)) {
+    if (!planner::Contains(box, p->overlap)) {
       return ChunkVerdict::kNotCovered;
     }
     volume += planner::Volume(p->overlap);
   }
-  if (volume != planner::Volume(chunk.box)) return ChunkVerdict::kNotCovered;
+  if (volume != planner::Volume(box)) return ChunkVerdict::kNotCovered;
   // Equal total volume and pairwise disjoint: the boxes tile the chunk.
   for (size_t i = 0; i < distinct.size(); ++i) {
     for (size_t j = i + 1; j < distinct.size(); ++j) {
@@ -61,7 +62,7 @@ ChunkVerdict VerifyChunk(const StoredChunkRef& chunk,
   }
   uint32_t terms = 0;
   for (const ChunkPieceReport* p : distinct) terms ^= p->crc_term;
-  return storage::Crc32cFromPieces(terms, chunk.length) == chunk.crc32c
+  return storage::Crc32cFromPieces(terms, length) == crc32c
              ? ChunkVerdict::kVerified
              : ChunkVerdict::kMismatch;
 }

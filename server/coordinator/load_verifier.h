@@ -44,13 +44,6 @@ struct ChunkPieceReport {
   uint32_t crc_term = 0;
 };
 
-// The stored chunk as the manifest records it.
-struct StoredChunkRef {
-  planner::ChunkBox box;
-  uint64_t length = 0;  // bytes: Volume(box) x dtype size
-  uint32_t crc32c = 0;
-};
-
 enum class ChunkVerdict {
   kVerified,        // the pieces tile the chunk and combine to its crc32c
   kNotCovered,      // the pieces do not tile the chunk
@@ -60,9 +53,11 @@ enum class ChunkVerdict {
 
 const char* ChunkVerdictName(ChunkVerdict v);
 
-// Decides one stored chunk from every piece of it the load's ranks read.
-// `pieces` may be reordered.
-ChunkVerdict VerifyChunk(const StoredChunkRef& chunk,
+// Decides one stored chunk, as the manifest records it (its box, `length`
+// bytes: Volume(box) x dtype size, and their crc32c), from every piece of it
+// the load's ranks read. `pieces` may be reordered.
+ChunkVerdict VerifyChunk(const planner::ChunkBox& box, uint64_t length,
+                         uint32_t crc32c,
                          std::vector<ChunkPieceReport>& pieces);
 
 }  // namespace cairn::coordinator

@@ -210,11 +210,11 @@ TEST(LoadVerifierTest, MatchesBruteForceOnRandomTilingsAndDamage) {
                        : 0;
       pieces.push_back(p);
     }
-    StoredChunkRef ref{chunk, data.size(), storage::Crc32c(data)};
     const ChunkVerdict want = Oracle(chunk, pieces, corrupt);
     std::vector<ChunkPieceReport> shuffled = pieces;
     std::shuffle(shuffled.begin(), shuffled.end(), rng);
-    ASSERT_EQ(VerifyChunk(ref, shuffled), want)
+    ASSERT_EQ(VerifyChunk(chunk, data.size(), storage::Crc32c(data), shuffled),
+              want)
         << "round " << round << " chunk " << planner::BoxToString(chunk)
         << " damage " << static_cast<int>(damage);
     ++seen[static_cast<int>(want)];
@@ -235,13 +235,14 @@ TEST(LoadVerifierTest, ColumnHalvesOfARowBlockVerifyAndAMissingHalfDoesNot) {
   std::vector<ChunkPieceReport> pieces{
       {0, 0, left, TermOf(chunk, left, data, 4)},
       {1, 0, right, TermOf(chunk, right, data, 4)}};
-  const StoredChunkRef ref{chunk, data.size(), storage::Crc32c(data)};
-  EXPECT_EQ(VerifyChunk(ref, pieces), ChunkVerdict::kVerified);
+  const uint32_t crc = storage::Crc32c(data);
+  EXPECT_EQ(VerifyChunk(chunk, data.size(), crc, pieces),
+            ChunkVerdict::kVerified);
   std::vector<ChunkPieceReport> half{pieces[0]};
-  EXPECT_EQ(VerifyChunk(ref, half), ChunkVerdict::kNotCovered);
-  StoredChunkRef wrong = ref;
-  wrong.crc32c ^= 1;
-  EXPECT_EQ(VerifyChunk(wrong, pieces), ChunkVerdict::kMismatch);
+  EXPECT_EQ(VerifyChunk(chunk, data.size(), crc, half),
+            ChunkVerdict::kNotCovered);
+  EXPECT_EQ(VerifyChunk(chunk, data.size(), crc ^ 1, pieces),
+            ChunkVerdict::kMismatch);
 }
 
 }  // namespace

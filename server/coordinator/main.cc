@@ -153,13 +153,16 @@ int main(int argc, char** argv) {
   app.add_option("--load-join-grace", load_join_grace_s,
                  "Seconds after a rank's PlanLoad during which another rank "
                  "of the job joins the same load round (same step for "
-                 "'latest', collective verification); a rank loading alone "
-                 "or after the others waits at most this long for peers")
+                 "'latest', collective verification) once every member has "
+                 "reported (while members still read, a rank joins anyway); "
+                 "a rank loading alone waits at most this long after "
+                 "reading")
       ->capture_default_str()
       ->check(cairn::flags::Positive());
   app.add_option("--load-verify-deadline", load_verify_deadline_s,
                  "Seconds each rank of a load round has to report its "
-                 "checksum pieces (VerifyLoad) after the previous report; "
+                 "checksum pieces (VerifyLoad) after the round's previous "
+                 "PlanLoad or report; "
                  "then the waiting ranks verify partly read chunks themselves")
       ->capture_default_str()
       ->check(cairn::flags::Positive());
