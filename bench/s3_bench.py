@@ -327,6 +327,10 @@ def cairn_round(args, env, rgw, cpu, bucket, model, total, build=None):
                                           children_cpu() - ranks0, l)
             res[name + "_s"] = max(x[0]["plan_s"] + x[0]["io_s"] for x in l)
             res[name + "_needed_bytes"] = sum(x[0]["bytes"] for x in l)
+            # Stored chunks re-read whole to check them (cairnd could not
+            # combine the ranks' pieces): each adds its bytes again.
+            res[name + "_chunks_verified_locally"] = sum(
+                x[0].get("chunks_verified_locally", 0) for x in l)
             res[name + "_rgw"] = Rgw.delta(before, rgw.counters())
         for name in ("save", "load2", "load4"):
             res[name + "_GBps"] = total / res[name + "_s"] / 1e9

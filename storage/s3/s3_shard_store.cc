@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -567,13 +568,15 @@ class S3Store : public S3ShardStore {
     const bool direct = f.pieces.size() == 1 &&
                         f.pieces[0].offset == f.offset &&
                         f.pieces[0].out.size() == f.length;
-    std::vector<char> scratch;
+    // Not a zero-filled vector: the GET overwrites every byte (or fails),
+    // so clearing up to a part (16 MiB) first was wasted work.
+    std::unique_ptr<char[]> scratch;
     absl::Span<char> dest;
     if (direct) {
       dest = f.pieces[0].out;
     } else {
-      scratch.resize(f.length);
-      dest = absl::MakeSpan(scratch);
+      scratch.reset(new char[f.length]);
+      dest = absl::MakeSpan(scratch.get(), f.length);
     }
     CAIRN_ASSIGN_OR_RETURN(size_t n,
                            client_->GetRange(full, {f.offset, f.length}, dest));
@@ -584,7 +587,7 @@ class S3Store : public S3ShardStore {
     }
     if (!direct) {
       for (const Fetch::Piece& p : f.pieces) {
-        std::memcpy(p.out.data(), scratch.data() + (p.offset - f.offset),
+        std::memcpy(p.out.data(), scratch.get() + (p.offset - f.offset),
                     p.out.size());
       }
     }
