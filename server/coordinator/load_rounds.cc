@@ -39,9 +39,8 @@ void LoadRounds::Pieces::Reserve(size_t n) {
   chunk_id_.reserve(n);
   crc_term_.reserve(n);
   at_.reserve(n);
-  // A 2-D piece's box is ~8 bytes; larger ones grow the vector. Not from
-  // the pieces' dims: those come from the request, unchecked yet.
-  box_.reserve(n * 8);
+  // box_ grows as pieces are added: its size depends on their dims, which
+  // come from the request and are checked piece by piece.
 }
 
 void LoadRounds::Pieces::Add(uint32_t chunk_id, const planner::ChunkBox& stored,
