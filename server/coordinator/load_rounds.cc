@@ -94,6 +94,9 @@ struct LoadRounds::Round {
   std::map<int, Member> members;  // by rank
   int reported = 0;               // members whose pieces are set
 
+  bool AllReported() const {
+    return reported == static_cast<int>(members.size());
+  }
   std::string Name() const {
     return absl::StrCat("load of ", SaveName(job, step), " by ", world_size,
                         " ranks");
@@ -328,20 +331,16 @@ void LoadRounds::FailLocked(Round& round, const absl::Status& status,
 void LoadRounds::MaybeCloseLocked(Round& round, absl::Time now) const {
   // A failed round takes no rank after the grace either: its members were
   // answered, and ranks starting again must not find the old failure.
-  const int members = static_cast<int>(round.members.size());
   const bool grace_over = now > round.last_join + options_.join_grace;
-  if (members == round.world_size ||
-      (grace_over && (round.reported == members || !round.failed.ok()))) {
+  if (static_cast<int>(round.members.size()) == round.world_size ||
+      (grace_over && (round.AllReported() || !round.failed.ok()))) {
     round.closed = true;
   }
 }
 
 void LoadRounds::MaybeFinishLocked(const std::shared_ptr<Round>& round,
                                    Answers* answers) {
-  if (!round->closed ||
-      round->reported != static_cast<int>(round->members.size())) {
-    return;
-  }
+  if (!round->closed || !round->AllReported()) return;
   rounds_.erase(round->id);
   if (!round->failed.ok()) return;  // its waiters were answered
   answers->push_back(
@@ -479,10 +478,7 @@ void LoadRounds::AdvanceLocked(absl::Time now, bool shutdown,
       MaybeFinishLocked(round, answers);
       if (!rounds_.contains(round->id)) continue;
       // Every member reported: the round waits for its grace, not expiry.
-      if (now <= round->deadline ||
-          round->reported == static_cast<int>(round->members.size())) {
-        continue;
-      }
+      if (now <= round->deadline || round->AllReported()) continue;
     }
     rounds_.erase(round->id);
     std::vector<int> missing;

@@ -6,8 +6,7 @@
 // membership stays open until all world_size ranks have joined, or until
 // every member has reported and `join_grace` has passed since the last
 // join. A rank that starts late therefore still joins while the others are
-// reading (it used to need to arrive within the grace of the previous one,
-// and a rank 3 s late made both re-read every chunk whole: 2-3x the bytes).
+// reading, and their pieces are combined with its own.
 // A rank naming another world size fails a round still within the grace of
 // its last join (ranks of one load disagree); after that it loads in a
 // round of its own (another load of the step, an evaluation say).
