@@ -32,6 +32,8 @@ struct Transfer {
   HttpResponse* response;
   // The next body byte to send: request->body[piece][offset].
   size_t piece = 0, offset = 0;
+  // The first sink piece not yet filled.
+  size_t sink_piece = 0;
 };
 
 size_t ReadBody(char* buffer, size_t size, size_t nitems, void* userdata) {
@@ -78,14 +80,25 @@ size_t WriteBody(char* data, size_t size, size_t nmemb, void* userdata) {
   curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &status);
   t->response->bytes_received += n;
   if (t->request->sink.has_value() && status >= 200 && status < 300) {
-    absl::Span<char> sink = *t->request->sink;
-    size_t& used = t->response->sink_bytes;
-    if (n > sink.size() - used) {
+    const ResponseSink& sink = *t->request->sink;
+    uint64_t& used = t->response->sink_bytes;
+    if (n > sink.length - used) {
       t->response->sink_overflow = true;
       return 0;  // aborts the transfer with CURLE_WRITE_ERROR
     }
-    std::memcpy(sink.data() + used, data, n);
-    used += n;
+    const uint64_t end = used + n;
+    // Pieces are sorted and disjoint: fill the ones [used, end) reaches,
+    // leaving the cursor on the first that goes on past it.
+    for (; t->sink_piece < sink.pieces.size(); ++t->sink_piece) {
+      const ResponseSink::Piece& p = sink.pieces[t->sink_piece];
+      const uint64_t piece_end = p.at + p.out.size();
+      const uint64_t lo = std::max(p.at, used), hi = std::min(piece_end, end);
+      if (lo < hi) {
+        std::memcpy(p.out.data() + (lo - p.at), data + (lo - used), hi - lo);
+      }
+      if (piece_end > end) break;
+    }
+    used = end;
     return n;
   }
   t->response->body.append(data, n);
@@ -287,8 +300,8 @@ HttpResponse HttpClient::Perform(const HttpRequest& request) {
     }
     if (response.sink_overflow) {
       response.curl_error =
-          absl::StrCat("response larger than the ", request.sink->size(),
-                       "-byte buffer (", response.curl_error, ")");
+          absl::StrCat("response longer than the ", request.sink->length,
+                       " bytes asked for (", response.curl_error, ")");
     }
   }
   curl_slist_free_all(headers);

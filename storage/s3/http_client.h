@@ -6,8 +6,8 @@
 // one HttpClient through a CURLSH share handle (with its lock callbacks), and
 // easy handles are pooled, so a stream of requests reuses warm connections.
 // Request bodies are streamed from the caller's spans (CURLOPT_READFUNCTION,
-// no copy of their own); a response can be written straight into a caller's
-// span (ranged GETs). Payloads are not hashed: `x-amz-content-sha256:
+// no copy of their own); a response can be scattered straight into a
+// caller's spans (ranged GETs). Payloads are not hashed: `x-amz-content-sha256:
 // UNSIGNED-PAYLOAD`. No request can hang forever: connect timeout, and a
 // transfer slower than 1 byte/s for low_speed_timeout is aborted
 // (CURLE_OPERATION_TIMEDOUT).
@@ -38,6 +38,26 @@ struct HttpOptions {
   absl::Duration low_speed_timeout = absl::Seconds(30);
 };
 
+// Where a 2xx response body goes, scattered as it arrives: body byte i
+// (i < length) lands in the piece covering it and is dropped when none does
+// (a coalesced ranged GET keeps only the ranges asked for, with no buffer
+// for the whole response). A body longer than `length` fails the request
+// with sink_overflow. Pieces are sorted by `at`, disjoint, and end by
+// `length`.
+struct ResponseSink {
+  struct Piece {
+    uint64_t at;  // the body offset of out[0]
+    absl::Span<char> out;
+  };
+  uint64_t length = 0;
+  std::vector<Piece> pieces;
+
+  // The whole body into `out`.
+  static ResponseSink Into(absl::Span<char> out) {
+    return {out.size(), {{0, out}}};
+  }
+};
+
 struct HttpRequest {
   std::string method = "GET";        // GET, HEAD, PUT, POST, DELETE
   std::string url;                   // already SigV4-canonical (see s3_url.h)
@@ -45,18 +65,17 @@ struct HttpRequest {
   // PUT and POST send exactly these bytes, the spans one after the other
   // (streamed from them, not copied first).
   std::vector<absl::Span<const char>> body;
-  // When set, a 2xx response body is written here (more bytes than fit
-  // fail the request with sink_overflow); other bodies go to
-  // HttpResponse::body.
-  std::optional<absl::Span<char>> sink;
+  // When set, a 2xx response body is written through it (see
+  // ResponseSink); other bodies go to HttpResponse::body.
+  std::optional<ResponseSink> sink;
 };
 
 struct HttpResponse {
-  int curl_code = 0;       // CURLcode; 0 = a response arrived
-  std::string curl_error;  // curl's text when curl_code != 0
-  long status = 0;         // HTTP status
-  std::string body;        // the response body unless it went to the sink
-  size_t sink_bytes = 0;   // bytes written into the sink
+  int curl_code = 0;        // CURLcode; 0 = a response arrived
+  std::string curl_error;   // curl's text when curl_code != 0
+  long status = 0;          // HTTP status
+  std::string body;         // the response body unless it went to the sink
+  uint64_t sink_bytes = 0;  // body bytes that went through the sink
   bool sink_overflow = false;
   std::string etag;  // the ETag header, quotes kept
   std::optional<uint64_t> content_length;

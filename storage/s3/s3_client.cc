@@ -249,11 +249,34 @@ absl::StatusOr<size_t> S3Client::GetRange(std::string_view key, ByteRange range,
     }
     return 0;
   }
+  return GetRange(key, range, ResponseSink::Into(out.subspan(0, range.length)));
+}
+
+absl::StatusOr<size_t> S3Client::GetRange(std::string_view key, ByteRange range,
+                                          const ResponseSink& sink) {
+  const S3RequestName name{"GET", config_.bucket, std::string(key)};
+  const std::string range_text = absl::StrCat(" [bytes ", range.offset, "..",
+                                              range.offset + range.length, ")");
+  uint64_t covered = 0;
+  for (const ResponseSink::Piece& p : sink.pieces) {
+    if (p.at < covered || p.at > sink.length ||
+        p.out.size() > sink.length - p.at) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name.Describe(), range_text, ": sink piece at ", p.at, " of ",
+          p.out.size(), " bytes overlaps another or passes its end"));
+    }
+    covered = p.at + p.out.size();
+  }
+  if (range.length == 0 || sink.length != range.length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name.Describe(), range_text, ": a sink of ", sink.length,
+                     " bytes for a range of ", range.length));
+  }
   HttpRequest req;
   req.url = Url(key);
   req.headers = {absl::StrCat("Range: bytes=", range.offset, "-",
                               range.offset + range.length - 1)};
-  req.sink = out.subspan(0, range.length);
+  req.sink = sink;
   auto resp = Execute(name, req, Idempotency::kIdempotent);
   if (!resp.ok()) return WithSuffix(resp.status(), range_text);
   if (resp->status != 206 && range.offset != 0) {

@@ -43,6 +43,7 @@ namespace cairn::storage::s3 {
 class HttpClient;
 struct HttpRequest;
 struct HttpResponse;
+struct ResponseSink;
 
 // One object of a listing; `key` is the full key in the bucket.
 struct ObjectInfo {
@@ -85,6 +86,11 @@ class S3Client {
   // OUT_OF_RANGE when range.offset >= size (and length > 0).
   absl::StatusOr<size_t> GetRange(std::string_view key, ByteRange range,
                                   absl::Span<char> out);
+  // As GetRange, but the range's bytes are scattered through `sink`
+  // (http_client.h; sink.length == range.length, range.length > 0): only
+  // the pieces asked for are written, with no buffer for the whole range.
+  absl::StatusOr<size_t> GetRange(std::string_view key, ByteRange range,
+                                  const ResponseSink& sink);
 
   // The size of `key`; NOT_FOUND if missing.
   absl::StatusOr<uint64_t> HeadObject(std::string_view key);

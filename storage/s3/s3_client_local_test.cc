@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <deque>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
+#include "storage/s3/http_client.h"
 #include "storage/s3/s3_client.h"
 
 namespace cairn::storage::s3 {
@@ -531,8 +533,80 @@ TEST(S3ClientLocalTest, ResponseLargerThanTheBufferIsAnError) {
   char out[3];
   auto n = client->GetRange("k", {0, 3}, absl::MakeSpan(out, 3));
   EXPECT_EQ(n.status().code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(n.status().message(), HasSubstr("larger than the 3-byte buffer"));
+  EXPECT_THAT(n.status().message(),
+              HasSubstr("longer than the 3 bytes asked for"));
   EXPECT_EQ(server.requests().size(), 1u);
+}
+
+// A body arriving in many writes is scattered into disjoint pieces with
+// gaps: each piece gets its bytes, the gaps and the guard bytes around every
+// piece are never written.
+TEST(S3ClientLocalTest, ScatteredGetWritesOnlyItsPieces) {
+  ScriptedServer server;
+  auto client = Client(ConfigFor(server.port()));
+  std::mt19937_64 rng(17);
+  for (int round = 0; round < 8; ++round) {
+    std::string body(1 + rng() % (1 << 20), '\0');
+    for (char& c : body) c = static_cast<char>(rng());
+    // Random disjoint pieces: cut points, every other interval kept.
+    std::vector<uint64_t> cuts = {0, body.size()};
+    for (int i = 0, n = static_cast<int>(rng() % 64); i < n; ++i) {
+      cuts.push_back(rng() % body.size());
+    }
+    std::sort(cuts.begin(), cuts.end());
+    constexpr size_t kGuard = 8;
+    std::vector<std::string> bufs;
+    std::vector<std::pair<uint64_t, uint64_t>> kept;
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      if ((i + round) % 2 == 0 && cuts[i + 1] > cuts[i]) {
+        kept.push_back({cuts[i], cuts[i + 1] - cuts[i]});
+        bufs.emplace_back(kGuard + kept.back().second + kGuard, '#');
+      }
+    }
+    ResponseSink sink{body.size(), {}};
+    for (size_t i = 0; i < kept.size(); ++i) {
+      sink.pieces.push_back(
+          {kept[i].first, absl::MakeSpan(&bufs[i][kGuard], kept[i].second)});
+    }
+    server.Push(Response(206, body));
+    auto n = client->GetRange("k", {0, body.size()}, sink);
+    ASSERT_TRUE(n.ok()) << n.status();
+    EXPECT_EQ(*n, body.size());
+    for (size_t i = 0; i < kept.size(); ++i) {
+      const std::string guard(kGuard, '#');
+      EXPECT_EQ(bufs[i].substr(0, kGuard), guard) << round << " " << i;
+      EXPECT_EQ(bufs[i].substr(kGuard, kept[i].second),
+                body.substr(kept[i].first, kept[i].second))
+          << round << " " << i;
+      EXPECT_EQ(bufs[i].substr(kGuard + kept[i].second), guard)
+          << round << " " << i;
+    }
+  }
+}
+
+TEST(S3ClientLocalTest, ScatteredGetRefusesBadSinks) {
+  ScriptedServer server;
+  auto client = Client(ConfigFor(server.port()));
+  char a[8], b[8];
+  const ResponseSink overlapping{
+      16, {{0, absl::MakeSpan(a, 8)}, {4, absl::MakeSpan(b, 8)}}};
+  const ResponseSink past_end{
+      16, {{0, absl::MakeSpan(a, 8)}, {12, absl::MakeSpan(b, 8)}}};
+  const ResponseSink far_past_end{16, {{40, absl::MakeSpan(a, 8)}}};
+  const ResponseSink unsorted{
+      16, {{8, absl::MakeSpan(a, 8)}, {0, absl::MakeSpan(b, 8)}}};
+  for (const ResponseSink* sink :
+       {&overlapping, &past_end, &far_past_end, &unsorted}) {
+    auto n = client->GetRange("k", {0, 16}, *sink);
+    EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(n.status().message(), HasSubstr("overlaps another or passes"));
+  }
+  auto n =
+      client->GetRange("k", {0, 20}, ResponseSink::Into(absl::MakeSpan(a)));
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(n.status().message(),
+              HasSubstr("a sink of 8 bytes for a range of 20"));
+  EXPECT_TRUE(server.requests().empty());
 }
 
 TEST(S3ClientLocalTest, ListFollowsContinuationTokens) {

@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/task_group.h"
+#include "storage/s3/http_client.h"
 
 namespace cairn::storage::s3 {
 namespace {
@@ -316,8 +317,8 @@ class S3Writer : public ObjectWriter {
 };
 
 // One GET of a ReadRanges call: [offset, offset + length) of the object,
-// copied to `pieces` (straight into the caller's buffer when it is a single
-// piece covering the whole GET).
+// its `pieces` (sorted by offset) written straight into the caller's
+// buffers.
 struct Fetch {
   uint64_t offset = 0, length = 0;
   struct Piece {
@@ -565,27 +566,33 @@ class S3Store : public S3ShardStore {
 
   absl::Status RunOne(absl::string_view key, const Fetch& f) {
     const std::string full = Full(key);
-    const bool direct = f.pieces.size() == 1 &&
-                        f.pieces[0].offset == f.offset &&
-                        f.pieces[0].out.size() == f.length;
-    // Not a zero-filled vector: the GET overwrites every byte (or fails),
-    // so clearing up to a part (16 MiB) first was wasted work.
+    // The GET scatters its bytes straight into the pieces, dropping the
+    // gaps between them, unless pieces overlap (ranges asking for the same
+    // bytes twice): those land in a buffer first, then are copied.
+    ResponseSink sink{f.length, {}};
+    sink.pieces.reserve(f.pieces.size());
+    bool disjoint = true;
+    uint64_t covered = 0;
+    for (const Fetch::Piece& p : f.pieces) {
+      const uint64_t at = p.offset - f.offset;
+      disjoint = disjoint && at >= covered;
+      covered = std::max(covered, at + p.out.size());
+      sink.pieces.push_back({at, p.out});
+    }
     std::unique_ptr<char[]> scratch;
-    absl::Span<char> dest;
-    if (direct) {
-      dest = f.pieces[0].out;
-    } else {
+    if (!disjoint) {
+      // Not a zero-filled vector: the GET overwrites every byte (or fails).
       scratch.reset(new char[f.length]);
-      dest = absl::MakeSpan(scratch.get(), f.length);
+      sink = ResponseSink::Into(absl::MakeSpan(scratch.get(), f.length));
     }
     CAIRN_ASSIGN_OR_RETURN(size_t n,
-                           client_->GetRange(full, {f.offset, f.length}, dest));
+                           client_->GetRange(full, {f.offset, f.length}, sink));
     if (n < f.length) {
       return absl::OutOfRangeError(
           absl::StrCat("reading ", Quoted(key), ": range ", f.offset, "+",
                        f.length, " passes its end (", f.offset + n, " bytes)"));
     }
-    if (!direct) {
+    if (scratch != nullptr) {
       for (const Fetch::Piece& p : f.pieces) {
         std::memcpy(p.out.data(), scratch.get() + (p.offset - f.offset),
                     p.out.size());
