@@ -79,7 +79,8 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
       // previous process never lands in a new one.
       load_rounds_(
           LoadRounds::Options{options.load_join_grace,
-                              options.load_verify_deadline},
+                              options.load_verify_deadline,
+                              std::max(options.worker_threads, 1)},
           absl::Uniform<uint64_t>(absl::BitGen(), 1, uint64_t{1} << 62),
           [this](std::function<void()> work) {
             workers_->Schedule(std::move(work));

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/task_group.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "server/coordinator/coordinator_internal.h"
 
@@ -417,45 +418,101 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
           PieceRef{static_cast<uint32_t>(r), static_cast<uint32_t>(i)};
     }
   }
-  std::vector<ChunkPieceReport> reports;  // of one chunk, reused
-  planner::StoredChunkView stored;        // the chunk, reused
-  std::vector<int> ranks;
+  // The tensors are combined in shards of about equal pieces, one thread
+  // each (every report is in: the round's ranks are waiting, and at 16k
+  // ranks this is seconds of CPU). Shards keep tensor order, so each rank's
+  // verify_locally indexes come out as one thread would give them.
+  struct Shard {
+    int t_begin = 0, t_end = 0;
+    std::vector<std::pair<int, int>> verify_locally;  // (rank, index)
+    std::vector<int64_t> chunks_verified;             // by rank
+    int64_t verified = 0, unverified = 0;
+  };
+  const int threads = static_cast<int>(std::clamp<int64_t>(
+      std::min<int64_t>(
+          options_.combine_threads,
+          static_cast<int64_t>(
+              total / std::max<uint64_t>(options_.min_pieces_per_thread, 1))),
+      1, std::max(tensors, 1)));
+  std::vector<Shard> shards(threads);
+  {
+    int t = 0;
+    for (int s = 0; s < threads; ++s) {
+      shards[s].t_begin = t;
+      // Pieces of tensors [0, t) reach at least (s + 1) / threads of all.
+      const uint64_t until = total * static_cast<uint64_t>(s + 1) / threads;
+      while (t < tensors &&
+             (s == threads - 1 || at[stored_tensors->Id(t, 0)] < until)) {
+        ++t;
+      }
+      shards[s].t_end = t;
+    }
+  }
+  const auto combine = [&](Shard& shard) {
+    std::vector<ChunkPieceReport> reports;  // of one chunk, reused
+    planner::StoredChunkView stored;        // the chunk, reused
+    std::vector<int> ranks;
+    shard.chunks_verified.assign(round->world_size, 0);
+    for (int t = shard.t_begin; t < shard.t_end; ++t) {
+      for (int c = 0; c < stored_tensors->num_chunks(t); ++c) {
+        const uint32_t id = stored_tensors->Id(t, c);
+        if (at[id] == at[id + 1]) continue;
+        stored_tensors->Fill(t, c, &stored);
+        reports.clear();
+        ranks.clear();
+        for (uint32_t i = at[id]; i < at[id + 1]; ++i) {
+          const auto& [rank, pieces] = reporters[by_chunk[i].reporter];
+          pieces->ReportInto(by_chunk[i].i, rank, stored.box,
+                             &reports.emplace_back());
+          ranks.push_back(rank);
+        }
+        std::sort(ranks.begin(), ranks.end());
+        ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+        const ChunkVerdict verdict =
+            VerifyChunk(stored.box, stored.length, stored.crc32c, reports);
+        if (verdict == ChunkVerdict::kVerified) {
+          ++shard.verified;
+          for (int r : ranks) ++shard.chunks_verified[r];
+          continue;
+        }
+        ++shard.unverified;
+        for (const ChunkPieceReport& r : reports) {
+          shard.verify_locally.emplace_back(r.rank, r.index);
+        }
+        if (verdict != ChunkVerdict::kNotCovered) {
+          CAIRN_LOG(warn,
+                    "{}: stored chunk {} of '{}' at {}@{}: {} (read by ranks "
+                    "{}); they re-read it whole",
+                    round->Name(), planner::BoxToString(stored.box),
+                    stored_tensors->fqn(t), std::string(stored.object_key),
+                    stored.offset, ChunkVerdictName(verdict),
+                    absl::StrJoin(ranks, ", "));
+        }
+      }
+    }
+  };
+  {
+    TaskGroup::Options parallel;
+    parallel.thread_per_task = true;
+    TaskGroup group(parallel);
+    for (int s = 1; s < threads; ++s) {
+      group.Run([&, s] {
+        combine(shards[s]);
+        return absl::OkStatus();
+      });
+    }
+    combine(shards[0]);
+    group.Wait().IgnoreError();  // the tasks cannot fail
+  }
   int64_t verified = 0, unverified = 0;
-  for (int t = 0; t < tensors; ++t) {
-    for (int c = 0; c < stored_tensors->num_chunks(t); ++c) {
-      const uint32_t id = stored_tensors->Id(t, c);
-      if (at[id] == at[id + 1]) continue;
-      stored_tensors->Fill(t, c, &stored);
-      reports.clear();
-      ranks.clear();
-      for (uint32_t i = at[id]; i < at[id + 1]; ++i) {
-        const auto& [rank, pieces] = reporters[by_chunk[i].reporter];
-        pieces->ReportInto(by_chunk[i].i, rank, stored.box,
-                           &reports.emplace_back());
-        ranks.push_back(rank);
-      }
-      std::sort(ranks.begin(), ranks.end());
-      ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-      const ChunkVerdict verdict =
-          VerifyChunk(stored.box, stored.length, stored.crc32c, reports);
-      if (verdict == ChunkVerdict::kVerified) {
-        ++verified;
-        for (int r : ranks) ++chunks_verified[r];
-        continue;
-      }
-      ++unverified;
-      for (const ChunkPieceReport& r : reports) {
-        answers[r.rank].add_verify_locally(r.index);
-      }
-      if (verdict != ChunkVerdict::kNotCovered) {
-        CAIRN_LOG(warn,
-                  "{}: stored chunk {} of '{}' at {}@{}: {} (read by ranks "
-                  "{}); they re-read it whole",
-                  round->Name(), planner::BoxToString(stored.box),
-                  stored_tensors->fqn(t), std::string(stored.object_key),
-                  stored.offset, ChunkVerdictName(verdict),
-                  absl::StrJoin(ranks, ", "));
-      }
+  for (const Shard& shard : shards) {
+    verified += shard.verified;
+    unverified += shard.unverified;
+    for (const auto& [rank, index] : shard.verify_locally) {
+      answers[rank].add_verify_locally(index);
+    }
+    for (int r = 0; r < round->world_size; ++r) {
+      chunks_verified[r] += shard.chunks_verified[r];
     }
   }
   {

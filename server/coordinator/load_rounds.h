@@ -66,6 +66,10 @@ class LoadRounds {
     // A round missing reports expires this long after its previous join or
     // report.
     absl::Duration verify_deadline = absl::Minutes(1);
+    // Threads combining a finished round's pieces, each given at least
+    // min_pieces_per_thread of them (a small round takes one).
+    int combine_threads = 2;
+    uint64_t min_pieces_per_thread = 1 << 16;
   };
 
   // Round ids start at `first_id` (random in cairnd, so a report for a round

@@ -180,6 +180,105 @@ TEST_F(LoadRoundsTest, FullRoundCombinesThePiecesOfEveryRank) {
   EXPECT_EQ(stats.live_rounds, 0);
 }
 
+// A round over many tensors combined on 1-5 threads (shards of tensors)
+// gives every rank the answer an oracle expects: a stored chunk is verified
+// when both ranks read their half with the right terms, else each reader
+// gets its piece's index back, in the order the rank reported them.
+TEST(LoadRoundsShardsTest, CombiningOnSeveralThreadsAnswersAsTheOracle) {
+  std::mt19937_64 rng(23);
+  constexpr int kTensors = 37;
+  // Tensor t: [8, 4] float32 stored as rows 0-3 and 4-7, random bytes.
+  std::vector<planner::StoredTensor> tensors;
+  std::vector<std::string> bytes;  // by 2 * t + c
+  for (int t = 0; t < kTensors; ++t) {
+    planner::StoredTensor& st = tensors.emplace_back();
+    // Zero-padded: the planner orders tensors by fqn, and Id(t, c) below
+    // names them in this order.
+    st.fqn = (t < 10 ? "t0" : "t") + std::to_string(t);
+    st.dtype = planner::DType::kFloat32;
+    st.global_shape = {8, 4};
+    for (int c = 0; c < 2; ++c) {
+      std::string& b = bytes.emplace_back(4 * 4 * kElem, '\0');
+      for (char& x : b) x = static_cast<char>(rng());
+      planner::StoredChunk& chunk = st.chunks.emplace_back();
+      chunk.box = ChunkBox{{4 * c, 0}, {4, 4}};
+      chunk.location = {"data-0", (2 * t + c) * b.size(), b.size()};
+      chunk.crc32c = storage::Crc32c(b);
+    }
+  }
+  std::shared_ptr<const planner::LoadPlanner> planner =
+      planner::LoadPlanner::Create(std::move(tensors)).value();
+  // What each rank reads of each chunk: 0 = nothing, 1 = its half, 2 = its
+  // half with a damaged term.
+  std::vector<int> reads[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int i = 0; i < 2 * kTensors; ++i) {
+      const uint64_t r = rng() % 8;
+      reads[rank].push_back(r == 0 ? 0 : r == 1 ? 2 : 1);
+    }
+  }
+  std::vector<int> expected_local[2];
+  int64_t expected_verified[2] = {0, 0};
+  int64_t verified_chunks = 0;
+  int index[2] = {0, 0};
+  for (int i = 0; i < 2 * kTensors; ++i) {
+    const bool ok = reads[0][i] == 1 && reads[1][i] == 1;
+    verified_chunks += ok;
+    for (int rank = 0; rank < 2; ++rank) {
+      if (reads[rank][i] == 0) continue;
+      if (ok) {
+        ++expected_verified[rank];
+      } else {
+        expected_local[rank].push_back(index[rank]);
+      }
+      ++index[rank];
+    }
+  }
+  for (int threads : {1, 2, 3, 5}) {
+    LoadRounds::Options options;
+    options.combine_threads = threads;
+    options.min_pieces_per_thread = 1;
+    LoadRounds rounds(options, 100, [](std::function<void()> work) { work(); });
+    std::map<int, VerifyResult> results;
+    std::vector<LoadRounds::Joined> joined;
+    for (int rank = 0; rank < 2; ++rank) {
+      joined.push_back(rounds.Join("job", rank, 2, true, 5, 5, kT0).value());
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      LoadRounds::Pieces pieces;
+      for (int i = 0; i < 2 * kTensors; ++i) {
+        if (reads[rank][i] == 0) continue;
+        const int t = i / 2, c = i % 2;
+        const ChunkBox box{{4 * c, 0}, {4, 4}};
+        const ChunkBox piece{{4 * c, 2 * rank}, {4, 2}};
+        storage::Crc32cPieces crc;
+        for (const planner::CopySegment& s :
+             planner::CopySegments(box, piece, piece, kElem)) {
+          crc.Add(s.src_offset, bytes[i].data() + s.src_offset, s.length);
+        }
+        uint32_t term = crc.Finish(bytes[i].size());
+        // Different damage for each rank: two damaged halves must not
+        // cancel out.
+        if (reads[rank][i] == 2) term ^= 1u << rank;
+        pieces.Add(planner->Id(t, c), box, term, piece.offsets, piece.sizes);
+      }
+      rounds.Report(joined[rank].round, "job", 5, rank, 2, "rank", planner,
+                    std::move(pieces), kT0,
+                    [&results, rank](VerifyResult r) { results[rank] = r; });
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_EQ(results.count(rank), 1u) << threads;
+      ASSERT_TRUE(results[rank].ok()) << results[rank].status();
+      EXPECT_EQ(results[rank]->chunks_verified(), expected_verified[rank])
+          << threads << " threads, rank " << rank;
+      EXPECT_THAT(results[rank]->verify_locally(),
+                  ::testing::ElementsAreArray(expected_local[rank]))
+          << threads << " threads, rank " << rank;
+    }
+    EXPECT_EQ(rounds.stats().chunks_verified, verified_chunks) << threads;
+  }
+}
+
 TEST_F(LoadRoundsTest, RoundOfRanksThatDoNotVerifyFinishesWithoutAManifest) {
   // Ranks that only take the round's step never call Report: the complete
   // round finishes with no manifest and nothing to combine (cairnd crashed
