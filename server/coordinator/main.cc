@@ -172,7 +172,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(cairn::flags::AtLeast(0));
   app.add_option("--workers", spec.coordinator.worker_threads,
-                 "Threads for storage, catalog and planning work")
+                 "Threads for storage, catalog and planning work (also the "
+                 "threads combining a large load round's checksum pieces)")
       ->capture_default_str()
       ->check(cairn::flags::InRange(1, 256));
   app.add_option("--plan-cache-mib", plan_cache_mib,
