@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/large_array.h"
 #include "common/status_macros.h"
 #include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator_internal.h"
@@ -383,7 +384,7 @@ struct SaveSession::ManifestParts {
   std::vector<uint32_t> first;    // tensor t's chunks: [first[t], first[t+1])
   // Each tensor's sorted by box; first.back() of them. Not zeroed first
   // (every one is written): zeroing them was an eighth of a commit.
-  std::unique_ptr<Chunk[]> chunks;
+  LargeArray<Chunk> chunks;
 };
 
 absl::StatusOr<std::shared_ptr<const SaveSession::ManifestParts>>
@@ -460,7 +461,7 @@ SaveSession::GatherManifest() const {
   // writes and checksums out of order: at 16k ranks, a cache miss or three
   // for each of 18 M chunks, 80% of the gathering's time.
   for (int t = 0; t < num_tensors; ++t) first[t + 1] += first[t];
-  parts->chunks.reset(new ManifestParts::Chunk[first.back()]);
+  parts->chunks = LargeArray<ManifestParts::Chunk>(first.back());
   ManifestParts::Chunk* chunks = parts->chunks.get();
   {
     std::vector<uint32_t> next(first.begin(), first.end() - 1);

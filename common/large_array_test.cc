@@ -1,0 +1,74 @@
+#include "common/large_array.h"
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <utility>
+
+#include "gtest/gtest.h"
+
+namespace cairn {
+namespace {
+
+struct Item {
+  uint64_t a;
+  uint32_t b;
+};
+
+// Whether [p, p + bytes) is one of this process's mappings (by
+// /proc/self/maps): the array's memory, and nothing else, goes back to the
+// system when it is destroyed.
+bool Mapped(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(maps, line)) {
+    const size_t dash = line.find('-');
+    const size_t space = line.find(' ');
+    const uintptr_t from = std::stoull(line.substr(0, dash), nullptr, 16);
+    const uintptr_t to =
+        std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16);
+    if (at >= from && at < to) return true;
+  }
+  return false;
+}
+
+TEST(LargeArrayTest, HoldsWhatIsWrittenAcrossHugePages) {
+  constexpr size_t kN = (size_t{5} << 20) / sizeof(Item) + 7;  // > 2 MiB
+  LargeArray<Item> items(kN);
+  ASSERT_NE(items.get(), nullptr);
+  EXPECT_EQ(items.size(), kN);
+  for (size_t i = 0; i < kN; ++i) items[i] = Item{i * 3, uint32_t(i ^ 0x5a)};
+  for (size_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(items[i].a, i * 3) << i;
+    ASSERT_EQ(items[i].b, uint32_t(i ^ 0x5a)) << i;
+  }
+}
+
+TEST(LargeArrayTest, MovesOwnershipAndUnmapsOnce) {
+  LargeArray<Item> a(1000);
+  a[999] = Item{42, 7};
+  Item* p = a.get();
+  ASSERT_TRUE(Mapped(p));
+  LargeArray<Item> b(std::move(a));
+  EXPECT_EQ(a.get(), nullptr);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(a.size(), 0u);      // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(b.get(), p);
+  EXPECT_EQ(b[999].a, 42u);
+  LargeArray<Item> c(10);
+  c = std::move(b);  // c's own mapping is released, b's taken
+  EXPECT_EQ(c.get(), p);
+  EXPECT_EQ(c.size(), 1000u);
+  c = LargeArray<Item>();
+  EXPECT_EQ(c.get(), nullptr);
+  EXPECT_FALSE(Mapped(p));
+}
+
+TEST(LargeArrayTest, EmptyHasNoMemory) {
+  LargeArray<Item> none(0);
+  EXPECT_EQ(none.get(), nullptr);
+  EXPECT_EQ(none.size(), 0u);
+}
+
+}  // namespace
+}  // namespace cairn
