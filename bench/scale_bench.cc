@@ -8,8 +8,11 @@
 // channels with the callback API, all N collective calls outstanding at
 // once. Rounds, per N:
 //
-//   rpc_floor    one small RPC per rank (ListAgents): what N calls cost on
-//                this machine, the floor under every round of N
+//   rpc_floor_cold one small RPC per rank (ListAgents), the first round of
+//                N calls: both sides also grow their gRPC thread pools and
+//                heaps to N calls at once
+//   rpc_floor    the same again: what N calls cost on this machine, the
+//                floor under every round of N that follows
 //   begin        BeginSave of step 1 with every rank's whole local plan
 //                (cairnd builds the global plan: uncached)
 //   commit       CommitSave of step 1 (the manifest is published), each
@@ -51,7 +54,9 @@
 // with real bytes.
 //
 // Per round it reports wall time (first call sent to last answer), cairnd's
-// CPU time (utime + stime from /proc/<pid>/stat), its peak RSS during the
+// CPU time (utime + stime from /proc/<pid>/stat) and this process's (the
+// simulated ranks' gRPC work: the two share this machine's cores), cairnd's
+// minor page faults, its peak RSS during the
 // round (VmHWM after resetting it through /proc/<pid>/clear_refs) and RSS
 // after, and the serialized request/response bytes per rank; then the
 // growth of each from N to 4N. "floor" is this process's single-core time
@@ -94,6 +99,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
@@ -142,6 +148,8 @@ constexpr uint64_t kTrainStateBytes = 1024;  // the replicated bytes entry
 
 // The cairnd of the world size being run, killed when the run fails.
 std::atomic<pid_t> g_cairnd_pid{0};
+// --perf-round: the rounds --perf-dir records (empty: all); set before any.
+absl::flat_hash_set<std::string> g_perf_rounds;
 
 [[noreturn]] void Fail(const std::string& what) {
   std::fprintf(stderr, "scale_bench: FAILED: %s\n", what.c_str());
@@ -297,9 +305,10 @@ planner::LocalSavePlan LocalPlanOf(const Model& model, const RankChunks& chunks,
 // cairnd's resources, from /proc.
 
 struct ProcSample {
-  double cpu_s = 0;    // utime + stime
-  double hwm_mib = 0;  // VmHWM
-  double rss_mib = 0;  // VmRSS
+  double cpu_s = 0;         // utime + stime
+  double hwm_mib = 0;       // VmHWM
+  double rss_mib = 0;       // VmRSS
+  double minor_faults = 0;  // minflt: first touches of fresh pages
 };
 
 ProcSample SampleProc(pid_t pid) {
@@ -315,6 +324,7 @@ ProcSample SampleProc(pid_t pid) {
     if (f.size() > 13) {
       const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
       s.cpu_s = (std::stod(f[11]) + std::stod(f[12])) / tick;  // 14, 15
+      s.minor_faults = std::stod(f[7]);                        // field 10
     }
   }
   std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
@@ -456,6 +466,8 @@ struct RoundResult {
   int ranks = 0;
   double wall_s = 0;
   double cpu_s = 0;
+  double client_cpu_s = 0;  // this process's (the ranks') CPU in the round
+  double minor_faults = 0;  // cairnd's in the round
   double peak_mib = 0;
   double rss_mib = 0;
   double request_bytes_per_rank = 0;
@@ -496,11 +508,15 @@ class ScaleRun {
     const RankChunks chunks(model_, world);
     const int64_t step1 = first_step, step2 = first_step + 1;
 
-    {  // rpc_floor: the smallest RPC once per rank (ListAgents, an empty
-       // answer from memory): what N calls cost here, under any round of N.
+    // rpc_floor: the smallest RPC once per rank (ListAgents, an empty
+    // answer from memory): what N calls cost here, under any round of N.
+    // Twice: the first round of N calls (rpc_floor_cold) also grows both
+    // sides' gRPC thread pools, call arenas and heaps to N calls; the second
+    // is the floor under the rounds that follow.
+    for (const char* name : {"rpc_floor_cold", "rpc_floor"}) {
       Round round(&stubs_, Method("ListAgents"));
       for (int r = 0; r < world; ++r) round.Add(v1::ListAgentsRequest());
-      out.push_back(Measure("rpc_floor", world, round, [&] {
+      out.push_back(Measure(name, world, round, [&] {
         for (int r = 0; r < world; ++r) {
           round.Answer<v1::ListAgentsResponse>(static_cast<size_t>(r),
                                                absl::StrCat("rank ", r));
@@ -687,8 +703,10 @@ class ScaleRun {
     ResetPeak(pid);
     std::optional<testing::Subprocess> perf = StartPerf(name, ranks, pid);
     const ProcSample before = SampleProc(pid);
+    const ProcSample client_before = SampleProc(getpid());
     const absl::Duration wall = round.Run();
     const ProcSample after = SampleProc(pid);
+    const ProcSample client_after = SampleProc(getpid());
     if (perf.has_value()) {
       perf->Signal(SIGINT);
       (void)perf->Wait(absl::Minutes(5));
@@ -704,6 +722,8 @@ class ScaleRun {
     r.ranks = ranks;
     r.wall_s = absl::ToDoubleSeconds(wall);
     r.cpu_s = after.cpu_s - before.cpu_s;
+    r.client_cpu_s = client_after.cpu_s - client_before.cpu_s;
+    r.minor_faults = after.minor_faults - before.minor_faults;
     r.peak_mib = after.hwm_mib;
     r.rss_mib = after.rss_mib;
     r.request_bytes_per_rank =
@@ -741,6 +761,7 @@ class ScaleRun {
     r.round = name;
     r.ranks = ranks;
     r.cpu_s = after.cpu_s - before.cpu_s;
+    r.minor_faults = after.minor_faults - before.minor_faults;
     r.peak_mib = after.hwm_mib;
     r.rss_mib = after.rss_mib;
     Report(r);
@@ -770,19 +791,25 @@ class ScaleRun {
   static void Report(const RoundResult& r) {
     std::printf(
         "{\"bench\":\"scale\",\"round\":\"%s\",\"ranks\":%d,\"wall_s\":%.4f,"
-        "\"cairnd_cpu_s\":%.3f,\"cairnd_peak_rss_mib\":%.1f,"
+        "\"cairnd_cpu_s\":%.3f,\"client_cpu_s\":%.3f,"
+        "\"cairnd_minor_faults\":%.0f,"
+        "\"cairnd_peak_rss_mib\":%.1f,"
         "\"cairnd_rss_after_mib\":%.1f,\"request_bytes_per_rank\":%.0f,"
         "\"response_bytes_per_rank\":%.0f,\"codec_floor_s\":%.4f,"
         "\"resends\":%lld,\"plan_from_cache\":%d,\"plan_unchanged\":%d}\n",
-        r.round.c_str(), r.ranks, r.wall_s, r.cpu_s, r.peak_mib, r.rss_mib,
-        r.request_bytes_per_rank, r.response_bytes_per_rank, r.floor_s,
-        static_cast<long long>(r.resends), r.from_cache, r.unchanged);
+        r.round.c_str(), r.ranks, r.wall_s, r.cpu_s, r.client_cpu_s,
+        r.minor_faults, r.peak_mib, r.rss_mib, r.request_bytes_per_rank,
+        r.response_bytes_per_rank, r.floor_s, static_cast<long long>(r.resends),
+        r.from_cache, r.unchanged);
     std::fflush(stdout);
   }
 
   std::optional<testing::Subprocess> StartPerf(const std::string& name,
                                                int ranks, pid_t pid) {
     if (perf_dir_.empty()) return std::nullopt;
+    if (!g_perf_rounds.empty() && !g_perf_rounds.contains(name)) {
+      return std::nullopt;
+    }
     const std::string base = absl::StrCat(perf_dir_, "/", ranks, "-", name);
     testing::Subprocess p =
         Check(testing::Subprocess::Start(
@@ -1085,18 +1112,18 @@ std::string Fmt(double v, const char* f) { return absl::StrFormat(f, v); }
 
 void PrintTable(const std::vector<RoundResult>& rows) {
   std::printf(
-      "\n| round | ranks | wall s | cairnd CPU s | peak RSS MiB | RSS after "
-      "MiB | req B/rank | resp B/rank | codec floor s | wall/floor | "
-      "resends | plan from cache | plan unchanged |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "\n| round | ranks | wall s | cairnd CPU s | ranks' CPU s | peak RSS "
+      "MiB | RSS after MiB | req B/rank | resp B/rank | codec floor s | "
+      "wall/floor | resends | plan from cache | plan unchanged |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const RoundResult& r : rows) {
     std::printf(
-        "| %s | %d | %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s "
-        "| %s |\n",
+        "| %s | %d | %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s "
+        "| %s | %s |\n",
         r.round.c_str(), r.ranks, Fmt(r.wall_s, "%.3f").c_str(),
-        Fmt(r.cpu_s, "%.2f").c_str(), r.peak_mib, r.rss_mib,
-        r.request_bytes_per_rank, r.response_bytes_per_rank,
-        Fmt(r.floor_s, "%.3f").c_str(),
+        Fmt(r.cpu_s, "%.2f").c_str(), Fmt(r.client_cpu_s, "%.2f").c_str(),
+        r.peak_mib, r.rss_mib, r.request_bytes_per_rank,
+        r.response_bytes_per_rank, Fmt(r.floor_s, "%.3f").c_str(),
         Fmt(r.floor_s > 0 ? r.wall_s / r.floor_s : 0, "%.1f").c_str(),
         r.from_cache < 0 ? "-" : absl::StrCat(r.resends).c_str(),
         r.from_cache < 0 ? "-" : absl::StrCat(r.from_cache).c_str(),
@@ -1176,6 +1203,10 @@ int Main(int argc, char** argv) {
                  "Record cairnd with perf record per round into this dir "
                  "(DWARF call graphs: cairnd has no frame pointers; ~100 MB "
                  "a round at 4096 ranks)");
+  std::vector<std::string> perf_rounds;
+  app.add_option("--perf-round", perf_rounds,
+                 "With --perf-dir: record only this round (repeatable), e.g. "
+                 "--perf-round=begin_cached");
   bool full_answers = false;
   bool own_boxes = false;
   bool full_requests = false;
@@ -1222,6 +1253,7 @@ int Main(int argc, char** argv) {
       spec.layers, static_cast<double>(model.params) / 1e9,
       model.tensors.size(), static_cast<double>(model.tensor_bytes) / 1e9, kTp);
   if (!perf_dir.empty()) std::filesystem::create_directories(perf_dir);
+  g_perf_rounds.insert(perf_rounds.begin(), perf_rounds.end());
 
   std::vector<RoundResult> rows;
   for (size_t i = 0; i < worlds.size(); ++i) {
