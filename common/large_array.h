@@ -2,14 +2,21 @@
 
 #include <sys/mman.h>
 
+#include <cerrno>
 #include <cstddef>
-#include <new>
+#include <cstring>
+#include <limits>
 #include <type_traits>
 #include <utility>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
 namespace cairn {
 
-// An array of `size` T's, uninitialized, for large arrays that live for one
+// An uninitialized array of T's, for large arrays that live for one
 // operation (a commit's gathered chunks: 585 MB at 16k ranks). Mapped
 // directly and, from 2 MiB up, marked MADV_HUGEPAGE: where transparent huge
 // pages are "madvise" (the default of most distributions) the kernel backs
@@ -25,15 +32,29 @@ class LargeArray {
 
  public:
   LargeArray() = default;
-  // Throws std::bad_alloc when the mapping fails, as new[] would.
-  explicit LargeArray(size_t size) : size_(size) {
-    if (size == 0) return;
-    bytes_ = size * sizeof(T);
-    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
+  // RESOURCE_EXHAUSTED when `size` T's cannot be mapped (or their bytes
+  // overflow), naming `what` they were for.
+  static absl::StatusOr<LargeArray> Allocate(size_t size,
+                                             absl::string_view what) {
+    LargeArray out;
+    if (size == 0) return out;
+    if (size > std::numeric_limits<size_t>::max() / sizeof(T)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, ": ", size, " items overflow a size"));
+    }
+    const size_t bytes = size * sizeof(T);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    if (bytes_ >= kHugePage) (void)madvise(p, bytes_, MADV_HUGEPAGE);
-    data_ = static_cast<T*>(p);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, ": cannot map ", bytes, " bytes: ", std::strerror(err)));
+    }
+    if (bytes >= kHugePage) (void)madvise(p, bytes, MADV_HUGEPAGE);
+    out.data_ = static_cast<T*>(p);
+    out.size_ = size;
+    out.bytes_ = bytes;
+    return out;
   }
   LargeArray(LargeArray&& other) noexcept { *this = std::move(other); }
   LargeArray& operator=(LargeArray&& other) noexcept {

@@ -35,7 +35,7 @@ bool Mapped(const void* p) {
 
 TEST(LargeArrayTest, HoldsWhatIsWrittenAcrossHugePages) {
   constexpr size_t kN = (size_t{5} << 20) / sizeof(Item) + 7;  // > 2 MiB
-  LargeArray<Item> items(kN);
+  LargeArray<Item> items = LargeArray<Item>::Allocate(kN, "items").value();
   ASSERT_NE(items.get(), nullptr);
   EXPECT_EQ(items.size(), kN);
   for (size_t i = 0; i < kN; ++i) items[i] = Item{i * 3, uint32_t(i ^ 0x5a)};
@@ -46,7 +46,7 @@ TEST(LargeArrayTest, HoldsWhatIsWrittenAcrossHugePages) {
 }
 
 TEST(LargeArrayTest, MovesOwnershipAndUnmapsOnce) {
-  LargeArray<Item> a(1000);
+  LargeArray<Item> a = LargeArray<Item>::Allocate(1000, "a").value();
   a[999] = Item{42, 7};
   Item* p = a.get();
   ASSERT_TRUE(Mapped(p));
@@ -55,7 +55,7 @@ TEST(LargeArrayTest, MovesOwnershipAndUnmapsOnce) {
   EXPECT_EQ(a.size(), 0u);      // NOLINT(bugprone-use-after-move)
   EXPECT_EQ(b.get(), p);
   EXPECT_EQ(b[999].a, 42u);
-  LargeArray<Item> c(10);
+  LargeArray<Item> c = LargeArray<Item>::Allocate(10, "c").value();
   c = std::move(b);  // c's own mapping is released, b's taken
   EXPECT_EQ(c.get(), p);
   EXPECT_EQ(c.size(), 1000u);
@@ -65,9 +65,26 @@ TEST(LargeArrayTest, MovesOwnershipAndUnmapsOnce) {
 }
 
 TEST(LargeArrayTest, EmptyHasNoMemory) {
-  LargeArray<Item> none(0);
+  LargeArray<Item> none = LargeArray<Item>::Allocate(0, "none").value();
   EXPECT_EQ(none.get(), nullptr);
   EXPECT_EQ(none.size(), 0u);
+}
+
+TEST(LargeArrayTest, WhatCannotBeMappedIsResourceExhausted) {
+  // More than any address space: the mapping fails (ENOMEM).
+  absl::StatusOr<LargeArray<Item>> huge =
+      LargeArray<Item>::Allocate(size_t{1} << 58, "the commit's chunks");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(huge.status().message().find("the commit's chunks: cannot map"),
+            std::string::npos)
+      << huge.status();
+  // Bytes that overflow a size_t.
+  absl::StatusOr<LargeArray<Item>> overflow =
+      LargeArray<Item>::Allocate(~size_t{0} / 2, "x");
+  ASSERT_FALSE(overflow.ok());
+  EXPECT_EQ(overflow.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(overflow.status().message().find("overflow"), std::string::npos);
 }
 
 }  // namespace
