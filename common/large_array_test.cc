@@ -15,9 +15,9 @@ struct Item {
   uint32_t b;
 };
 
-// Whether [p, p + bytes) is one of this process's mappings (by
-// /proc/self/maps): the array's memory, and nothing else, goes back to the
-// system when it is destroyed.
+// Whether address `p` lies in one of this process's mappings (by
+// /proc/self/maps): an array's memory goes back to the system when the
+// array that owns it is reset or destroyed.
 bool Mapped(const void* p) {
   std::ifstream maps("/proc/self/maps");
   std::string line;
@@ -45,7 +45,7 @@ TEST(LargeArrayTest, HoldsWhatIsWrittenAcrossHugePages) {
   }
 }
 
-TEST(LargeArrayTest, MovesOwnershipAndUnmapsOnce) {
+TEST(LargeArrayTest, MovesTheMappingAndUnmapsItWhenReset) {
   LargeArray<Item> a = LargeArray<Item>::Allocate(1000, "a").value();
   a[999] = Item{42, 7};
   Item* p = a.get();
