@@ -99,4 +99,13 @@ uint32_t Crc32cFromPieces(uint32_t xor_of_parts, uint64_t total) {
   return ~(MultModP(ZeroBytesOperator(total), ~0u) ^ xor_of_parts);
 }
 
+uint32_t Crc32cFromPiecesMemo::operator()(uint32_t xor_of_parts,
+                                          uint64_t total) {
+  if (total != total_) {
+    total_ = total;
+    seed_term_ = MultModP(ZeroBytesOperator(total), ~0u);
+  }
+  return ~(seed_term_ ^ xor_of_parts);
+}
+
 }  // namespace cairn::storage

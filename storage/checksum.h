@@ -73,6 +73,18 @@ class Crc32cPieces {
 // Crc32cPieces::Finish(total).
 uint32_t Crc32cFromPieces(uint32_t xor_of_parts, uint64_t total);
 
+// Crc32cFromPieces for many buffers in turn, remembering the last length's
+// seed term (its O(log total) part): the chunks of a tensor mostly share one
+// length, and a 16k-rank load round checks millions of them.
+class Crc32cFromPiecesMemo {
+ public:
+  uint32_t operator()(uint32_t xor_of_parts, uint64_t total);
+
+ private:
+  uint64_t total_ = 0;
+  uint32_t seed_term_ = ~0u;  // of total_ == 0: the seed itself
+};
+
 }  // namespace cairn::storage
 
 #endif  // CAIRN_STORAGE_CHECKSUM_H_

@@ -1,6 +1,7 @@
 #include "storage/checksum.h"
 
 #include <algorithm>
+#include <iterator>
 #include <random>
 #include <string>
 #include <utility>
@@ -117,6 +118,21 @@ TEST(Crc32cPiecesTest, HoldersOfATilingRecoverTheWholeCrc) {
 
 // Gaps and totals beyond 4 GiB (chunk offsets of multi-GB objects): zeros of
 // length 2n are zeros of length n twice, so Combine must agree with itself.
+// The memo gives Crc32cFromPieces' answer for any sequence of lengths:
+// repeated, changing, zero, and back to one seen before.
+TEST(Crc32cPiecesTest, MemoAgreesWithCrc32cFromPieces) {
+  std::mt19937_64 rng(17);
+  Crc32cFromPiecesMemo memo;
+  const uint64_t lengths[] = {0, 1, 4096, 1 << 20, uint64_t{3} << 33};
+  for (int i = 0; i < 2000; ++i) {
+    const uint64_t total = i % 3 == 0 ? rng() % (uint64_t{1} << 40)
+                                      : lengths[rng() % std::size(lengths)];
+    const uint32_t terms = static_cast<uint32_t>(rng());
+    ASSERT_EQ(memo(terms, total), Crc32cFromPieces(terms, total))
+        << "length " << total << " at step " << i;
+  }
+}
+
 TEST(Crc32cPiecesTest, LargeGapsAgreeWithCombine) {
   const std::string head = "abc", tail = "xyz";
   uint32_t zeros = Crc32c(std::string(1, '\0'));  // crc of 1 zero byte

@@ -11,6 +11,7 @@
 #include "common/task_group.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "server/coordinator/coordinator_internal.h"
+#include "storage/checksum.h"
 
 namespace cairn::coordinator {
 
@@ -451,6 +452,7 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
   const auto combine = [&](Shard& shard) {
     std::vector<ChunkPieceReport> reports;  // of one chunk, reused
     planner::StoredChunkView stored;        // the chunk, reused
+    storage::Crc32cFromPiecesMemo crc_of_pieces;
     std::vector<int> ranks;
     shard.chunks_verified.assign(round->world_size, 0);
     for (int t = shard.t_begin; t < shard.t_end; ++t) {
@@ -468,8 +470,8 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
         }
         std::sort(ranks.begin(), ranks.end());
         ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-        const ChunkVerdict verdict =
-            VerifyChunk(stored.box, stored.length, stored.crc32c, reports);
+        const ChunkVerdict verdict = VerifyChunk(
+            stored.box, stored.length, stored.crc32c, reports, &crc_of_pieces);
         if (verdict == ChunkVerdict::kVerified) {
           ++shard.verified;
           for (int r : ranks) ++shard.chunks_verified[r];

@@ -21,8 +21,8 @@ const char* ChunkVerdictName(ChunkVerdict v) {
 }
 
 ChunkVerdict VerifyChunk(const planner::ChunkBox& box, uint64_t length,
-                         uint32_t crc32c,
-                         std::vector<ChunkPieceReport>& pieces) {
+                         uint32_t crc32c, std::vector<ChunkPieceReport>& pieces,
+                         storage::Crc32cFromPiecesMemo* memo) {
   std::sort(pieces.begin(), pieces.end(),
             [](const ChunkPieceReport& a, const ChunkPieceReport& b) {
               return planner::CompareBoxes(a.overlap, b.overlap) < 0;
@@ -62,9 +62,10 @@ ChunkVerdict VerifyChunk(const planner::ChunkBox& box, uint64_t length,
   }
   uint32_t terms = 0;
   for (const ChunkPieceReport* p : distinct) terms ^= p->crc_term;
-  return storage::Crc32cFromPieces(terms, length) == crc32c
-             ? ChunkVerdict::kVerified
-             : ChunkVerdict::kMismatch;
+  const uint32_t crc = memo != nullptr
+                           ? (*memo)(terms, length)
+                           : storage::Crc32cFromPieces(terms, length);
+  return crc == crc32c ? ChunkVerdict::kVerified : ChunkVerdict::kMismatch;
 }
 
 }  // namespace cairn::coordinator

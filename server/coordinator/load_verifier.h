@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "planner/box.h"
+#include "storage/checksum.h"
 
 namespace cairn::coordinator {
 
@@ -55,10 +56,11 @@ const char* ChunkVerdictName(ChunkVerdict v);
 
 // Decides one stored chunk, as the manifest records it (its box, `length`
 // bytes: Volume(box) x dtype size, and their crc32c), from every piece of it
-// the load's ranks read. `pieces` may be reordered.
+// the load's ranks read. `pieces` may be reordered. A caller deciding many
+// chunks passes one `memo` for all of them (one per thread).
 ChunkVerdict VerifyChunk(const planner::ChunkBox& box, uint64_t length,
-                         uint32_t crc32c,
-                         std::vector<ChunkPieceReport>& pieces);
+                         uint32_t crc32c, std::vector<ChunkPieceReport>& pieces,
+                         storage::Crc32cFromPiecesMemo* memo = nullptr);
 
 }  // namespace cairn::coordinator
 

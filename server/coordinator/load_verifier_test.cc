@@ -121,6 +121,7 @@ ChunkVerdict Oracle(const ChunkBox& chunk,
 TEST(LoadVerifierTest, MatchesBruteForceOnRandomTilingsAndDamage) {
   std::mt19937_64 rng(2026);
   int seen[4] = {0, 0, 0, 0};
+  storage::Crc32cFromPiecesMemo memo;
   for (int round = 0; round < 3000; ++round) {
     const size_t dims = 1 + rng() % 3;
     ChunkBox chunk;
@@ -213,10 +214,16 @@ TEST(LoadVerifierTest, MatchesBruteForceOnRandomTilingsAndDamage) {
     const ChunkVerdict want = Oracle(chunk, pieces, corrupt);
     std::vector<ChunkPieceReport> shuffled = pieces;
     std::shuffle(shuffled.begin(), shuffled.end(), rng);
+    std::vector<ChunkPieceReport> reshuffled = shuffled;
     ASSERT_EQ(VerifyChunk(chunk, data.size(), storage::Crc32c(data), shuffled),
               want)
         << "round " << round << " chunk " << planner::BoxToString(chunk)
         << " damage " << static_cast<int>(damage);
+    // The same with the memo every round shares, as a load round's does.
+    ASSERT_EQ(VerifyChunk(chunk, data.size(), storage::Crc32c(data), reshuffled,
+                          &memo),
+              want)
+        << "round " << round << " (memo)";
     ++seen[static_cast<int>(want)];
   }
   // Every verdict was exercised many times.
