@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/crash_point.h"
+#include "common/large_array.h"
 #include "common/status_macros.h"
 #include "storage/checksum.h"
 #include "storage/manifest.h"
@@ -294,11 +295,12 @@ absl::Status PublishManifest(ShardStore& store, ManifestSource source,
 
 namespace {
 
-// Bytes read into memory that is not zeroed first: a manifest of a 16k-rank
-// save is 1.4 GB, and zeroing it (a std::string of that size) cost as much
-// as the read.
-struct UninitializedBytes {
-  std::unique_ptr<char[]> data;
+// A manifest's bytes as read: in a LargeArray, neither zeroed by us first
+// (a manifest of a 16k-rank save is 1.4 GB; zeroing a std::string of that
+// size cost as much as the read) nor left on the heap after (unmapped when
+// done), on huge pages; `size` is what the read found.
+struct ManifestBytes {
+  LargeArray<char> data;
   size_t size = 0;
   absl::string_view view() const { return {data.get(), size}; }
 };
@@ -344,21 +346,24 @@ absl::StatusOr<size_t> ReadManifestRange(ShardStore& store,
 }
 
 // The framed bytes of <job>/<step>/MANIFEST (NOT_FOUND if absent).
-absl::StatusOr<UninitializedBytes> ReadManifestBytes(ShardStore& store,
-                                                     absl::string_view job,
-                                                     int64_t step) {
+absl::StatusOr<ManifestBytes> ReadManifestBytes(ShardStore& store,
+                                                absl::string_view job,
+                                                int64_t step) {
   const std::string key = ManifestKey(job, step);
   CAIRN_ASSIGN_OR_RETURN(const uint64_t size,
                          ManifestSize(store, job, step, key));
-  UninitializedBytes bytes;
-  bytes.size = static_cast<size_t>(size);
-  bytes.data.reset(new char[bytes.size]);  // default-initialized: not zeroed
+  ManifestBytes bytes;
+  CAIRN_ASSIGN_OR_RETURN(
+      bytes.data,
+      LargeArray<char>::Allocate(
+          static_cast<size_t>(size),
+          absl::StrCat("reading manifest '", key, "' of ", Where(job, step))));
   // A file cut short since Size(): only what was read (the decoder reports
   // the truncation), never the unread bytes.
   CAIRN_ASSIGN_OR_RETURN(
       bytes.size,
       ReadManifestRange(store, job, step, key, 0,
-                        absl::Span<char>(bytes.data.get(), bytes.size)));
+                        absl::Span<char>(bytes.data.get(), bytes.data.size())));
   return bytes;
 }
 
@@ -390,7 +395,7 @@ absl::Status InvalidManifest(const absl::Status& s, absl::string_view job,
 
 absl::StatusOr<v1::Manifest> ReadManifest(ShardStore& store,
                                           absl::string_view job, int64_t step) {
-  CAIRN_ASSIGN_OR_RETURN(UninitializedBytes bytes,
+  CAIRN_ASSIGN_OR_RETURN(ManifestBytes bytes,
                          ReadManifestBytes(store, job, step));
   absl::StatusOr<v1::Manifest> manifest =
       DecodeManifest(bytes.view(), kMaxManifestBodyBytes);
