@@ -137,6 +137,10 @@ absl::Status ValidateShape(const Shape& shape) {
 
 absl::Status ValidateBoxInShape(const ChunkBox& box, const Shape& shape) {
   if (absl::Status s = ValidateShape(shape); !s.ok()) return s;
+  return ValidateBoxInValidShape(box, shape);
+}
+
+absl::Status ValidateBoxInValidShape(const ChunkBox& box, const Shape& shape) {
   if (box.offsets.size() != shape.size() || box.sizes.size() != shape.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk ", BoxToString(box), " has ", box.offsets.size(),

@@ -92,6 +92,9 @@ std::string ShapeToString(const Shape& shape);
 // shape dim. INVALID_ARGUMENT naming the box and the shape otherwise, e.g.
 // "chunk [0:4096, 512:1024] exceeds shape [4096, 1000]".
 absl::Status ValidateBoxInShape(const ChunkBox& box, const Shape& shape);
+// ValidateBoxInShape for a shape ValidateShape already accepted (a tensor's,
+// checked once, and the boxes of millions of its chunks against it).
+absl::Status ValidateBoxInValidShape(const ChunkBox& box, const Shape& shape);
 
 // OK when shape has <= kMaxDims dims, all >= 0, and at most 2^60 elements (so
 // byte sizes fit in 63 bits). INVALID_ARGUMENT otherwise.

@@ -128,6 +128,33 @@ TEST(BoxTest, ValidateBoxInShapeNamesBoxAndShape) {
               HasSubstr("2^60"));
 }
 
+// On a valid shape the box-only check decides every box as the full one
+// does (random boxes in, at and past the shape's edges, negative and with
+// the wrong number of dims); it skips only the shape's own checks.
+TEST(BoxTest, ValidateBoxInValidShapeAgreesOnValidShapes) {
+  std::mt19937_64 rng(11);
+  int accepted = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const size_t dims = rng() % 4;
+    Shape shape(dims);
+    for (int64_t& d : shape) d = static_cast<int64_t>(rng() % 6);
+    ASSERT_TRUE(ValidateShape(shape).ok());
+    const size_t box_dims = rng() % 8 == 0 ? (dims + 1) % 4 : dims;
+    ChunkBox box;
+    for (size_t d = 0; d < box_dims; ++d) {
+      box.offsets.push_back(static_cast<int64_t>(rng() % 8) - 1);
+      box.sizes.push_back(static_cast<int64_t>(rng() % 8) - 1);
+    }
+    const absl::Status full = ValidateBoxInShape(box, shape);
+    const absl::Status box_only = ValidateBoxInValidShape(box, shape);
+    ASSERT_EQ(full, box_only)
+        << BoxToString(box) << " in " << ShapeToString(shape);
+    accepted += full.ok();
+  }
+  EXPECT_GT(accepted, 1000);
+  EXPECT_LT(accepted, 19000);
+}
+
 TEST(CopySegmentsTest, WholeTrailingDimsAreOneSegment) {
   const ChunkBox b = Box({0, 0}, {4, 8});
   EXPECT_THAT(CopySegments(b, b, Box({1, 0}, {2, 8}), 4),

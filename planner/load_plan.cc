@@ -82,7 +82,7 @@ absl::Status LoadPlanner::Builder::Add(StoredTensorByIndex t) {
   boxes.reserve(t.chunks.size());
   for (size_t c = 0; c < t.chunks.size(); ++c) {
     StoredChunkByIndex& chunk = t.chunks[c];
-    if (absl::Status s = ValidateBoxInShape(chunk.box, t.global_shape);
+    if (absl::Status s = ValidateBoxInValidShape(chunk.box, t.global_shape);
         !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "manifest tensor '", t.fqn, "' stored chunk ", c, ": ", s.message()));
@@ -476,7 +476,8 @@ absl::Status LoadPlanner::PlanWanted(
     int w, int ti, const ChunkBox& box, PlanScratch& scratch,
     absl::FunctionRef<void(const ReadView&)> sink, bool with_segments) const {
   const IndexedTensor& t = tensors_[ti];
-  if (absl::Status s = ValidateBoxInShape(box, t.global_shape); !s.ok()) {
+  // (Its shape was checked when the tensor was indexed.)
+  if (absl::Status s = ValidateBoxInValidShape(box, t.global_shape); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", t.fqn, "' wanted chunk ", w, ": ", s.message()));
   }
