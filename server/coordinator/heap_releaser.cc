@@ -24,9 +24,8 @@ bool HeapReleaser::Available() {
 
 size_t HeapReleaser::FreeBytes() {
   size_t free_bytes = 0;
-  if (!Available() ||
-      !MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes",
-                                          &free_bytes)) {
+  if (!Available() || !MallocExtension_GetNumericProperty(
+                          "tcmalloc.pageheap_free_bytes", &free_bytes)) {
     return 0;
   }
   return free_bytes;
@@ -41,8 +40,8 @@ HeapReleaser::HeapReleaser(HeapReleasePolicy policy, absl::Duration every) {
       size_t in_use = 0;
       if (!MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes",
                                               &free_bytes) ||
-          !MallocExtension_GetNumericProperty(
-              "generic.current_allocated_bytes", &in_use)) {
+          !MallocExtension_GetNumericProperty("generic.current_allocated_bytes",
+                                              &in_use)) {
         return;
       }
       const size_t moved =
