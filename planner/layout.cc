@@ -157,7 +157,8 @@ absl::Status CheckExactCover(absl::string_view fqn, const Shape& global_shape,
   order.reserve(chunks.size());
   for (size_t i = 0; i < chunks.size(); ++i) {
     const RankChunk& c = chunks[i];
-    if (absl::Status s = ValidateBoxInShape(c.box, global_shape); !s.ok()) {
+    if (absl::Status s = ValidateBoxInValidShape(c.box, global_shape);
+        !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", c.rank, " of '", fqn, "': ", s.message()));
     }

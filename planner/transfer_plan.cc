@@ -29,6 +29,7 @@ struct Piece {
   bool local = false;
 };
 
+// The caller has checked t.global_shape with ValidateShape.
 absl::Status ValidateChunks(const TransferTensor& t, absl::string_view what,
                             const std::vector<RankChunk>& chunks) {
   for (const RankChunk& c : chunks) {
@@ -36,7 +37,8 @@ absl::Status ValidateChunks(const TransferTensor& t, absl::string_view what,
       return absl::InvalidArgumentError(absl::StrCat(
           "'", t.fqn, "': ", what, " rank ", c.rank, " is negative"));
     }
-    if (absl::Status s = ValidateBoxInShape(c.box, t.global_shape); !s.ok()) {
+    if (absl::Status s = ValidateBoxInValidShape(c.box, t.global_shape);
+        !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "'", t.fqn, "': ", what, " rank ", c.rank, ": ", s.message()));
     }

@@ -1,5 +1,7 @@
 #include "server/coordinator/heap_releaser.h"
 
+#include <optional>
+
 // tcmalloc's C API, when the binary links it (weak: null without it, e.g. in
 // the tests or a -DCAIRN_WITH_TCMALLOC=OFF build for heap profilers).
 extern "C" {
@@ -9,6 +11,21 @@ void MallocExtension_ReleaseToSystem(size_t num_bytes) __attribute__((weak));
 }
 
 namespace cairn::coordinator {
+
+namespace {
+
+// One of tcmalloc's numeric properties; nullopt without tcmalloc or when it
+// does not know the name.
+std::optional<size_t> Property(const char* name) {
+  size_t value = 0;
+  if (MallocExtension_GetNumericProperty == nullptr ||
+      !MallocExtension_GetNumericProperty(name, &value)) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+}  // namespace
 
 size_t HeapReleasePolicy::BytesToRelease(size_t free_bytes,
                                          size_t moved_bytes) const {
@@ -23,12 +40,7 @@ bool HeapReleaser::Available() {
 }
 
 size_t HeapReleaser::FreeBytes() {
-  size_t free_bytes = 0;
-  if (!Available() || !MallocExtension_GetNumericProperty(
-                          "tcmalloc.pageheap_free_bytes", &free_bytes)) {
-    return 0;
-  }
-  return free_bytes;
+  return Property("tcmalloc.pageheap_free_bytes").value_or(0);
 }
 
 HeapReleaser::HeapReleaser(HeapReleasePolicy policy, absl::Duration every) {
@@ -36,18 +48,15 @@ HeapReleaser::HeapReleaser(HeapReleasePolicy policy, absl::Duration every) {
   thread_ = std::thread([this, policy, every] {
     size_t last_in_use = 0;
     while (!stop_.WaitForNotificationWithTimeout(every)) {
-      size_t free_bytes = 0;
-      size_t in_use = 0;
-      if (!MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes",
-                                              &free_bytes) ||
-          !MallocExtension_GetNumericProperty("generic.current_allocated_bytes",
-                                              &in_use)) {
-        return;
-      }
+      const std::optional<size_t> free_bytes =
+          Property("tcmalloc.pageheap_free_bytes");
+      const std::optional<size_t> in_use =
+          Property("generic.current_allocated_bytes");
+      if (!free_bytes || !in_use) return;
       const size_t moved =
-          in_use > last_in_use ? in_use - last_in_use : last_in_use - in_use;
-      last_in_use = in_use;
-      if (const size_t release = policy.BytesToRelease(free_bytes, moved);
+          *in_use > last_in_use ? *in_use - last_in_use : last_in_use - *in_use;
+      last_in_use = *in_use;
+      if (const size_t release = policy.BytesToRelease(*free_bytes, moved);
           release > 0) {
         MallocExtension_ReleaseToSystem(release);
       }

@@ -90,6 +90,12 @@ absl::StatusOr<const tinyxml2::XMLElement*> ParseRoot(
   return doc.RootElement();
 }
 
+// " [bytes a..b)", appended to a ranged GET's errors.
+std::string RangeText(ByteRange range) {
+  return absl::StrCat(" [bytes ", range.offset, "..",
+                      range.offset + range.length, ")");
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(S3Config config) {
@@ -232,20 +238,23 @@ absl::StatusOr<uint64_t> S3Client::HeadObject(std::string_view key) {
 
 absl::StatusOr<size_t> S3Client::GetRange(std::string_view key, ByteRange range,
                                           absl::Span<char> out) {
-  const S3RequestName name{"GET", config_.bucket, std::string(key)};
-  const std::string range_text = absl::StrCat(" [bytes ", range.offset, "..",
-                                              range.offset + range.length, ")");
+  // The request's name and range text are built only for an error here; the
+  // sink overload builds its own for the GET.
+  auto describe = [&] {
+    return absl::StrCat(
+        S3RequestName{"GET", config_.bucket, std::string(key)}.Describe(),
+        RangeText(range));
+  };
   if (out.size() < range.length) {
-    return absl::InvalidArgumentError(absl::StrCat(name.Describe(), range_text,
-                                                   ": buffer of ", out.size(),
-                                                   " bytes is too small"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        describe(), ": buffer of ", out.size(), " bytes is too small"));
   }
   if (range.length == 0) {
     auto size = HeadObject(key);
     if (!size.ok()) return size.status();
     if (range.offset > *size) {
-      return absl::OutOfRangeError(absl::StrCat(
-          name.Describe(), range_text, ": object has ", *size, " bytes"));
+      return absl::OutOfRangeError(
+          absl::StrCat(describe(), ": object has ", *size, " bytes"));
     }
     return 0;
   }
@@ -255,8 +264,7 @@ absl::StatusOr<size_t> S3Client::GetRange(std::string_view key, ByteRange range,
 absl::StatusOr<size_t> S3Client::GetRange(std::string_view key, ByteRange range,
                                           const ResponseSink& sink) {
   const S3RequestName name{"GET", config_.bucket, std::string(key)};
-  const std::string range_text = absl::StrCat(" [bytes ", range.offset, "..",
-                                              range.offset + range.length, ")");
+  const std::string range_text = RangeText(range);
   uint64_t covered = 0;
   for (const ResponseSink::Piece& p : sink.pieces) {
     if (p.at < covered || p.at > sink.length ||
