@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "common/crash_point.h"
 #include "common/large_array.h"
 #include "common/status_macros.h"
@@ -193,18 +195,83 @@ absl::Status WriteFramed(
   return writer->Close();
 }
 
+// Appends the pieces of a body to an ObjectWriter on a thread of its own,
+// so that encoding the next piece overlaps writing this one (in a profile of
+// a 4096-rank commit to tmpfs the writes were more than half of streaming
+// the body). One piece waits while one is written: three piece buffers in
+// all, passed around by swapping, never copied.
+class BackgroundAppender {
+ public:
+  explicit BackgroundAppender(ObjectWriter& writer)
+      : writer_(writer), thread_([this] { Run(); }) {}
+  BackgroundAppender(const BackgroundAppender&) = delete;
+  BackgroundAppender& operator=(const BackgroundAppender&) = delete;
+  ~BackgroundAppender() { (void)Drain(); }
+
+  // Queues `piece`'s bytes, leaving a spare buffer in it; waits while the
+  // queue is full. An error of an earlier Append is returned (and nothing
+  // more is written).
+  absl::Status Push(std::string& piece) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](BackgroundAppender* a) { return !a->queued_ || !a->status_.ok(); },
+        this));
+    if (!status_.ok()) return status_;
+    std::swap(piece, queue_);
+    queued_ = true;
+    return absl::OkStatus();
+  }
+
+  // Waits until every queued piece is written; the first error.
+  absl::Status Drain() {
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  void Run() {
+    std::string writing;
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      mu_.Await(absl::Condition(
+          +[](BackgroundAppender* a) { return a->queued_ || a->done_; }, this));
+      if (!queued_) return;        // done, all written
+      std::swap(writing, queue_);  // the queue gets the spent buffer back
+      queued_ = false;
+      const bool write = status_.ok();
+      mu_.Unlock();
+      absl::Status s =
+          write ? writer_.Append(absl::MakeConstSpan(writing)) : absl::Status();
+      mu_.Lock();
+      if (status_.ok()) status_ = std::move(s);
+    }
+  }
+
+  ObjectWriter& writer_;
+  absl::Mutex mu_;
+  std::string queue_ ABSL_GUARDED_BY(mu_);  // the piece waiting, if queued_
+  bool queued_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // last: starts once the rest is constructed
+};
+
 // The second run of a large manifest's source, its body appended to
 // `writer`: it must be the body the first run measured.
 absl::Status StreamBody(ManifestSource source, const ManifestEncoder& measured,
                         ObjectWriter& writer) {
   v1::Manifest header;
+  BackgroundAppender appender(writer);
   ManifestEncoder encoder(
-      header,
-      [&](absl::string_view piece) {
-        return writer.Append(absl::MakeConstSpan(piece));
-      },
+      header, [&](std::string& piece) { return appender.Push(piece); },
       /*validate=*/false);
   CAIRN_RETURN_IF_ERROR(Encode(source, header, encoder));
+  CAIRN_RETURN_IF_ERROR(appender.Drain());
   if (encoder.body_bytes() != measured.body_bytes() ||
       encoder.body_crc32c() != measured.body_crc32c()) {
     return absl::InternalError(
@@ -244,13 +311,13 @@ absl::Status PublishManifest(ShardStore& store, ManifestSource source,
   bool holding = true;
   ManifestEncoder measure(
       header,
-      [&](absl::string_view piece) {
+      [&](std::string& piece) {
         held_bytes += piece.size();
         if (holding && held_bytes > options.max_held_bytes) {
           holding = false;
           std::vector<std::string>().swap(held);
         }
-        if (holding) held.emplace_back(piece);
+        if (holding) held.push_back(std::move(piece));
         return absl::OkStatus();
       },
       /*validate=*/true);

@@ -274,9 +274,16 @@ TEST_P(CheckpointLayoutTest, LargeManifestPublishFailuresLeaveNothingVisible) {
                      .skip = action == FaultAction::kFail ? 1 : 0,
                      .action = action});
       runs = 0;
+      const int64_t writes_before = store.write_count();
       EXPECT_STATUS(
           PublishManifest(store, SourceOf(*m, &runs), options, nullptr),
           kUnavailable, "publishing the manifest of job 'job' step 1");
+      if (action == FaultAction::kFail) {
+        // The frame, then the body's first piece, which fails: nothing is
+        // written after it (the streamed body's later pieces are encoded
+        // while it is written, and dropped).
+        EXPECT_EQ(store.write_count() - writes_before, 2);
+      }
       EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
       EXPECT_THAT(ListCommittedSteps(*base, "job").value(), IsEmpty());
     }

@@ -329,6 +329,11 @@ absl::Status ManifestEncoder::Flush(bool all) {
   streamed_ += out_.size();
   CAIRN_RETURN_IF_ERROR(sink_(out_));
   out_.clear();
+  // A sink that took the bytes may have left a smaller buffer: the next
+  // piece grows in place, not by doubling.
+  if (!all && out_.capacity() < 2 * kManifestPieceBytes) {
+    out_.reserve(2 * kManifestPieceBytes);
+  }
   return absl::OkStatus();
 }
 

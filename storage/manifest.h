@@ -163,8 +163,10 @@ class ManifestValidator {
 class ManifestEncoder {
  public:
   // Takes the body in order, piece by piece; an error stops the encoding and
-  // is returned by the call that flushed the piece.
-  using Sink = std::function<absl::Status(absl::string_view piece)>;
+  // is returned by the call that flushed the piece. The sink may take the
+  // piece's bytes (move or swap them out, leaving any buffer in their place):
+  // the encoder clears `piece` after the call and reuses it.
+  using Sink = std::function<absl::Status(std::string& piece)>;
 
   // `header` (its tensors are ignored) must outlive the encoder; its
   // format_version must be set. With `validate` false the checks are skipped
