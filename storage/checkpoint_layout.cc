@@ -9,7 +9,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,10 +21,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "absl/synchronization/mutex.h"
+#include "common/bounded_queue.h"
 #include "common/crash_point.h"
 #include "common/large_array.h"
 #include "common/status_macros.h"
+#include "common/task_group.h"
 #include "storage/checksum.h"
 #include "storage/manifest.h"
 
@@ -195,83 +195,42 @@ absl::Status WriteFramed(
   return writer->Close();
 }
 
-// Appends the pieces of a body to an ObjectWriter on a thread of its own,
-// so that encoding the next piece overlaps writing this one (in a profile of
-// a 4096-rank commit to tmpfs the writes were more than half of streaming
-// the body). One piece waits while one is written: three piece buffers in
-// all, passed around by swapping, never copied.
-class BackgroundAppender {
- public:
-  explicit BackgroundAppender(ObjectWriter& writer)
-      : writer_(writer), thread_([this] { Run(); }) {}
-  BackgroundAppender(const BackgroundAppender&) = delete;
-  BackgroundAppender& operator=(const BackgroundAppender&) = delete;
-  ~BackgroundAppender() { (void)Drain(); }
-
-  // Queues `piece`'s bytes, leaving a spare buffer in it; waits while the
-  // queue is full. An error of an earlier Append is returned (and nothing
-  // more is written).
-  absl::Status Push(std::string& piece) {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](BackgroundAppender* a) { return !a->queued_ || !a->status_.ok(); },
-        this));
-    if (!status_.ok()) return status_;
-    std::swap(piece, queue_);
-    queued_ = true;
-    return absl::OkStatus();
-  }
-
-  // Waits until every queued piece is written; the first error.
-  absl::Status Drain() {
-    {
-      absl::MutexLock lock(&mu_);
-      done_ = true;
-    }
-    if (thread_.joinable()) thread_.join();
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-
- private:
-  void Run() {
-    std::string writing;
-    absl::MutexLock lock(&mu_);
-    while (true) {
-      mu_.Await(absl::Condition(
-          +[](BackgroundAppender* a) { return a->queued_ || a->done_; }, this));
-      if (!queued_) return;        // done, all written
-      std::swap(writing, queue_);  // the queue gets the spent buffer back
-      queued_ = false;
-      const bool write = status_.ok();
-      mu_.Unlock();
-      absl::Status s =
-          write ? writer_.Append(absl::MakeConstSpan(writing)) : absl::Status();
-      mu_.Lock();
-      if (status_.ok()) status_ = std::move(s);
-    }
-  }
-
-  ObjectWriter& writer_;
-  absl::Mutex mu_;
-  std::string queue_ ABSL_GUARDED_BY(mu_);  // the piece waiting, if queued_
-  bool queued_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;  // last: starts once the rest is constructed
-};
-
 // The second run of a large manifest's source, its body appended to
-// `writer`: it must be the body the first run measured.
+// `writer`: it must be the body the first run measured. The pieces are
+// written on a thread of their own while the next is encoded (in a profile
+// of a 4096-rank commit to tmpfs the writes were more than half of streaming
+// the body); at most one piece waits, moved, never copied.
 absl::Status StreamBody(ManifestSource source, const ManifestEncoder& measured,
                         ObjectWriter& writer) {
+  BoundedQueue<std::string> pieces(1);
+  TaskGroup::Options writing_options;
+  writing_options.thread_per_task = true;
+  TaskGroup writing(writing_options);
+  writing.Run([&]() -> absl::Status {
+    while (std::optional<std::string> piece = pieces.Pop()) {
+      if (absl::Status s = writer.Append(absl::MakeConstSpan(*piece));
+          !s.ok()) {
+        pieces.Stop();  // nothing is written after an error
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  });
   v1::Manifest header;
-  BackgroundAppender appender(writer);
   ManifestEncoder encoder(
-      header, [&](std::string& piece) { return appender.Push(piece); },
+      header,
+      [&](std::string& piece) -> absl::Status {
+        if (!pieces.Push(std::move(piece))) {
+          return absl::AbortedError("the manifest's writer stopped");
+        }
+        return absl::OkStatus();
+      },
       /*validate=*/false);
-  CAIRN_RETURN_IF_ERROR(Encode(source, header, encoder));
-  CAIRN_RETURN_IF_ERROR(appender.Drain());
+  const absl::Status encoded = Encode(source, header, encoder);
+  pieces.Close();
+  // The writer's error first: when it stopped, the encoder saw a refusal.
+  CAIRN_RETURN_IF_ERROR(writing.Wait());
+  CAIRN_RETURN_IF_ERROR(encoded);
   if (encoder.body_bytes() != measured.body_bytes() ||
       encoder.body_crc32c() != measured.body_crc32c()) {
     return absl::InternalError(
