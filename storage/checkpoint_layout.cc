@@ -195,41 +195,65 @@ absl::Status WriteFramed(
   return writer->Close();
 }
 
-// The second run of a large manifest's source, its body appended to
-// `writer`: it must be the body the first run measured. The pieces are
-// written on a thread of their own while the next is encoded (in a profile
-// of a 4096-rank commit to tmpfs the writes were more than half of streaming
-// the body); at most one piece waits, moved, never copied.
-absl::Status StreamBody(ManifestSource source, const ManifestEncoder& measured,
-                        ObjectWriter& writer) {
-  BoundedQueue<std::string> pieces(1);
-  TaskGroup::Options writing_options;
-  writing_options.thread_per_task = true;
-  TaskGroup writing(writing_options);
-  writing.Run([&]() -> absl::Status {
-    while (std::optional<std::string> piece = pieces.Pop()) {
-      if (absl::Status s = writer.Append(absl::MakeConstSpan(*piece));
-          !s.ok()) {
-        pieces.Stop();  // nothing is written after an error
-        return s;
+// Appends pieces to a writer on a thread of its own, so that one piece is
+// written while the next is encoded (in a profile of a 4096-rank commit to
+// tmpfs the writes were more than half of streaming a manifest's body); at
+// most one piece waits, moved, never copied. The writer's first error stops
+// it: nothing is written after it.
+class PieceWriter {
+ public:
+  explicit PieceWriter(ObjectWriter& writer) : writing_(ThreadPerTask()) {
+    writing_.Run([this, &writer]() -> absl::Status {
+      while (std::optional<std::string> piece = pieces_.Pop()) {
+        if (absl::Status s = writer.Append(absl::MakeConstSpan(*piece));
+            !s.ok()) {
+          pieces_.Stop();
+          return s;
+        }
       }
+      return absl::OkStatus();
+    });
+  }
+  ~PieceWriter() { Finish().IgnoreError(); }
+
+  // Queues `piece`, taking its bytes; ABORTED once the writer failed (Finish
+  // returns its error).
+  absl::Status Push(std::string& piece) {
+    if (!pieces_.Push(std::move(piece))) {
+      return absl::AbortedError("the manifest's writer stopped");
     }
     return absl::OkStatus();
-  });
+  }
+
+  // Waits until every piece is written; the writer's first error.
+  absl::Status Finish() {
+    pieces_.Close();
+    return writing_.Wait();
+  }
+
+ private:
+  static TaskGroup::Options ThreadPerTask() {
+    TaskGroup::Options options;
+    options.thread_per_task = true;
+    return options;
+  }
+
+  BoundedQueue<std::string> pieces_{1};
+  TaskGroup writing_;
+};
+
+// The second run of a large manifest's source, its body appended to
+// `writer`: it must be the body the first run measured.
+absl::Status StreamBody(ManifestSource source, const ManifestEncoder& measured,
+                        ObjectWriter& writer) {
+  PieceWriter pieces(writer);
   v1::Manifest header;
   ManifestEncoder encoder(
-      header,
-      [&](std::string& piece) -> absl::Status {
-        if (!pieces.Push(std::move(piece))) {
-          return absl::AbortedError("the manifest's writer stopped");
-        }
-        return absl::OkStatus();
-      },
+      header, [&](std::string& piece) { return pieces.Push(piece); },
       /*validate=*/false);
   const absl::Status encoded = Encode(source, header, encoder);
-  pieces.Close();
   // The writer's error first: when it stopped, the encoder saw a refusal.
-  CAIRN_RETURN_IF_ERROR(writing.Wait());
+  CAIRN_RETURN_IF_ERROR(pieces.Finish());
   CAIRN_RETURN_IF_ERROR(encoded);
   if (encoder.body_bytes() != measured.body_bytes() ||
       encoder.body_crc32c() != measured.body_crc32c()) {
@@ -241,6 +265,88 @@ absl::Status StreamBody(ManifestSource source, const ManifestEncoder& measured,
   }
   return absl::OkStatus();
 }
+
+// Where the first run of a manifest's source puts its body: in memory while
+// it fits max_held_bytes; past that, where the store can rewrite what it
+// wrote, in the MANIFEST's writer behind a placeholder for the frame header
+// (written last, once the body's length and crc32c are known); otherwise
+// nowhere, and a second run streams it (StreamBody).
+class FirstRunBody {
+ public:
+  FirstRunBody(ShardStore& store, const v1::Manifest& header,
+               uint64_t max_held_bytes)
+      : store_(store), header_(header), max_held_bytes_(max_held_bytes) {}
+
+  // The encoder's sink.
+  absl::Status Take(std::string& piece) {
+    bytes_ += piece.size();
+    if (absl::Status s =
+            CheckManifestSize(bytes_, header_.job(), header_.step());
+        !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat(s.message(),
+                                       " (so far: the encoding stopped "
+                                       "there)"));
+    }
+    if (pieces_ != nullptr) return Push(piece);
+    if (dropped_) return absl::OkStatus();
+    if (bytes_ <= max_held_bytes_) {
+      held_.push_back(std::move(piece));
+      return absl::OkStatus();
+    }
+    if (!store_.CanRewritePrefix()) {
+      dropped_ = true;
+      std::vector<std::string>().swap(held_);
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::unique_ptr<ObjectWriter>> writer =
+        store_.NewWriter(ManifestKey(header_.job(), header_.step()),
+                         WriterOptions{.rewrite_prefix = true});
+    if (!writer.ok()) {
+      open_error_ = writer.status();
+      refused_ = true;
+      return absl::AbortedError("the manifest's writer did not open");
+    }
+    writer_ = *std::move(writer);
+    pieces_ = std::make_unique<PieceWriter>(*writer_);
+    std::string frame(kManifestHeaderBytes, '\0');
+    CAIRN_RETURN_IF_ERROR(Push(frame));
+    for (std::string& held : held_) CAIRN_RETURN_IF_ERROR(Push(held));
+    std::vector<std::string>().swap(held_);
+    return Push(piece);
+  }
+
+  // After the run: the writer's first error, if the body went to it.
+  absl::Status FinishWriting() {
+    if (!open_error_.ok()) return open_error_;
+    return pieces_ != nullptr ? pieces_->Finish() : absl::OkStatus();
+  }
+  // The writer stopped the run: the encoder saw only a refusal.
+  bool refused() const { return refused_; }
+
+  const std::vector<std::string>& held() const { return held_; }
+  bool dropped() const { return dropped_; }
+  // The MANIFEST's writer holding the body behind a placeholder, or null.
+  ObjectWriter* writer() const { return writer_.get(); }
+
+ private:
+  absl::Status Push(std::string& piece) {
+    absl::Status s = pieces_->Push(piece);
+    refused_ |= !s.ok();
+    return s;
+  }
+
+  ShardStore& store_;
+  const v1::Manifest& header_;
+  const uint64_t max_held_bytes_;
+  uint64_t bytes_ = 0;
+  std::vector<std::string> held_;
+  bool dropped_ = false;
+  bool refused_ = false;  // the writer stopped the run
+  absl::Status open_error_;
+  std::unique_ptr<ObjectWriter> writer_;
+  std::unique_ptr<PieceWriter> pieces_;  // joined before writer_ is dropped
+};
 
 }  // namespace
 
@@ -262,56 +368,60 @@ absl::Status PublishManifest(ShardStore& store, const v1::Manifest& manifest) {
 absl::Status PublishManifest(ShardStore& store, ManifestSource source,
                              const PublishOptions& options,
                              ManifestSummary* published) {
-  // The first run checks the manifest and measures its body, keeping its
-  // pieces while they fit options.max_held_bytes.
+  // The first run checks the manifest and measures its body, keeping or
+  // writing its pieces as it goes (FirstRunBody).
   v1::Manifest header;
-  std::vector<std::string> held;
-  uint64_t held_bytes = 0;
-  bool holding = true;
+  FirstRunBody body(store, header, options.max_held_bytes);
   ManifestEncoder measure(
-      header,
-      [&](std::string& piece) {
-        held_bytes += piece.size();
-        if (holding && held_bytes > options.max_held_bytes) {
-          holding = false;
-          std::vector<std::string>().swap(held);
-        }
-        if (holding) held.push_back(std::move(piece));
-        return absl::OkStatus();
-      },
+      header, [&](std::string& piece) { return body.Take(piece); },
       /*validate=*/true);
-  CAIRN_RETURN_IF_ERROR(Encode(source, header, measure));
+  const absl::Status encoded = Encode(source, header, measure);
   const std::string& job = header.job();
   const int64_t step = header.step();
+  const auto failed = [&](const absl::Status& s) {
+    return absl::Status(
+        s.code(), absl::StrCat("publishing the manifest of ", Where(job, step),
+                               ": ", s.message()));
+  };
+  // The writer's error when it stopped the run; else the run's own (an
+  // invalid manifest is reported as such even when a write failed too).
+  const absl::Status written = body.FinishWriting();
+  if (!written.ok() && (encoded.ok() || body.refused())) {
+    return failed(written);
+  }
+  CAIRN_RETURN_IF_ERROR(encoded);
   CAIRN_RETURN_IF_ERROR(CheckManifestSize(measure.body_bytes(), job, step));
   CAIRN_RETURN_IF_ERROR(CheckObjects(store, header, measure.object_ends()));
   const std::string key = ManifestKey(job, step);
   std::string frame = ManifestFrameHeader(
       header.format_version(), measure.body_bytes(), measure.body_crc32c());
   absl::Status s;
-  if (!holding) {
+  if (ObjectWriter* writer = body.writer(); writer != nullptr) {
+    s = writer->RewritePrefix(absl::MakeConstSpan(frame));
+    if (s.ok()) {
+      // The whole MANIFEST written, not yet visible.
+      CAIRN_CRASH_POINT("storage.publish_manifest.before_close");
+      s = writer->Close();
+    }
+  } else if (body.dropped()) {
     s = WriteFramed(store, key, frame, measure.body_bytes(),
                     [&](ObjectWriter& writer) {
                       return StreamBody(source, measure, writer);
                     });
-  } else if (held.size() <= 1) {  // one piece: one Put
-    if (!held.empty()) frame += held[0];
+  } else if (body.held().size() <= 1) {  // one piece: one Put
+    if (!body.held().empty()) frame += body.held()[0];
     s = store.Put(key, absl::MakeConstSpan(frame));
   } else {
     s = WriteFramed(
         store, key, frame, measure.body_bytes(),
         [&](ObjectWriter& writer) -> absl::Status {
-          for (const std::string& piece : held) {
+          for (const std::string& piece : body.held()) {
             CAIRN_RETURN_IF_ERROR(writer.Append(absl::MakeConstSpan(piece)));
           }
           return absl::OkStatus();
         });
   }
-  if (!s.ok()) {
-    return absl::Status(
-        s.code(), absl::StrCat("publishing the manifest of ", Where(job, step),
-                               ": ", s.message()));
-  }
+  if (!s.ok()) return failed(s);
   if (published != nullptr) {
     published->header = std::move(header);
     published->num_tensors = measure.num_tensors();

@@ -11,8 +11,9 @@
 //   1. every data object is written with ObjectWriter and Close()d: each is
 //      durable (fsync) and visible under its final key;
 //   2. PublishManifest checks every object the manifest references exists
-//      and is long enough, then Put()s the MANIFEST: temp name, fsync, rename,
-//      directory fsync. The rename is the commit point.
+//      and is long enough, then makes the MANIFEST visible (Put, or an
+//      ObjectWriter's Close: temp name, fsync, rename, directory fsync). The
+//      rename is the commit point.
 // A step whose MANIFEST is absent is incomplete: never listed as committed,
 // never loadable, and its bytes are garbage (ListIncompleteSteps).
 // Deletion runs the protocol backwards: MANIFEST first, then the data. Temp
@@ -95,18 +96,22 @@ using ManifestSource = absl::FunctionRef<absl::Status(
 struct PublishOptions {
   // The largest body kept in memory between encoding and writing. The
   // frame's header (the body's length and crc32c) comes before the body, so
-  // a larger one is encoded twice: a first run of the source checks and
-  // measures it, a second streams it to the store in 4 MiB pieces. Default:
-  // 64 MiB (a 70B model saved by 1024 ranks has an 86 MB manifest, by 16k
-  // ranks 1.4 GB; at 1024 ranks streaming took less CPU than holding).
+  // a larger one is written to the MANIFEST's writer as the run of the
+  // source that checks and measures it makes it, behind a placeholder that
+  // is rewritten last (ShardStore::CanRewritePrefix: posix, memory). Where
+  // the store cannot rewrite (S3), it is encoded twice: the first run checks
+  // and measures it, a second streams it in 4 MiB pieces. Default: 64 MiB (a
+  // 70B model saved by 1024 ranks has an 86 MB manifest, by 16k ranks
+  // 1.4 GB; at 1024 ranks streaming took less CPU than holding).
   uint64_t max_held_bytes = uint64_t{64} << 20;
 };
 
 // PublishManifest for a manifest `source` makes, never whole in memory as
-// messages, nor (over options.max_held_bytes) as bytes. The same checks,
-// then RESOURCE_EXHAUSTED over kMaxManifestBodyBytes; INTERNAL (and nothing
-// published) if a second run of the source makes another body. `published`
-// (optional) gets the header and the number of tensors.
+// messages, nor (over options.max_held_bytes) as bytes. The same checks
+// (before anything is visible; with a store that can rewrite, after the body
+// is written), then RESOURCE_EXHAUSTED over kMaxManifestBodyBytes; INTERNAL
+// (and nothing published) if a second run of the source makes another body.
+// `published` (optional) gets the header and the number of tensors.
 absl::Status PublishManifest(ShardStore& store, ManifestSource source,
                              const PublishOptions& options,
                              ManifestSummary* published);

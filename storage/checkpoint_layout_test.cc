@@ -194,10 +194,16 @@ auto SourceOf(const v1::Manifest& m, int* runs) {
       };
 }
 
-// Over max_held_bytes the body is measured by one run and streamed by a
-// second: the same bytes on storage as a manifest put whole.
-TEST_P(CheckpointLayoutTest, LargeManifestsAreStreamedWithTheSameBytes) {
-  auto store = NewStore();
+// A store whose writers cannot rewrite what they wrote, as S3's.
+class AppendOnlyStore : public FaultInjectionStore {
+ public:
+  using FaultInjectionStore::FaultInjectionStore;
+  bool CanRewritePrefix() const override { return false; }
+};
+
+// Publishes a large manifest streamed, streamed after holding a piece, and
+// held in pieces: the same bytes as a manifest put whole.
+void PublishesLargeManifestsWithTheSameBytes(ShardStore* store) {
   TestCheckpointSpec spec;
   spec.world_size = 32;
   spec.num_tensors = 7000;  // 224k chunks: a manifest of three pieces
@@ -216,7 +222,7 @@ TEST_P(CheckpointLayoutTest, LargeManifestsAreStreamedWithTheSameBytes) {
                                 PublishOptions{.max_held_bytes = held},
                                 &published)
                     .ok());
-    EXPECT_EQ(runs, held < whole.size() ? 2 : 1);
+    EXPECT_EQ(runs, held < whole.size() && !store->CanRewritePrefix() ? 2 : 1);
     EXPECT_EQ(ReadObject(*store, ManifestKey("job", 1)).value(), whole);
     EXPECT_EQ(published.num_tensors, spec.num_tensors);
     EXPECT_EQ(published.header.total_bytes(), m->total_bytes());
@@ -228,9 +234,25 @@ TEST_P(CheckpointLayoutTest, LargeManifestsAreStreamedWithTheSameBytes) {
   }
 }
 
+// Over max_held_bytes the body is written as the run that checks and
+// measures it makes it, its frame header last (memory and posix can rewrite
+// it); where the store cannot, a second run streams it. Either way: the same
+// bytes on storage as a manifest put whole.
+TEST_P(CheckpointLayoutTest, LargeManifestsAreStreamedWithTheSameBytes) {
+  auto rewriting = NewStore();
+  ASSERT_TRUE(rewriting->CanRewritePrefix());
+  AppendOnlyStore append_only(rewriting.get());
+  for (ShardStore* store : {static_cast<ShardStore*>(rewriting.get()),
+                            static_cast<ShardStore*>(&append_only)}) {
+    SCOPED_TRACE(store->CanRewritePrefix() ? "rewriting" : "append-only");
+    PublishesLargeManifestsWithTheSameBytes(store);
+  }
+}
+
 // A publish of a large manifest that fails leaves no MANIFEST: a source
 // that changes between its runs, a write that fails, a crash before the
-// rename, streamed or held. The checks come before anything is written.
+// rename, a frame header that cannot be rewritten; streamed or held, written
+// in one run or two. The checks come before anything is visible.
 TEST_P(CheckpointLayoutTest, LargeManifestPublishFailuresLeaveNothingVisible) {
   auto base = NewStore();
   TestCheckpointSpec spec;
@@ -242,6 +264,7 @@ TEST_P(CheckpointLayoutTest, LargeManifestPublishFailuresLeaveNothingVisible) {
   ASSERT_GT(EncodeManifest(*m).size(), kManifestPieceBytes);
   const PublishOptions stream{.max_held_bytes = 0};
   const std::string key = ManifestKey("job", 1);
+  AppendOnlyStore append_only(base.get());
 
   int runs = 0;
   auto changing =
@@ -256,54 +279,107 @@ TEST_P(CheckpointLayoutTest, LargeManifestPublishFailuresLeaveNothingVisible) {
     int inner = 0;
     return SourceOf(copy, &inner)(header, add);
   };
-  EXPECT_STATUS(PublishManifest(*base, changing, stream, nullptr), kInternal,
-                "changed between its two encodings");
+  EXPECT_STATUS(PublishManifest(append_only, changing, stream, nullptr),
+                kInternal, "changed between its two encodings");
   EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
 
-  FaultInjectionStore store(base.get());
-  for (const PublishOptions& options : {stream, PublishOptions()}) {
-    for (FaultAction action : {FaultAction::kFail, FaultAction::kShortWrite,
-                               FaultAction::kCrashBeforeRename}) {
-      SCOPED_TRACE(absl::StrCat("held ", options.max_held_bytes, " action ",
-                                static_cast<int>(action)));
-      store.Reset();
-      store.AddRule({.ops = action == FaultAction::kCrashBeforeRename
-                                ? kFaultClose
-                                : kFaultAppend,
-                     .key_contains = "MANIFEST",
-                     .skip = action == FaultAction::kFail ? 1 : 0,
-                     .action = action});
-      runs = 0;
-      const int64_t writes_before = store.write_count();
-      EXPECT_STATUS(
-          PublishManifest(store, SourceOf(*m, &runs), options, nullptr),
-          kUnavailable, "publishing the manifest of job 'job' step 1");
-      if (action == FaultAction::kFail) {
-        // The frame, then the body's first piece, which fails: nothing is
-        // written after it (the streamed body's later pieces are encoded
-        // while it is written, and dropped).
-        EXPECT_EQ(store.write_count() - writes_before, 2);
+  FaultInjectionStore rewriting(base.get());
+  for (FaultInjectionStore* store :
+       {&rewriting, static_cast<FaultInjectionStore*>(&append_only)}) {
+    for (const PublishOptions& options : {stream, PublishOptions()}) {
+      for (FaultAction action : {FaultAction::kFail, FaultAction::kShortWrite,
+                                 FaultAction::kCrashBeforeRename}) {
+        SCOPED_TRACE(absl::StrCat(
+            store->CanRewritePrefix() ? "rewriting" : "append-only", " held ",
+            options.max_held_bytes, " action ", static_cast<int>(action)));
+        store->Reset();
+        store->AddRule({.ops = action == FaultAction::kCrashBeforeRename
+                                   ? kFaultClose
+                                   : kFaultAppend,
+                        .key_contains = "MANIFEST",
+                        .skip = action == FaultAction::kFail ? 1 : 0,
+                        .action = action});
+        runs = 0;
+        const int64_t writes_before = store->write_count();
+        EXPECT_STATUS(
+            PublishManifest(*store, SourceOf(*m, &runs), options, nullptr),
+            kUnavailable, "publishing the manifest of job 'job' step 1");
+        if (action == FaultAction::kFail) {
+          // The frame (or its placeholder), then the body's first piece,
+          // which fails: nothing is written after it (later pieces are
+          // encoded while it is written, and dropped).
+          EXPECT_EQ(store->write_count() - writes_before, 2);
+        }
+        EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
+        EXPECT_THAT(ListCommittedSteps(*base, "job").value(), IsEmpty());
       }
-      EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
-      EXPECT_THAT(ListCommittedSteps(*base, "job").value(), IsEmpty());
     }
   }
-  // An invalid manifest is refused by the first run, before any write.
-  store.Reset();
-  store.AddRule(
-      {.ops = kFaultAnyWrite, .key_contains = "MANIFEST", .count = -1});
+
+  // Written in one run, the frame header comes last: the writes are the
+  // placeholder, the body's pieces, the rewrite, the close.
+  rewriting.Reset();
+  int64_t writes = rewriting.write_count();
+  ASSERT_TRUE(
+      PublishManifest(rewriting, SourceOf(*m, &runs), stream, nullptr).ok());
+  writes = rewriting.write_count() - writes;
+  ASSERT_GE(writes, 4);
+  const std::string published = ReadObject(*base, key).value();
+  EXPECT_EQ(published, EncodeManifest(*m));
+  ASSERT_TRUE(base->Delete(key).ok());
+  // A failed rewrite publishes nothing.
+  rewriting.FailNthWrite(writes - 1);
+  EXPECT_STATUS(
+      PublishManifest(rewriting, SourceOf(*m, &runs), stream, nullptr),
+      kUnavailable, "injected write failure");
+  EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
+  // A rewrite that silently writes half the header is caught by the reader.
+  rewriting.Reset();
+  rewriting.AddRule({.ops = kFaultAppend,
+                     .key_contains = "MANIFEST",
+                     .skip = writes - 2,
+                     .count = 1,
+                     .action = FaultAction::kSilentShortWrite});
+  ASSERT_TRUE(
+      PublishManifest(rewriting, SourceOf(*m, &runs), stream, nullptr).ok());
+  const std::string torn = ReadObject(*base, key).value();
+  EXPECT_EQ(torn.size(), published.size());
+  EXPECT_NE(torn, published);
+  EXPECT_EQ(torn.substr(kManifestHeaderBytes),
+            published.substr(kManifestHeaderBytes));
+  EXPECT_STATUS(ReadManifest(*base, "job", 1).status(), kDataLoss, "MANIFEST");
+  ASSERT_TRUE(base->Delete(key).ok());
+  // A MANIFEST writer that does not open: the store's error, named.
+  rewriting.Reset();
+  rewriting.AddRule({.ops = kFaultNewWriter, .key_contains = "MANIFEST"});
+  EXPECT_STATUS(
+      PublishManifest(rewriting, SourceOf(*m, &runs), stream, nullptr),
+      kUnavailable, "publishing the manifest of job 'job' step 1");
+  EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
+
+  // An invalid manifest is refused by the first run, and nothing is visible;
+  // where the body is not written as that run makes it, before any write.
   v1::Manifest bad = *m;
   bad.set_total_bytes(1);
-  runs = 0;
-  const absl::Status refused =
-      PublishManifest(store, SourceOf(bad, &runs), stream, nullptr);
-  EXPECT_STATUS(refused, kInvalidArgument, "total_bytes");
-  EXPECT_THAT(refused.message(), HasSubstr("manifest of job 'job' step 1"));
-  EXPECT_EQ(runs, 1);
+  for (FaultInjectionStore* store :
+       {&rewriting, static_cast<FaultInjectionStore*>(&append_only)}) {
+    store->Reset();
+    if (!store->CanRewritePrefix()) {
+      store->AddRule(
+          {.ops = kFaultAnyWrite, .key_contains = "MANIFEST", .count = -1});
+    }
+    runs = 0;
+    const absl::Status refused =
+        PublishManifest(*store, SourceOf(bad, &runs), stream, nullptr);
+    EXPECT_STATUS(refused, kInvalidArgument, "total_bytes");
+    EXPECT_THAT(refused.message(), HasSubstr("manifest of job 'job' step 1"));
+    EXPECT_EQ(runs, 1);
+    EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
+  }
   // Then a good one goes through.
-  store.Reset();
+  rewriting.Reset();
   ASSERT_TRUE(
-      PublishManifest(store, SourceOf(*m, &runs), stream, nullptr).ok());
+      PublishManifest(rewriting, SourceOf(*m, &runs), stream, nullptr).ok());
   EXPECT_EQ(ReadObject(*base, key).value(), EncodeManifest(*m));
 }
 

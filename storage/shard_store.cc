@@ -118,6 +118,12 @@ absl::Status ValidatePrefix(absl::string_view prefix) {
   return absl::OkStatus();
 }
 
+absl::Status ObjectWriter::RewritePrefix(absl::Span<const char> data) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this writer cannot rewrite the first ", data.size(),
+      " bytes it wrote (its store's CanRewritePrefix() is false)"));
+}
+
 absl::Status ShardStore::DeleteAbandonedWrites(absl::string_view dir_prefix) {
   if (!dir_prefix.empty() && !absl::EndsWith(dir_prefix, "/")) {
     return absl::InvalidArgumentError(

@@ -70,6 +70,12 @@ class ObjectWriter {
   virtual absl::Status Close() = 0;
   // Bytes accepted by Append so far.
   virtual uint64_t bytes_written() const = 0;
+  // Overwrites the object's first data.size() bytes, already appended, before
+  // Close (a MANIFEST's frame header, which holds its body's length and
+  // crc32c, is written last this way). Only on a writer opened with
+  // WriterOptions::rewrite_prefix from a store whose CanRewritePrefix() is
+  // true; FAILED_PRECONDITION otherwise. Fails the writer like Append.
+  virtual absl::Status RewritePrefix(absl::Span<const char> data);
 
   // Test hook (used by the fault-injection store): behaves like the process
   // dying now. Whatever a real crash would leave (posix: the temp file) is
@@ -86,6 +92,10 @@ struct WriterOptions {
   // needed, M free)" before a byte is written. Backends without space
   // accounting ignore it. Default: 0 (unknown: nothing is reserved).
   uint64_t expected_bytes = 0;
+  // The caller will call RewritePrefix (only where the store's
+  // CanRewritePrefix() is true). posix writes such an object buffered, not
+  // with O_DIRECT.
+  bool rewrite_prefix = false;
 };
 
 // Thread-safe: every method may be called concurrently without external
@@ -109,6 +119,11 @@ class ShardStore {
       absl::string_view key) {
     return NewWriter(key, WriterOptions());
   }
+
+  // Whether its writers can overwrite what they have already appended
+  // (ObjectWriter::RewritePrefix): posix and memory can; S3, whose uploads
+  // are append-only, cannot. Default: false.
+  virtual bool CanRewritePrefix() const { return false; }
 
   // Creates or replaces `key` with `data`: durable and atomically visible on
   // return.

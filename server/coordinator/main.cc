@@ -143,8 +143,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--manifest-held-mib", manifest_held_mib,
                  "Largest manifest a commit keeps in memory between encoding "
-                 "and writing, in MiB; a larger one is encoded twice and "
-                 "streamed to storage")
+                 "and writing, in MiB; a larger one is written as it is "
+                 "encoded, its header last (file://), or encoded twice and "
+                 "streamed (s3://, whose uploads cannot rewrite their start)")
       ->capture_default_str()
       ->check(cairn::flags::InRange(0, 1 << 20));
   app.add_option("--keep-free-mib", keep_free_mib,

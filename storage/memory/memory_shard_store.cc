@@ -36,6 +36,7 @@ class MemoryShardStore : public ShardStore {
 
   std::string uri() const override { return uri_; }
 
+  bool CanRewritePrefix() const override { return true; }
   using ShardStore::NewWriter;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(
       absl::string_view key, const WriterOptions& options) override;
@@ -166,6 +167,17 @@ class MemoryObjectWriter : public ObjectWriter {
   }
 
   uint64_t bytes_written() const override { return written_; }
+
+  absl::Status RewritePrefix(absl::Span<const char> data) override {
+    CAIRN_RETURN_IF_ERROR(CheckOpen("RewritePrefix"));
+    if (data.size() > buffer_.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "RewritePrefix of ", data.size(), " bytes on the writer of '", key_,
+          "', which has ", buffer_.size()));
+    }
+    std::memcpy(buffer_.data(), data.data(), data.size());
+    return absl::OkStatus();
+  }
 
   void SimulateCrashForTest() override {
     crashed_ = true;

@@ -229,6 +229,7 @@ class PosixObjectWriter : public ObjectWriter {
   absl::Status Append(absl::Span<const char> data) override;
   absl::Status Close() override;
   uint64_t bytes_written() const override { return written_; }
+  absl::Status RewritePrefix(absl::Span<const char> data) override;
   void SimulateCrashForTest() override;
 
  private:
@@ -293,6 +294,7 @@ class PosixShardStore : public ShardStore {
                   : nullptr) {}
 
   std::string uri() const override { return absl::StrCat("file://", root_); }
+  bool CanRewritePrefix() const override { return true; }
 
   using ShardStore::NewWriter;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(
@@ -311,7 +313,10 @@ class PosixShardStore : public ShardStore {
       thread_local absl::BitGen bitgen;
       const std::string temp = absl::StrFormat("%s.%016x", kTempPrefix,
                                                absl::Uniform<uint64_t>(bitgen));
-      bool direct = options_.use_odirect && !odirect_refused_.load();
+      // A prefix rewritten in place is a buffered pwrite (with O_DIRECT it
+      // would be an aligned read-modify-write of a block in flight).
+      bool direct = options_.use_odirect && !options.rewrite_prefix &&
+                    !odirect_refused_.load();
       int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
       int fd = ::openat(dirs.leaf(), temp.c_str(),
                         flags | (direct ? O_DIRECT : 0), 0644);
@@ -923,6 +928,24 @@ absl::Status PosixObjectWriter::Append(absl::Span<const char> data) {
   absl::Status s = direct_ ? AppendDirect(data) : AppendBuffered(data);
   if (!s.ok()) return Fail(std::move(s));
   written_ += data.size();
+  return absl::OkStatus();
+}
+
+absl::Status PosixObjectWriter::RewritePrefix(absl::Span<const char> data) {
+  if (closed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "RewritePrefix on the writer of '", key_, "' after Close()"));
+  }
+  CAIRN_RETURN_IF_ERROR(status_);
+  if (direct_ || data.size() > written_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "RewritePrefix of ", data.size(), " bytes on the writer of '", key_,
+        "', which has ", written_,
+        direct_ ? " with O_DIRECT (open it with WriterOptions::rewrite_prefix)"
+                : ""));
+  }
+  absl::Status s = PwriteAll(fd_.get(), data.data(), data.size(), 0, key_);
+  if (!s.ok()) return Fail(std::move(s));
   return absl::OkStatus();
 }
 

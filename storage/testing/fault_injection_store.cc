@@ -116,6 +116,33 @@ class FaultObjectWriter : public ObjectWriter {
 
   uint64_t bytes_written() const override { return written_; }
 
+  // A write like Append (the same rules and counters; it adds no bytes).
+  absl::Status RewritePrefix(absl::Span<const char> data) override {
+    if (!status_.ok()) return status_;
+    if (base_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "RewritePrefix on the writer of '", key_, "' after Close()"));
+    }
+    const Decision d = store_->Decide(kFaultAppend, key_, 0);
+    switch (d.kind) {
+      case Decision::kPass:
+      case Decision::kSilentShortWrite:  // the lie: half of it rewritten
+        // The base's own errors are its own (a prefix longer than what was
+        // written is refused; the writer lives on).
+        return base_->RewritePrefix(d.kind == Decision::kPass
+                                        ? data
+                                        : data.subspan(0, data.size() / 2));
+      case Decision::kShortWrite:
+        base_->RewritePrefix(data.subspan(0, data.size() / 2)).IgnoreError();
+        return Die(d.status, /*crash=*/false);
+      case Decision::kCrash:
+      case Decision::kCrashBeforeRename:
+        return Die(d.status, /*crash=*/true);
+      default:
+        return Die(d.status, /*crash=*/false);
+    }
+  }
+
   void SimulateCrashForTest() override {
     if (base_ != nullptr) base_->SimulateCrashForTest();
     base_.reset();

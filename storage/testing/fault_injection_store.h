@@ -124,6 +124,7 @@ class FaultInjectionStore : public ShardStore {
 
   // ShardStore.
   std::string uri() const override;
+  bool CanRewritePrefix() const override { return base_->CanRewritePrefix(); }
   using ShardStore::NewWriter;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(
       absl::string_view key, const WriterOptions& options) override;

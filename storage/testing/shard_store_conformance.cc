@@ -216,6 +216,39 @@ TEST_P(ShardStoreConformanceTest, WriterIsInvisibleUntilClose) {
   EXPECT_EQ(ReadObject(store(), "job/1/data-0").value(), expected);
 }
 
+// A writer opened with WriterOptions::rewrite_prefix, on a store that can
+// (CanRewritePrefix), overwrites its first bytes before Close: the object is
+// the new prefix, then the rest as appended, and nothing is visible before
+// Close. A store that cannot refuses.
+TEST_P(ShardStoreConformanceTest, RewritePrefixBeforeClose) {
+  auto writer =
+      store().NewWriter("r/obj", WriterOptions{.rewrite_prefix = true});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  std::mt19937_64 rng(11);
+  std::string rest;
+  ASSERT_TRUE((*writer)->Append(AsSpan(std::string(32, '\0'))).ok());
+  while (rest.size() < (size_t{3} << 20)) {  // past a posix sync chunk
+    const std::string piece = RandomBytes(rng, 1 + rng() % 300000);
+    ASSERT_TRUE((*writer)->Append(AsSpan(piece)).ok());
+    rest += piece;
+  }
+  const std::string head = RandomBytes(rng, 32);
+  const absl::Status rewritten = (*writer)->RewritePrefix(AsSpan(head));
+  if (!store().CanRewritePrefix()) {
+    EXPECT_STATUS(rewritten, kFailedPrecondition, "CanRewritePrefix");
+    return;
+  }
+  ASSERT_TRUE(rewritten.ok()) << rewritten;
+  EXPECT_STATUS((*writer)->RewritePrefix(
+                    AsSpan(std::string((*writer)->bytes_written() + 1, 'x'))),
+                kFailedPrecondition, "r/obj");
+  EXPECT_STATUS(store().Size("r/obj").status(), kNotFound, "r/obj");
+  ASSERT_TRUE((*writer)->Close().ok());
+  EXPECT_EQ(ReadObject(store(), "r/obj").value(), head + rest);
+  EXPECT_STATUS((*writer)->RewritePrefix(AsSpan(head)), kFailedPrecondition,
+                "r/obj");
+}
+
 TEST_P(ShardStoreConformanceTest, DestroyedWriterLeavesNothing) {
   ASSERT_TRUE(store().Put("keep/old", AsSpan(std::string("old"))).ok());
   {
