@@ -82,11 +82,8 @@ class FaultObjectWriter : public ObjectWriter {
       case Decision::kShortWrite:
         base_->Append(data.subspan(0, data.size() / 2)).IgnoreError();
         return Die(d.status, /*crash=*/false);
-      case Decision::kCrash:
-      case Decision::kCrashBeforeRename:
-        return Die(d.status, /*crash=*/true);
       default:
-        return Die(d.status, /*crash=*/false);
+        return DieBy(d);
     }
   }
 
@@ -106,11 +103,8 @@ class FaultObjectWriter : public ObjectWriter {
         base_.reset();
         return absl::OkStatus();
       }
-      case Decision::kCrash:
-      case Decision::kCrashBeforeRename:
-        return Die(d.status, /*crash=*/true);
       default:
-        return Die(d.status, /*crash=*/false);
+        return DieBy(d);
     }
   }
 
@@ -135,11 +129,8 @@ class FaultObjectWriter : public ObjectWriter {
       case Decision::kShortWrite:
         base_->RewritePrefix(data.subspan(0, data.size() / 2)).IgnoreError();
         return Die(d.status, /*crash=*/false);
-      case Decision::kCrash:
-      case Decision::kCrashBeforeRename:
-        return Die(d.status, /*crash=*/true);
       default:
-        return Die(d.status, /*crash=*/false);
+        return DieBy(d);
     }
   }
 
@@ -153,6 +144,12 @@ class FaultObjectWriter : public ObjectWriter {
   }
 
  private:
+  // Die of a decision that is not a pass.
+  absl::Status DieBy(const Decision& d) {
+    return Die(d.status, /*crash=*/d.kind == Decision::kCrash ||
+                             d.kind == Decision::kCrashBeforeRename);
+  }
+
   // The writer is dead from now on: a crash leaves the base's leftovers,
   // anything else aborts the base writer.
   absl::Status Die(absl::Status s, bool crash) {
