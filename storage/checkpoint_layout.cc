@@ -178,6 +178,13 @@ absl::Status CheckObjects(ShardStore& store, const v1::Manifest& header,
   return absl::OkStatus();
 }
 
+// Makes the MANIFEST `writer` holds whole visible (its close renames or
+// completes it); a kill just before leaves nothing visible.
+absl::Status CloseManifest(ObjectWriter& writer) {
+  CAIRN_CRASH_POINT("storage.publish_manifest.before_close");
+  return writer.Close();
+}
+
 // MANIFEST through a writer that makes it visible only once it closes: the
 // frame header, then the `body_bytes` that `write_body` appends.
 absl::Status WriteFramed(
@@ -190,9 +197,7 @@ absl::Status WriteFramed(
           key, WriterOptions{.expected_bytes = frame.size() + body_bytes}));
   CAIRN_RETURN_IF_ERROR(writer->Append(absl::MakeConstSpan(frame)));
   CAIRN_RETURN_IF_ERROR(write_body(*writer));
-  // The whole MANIFEST written, not yet visible.
-  CAIRN_CRASH_POINT("storage.publish_manifest.before_close");
-  return writer->Close();
+  return CloseManifest(*writer);
 }
 
 // Appends pieces to a writer on a thread of its own, so that one piece is
@@ -389,8 +394,7 @@ absl::Status PublishManifest(ShardStore& store, ManifestSource source,
   if (!written.ok() && (encoded.ok() || body.refused())) {
     return failed(written);
   }
-  CAIRN_RETURN_IF_ERROR(encoded);
-  CAIRN_RETURN_IF_ERROR(CheckManifestSize(measure.body_bytes(), job, step));
+  CAIRN_RETURN_IF_ERROR(encoded);  // its size was checked piece by piece
   CAIRN_RETURN_IF_ERROR(CheckObjects(store, header, measure.object_ends()));
   const std::string key = ManifestKey(job, step);
   std::string frame = ManifestFrameHeader(
@@ -398,11 +402,7 @@ absl::Status PublishManifest(ShardStore& store, ManifestSource source,
   absl::Status s;
   if (ObjectWriter* writer = body.writer(); writer != nullptr) {
     s = writer->RewritePrefix(absl::MakeConstSpan(frame));
-    if (s.ok()) {
-      // The whole MANIFEST written, not yet visible.
-      CAIRN_CRASH_POINT("storage.publish_manifest.before_close");
-      s = writer->Close();
-    }
+    if (s.ok()) s = CloseManifest(*writer);
   } else if (body.dropped()) {
     s = WriteFramed(store, key, frame, measure.body_bytes(),
                     [&](ObjectWriter& writer) {
