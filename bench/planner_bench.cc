@@ -22,8 +22,10 @@
 //                         given the previous answer's size as cairnd does):
 //                         what cairnd spends per loading rank besides gRPC.
 //   BM_LoadAnswerSharedBoxes/n  the same in the compact form with shared
-//                         boxes (libcairn's): one tensor, so no box is
-//                         shared here; it shows the cost of listing them.
+//                         boxes: one tensor, so no box is shared here; it
+//                         shows the cost of listing them.
+//   BM_LoadAnswerColumns/n  the same with the read items as columns
+//                         (libcairn's form).
 //   BM_LoadPlanNaive/n    the same read items from PyTorch's
 //                         create_read_items_for_chunk_list loop: every wanted
 //                         chunk against every stored chunk. Lives here only,
@@ -338,6 +340,10 @@ void BM_LoadAnswerSharedBoxes(benchmark::State& state) {
   LoadAnswer(state, convert::AnswerForm::kCompactSharedBoxes);
 }
 
+void BM_LoadAnswerColumns(benchmark::State& state) {
+  LoadAnswer(state, convert::AnswerForm::kReadColumns);
+}
+
 void BM_LoadPlanIndexBuild(benchmark::State& state) {
   LoadFixture& f = GetLoadFixture(state.range(0));
   for (auto _ : state) {
@@ -434,6 +440,7 @@ void RegisterAll(const Sizes& z, bool smoke) {
        {std::pair{"BM_LoadPlanIndex", BM_LoadPlanIndex},
         std::pair{"BM_LoadAnswerCompact", BM_LoadAnswerCompact},
         std::pair{"BM_LoadAnswerSharedBoxes", BM_LoadAnswerSharedBoxes},
+        std::pair{"BM_LoadAnswerColumns", BM_LoadAnswerColumns},
         std::pair{"BM_LoadPlanIndexBuild", BM_LoadPlanIndexBuild}}) {
     auto* b =
         benchmark::RegisterBenchmark(name, fn)->Unit(benchmark::kMillisecond);

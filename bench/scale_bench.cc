@@ -79,6 +79,7 @@
 //   scale_bench --perf-dir DIR              # perf record cairnd per round
 //   scale_bench --full-answers              # PlanLoad's full answer form
 //   scale_bench --own-boxes                 # compact, a box in each item
+//   scale_bench --item-answers              # shared boxes, ReadItem messages
 //   scale_bench --full-requests             # PlanLoad's full request form
 //   scale_bench --no-prepare                # cairnd --prepare-loads=false
 #include <signal.h>
@@ -989,6 +990,7 @@ class ScaleRun {
                           ": cairnd asked for the wanted chunks in full "
                           "(the tensors are the checkpoint's)"));
       }
+      const bool columns = plan.has_read_columns();
       if (absl::Status s = convert::ExpandCompactAnswer(request_of(r), &plan);
           !s.ok()) {
         Fail(absl::StrCat(who, ": ", s.ToString()));
@@ -997,8 +999,9 @@ class ScaleRun {
         // (A rank of the last FSDP group may want no tensor bytes at all.)
         const convert::AnswerForm got =
             !it.has_chunk() ? convert::AnswerForm::kFull
-            : it.has_box()  ? convert::AnswerForm::kCompactSharedBoxes
-                            : convert::AnswerForm::kCompact;
+            : !it.has_box() ? convert::AnswerForm::kCompact
+            : columns       ? convert::AnswerForm::kReadColumns
+                            : convert::AnswerForm::kCompactSharedBoxes;
         if (got != answer_form_) {
           Fail(absl::StrCat(who, ": asked for answers of form ",
                             static_cast<int>(answer_form_),
@@ -1209,6 +1212,7 @@ int Main(int argc, char** argv) {
                  "--perf-round=begin_cached");
   bool full_answers = false;
   bool own_boxes = false;
+  bool item_answers = false;
   bool full_requests = false;
   bool no_prepare = false;
   app.add_flag("--no-prepare", no_prepare,
@@ -1224,6 +1228,9 @@ int Main(int argc, char** argv) {
   app.add_flag("--own-boxes", own_boxes,
                "Compact PlanLoad answers with each read item's own stored "
                "box (what libcairn asked for before shared boxes)");
+  app.add_flag("--item-answers", item_answers,
+               "Compact PlanLoad answers with shared boxes as ReadItem "
+               "messages (what libcairn asked for before read columns)");
   app.add_flag("--smoke", smoke,
                "64 -> 48 ranks, a 2-layer model of hidden 64: seconds");
   CLI11_PARSE(app, argc, argv);
@@ -1295,9 +1302,10 @@ int Main(int argc, char** argv) {
                 load_world, static_cast<int>(cairnd->process().pid()));
     std::fflush(stdout);
     ScaleRun run(model, cairnd.get(), storage, channels, perf_dir,
-                 full_answers ? convert::AnswerForm::kFull
-                 : own_boxes  ? convert::AnswerForm::kCompact
-                              : convert::AnswerForm::kCompactSharedBoxes,
+                 full_answers   ? convert::AnswerForm::kFull
+                 : own_boxes    ? convert::AnswerForm::kCompact
+                 : item_answers ? convert::AnswerForm::kCompactSharedBoxes
+                                : convert::AnswerForm::kReadColumns,
                  !full_requests, no_prepare ? "" : metrics_port_file);
     for (RoundResult& r : run.Run(world, load_world, 1)) rows.push_back(r);
     cairnd->process().Signal(SIGTERM);

@@ -188,7 +188,7 @@ void CheckLoad(const planner::LoadPlanner& loader,
                ull(covered[i]), ull(need));
   }
 
-  // Both compact forms of the same answer, expanded by the rank; given some
+  // Every compact form of the same answer, expanded by the rank; given some
   // room up front (none, too little or too much, by the input) as cairnd
   // gives it the size of the last answer.
   v1::PlanLoadRequest request;
@@ -196,8 +196,8 @@ void CheckLoad(const planner::LoadPlanner& loader,
     convert::WantedToProto(w, request.add_wanted());
   }
   for (const convert::AnswerForm form :
-       {convert::AnswerForm::kCompact,
-        convert::AnswerForm::kCompactSharedBoxes}) {
+       {convert::AnswerForm::kCompact, convert::AnswerForm::kCompactSharedBoxes,
+        convert::AnswerForm::kReadColumns}) {
     convert::PlanLoadAnswerWriter writer(
         1, "mem://fuzz", form, (wanted.size() % 3) * reads->size() * 16);
     FUZZ_CHECK(loader
@@ -243,11 +243,16 @@ void CheckHostileCompactAnswer(const fuzz::PlanConvertInput& in) {
   *answer.mutable_reads() = in.reads();
   *answer.mutable_objects() = in.objects();
   *answer.mutable_boxes() = in.boxes();
+  if (in.has_read_columns()) {
+    *answer.mutable_read_columns() = in.read_columns();
+  }
   std::vector<bool> compact(size_t(answer.reads_size()));
   for (int i = 0; i < answer.reads_size(); ++i) {
     compact[size_t(i)] = convert::IsCompactItem(answer.reads(i));
   }
   if (!convert::ExpandCompactAnswer(request, &answer).ok()) return;
+  // Items made from the columns come after `reads`, all compact.
+  compact.resize(size_t(answer.reads_size()), true);
   for (int i = 0; i < answer.reads_size(); ++i) {
     if (!compact[size_t(i)]) continue;
     const v1::ReadItem& it = answer.reads(i);

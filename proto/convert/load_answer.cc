@@ -1,6 +1,7 @@
 #include "proto/convert/load_answer.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -9,11 +10,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "proto/convert/plan_convert.h"
 
 namespace cairn::convert {
 namespace {
+
+using google::protobuf::internal::WireFormatLite;
 
 // Wire tags: (field number << 3) | wire type (0 varint, 2 length-delimited,
 // 5 fixed32), of cairn.v1's PlanLoadResponse and what it holds.
@@ -25,6 +30,7 @@ constexpr uint8_t kStepPrefixTag = 5 << 3 | 2;    // .step_prefix
 constexpr uint8_t kLoadRoundTag = 6 << 3 | 0;     // .load_round
 constexpr uint8_t kObjectsTag = 7 << 3 | 2;       // .objects
 constexpr uint8_t kBoxesTag = 9 << 3 | 2;         // .boxes
+constexpr uint8_t kReadColumnsTag = 10 << 3 | 2;  // .read_columns
 constexpr uint8_t kFqnTag = 1 << 3 | 2;           // ReadItem.fqn
 constexpr uint8_t kDestIndexTag = 2 << 3 | 0;     // .dest_index
 constexpr uint8_t kOverlapTag = 3 << 3 | 2;       // .overlap
@@ -43,6 +49,13 @@ constexpr uint8_t kLocLengthTag = 3 << 3 | 0;     // .length
 constexpr uint8_t kSrcOffsetTag = 1 << 3 | 0;     // CopySegment.src_offset
 constexpr uint8_t kDstOffsetTag = 2 << 3 | 0;     // .dst_offset
 constexpr uint8_t kSegLengthTag = 3 << 3 | 0;     // .length
+// ReadColumns' columns, packed, in field order.
+constexpr uint8_t kColDestIndexTag = 1 << 3 | 2;
+constexpr uint8_t kColObjectIndexTag = 2 << 3 | 2;
+constexpr uint8_t kColOffsetTag = 3 << 3 | 2;
+constexpr uint8_t kColCrc32cTag = 4 << 3 | 2;
+constexpr uint8_t kColChunkTag = 5 << 3 | 2;
+constexpr uint8_t kColBoxTag = 6 << 3 | 2;
 
 size_t VarintSize(uint64_t v) {
   return google::protobuf::io::CodedOutputStream::VarintSize64(v);
@@ -130,13 +143,16 @@ constexpr size_t kMaxBoxSlots = size_t{1} << 16;
 
 AnswerForm AnswerFormOf(const v1::PlanLoadRequest& request) {
   if (!request.compact()) return AnswerForm::kFull;
-  return request.shared_boxes() ? AnswerForm::kCompactSharedBoxes
-                                : AnswerForm::kCompact;
+  if (!request.shared_boxes()) return AnswerForm::kCompact;
+  return request.read_columns() ? AnswerForm::kReadColumns
+                                : AnswerForm::kCompactSharedBoxes;
 }
 
 void AskForAnswerForm(AnswerForm form, v1::PlanLoadRequest* request) {
   request->set_compact(form != AnswerForm::kFull);
-  request->set_shared_boxes(form == AnswerForm::kCompactSharedBoxes);
+  request->set_shared_boxes(form == AnswerForm::kCompactSharedBoxes ||
+                            form == AnswerForm::kReadColumns);
+  request->set_read_columns(form == AnswerForm::kReadColumns);
 }
 
 PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
@@ -145,7 +161,8 @@ PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
                                            size_t expected_bytes)
     : form_(form) {
   out_.reserve(expected_bytes + expected_bytes / 16);
-  if (form == AnswerForm::kCompactSharedBoxes) {
+  if (form == AnswerForm::kCompactSharedBoxes ||
+      form == AnswerForm::kReadColumns) {
     box_slots_.resize(kFirstBoxSlots);
     box_shift_ = 32 - kFirstBoxSlotsLog2;
   }
@@ -230,8 +247,25 @@ void PlanLoadAnswerWriter::AddCompactRead(
   const uint64_t object_index = static_cast<uint64_t>(object);
   bytes_to_read_ += item.bytes;
   // With shared boxes: the box's index instead of the box, and no length.
-  const bool shared = form_ == AnswerForm::kCompactSharedBoxes;
+  const bool shared = form_ != AnswerForm::kCompact;
   const uint32_t box_index = shared ? BoxIndex(item) : 0;
+  if (form_ == AnswerForm::kReadColumns) {
+    Columns& c = columns_;
+    const auto push = [](std::vector<uint64_t>& column, int64_t& last,
+                         int64_t value) {
+      column.push_back(WireFormatLite::ZigZagEncode64(static_cast<int64_t>(
+          static_cast<uint64_t>(value) - static_cast<uint64_t>(last))));
+      last = value;
+    };
+    push(c.dest_index, c.last_dest_index, item.dest_index);
+    push(c.object_index, c.last_object_index, object);
+    push(c.offset, c.last_offset, static_cast<int64_t>(chunk.offset));
+    c.crc32c.push_back(chunk.crc32c);
+    push(c.chunk, c.last_chunk, item.chunk_id);
+    push(c.box, c.last_box, box_index);
+    ++reads_;
+    return;
+  }
   const uint64_t length = shared ? 0 : chunk.length;
   const size_t offsets = shared ? 0 : PackedBody(chunk.box.offsets);
   const size_t sizes = shared ? 0 : PackedBody(chunk.box.sizes);
@@ -309,7 +343,48 @@ void PlanLoadAnswerWriter::AddBytesEntry(const v1::ManifestBytes& entry) {
   bytes_to_read_ += entry.location().length();
 }
 
+void PlanLoadAnswerWriter::WriteColumns() {
+  const Columns& c = columns_;
+  const auto body = [](const std::vector<uint64_t>& column) {
+    size_t n = 0;
+    for (uint64_t v : column) n += VarintSize(v);
+    return n;
+  };
+  const size_t dest = body(c.dest_index);
+  const size_t object = body(c.object_index);
+  const size_t offset = body(c.offset);
+  const size_t crc = 4 * c.crc32c.size();
+  const size_t chunk = body(c.chunk);
+  const size_t box = body(c.box);
+  const size_t all = PackedSize(dest) + PackedSize(object) +
+                     PackedSize(offset) + PackedSize(crc) + PackedSize(chunk) +
+                     PackedSize(box);
+  Cursor w(Grow(NestedSize(all)));
+  w.Byte(kReadColumnsTag);  // set even when empty: the form is told by it
+  w.Varint(all);
+  const auto column = [&w](uint8_t tag, const std::vector<uint64_t>& values,
+                           size_t size) {
+    if (size == 0) return;
+    w.Byte(tag);
+    w.Varint(size);
+    for (uint64_t v : values) w.Varint(v);
+  };
+  column(kColDestIndexTag, c.dest_index, dest);
+  column(kColObjectIndexTag, c.object_index, object);
+  column(kColOffsetTag, c.offset, offset);
+  if (crc != 0) {
+    w.Byte(kColCrc32cTag);
+    w.Varint(crc);
+    for (uint32_t v : c.crc32c) {
+      for (int i = 0; i < 4; ++i) w.Byte(static_cast<uint8_t>(v >> (8 * i)));
+    }
+  }
+  column(kColChunkTag, c.chunk, chunk);
+  column(kColBoxTag, c.box, box);
+}
+
 std::string PlanLoadAnswerWriter::Finish(absl::string_view step_prefix) && {
+  if (form_ == AnswerForm::kReadColumns) WriteColumns();
   Cursor(Grow(StringSize(step_prefix.size())))
       .String(kStepPrefixTag, step_prefix);
   out_.resize(used_);
@@ -333,10 +408,63 @@ absl::Status BadRead(int i, absl::string_view fqn, absl::string_view what) {
                    " that cannot be right: ", what));
 }
 
+// Appends the items of answer->read_columns() to answer->reads() in the
+// compact form with shared boxes, and clears the columns.
+absl::Status ReadsFromColumns(v1::PlanLoadResponse* answer) {
+  const v1::ReadColumns& c = answer->read_columns();
+  const int n = c.dest_index_size();
+  if (c.object_index_size() != n || c.offset_size() != n ||
+      c.crc32c_size() != n || c.chunk_size() != n || c.box_size() != n) {
+    return absl::InternalError(absl::StrCat(
+        "cairnd returned read columns of different lengths: ", n,
+        " destinations, ", c.object_index_size(), " objects, ", c.offset_size(),
+        " offsets, ", c.crc32c_size(), " checksums, ", c.chunk_size(),
+        " chunks, ", c.box_size(), " boxes"));
+  }
+  // Each column's running sum, wrapping as the writer's differences did.
+  uint64_t dest = 0, object = 0, offset = 0, chunk = 0, box = 0;
+  const auto in_range = [](uint64_t v, uint64_t max) { return v <= max; };
+  constexpr uint64_t kInt32 = static_cast<uint64_t>(INT32_MAX);
+  constexpr uint64_t kUint32 = UINT32_MAX;
+  constexpr uint64_t kInt64 = static_cast<uint64_t>(INT64_MAX);
+  const int first = answer->reads_size();
+  answer->mutable_reads()->Reserve(first + n);
+  for (int i = 0; i < n; ++i) {
+    dest += static_cast<uint64_t>(c.dest_index(i));
+    object += static_cast<uint64_t>(c.object_index(i));
+    offset += static_cast<uint64_t>(c.offset(i));
+    chunk += static_cast<uint64_t>(c.chunk(i));
+    box += static_cast<uint64_t>(c.box(i));
+    if (!in_range(dest, kInt32) || !in_range(object, kInt32) ||
+        !in_range(offset, kInt64) || !in_range(chunk, kUint32) ||
+        !in_range(box, kUint32)) {
+      return BadRead(first + i, "",
+                     absl::StrCat("column values out of range: destination ",
+                                  static_cast<int64_t>(dest), ", object ",
+                                  static_cast<int64_t>(object), ", offset ",
+                                  static_cast<int64_t>(offset), ", chunk ",
+                                  static_cast<int64_t>(chunk), ", box ",
+                                  static_cast<int64_t>(box)));
+    }
+    v1::ReadItem* item = answer->add_reads();
+    item->set_dest_index(static_cast<int32_t>(dest));
+    item->mutable_source()->set_offset(offset);
+    item->set_source_crc32c(c.crc32c(i));
+    item->set_object_index(static_cast<int32_t>(object));
+    item->set_chunk(static_cast<uint32_t>(chunk));
+    item->set_box(static_cast<uint32_t>(box));
+  }
+  answer->clear_read_columns();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
                                  v1::PlanLoadResponse* answer) {
+  if (answer->has_read_columns()) {
+    CAIRN_RETURN_IF_ERROR(ReadsFromColumns(answer));
+  }
   // Each wanted chunk parsed once, when a read item first names it.
   std::vector<std::optional<planner::WantedChunk>> wanted(
       static_cast<size_t>(request.wanted_size()));

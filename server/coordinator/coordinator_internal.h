@@ -24,6 +24,7 @@
 #include "cairn/v1/cairn.pb.h"
 #include "planner/load_plan.h"
 #include "planner/save_plan.h"
+#include "proto/convert/load_answer.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/load_verifier.h"
 #include "server/coordinator/save_session.h"
@@ -87,7 +88,7 @@ struct Coordinator::LoadedCheckpoint {
   // The size of the last PlanLoad answer made of this checkpoint, by form
   // (convert::AnswerForm): the room the next one is given up front (the ranks
   // of a sharded load get answers of about one size).
-  mutable std::atomic<size_t> answer_bytes[3] = {0, 0, 0};
+  mutable std::atomic<size_t> answer_bytes[convert::kNumAnswerForms] = {};
 
   // Approximate bytes held (what the load index cache charges).
   size_t MemoryBytes() const;

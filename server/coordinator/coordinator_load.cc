@@ -200,7 +200,7 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   const convert::AnswerForm form = convert::AnswerFormOf(request);
   const std::string cache_key =
       absl::StrCat(job, "\n", step, "\n",
-                   absl::string_view("fcb").substr(static_cast<int>(form), 1),
+                   absl::string_view("fcbr").substr(static_cast<int>(form), 1),
                    planner::StableHash128Hex(
                        short_form ? ShortLayoutKey(request)
                                   : LayoutKey(wanted, request.wanted_bytes())));
