@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -89,6 +90,7 @@ class Cursor {
  public:
   explicit Cursor(char* p) : p_(p) {}
   char* pos() const { return p_; }
+  void Skip(size_t n) { p_ += n; }
 
   void Byte(uint8_t b) { *p_++ = static_cast<char>(b); }
   void Varint(uint64_t v) {
@@ -138,6 +140,10 @@ Cursor Append(std::string* out, size_t n) {
 constexpr int kFirstBoxSlotsLog2 = 8;
 constexpr size_t kFirstBoxSlots = size_t{1} << kFirstBoxSlotsLog2;
 constexpr size_t kMaxBoxSlots = size_t{1} << 16;
+
+// A column's room to start with (grown by doubling): 4 KiB, a few hundred
+// items' values.
+constexpr size_t kColumnRoom = size_t{4} << 10;
 
 }  // namespace
 
@@ -251,18 +257,12 @@ void PlanLoadAnswerWriter::AddCompactRead(
   const uint32_t box_index = shared ? BoxIndex(item) : 0;
   if (form_ == AnswerForm::kReadColumns) {
     Columns& c = columns_;
-    const auto push = [](std::vector<uint64_t>& column, int64_t& last,
-                         int64_t value) {
-      column.push_back(WireFormatLite::ZigZagEncode64(static_cast<int64_t>(
-          static_cast<uint64_t>(value) - static_cast<uint64_t>(last))));
-      last = value;
-    };
-    push(c.dest_index, c.last_dest_index, item.dest_index);
-    push(c.object_index, c.last_object_index, object);
-    push(c.offset, c.last_offset, static_cast<int64_t>(chunk.offset));
-    c.crc32c.push_back(chunk.crc32c);
-    push(c.chunk, c.last_chunk, item.chunk_id);
-    push(c.box, c.last_box, box_index);
+    c.dest_index.AddDifference(item.dest_index);
+    c.object_index.AddDifference(object);
+    c.offset.AddDifference(static_cast<int64_t>(chunk.offset));
+    c.crc32c.AddFixed32(chunk.crc32c);
+    c.chunk.AddDifference(item.chunk_id);
+    c.box.AddDifference(box_index);
     ++reads_;
     return;
   }
@@ -343,44 +343,50 @@ void PlanLoadAnswerWriter::AddBytesEntry(const v1::ManifestBytes& entry) {
   bytes_to_read_ += entry.location().length();
 }
 
+void PlanLoadAnswerWriter::Column::AddDifference(int64_t value) {
+  if (bytes_.size() - used_ < 10)
+    bytes_.resize(std::max(used_ * 2, kColumnRoom));
+  const uint64_t difference =
+      static_cast<uint64_t>(value) - static_cast<uint64_t>(last_);
+  uint8_t* at = reinterpret_cast<uint8_t*>(bytes_.data() + used_);
+  used_ =
+      reinterpret_cast<char*>(
+          google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
+              WireFormatLite::ZigZagEncode64(static_cast<int64_t>(difference)),
+              at)) -
+      bytes_.data();
+  last_ = value;
+}
+
+void PlanLoadAnswerWriter::Column::AddFixed32(uint32_t value) {
+  if (bytes_.size() - used_ < 4)
+    bytes_.resize(std::max(used_ * 2, kColumnRoom));
+  for (int i = 0; i < 4; ++i) {
+    bytes_[used_++] = static_cast<char>(value >> (8 * i));
+  }
+}
+
 void PlanLoadAnswerWriter::WriteColumns() {
   const Columns& c = columns_;
-  const auto body = [](const std::vector<uint64_t>& column) {
-    size_t n = 0;
-    for (uint64_t v : column) n += VarintSize(v);
-    return n;
-  };
-  const size_t dest = body(c.dest_index);
-  const size_t object = body(c.object_index);
-  const size_t offset = body(c.offset);
-  const size_t crc = 4 * c.crc32c.size();
-  const size_t chunk = body(c.chunk);
-  const size_t box = body(c.box);
-  const size_t all = PackedSize(dest) + PackedSize(object) +
-                     PackedSize(offset) + PackedSize(crc) + PackedSize(chunk) +
-                     PackedSize(box);
+  const std::pair<uint8_t, absl::string_view> columns[] = {
+      {kColDestIndexTag, c.dest_index.body()},
+      {kColObjectIndexTag, c.object_index.body()},
+      {kColOffsetTag, c.offset.body()},
+      {kColCrc32cTag, c.crc32c.body()},
+      {kColChunkTag, c.chunk.body()},
+      {kColBoxTag, c.box.body()}};
+  size_t all = 0;
+  for (const auto& [tag, body] : columns) all += PackedSize(body.size());
   Cursor w(Grow(NestedSize(all)));
   w.Byte(kReadColumnsTag);  // set even when empty: the form is told by it
   w.Varint(all);
-  const auto column = [&w](uint8_t tag, const std::vector<uint64_t>& values,
-                           size_t size) {
-    if (size == 0) return;
+  for (const auto& [tag, body] : columns) {
+    if (body.empty()) continue;  // an empty packed field is left out
     w.Byte(tag);
-    w.Varint(size);
-    for (uint64_t v : values) w.Varint(v);
-  };
-  column(kColDestIndexTag, c.dest_index, dest);
-  column(kColObjectIndexTag, c.object_index, object);
-  column(kColOffsetTag, c.offset, offset);
-  if (crc != 0) {
-    w.Byte(kColCrc32cTag);
-    w.Varint(crc);
-    for (uint32_t v : c.crc32c) {
-      for (int i = 0; i < 4; ++i) w.Byte(static_cast<uint8_t>(v >> (8 * i)));
-    }
+    w.Varint(body.size());
+    std::memcpy(w.pos(), body.data(), body.size());
+    w.Skip(body.size());
   }
-  column(kColChunkTag, c.chunk, chunk);
-  column(kColBoxTag, c.box, box);
 }
 
 std::string PlanLoadAnswerWriter::Finish(absl::string_view step_prefix) && {

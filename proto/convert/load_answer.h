@@ -93,13 +93,22 @@ class PlanLoadAnswerWriter {
   // kReadColumns: the columns, written as PlanLoadResponse.read_columns.
   void WriteColumns();
 
-  // kReadColumns: each column's values as written (zigzag differences;
-  // crc32cs as they are), and the previous item's values.
+  // kReadColumns: one column's packed body as it will be written (zigzag
+  // varints of the differences, or fixed32s), in bytes_' first used bytes,
+  // and the previous item's value.
+  class Column {
+   public:
+    void AddDifference(int64_t value);
+    void AddFixed32(uint32_t value);
+    absl::string_view body() const { return {bytes_.data(), used_}; }
+
+   private:
+    std::string bytes_;
+    size_t used_ = 0;
+    int64_t last_ = 0;
+  };
   struct Columns {
-    std::vector<uint64_t> dest_index, object_index, offset, chunk, box;
-    std::vector<uint32_t> crc32c;
-    int64_t last_dest_index = 0, last_object_index = 0, last_offset = 0,
-            last_chunk = 0, last_box = 0;
+    Column dest_index, object_index, offset, crc32c, chunk, box;
   };
 
   AnswerForm form_;

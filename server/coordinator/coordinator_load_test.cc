@@ -196,10 +196,13 @@ TEST_F(CoordinatorTest, CompactLoadPlansExpandToTheFullForm) {
   const v1::PlanLoadResponse full = PlanColumns(0, 1, 2, /*world=*/0);
   ASSERT_EQ(full.reads_size(), 2);
   EXPECT_FALSE(full.reads(0).has_chunk());
-  for (const bool shared_boxes : {false, true}) {
-    SCOPED_TRACE(shared_boxes ? "shared boxes" : "own boxes");
+  for (const auto& [shared_boxes, columns] :
+       {std::pair{false, false}, {true, false}, {true, true}}) {
+    SCOPED_TRACE(columns        ? "read columns"
+                 : shared_boxes ? "shared boxes"
+                                : "own boxes");
     v1::PlanLoadResponse compact =
-        PlanColumnsCompact(0, 1, 2, /*world=*/0, 1, shared_boxes);
+        PlanColumnsCompact(0, 1, 2, /*world=*/0, 1, shared_boxes, columns);
     ASSERT_EQ(compact.reads_size(), 2);
     EXPECT_EQ(compact.objects_size(), 2);  // one object per saving rank
     EXPECT_EQ(compact.boxes_size(), shared_boxes ? 2 : 0);
@@ -220,17 +223,21 @@ TEST_F(CoordinatorTest, CompactLoadPlansExpandToTheFullForm) {
     compact.clear_boxes();
     EXPECT_EQ(compact.SerializeAsString(), full.SerializeAsString());
   }
-  // The three forms of one layout are cached apart: asked twice more each,
-  // each is answered in its own form.
+  // The four forms of one layout are cached apart: asked twice more each,
+  // each is answered in its own form (PlanColumnsCompact checks that columns
+  // come only when asked for).
   for (int i = 0; i < 2; ++i) {
     EXPECT_FALSE(PlanColumns(0, 1, 2, 0).reads(0).has_chunk());
     const v1::ReadItem own = PlanColumnsCompact(0, 1, 2, 0, 1, false).reads(0);
     EXPECT_TRUE(own.has_source_box() && !own.has_box());
     const v1::ReadItem shared =
-        PlanColumnsCompact(0, 1, 2, 0, 1, true).reads(0);
+        PlanColumnsCompact(0, 1, 2, 0, 1, true, false).reads(0);
     EXPECT_TRUE(shared.has_box() && !shared.has_source_box());
+    const v1::ReadItem columns =
+        PlanColumnsCompact(0, 1, 2, 0, 1, true, true).reads(0);
+    EXPECT_TRUE(columns.has_box() && !columns.has_source_box());
   }
-  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 3);
+  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 4);
 }
 
 TEST_F(CoordinatorTest, ShortFormLoadRequestsArePlannedAsTheFullForm) {

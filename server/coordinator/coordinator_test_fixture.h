@@ -355,13 +355,18 @@ class CoordinatorTest : public ::testing::Test {
   // without), expanded as libcairn does.
   v1::PlanLoadResponse PlanColumnsCompact(int rank, int64_t col, int64_t cols,
                                           int world = 2, int64_t step = 1,
-                                          bool shared_boxes = true) {
+                                          bool shared_boxes = true,
+                                          bool read_columns = true) {
     v1::PlanLoadRequest req = ColumnsRequest(rank, col, cols, world, step);
     req.set_compact(true);
     req.set_shared_boxes(shared_boxes);
+    req.set_read_columns(read_columns);
     auto r = coordinator_->PlanLoad(req);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return v1::PlanLoadResponse();
+    // Columns when asked for them with shared boxes, else read items.
+    EXPECT_EQ(r->has_read_columns(), shared_boxes && read_columns);
+    EXPECT_EQ(r->reads_size() == 0, r->has_read_columns());
     EXPECT_TRUE(convert::ExpandCompactAnswer(req, &*r).ok());
     return *r;
   }
