@@ -205,24 +205,37 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
     EXPECT_EQ(decoded.reads_size(), items);
     reads += static_cast<size_t>(items);
 
+    // The answer in a compact `form`, planned without copy segments as cairnd
+    // plans it, with the load round appended; `seen` is shown each item.
+    const auto compact_answer =
+        [&](AnswerForm form,
+            const std::function<void(const planner::LoadPlanner::ReadView&)>&
+                seen) {
+          PlanLoadAnswerWriter w(step, uri, form, expected());
+          EXPECT_TRUE((*planner)
+                          ->PlanEach(
+                              wanted,
+                              [&](const planner::LoadPlanner::ReadView& r) {
+                                seen(r);
+                                w.AddRead(r);
+                              },
+                              /*segments=*/false)
+                          .ok());
+          for (const v1::ManifestBytes& e : entries) w.AddBytesEntry(e);
+          EXPECT_EQ(w.reads(), items);
+          EXPECT_EQ(w.bytes_to_read(), bytes);
+          std::string out = std::move(w).Finish(prefix);
+          AppendLoadRound(round, &out);
+          return out;
+        };
+
     // The compact form (planned without copy segments, as cairnd does),
     // expanded by the rank, is the full form plus each item's source_box and
     // chunk id.
-    PlanLoadAnswerWriter compact(step, uri, AnswerForm::kCompact, expected());
-    ASSERT_TRUE((*planner)
-                    ->PlanEach(
-                        wanted,
-                        [&](const planner::LoadPlanner::ReadView& r) {
-                          EXPECT_EQ(r.segments, nullptr);
-                          compact.AddRead(r);
-                        },
-                        /*segments=*/false)
-                    .ok());
-    for (const v1::ManifestBytes& e : entries) compact.AddBytesEntry(e);
-    EXPECT_EQ(compact.reads(), items);
-    EXPECT_EQ(compact.bytes_to_read(), bytes);
-    std::string compact_wire = std::move(compact).Finish(prefix);
-    AppendLoadRound(round, &compact_wire);
+    const std::string compact_wire = compact_answer(
+        AnswerForm::kCompact, [](const planner::LoadPlanner::ReadView& r) {
+          EXPECT_EQ(r.segments, nullptr);
+        });
     if (items > 0) {
       EXPECT_LT(compact_wire.size(), wire.size());
     }
@@ -254,24 +267,13 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
     // The compact form with shared boxes, expanded, is the same: each item's
     // box is the stored chunk's. Each box is listed at least once, and again
     // at most when another took its slot in the writer's table.
-    PlanLoadAnswerWriter shared(step, uri, AnswerForm::kCompactSharedBoxes,
-                                expected());
     absl::flat_hash_set<uint32_t> box_ids;
-    ASSERT_TRUE((*planner)
-                    ->PlanEach(
-                        wanted,
-                        [&](const planner::LoadPlanner::ReadView& r) {
-                          EXPECT_LT(r.box_id, (*planner)->num_box_ids());
-                          box_ids.insert(r.box_id);
-                          shared.AddRead(r);
-                        },
-                        /*segments=*/false)
-                    .ok());
-    for (const v1::ManifestBytes& e : entries) shared.AddBytesEntry(e);
-    EXPECT_EQ(shared.reads(), items);
-    EXPECT_EQ(shared.bytes_to_read(), bytes);
-    std::string shared_wire = std::move(shared).Finish(prefix);
-    AppendLoadRound(round, &shared_wire);
+    const std::string shared_wire =
+        compact_answer(AnswerForm::kCompactSharedBoxes,
+                       [&](const planner::LoadPlanner::ReadView& r) {
+                         EXPECT_LT(r.box_id, (*planner)->num_box_ids());
+                         box_ids.insert(r.box_id);
+                       });
     ASSERT_TRUE(expanded.ParseFromString(shared_wire));
     EXPECT_GE(expanded.boxes_size(), static_cast<int>(box_ids.size()));
     EXPECT_LE(expanded.boxes_size(), items);
@@ -297,21 +299,8 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
 
     // The same as columns: no ReadItem on the wire, the same objects and
     // boxes listed, and, expanded, exactly the shared-boxes answer expanded.
-    PlanLoadAnswerWriter columns(step, uri, AnswerForm::kReadColumns,
-                                 expected());
-    ASSERT_TRUE((*planner)
-                    ->PlanEach(
-                        wanted,
-                        [&](const planner::LoadPlanner::ReadView& r) {
-                          columns.AddRead(r);
-                        },
-                        /*segments=*/false)
-                    .ok());
-    for (const v1::ManifestBytes& e : entries) columns.AddBytesEntry(e);
-    EXPECT_EQ(columns.reads(), items);
-    EXPECT_EQ(columns.bytes_to_read(), bytes);
-    std::string columns_wire = std::move(columns).Finish(prefix);
-    AppendLoadRound(round, &columns_wire);
+    const std::string columns_wire = compact_answer(
+        AnswerForm::kReadColumns, [](const planner::LoadPlanner::ReadView&) {});
     // Smaller once the columns' tags and lengths are paid for, even with
     // these random values (the differences of two random offsets near 2^62
     // take more bytes than the offsets; a model's answer is half the size,
