@@ -344,8 +344,9 @@ void PlanLoadAnswerWriter::AddBytesEntry(const v1::ManifestBytes& entry) {
 }
 
 void PlanLoadAnswerWriter::Column::AddDifference(int64_t value) {
-  if (bytes_.size() - used_ < 10)
+  if (bytes_.size() - used_ < 10) {  // room for the value
     bytes_.resize(std::max(used_ * 2, kColumnRoom));
+  }
   const uint64_t difference =
       static_cast<uint64_t>(value) - static_cast<uint64_t>(last_);
   uint8_t* at = reinterpret_cast<uint8_t*>(bytes_.data() + used_);
@@ -359,8 +360,9 @@ void PlanLoadAnswerWriter::Column::AddDifference(int64_t value) {
 }
 
 void PlanLoadAnswerWriter::Column::AddFixed32(uint32_t value) {
-  if (bytes_.size() - used_ < 4)
+  if (bytes_.size() - used_ < 4) {  // room for the value
     bytes_.resize(std::max(used_ * 2, kColumnRoom));
+  }
   for (int i = 0; i < 4; ++i) {
     bytes_[used_++] = static_cast<char>(value >> (8 * i));
   }

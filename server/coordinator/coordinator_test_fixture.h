@@ -366,7 +366,9 @@ class CoordinatorTest : public ::testing::Test {
     if (!r.ok()) return v1::PlanLoadResponse();
     // Columns when asked for them with shared boxes, else read items.
     EXPECT_EQ(r->has_read_columns(), shared_boxes && read_columns);
-    EXPECT_EQ(r->reads_size() == 0, r->has_read_columns());
+    if (r->has_read_columns()) {
+      EXPECT_EQ(r->reads_size(), 0);
+    }
     EXPECT_TRUE(convert::ExpandCompactAnswer(req, &*r).ok());
     return *r;
   }
