@@ -343,29 +343,25 @@ void PlanLoadAnswerWriter::AddBytesEntry(const v1::ManifestBytes& entry) {
   bytes_to_read_ += entry.location().length();
 }
 
-void PlanLoadAnswerWriter::Column::AddDifference(int64_t value) {
-  if (bytes_.size() - used_ < 10) {  // room for the value
-    bytes_.resize(std::max(used_ * 2, kColumnRoom));
+char* PlanLoadAnswerWriter::Column::Room(size_t n) {
+  if (bytes_.size() - used_ < n) {
+    bytes_.resize(std::max(used_ * 2, kColumnRoom));  // n is at most 10
   }
-  const uint64_t difference =
-      static_cast<uint64_t>(value) - static_cast<uint64_t>(last_);
-  uint8_t* at = reinterpret_cast<uint8_t*>(bytes_.data() + used_);
-  used_ =
-      reinterpret_cast<char*>(
-          google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
-              WireFormatLite::ZigZagEncode64(static_cast<int64_t>(difference)),
-              at)) -
-      bytes_.data();
+  return bytes_.data() + used_;
+}
+
+void PlanLoadAnswerWriter::Column::AddDifference(int64_t value) {
+  Cursor c(Room(10));
+  c.Varint(WireFormatLite::ZigZagEncode64(static_cast<int64_t>(
+      static_cast<uint64_t>(value) - static_cast<uint64_t>(last_))));
+  used_ = c.pos() - bytes_.data();
   last_ = value;
 }
 
 void PlanLoadAnswerWriter::Column::AddFixed32(uint32_t value) {
-  if (bytes_.size() - used_ < 4) {  // room for the value
-    bytes_.resize(std::max(used_ * 2, kColumnRoom));
-  }
-  for (int i = 0; i < 4; ++i) {
-    bytes_[used_++] = static_cast<char>(value >> (8 * i));
-  }
+  Cursor c(Room(4));
+  for (int i = 0; i < 4; ++i) c.Byte(static_cast<uint8_t>(value >> (8 * i)));
+  used_ += 4;
 }
 
 void PlanLoadAnswerWriter::WriteColumns() {
@@ -431,7 +427,6 @@ absl::Status ReadsFromColumns(v1::PlanLoadResponse* answer) {
   }
   // Each column's running sum, wrapping as the writer's differences did.
   uint64_t dest = 0, object = 0, offset = 0, chunk = 0, box = 0;
-  const auto in_range = [](uint64_t v, uint64_t max) { return v <= max; };
   constexpr uint64_t kInt32 = static_cast<uint64_t>(INT32_MAX);
   constexpr uint64_t kUint32 = UINT32_MAX;
   constexpr uint64_t kInt64 = static_cast<uint64_t>(INT64_MAX);
@@ -443,9 +438,8 @@ absl::Status ReadsFromColumns(v1::PlanLoadResponse* answer) {
     offset += static_cast<uint64_t>(c.offset(i));
     chunk += static_cast<uint64_t>(c.chunk(i));
     box += static_cast<uint64_t>(c.box(i));
-    if (!in_range(dest, kInt32) || !in_range(object, kInt32) ||
-        !in_range(offset, kInt64) || !in_range(chunk, kUint32) ||
-        !in_range(box, kUint32)) {
+    if (dest > kInt32 || object > kInt32 || offset > kInt64 ||
+        chunk > kUint32 || box > kUint32) {
       return BadRead(first + i, "",
                      absl::StrCat("column values out of range: destination ",
                                   static_cast<int64_t>(dest), ", object ",

@@ -103,6 +103,9 @@ class PlanLoadAnswerWriter {
     absl::string_view body() const { return {bytes_.data(), used_}; }
 
    private:
+    // Where n more bytes go (bytes_ grown when it has less room).
+    char* Room(size_t n);
+
     std::string bytes_;
     size_t used_ = 0;
     int64_t last_ = 0;
