@@ -93,25 +93,16 @@ class PlanLoadAnswerWriter {
   // kReadColumns: the columns, written as PlanLoadResponse.read_columns.
   void WriteColumns();
 
-  // kReadColumns: one column's packed body as it will be written (zigzag
-  // varints of the differences, or fixed32s), in bytes_' first used bytes,
-  // and the previous item's value.
-  class Column {
-   public:
-    void AddDifference(int64_t value);
-    void AddFixed32(uint32_t value);
-    absl::string_view body() const { return {bytes_.data(), used_}; }
-
-   private:
-    // Where n more bytes go (bytes_ grown when it has less room).
-    char* Room(size_t n);
-
-    std::string bytes_;
-    size_t used_ = 0;
-    int64_t last_ = 0;
-  };
-  struct Columns {
-    Column dest_index, object_index, offset, crc32c, chunk, box;
+  // kReadColumns: an item's values, kept as they come and written column
+  // by column at Finish (each column sized, then encoded straight into the
+  // answer, in tight passes over these rows).
+  struct ColumnRow {
+    int32_t dest_index;
+    int32_t object_index;
+    uint64_t offset;
+    uint32_t crc32c;
+    uint32_t chunk;
+    uint32_t box;
   };
 
   AnswerForm form_;
@@ -138,7 +129,7 @@ class PlanLoadAnswerWriter {
   uint32_t num_boxes_ = 0;
   int reads_ = 0;
   uint64_t bytes_to_read_ = 0;
-  Columns columns_;
+  std::vector<ColumnRow> rows_;  // kReadColumns
 };
 
 // Whether `item` is in a compact form ExpandCompactAnswer completes: it names
