@@ -2,10 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "absl/base/config.h"
 #include "absl/hash/hash.h"
+
+// XXH3 compiled in from the header (libxxhash-dev): nothing to link.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 namespace cairn::planner {
 namespace {
@@ -150,6 +155,62 @@ std::string StableHash128Hex(absl::string_view data) {
   AppendHex64(h1, &out);
   AppendHex64(h2, &out);
   return out;
+}
+
+namespace {
+
+XXH3_state_t* State(unsigned char* bytes) {
+  return reinterpret_cast<XXH3_state_t*>(bytes);
+}
+
+std::string Hex128(XXH128_hash_t h) {
+  std::string out;
+  out.reserve(32);
+  AppendHex64(h.high64, &out);
+  AppendHex64(h.low64, &out);
+  return out;
+}
+
+}  // namespace
+
+StreamedKeyHash::StreamedKeyHash() {
+  static_assert(sizeof(XXH3_state_t) <= sizeof(state_) &&
+                alignof(XXH3_state_t) <= 64);
+  new (state_) XXH3_state_t;
+  XXH3_128bits_reset(State(state_));
+}
+
+void StreamedKeyHash::Update(const void* data, size_t n) {
+  XXH3_128bits_update(State(state_), data, n);
+}
+
+void StreamedKeyHash::PutU64(uint64_t v) {
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  Update(b, 8);
+}
+
+void StreamedKeyHash::PutString(absl::string_view s) {
+  PutU64(s.size());
+  Update(s.data(), s.size());
+}
+
+void StreamedKeyHash::PutInts(absl::Span<const int64_t> values) {
+  PutU64(values.size());
+#ifdef ABSL_IS_LITTLE_ENDIAN
+  Update(values.data(), sizeof(int64_t) * values.size());
+#else
+  for (int64_t v : values) PutInt(v);
+#endif
+}
+
+std::string StreamedKeyHash::Hex() const {
+  return Hex128(
+      XXH3_128bits_digest(reinterpret_cast<const XXH3_state_t*>(state_)));
+}
+
+std::string StreamedKeyHashOf(absl::string_view data) {
+  return Hex128(XXH3_128bits(data.data(), data.size()));
 }
 
 std::string FingerprintLocalPlan(const LocalSavePlan& plan) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -109,6 +110,89 @@ std::shared_ptr<const GlobalSavePlan> MakePlan(int world, int writes_per_rank) {
     }
   }
   return plan;
+}
+
+// A StreamedKeyHash hashes exactly the bytes a StableKey given the same
+// calls holds (the oracle: XXH3-128 of those bytes in one call), for random
+// sequences of calls of every kind and size, including lists larger than
+// XXH3's internal buffer.
+TEST(StreamedKeyHashTest, HashesWhatAStableKeyWouldHold) {
+  EXPECT_EQ(StreamedKeyHash().Hex(), StreamedKeyHashOf(""));
+  // XXH3-128 of no bytes (xxHash's published value): the algorithm is XXH3.
+  EXPECT_EQ(StreamedKeyHashOf(""), "99aa06d3014798d86001c324468d497f");
+  std::mt19937_64 rng(17);
+  std::set<std::string> seen;  // hashes of non-empty sequences
+  for (int trial = 0; trial < 300; ++trial) {
+    StableKey held;
+    StreamedKeyHash streamed;
+    const int calls = static_cast<int>(rng() % 12);
+    for (int c = 0; c < calls; ++c) {
+      switch (rng() % 4) {
+        case 0: {
+          const uint64_t v = rng();
+          held.PutU64(v);
+          streamed.PutU64(v);
+          break;
+        }
+        case 1: {
+          const int64_t v = static_cast<int64_t>(rng() % 2000) - 1000;
+          held.PutInt(v);
+          streamed.PutInt(v);
+          break;
+        }
+        case 2: {
+          std::string s(rng() % 300, '\0');
+          for (char& ch : s) ch = static_cast<char>(rng());
+          held.PutString(s);
+          streamed.PutString(s);
+          break;
+        }
+        default: {
+          std::vector<int64_t> v(rng() % 3000);
+          for (int64_t& x : v) x = static_cast<int64_t>(rng());
+          held.PutInts(v);
+          streamed.PutInts(v);
+          break;
+        }
+      }
+    }
+    const std::string hex = streamed.Hex();
+    EXPECT_EQ(hex, StreamedKeyHashOf(held.bytes())) << "trial " << trial;
+    EXPECT_EQ(hex.size(), 32u);
+    // Random sequences of calls (none repeats) hash apart.
+    if (!held.bytes().empty()) {
+      EXPECT_TRUE(seen.insert(hex).second) << "trial " << trial;
+    }
+  }
+}
+
+TEST(StreamedKeyHashTest, AnyChangeAndEveryBoundaryMatter) {
+  std::vector<int64_t> boxes(8700);
+  for (size_t i = 0; i < boxes.size(); ++i) boxes[i] = static_cast<int64_t>(i);
+  const auto hash = [](absl::string_view digest,
+                       const std::vector<int64_t>& ints) {
+    StreamedKeyHash k;
+    k.PutString(digest);
+    k.PutInts(ints);
+    return k.Hex();
+  };
+  const std::string base = hash("digest", boxes);
+  EXPECT_EQ(hash("digest", boxes), base);
+  EXPECT_NE(hash("digesT", boxes), base);
+  for (size_t i : {size_t{0}, size_t{4350}, boxes.size() - 1}) {
+    std::vector<int64_t> changed = boxes;
+    ++changed[i];
+    EXPECT_NE(hash("digest", changed), base) << "value " << i;
+  }
+  std::vector<int64_t> shorter(boxes.begin(), boxes.end() - 1);
+  EXPECT_NE(hash("digest", shorter), base);
+  // Lengths are part of what is hashed: "ab" + "c" is not "a" + "bc".
+  StreamedKeyHash ab_c, a_bc;
+  ab_c.PutString("ab");
+  ab_c.PutString("c");
+  a_bc.PutString("a");
+  a_bc.PutString("bc");
+  EXPECT_NE(ab_c.Hex(), a_bc.Hex());
 }
 
 TEST(PlanCacheTest, ReusesPlanWhenNoRankChanged) {

@@ -8,6 +8,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev libgtest-dev libgmock-dev libbenchmark-dev
   libisal-dev libspdlog-dev libcli11-dev nlohmann-json3-dev liburing-dev
+  libxxhash-dev  # XXH3, compiled in from its header (planner/plan_cache.cc)
   libgoogle-perftools-dev  # cairnd's allocator, tcmalloc (README "Memory")
   bazel-bootstrap bazel-rules-java
   clang-format fio python3-grpcio
