@@ -290,10 +290,37 @@ void CheckShortFormLoad(const planner::LoadPlanner& loader,
   }
   absl::StatusOr<std::vector<planner::WantedBox>> wanted =
       convert::WantedFromCompact(request, loader, order);
+  // What cairnd plans instead: the run of values as sent.
+  const absl::StatusOr<std::vector<planner::ReadItem>> run =
+      loader.Plan(planner::WantedBoxRun{
+          order, absl::MakeConstSpan(request.wanted_boxes().data(),
+                                     request.wanted_boxes_size())});
   if (!wanted.ok()) {
     FUZZ_CHECK(absl::IsInvalidArgument(wanted.status()), "%s",
                wanted.status().ToString().c_str());
+    FUZZ_CHECK(absl::IsInvalidArgument(run.status()),
+               "a run of values the boxes refuse planned: %s",
+               run.status().ToString().c_str());
     return;
+  }
+  const absl::StatusOr<std::vector<planner::ReadItem>> boxes =
+      loader.Plan(*wanted);
+  FUZZ_CHECK(run.status().code() == boxes.status().code(),
+             "a run of values planned as %s, its boxes as %s",
+             run.status().ToString().c_str(),
+             boxes.status().ToString().c_str());
+  if (run.ok()) {
+    FUZZ_CHECK(run->size() == boxes->size(), "%zu items from a run, %zu",
+               run->size(), boxes->size());
+    for (size_t i = 0; i < run->size(); ++i) {
+      const planner::ReadItem& a = (*run)[i];
+      const planner::ReadItem& b = (*boxes)[i];
+      FUZZ_CHECK(a.dest_index == b.dest_index && a.fqn == b.fqn &&
+                     a.overlap == b.overlap && a.source == b.source &&
+                     a.source_crc32c == b.source_crc32c &&
+                     a.segments == b.segments,
+                 "item %zu of a run differs from its boxes'", i);
+    }
   }
   v1::PlanLoadRequest full;
   for (const planner::WantedBox& w : *wanted) {

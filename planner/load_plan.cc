@@ -362,6 +362,11 @@ absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
   return PlanAll(wanted);
 }
 
+absl::StatusOr<std::vector<ReadItem>> LoadPlanner::Plan(
+    const WantedBoxRun& wanted) const {
+  return PlanAll(wanted);
+}
+
 struct LoadPlanner::PlanScratch {
   // The overlaps of one wanted box with one tiling's stored chunks: the same
   // for every tensor stored in that tiling of which the rank wants that box
@@ -463,6 +468,40 @@ absl::Status LoadPlanner::PlanEach(
     }
     CAIRN_RETURN_IF_ERROR(
         PlanWanted(w, ti, wanted[w].box, scratch, sink, with_segments));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadPlanner::PlanEach(
+    const WantedBoxRun& wanted, absl::FunctionRef<void(const ReadView&)> sink,
+    bool with_segments) const {
+  PlanScratch scratch;
+  ChunkBox box;  // reused: no allocation per wanted chunk
+  const int64_t* v = wanted.values.data();
+  const int64_t* const end = v + wanted.values.size();
+  for (int w = 0; w < static_cast<int>(wanted.order.size()); ++w) {
+    const int ti = wanted.order[w];
+    if (ti < 0 || ti >= num_tensors()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("wanted chunk ", w, " names stored tensor ", ti, " of ",
+                       num_tensors()));
+    }
+    const size_t dims = tensors_[ti].global_shape.size();
+    if (static_cast<size_t>(end - v) < 2 * dims) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the wanted boxes end at wanted chunk ", w, " ('",
+                       tensors_[ti].fqn, "'): ", wanted.values.size(),
+                       " values for ", wanted.order.size(), " wanted chunks"));
+    }
+    box.offsets.assign(v, v + dims);
+    box.sizes.assign(v + dims, v + 2 * dims);
+    v += 2 * dims;
+    CAIRN_RETURN_IF_ERROR(PlanWanted(w, ti, box, scratch, sink, with_segments));
+  }
+  if (v != end) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the wanted boxes hold ", end - v, " values after those of ",
+        "the last of ", wanted.order.size(), " wanted chunks"));
   }
   return absl::OkStatus();
 }

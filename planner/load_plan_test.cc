@@ -199,6 +199,42 @@ TEST(LoadPlanTest, WantedByTensorIndexPlansAsByNameAndNamesTheFqn) {
                 HasSubstr(absl::StrCat("wanted chunk 1 names stored tensor ",
                                        bad, " of 2")));
   }
+  // A run of values: the same items; too few or too many values, or a bad
+  // index, refused naming the wanted chunk.
+  const std::vector<int> order = {b, w, w};
+  const std::vector<int64_t> values = {1, 2, 1, 1, 2, 2, 0, 0, 0, 4};
+  auto run = planner->Plan(WantedBoxRun{order, values});
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->size(), want->size());
+  for (size_t i = 0; i < run->size(); ++i) {
+    EXPECT_EQ((*run)[i].dest_index, (*want)[i].dest_index);
+    EXPECT_EQ((*run)[i].overlap, (*want)[i].overlap);
+    EXPECT_EQ((*run)[i].source, (*want)[i].source);
+    EXPECT_EQ((*run)[i].segments, (*want)[i].segments);
+  }
+  const std::vector<int64_t> fewer(values.begin(), values.end() - 1);
+  auto short_run = planner->Plan(WantedBoxRun{order, fewer});
+  EXPECT_EQ(short_run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_run.status().message(),
+              HasSubstr("the wanted boxes end at wanted chunk 2 ('w'): 9 "
+                        "values for 3 wanted chunks"));
+  std::vector<int64_t> more = values;
+  more.push_back(0);
+  auto long_run = planner->Plan(WantedBoxRun{order, more});
+  EXPECT_EQ(long_run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(long_run.status().message(),
+              HasSubstr("the wanted boxes hold 1 values after those of the "
+                        "last of 3 wanted chunks"));
+  const std::vector<int> bad_order = {b, 2, w};
+  auto bad_run = planner->Plan(WantedBoxRun{bad_order, values});
+  EXPECT_EQ(bad_run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_run.status().message(),
+              HasSubstr("wanted chunk 1 names stored tensor 2 of 2"));
+  const std::vector<int64_t> beyond = {2, 3, 1, 1, 2, 2, 0, 0, 0, 4};
+  auto outside_run = planner->Plan(WantedBoxRun{order, beyond});
+  EXPECT_THAT(outside_run.status().message(),
+              HasSubstr("'b' wanted chunk 0: chunk [2:5] exceeds shape [4]"));
+
   auto outside =
       planner->Plan(std::vector<WantedBox>{WantedBox{b, Box({2}, {3})}});
   EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
@@ -344,6 +380,32 @@ TEST(LoadPlanTest, ReusedOverlapsGiveEachWantedChunkItsOwnItems) {
     }
     absl::StatusOr<std::vector<ReadItem>> all = planner->Plan(wanted);
     ASSERT_TRUE(all.ok()) << all.status();
+    // The same boxes as one run of values (a short request's) plan to the
+    // same items.
+    std::vector<int> order;
+    std::vector<int64_t> values;
+    for (const WantedBox& x : wanted) {
+      order.push_back(x.tensor);
+      values.insert(values.end(), x.box.offsets.begin(), x.box.offsets.end());
+      values.insert(values.end(), x.box.sizes.begin(), x.box.sizes.end());
+    }
+    absl::StatusOr<std::vector<ReadItem>> run =
+        planner->Plan(WantedBoxRun{order, values});
+    ASSERT_TRUE(run.ok()) << run.status();
+    ASSERT_EQ(run->size(), all->size()) << "trial " << trial;
+    for (size_t i = 0; i < run->size(); ++i) {
+      const ReadItem& got = (*run)[i];
+      const ReadItem& want = (*all)[i];
+      const std::string where = absl::StrCat("trial ", trial, " run item ", i);
+      EXPECT_EQ(got.dest_index, want.dest_index) << where;
+      EXPECT_EQ(got.fqn, want.fqn) << where;
+      EXPECT_EQ(got.source_chunk, want.source_chunk) << where;
+      EXPECT_EQ(got.overlap, want.overlap) << where;
+      EXPECT_EQ(got.source.object_key, want.source.object_key) << where;
+      EXPECT_EQ(got.source.offset, want.source.offset) << where;
+      EXPECT_EQ(got.source_crc32c, want.source_crc32c) << where;
+      EXPECT_EQ(got.segments, want.segments) << where;
+    }
     size_t next = 0;
     for (size_t w = 0; w < wanted.size(); ++w) {
       absl::StatusOr<std::vector<ReadItem>> alone =

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "planner/plan_cache.h"
 #include "proto/convert/plan_convert.h"
 
@@ -66,21 +67,27 @@ bool CompactWanted(const v1::PlanLoadRequest& full,
   return true;
 }
 
-absl::StatusOr<std::vector<planner::WantedBox>> WantedFromCompact(
-    const v1::PlanLoadRequest& request, const planner::LoadPlanner& planner,
-    absl::Span<const int> order) {
+absl::Status CheckWantedBoxes(const v1::PlanLoadRequest& request,
+                              const planner::LoadPlanner& planner,
+                              absl::Span<const int> order) {
   size_t values = 0;
   for (int t : order) values += 2 * planner.global_shape(t).size();
-  const google::protobuf::RepeatedField<int64_t>& boxes =
-      request.wanted_boxes();
-  if (static_cast<size_t>(boxes.size()) != values) {
+  if (static_cast<size_t>(request.wanted_boxes_size()) != values) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "wanted_boxes holds ", boxes.size(), " values but the ", order.size(),
+        "wanted_boxes holds ", request.wanted_boxes_size(), " values but the ",
+        order.size(),
         " tensors of the checkpoint (whose digest the request names) need ",
         values, ": an offset and a size per dim of each"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<planner::WantedBox>> WantedFromCompact(
+    const v1::PlanLoadRequest& request, const planner::LoadPlanner& planner,
+    absl::Span<const int> order) {
+  CAIRN_RETURN_IF_ERROR(CheckWantedBoxes(request, planner, order));
   std::vector<planner::WantedBox> wanted(order.size());
-  const int64_t* v = boxes.data();
+  const int64_t* v = request.wanted_boxes().data();
   for (size_t i = 0; i < order.size(); ++i) {
     planner::WantedBox& w = wanted[i];
     w.tensor = order[i];

@@ -55,11 +55,17 @@ std::string TensorsDigestOf(const planner::LoadPlanner& planner,
 bool CompactWanted(const v1::PlanLoadRequest& full,
                    v1::PlanLoadRequest* compact);
 
-// The wanted chunks of a short-form request, for the stored tensors of
-// `planner` in `order` (whose digest the request named), by tensor index
-// (LoadPlanner::Named gives the full form). INVALID_ARGUMENT when
-// wanted_boxes does not hold exactly the offsets and sizes of every one
-// (the boxes themselves are checked by the planner).
+// INVALID_ARGUMENT unless a short-form request's wanted_boxes hold exactly
+// the offsets and sizes of the stored tensors of `planner` in `order` (whose
+// digest the request named); the boxes themselves are checked by the
+// planner. A request that passes is planned as
+// planner::WantedBoxRun{order, wanted_boxes}.
+absl::Status CheckWantedBoxes(const v1::PlanLoadRequest& request,
+                              const planner::LoadPlanner& planner,
+                              absl::Span<const int> order);
+
+// The wanted chunks of a short-form request (CheckWantedBoxes first), by
+// tensor index (LoadPlanner::Named gives the full form).
 absl::StatusOr<std::vector<planner::WantedBox>> WantedFromCompact(
     const v1::PlanLoadRequest& request, const planner::LoadPlanner& planner,
     absl::Span<const int> order);

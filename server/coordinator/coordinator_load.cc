@@ -183,8 +183,7 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
         absl::StrCat("the request has both tensors_digest and ",
                      request.wanted_size(), " wanted chunks; send one form")));
   }
-  std::vector<planner::WantedChunk> wanted;    // the full form
-  std::vector<planner::WantedBox> wanted_ids;  // the short form, expanded
+  std::vector<planner::WantedChunk> wanted;  // the full form
   if (!short_form) {
     wanted.reserve(request.wanted_size());
     for (const v1::WantedChunk& w : request.wanted()) {
@@ -234,11 +233,11 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
       plan->bytes = resend.SerializeAsString();
       return plan;
     }
-    absl::StatusOr<std::vector<planner::WantedBox>> expanded =
-        convert::WantedFromCompact(request, *ckpt->planner,
-                                   ckpt->tensors_by_fqn);
-    if (!expanded.ok()) return refused(expanded.status());
-    wanted_ids = *std::move(expanded);
+    if (absl::Status s = convert::CheckWantedBoxes(request, *ckpt->planner,
+                                                   ckpt->tensors_by_fqn);
+        !s.ok()) {
+      return refused(s);
+    }
   }
   m_.load_plan_misses->Increment();
   // Each read item is written straight into the answer's wire bytes.
@@ -252,7 +251,12 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   };
   const bool segments = form == convert::AnswerForm::kFull;
   const absl::Status planned =
-      short_form ? ckpt->planner->PlanEach(wanted_ids, add, segments)
+      short_form ? ckpt->planner->PlanEach(
+                       planner::WantedBoxRun{
+                           ckpt->tensors_by_fqn,
+                           absl::MakeConstSpan(request.wanted_boxes().data(),
+                                               request.wanted_boxes_size())},
+                       add, segments)
                  : ckpt->planner->PlanEach(wanted, add, segments);
   if (!planned.ok()) return refused(planned);
   for (const std::string& fqn : request.wanted_bytes()) {
