@@ -141,32 +141,9 @@ constexpr int kFirstBoxSlotsLog2 = 8;
 constexpr size_t kFirstBoxSlots = size_t{1} << kFirstBoxSlotsLog2;
 constexpr size_t kMaxBoxSlots = size_t{1} << 16;
 
-// A column of read_columns whose values are sent as zigzag varints of their
-// differences from the previous item's (the first's from 0): its packed
-// body's size, and the body.
-template <typename Rows, typename Value>
-size_t DifferencesSize(const Rows& rows, Value value) {
-  size_t n = 0;
-  int64_t last = 0;
-  for (const auto& r : rows) {
-    const int64_t v = value(r);
-    n += VarintSize(WireFormatLite::ZigZagEncode64(static_cast<int64_t>(
-        static_cast<uint64_t>(v) - static_cast<uint64_t>(last))));
-    last = v;
-  }
-  return n;
-}
-
-template <typename Rows, typename Value>
-void WriteDifferences(const Rows& rows, Value value, Cursor* c) {
-  int64_t last = 0;
-  for (const auto& r : rows) {
-    const int64_t v = value(r);
-    c->Varint(WireFormatLite::ZigZagEncode64(static_cast<int64_t>(
-        static_cast<uint64_t>(v) - static_cast<uint64_t>(last))));
-    last = v;
-  }
-}
+// A column's room to start with (grown by doubling): 4 KiB, a few hundred
+// items' values.
+constexpr size_t kColumnRoom = size_t{4} << 10;
 
 }  // namespace
 
@@ -190,8 +167,6 @@ PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
                                            size_t expected_bytes)
     : form_(form) {
   out_.reserve(expected_bytes + expected_bytes / 16);
-  // An item takes 9 bytes or more of the columns.
-  if (form == AnswerForm::kReadColumns) rows_.reserve(expected_bytes / 8);
   if (form == AnswerForm::kCompactSharedBoxes ||
       form == AnswerForm::kReadColumns) {
     box_slots_.resize(kFirstBoxSlots);
@@ -281,8 +256,13 @@ void PlanLoadAnswerWriter::AddCompactRead(
   const bool shared = form_ != AnswerForm::kCompact;
   const uint32_t box_index = shared ? BoxIndex(item) : 0;
   if (form_ == AnswerForm::kReadColumns) {
-    rows_.push_back(ColumnRow{item.dest_index, object, chunk.offset,
-                              chunk.crc32c, item.chunk_id, box_index});
+    Columns& c = columns_;
+    c.dest_index.AddDifference(item.dest_index);
+    c.object_index.AddDifference(object);
+    c.offset.AddDifference(static_cast<int64_t>(chunk.offset));
+    c.crc32c.AddFixed32(chunk.crc32c);
+    c.chunk.AddDifference(item.chunk_id);
+    c.box.AddDifference(box_index);
     ++reads_;
     return;
   }
@@ -363,49 +343,34 @@ void PlanLoadAnswerWriter::AddBytesEntry(const v1::ManifestBytes& entry) {
   bytes_to_read_ += entry.location().length();
 }
 
+void PlanLoadAnswerWriter::Column::Grow() {
+  const size_t used = this->used();
+  bytes_.resize(std::max(used * 2, kColumnRoom));
+  pos_ = bytes_.data() + used;
+  end_ = bytes_.data() + bytes_.size();
+}
+
 void PlanLoadAnswerWriter::WriteColumns() {
-  // The item's value of each column.
-  const auto dest = [](const ColumnRow& r) -> int64_t { return r.dest_index; };
-  const auto object = [](const ColumnRow& r) -> int64_t {
-    return r.object_index;
-  };
-  const auto offset = [](const ColumnRow& r) {
-    return static_cast<int64_t>(r.offset);
-  };
-  const auto chunk = [](const ColumnRow& r) -> int64_t { return r.chunk; };
-  const auto box = [](const ColumnRow& r) -> int64_t { return r.box; };
-  const size_t dest_size = DifferencesSize(rows_, dest);
-  const size_t object_size = DifferencesSize(rows_, object);
-  const size_t offset_size = DifferencesSize(rows_, offset);
-  const size_t crc_size = 4 * rows_.size();
-  const size_t chunk_size = DifferencesSize(rows_, chunk);
-  const size_t box_size = DifferencesSize(rows_, box);
-  const size_t all = PackedSize(dest_size) + PackedSize(object_size) +
-                     PackedSize(offset_size) + PackedSize(crc_size) +
-                     PackedSize(chunk_size) + PackedSize(box_size);
+  const Columns& c = columns_;
+  const std::pair<uint8_t, absl::string_view> columns[] = {
+      {kColDestIndexTag, c.dest_index.body()},
+      {kColObjectIndexTag, c.object_index.body()},
+      {kColOffsetTag, c.offset.body()},
+      {kColCrc32cTag, c.crc32c.body()},
+      {kColChunkTag, c.chunk.body()},
+      {kColBoxTag, c.box.body()}};
+  size_t all = 0;
+  for (const auto& [tag, body] : columns) all += PackedSize(body.size());
   Cursor w(Grow(NestedSize(all)));
   w.Byte(kReadColumnsTag);  // set even when empty: the form is told by it
   w.Varint(all);
-  // A column's field, left out when its body is empty (no items).
-  const auto start = [&w](uint8_t tag, size_t body) {
-    if (body == 0) return false;
+  for (const auto& [tag, body] : columns) {
+    if (body.empty()) continue;  // an empty packed field is left out
     w.Byte(tag);
-    w.Varint(body);
-    return true;
-  };
-  if (start(kColDestIndexTag, dest_size)) WriteDifferences(rows_, dest, &w);
-  if (start(kColObjectIndexTag, object_size)) {
-    WriteDifferences(rows_, object, &w);
+    w.Varint(body.size());
+    std::memcpy(w.pos(), body.data(), body.size());
+    w.Skip(body.size());
   }
-  if (start(kColOffsetTag, offset_size)) WriteDifferences(rows_, offset, &w);
-  if (start(kColCrc32cTag, crc_size)) {
-    for (const ColumnRow& r : rows_) {
-      for (int i = 0; i < 4; ++i)
-        w.Byte(static_cast<uint8_t>(r.crc32c >> (8 * i)));
-    }
-  }
-  if (start(kColChunkTag, chunk_size)) WriteDifferences(rows_, chunk, &w);
-  if (start(kColBoxTag, box_size)) WriteDifferences(rows_, box, &w);
 }
 
 std::string PlanLoadAnswerWriter::Finish(absl::string_view step_prefix) && {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/optimization.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "cairn/v1/cairn.pb.h"
@@ -93,16 +94,51 @@ class PlanLoadAnswerWriter {
   // kReadColumns: the columns, written as PlanLoadResponse.read_columns.
   void WriteColumns();
 
-  // kReadColumns: an item's values, kept as they come and written column
-  // by column at Finish (each column sized, then encoded straight into the
-  // answer, in tight passes over these rows).
-  struct ColumnRow {
-    int32_t dest_index;
-    int32_t object_index;
-    uint64_t offset;
-    uint32_t crc32c;
-    uint32_t chunk;
-    uint32_t box;
+  // kReadColumns: one column's packed body as it will be written (zigzag
+  // varints of the differences, or fixed32s), in bytes_' first used bytes,
+  // and the previous item's value.
+  // Inline: six of them per item, each a few instructions (out of line,
+  // the calls cost more than the bytes).
+  class Column {
+   public:
+    Column() = default;
+    Column(const Column&) = delete;  // pos_ and end_ point into bytes_
+    Column& operator=(const Column&) = delete;
+
+    void AddDifference(int64_t value) {
+      if (ABSL_PREDICT_FALSE(end_ - pos_ < 10)) Grow();
+      const uint64_t d =
+          static_cast<uint64_t>(value) - static_cast<uint64_t>(last_);
+      // Zigzag: small differences of either sign take one byte.
+      uint64_t v =
+          (d << 1) ^ static_cast<uint64_t>(static_cast<int64_t>(d) >> 63);
+      while (v >= 0x80) {
+        *pos_++ = static_cast<char>(v | 0x80);
+        v >>= 7;
+      }
+      *pos_++ = static_cast<char>(v);
+      last_ = value;
+    }
+    void AddFixed32(uint32_t value) {
+      if (ABSL_PREDICT_FALSE(end_ - pos_ < 4)) Grow();
+      for (int i = 0; i < 4; ++i) *pos_++ = static_cast<char>(value >> (8 * i));
+    }
+    absl::string_view body() const { return {bytes_.data(), used()}; }
+
+   private:
+    size_t used() const {
+      return pos_ == nullptr ? 0 : static_cast<size_t>(pos_ - bytes_.data());
+    }
+    // Twice the room (at least 10 bytes more).
+    void Grow();
+
+    std::string bytes_;
+    char* pos_ = nullptr;  // the next byte's place in bytes_ (none yet: null)
+    char* end_ = nullptr;
+    int64_t last_ = 0;
+  };
+  struct Columns {
+    Column dest_index, object_index, offset, crc32c, chunk, box;
   };
 
   AnswerForm form_;
@@ -129,7 +165,7 @@ class PlanLoadAnswerWriter {
   uint32_t num_boxes_ = 0;
   int reads_ = 0;
   uint64_t bytes_to_read_ = 0;
-  std::vector<ColumnRow> rows_;  // kReadColumns
+  Columns columns_;
 };
 
 // Whether `item` is in a compact form ExpandCompactAnswer completes: it names
