@@ -539,7 +539,14 @@ absl::Status LoadPlanner::PlanWanted(
     }
     scratch.segments += n;
     const uint32_t id = Id(ti, c);
-    const ChunkRecord& record = chunks_[Record(ti, c)];
+    const uint32_t at = Record(ti, c);
+    const ChunkRecord& record = chunks_[at];
+    // A rank wants the tensors of a tiling in the order of their records
+    // (fqn order), most often with the same box: the record of the one four
+    // on, in the next cache line, is fetched now, while other tilings are
+    // planned, not when it is wanted (its miss was half of this function's
+    // time at 16k ranks).
+    if (at + 4 < chunks_.size()) __builtin_prefetch(&chunks_[at + 4]);
     chunk.object_key = objects_[record.object];
     chunk.offset = record.offset;
     chunk.length = static_cast<uint64_t>(o.chunk_volumes[k]) * elem;
