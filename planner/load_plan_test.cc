@@ -162,6 +162,23 @@ TEST(LoadPlanTest, ErrorsNameTheFqnAndSayWhatDiffers) {
   EXPECT_EQ(planner->Find("x"), -1);
 }
 
+// Two plans of the same wanted chunks: the same items, field by field.
+void ExpectSameItems(const std::vector<ReadItem>& got,
+                     const std::vector<ReadItem>& want,
+                     const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const std::string where = absl::StrCat(what, " item ", i);
+    EXPECT_EQ(got[i].fqn, want[i].fqn) << where;
+    EXPECT_EQ(got[i].dest_index, want[i].dest_index) << where;
+    EXPECT_EQ(got[i].source_chunk, want[i].source_chunk) << where;
+    EXPECT_EQ(got[i].overlap, want[i].overlap) << where;
+    EXPECT_EQ(got[i].source, want[i].source) << where;
+    EXPECT_EQ(got[i].source_crc32c, want[i].source_crc32c) << where;
+    EXPECT_EQ(got[i].segments, want[i].segments) << where;
+  }
+}
+
 TEST(LoadPlanTest, WantedByTensorIndexPlansAsByNameAndNamesTheFqn) {
   auto planner = MustCreate(
       {Tensor("w", {4, 4}, {Box({0, 0}, {2, 4}), Box({2, 0}, {1, 4})}),
@@ -182,14 +199,7 @@ TEST(LoadPlanTest, WantedByTensorIndexPlansAsByNameAndNamesTheFqn) {
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(want.ok()) << want.status();
   ASSERT_EQ(got->size(), 3u);  // b once, w from both of its chunks
-  ASSERT_EQ(got->size(), want->size());
-  for (size_t i = 0; i < got->size(); ++i) {
-    EXPECT_EQ((*got)[i].fqn, (*want)[i].fqn);
-    EXPECT_EQ((*got)[i].dest_index, (*want)[i].dest_index);
-    EXPECT_EQ((*got)[i].overlap, (*want)[i].overlap);
-    EXPECT_EQ((*got)[i].source, (*want)[i].source);
-    EXPECT_EQ((*got)[i].segments, (*want)[i].segments);
-  }
+  ExpectSameItems(*got, *want, "by index");
 
   for (int bad : {-1, 2, 1 << 30}) {
     auto no_tensor = planner->Plan(std::vector<WantedBox>{
@@ -205,13 +215,7 @@ TEST(LoadPlanTest, WantedByTensorIndexPlansAsByNameAndNamesTheFqn) {
   const std::vector<int64_t> values = {1, 2, 1, 1, 2, 2, 0, 0, 0, 4};
   auto run = planner->Plan(WantedBoxRun{order, values});
   ASSERT_TRUE(run.ok()) << run.status();
-  ASSERT_EQ(run->size(), want->size());
-  for (size_t i = 0; i < run->size(); ++i) {
-    EXPECT_EQ((*run)[i].dest_index, (*want)[i].dest_index);
-    EXPECT_EQ((*run)[i].overlap, (*want)[i].overlap);
-    EXPECT_EQ((*run)[i].source, (*want)[i].source);
-    EXPECT_EQ((*run)[i].segments, (*want)[i].segments);
-  }
+  ExpectSameItems(*run, *want, "run");
   const std::vector<int64_t> fewer(values.begin(), values.end() - 1);
   auto short_run = planner->Plan(WantedBoxRun{order, fewer});
   EXPECT_EQ(short_run.status().code(), absl::StatusCode::kInvalidArgument);
@@ -392,20 +396,7 @@ TEST(LoadPlanTest, ReusedOverlapsGiveEachWantedChunkItsOwnItems) {
     absl::StatusOr<std::vector<ReadItem>> run =
         planner->Plan(WantedBoxRun{order, values});
     ASSERT_TRUE(run.ok()) << run.status();
-    ASSERT_EQ(run->size(), all->size()) << "trial " << trial;
-    for (size_t i = 0; i < run->size(); ++i) {
-      const ReadItem& got = (*run)[i];
-      const ReadItem& want = (*all)[i];
-      const std::string where = absl::StrCat("trial ", trial, " run item ", i);
-      EXPECT_EQ(got.dest_index, want.dest_index) << where;
-      EXPECT_EQ(got.fqn, want.fqn) << where;
-      EXPECT_EQ(got.source_chunk, want.source_chunk) << where;
-      EXPECT_EQ(got.overlap, want.overlap) << where;
-      EXPECT_EQ(got.source.object_key, want.source.object_key) << where;
-      EXPECT_EQ(got.source.offset, want.source.offset) << where;
-      EXPECT_EQ(got.source_crc32c, want.source_crc32c) << where;
-      EXPECT_EQ(got.segments, want.segments) << where;
-    }
+    ExpectSameItems(*run, *all, absl::StrCat("trial ", trial, " run"));
     size_t next = 0;
     for (size_t w = 0; w < wanted.size(); ++w) {
       absl::StatusOr<std::vector<ReadItem>> alone =
