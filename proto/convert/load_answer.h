@@ -95,10 +95,9 @@ class PlanLoadAnswerWriter {
   void WriteColumns();
 
   // kReadColumns: one column's packed body as it will be written (zigzag
-  // varints of the differences, or fixed32s), in bytes_' first used bytes,
-  // and the previous item's value.
-  // Inline: six of them per item, each a few instructions (out of line,
-  // the calls cost more than the bytes).
+  // varints of the differences, or fixed32s), in bytes_ up to pos_, and the
+  // previous item's value. Its appends are inline: six per item, each a few
+  // instructions (out of line, the calls cost more than the bytes).
   class Column {
    public:
     Column() = default;
