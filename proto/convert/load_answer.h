@@ -25,6 +25,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "cairn/v1/cairn.pb.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "planner/load_plan.h"
 
 namespace cairn::convert {
@@ -106,25 +108,25 @@ class PlanLoadAnswerWriter {
 
     void AddDifference(int64_t value) {
       if (ABSL_PREDICT_FALSE(end_ - pos_ < 10)) Grow();
-      const uint64_t d =
-          static_cast<uint64_t>(value) - static_cast<uint64_t>(last_);
       // Zigzag: small differences of either sign take one byte.
-      uint64_t v =
-          (d << 1) ^ static_cast<uint64_t>(static_cast<int64_t>(d) >> 63);
-      while (v >= 0x80) {
-        *pos_++ = static_cast<char>(v | 0x80);
-        v >>= 7;
-      }
-      *pos_++ = static_cast<char>(v);
+      pos_ = Out(google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
+          google::protobuf::internal::WireFormatLite::ZigZagEncode64(
+              static_cast<int64_t>(static_cast<uint64_t>(value) -
+                                   static_cast<uint64_t>(last_))),
+          In(pos_)));
       last_ = value;
     }
     void AddFixed32(uint32_t value) {
       if (ABSL_PREDICT_FALSE(end_ - pos_ < 4)) Grow();
-      for (int i = 0; i < 4; ++i) *pos_++ = static_cast<char>(value >> (8 * i));
+      pos_ = Out(
+          google::protobuf::io::CodedOutputStream::WriteLittleEndian32ToArray(
+              value, In(pos_)));
     }
     absl::string_view body() const { return {bytes_.data(), used()}; }
 
    private:
+    static uint8_t* In(char* p) { return reinterpret_cast<uint8_t*>(p); }
+    static char* Out(uint8_t* p) { return reinterpret_cast<char*>(p); }
     size_t used() const {
       return pos_ == nullptr ? 0 : static_cast<size_t>(pos_ - bytes_.data());
     }
