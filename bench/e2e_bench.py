@@ -55,8 +55,8 @@ bench-smoke): 32 MiB, one round, no page-cache drop (it would disturb every
 other test on the machine), the tiny "smoke" limit sweep, each process killed
 after --timeout (default 120 s in smoke mode) so a hang fails instead of
 blocking; DCP runs (only the 2x2 -> 1x3 shape, for time) only if
-/usr/bin/python3 can import torch (python3-torch), and is skipped with a
-notice otherwise. Cairn's part (cairnd, the saves, every load with its
+the interpreter running this script can import torch (the project
+environment .venv has it), and is skipped with a notice otherwise. Cairn's part (cairnd, the saves, every load with its
 bit-exact checks, every shape) and the limit always run. Numbers are
 meaningless.
 Dropping the page cache needs root; without it the loads are warm (a warning
@@ -271,7 +271,7 @@ def run_dcp(args, total, shape=None):
     for a SHAPES entry its save and one load (keys save_*, load_*)."""
     dcp_dir = os.path.join(args.dir, "dcp")
     shutil.rmtree(dcp_dir, ignore_errors=True)  # a killed run's leftovers
-    cmd = ["/usr/bin/python3", os.path.join(ROOT, "bench/baselines/dcp_bench.py"),
+    cmd = [sys.executable, os.path.join(ROOT, "bench/baselines/dcp_bench.py"),
            "--dir", dcp_dir, "--total-bytes", str(total), "--repeat", "1"]
     if shape:
         cmd += ["--save-layout", shape[1], "--load-layout", shape[2]]
@@ -340,17 +340,18 @@ def main():
         # load); Cairn runs every shape.
         dcp_shapes = [s for s in shapes if s[0] == "mesh2x2_1x3"]
         if not args.skip_dcp and subprocess.run(
-                ["/usr/bin/python3", "-c", "import torch"], stdout=subprocess.DEVNULL,
+                [sys.executable, "-c", "import torch"], stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL).returncode != 0:
-            print("e2e_bench --smoke: torch is not importable (apt-get install "
-                  "python3-torch): DCP skipped", file=sys.stderr)
+            print(f"e2e_bench --smoke: {sys.executable} cannot import torch (run "
+                  "with .venv/bin/python, which scripts/install_deps.sh makes): "
+                  "DCP skipped", file=sys.stderr)
             args.skip_dcp = True
     elif not args.skip_dcp and subprocess.run(
-            ["/usr/bin/python3", "-c", "import torch"], stdout=subprocess.DEVNULL,
+            [sys.executable, "-c", "import torch"], stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL).returncode != 0:
-        sys.exit("e2e_bench: PyTorch DCP is the peer this benchmark compares against, but "
-                 "/usr/bin/python3 cannot import torch: run bench/baselines/install.sh "
-                 "(Debian's python3-torch), or pass --skip-dcp")
+        sys.exit(f"e2e_bench: PyTorch DCP is the peer this benchmark compares against, but "
+                 f"{sys.executable} cannot import torch: run it with .venv/bin/python "
+                 "(scripts/install_deps.sh makes it), or pass --skip-dcp")
     if args.skip_dcp:
         dcp_shapes = []
     args.bytes = args.bytes or 1.6e9

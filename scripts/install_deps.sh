@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Installs what Cairn needs to build and test from Debian bookworm's packages.
-# Idempotent: installs only what is missing; needs no network beyond apt.
+# Installs what Cairn needs to build and test: Debian bookworm's packages
+# (apt), and the Python side (torch, pytest, safetensors, kubernetes-validate,
+# ...) from PyPI into the project environment, .venv at the root of the
+# checkout (or $CAIRN_VENV), pinned with hashes by scripts/requirements.lock.
+# Idempotent: installs only what is missing or what the lock changed.
 set -euo pipefail
 
 PACKAGES=(
@@ -13,10 +16,11 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java
   clang-format fio python3-grpcio
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: clang + libFuzzer/ASan/UBSan runtimes
-  # The Python package (client/python): pybind11 binding, PyTorch 1.13 (DCP,
-  # ShardedTensor, gloo), pytest, and pip/venv for its documented install.
-  python3 python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch
-  python3-pytest python3-venv python3-pip python3-setuptools
+  # The Python package (client/python): Debian's interpreter and headers
+  # and pybind11 build the extension; venv and pip make the project
+  # environment (.venv, below) its torch and tests come from.
+  python3 python3-dev pybind11-dev python3-pybind11 python3-venv python3-pip
+  python3-setuptools
   # S3 storage (storage/s3): libcurl (SigV4 signing) and tinyxml2 (S3's XML
   # bodies); a single-node Ceph with radosgw as the real S3 server the tests
   # run against (scripts/ceph/ceph.sh); boto3 and s3cmd as reference clients
@@ -35,8 +39,6 @@ PACKAGES=(
 # kubectl (for `kubectl kustomize`): Debian's kubernetes-client, unless a
 # kubectl is already installed (e.g. a newer one from the Google Cloud SDK).
 if ! command -v kubectl >/dev/null; then PACKAGES+=(kubernetes-client); fi
-# node and npm (schema validation below): Debian's, unless already installed.
-if ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -55,11 +57,24 @@ else
   echo "install_deps: all ${#PACKAGES[@]} packages present"
 fi
 
-# Offline schema validation of the Kubernetes manifests: npm kubernetes-models
-# pinned by deploy/kubernetes/validate/package-lock.json.
-VALIDATE_DIR="$(dirname "$0")/../deploy/kubernetes/validate"
-if [[ ! -f "$VALIDATE_DIR/node_modules/.package-lock.json" ||
-      "$VALIDATE_DIR/package-lock.json" -nt "$VALIDATE_DIR/node_modules/.package-lock.json" ]]; then
-  echo "install_deps: npm ci in deploy/kubernetes/validate"
-  (cd "$VALIDATE_DIR" && npm ci --no-audit --no-fund --loglevel=error)
+# The project environment: a venv of Debian's /usr/bin/python3 (the
+# interpreter the extension is built against) holding exactly the lock's
+# packages. Made again from scratch when the lock changed (a stamp holds the
+# lock's hash) or a previous install did not finish; pip's own cache
+# (~/.cache/pip) makes that a local unpack after the first download.
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+LOCK="$ROOT/scripts/requirements.lock"
+VENV="${CAIRN_VENV:-$ROOT/.venv}"
+STAMP="$VENV/.cairn-requirements.sha256"
+want=$(sha256sum "$LOCK" | cut -d' ' -f1)
+if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+  echo "install_deps: $VENV matches scripts/requirements.lock"
+else
+  echo "install_deps: making $VENV from scripts/requirements.lock (PyPI; torch is a few GB the first time)"
+  rm -rf "$VENV"
+  /usr/bin/python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --no-input --require-hashes --no-deps \
+    --progress-bar off -r "$LOCK"
+  "$VENV/bin/python" -m pip check
+  echo "$want" > "$STAMP"
 fi

@@ -75,10 +75,11 @@ echo "== cairn verify quickstart latest"
 
 echo
 echo "== Python example: 2 ranks train an MLP (Adam, cosine LR), saving every 10 steps; killed before step 25"
-# The staged cairn package and Debian's interpreter (the one with python3-torch).
+# The staged cairn package and the project environment's interpreter (.venv,
+# made by install_deps.sh with the pinned torch).
 PY_ENV=(env "PYTHONPATH=$(cd "$BUILD_DIR" && pwd)/python" CAIRN_COORDINATOR="$ADDR"
   CAIRN_JOB=quickstart-python)
-PY_TRAIN=(/usr/bin/python3 client/python/examples/train.py --world-size 2 --steps 40
+PY_TRAIN=(.venv/bin/python client/python/examples/train.py --world-size 2 --steps 40
   --save-every 10)
 rc=0
 "${PY_ENV[@]}" "${PY_TRAIN[@]}" --kill-at-step 25 || rc=$?

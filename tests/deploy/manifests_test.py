@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """Offline checks of deploy/kubernetes: every overlay and example renders
 with `kubectl kustomize`, every object validates against the Kubernetes API
-schemas (npm kubernetes-models, deploy/kubernetes/validate), and the
-manifests agree with the binaries and with each other:
+schemas and the cert-manager and Prometheus Operator CRDs
+(deploy/kubernetes/validate/validate.py, on PyPI's kubernetes-validate), the
+validator refuses deliberately broken objects, and the manifests agree with
+the binaries and with each other:
 
   - every CAIRN_* setting (ConfigMaps, env) is a flag of the binary it is
     given to (a typo would otherwise be ignored): checked against the built
@@ -24,10 +26,13 @@ manifests agree with the binaries and with each other:
     discovery swapped for static targets: Debian's Prometheus is built
     without it).
 
-Usage: manifests_test.py --build-dir BUILD
+Usage: manifests_test.py --build-dir BUILD [--python PYTHON]
+(PYTHON: the interpreter with kubernetes-validate that runs the validator;
+default the one running this test)
 """
 
 import argparse
+import copy
 import os
 import re
 import subprocess
@@ -52,7 +57,10 @@ FILE_SETTINGS = ["CAIRN_TLS_CERT", "CAIRN_TLS_KEY", "CAIRN_TLS_CLIENT_CA", "CAIR
 SECRET_SETTINGS = {"CAIRN_TLS_KEY", "CAIRN_AUTH_TOKENS", "CAIRN_TOKEN_FILE", "CAIRN_PEER_TOKEN_FILE",
                    "CAIRN_PEER_TLS_KEY"}
 BINARIES = {"cairnd": "server/coordinator/cairnd", "cairn-agent": "server/agent/cairn-agent"}
+VALIDATOR = os.path.join(ROOT, "deploy/kubernetes/validate/validate.py")
 errors = []
+# The rendered objects of each kustomization, by path (for the validator's negative cases).
+rendered_docs = {}
 
 
 def error(msg):
@@ -77,7 +85,7 @@ def listen_port(value):
     return int(port) if host and port.isdigit() else None
 
 
-def render_and_validate(path, build_dir):
+def render_and_validate(path, build_dir, python):
     """The rendered objects of kustomization `path`, validated against the API schemas."""
     out = subprocess.run(["kubectl", "kustomize", os.path.join(ROOT, path)], capture_output=True, text=True)
     if out.returncode != 0:
@@ -86,16 +94,66 @@ def render_and_validate(path, build_dir):
     rendered = os.path.join(build_dir, "deploy-rendered-" + path.replace("/", "_") + ".yaml")
     with open(rendered, "w") as f:
         f.write(out.stdout)
-    v = subprocess.run(["node", os.path.join(ROOT, "deploy/kubernetes/validate/validate.mjs"), rendered],
-                       capture_output=True, text=True)
+    v = subprocess.run([python, VALIDATOR, rendered], capture_output=True, text=True)
     print(v.stdout.strip().splitlines()[-1] if v.stdout else v.stderr)
     if v.returncode != 0:
         error(f"{path}: schema validation failed:\n{v.stdout}{v.stderr}")
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    rendered_docs[path] = docs
+    return docs
 
 
-def check_kustomization(path, build_dir, version, flags):
-    docs = render_and_validate(path, build_dir)
+def check_validator_refuses(build_dir, python):
+    """The validator refuses broken objects, each with a line naming it and what is wrong."""
+    def broken(path, kind, suffix, spoil):
+        found = [d for d in rendered_docs.get(path, []) if d["kind"] == kind]
+        if not found:
+            error(f"validator negative case: {path} rendered no {kind} to break")
+            return None
+        obj = copy.deepcopy(found[0])
+        obj["metadata"]["name"] += suffix
+        spoil(obj["spec"])
+        return obj
+
+    def unknown_field(spec):
+        spec["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+
+    def wrong_type(spec):
+        spec["podMetricsEndpoints"][0]["port"] = 9090
+
+    # (object, what the validator's line for it must say)
+    cases = [
+        (broken("deploy/kubernetes/overlays/dev", "DaemonSet", "-unknown-field", unknown_field),
+         "spec.template.spec.containers[0]: Additional properties are not allowed ('imagePullPolicyy'"),
+        (broken("deploy/kubernetes/monitoring", "PodMonitor", "-wrong-type", wrong_type),
+         "spec.podMetricsEndpoints[0].port: 9090 is not of type 'string'"),
+        (broken("deploy/kubernetes/overlays/local", "Certificate", "-no-secret-name",
+                lambda spec: spec.pop("secretName")),
+         "spec: 'secretName' is a required property"),
+    ]
+    cases = [(o, want) for o, want in cases if o is not None]
+    if not cases:
+        return
+    path = os.path.join(build_dir, "deploy-broken-objects.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump_all([o for o, _ in cases], f)
+    v = subprocess.run([python, VALIDATOR, path], capture_output=True, text=True)
+    lines = v.stdout.splitlines()
+    problems = [] if v.returncode == 1 else [f"exit {v.returncode}, not 1"]
+    for o, want in cases:
+        what = f"{path}: {o['kind']}/{o['metadata']['name']}: INVALID: "
+        if not any(l.startswith(what) and want in l for l in lines):
+            problems.append(f"no line {what}{want}...")
+    if f"validate: 0 valid, {len(cases)} invalid" not in lines:
+        problems.append(f"not the summary validate: 0 valid, {len(cases)} invalid")
+    if problems:
+        error(f"validator on {len(cases)} broken objects: " + "; ".join(problems) + f":\n{v.stdout}{v.stderr}")
+    else:
+        print(f"validator refuses {len(cases)} broken objects")
+
+
+def check_kustomization(path, build_dir, python, version, flags):
+    docs = render_and_validate(path, build_dir, python)
     if not docs:
         return []
     config_maps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
@@ -208,7 +266,7 @@ def port_names(w):
     return {p.get("name") for c in w["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
 
 
-def check_monitoring(build_dir, workloads):
+def check_monitoring(build_dir, python, workloads):
     """PodMonitors and plain scrape jobs agree with the pods and the alert rules."""
     daemons = [w for w in workloads if w["kind"] in ("StatefulSet", "DaemonSet")]
     rules = open(os.path.join(ROOT, "deploy/prometheus/cairn-alerts.yaml")).read()
@@ -218,7 +276,8 @@ def check_monitoring(build_dir, workloads):
     # The Prometheus Operator's PodMonitors: the job label is the value of
     # the pod label named by jobLabel.
     monitor_jobs = set()
-    for pm in (d for d in render_and_validate("deploy/kubernetes/monitoring", build_dir) if d["kind"] == "PodMonitor"):
+    monitors = render_and_validate("deploy/kubernetes/monitoring", build_dir, python)
+    for pm in (d for d in monitors if d["kind"] == "PodMonitor"):
         name = f"PodMonitor/{pm['metadata']['name']}"
         sel = pm["spec"]["selector"]["matchLabels"]
         hits = [w for w in daemons if all(pod_labels(w).get(k) == v for k, v in sel.items())]
@@ -352,16 +411,21 @@ def check_workload(path, w, config_maps, version, flags):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-dir", required=True)
+    ap.add_argument("--python", default=sys.executable,
+                    help="the interpreter (with kubernetes-validate) that runs the validator")
     args = ap.parse_args()
     version = open(os.path.join(ROOT, "VERSION")).read().strip()
-    if not os.path.isdir(os.path.join(ROOT, "deploy/kubernetes/validate/node_modules/kubernetes-models")):
-        error("deploy/kubernetes/validate/node_modules is missing: scripts/install_deps.sh installs it (npm ci)")
+    probe = subprocess.run([args.python, "-c", "import kubernetes_validate"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        error(f"{args.python} cannot import kubernetes_validate: scripts/install_deps.sh installs it into "
+              f".venv (pinned kubernetes-validate):\n{probe.stderr}")
         return 1
     flags = {b: flags_of(os.path.join(args.build_dir, p)) for b, p in BINARIES.items()}
     for path in KUSTOMIZATIONS:
-        workloads = check_kustomization(path, args.build_dir, version, flags)
+        workloads = check_kustomization(path, args.build_dir, args.python, version, flags)
         if path == "deploy/kubernetes/overlays/dev":
-            check_monitoring(args.build_dir, workloads)
+            check_monitoring(args.build_dir, args.python, workloads)
+    check_validator_refuses(args.build_dir, args.python)
     if errors:
         print(f"manifests_test: FAIL: {len(errors)} problem(s)")
         return 1
