@@ -9,6 +9,7 @@ connections, and the translation between DCP plans and Cairn states.
   chunks are the planner's target tensors (or temporaries copied into them).
 """
 
+import collections.abc
 import dataclasses
 import io
 import os
@@ -196,11 +197,19 @@ def _where(job: str, step: Any, rank: int) -> str:
     return f"job '{job}' step {step} rank {rank}"
 
 
+# The bytes entry that keeps the saving planner's planner_data (DCP's map
+# of each flattened fqn to its path in the nested state_dict), which
+# Metadata.planner_data hands back on load (_load_state_dict_from_keys
+# rebuilds the nesting from it). Not listed among the checkpoint's entries.
+PLANNER_DATA_FQN = "__cairn_dcp_planner_data__"
+
+
 def build_save_state(plan: Any, planner: Any, job: str, step: Any,
-                     rank: int) -> SaveState:
+                     rank: int, is_coordinator: bool = False) -> SaveState:
     """Resolves every WriteItem of `plan` into one Cairn state: tensor items
     as explicit chunks (contiguous CPU tensors zero copy, others made
-    contiguous), BYTE_IO items as bytes entries."""
+    contiguous), BYTE_IO items as bytes entries; on the coordinator, the
+    plan's planner_data as the PLANNER_DATA_FQN entry."""
     byte_io = api().planner.WriteItemType.BYTE_IO
     state = _cairn.StateDict()
     keep: List[Any] = []
@@ -251,6 +260,10 @@ def build_save_state(plan: Any, planner: Any, job: str, step: Any,
         results.append((item, nbytes))
     for fqn, (dtype_name, global_shape, chunks) in tensors.items():
         state.add_chunks(fqn, dtype_name, global_shape, chunks)
+    mapping = getattr(plan, "planner_data", None)
+    if is_coordinator and isinstance(mapping, dict) and mapping:
+        state.add_bytes(PLANNER_DATA_FQN, _objects.dumps(
+            {str(k): tuple(v) for k, v in mapping.items()}))
     return SaveState(state, keep, results)
 
 
@@ -291,9 +304,43 @@ def _rebuild_entries(job: str, step: Any, items: Dict[str, Any]) -> Entries:
     return e
 
 
-def metadata_from_summary(summary: Any, job: str, step: int) -> Any:
+class PlannerData(collections.abc.Mapping):
+    """Metadata.planner_data: {fqn: path in the nested state_dict}, read
+    from the checkpoint's PLANNER_DATA_FQN entry on first use (most loads
+    never look at it), or, for a checkpoint saved without DCP, each fqn's
+    dotted parts (how the direct API names nested entries)."""
+
+    def __init__(self, fqns: List[str], fetch: Optional[Any]):
+        self._fqns = fqns
+        self._fetch = fetch
+        self._map: Optional[Dict[str, Tuple]] = None
+
+    def _data(self) -> Dict[str, Tuple]:
+        if self._map is None:
+            if self._fetch is not None:
+                self._map = dict(self._fetch())
+            else:
+                self._map = {f: tuple(f.split(".")) for f in self._fqns}
+        return self._map
+
+    def __getitem__(self, fqn: str) -> Tuple:
+        return self._data()[fqn]
+
+    def __iter__(self):
+        return iter(self._data())
+
+    def __len__(self) -> int:
+        return len(self._data())
+
+    def __reduce__(self):
+        return (dict, (dict(self._data()),))
+
+
+def metadata_from_summary(summary: Any, job: str, step: int,
+                          fetch_planner_data: Optional[Any] = None) -> Any:
     """DCP's Metadata of a committed checkpoint: every tensor with its dtype,
-    global size and stored chunk boxes; every bytes entry."""
+    global size and stored chunk boxes; every bytes entry; planner_data
+    (fetch_planner_data() reads the stored one when there is one)."""
     md = api().metadata
     entries = Entries(job, step)
     for t in summary.tensors:
@@ -307,10 +354,26 @@ def metadata_from_summary(summary: Any, job: str, step: int) -> Any:
         entries[t.fqn] = md.TensorStorageMetadata(
             properties=md.TensorProperties(dtype=_tensors.torch_dtype(t.dtype)),
             size=shape, chunks=chunks)
+    stored_planner_data = False
     for b in summary.bytes_entries:
+        if b.fqn == PLANNER_DATA_FQN:
+            stored_planner_data = True
+            continue
         entries[b.fqn] = md.BytesStorageMetadata()
+    planner_data = PlannerData(
+        list(entries), fetch_planner_data if stored_planner_data else None)
     return md.Metadata(state_dict_metadata=entries,
+                       planner_data=planner_data,
                        storage_data=PlanTag(job, step, -1))
+
+
+def read_planner_data(ckpt: Any, step: int) -> Dict[str, Tuple]:
+    """The PLANNER_DATA_FQN entry of `step`, loaded through `ckpt` (a
+    collective load when the ranks all ask, as DCP's planners do)."""
+    state = _cairn.StateDict()
+    state.add_bytes(PLANNER_DATA_FQN)
+    ckpt.load(state, step)
+    return _objects.loads(state.get_bytes(PLANNER_DATA_FQN))
 
 
 class LoadState:
@@ -323,7 +386,7 @@ class LoadState:
         self._commits: List[Tuple[Any, Any]] = []  # (ReadItem, target)
         self._bytes: List[Any] = []                # BYTE_IO ReadItems
 
-    def finish(self, planner: Any) -> None:
+    def finish(self, planner: Any, weights_only: bool = True) -> None:
         """Copies temporaries into their targets, commits every tensor and
         hands every bytes entry to the planner."""
         for target, tmp in self._copies:
@@ -333,8 +396,13 @@ class LoadState:
         for item in self._bytes:
             # An entry the direct API pickled is re-serialised the way DCP's
             # planner reads it (torch.load).
-            planner.load_bytes(item, io.BytesIO(_objects.as_torch_save(
-                self.state.get_bytes(item.storage_index.fqn))))
+            fqn = item.storage_index.fqn
+            try:
+                data = _objects.as_torch_save(self.state.get_bytes(fqn),
+                                              weights_only)
+            except _objects.UnsafeObjectError as e:
+                raise errors.InvalidArgumentError(f"entry '{fqn}': {e}") from None
+            planner.load_bytes(item, io.BytesIO(data))
         self._keep.clear()
         self._copies.clear()
 

@@ -363,7 +363,8 @@ class Checkpointer:
     # --------------------------------------------------------------- load
 
     def load(self, state_dict: StateDictLike,
-             step: Union[int, str] = "latest") -> int:
+             step: Union[int, str] = "latest", *,
+             weights_only: bool = True) -> int:
         """Fills `state_dict` from checkpoint `step` ("latest": the newest
         committed one) and returns the step loaded (collective).
 
@@ -375,8 +376,12 @@ class Checkpointer:
         With an agent socket the agent's memory tier is read first (see
         last_load_source). Errors: NotFoundError (no such step, or an entry
         the checkpoint lacks; names the job and step), InvalidArgumentError
-        (shape or dtype differs, names the fqn), DataLossError (damaged
-        bytes), UnavailableError.
+        (shape or dtype differs, names the fqn; or an object entry holds a
+        class weights-only loading does not build), DataLossError (damaged
+        bytes), UnavailableError. Objects are loaded the way torch.load loads
+        by default (weights_only): plain data, tensors and the classes of
+        torch.serialization.add_safe_globals; weights_only=False unpickles
+        anything (only for checkpoints you trust).
         """
         ref = _step_arg(step, "load", self.job, self.rank, True)
         self._wait_pending()
@@ -399,7 +404,7 @@ class Checkpointer:
                 self.last_load_source = "storage"
                 self._last_stats = dict(self._direct.last_stats)
         if prep is not None:
-            prep.finish_load()
+            prep.finish_load(weights_only)
         return int(loaded)
 
     # --------------------------------------------------------------- catalog

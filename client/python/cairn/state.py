@@ -244,9 +244,10 @@ class Prepared:
         self.state.add_chunks(fqn, dtype, global_shape, spec)
         self.fqns.append(fqn)
 
-    def finish_load(self) -> None:
+    def finish_load(self, weights_only: bool = True) -> None:
         """Copies temporaries into their non-contiguous targets and puts
-        every unpickled object into its container; releases the buffers."""
+        every unpickled object into its container (plain data only unless
+        weights_only is False: see cairn._objects); releases the buffers."""
         for target, tmp in self.copies:
             if _tensors.is_torch_tensor(target):
                 target.copy_(tmp)
@@ -256,8 +257,12 @@ class Prepared:
         for fqn, container, key in self.objects:
             data = self.state.get_bytes(fqn)
             try:
-                container[key] = _objects.loads(data)
+                container[key] = _objects.loads(data, weights_only)
+            except _objects.UnsafeObjectError as e:
+                self.release()
+                raise InvalidArgumentError(f"entry '{fqn}': {e}") from None
             except Exception as e:  # pylint: disable=broad-except
+                self.release()
                 raise InvalidArgumentError(
                     f"entry '{fqn}' could not be unpickled ({type(e).__name__}"
                     f": {e})") from e

@@ -88,6 +88,7 @@ class _CairnStorage:
             self._set_id(checkpoint_id)
         self.is_coordinator = False
         self._no_dist = False
+        self._use_collectives = True
 
     # ----------------------------------------------------- identity
     @classmethod
@@ -129,8 +130,12 @@ class _CairnStorage:
     # ----------------------------------------------------- ranks
     def _set_up(self, is_coordinator: bool, kwargs: Dict[str, Any]) -> None:
         self.is_coordinator = bool(is_coordinator)
-        if kwargs.get("use_collectives") is False:
-            self._no_dist = True
+        # use_collectives=False (DCP >= 2.6): DCP plans each rank alone and
+        # runs no collective; the save is still one checkpoint of every rank
+        # of the group (cairnd is what brings them together), so the rank
+        # and world size stay the group's. Only the readiness exchange
+        # before the save, a torch collective, is left out.
+        self._use_collectives = kwargs.get("use_collectives") is not False
         if "rank" in kwargs and self._rank_override is None:
             self._rank_override = kwargs["rank"]
 
@@ -221,13 +226,13 @@ class CairnStorageWriter(_CairnStorage, _api.StorageWriter):
         failure = None
         try:
             built = _dcp.build_save_state(plan, planner, self.job, self.step,
-                                          rank)
+                                          rank, self.is_coordinator)
         except Exception as e:  # pylint: disable=broad-except
             failure = e
         # Every rank learns whether all ranks are ready before any begins the
         # collective save: a rank that cannot even build its state would
         # otherwise leave the others parked in BeginSave until the deadline.
-        if not self._no_dist:
+        if not self._no_dist and self._use_collectives:
             _dcp.agree_or_raise(failure, self._process_group, world, rank,
                                 f"save of {self._where()}")
         if failure is not None:
@@ -281,6 +286,7 @@ class CairnStorageReader(_CairnStorage, _api.StorageReader):
                  job: Optional[str] = None,
                  step: Union[int, str, None] = "latest", *,
                  checkpoint_id: Any = None, **options: Any):
+        self._weights_only = bool(options.pop("weights_only", True))
         _CairnStorage.__init__(self, coordinator, job, step, checkpoint_id,
                                options)
         self._requested = self.step
@@ -303,7 +309,14 @@ class CairnStorageReader(_CairnStorage, _api.StorageReader):
             if self.step == "latest" or self.step is None:
                 self.step = conn.ckpt.latest_step()
             summary = conn.ckpt.describe(self.step)
-        return _dcp.metadata_from_summary(summary, self.job, self.step)
+        step = self.step
+
+        def fetch_planner_data():
+            with conn.lock:
+                return _dcp.read_planner_data(conn.ckpt, step)
+
+        return _dcp.metadata_from_summary(summary, self.job, self.step,
+                                          fetch_planner_data)
 
     def init(self, metadata, is_coordinator: bool) -> None:  # 1.13's name
         self.set_up_storage_reader(metadata, is_coordinator)
@@ -334,7 +347,7 @@ class CairnStorageReader(_CairnStorage, _api.StorageReader):
         conn = self._connection()
         with conn.lock:
             self.loaded_step = conn.ckpt.load(load.state, self.step)
-        load.finish(planner)
+        load.finish(planner, self._weights_only)
         fut = torch.futures.Future()
         fut.set_result(None)
         return fut

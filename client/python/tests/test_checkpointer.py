@@ -178,7 +178,14 @@ def save_rows(rank, world, address):
 def load_columns(rank, world, address):
     ckpt = cairn.Checkpointer(address, JOB, rank, world)
     sd = layout(1, rank, world, blank=True)
-    assert ckpt.load(sd) == 11   # latest: the async_save
+    # Objects load the way torch.load does by default (weights_only): a
+    # class the user did not allow is refused, naming the entry and class.
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=r"entry 'extra.info'.*test_checkpointer.RunInfo"
+                             r".*weights_only=False"):
+        ckpt.load(sd)
+    with torch.serialization.safe_globals([RunInfo]):
+        assert ckpt.load(sd) == 11   # latest: the async_save
     assert ckpt.last_load_source == "storage"
     n = check_equal(sd, rank, world, 1)
     # Load step 10 into the same dict (tensors overwritten in place,
@@ -193,7 +200,8 @@ def load_columns(rank, world, address):
             value[...] = 0
         else:
             container[key] = None
-    assert ckpt.load(sd, step=10) == 10 and sd["step"] == 1200
+    assert ckpt.load(sd, step=10, weights_only=False) == 10
+    assert sd["step"] == 1200
     assert check_equal(sd, rank, world, 1) == n
     return n, ckpt.latest_step()
 

@@ -1,5 +1,5 @@
-"""cairn.torch's DCP storage layer with torch 1.13's save_state_dict /
-load_state_dict and their default planners, in real rank processes (gloo)
+"""cairn.torch's DCP storage layer with dcp.save / dcp.load and their
+default planners, in real rank processes (gloo)
 against a real cairnd: a small model + Adam optimizer saved by 4 ranks with
 ShardedTensor row sharding, loaded into 1, 2 and 3 ranks with column
 sharding (bit-exact); no DCP file anywhere; interop (pickled objects as bytes
@@ -21,7 +21,7 @@ from cairn import errors
 
 import harness
 
-from torch.distributed._shard import checkpoint as dcp  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed._shard import sharded_tensor  # noqa: E402
 from torch.distributed._shard.metadata import ShardMetadata  # noqa: E402
 
@@ -102,6 +102,17 @@ def save_layout(full, objects, rank, world):
     return sd
 
 
+def blank(obj):
+    """`obj` with the same structure and every leaf None: what a load
+    fills in (current DCP flattens lists and dicts of objects into one
+    entry per leaf, so the target must have the same structure)."""
+    if isinstance(obj, dict):
+        return {k: blank(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [blank(v) for v in obj]
+    return None
+
+
 def load_layout(full, objects, rank, world):
     """The state_dict loaded into: zeros, column sharded (1-D and
     "extra.colsaved" row sharded), 0-dim replicated; objects as None."""
@@ -114,7 +125,7 @@ def load_layout(full, objects, rank, world):
             sd[fqn] = shard(z, 0, rank, world)
         else:
             sd[fqn] = shard(z, 1, rank, world)
-    sd.update({k: None for k in objects})
+    sd.update({k: blank(v) for k, v in objects.items()})
     return sd
 
 
@@ -142,7 +153,7 @@ def save_ranks(rank, world, address, step):
     full, objects = expected_state()
     sd = save_layout(full, objects, rank, world)
     writer = ctorch.CairnStorageWriter(address, JOB, step)
-    dcp.save_state_dict(sd, writer)
+    dcp.save(sd, storage_writer=writer)
     return writer.last_info.state, dict(writer.last_stats)
 
 
@@ -150,7 +161,7 @@ def load_ranks(rank, world, address, step):
     full, objects = expected_state()
     sd = load_layout(full, objects, rank, world)
     reader = ctorch.CairnStorageReader(address, JOB, step)
-    dcp.load_state_dict(sd, reader)
+    dcp.load(sd, storage_reader=reader)
     check_loaded(sd, full, objects, rank)
     return reader.loaded_step
 
@@ -191,13 +202,13 @@ def save_twice(rank, world, address):
     stats = []
     for step in (1, 2):
         writer = ctorch.CairnStorageWriter(address, JOB, checkpoint_id=step)
-        dcp.save_state_dict(sd, writer)
+        dcp.save(sd, storage_writer=writer)
         stats.append((writer.last_info.step, writer.last_info.state,
                       dict(writer.last_stats)))
     # A changed layout (a new tensor) is planned afresh.
     sd["extra.new"] = torch.ones(2, 2)
     writer = ctorch.CairnStorageWriter(address, JOB, 3)
-    dcp.save_state_dict(sd, writer)
+    dcp.save(sd, storage_writer=writer)
     stats.append((3, writer.last_info.state, dict(writer.last_stats)))
     return stats
 
@@ -219,7 +230,7 @@ def load_one_step(rank, world, address, checkpoint_id):
     full, objects = expected_state()
     sd = load_layout(full, objects, rank, world)
     reader = ctorch.CairnStorageReader(checkpoint_id=checkpoint_id)
-    dcp.load_state_dict(sd, reader)
+    dcp.load(sd, storage_reader=reader)
     check_loaded(sd, full, objects, rank)
     return reader.loaded_step, reader.checkpoint_id
 
@@ -234,9 +245,9 @@ def test_load_by_cairn_uri_and_without_process_group(cairnd):
     # tensors as targets, the writer's step from reset(checkpoint_id).
     full, objects = expected_state()
     sd = {k: torch.zeros_like(v) for k, v in full.items()}
-    sd.update({k: None for k in objects})
+    sd.update({k: blank(v) for k, v in objects.items()})
     reader = ctorch.CairnStorageReader(cairnd.address, JOB)
-    dcp.load_state_dict(sd, reader, no_dist=True)
+    dcp.load(sd, storage_reader=reader, no_dist=True)
     assert reader.loaded_step == 5
     for k, v in full.items():
         assert torch.equal(sd[k], v), k
@@ -246,11 +257,11 @@ def test_load_by_cairn_uri_and_without_process_group(cairnd):
     writer.reset(6)
     plain = {k: v for k, v in full.items()}
     plain["obj"] = {"a": 1}
-    dcp.save_state_dict(plain, writer, no_dist=True)
+    dcp.save(plain, storage_writer=writer, no_dist=True)
     assert writer.last_info.world_size == 1
     back = {k: torch.zeros_like(v) for k, v in full.items()}
-    back["obj"] = None
-    dcp.load_state_dict(back, ctorch.CairnStorageReader(
+    back["obj"] = {"a": None}
+    dcp.load(back, storage_reader=ctorch.CairnStorageReader(
         checkpoint_id=f"cairn://{cairnd.address}/{JOB}/latest"), no_dist=True)
     assert back["obj"] == {"a": 1}
     assert all(torch.equal(back[k], v) for k, v in full.items())
@@ -277,7 +288,7 @@ def test_checkpoint_ids():
     assert writer.checkpoint_id == "cairn://c:1/j/4"
     writer.reset("cairn://d:2/k/5")
     assert (writer.coordinator, writer.job, writer.step) == ("d:2", "k", 5)
-    assert writer.storage_meta() is None  # torch 1.13 has no StorageMeta
+    assert writer.storage_meta().checkpoint_id == "cairn://d:2/k/5"
     with pytest.raises(errors.InvalidArgumentError, match="no step"):
         w("c:1", "j").init(True)
     reader = r("c:1", "j")
@@ -300,7 +311,7 @@ def test_current_dcp_call_sequence(cairnd):
     """The calls current torch.distributed.checkpoint makes (reset with a
     checkpoint_id, set_up_storage_writer/reader with keyword extras,
     storage_meta), driven here with 1.13's default planners in one process."""
-    from torch.distributed._shard.checkpoint.default_planner import (  # pylint: disable=import-outside-toplevel
+    from torch.distributed.checkpoint.default_planner import (  # pylint: disable=import-outside-toplevel
         DefaultLoadPlanner, DefaultSavePlanner)
     full, objects = expected_state()
     full["extra.transposed"] = torch.arange(12.0).reshape(3, 4).t()
@@ -312,37 +323,42 @@ def test_current_dcp_call_sequence(cairnd):
     assert writer.validate_checkpoint_id(uri)
     writer.reset(uri)
     writer.set_up_storage_writer(True, rank=0, use_collectives=False)
-    assert writer.storage_meta() is None
+    assert writer.storage_meta().checkpoint_id == uri
     planner = DefaultSavePlanner()
-    planner.init(sd, True)
+    planner.set_up_planner(sd, writer.storage_meta(), True)
+    # The planner's entries: the tensors, and one per leaf of the objects
+    # (DCP flattens nested dicts and lists).
+    flat = sorted(planner.state_dict)
+    n_objects = len(flat) - len(full)
+    assert n_objects >= len(objects)
     local = writer.prepare_local_plan(planner.create_local_plan())
     plans, metadata = planner.create_global_plan([local])
     plans = writer.prepare_global_plan(plans)
     results = writer.write_data(planner.finish_plan(plans[0]), planner).wait()
-    assert sorted(r.index.fqn for r in results) == sorted(sd)
+    assert sorted(r.index.fqn for r in results) == flat
     assert all(r.storage_data == 8 for r in results)
     tensor_bytes = {r.index.fqn: r.size_in_bytes for r in results}
     assert tensor_bytes["model.0.weight"] == 12 * 8 * 4
     writer.finish(metadata, [results])
     assert writer.last_info.state == "COMMITTED"
     assert writer.last_info.num_tensors == len(full)
-    assert writer.last_info.num_bytes_entries == len(objects)
+    assert writer.last_info.num_bytes_entries == n_objects
 
     reader = ctorch.CairnStorageReader()
     reader.reset(f"cairn://{cairnd.address}/{JOB}/latest")
     md = reader.read_metadata()
     assert reader.step == 8
     stored = md.state_dict_metadata
-    assert sorted(stored) == sorted(sd)
+    assert sorted(stored) == flat
     assert stored["model.0.weight"].size == torch.Size([12, 8])
     assert stored["extra.bf16"].properties.dtype == torch.bfloat16
     assert [(list(c.offsets), list(c.sizes))
             for c in stored["model.0.weight"].chunks] == [([0, 0], [12, 8])]
     reader.set_up_storage_reader(md, True, rank=0, use_collectives=False)
     back = {k: torch.zeros_like(v) for k, v in full.items()}
-    back.update({k: None for k in objects})
+    back.update({k: blank(v) for k, v in objects.items()})
     lp = DefaultLoadPlanner()
-    lp.init(back, md, True)
+    lp.set_up_planner(back, md, True)
     local = reader.prepare_local_plan(lp.create_local_plan())
     plans = reader.prepare_global_plan(lp.create_global_plan([local]))
     reader.read_data(lp.finish_plan(plans[0]), lp).wait()
@@ -380,7 +396,7 @@ def test_checkpoint_saved_by_the_binding_loads_through_the_reader(cairnd):
 
     sd = {"w": torch.zeros(6, 5), "meta": None}
     reader = ctorch.CairnStorageReader(cairnd.address, JOB)
-    dcp.load_state_dict(sd, reader, no_dist=True)
+    dcp.load(sd, storage_reader=reader, no_dist=True)
     assert torch.equal(sd["w"], w)
     assert sd["meta"] == {"epoch": 4}
     assert [(list(c.offsets), list(c.sizes)) for c in
@@ -389,20 +405,26 @@ def test_checkpoint_saved_by_the_binding_loads_through_the_reader(cairnd):
 
 
 def save_replicated(rank, world, address):
-    """DDP-style: every value replicated, so DCP's default planner gives
-    every rank but the coordinator an empty plan."""
+    """DDP-style: every value replicated on every rank."""
     full, objects = expected_state()
     sd = dict(full)
     sd.update(objects)
     writer = ctorch.CairnStorageWriter(address, JOB, 50)
-    dcp.save_state_dict(sd, writer)
+    dcp.save(sd, storage_writer=writer)
     back = {k: torch.zeros_like(v) for k, v in full.items()}
-    back.update({k: None for k in objects})
-    dcp.load_state_dict(back, ctorch.CairnStorageReader(address, JOB))
+    back.update({k: blank(v) for k, v in objects.items()})
+    dcp.load(back, storage_reader=ctorch.CairnStorageReader(address, JOB))
     check_loaded(back, full, objects, rank)
-    return writer.last_stats["items"]
+    entries = len(ctorch.CairnStorageReader(address, JOB, 50)
+                  .read_metadata().state_dict_metadata)
+    return writer.last_stats["items"], entries
 
 
-def test_replicated_state_with_empty_plans_on_other_ranks(cairnd):
-    items = harness.run_ranks(save_replicated, 2, cairnd.address)
-    assert items[0] > 0 and items[1] == 0, items
+def test_replicated_state_written_once(cairnd):
+    """Every value on every rank: DCP's planner spreads the writes over the
+    ranks (each entry written by one rank; 1.13 gave them all to the
+    coordinator), and the checkpoint holds each entry once."""
+    per_rank = harness.run_ranks(save_replicated, 2, cairnd.address)
+    items = [i for i, _ in per_rank]
+    entries = per_rank[0][1]
+    assert sum(items) == entries and items[0] > 0, per_rank

@@ -15,10 +15,10 @@ import harness
 from test_dcp import JOB, check_loaded, expected_state, load_layout, \
     save_layout, save_ranks
 
-from torch.distributed._shard import checkpoint as dcp  # noqa: E402
-from torch.distributed._shard.checkpoint.api import \
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.api import \
     CheckpointException  # noqa: E402
-from torch.distributed._shard.checkpoint.default_planner import \
+from torch.distributed.checkpoint.default_planner import \
     DefaultSavePlanner  # noqa: E402
 
 
@@ -33,7 +33,7 @@ def load_missing_step(rank, world, address, job, step):
     full, objects = expected_state()
     sd = load_layout(full, objects, rank, world)
     try:
-        dcp.load_state_dict(sd, ctorch.CairnStorageReader(address, job, step))
+        dcp.load(sd, storage_reader=ctorch.CairnStorageReader(address, job, step))
     except CheckpointException as e:
         return {r: (type(x).__name__, str(x), isinstance(x, cairn.Error))
                 for r, x in _failures(e).items()}
@@ -49,7 +49,11 @@ def test_load_of_a_missing_step_or_job_is_not_found(cairnd):
             assert failures is not None, (rank, job, step)
             assert sorted(failures) == [0, 1], failures
             for name, msg, is_cairn in failures.values():
-                assert (name, is_cairn) == ("NotFoundError", True), msg
+                # torch >= 2.9 re-raises read_metadata's error as an
+                # AssertionError carrying its message (the status code too).
+                assert ((name, is_cairn) == ("NotFoundError", True) or
+                        (name == "AssertionError" and
+                         "metadata read failed: NOT_FOUND: " in msg)), msg
                 assert job in msg, msg
                 if step != "latest":
                     assert str(step) in msg, msg
@@ -65,7 +69,7 @@ def load_with_extra_key(rank, world, address):
     sd = load_layout(full, objects, rank, world)
     sd["model.extra.weight"] = torch.zeros(3, 3)
     try:
-        dcp.load_state_dict(sd, ctorch.CairnStorageReader(address, JOB, 3))
+        dcp.load(sd, storage_reader=ctorch.CairnStorageReader(address, JOB, 3))
     except CheckpointException as e:
         return {r: (type(x).__name__, str(x), isinstance(x, cairn.NotFoundError),
                     isinstance(x, KeyError))
@@ -78,7 +82,7 @@ def load_with_wrong_dtype(rank, world, address):
     sd = load_layout(full, objects, rank, world)
     sd["extra.tiny"] = torch.zeros(3, 4, dtype=torch.float32)
     try:
-        dcp.load_state_dict(sd, ctorch.CairnStorageReader(address, JOB, 3))
+        dcp.load(sd, storage_reader=ctorch.CairnStorageReader(address, JOB, 3))
     except CheckpointException as e:
         return {r: (type(x).__name__, str(x)) for r, x in _failures(e).items()}
     return None
@@ -90,6 +94,12 @@ def test_state_dict_key_missing_in_checkpoint_names_fqn(cairnd):
     for failures in per_rank:
         assert sorted(failures) == [0, 1], failures
         for name, msg, not_found, key_error in failures.values():
+            if name == "RuntimeError":
+                # Current DCP's planner checks the keys itself, before the
+                # reader sees them, naming the fqn.
+                assert ("Missing key in checkpoint state_dict: "
+                        "model.extra.weight" in msg), msg
+                continue
             assert not_found and key_error, (name, msg)
             assert "'model.extra.weight'" in msg, msg
             assert f"job '{JOB}' step 3" in msg, msg
@@ -130,7 +140,7 @@ def save_failing(rank, world, address, how):
         planner = FailingPlanner(failing_rank=2)
     writer = ctorch.CairnStorageWriter(address, JOB, 20)
     try:
-        dcp.save_state_dict(sd, writer, planner=planner)
+        dcp.save(sd, storage_writer=writer, planner=planner)
     except CheckpointException as e:
         return {r: (type(x).__name__, str(x)) for r, x in _failures(e).items()}
     return None
@@ -140,7 +150,7 @@ def load_latest(rank, world, address):
     full, objects = expected_state()
     sd = load_layout(full, objects, rank, world)
     reader = ctorch.CairnStorageReader(address, JOB)
-    dcp.load_state_dict(sd, reader)
+    dcp.load(sd, storage_reader=reader)
     check_loaded(sd, full, objects, rank)
     return reader.loaded_step
 
@@ -182,7 +192,7 @@ def save_different_steps(rank, world, address):
     sd = save_layout(full, objects, rank, world)
     writer = ctorch.CairnStorageWriter(address, JOB, 30 + rank)
     try:
-        dcp.save_state_dict(sd, writer)
+        dcp.save(sd, storage_writer=writer)
     except CheckpointException as e:
         return {r: (type(x).__name__, str(x)) for r, x in _failures(e).items()}
     return None
@@ -207,7 +217,7 @@ def load_different_steps(rank, world, address):
     # "latest": rank 0 reads step 1, rank 1 step 2.
     reader = ctorch.CairnStorageReader(address, JOB, 1 + rank)
     try:
-        dcp.load_state_dict(sd, reader)
+        dcp.load(sd, storage_reader=reader)
     except CheckpointException as e:
         return {r: (type(x).__name__, str(x)) for r, x in _failures(e).items()}
     return None

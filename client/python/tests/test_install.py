@@ -1,35 +1,39 @@
-"""The documented install route works: a venv with --system-site-packages
-(Debian's torch and numpy visible), `pip install --no-index
---no-build-isolation build/python`, and `import cairn` from outside the
-source and build trees, saving and loading through the installed copy
-(its extension finds the libcairn.so.0 installed beside it)."""
+"""The wheel the build makes (build/dist/cairn-*.whl) installs into a fresh
+venv and works from outside the source and build trees: no PYTHONPATH, no
+build tree. The venv is new and empty but for torch, which it sees through
+a .pth file naming the project environment's site-packages (what "a venv
+that has torch" means without installing several GB again); cairn itself
+comes only from the wheel (the extension finds the libcairn.so.0 the wheel
+carries beside it). Saves and loads through both APIs."""
 
 import os
 import pathlib
 import subprocess
+import sys
+import sysconfig
 import textwrap
+import zipfile
 
 _SCRIPT = textwrap.dedent("""
     import sys
-    import numpy as np
+    import torch
+    import torch.distributed.checkpoint as dcp
     import cairn
-    from cairn import _cairn
+    import cairn.torch as ctorch
     print(cairn.__file__)
-    a = np.arange(12, dtype=np.float32).reshape(3, 4)
-    sd = _cairn.StateDict()
-    sd.add_chunks("a", "float32", [3, 4], [([0, 0], [3, 4], a.ctypes.data,
-                                            a.nbytes)])
-    sd.add_bytes("meta", b"installed")
     ckpt = cairn.Checkpointer(sys.argv[1], "install-job", 0, 1)
-    info = ckpt.save(4, sd)
+    a = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    info = ckpt.save(4, {"a": a, "meta": {"from": "wheel"}})
     assert info.state == "COMMITTED", info
-    b = np.zeros((3, 4), np.float32)
-    dst = _cairn.StateDict()
-    dst.add_chunks("a", "float32", [3, 4], [([0, 0], [3, 4], b.ctypes.data,
-                                             b.nbytes)])
-    dst.add_bytes("meta")
-    assert ckpt.load(dst) == 4
-    assert (a == b).all() and dst.get_bytes("meta") == b"installed"
+    back = {"a": torch.zeros(3, 4), "meta": {"from": None}}
+    assert ckpt.load(back) == 4
+    assert torch.equal(back["a"], a) and back["meta"] == {"from": "wheel"}
+    dcp.save({"w": a * 2}, storage_writer=ctorch.CairnStorageWriter(),
+             checkpoint_id=f"cairn://{sys.argv[1]}/install-job/5")
+    got = {"w": torch.zeros(3, 4)}
+    dcp.load(got, storage_reader=ctorch.CairnStorageReader(),
+             checkpoint_id=f"cairn://{sys.argv[1]}/install-job/latest")
+    assert torch.equal(got["w"], a * 2)
     try:
         ckpt.describe(99)
     except cairn.NotFoundError as e:
@@ -45,32 +49,52 @@ def _run(cmd, **kw):
     return r
 
 
-def test_pip_install_into_a_venv_and_import_from_elsewhere(cairnd, cairn_bin,
-                                                           tmp_path):
-    staged = cairn_bin.build_dir / "python"
-    assert (staged / "pyproject.toml").exists(), staged
+def _wheel() -> pathlib.Path:
+    wheel_dir = pathlib.Path(os.environ["CAIRN_WHEEL_DIR"])
+    wheels = sorted(wheel_dir.glob("cairn-*.whl"))
+    assert len(wheels) == 1, f"expected one wheel in {wheel_dir}: {wheels}"
+    return wheels[0]
+
+
+def test_the_wheel_carries_the_extension_and_libcairn():
+    names = zipfile.ZipFile(_wheel()).namelist()
+    assert "cairn/libcairn.so.0" in names, names
+    assert any(n.startswith("cairn/_cairn") and n.endswith(".so")
+               for n in names), names
+    for n in ("cairn/__init__.py", "cairn/torch.py", "cairn/_cairn.pyi",
+              "cairn/py.typed"):
+        assert n in names, (n, names)
+    assert not any("/tests/" in n or n.startswith("tests/") for n in names)
+
+
+def test_pip_install_the_wheel_into_a_fresh_venv_and_use_it_elsewhere(
+        cairnd, tmp_path):
     venv = tmp_path / "venv"
-    _run(["/usr/bin/python3", "-m", "venv", "--system-site-packages",
-          str(venv)])
+    _run([sys.executable, "-m", "venv", str(venv)])
     py = venv / "bin" / "python"
+    # torch from the project environment, nothing else of it.
+    site = _run([str(py), "-c", "import sysconfig; "
+                 "print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    torch_site = pathlib.Path(sysconfig.get_paths()["purelib"])
+    assert (torch_site / "torch").is_dir(), torch_site
+    (pathlib.Path(site) / "project-torch.pth").write_text(f"{torch_site}\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PIP_NO_INDEX"] = "1"
-    # pip builds in a copy so the staged tree gets no build/ or egg-info.
-    src = tmp_path / "src"
-    _run(["cp", "-r", str(staged), str(src)])
-    _run([str(py), "-m", "pip", "install", "--no-index",
-          "--no-build-isolation", "--no-cache-dir", str(src)], env=env,
-         cwd=tmp_path)
+    _run([str(py), "-m", "pip", "install", "--no-index", "--no-deps",
+          str(_wheel())], env=env, cwd=tmp_path)
     workdir = tmp_path / "elsewhere"
     workdir.mkdir()
     (workdir / "use_cairn.py").write_text(_SCRIPT)
     out = _run([str(py), "use_cairn.py", cairnd.address], env=env,
                cwd=workdir).stdout.splitlines()
     installed = pathlib.Path(out[0]).resolve()
-    assert installed.is_relative_to(venv.resolve()), out
+    assert installed.is_relative_to(pathlib.Path(site).resolve()), out
     assert "install-job" in out[1] and "99" in out[1], out
     assert out[-1] == "ok"
-    # The installed package has the stubs and the typing marker.
     pkg = installed.parent
     assert (pkg / "_cairn.pyi").exists() and (pkg / "py.typed").exists()
     assert (pkg / "libcairn.so.0").exists()
+    # pip knows it as the distribution "cairn" of the build's version.
+    show = _run([str(py), "-m", "pip", "show", "cairn"], env=env).stdout
+    version = (pathlib.Path(__file__).parents[3] / "VERSION").read_text().strip()
+    assert f"Version: {version}" in show, show

@@ -9,7 +9,7 @@ entry per leaf), so these states are flat."""
 import cairn
 import cairn.torch as ctorch
 import torch
-from torch.distributed._shard import checkpoint as dcp
+import torch.distributed.checkpoint as dcp
 
 JOB = "interop"
 
@@ -47,14 +47,14 @@ def test_direct_api_checkpoint_loads_through_dcp(cairnd):
     with cairn.Checkpointer(cairnd.address, JOB, rank=0, world_size=1) as c:
         assert c.save(10, sd).state == "COMMITTED"
     back = empty_like(sd)
-    dcp.load_state_dict(back, ctorch.CairnStorageReader(cairnd.address, JOB),
+    dcp.load(back, storage_reader=ctorch.CairnStorageReader(cairnd.address, JOB),
                         no_dist=True)
     check(back, sd)
 
 
 def test_dcp_checkpoint_loads_through_the_direct_api(cairnd):
     sd = original()
-    dcp.save_state_dict(sd, ctorch.CairnStorageWriter(cairnd.address, JOB, 20),
+    dcp.save(sd, storage_writer=ctorch.CairnStorageWriter(cairnd.address, JOB, 20),
                         no_dist=True)
     back = empty_like(sd)
     with cairn.Checkpointer(cairnd.address, JOB, rank=0, world_size=1) as c:
