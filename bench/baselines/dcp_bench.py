@@ -45,7 +45,7 @@ PyTorch 1.13's sharded_tensor/metadata.py does not import on Python 3.11
 hook below patches the source at import time to `field(default_factory=TensorProperties)`.
 System files are never edited.
 
-Run with Debian's interpreter: /usr/bin/python3 bench/baselines/dcp_bench.py --help
+Run with the project environment: .venv/bin/python bench/baselines/dcp_bench.py --help
 """
 
 import argparse

@@ -17,7 +17,7 @@ def _dtensor_api():
         except ImportError:
             continue
         if all(hasattr(module, n) for n in ("DTensor", "DeviceMesh", "Shard",
-                                            "Replicate", "distribute_tensor")):
+                                            "Replicate", "Partial", "distribute_tensor")):
             return module
     return None
 
@@ -51,3 +51,18 @@ def test_dtensor_rows_on_2_ranks_load_as_columns_on_3(cairnd):
                              False) == ["COMMITTED"] * 2
     assert harness.run_ranks(dtensor_ranks, 3, cairnd.address, 1,
                              True) == [(True, True)] * 3
+
+
+def partial_ranks(rank, world, address):
+    api = _dtensor_api()
+    mesh = api.DeviceMesh("cpu", list(range(world)))
+    pending = api.DTensor.from_local(torch.ones(3, 2), mesh, [api.Partial()])
+    ckpt = cairn.Checkpointer(address, "dt")
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=r"DTensor 'grads.w' has a Partial placement"):
+        ckpt.save(2, {"grads": {"w": pending}})
+    return True
+
+
+def test_partial_dtensor_is_refused_naming_the_tensor(cairnd):
+    assert harness.run_ranks(partial_ranks, 2, cairnd.address) == [True] * 2
