@@ -741,6 +741,42 @@ absl::Status ReadVerified(ShardStore& store, absl::string_view job,
   return absl::OkStatus();
 }
 
+absl::Status ReadVerifiedPieces(
+    ShardStore& store, absl::string_view job, int64_t step,
+    const v1::StorageLocation& location, uint32_t crc32c,
+    absl::string_view what, absl::Span<char> buffer,
+    absl::FunctionRef<absl::Status(uint64_t offset, absl::Span<const char>)>
+        on_piece) {
+  const std::string key = ObjectKey(job, step, location.object_key());
+  const std::string context =
+      absl::StrCat(Where(job, step), " ", what, " in object '", key, "' [",
+                   location.offset(), ", +", location.length(), ")");
+  if (buffer.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(context, ": empty read buffer"));
+  }
+  uint32_t crc = 0;
+  uint64_t done = 0;
+  while (done < location.length()) {
+    const uint64_t n =
+        std::min<uint64_t>(location.length() - done, buffer.size());
+    absl::StatusOr<size_t> got =
+        store.Read(key, ByteRange{location.offset() + done, n},
+                   absl::Span<char>(buffer.data(), n));
+    if (!got.ok()) return ReadFailure(got.status(), context);
+    crc = Crc32cExtend(crc, buffer.data(), n);
+    CAIRN_RETURN_IF_ERROR(
+        on_piece(done, absl::Span<const char>(buffer.data(), n)));
+    done += n;
+  }
+  if (crc != crc32c) {
+    return absl::DataLossError(
+        absl::StrCat(context, ": checksum mismatch, crc32c ", Crc(crc),
+                     " but the manifest says ", Crc(crc32c)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status VerifyCheckpoint(
     ShardStore& store, const v1::Manifest& manifest,
     std::function<void(uint64_t, uint64_t)> progress) {

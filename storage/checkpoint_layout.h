@@ -180,6 +180,20 @@ absl::Status ReadVerified(ShardStore& store, absl::string_view job,
                           uint32_t crc32c, absl::string_view what,
                           absl::Span<char> out);
 
+// ReadVerified for a location too large to hold at once (an exported
+// tensor's chunk of GBs): streams it through `buffer` (one piece at a time;
+// must not be empty), hands each piece to on_piece(offset in the location,
+// bytes) in order, and checks the crc32c of the whole after the last piece.
+// The pieces are unverified until this returns OK: on any error the caller
+// must drop what it made of them. The errors of ReadVerified; an error from
+// on_piece stops the read and is returned as is.
+absl::Status ReadVerifiedPieces(
+    ShardStore& store, absl::string_view job, int64_t step,
+    const v1::StorageLocation& location, uint32_t crc32c,
+    absl::string_view what, absl::Span<char> buffer,
+    absl::FunctionRef<absl::Status(uint64_t offset, absl::Span<const char>)>
+        on_piece);
+
 // Reads every stored byte the manifest references and checks crc32c.
 // DATA_LOSS naming job, step, fqn, chunk box and object key on a mismatch or
 // a missing/short object. progress(bytes_done, bytes_total) is called after

@@ -555,6 +555,60 @@ TEST_P(CheckpointLayoutTest, VerifyDetectsCorruptionAndReportsProgress) {
   EXPECT_STATUS(VerifyCheckpoint(*store, *m), kDataLoss, "rank-1.data");
 }
 
+TEST_P(CheckpointLayoutTest, ReadVerifiedPiecesStreamsAndChecksTheWhole) {
+  auto store = NewStore();
+  TestCheckpointSpec spec;
+  spec.rows = 1000;
+  auto m = WriteTestCheckpoint(*store, spec);
+  ASSERT_TRUE(m.ok());
+  const v1::StoredChunk& c = m->tensors(1).chunks(1);
+  // A buffer that does not divide the length: the last piece is short.
+  std::string buffer(4000, '\0');
+  std::string got;
+  std::vector<uint64_t> offsets;
+  auto collect = [&](uint64_t offset, absl::Span<const char> piece) {
+    offsets.push_back(offset);
+    EXPECT_EQ(offset, got.size());
+    got.append(piece.data(), piece.size());
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(ReadVerifiedPieces(
+                  *store, "job", 1, c.location(), c.crc32c(), "chunk",
+                  absl::Span<char>(buffer.data(), buffer.size()), collect)
+                  .ok());
+  EXPECT_EQ(got, TestChunkBytes(spec, 1, 500, 1000));
+  EXPECT_EQ(offsets.size(), (c.location().length() + 3999) / 4000);
+  // A wrong crc32c is DATA_LOSS naming what and where, after every piece.
+  got.clear();
+  EXPECT_STATUS(ReadVerifiedPieces(
+                    *store, "job", 1, c.location(), c.crc32c() ^ 1,
+                    "tensor 'model.layers.1.weight' chunk [500:1000]",
+                    absl::Span<char>(buffer.data(), buffer.size()), collect),
+                kDataLoss, "tensor 'model.layers.1.weight' chunk [500:1000]");
+  EXPECT_EQ(got.size(), c.location().length());
+  // The caller's error stops the read as it is.
+  int calls = 0;
+  EXPECT_STATUS(
+      ReadVerifiedPieces(*store, "job", 1, c.location(), c.crc32c(), "chunk",
+                         absl::Span<char>(buffer.data(), buffer.size()),
+                         [&](uint64_t, absl::Span<const char>) {
+                           return ++calls == 2 ? absl::CancelledError("stop")
+                                               : absl::OkStatus();
+                         }),
+      kCancelled, "stop");
+  EXPECT_EQ(calls, 2);
+  // A missing object is data loss; an empty buffer a caller's mistake.
+  ASSERT_TRUE(
+      store->Delete(ObjectKey("job", 1, c.location().object_key())).ok());
+  EXPECT_STATUS(ReadVerifiedPieces(
+                    *store, "job", 1, c.location(), c.crc32c(), "chunk",
+                    absl::Span<char>(buffer.data(), buffer.size()), collect),
+                kDataLoss, "rank-1.data");
+  EXPECT_STATUS(ReadVerifiedPieces(*store, "job", 1, c.location(), c.crc32c(),
+                                   "chunk", absl::Span<char>(), collect),
+                kInvalidArgument, "empty read buffer");
+}
+
 // ---- Fault injection: the commit protocol under crashes and I/O errors ----
 
 // The invariant after any fault: the previous checkpoint (step 1) is
