@@ -28,6 +28,7 @@
 #include "common/cli_flags.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "nlohmann/json.hpp"
 #include "storage/checkpoint_layout.h"
 #include "storage/manifest.h"
 #include "storage/shard_store.h"
@@ -445,6 +446,50 @@ void PrintList(const std::vector<v1::CheckpointRecord>& records,
   }
 }
 
+// RFC 3339 in UTC ("2026-03-01T12:00:00.123456+00:00"); null for 0.
+nlohmann::json JsonTime(int64_t unix_micros) {
+  if (unix_micros == 0) return nullptr;
+  return absl::FormatTime(absl::RFC3339_full, absl::FromUnixMicros(unix_micros),
+                          absl::UTCTimeZone());
+}
+nlohmann::json JsonUnixSeconds(int64_t unix_micros) {
+  if (unix_micros == 0) return nullptr;
+  return absl::ToUnixSeconds(absl::FromUnixMicros(unix_micros));
+}
+
+// What `ls` prints, as typed JSON: {"jobs": [{"job": J, "checkpoints":
+// [{"step": N, "state": "COMMITTED", ...}]}]}, jobs by name, steps ascending.
+std::string ListJson(std::vector<v1::CheckpointRecord> records) {
+  std::stable_sort(
+      records.begin(), records.end(), [](const auto& a, const auto& b) {
+        return a.job() != b.job() ? a.job() < b.job() : a.step() < b.step();
+      });
+  nlohmann::json jobs = nlohmann::json::array();
+  for (const v1::CheckpointRecord& r : records) {
+    if (jobs.empty() || jobs.back()["job"] != r.job()) {
+      jobs.push_back(
+          {{"job", r.job()}, {"checkpoints", nlohmann::json::array()}});
+    }
+    nlohmann::json c = {
+        {"step", r.step()},
+        {"state", StateName(r.state())},
+        {"world_size", r.world_size()},
+        {"total_bytes", r.total_bytes()},
+        {"num_tensors", r.num_tensors()},
+        {"num_bytes_entries", r.num_bytes_entries()},
+        {"created", JsonTime(r.created_unix_micros())},
+        {"created_unix_seconds", JsonUnixSeconds(r.created_unix_micros())},
+        {"committed", JsonTime(r.committed_unix_micros())},
+        {"committed_unix_seconds", JsonUnixSeconds(r.committed_unix_micros())},
+        {"storage_uri", r.storage_uri()},
+    };
+    // Why it is ABORTED, or DAMAGED (offline: its MANIFEST does not read).
+    if (!r.abort_reason().empty()) c["reason"] = r.abort_reason();
+    jobs.back()["checkpoints"].push_back(std::move(c));
+  }
+  return nlohmann::json{{"jobs", std::move(jobs)}}.dump(2);
+}
+
 void PrintShow(const v1::GetCheckpointResponse& resp, bool chunks,
                std::ostream& out) {
   const v1::Manifest& m = resp.manifest();
@@ -533,6 +578,10 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   CLI::App* ls = app.add_subcommand("ls", "List jobs and their checkpoints");
   ls->add_option("job", job, "Only this job");
   ls->add_flag("--all,-a", all, "Include WRITING and ABORTED checkpoints");
+  ls->add_flag("--json", json,
+               "Print the list as JSON: jobs, each with its checkpoints' "
+               "step, state, world size, bytes, tensor count and times "
+               "(RFC 3339 and unix seconds)");
   CLI::App* show =
       app.add_subcommand("show", "Show a checkpoint's entries and chunks");
   show->add_option("job", job, "Job name")->required();
@@ -667,7 +716,11 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
         backend->List(job, all);
     print_notes();
     if (!records.ok()) return fail(records.status());
-    PrintList(*records, out);
+    if (json) {
+      out << ListJson(*std::move(records)) << "\n";
+    } else {
+      PrintList(*records, out);
+    }
     return 0;
   }
   if (show->parsed()) {

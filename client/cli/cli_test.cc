@@ -9,18 +9,15 @@
 
 #include <filesystem>
 #include <fstream>
-#include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/cli/cli_testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_server.h"
+#include "nlohmann/json.hpp"
 #include "storage/checkpoint_layout.h"
-#include "storage/shard_store.h"
-#include "storage/testing/test_checkpoint.h"
 
 namespace cairn::cli {
 namespace {
@@ -28,93 +25,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs `cairn args...` with `input` on stdin.
-Result Cairn(const std::vector<std::string>& args,
-             const std::string& input = "") {
-  std::vector<const char*> argv = {"cairn"};
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  std::istringstream in(input);
-  std::ostringstream out, err;
-  Result r;
-  r.code = RunCli(static_cast<int>(argv.size()), argv.data(), in, out, err);
-  r.out = out.str();
-  r.err = err.str();
-  return r;
-}
-
-std::ostream& operator<<(std::ostream& os, const Result& r) {
-  return os << "exit " << r.code << "\nstdout:\n"
-            << r.out << "stderr:\n"
-            << r.err;
-}
-
-class CliTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    unsetenv("CAIRN_COORDINATOR");
-    unsetenv("CAIRN_STORAGE");
-    char tmpl[] = "/tmp/cairn-cli-test-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    root_ = dir_ + "/ckpt";
-    std::filesystem::create_directories(root_);
-    uri_ = "file://" + root_;
-    store_ = storage::OpenShardStore(uri_).value();
-  }
-  void TearDown() override {
-    cairnd_.reset();
-    unsetenv("CAIRN_COORDINATOR");
-    unsetenv("CAIRN_STORAGE");
-    std::filesystem::remove_all(dir_);
-  }
-
-  void Write(const std::string& job, int64_t step) {
-    storage::TestCheckpointSpec spec;
-    spec.job = job;
-    spec.step = step;
-    spec.seed = static_cast<uint64_t>(step);
-    auto m = storage::WriteTestCheckpoint(*store_, spec);
-    ASSERT_TRUE(m.ok()) << m.status();
-  }
-  std::string ManifestPath(const std::string& job, int64_t step) const {
-    return root_ + "/" + storage::ManifestKey(job, step);
-  }
-  // Any data object of the step (the first regular file that is not the
-  // MANIFEST).
-  std::string DataObject(const std::string& job, int64_t step) const {
-    const std::string prefix = root_ + "/" + storage::StepPrefix(job, step);
-    for (const auto& e :
-         std::filesystem::recursive_directory_iterator(prefix)) {
-      if (e.is_regular_file() && e.path() != ManifestPath(job, step)) {
-        return e.path().string();
-      }
-    }
-    return "";
-  }
-
-  // A cairnd on loopback over the same storage (its catalog is rebuilt from
-  // the MANIFESTs written so far).
-  std::string StartCairnd() {
-    coordinator::CoordinatorServer::Spec spec;
-    spec.listen_address = "127.0.0.1:0";
-    spec.coordinator.storage_uri = uri_;
-    spec.coordinator.catalog_path = dir_ + "/catalog";
-    auto c = coordinator::CoordinatorServer::Start(spec);
-    EXPECT_TRUE(c.ok()) << c.status();
-    if (!c.ok()) return "";
-    cairnd_ = std::move(*c);
-    return absl::StrCat("127.0.0.1:", cairnd_->port());
-  }
-
-  std::string dir_, root_, uri_;
-  std::unique_ptr<storage::ShardStore> store_;
-  std::unique_ptr<coordinator::CoordinatorServer> cairnd_;
-};
+class CliTest : public CliTestBase {};
 
 // --- Help, version, usage errors ---
 
@@ -131,7 +42,7 @@ TEST_F(CliTest, HelpNamesEverySubcommandFlagAndEnvironmentVariable) {
     const char* name;
     std::vector<std::string> flags;
   };
-  for (const Sub& sub : std::vector<Sub>{{"ls", {"--all", "-a"}},
+  for (const Sub& sub : std::vector<Sub>{{"ls", {"--all", "-a", "--json"}},
                                          {"show", {"--json", "--chunks"}},
                                          {"verify", {"crc32c"}},
                                          {"rm", {"--yes", "-y"}},
@@ -345,6 +256,68 @@ TEST_F(CliTest, OfflineListsShowsAndVerifiesCheckpoints) {
   Result nojob = Cairn({"-s", uri_, "show", "nojob", "latest"});
   EXPECT_EQ(nojob.code, 1) << nojob;
   EXPECT_THAT(nojob.err, HasSubstr("job 'nojob' has no committed checkpoint"));
+}
+
+TEST_F(CliTest, LsJsonHasWhatLsShowsInTypedFields) {
+  Result empty = Cairn({"-s", uri_, "ls", "--json"});
+  ASSERT_EQ(empty.code, 0) << empty;
+  EXPECT_EQ(nlohmann::json::parse(empty.out),
+            nlohmann::json::parse(R"({"jobs": []})"));
+  Write("job", 2);
+  Write("job", 1);
+  Write("other", 5);
+  Write("job", 3);
+  std::ofstream(ManifestPath("job", 3), std::ios::trunc) << "not a manifest";
+  const v1::Manifest m1 = storage::ReadManifest(*store_, "job", 1).value();
+
+  Result r = Cairn({"-s", uri_, "ls", "--json"});
+  ASSERT_EQ(r.code, 0) << r;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["jobs"].size(), 2u) << j.dump(2);
+  EXPECT_EQ(j["jobs"][0]["job"], "job");
+  EXPECT_EQ(j["jobs"][1]["job"], "other");
+  const nlohmann::json& steps = j["jobs"][0]["checkpoints"];
+  ASSERT_EQ(steps.size(), 3u) << j.dump(2);
+  const nlohmann::json& c = steps[0];
+  EXPECT_EQ(c["step"], 1);
+  EXPECT_EQ(c["state"], "COMMITTED");
+  EXPECT_EQ(c["world_size"], 2);
+  EXPECT_EQ(c["total_bytes"], m1.total_bytes());
+  EXPECT_EQ(c["num_tensors"], 3);
+  EXPECT_EQ(c["num_bytes_entries"], 1);
+  // WriteTestCheckpoint's created time: 1700000000 s + `step` us.
+  EXPECT_EQ(c["created"], "2023-11-14T22:13:20.000001+00:00");
+  EXPECT_EQ(c["created_unix_seconds"], 1700000000);
+  EXPECT_TRUE(c["committed"].is_null());  // offline: no catalog to say
+  EXPECT_EQ(c["storage_uri"], uri_);
+  EXPECT_FALSE(c.contains("reason"));
+  EXPECT_EQ(steps[1]["step"], 2);
+  EXPECT_EQ(steps[2]["step"], 3);
+  EXPECT_EQ(steps[2]["state"], "DAMAGED");
+  EXPECT_THAT(steps[2]["reason"].get<std::string>(), HasSubstr("DATA_LOSS"));
+
+  Result one = Cairn({"-s", uri_, "ls", "other", "--json"});
+  ASSERT_EQ(one.code, 0) << one;
+  const nlohmann::json o = nlohmann::json::parse(one.out);
+  ASSERT_EQ(o["jobs"].size(), 1u);
+  EXPECT_EQ(o["jobs"][0]["checkpoints"][0]["step"], 5);
+
+  // Through cairnd: the same fields, and the commit time it recorded (a
+  // catalog rebuilt from storage takes the created time).
+  std::filesystem::remove(ManifestPath("job", 3));
+  const std::string addr = StartCairnd();
+  ASSERT_FALSE(addr.empty());
+  Result online = Cairn({"-c", addr, "ls", "job", "--json"});
+  ASSERT_EQ(online.code, 0) << online;
+  const nlohmann::json on = nlohmann::json::parse(online.out);
+  ASSERT_EQ(on["jobs"].size(), 1u) << on.dump(2);
+  const nlohmann::json& first = on["jobs"][0]["checkpoints"][0];
+  EXPECT_EQ(first["step"], 1);
+  EXPECT_EQ(first["state"], "COMMITTED");
+  EXPECT_EQ(first["num_tensors"], 3);
+  EXPECT_EQ(first["created_unix_seconds"], 1700000000);
+  ASSERT_TRUE(first["committed"].is_string()) << first.dump(2);
+  EXPECT_GE(first["committed_unix_seconds"].get<int64_t>(), 1700000000);
 }
 
 TEST_F(CliTest, OfflineDamagedStepIsListedAndLatestIsTheNewestReadable) {
