@@ -1,8 +1,10 @@
 #include "client/cli/cli.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -23,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.grpc.pb.h"
+#include "client/cli/safetensors_export.h"
 #include "client/protocol/client_security.h"
 #include "client/protocol/coordinator_call.h"
 #include "common/cli_flags.h"
@@ -490,6 +493,58 @@ std::string ListJson(std::vector<v1::CheckpointRecord> records) {
   return nlohmann::json{{"jobs", std::move(jobs)}}.dump(2);
 }
 
+// SIGINT and SIGTERM set a flag while one is in scope (an export polls it
+// and stops, removing what it wrote); the previous handlers come back after.
+class InterruptFlag {
+ public:
+  InterruptFlag() {
+    interrupted_ = 0;
+    struct sigaction sa = {};
+    sa.sa_handler = [](int) { interrupted_ = 1; };
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~InterruptFlag() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  InterruptFlag(const InterruptFlag&) = delete;
+  InterruptFlag& operator=(const InterruptFlag&) = delete;
+
+  bool raised() const { return interrupted_ != 0; }
+
+ private:
+  static volatile std::sig_atomic_t interrupted_;
+  struct sigaction old_int_ = {};
+  struct sigaction old_term_ = {};
+};
+volatile std::sig_atomic_t InterruptFlag::interrupted_ = 0;
+
+void PrintExport(const v1::Manifest& m, const std::string& out_dir,
+                 const ExportResult& r, std::ostream& out) {
+  out << "exported job " << m.job() << " step " << m.step() << " to " << out_dir
+      << ": " << r.num_tensors << " tensors, " << HumanBytes(r.tensor_bytes)
+      << " (" << r.tensor_bytes << " bytes) in " << r.files.size()
+      << (r.files.size() == 1 ? " file" : " files") << "\n";
+  Table t({"FILE", "TENSORS", "SIZE"});
+  for (const ExportedFile& f : r.files) {
+    t.Add({f.name, absl::StrCat(f.num_tensors), HumanBytes(f.bytes)});
+  }
+  if (r.wrote_index) t.Add({kSafetensorsIndexName, "-", "-"});
+  t.Print(out);
+  const auto& skipped = r.skipped_bytes_entries;
+  if (!skipped.empty()) {
+    std::vector<std::string> some(
+        skipped.begin(), skipped.begin() + std::min<size_t>(5, skipped.size()));
+    out << "skipped " << skipped.size() << " non-tensor (bytes) "
+        << (skipped.size() == 1 ? "entry" : "entries")
+        << ": safetensors holds tensors only (" << absl::StrJoin(some, ", ")
+        << (skipped.size() > some.size() ? ", ..." : "") << ")\n";
+  }
+}
+
 void PrintShow(const v1::GetCheckpointResponse& resp, bool chunks,
                std::ostream& out) {
   const v1::Manifest& m = resp.manifest();
@@ -539,7 +594,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out,
 int RunCli(int argc, const char* const* argv, std::istream& in,
            std::ostream& out, std::ostream& err) {
   CLI::App app{
-      "cairn: list, inspect, verify and delete Cairn checkpoints.\n"
+      "cairn: list, inspect, verify, compare, export and delete Cairn "
+      "checkpoints.\n"
       "Talks to a running cairnd (--coordinator) or reads storage directly "
       "(--storage, offline).",
       "cairn"};
@@ -604,6 +660,43 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
       ->required()
       ->check(flags::AtLeast(1));
   gc->add_flag("--dry-run,-n", dry_run, "Only print what would be deleted");
+  std::string format = "safetensors", out_dir, max_shard_size = "5GB";
+  std::vector<std::string> filters;
+  bool dtype_as_saved = false;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export",
+      "Write a checkpoint's tensors as Hugging Face safetensors files");
+  export_cmd->footer(
+      "Every tensor is written whole (all ranks' chunks assembled, crc32c "
+      "checked), dtypes as saved: model.safetensors, or, over "
+      "--max-shard-size, model-00001-of-0000N.safetensors ... and "
+      "model.safetensors.index.json, as transformers' save_pretrained. "
+      "Non-tensor (bytes) entries are skipped and counted. The files go into "
+      "DIR.tmp-XXXXXX, fsynced, renamed to DIR at the end: a failure or "
+      "Ctrl-C leaves neither.");
+  export_cmd->add_option("job", job, "Job name")->required();
+  export_cmd->add_option("step", step_arg, "Step number or 'latest'")
+      ->required();
+  export_cmd
+      ->add_option("--format", format, "Output format (default safetensors)")
+      ->check(CLI::IsMember({"safetensors"}));
+  export_cmd
+      ->add_option("--out,-o", out_dir,
+                   "Directory to create (must not exist; parents are made)")
+      ->required();
+  export_cmd->add_option(
+      "--max-shard-size", max_shard_size,
+      "Largest file: 5GB (default), 500MB, 2GiB or bytes (GB = 10^9, GiB = "
+      "2^30, as transformers); a larger tensor gets a file of its own");
+  export_cmd
+      ->add_option("--filter", filters,
+                   "Only tensors whose fqn starts with PREFIX (repeatable); a "
+                   "prefix matching no tensor is an error")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  export_cmd->add_flag("--dtype-as-saved", dtype_as_saved,
+                       "Keep every dtype as saved (bfloat16 stays BF16); the "
+                       "default and only behaviour");
   std::string node_name;
   CLI::App* agents = app.add_subcommand(
       "agents",
@@ -702,7 +795,8 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
     }
   }
   int64_t step = -1;
-  if (show->parsed() || verify->parsed() || rm->parsed()) {
+  if (show->parsed() || verify->parsed() || rm->parsed() ||
+      export_cmd->parsed()) {
     absl::StatusOr<int64_t> parsed = ParseStepArg(step_arg);
     if (!parsed.ok()) {
       err << "cairn: " << parsed.status().message() << "\n";
@@ -743,31 +837,42 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
     }
     return 0;
   }
-  if (verify->parsed()) {
-    absl::StatusOr<v1::GetCheckpointResponse> resp = backend->Get(job, step);
+  // A committed checkpoint (with its manifest), for the commands that read
+  // its contents.
+  auto get_committed =
+      [&](int64_t which) -> absl::StatusOr<v1::GetCheckpointResponse> {
+    absl::StatusOr<v1::GetCheckpointResponse> resp = backend->Get(job, which);
     print_notes();
-    if (!resp.ok()) return fail(resp.status());
+    if (!resp.ok()) return resp.status();
     if (!resp->has_manifest()) {
-      return fail(absl::FailedPreconditionError(
+      return absl::FailedPreconditionError(
           absl::StrCat("job '", job, "' step ", resp->checkpoint().step(),
-                       " is not committed")));
+                       " is not committed"));
     }
-    std::unique_ptr<storage::ShardStore> opened;
-    storage::ShardStore* store = offline ? &offline->store() : nullptr;
-    if (store == nullptr) {
-      // cairnd names the storage; this host reads it, and may not see it.
-      absl::StatusOr<std::unique_ptr<storage::ShardStore>> s =
-          OpenReachableStore(resp->checkpoint().storage_uri(),
-                             resp->manifest());
-      if (!s.ok()) return fail(s.status());
-      opened = std::move(*s);
-      store = opened.get();
-    }
+    return resp;
+  };
+  // The store its bytes are read from: the offline one, or the storage
+  // cairnd names, which this host reads and may not see.
+  std::vector<std::unique_ptr<storage::ShardStore>> opened;
+  auto store_of = [&](const v1::GetCheckpointResponse& resp)
+      -> absl::StatusOr<storage::ShardStore*> {
+    if (offline != nullptr) return &offline->store();
+    CAIRN_ASSIGN_OR_RETURN(
+        std::unique_ptr<storage::ShardStore> s,
+        OpenReachableStore(resp.checkpoint().storage_uri(), resp.manifest()));
+    opened.push_back(std::move(s));
+    return opened.back().get();
+  };
+  if (verify->parsed()) {
+    absl::StatusOr<v1::GetCheckpointResponse> resp = get_committed(step);
+    if (!resp.ok()) return fail(resp.status());
+    absl::StatusOr<storage::ShardStore*> store = store_of(*resp);
+    if (!store.ok()) return fail(store.status());
     const bool tty = isatty(fileno(stderr));
     const absl::Time start = absl::Now();
     int last_percent = -1;
     absl::Status s = storage::VerifyCheckpoint(
-        *store, resp->manifest(), [&](uint64_t done, uint64_t total) {
+        **store, resp->manifest(), [&](uint64_t done, uint64_t total) {
           const int percent =
               total == 0 ? 100 : static_cast<int>(done * 100 / total);
           if (percent == last_percent) return;
@@ -792,6 +897,53 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
                "%.2f s, %.2f GB/s", secs,
                secs > 0 ? resp->manifest().total_bytes() / secs / 1e9 : 0.0)
         << ")\n";
+    return 0;
+  }
+  if (export_cmd->parsed()) {
+    ExportOptions options;
+    options.out_dir = out_dir;
+    options.filters = filters;
+    absl::StatusOr<uint64_t> cap = ParseByteSize(max_shard_size);
+    if (!cap.ok()) {
+      err << "cairn: --max-shard-size: " << cap.status().message() << "\n";
+      return 2;
+    }
+    options.max_shard_bytes = *cap;
+    // Before asking anyone anything: an existing DIR is the user's to fix.
+    std::error_code ec;
+    if (!out_dir.empty() &&
+        std::filesystem::exists(std::filesystem::symlink_status(out_dir, ec))) {
+      return fail(absl::AlreadyExistsError(
+          absl::StrCat(out_dir, " exists; pass a new directory")));
+    }
+    absl::StatusOr<v1::GetCheckpointResponse> resp = get_committed(step);
+    if (!resp.ok()) return fail(resp.status());
+    absl::StatusOr<storage::ShardStore*> store = store_of(*resp);
+    if (!store.ok()) return fail(store.status());
+    InterruptFlag interrupt;
+    options.cancelled = [&] { return interrupt.raised(); };
+    int last_percent = -1;
+    std::string last_file;
+    if (isatty(fileno(stderr))) {
+      options.progress = [&](const ExportProgress& p) {
+        const int percent =
+            p.total == 0 ? 100 : static_cast<int>(p.done * 100 / p.total);
+        if (percent == last_percent && p.file == last_file) return;
+        last_percent = percent;
+        last_file = p.file;
+        const int bars = percent / 4;
+        err << "\rexporting [" << std::string(bars, '#')
+            << std::string(25 - bars, ' ') << "] " << percent << "% "
+            << HumanBytes(p.done) << " / " << HumanBytes(p.total) << "  "
+            << p.file << " " << HumanBytes(p.file_done) << " / "
+            << HumanBytes(p.file_total) << "\x1b[K" << std::flush;
+      };
+    }
+    absl::StatusOr<ExportResult> result =
+        ExportSafetensors(**store, resp->manifest(), options);
+    if (options.progress) err << "\n";
+    if (!result.ok()) return fail(result.status());
+    PrintExport(resp->manifest(), out_dir, *result, out);
     return 0;
   }
   if (rm->parsed()) {

@@ -1,9 +1,13 @@
 // The `cairn` command-line tool, as a library so tests run it in-process.
 //
 //   cairn [--coordinator HOST:PORT | --storage URI] <command> ...
-//     ls [JOB] [--all]                 jobs and checkpoints
+//     ls [JOB] [--all] [--json]        jobs and checkpoints
 //     show JOB STEP|latest [--json] [--chunks]
 //     verify JOB STEP|latest           re-read every byte, check crc32c
+//     export JOB STEP|latest --out DIR [--format safetensors]
+//            [--max-shard-size 5GB] [--filter PREFIX]...
+//                                      whole tensors as safetensors files
+//                                      (safetensors_export.h)
 //     rm JOB STEP [--yes]              delete a checkpoint
 //     gc JOB --keep N [--dry-run]      keep the newest N committed
 //     agents                           cairnd's agent registry (--coordinator)

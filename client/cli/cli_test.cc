@@ -33,7 +33,7 @@ TEST_F(CliTest, HelpNamesEverySubcommandFlagAndEnvironmentVariable) {
   Result r = Cairn({"--help"});
   ASSERT_EQ(r.code, 0) << r;
   for (const char* s :
-       {"ls", "show", "verify", "rm", "gc", "agents", "forget-agent",
+       {"ls", "show", "verify", "export", "rm", "gc", "agents", "forget-agent",
         "--coordinator", "-c", "--storage", "-s", "CAIRN_COORDINATOR",
         "CAIRN_STORAGE", "--version"}) {
     EXPECT_THAT(r.out, HasSubstr(s)) << s;
@@ -42,11 +42,15 @@ TEST_F(CliTest, HelpNamesEverySubcommandFlagAndEnvironmentVariable) {
     const char* name;
     std::vector<std::string> flags;
   };
-  for (const Sub& sub : std::vector<Sub>{{"ls", {"--all", "-a", "--json"}},
-                                         {"show", {"--json", "--chunks"}},
-                                         {"verify", {"crc32c"}},
-                                         {"rm", {"--yes", "-y"}},
-                                         {"gc", {"--keep", "--dry-run"}}}) {
+  for (const Sub& sub : std::vector<Sub>{
+           {"ls", {"--all", "-a", "--json"}},
+           {"show", {"--json", "--chunks"}},
+           {"verify", {"crc32c"}},
+           {"export",
+            {"--format", "safetensors", "--out", "--max-shard-size", "--filter",
+             "--dtype-as-saved", "5GB", "index.json", "DIR.tmp-XXXXXX"}},
+           {"rm", {"--yes", "-y"}},
+           {"gc", {"--keep", "--dry-run"}}}) {
     Result h = Cairn({sub.name, "--help"});
     EXPECT_EQ(h.code, 0) << h;
     for (const std::string& f : sub.flags) {
