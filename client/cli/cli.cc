@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.grpc.pb.h"
+#include "client/cli/checkpoint_diff.h"
 #include "client/cli/safetensors_export.h"
 #include "client/protocol/client_security.h"
 #include "client/protocol/coordinator_call.h"
@@ -545,6 +546,115 @@ void PrintExport(const v1::Manifest& m, const std::string& out_dir,
   }
 }
 
+std::string SideText(const DiffSide& s) {
+  if (!s.present) return "-";
+  if (!s.is_tensor) return absl::StrCat("bytes ", HumanBytes(s.bytes));
+  return absl::StrCat(storage::DTypeName(s.dtype), " [",
+                      absl::StrJoin(s.shape, ", "), "]");
+}
+
+// What changed of an entry in both that is another kind, dtype or shape.
+std::vector<std::string> ChangedParts(const EntryDiff& d) {
+  if (d.a.is_tensor != d.b.is_tensor) return {"kind"};
+  std::vector<std::string> parts;
+  if (d.a.dtype != d.b.dtype) parts.push_back("dtype");
+  if (d.a.shape != d.b.shape) parts.push_back("shape");
+  return parts;
+}
+
+std::string DiffDetail(const EntryDiff& d) {
+  switch (d.change) {
+    case EntryDiff::Change::kAdded:
+    case EntryDiff::Change::kRemoved:
+      return "";
+    case EntryDiff::Change::kChanged:
+      return absl::StrCat(absl::StrJoin(ChangedParts(d), " and "), " changed");
+    case EntryDiff::Change::kDiffers:
+      break;
+  }
+  if (!d.a.is_tensor) return "crc32c or size differs";
+  if (d.compared_bytes) {
+    return absl::StrCat(d.elements_differ, " of ", d.elements,
+                        " elements differ (compared bytes: other layout)");
+  }
+  return absl::StrCat(d.chunks_differ, " of ", d.chunks,
+                      " chunks differ (by stored crc32c)");
+}
+
+void PrintDiff(const v1::Manifest& a, const v1::Manifest& b,
+               const CheckpointDiff& diff, std::ostream& out) {
+  const std::string both = absl::StrCat(
+      diff.identical + diff.entries.size() -
+          std::count_if(diff.entries.begin(), diff.entries.end(),
+                        [](const EntryDiff& d) {
+                          return d.change == EntryDiff::Change::kAdded ||
+                                 d.change == EntryDiff::Change::kRemoved;
+                        }),
+      " entries in both");
+  const std::string how = absl::StrCat(
+      diff.compared_by_crc32c, " compared by stored crc32c without reading, ",
+      diff.compared_by_bytes, " by reading bytes (",
+      HumanBytes(diff.bytes_read), " read)");
+  if (diff.same()) {
+    out << "job " << a.job() << ": step " << a.step() << " and step "
+        << b.step() << " are identical (" << both << ": " << how << ")\n";
+    return;
+  }
+  out << "job " << a.job() << ": step " << a.step() << " -> step " << b.step()
+      << ": " << diff.entries.size() << " of "
+      << diff.identical + diff.entries.size() << " entries differ\n";
+  Table t({"CHANGE", "ENTRY", absl::StrCat("STEP ", a.step()),
+           absl::StrCat("STEP ", b.step()), "DETAIL"});
+  for (const EntryDiff& d : diff.entries) {
+    t.Add({ChangeName(d.change), d.fqn, SideText(d.a), SideText(d.b),
+           DiffDetail(d)});
+  }
+  t.Print(out);
+  out << diff.identical << " identical; " << both << ": " << how << "\n";
+}
+
+nlohmann::json SideJson(const DiffSide& s) {
+  if (!s.present) return nullptr;
+  if (!s.is_tensor) return {{"kind", "bytes"}, {"bytes", s.bytes}};
+  return {{"kind", "tensor"},
+          {"dtype", storage::DTypeName(s.dtype)},
+          {"shape", s.shape},
+          {"bytes", s.bytes}};
+}
+
+std::string DiffJson(const v1::Manifest& a, const v1::Manifest& b,
+                     const CheckpointDiff& diff) {
+  nlohmann::json entries = nlohmann::json::array();
+  for (const EntryDiff& d : diff.entries) {
+    nlohmann::json e = {{"fqn", d.fqn},
+                        {"change", ChangeName(d.change)},
+                        {"a", SideJson(d.a)},
+                        {"b", SideJson(d.b)}};
+    if (d.change == EntryDiff::Change::kChanged) e["what"] = ChangedParts(d);
+    if (d.change == EntryDiff::Change::kDiffers) {
+      e["compared"] = d.compared_bytes ? "bytes" : "crc32c";
+      if (d.a.is_tensor && d.compared_bytes) {
+        e["elements"] = d.elements;
+        e["elements_differ"] = d.elements_differ;
+      } else if (d.a.is_tensor) {
+        e["chunks"] = d.chunks;
+        e["chunks_differ"] = d.chunks_differ;
+      }
+    }
+    entries.push_back(std::move(e));
+  }
+  return nlohmann::json{{"job", a.job()},
+                        {"step_a", a.step()},
+                        {"step_b", b.step()},
+                        {"identical", diff.same()},
+                        {"entries", std::move(entries)},
+                        {"unchanged", diff.identical},
+                        {"compared_by_crc32c", diff.compared_by_crc32c},
+                        {"compared_by_bytes", diff.compared_by_bytes},
+                        {"bytes_read", diff.bytes_read}}
+      .dump(2);
+}
+
 void PrintShow(const v1::GetCheckpointResponse& resp, bool chunks,
                std::ostream& out) {
   const v1::Manifest& m = resp.manifest();
@@ -697,6 +807,23 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   export_cmd->add_flag("--dtype-as-saved", dtype_as_saved,
                        "Keep every dtype as saved (bfloat16 stays BF16); the "
                        "default and only behaviour");
+  std::string step_b_arg;
+  CLI::App* diff_cmd = app.add_subcommand(
+      "diff",
+      "Compare two checkpoints of a job: entries added, removed, changed in "
+      "dtype or shape, and whose bytes differ");
+  diff_cmd->footer(
+      "A tensor stored in the same chunks in both is compared by the crc32c "
+      "values the MANIFESTs record, without reading data; one stored in "
+      "other chunks (resharded) is read and compared byte by byte, and the "
+      "output says so. Bytes entries: by crc32c and size. Exit codes as "
+      "diff(1): 0 identical, 1 different, 2 error.");
+  diff_cmd->add_option("job", job, "Job name")->required();
+  diff_cmd->add_option("step_a", step_arg, "First step or 'latest'")
+      ->required();
+  diff_cmd->add_option("step_b", step_b_arg, "Second step or 'latest'")
+      ->required();
+  diff_cmd->add_flag("--json", json, "Print the differences as JSON");
   std::string node_name;
   CLI::App* agents = app.add_subcommand(
       "agents",
@@ -713,6 +840,8 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   if (std::optional<int> exit_code = flags::Parse(app, argc, argv, out, err)) {
     return *exit_code;
   }
+  // diff's exit code 1 means "they differ": its failures are 2, as diff(1).
+  const int failure = diff_cmd->parsed() ? 2 : 1;
   // One given on the command line wins over the other's variable: in
   // cairnd's container CAIRN_STORAGE is cairnd's setting, and
   // `cairn -c 127.0.0.1:7070 ls` there means cairnd.
@@ -760,13 +889,13 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   } else {
     if (absl::Status s = CheckStorageRootExists(storage_uri); !s.ok()) {
       err << "cairn: " << s << "\n";
-      return 1;
+      return failure;
     }
     absl::StatusOr<std::unique_ptr<storage::ShardStore>> store =
         storage::OpenShardStore(storage_uri);
     if (!store.ok()) {
       err << "cairn: " << store.status() << "\n";
-      return 1;
+      return failure;
     }
     auto sb = std::make_unique<StorageBackend>(std::move(*store));
     offline = sb.get();
@@ -775,7 +904,7 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
 
   auto fail = [&](const absl::Status& s) {
     err << "cairn: " << s << "\n";
-    return 1;
+    return failure;
   };
   // Damaged steps an offline command skipped.
   auto print_notes = [&] {
@@ -795,9 +924,15 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
     }
   }
   int64_t step = -1;
+  int64_t step_b = -1;
   if (show->parsed() || verify->parsed() || rm->parsed() ||
-      export_cmd->parsed()) {
+      export_cmd->parsed() || diff_cmd->parsed()) {
     absl::StatusOr<int64_t> parsed = ParseStepArg(step_arg);
+    if (parsed.ok() && diff_cmd->parsed()) {
+      absl::StatusOr<int64_t> b = ParseStepArg(step_b_arg);
+      if (b.ok()) step_b = *b;
+      if (!b.ok()) parsed = b.status();
+    }
     if (!parsed.ok()) {
       err << "cairn: " << parsed.status().message() << "\n";
       return 2;
@@ -945,6 +1080,29 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
     if (!result.ok()) return fail(result.status());
     PrintExport(resp->manifest(), out_dir, *result, out);
     return 0;
+  }
+  if (diff_cmd->parsed()) {
+    absl::StatusOr<v1::GetCheckpointResponse> a = get_committed(step);
+    if (!a.ok()) return fail(a.status());
+    absl::StatusOr<v1::GetCheckpointResponse> b = get_committed(step_b);
+    if (!b.ok()) return fail(b.status());
+    // Opened only if bytes must be read: by crc32c, cairnd's manifests do.
+    std::vector<storage::ShardStore*> stores(2, nullptr);
+    auto diff_store = [&](int side) -> absl::StatusOr<storage::ShardStore*> {
+      if (stores[side] == nullptr) {
+        CAIRN_ASSIGN_OR_RETURN(stores[side], store_of(side == 0 ? *a : *b));
+      }
+      return stores[side];
+    };
+    absl::StatusOr<CheckpointDiff> diff =
+        DiffCheckpoints(a->manifest(), b->manifest(), diff_store);
+    if (!diff.ok()) return fail(diff.status());
+    if (json) {
+      out << DiffJson(a->manifest(), b->manifest(), *diff) << "\n";
+    } else {
+      PrintDiff(a->manifest(), b->manifest(), *diff, out);
+    }
+    return diff->same() ? 0 : 1;
   }
   if (rm->parsed()) {
     if (step < 0) {

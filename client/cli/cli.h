@@ -8,6 +8,8 @@
 //            [--max-shard-size 5GB] [--filter PREFIX]...
 //                                      whole tensors as safetensors files
 //                                      (safetensors_export.h)
+//     diff JOB STEP_A STEP_B [--json]  entries added, removed, changed, and
+//                                      whose bytes differ (checkpoint_diff.h)
 //     rm JOB STEP [--yes]              delete a checkpoint
 //     gc JOB --keep N [--dry-run]      keep the newest N committed
 //     agents                           cairnd's agent registry (--coordinator)
@@ -16,7 +18,7 @@
 // With --coordinator it asks a running cairnd; with --storage it reads the
 // MANIFESTs on storage directly (offline: no cairnd needed).
 // Exit codes: 0 success, 1 the operation failed, 2 usage error (a bad flag,
-// job name or step).
+// job name or step). diff, as diff(1): 0 identical, 1 different, 2 error.
 #ifndef CAIRN_CLIENT_CLI_CLI_H_
 #define CAIRN_CLIENT_CLI_CLI_H_
 

@@ -33,9 +33,9 @@ TEST_F(CliTest, HelpNamesEverySubcommandFlagAndEnvironmentVariable) {
   Result r = Cairn({"--help"});
   ASSERT_EQ(r.code, 0) << r;
   for (const char* s :
-       {"ls", "show", "verify", "export", "rm", "gc", "agents", "forget-agent",
-        "--coordinator", "-c", "--storage", "-s", "CAIRN_COORDINATOR",
-        "CAIRN_STORAGE", "--version"}) {
+       {"ls", "show", "verify", "export", "diff", "rm", "gc", "agents",
+        "forget-agent", "--coordinator", "-c", "--storage", "-s",
+        "CAIRN_COORDINATOR", "CAIRN_STORAGE", "--version"}) {
     EXPECT_THAT(r.out, HasSubstr(s)) << s;
   }
   struct Sub {
@@ -49,6 +49,9 @@ TEST_F(CliTest, HelpNamesEverySubcommandFlagAndEnvironmentVariable) {
            {"export",
             {"--format", "safetensors", "--out", "--max-shard-size", "--filter",
              "--dtype-as-saved", "5GB", "index.json", "DIR.tmp-XXXXXX"}},
+           {"diff",
+            {"--json", "crc32c", "without reading",
+             "0 identical, 1 different, 2 error"}},
            {"rm", {"--yes", "-y"}},
            {"gc", {"--keep", "--dry-run"}}}) {
     Result h = Cairn({sub.name, "--help"});
