@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cli/checkpoint_diff.h"
-#include "client/cli/cli_testing.h"
+#include "client/cli/cli_test_fixture.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -18,7 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/cli/cli_testing.h"
+#include "client/cli/cli_test_fixture.h"
 #include "client/cli/safetensors_export.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -3,8 +3,8 @@
 // when a test wants one), and a writer of checkpoints laid out exactly as a
 // test says (any dtype, shape and chunk boxes per rank), committed with the
 // real protocol: data objects closed first, MANIFEST published last.
-#ifndef CAIRN_CLIENT_CLI_CLI_TESTING_H_
-#define CAIRN_CLIENT_CLI_CLI_TESTING_H_
+#ifndef CAIRN_CLIENT_CLI_CLI_TEST_FIXTURE_H_
+#define CAIRN_CLIENT_CLI_CLI_TEST_FIXTURE_H_
 
 #include <stdlib.h>
 
@@ -282,4 +282,4 @@ class CliTestBase : public ::testing::Test {
 
 }  // namespace cairn::cli
 
-#endif  // CAIRN_CLIENT_CLI_CLI_TESTING_H_
+#endif  // CAIRN_CLIENT_CLI_CLI_TEST_FIXTURE_H_
