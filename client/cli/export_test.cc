@@ -129,8 +129,8 @@ class ExportTest : public CliTestBase {
   }
 
   // Saved by 3 ranks: uneven row shards, a 2-d tiling, column shards, a
-  // rank holding an empty shard, a scalar, and every dtype safetensors
-  // has, plus two bytes entries.
+  // rank holding an empty shard, a scalar, a tensor of no elements, and
+  // every dtype safetensors has, plus two bytes entries.
   std::vector<TestTensor> Tensors(uint64_t seed) const {
     std::vector<TestTensor> t;
     t.push_back(MakeTestTensor("model.embed.weight", v1::DTYPE_BFLOAT16, {7, 5},
@@ -167,6 +167,8 @@ class ExportTest : public CliTestBase {
         MakeTestTensor("model.u8", v1::DTYPE_UINT8, {4}, seed + 12, {}));
     t.push_back(
         MakeTestTensor("model.fp8", v1::DTYPE_FLOAT8_E4M3, {2}, seed + 13, {}));
+    t.push_back(MakeTestTensor("model.empty", v1::DTYPE_FLOAT32, {0, 4},
+                               seed + 15, SplitChunks({0, 4}, 1, {2, 2, 0})));
     t.push_back(MakeTestTensor("optim.state.0.exp_avg", v1::DTYPE_FLOAT32, {6},
                                seed + 14, SplitChunks({6}, 0, {2, 2, 2})));
     return t;
@@ -249,7 +251,7 @@ TEST_F(ExportTest, ExportsEveryTensorWholeIntoOneFile) {
                     "--out", out_, "--dtype-as-saved"});
   ASSERT_EQ(r.code, 0) << r;
   EXPECT_THAT(r.out,
-              HasSubstr("exported job job step 3 to " + out_ + ": 14 tensors"));
+              HasSubstr("exported job job step 3 to " + out_ + ": 15 tensors"));
   EXPECT_THAT(r.out, HasSubstr("in 1 file"));
   EXPECT_THAT(r.out, HasSubstr("model.safetensors"));
   EXPECT_THAT(r.out, HasSubstr("skipped 2 non-tensor (bytes) entries"));
@@ -374,7 +376,7 @@ TEST_F(ExportTest, AFilterMatchingNothingNamesItAndSomeTensors) {
   EXPECT_EQ(r.code, 1) << r;
   EXPECT_THAT(r.err, HasSubstr("NOT_FOUND: job 'job' step 5: --filter "
                                "'modle.', 'rng_state' match no tensor"));
-  EXPECT_THAT(r.err, HasSubstr("its 14 tensors include 'model.embed.weight'"));
+  EXPECT_THAT(r.err, HasSubstr("its 15 tensors include 'model.embed.weight'"));
   EXPECT_THAT(r.err, HasSubstr("'optim.state.0.exp_avg'"));
   ExpectNothingLeft();
 }

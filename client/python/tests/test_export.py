@@ -49,6 +49,7 @@ def full_tensors(world):
         "model.positions": torch.arange(12, dtype=torch.int64).reshape(3, 4),
         "model.scale": torch.tensor(0.5, dtype=torch.float64),
         "model.half": torch.randn(3, generator=gen).to(torch.float16),
+        "model.empty": torch.empty(0, 4),
     }
     for rank in range(world):  # per-rank values under per-rank names
         out[f"rng.rank{rank}"] = torch.randint(
