@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -120,7 +121,8 @@ class Table {
                             ? std::string(width[i] - r[i].size() + 2, ' ')
                             : "");
       }
-      out << line << "\n";
+      // An empty last column leaves no trailing spaces.
+      out << absl::StripTrailingAsciiWhitespace(line) << "\n";
     }
   }
 
