@@ -932,8 +932,11 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
     absl::StatusOr<int64_t> parsed = ParseStepArg(step_arg);
     if (parsed.ok() && diff_cmd->parsed()) {
       absl::StatusOr<int64_t> b = ParseStepArg(step_b_arg);
-      if (b.ok()) step_b = *b;
-      if (!b.ok()) parsed = b.status();
+      if (b.ok()) {
+        step_b = *b;
+      } else {
+        parsed = b.status();
+      }
     }
     if (!parsed.ok()) {
       err << "cairn: " << parsed.status().message() << "\n";
