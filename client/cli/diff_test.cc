@@ -41,7 +41,7 @@ class DiffTest : public CliTestBase {
     return {{"rng_state", "rng", 1}, {"step", "1200", 0}};
   }
   void Save(int64_t step, std::vector<TestTensor> tensors,
-            std::vector<TestBytesEntry> blobs = Blobs(), int world = 3) {
+            const std::vector<TestBytesEntry>& blobs = Blobs(), int world = 3) {
     auto m = WriteTestTensors(*store_, "job", step, world, std::move(tensors),
                               blobs);
     ASSERT_TRUE(m.ok()) << m.status();
