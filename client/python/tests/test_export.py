@@ -15,22 +15,13 @@ import torch
 import cairn
 import harness
 
-safetensors_torch = pytest.importorskip(
-    "safetensors.torch", reason="the safetensors package is not installed")
+from test_checkpointer_dtensor import _dtensor_api
+
+import safetensors.torch as safetensors_torch  # pinned in the project environment
 
 JOB = "export"
 
 
-def _dtensor_api():
-    for name in ("torch.distributed.tensor", "torch.distributed._tensor"):
-        try:
-            module = __import__(name, fromlist=["DTensor"])
-        except ImportError:
-            continue
-        if all(hasattr(module, n) for n in ("DTensor", "DeviceMesh", "Shard",
-                                            "distribute_tensor")):
-            return module
-    return None
 
 
 def full_tensors(world):
