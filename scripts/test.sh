@@ -3,27 +3,44 @@
 # Bazel, builds the container images (deploy/image/build.sh), runs the fuzzers for a bounded time (scripts/fuzz.sh: a clang build
 # of fuzz/, FUZZ_TIME seconds per target, default 15), `bazel test //...` and
 # ctest (which includes every benchmark's smoke run, label bench-smoke).
-# Exits non-zero on any failure. ctest's summary is printed last.
+# Exits non-zero on any failure. ctest's summary is printed last, then each
+# phase's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each phase's wall time, printed as it ends and summed up at exit.
+T0=$SECONDS
+PHASE_START=$SECONDS PHASE_NAME="install_deps" PHASES=()
+phase() {
+  PHASES+=("$(printf '%-28s %5d s' "$PHASE_NAME" $((SECONDS - PHASE_START)))")
+  PHASE_NAME=$1 PHASE_START=$SECONDS
+  echo "== $1"
+}
+summary() {
+  PHASES+=("$(printf '%-28s %5d s' "$PHASE_NAME" $((SECONDS - PHASE_START)))")
+  echo "== phase times (total $((SECONDS - T0)) s)"
+  printf '  %s\n' "${PHASES[@]}"
+}
+trap summary EXIT
+
 scripts/install_deps.sh
 
-echo "== CMake build"
+phase "CMake build"
 scripts/build.sh
 
-echo "== Container images (deploy/image; the build stage reuses the ccache just filled)"
+phase "Container images"
 deploy/image/build.sh
 
-echo "== Fuzz (bounded)"
+phase "Fuzz (bounded)"
 scripts/fuzz.sh --time "${FUZZ_TIME:-15}"
 
-echo "== Bazel build and test"
+phase "Bazel build"
 BAZEL_FLAGS=()
 if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then BAZEL_FLAGS+=(--define=cairn_cuda=off); fi
 bazel build "${BAZEL_FLAGS[@]}" //...
+phase "Bazel test"
 bazel test "${BAZEL_FLAGS[@]}" //...
 
-echo "== ctest"
+phase "ctest"
 cd "${BUILD_DIR:-build}"
 ctest --output-on-failure -j "$(nproc)" --timeout 900
