@@ -94,6 +94,18 @@ class _SafeUnpickler(pickle.Unpickler):
             f"torch.serialization.add_safe_globals([{name}])")
 
 
+def _weights_only_reason(message: str) -> str:
+    """The line of torch's weights-only refusal that names what it refused
+    ("Unsupported global: GLOBAL mod.Class was not an allowed global ...";
+    the first line only says that it failed), else its first line."""
+    lines = message.splitlines()
+    for line in lines:
+        _, found, reason = line.partition("WeightsUnpickler error: ")
+        if found:
+            return reason.strip()
+    return lines[0] if lines else message
+
+
 def loads(data: bytes, weights_only: bool = True) -> Any:
     """The object of a bytes entry written by either API. weights_only (the
     default): plain data only, UnsafeObjectError for anything else."""
@@ -108,8 +120,8 @@ def loads(data: bytes, weights_only: bool = True) -> Any:
             if not weights_only:
                 raise
             raise UnsafeObjectError(
-                f"{str(e).splitlines()[0]} (load with weights_only=False if "
-                f"you trust this checkpoint)") from None
+                f"{_weights_only_reason(str(e))} (load with weights_only="
+                f"False if you trust this checkpoint)") from None
     if not weights_only:
         return pickle.loads(data)
     return _SafeUnpickler(data).load()

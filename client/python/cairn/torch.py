@@ -46,6 +46,12 @@ Example (current torch)::
 Without a process group (DCP's no_dist), rank 0 of 1 is assumed; with one
 but no_dist=True, pass rank=0, world_size=1 to the constructor.
 
+Migrating: ``import_dcp(path, job, step)`` saves a checkpoint that torch's
+FileSystemWriter wrote (a directory of .metadata and __R_N.distcp files)
+into Cairn as one committed checkpoint, from a single process; also
+``python -m cairn.torch import-dcp PATH --job JOB --step STEP``
+(cairn/_dcp_import.py).
+
 Helpers live in cairn/_dcp.py; this module holds the two classes.
 """
 
@@ -60,11 +66,14 @@ _torch_compat.install()  # before torch.distributed._shard is imported
 import torch  # noqa: E402  pylint: disable=wrong-import-position
 
 from cairn import _dcp  # noqa: E402  pylint: disable=wrong-import-position
+from cairn import _dcp_import  # noqa: E402  pylint: disable=wrong-import-position
 from cairn import errors  # noqa: E402  pylint: disable=wrong-import-position
+from cairn._dcp_import import ImportResult, import_dcp  # noqa: E402,F401  pylint: disable=wrong-import-position
 
 _api = _dcp.api()
 
-__all__ = ["CairnStorageWriter", "CairnStorageReader"]
+__all__ = ["CairnStorageWriter", "CairnStorageReader", "import_dcp",
+           "ImportResult"]
 
 
 class _CairnStorage:
@@ -351,3 +360,8 @@ class CairnStorageReader(_CairnStorage, _api.StorageReader):
         fut = torch.futures.Future()
         fut.set_result(None)
         return fut
+
+
+if __name__ == "__main__":
+    import sys  # pylint: disable=ungrouped-imports
+    sys.exit(_dcp_import.main())

@@ -1,0 +1,653 @@
+"""cairn.torch.import_dcp: a PyTorch DCP directory checkpoint saved into Cairn.
+
+A checkpoint written by ``dcp.save(..., storage_writer=FileSystemWriter(DIR))``
+is DIR/.metadata (DCP's Metadata, pickled: every tensor's dtype, global size
+and chunk boxes, every bytes entry, and where each item lies) and the
+__R_N.distcp files the ranks wrote, each a run of items: a tensor chunk is a
+``torch.save`` archive (a zip) of that chunk, a bytes entry the raw bytes of
+the object DCP's planner serialised (``torch.save`` output). import_dcp reads
+it from one process (no process group) and saves it with one Cairn save as
+rank 0 of 1: each tensor becomes one logical Cairn tensor holding every
+rank's chunks at their boxes, so it loads afterwards into any world size and
+layout (CairnStorageReader, cairn.Checkpointer).
+
+How, in order (nothing is sent to cairnd before every item was found):
+
+1. The arguments, then cairnd: a step already committed is refused before
+   any file is read.
+2. .metadata is unpickled weights-only: DCP's own metadata classes, torch's
+   dtypes and sizes and plain data; anything else is refused naming it
+   (``weights_only=False`` unpickles it as torch's FileSystemReader does).
+3. Every item is checked against its file: a missing file, or one shorter
+   than the items the metadata places in it, is DataLossError naming the
+   file, the fqn and the sizes.
+4. Tensor chunks are located inside their archives (zipfile's view of the
+   item, and the tensor's dtype, shape and strides from ``torch.load`` onto
+   the meta device, which reads no data). A contiguous chunk stored
+   uncompressed, little-endian, is *mapped*: the file is mmapped read-only
+   and the Cairn save reads the chunk's bytes from the mapping, so it costs
+   page cache, not process memory, whatever the checkpoint's size. With
+   ``verify`` (the default) each mapped chunk's CRC-32, which torch.save
+   records in the archive, is checked first (DataLossError naming file and
+   fqn on a mismatch): one more read of the data. Any other item (DCP's
+   stream transforms, a non-contiguous chunk, a big-endian archive) is read
+   into memory by torch's FileSystemReader: only those need memory.
+5. Bytes entries are kept byte for byte (DCP's torch.save form, which both
+   Cairn APIs load). With weights_only (the default) each is loaded once,
+   weights-only, first: an object a later weights-only load would refuse
+   fails the import now, naming the fqn and the class.
+6. One save: tensors, bytes entries and DCP's planner_data (as the hidden
+   entry cairn.torch's writer keeps, so ``_load_state_dict_from_keys``
+   rebuilds the nesting). It commits atomically, or nothing is committed.
+"""
+
+import argparse
+import ctypes
+import dataclasses
+import enum
+import io
+import os
+import pathlib
+import pickle
+import re
+import struct
+import sys
+import zipfile
+import zlib
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from cairn import _cairn
+from cairn import _dcp
+from cairn import _objects
+from cairn import _tensors
+from cairn import errors
+
+_METADATA = ".metadata"
+_JOB = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_MAX_STEP = 10**15  # as libcairn checks it
+_DATA_RECORD = re.compile(r"^[^/]+/data/[^/]+$")  # archive/data/<key>
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature .. name, extra lengths
+
+
+@dataclasses.dataclass
+class ImportResult:
+    """What import_dcp did. `info` is cairnd's record of the committed
+    checkpoint; `mapped_bytes` were saved straight from the mmapped files,
+    `read_bytes` read into memory first (items stored with DCP's stream
+    transforms, non-contiguous chunks)."""
+    info: Any                   # _cairn.CheckpointInfo, state COMMITTED
+    tensors: int = 0
+    chunks: int = 0             # holding elements (empty shards hold none)
+    bytes_entries: int = 0
+    mapped_bytes: int = 0
+    read_bytes: int = 0
+
+
+# ------------------------------------------------------------ metadata
+
+_DCP_MODULE = "torch.distributed.checkpoint"
+_PLAIN_GLOBALS = {("collections", "OrderedDict"), ("pathlib", "PosixPath"),
+                  ("pathlib", "PurePosixPath"), ("builtins", "set"),
+                  ("builtins", "frozenset")}
+
+
+def _is_dcp_class(obj: Any) -> bool:
+    return (isinstance(obj, type)
+            and (obj.__module__ == _DCP_MODULE
+                 or obj.__module__.startswith(_DCP_MODULE + "."))
+            and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)))
+
+
+def _enum_member(cls: Any, name: Any) -> Any:
+    """What the metadata's getattr calls may do: name a member of one of
+    DCP's enums (how Python pickles an Enum member)."""
+    if _is_dcp_class(cls) and issubclass(cls, enum.Enum) and isinstance(
+            name, str) and name in cls.__members__:
+        return cls[name]
+    raise _objects.UnsafeObjectError(
+        f"it calls getattr({getattr(cls, '__name__', cls)!r}, {name!r}), "
+        f"which is not an enum member of DCP's metadata")
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's Metadata and nothing else: its dataclasses and enums
+    (torch.distributed.checkpoint.*), what torch's weights-only unpickler
+    allows (dtypes, torch.Size, layouts) and plain data."""
+
+    def __init__(self, data: bytes):
+        super().__init__(io.BytesIO(data))
+        self._torch_allowed = _objects._torch_safe_globals(torch)  # pylint: disable=protected-access
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
+        if module == _DCP_MODULE or module.startswith(_DCP_MODULE + "."):
+            obj = super().find_class(module, name)
+            if _is_dcp_class(obj):
+                return obj
+        if (module, name) in _PLAIN_GLOBALS:
+            return super().find_class(module, name)
+        allowed = self._torch_allowed.get((module, name))
+        if allowed is not None:
+            return allowed
+        raise _objects.UnsafeObjectError(
+            f"it holds a {module}.{name}, which is not part of DCP's metadata")
+
+
+def _read_metadata(root: pathlib.Path, weights_only: bool) -> Any:
+    path = root / _METADATA
+    md_cls = _dcp.api().metadata.Metadata
+    data = path.read_bytes()
+    try:
+        if weights_only:
+            md = _MetadataUnpickler(data).load()
+        else:
+            md = pickle.loads(data)
+    except _objects.UnsafeObjectError as e:
+        raise errors.InvalidArgumentError(
+            f"import_dcp: {path}: {e}: not loaded weights-only (pass "
+            f"weights_only=False if you trust this checkpoint)") from None
+    except Exception as e:  # pylint: disable=broad-except
+        raise errors.InvalidArgumentError(
+            f"import_dcp: {path} is not a DCP checkpoint's metadata (it does "
+            f"not unpickle: {type(e).__name__}: {e})") from None
+    if (not isinstance(md, md_cls)
+            or not isinstance(getattr(md, "state_dict_metadata", None), dict)
+            or not isinstance(getattr(md, "storage_data", None), dict)):
+        raise errors.InvalidArgumentError(
+            f"import_dcp: {path} is not a DCP checkpoint's metadata (it holds "
+            f"a {type(md).__name__}, not the state_dict_metadata and "
+            f"storage_data of a FileSystemWriter checkpoint)")
+    return md
+
+
+# ------------------------------------------------------------ files
+
+class _FileView(io.RawIOBase):
+    """Bytes [offset, offset + length) of an open file, as a seekable file
+    of their own (what zipfile and torch.load read an item through)."""
+
+    def __init__(self, fd: int, offset: int, length: int):
+        super().__init__()
+        self._fd, self._offset, self._length, self._pos = (fd, offset,
+                                                           length, 0)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos,
+                io.SEEK_END: self._length}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def readinto(self, buf: Any) -> int:
+        n = min(len(buf), self._length - self._pos)
+        if n <= 0:
+            return 0
+        data = os.pread(self._fd, n, self._offset + self._pos)
+        buf[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+class _Files:
+    """The checkpoint's .distcp files: opened once, sizes known, and mapped
+    (read-only, private, lazily paged) when a chunk is read from one."""
+
+    def __init__(self, root: pathlib.Path):
+        self.root = root
+        self._fds: Dict[str, int] = {}
+        self._sizes: Dict[str, int] = {}
+        self._maps: Dict[str, Any] = {}
+
+    def path(self, relative: str) -> pathlib.Path:
+        return self.root / relative
+
+    def check(self, relative: str, offset: int, length: int,
+              what: str) -> int:
+        """The fd of `relative`, once [offset, offset + length) is known to
+        lie in it (DataLossError naming the file and `what` otherwise)."""
+        fd = self._fds.get(relative)
+        path = self.path(relative)
+        if fd is None:
+            if (os.path.isabs(relative) or ".." in pathlib.PurePath(
+                    relative).parts):
+                raise errors.InvalidArgumentError(
+                    f"import_dcp: {self.root / _METADATA} places {what} in "
+                    f"{relative!r}, outside the checkpoint directory")
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise errors.DataLossError(
+                    f"import_dcp: {path} is missing: the metadata places "
+                    f"{what} in it") from None
+            except OSError as e:
+                raise errors.DataLossError(
+                    f"import_dcp: {path} (holding {what}) cannot be opened: "
+                    f"{e.strerror}") from None
+            self._fds[relative] = fd
+            self._sizes[relative] = os.fstat(fd).st_size
+        size = self._sizes[relative]
+        if offset < 0 or length < 0 or offset + length > size:
+            raise errors.DataLossError(
+                f"import_dcp: {path} is truncated: it has {size} bytes, the "
+                f"metadata places {what} at bytes [{offset}, "
+                f"{offset + length})")
+        return fd
+
+    def address(self, relative: str, offset: int) -> int:
+        """The address of byte `offset` of `relative` in its mapping."""
+        storage = self._maps.get(relative)
+        if storage is None:
+            storage = torch.UntypedStorage.from_file(
+                str(self.path(relative)), False, self._sizes[relative])
+            self._maps[relative] = storage
+        return storage.data_ptr() + offset
+
+    def close(self) -> None:
+        self._maps.clear()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def _memory_at(address: int, nbytes: int) -> Any:
+    """A buffer over `nbytes` at `address` (no copy), for zlib.crc32."""
+    return (ctypes.c_char * nbytes).from_address(address)
+
+
+# ------------------------------------------------------------ items
+
+@dataclasses.dataclass
+class _Chunk:
+    fqn: str
+    offsets: List[int]
+    sizes: List[int]
+    dtype: Any                      # torch.dtype
+    storage_index: Any              # MetadataIndex
+    info: Any                       # _StorageInfo
+    ptr: int = 0
+    nbytes: int = 0
+    keep: Optional[torch.Tensor] = None   # the memory of a chunk read
+
+
+def _what(chunk: _Chunk) -> str:
+    return f"'{chunk.fqn}' chunk at offsets {chunk.offsets} sizes {chunk.sizes}"
+
+
+def _locate(files: _Files, chunk: _Chunk, verify: bool) -> bool:
+    """Points `chunk` at its bytes in the mapped file and returns True, or
+    returns False when it has to be read by torch (see the module doc)."""
+    info = chunk.info
+    if getattr(info, "transform_descriptors", None):
+        return False
+    fd = files.check(info.relative_path, info.offset, info.length,
+                     _what(chunk))
+    path = files.path(info.relative_path)
+
+    def damaged(why: str) -> errors.DataLossError:
+        return errors.DataLossError(
+            f"import_dcp: {path}: {_what(chunk)} at bytes [{info.offset}, "
+            f"{info.offset + info.length}) {why}")
+
+    try:
+        archive = zipfile.ZipFile(_FileView(fd, info.offset, info.length))
+        records = [r for r in archive.infolist()
+                   if _DATA_RECORD.match(r.filename)]
+        byteorder = next((archive.read(r).strip() for r in archive.infolist()
+                          if r.filename.endswith("/byteorder")), b"little")
+        meta = torch.load(_FileView(fd, info.offset, info.length),
+                          map_location="meta", weights_only=True)
+    except (zipfile.BadZipFile, RuntimeError, pickle.UnpicklingError,
+            EOFError, ValueError, OSError) as e:
+        raise damaged(f"is not a torch.save archive of a tensor "
+                      f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    if not isinstance(meta, torch.Tensor):
+        raise damaged(f"holds a {type(meta).__name__}, not a tensor")
+    if meta.dtype != chunk.dtype or list(meta.shape) != chunk.sizes:
+        raise damaged(f"holds a {meta.dtype} tensor of shape "
+                      f"{list(meta.shape)}, the metadata says {chunk.dtype} "
+                      f"{chunk.sizes}")
+    chunk.nbytes = meta.numel() * meta.element_size()
+    if chunk.nbytes == 0:
+        return True
+    if (len(records) != 1 or records[0].compress_type != zipfile.ZIP_STORED
+            or byteorder != sys.byteorder.encode()
+            or not meta.is_contiguous()):
+        return False
+    record = records[0]
+    begin = meta.storage_offset() * meta.element_size()
+    if begin + chunk.nbytes > record.file_size:
+        raise damaged(f"has a record of {record.file_size} bytes, too short "
+                      f"for its tensor ({begin + chunk.nbytes} bytes)")
+    with _FileView(fd, info.offset, info.length) as view:
+        view.seek(record.header_offset)
+        header = view.read(_LOCAL_HEADER.size)
+    if len(header) != _LOCAL_HEADER.size:
+        raise damaged("ends inside a zip record header")
+    signature, name_len, extra_len = _LOCAL_HEADER.unpack(header)
+    if signature != b"PK\x03\x04":
+        raise damaged("has a damaged zip record header")
+    data = record.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+    if data + record.file_size > info.length:
+        raise damaged("has a zip record that runs past the item")
+    at = info.offset + data  # the record's first byte in the file
+    if verify and record.CRC != 0:
+        crc = zlib.crc32(_memory_at(files.address(info.relative_path, at),
+                                    record.file_size))
+        if crc != record.CRC:
+            raise damaged(f"fails its CRC-32 (computed {crc:08x}, recorded "
+                          f"{record.CRC:08x})")
+    chunk.ptr = files.address(info.relative_path, at + begin)
+    return True
+
+
+class _Collector:
+    """What torch's FileSystemReader.read_data needs of a planner: it hands
+    each tensor item to the target resolve_tensor gives (a fresh contiguous
+    tensor) and each bytes item to load_bytes."""
+
+    def __init__(self):
+        self.targets: Dict[Any, torch.Tensor] = {}
+        self.blobs: Dict[str, bytes] = {}
+
+    def resolve_tensor(self, item: Any) -> torch.Tensor:
+        return self.targets[item.storage_index]
+
+    def commit_tensor(self, item: Any, tensor: torch.Tensor) -> None:
+        del item, tensor
+
+    def load_bytes(self, item: Any, value: io.BytesIO) -> None:
+        self.blobs[item.storage_index.fqn] = value.read()
+
+
+def _read_with_torch(root: pathlib.Path, md: Any, chunks: List[_Chunk],
+                     blobs: List[Tuple[str, Any]]) -> Dict[str, bytes]:
+    """Reads `chunks` into memory of their own and returns `blobs`' bytes,
+    through torch's FileSystemReader (its stream transforms included)."""
+    if not chunks and not blobs:
+        return {}
+    # pylint: disable=import-outside-toplevel
+    from torch.distributed.checkpoint import FileSystemReader
+    planner = _dcp.api().planner
+    items = []
+    collector = _Collector()
+    for c in chunks:
+        c.keep = torch.empty(c.sizes, dtype=c.dtype)
+        collector.targets[c.storage_index] = c.keep
+        zeros = torch.Size([0] * len(c.sizes))
+        items.append(planner.ReadItem(
+            type=planner.LoadItemType.TENSOR, dest_index=c.storage_index,
+            dest_offsets=zeros, storage_index=c.storage_index,
+            storage_offsets=zeros, lengths=torch.Size(c.sizes)))
+    for fqn, index in blobs:
+        items.append(planner.ReadItem(
+            type=planner.LoadItemType.BYTE_IO, dest_index=index,
+            dest_offsets=torch.Size([0]), storage_index=index,
+            storage_offsets=torch.Size([0]), lengths=torch.Size([0])))
+    reader = FileSystemReader(str(root))
+    reader.set_up_storage_reader(md, True)
+    try:
+        reader.read_data(planner.LoadPlan(items), collector).wait()
+    except Exception as e:  # pylint: disable=broad-except
+        raise errors.DataLossError(
+            f"import_dcp: {root}: torch's FileSystemReader could not read "
+            f"{len(chunks)} chunks and {len(blobs)} bytes entries "
+            f"({type(e).__name__}: {e})") from None
+    for c in chunks:
+        c.ptr, c.nbytes = _tensors.buffer_of(c.keep, c.fqn)
+    return collector.blobs
+
+
+# ------------------------------------------------------------ arguments
+
+def _check_args(path: Any, job: Any, step: Any,
+                coordinator: Optional[str]) -> Tuple[pathlib.Path, str]:
+    if not isinstance(path, (str, os.PathLike)):
+        raise errors.InvalidArgumentError(
+            f"import_dcp: path {path!r} ({type(path).__name__}) is not a "
+            f"directory path")
+    if not isinstance(job, str) or not _JOB.fullmatch(job) or job in (
+            ".", ".."):
+        raise errors.InvalidArgumentError(
+            f"import_dcp: invalid job name {job!r}: must be 1 to 128 "
+            f"characters of [A-Za-z0-9._-]")
+    if isinstance(step, bool) or not isinstance(step, int) or not (
+            0 <= step <= _MAX_STEP):
+        raise errors.InvalidArgumentError(
+            f"import_dcp into job '{job}': step {step!r} is not an int in "
+            f"[0, 10^15]")
+    coordinator = coordinator or os.environ.get("CAIRN_COORDINATOR") or None
+    if not coordinator:
+        raise errors.InvalidArgumentError(
+            "import_dcp: no coordinator: pass coordinator='HOST:PORT' or set "
+            "CAIRN_COORDINATOR")
+    root = pathlib.Path(path)
+    if not root.exists():
+        raise errors.NotFoundError(f"import_dcp: {root} does not exist")
+    if not root.is_dir():
+        raise errors.InvalidArgumentError(
+            f"import_dcp: {root} is not a DCP checkpoint: not a directory "
+            f"(FileSystemWriter writes a directory of .metadata and "
+            f"__R_N.distcp files)")
+    if not (root / _METADATA).is_file():
+        per_rank = sorted(p.name for p in root.glob("__*.metadata"))
+        if per_rank:
+            raise errors.InvalidArgumentError(
+                f"import_dcp: {root} has no {_METADATA}, only per-rank "
+                f"metadata ({', '.join(per_rank[:4])}"
+                f"{', ...' if len(per_rank) > 4 else ''}: saved with "
+                f"use_collectives=False), which import_dcp does not merge")
+        held = sorted(p.name for p in root.iterdir())
+        shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
+        raise errors.InvalidArgumentError(
+            f"import_dcp: {root} is not a DCP checkpoint: it has no "
+            f"{_METADATA} file (it holds {len(held)} entries"
+            f"{': ' + shown if held else ''})")
+    return root, coordinator
+
+
+def _check_step_is_new(ckpt: Any, root: pathlib.Path, job: str,
+                       step: int) -> None:
+    for info in ckpt.list(True):
+        if info.step != step:
+            continue
+        if info.state == "COMMITTED":
+            raise errors.AlreadyExistsError(
+                f"import_dcp of {root}: job '{job}' step {step} is already "
+                f"committed in Cairn; import into a new step (or delete it: "
+                f"cairn rm {job} {step})")
+        if info.state == "DELETING":
+            raise errors.FailedPreconditionError(
+                f"import_dcp of {root}: job '{job}' step {step} is being "
+                f"deleted; finish with `cairn rm {job} {step}` first")
+
+
+# ------------------------------------------------------------ import
+
+def import_dcp(path: Union[str, "os.PathLike[str]"], job: str, step: int, *,
+               coordinator: Optional[str] = None, weights_only: bool = True,
+               verify: bool = True, **options: Any) -> ImportResult:
+    """Saves the DCP checkpoint in directory `path` (torch's
+    FileSystemWriter: .metadata and __R_N.distcp files) into Cairn as
+    committed checkpoint `step` of `job`, from this one process (no process
+    group needed). Returns an ImportResult (``.info``: cairnd's record).
+
+    Every tensor keeps its dtype (bfloat16 included), shape and bytes; the
+    chunks several ranks saved (DTensor / FSDP2 / ShardedTensor shards)
+    become one Cairn tensor, loadable into any world size and layout with
+    CairnStorageReader or cairn.Checkpointer. Bytes entries (the objects DCP
+    saved: step counters, scheduler and param_groups values) are kept as DCP
+    wrote them.
+
+    Memory: tensor chunks are mmapped from the files, not read into the
+    process (see cairn/_dcp_import.py); only items stored with DCP's stream
+    transforms, or non-contiguous, are read into memory.
+
+    coordinator: cairnd's HOST:PORT (default CAIRN_COORDINATOR).
+    weights_only: unpickle .metadata, and check every object, the way
+      torch.load does by default (DCP metadata, tensors, plain data and the
+      classes of torch.serialization.add_safe_globals). False: trust the
+      checkpoint (its objects then need weights_only=False to load, too).
+    verify: check each mapped chunk's CRC-32 the archive records (one more
+      read of the data) before saving.
+    **options: for the Cairn connection (io_threads, rpc_timeout, tls_ca,
+      token, ...; see cairn.Checkpointer).
+
+    Errors (cairn.Error subclasses naming the path and the fqn):
+    InvalidArgumentError (bad arguments, a path that is not a DCP
+    checkpoint, an object or metadata class weights-only loading refuses, a
+    dtype Cairn cannot store), NotFoundError (no such path), DataLossError
+    (a .distcp file missing, truncated or damaged), AlreadyExistsError (the
+    step is committed in Cairn already), and the save's own errors.
+    """
+    root, coordinator = _check_args(path, job, step, coordinator)
+    ckpt = _cairn.Checkpointer(coordinator, job, 0, 1, **options)
+    _check_step_is_new(ckpt, root, job, step)
+    md = _read_metadata(root, bool(weights_only))
+    md_api = _dcp.api().metadata
+    files = _Files(root)
+    try:
+        result = ImportResult(info=None)
+        tensors: Dict[str, Tuple[Any, List[_Chunk]]] = {}
+        blobs: List[Tuple[str, Any]] = []
+        storage = md.storage_data
+        for fqn, entry in md.state_dict_metadata.items():
+            if fqn == _dcp.PLANNER_DATA_FQN:
+                continue
+            if isinstance(entry, md_api.BytesStorageMetadata):
+                index = md_api.MetadataIndex(fqn)
+                info = storage.get(index)
+                if info is None:
+                    raise errors.DataLossError(
+                        f"import_dcp: {root / _METADATA} lists bytes entry "
+                        f"'{fqn}' but no file holding it")
+                files.check(info.relative_path, info.offset, info.length,
+                            f"bytes entry '{fqn}'")
+                blobs.append((fqn, index))
+                continue
+            if not isinstance(entry, md_api.TensorStorageMetadata):
+                raise errors.InvalidArgumentError(
+                    f"import_dcp: {root / _METADATA}: entry '{fqn}' is a "
+                    f"{type(entry).__name__}, neither a tensor nor bytes")
+            dtype = entry.properties.dtype
+            try:
+                _tensors.cairn_dtype(dtype, fqn)
+            except errors.InvalidArgumentError as e:
+                raise errors.InvalidArgumentError(
+                    f"import_dcp: {root}: {e.message}") from None
+            chunks = []
+            for i, c in enumerate(entry.chunks):
+                index = md_api.MetadataIndex(fqn, c.offsets, i)
+                info = storage.get(index)
+                chunk = _Chunk(fqn, [int(o) for o in c.offsets],
+                               [int(s) for s in c.sizes], dtype, index, info)
+                if info is None:
+                    raise errors.DataLossError(
+                        f"import_dcp: {root / _METADATA} lists {_what(chunk)}"
+                        f" but no file holding it")
+                chunks.append(chunk)
+            tensors[fqn] = (entry, chunks)
+
+        to_read = [c for _, chunks in tensors.values() for c in chunks
+                   if not _locate(files, c, verify)]
+        raw = {}
+        plain = []
+        for fqn, index in blobs:
+            info = storage[index]
+            if getattr(info, "transform_descriptors", None):
+                plain.append((fqn, index))
+                continue
+            fd = files.check(info.relative_path, info.offset, info.length,
+                             f"bytes entry '{fqn}'")
+            raw[fqn] = os.pread(fd, info.length, info.offset)
+        raw.update(_read_with_torch(root, md, to_read, plain))
+        result.read_bytes = sum(c.nbytes for c in to_read)
+
+        state = _cairn.StateDict()
+        for fqn, (entry, chunks) in tensors.items():
+            state.add_chunks(fqn, _tensors.cairn_dtype(entry.properties.dtype,
+                                                       fqn),
+                             [int(s) for s in entry.size],
+                             [(c.offsets, c.sizes, c.ptr if c.nbytes else 0,
+                               c.nbytes) for c in chunks])
+            result.tensors += 1
+            result.chunks += sum(all(n > 0 for n in c.sizes) for c in chunks)
+            result.mapped_bytes += sum(c.nbytes for c in chunks
+                                       if c.keep is None)
+        for fqn, _ in blobs:
+            data = raw[fqn]
+            if weights_only:
+                _check_object(root, fqn, data)
+            state.add_bytes(fqn, data)
+            result.bytes_entries += 1
+        mapping = getattr(md, "planner_data", None)
+        if isinstance(mapping, dict) and mapping:
+            state.add_bytes(_dcp.PLANNER_DATA_FQN, _objects.dumps(
+                {str(k): tuple(v) for k, v in mapping.items()}))
+        result.info = ckpt.save(step, state)
+        return result
+    finally:
+        files.close()
+
+
+def _check_object(root: pathlib.Path, fqn: str, data: bytes) -> None:
+    try:
+        _objects.loads(data, True)
+    except _objects.UnsafeObjectError as e:
+        raise errors.InvalidArgumentError(
+            f"import_dcp: {root}: entry '{fqn}': {e}") from None
+    except Exception as e:  # pylint: disable=broad-except
+        raise errors.DataLossError(
+            f"import_dcp: {root}: bytes entry '{fqn}' does not load "
+            f"({type(e).__name__}: {e})") from None
+
+
+# ------------------------------------------------------------ CLI
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """python -m cairn.torch import-dcp PATH --job J --step S [...]: exit 0
+    on success, 1 on failure (the error on stderr), 2 on a usage error."""
+    parser = argparse.ArgumentParser(
+        prog="python -m cairn.torch",
+        description="Cairn's PyTorch DCP tools.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    imp = sub.add_parser(
+        "import-dcp",
+        help="save a DCP FileSystemWriter checkpoint into Cairn",
+        description="Saves the DCP checkpoint directory PATH (.metadata and "
+                    "__R_N.distcp files, as torch's FileSystemWriter writes "
+                    "it) into Cairn as a committed checkpoint.")
+    imp.add_argument("path", metavar="PATH")
+    imp.add_argument("--job", required=True)
+    imp.add_argument("--step", required=True, type=int)
+    imp.add_argument("-c", "--coordinator",
+                     help="cairnd HOST:PORT (default: CAIRN_COORDINATOR)")
+    imp.add_argument("--no-weights-only", dest="weights_only",
+                     action="store_false",
+                     help="unpickle the metadata and objects without "
+                          "torch's weights-only rules (trusted checkpoints "
+                          "only)")
+    imp.add_argument("--no-verify", dest="verify", action="store_false",
+                     help="skip the CRC-32 check of the stored chunks")
+    args = parser.parse_args(argv)
+    try:
+        r = import_dcp(args.path, args.job, args.step,
+                       coordinator=args.coordinator,
+                       weights_only=args.weights_only, verify=args.verify)
+    except errors.Error as e:
+        print(f"cairn: {e.code}: {e.message}", file=sys.stderr)
+        return 1
+    print(f"imported {args.path} as job {r.info.job} step {r.info.step} "
+          f"({r.info.state}): {r.tensors} tensors in {r.chunks} chunks, "
+          f"{r.bytes_entries} bytes entries, {r.info.bytes} bytes")
+    return 0

@@ -1,0 +1,554 @@
+"""cairn.torch.import_dcp: checkpoints written by torch's own
+FileSystemWriter (dcp.save: .metadata and __R_N.distcp files) imported into
+a real cairnd from this single process, then loaded back through Cairn and
+compared element by element and object by object with what was saved:
+
+- one process (no_dist): a trained model with Adam, bfloat16, bool, float16,
+  int8, a 0-dim and an empty tensor, a transposed (non-contiguous) tensor,
+  and objects (param_groups, a dict, bytes, an int step), loaded through
+  CairnStorageReader and cairn.Checkpointer;
+- 4 gloo ranks: an FSDP2 model with its Adam state (uneven DTensor shards,
+  an empty one), DTensors sharded by rows and by columns, replicated and
+  per-rank tensors and objects, loaded into 3 ranks sharded another way
+  through DCP (and trained on: test_fsdp2's check) and into 1 process
+  whole through the direct API;
+
+and every error: a path that is no DCP checkpoint, a missing, truncated or
+damaged .distcp file, a step Cairn already has, objects or metadata that
+weights-only loading refuses, an unsupported dtype, bad arguments; the CLI
+entry `python -m cairn.torch import-dcp`.
+"""
+
+import dataclasses
+import io
+import os
+import pathlib
+import pickle
+import shutil
+import subprocess
+import sys
+import threading
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+
+import cairn
+import cairn.torch as ctorch
+from cairn import _dcp
+
+import harness
+import test_fsdp2
+from test_checkpointer_dtensor import _dtensor_api
+from test_dcp import blank, expected_state
+
+pytestmark = pytest.mark.skipif(
+    _dtensor_api() is None,
+    reason=f"torch {torch.__version__} has no DTensor")
+
+JOB = "imported"
+
+# dcp.save without a process group warns that it assumes one process.
+warnings.filterwarnings("ignore", message=".*torch.distributed is disabled")
+
+
+@dataclasses.dataclass
+class Custom:
+    """An object class weights-only loading does not build unless allowed."""
+    value: int
+
+
+# ------------------------------------------------------------ one process
+
+def single_state():
+    """(tensors, objects) saved by one process: test_dcp's trained model,
+    Adam state and interop values, plus more dtypes and layouts."""
+    full, objects = expected_state()
+    g = torch.Generator().manual_seed(52)
+    full["extra.half"] = torch.randn(3, 5, generator=g).to(torch.float16)
+    full["extra.int8"] = torch.randint(-128, 127, (11,), dtype=torch.int8,
+                                       generator=g)
+    full["extra.scalar"] = torch.tensor(2.5, dtype=torch.float64)
+    full["extra.empty"] = torch.empty(0, 4)
+    # Transposed: FileSystemWriter saves it with its strides, so it is read
+    # (and made contiguous), not mapped.
+    full["extra.transposed"] = torch.randn(4, 6, generator=g).t()
+    objects["step"] = 1200
+    objects["sched"] = {"last_epoch": 3, "_last_lr": [0.01, 0.005]}
+    return full, objects
+
+
+def save_single(path):
+    full, objects = single_state()
+    sd = dict(full)
+    sd.update(objects)
+    dcp.save(sd, storage_writer=FileSystemWriter(str(path)), no_dist=True)
+    return full, objects
+
+
+@pytest.fixture
+def single_dir(tmp_path):
+    path = tmp_path / "dcp-single"
+    save_single(path)
+    return path
+
+
+def test_single_process_checkpoint_loads_back_exactly(cairnd, single_dir):
+    full, objects = single_state()
+    r = ctorch.import_dcp(single_dir, JOB, 7, coordinator=cairnd.address)
+    assert (r.info.job, r.info.step, r.info.state, r.info.world_size) == (
+        JOB, 7, "COMMITTED", 1)
+    assert r.tensors == len(full)
+    # Every object, and DCP's planner_data (a hidden entry).
+    md = pickle.loads((single_dir / ".metadata").read_bytes())
+    n_objects = sum(type(e).__name__ == "BytesStorageMetadata"
+                    for e in md.state_dict_metadata.values())
+    assert r.bytes_entries == n_objects > 5
+    assert r.info.num_bytes_entries == n_objects + 1
+    nbytes = {k: v.numel() * v.element_size() for k, v in full.items()}
+    assert r.read_bytes == nbytes["extra.transposed"]
+    assert r.mapped_bytes == sum(nbytes.values()) - r.read_bytes
+
+    summary = cairn.Checkpointer(cairnd.address, JOB).describe(7)
+    described = {t.fqn: (t.dtype, list(t.shape)) for t in summary.tensors}
+    assert described == {k: (str(v.dtype).rsplit(".", 1)[-1], list(v.shape))
+                         for k, v in full.items()}
+    assert described["extra.bf16"][0] == "bfloat16"
+
+    # Through DCP (the same structure, zeros and blanks) ...
+    sd = {k: torch.zeros_like(v) for k, v in full.items()}
+    sd.update({k: blank(v) for k, v in objects.items()})
+    dcp.load(sd, storage_reader=ctorch.CairnStorageReader(
+        checkpoint_id=f"cairn://{cairnd.address}/{JOB}/7"), no_dist=True)
+    for k, v in full.items():
+        assert sd[k].dtype == v.dtype and torch.equal(sd[k], v), k
+    assert {k: sd[k] for k in objects} == objects
+
+    # ... and through the direct API, which reads the same entries.
+    direct = {k: torch.zeros_like(v) for k, v in full.items()}
+    direct.update({"step": None, "sched": {"last_epoch": None,
+                                           "_last_lr": None},
+                   "train": {"meta.epoch": None}})
+    assert cairn.Checkpointer(cairnd.address, JOB).load(direct, 7) == 7
+    for k, v in full.items():
+        assert torch.equal(direct[k], v), k
+    assert direct["step"] == 1200
+    assert direct["sched"] == objects["sched"]
+    assert direct["train"]["meta.epoch"] == 3
+
+    # DCP's planner_data came along: the nested structure is rebuilt.
+    from torch.distributed.checkpoint.state_dict_loader import \
+        _load_state_dict_from_keys  # pylint: disable=import-outside-toplevel
+    nested = _load_state_dict_from_keys(
+        {"sched", "train.meta"}, storage_reader=ctorch.CairnStorageReader(
+            cairnd.address, JOB, 7))
+    assert nested == {"sched": objects["sched"],
+                      "train.meta": objects["train.meta"]}
+
+
+def rss_anon_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_chunks_are_mapped_not_read_into_memory(cairnd, tmp_path):
+    # 192 MiB of tensors; the import's own (anonymous) memory stays far
+    # below that: the Cairn save reads the chunks from the mapped files.
+    big = {f"w{i}": torch.full((1024, 16384), float(i)) for i in range(3)}
+    dcp.save(big, storage_writer=FileSystemWriter(str(tmp_path / "big")),
+             no_dist=True)
+    base = rss_anon_kib()
+    peak = [base]
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], rss_anon_kib())
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        r = ctorch.import_dcp(tmp_path / "big", JOB, 1,
+                              coordinator=cairnd.address)
+    finally:
+        done.set()
+        sampler.join()
+    assert r.mapped_bytes == 3 * 1024 * 16384 * 4 and r.read_bytes == 0
+    grown_mib = (peak[0] - base) / 1024
+    assert grown_mib < 96, f"anonymous memory grew {grown_mib:.0f} MiB"
+    back = {k: torch.zeros_like(v) for k, v in big.items()}
+    cairn.Checkpointer(cairnd.address, JOB).load(back, 1)
+    assert all(torch.equal(back[k], v) for k, v in big.items())
+
+
+# ------------------------------------------------------------ several ranks
+
+EXTRA_FULL = {
+    # fqn: (full value, placement dim saved, placement dim loaded); None is
+    # Replicate.
+    "extra.embed": (torch.arange(7 * 6, dtype=torch.float32).reshape(7, 6)
+                    .to(torch.bfloat16) / 8, 0, 1),
+    # 9 columns over 4 ranks: 3, 3, 3 and an empty shard.
+    "extra.proj": (torch.linspace(-1, 1, 5 * 9).reshape(5, 9), 1, 0),
+    "extra.mask": (torch.arange(10) % 3 == 0, 0, None),
+    "extra.bias": (torch.arange(5, dtype=torch.int64) * 11, None, 0),
+}
+RANK_OBJECTS = {"step": 1200,
+                "sched": {"last_epoch": 3, "_last_lr": [0.01, 0.005]},
+                "run": {"name": "fsdp2-run", "seed": 52}}
+
+
+def rng_of(rank):
+    return torch.arange(16, dtype=torch.uint8) * (rank + 1)
+
+
+def extras(mesh, rank, world, which, blank_values):
+    api = _dtensor_api()
+    out = {}
+    for fqn, (full, saved, loaded) in EXTRA_FULL.items():
+        dim = saved if which == "saved" else loaded
+        value = torch.zeros_like(full) if blank_values else full
+        placement = api.Replicate() if dim is None else api.Shard(dim)
+        out[fqn.split(".", 1)[1]] = api.distribute_tensor(value, mesh,
+                                                          [placement])
+    rng = {f"rank{r}": (torch.zeros(16, dtype=torch.uint8) if blank_values
+                        else rng_of(r))
+           for r in (range(world) if blank_values else [rank])}
+    return out, rng
+
+
+def save_dcp_ranks(rank, world, path):
+    """4 ranks: an FSDP2 model trained 2 steps and its Adam state, the
+    extra DTensors, per-rank rng tensors and objects, saved with
+    FileSystemWriter; rank 0 returns test_fsdp2's expected full states."""
+    mesh = init_device_mesh("cpu", (world,))
+    model = test_fsdp2.shard(test_fsdp2.make_model(0), mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    test_fsdp2.train(model, opt, 2)
+    msd, osd = get_state_dict(model, opt)
+    extra, rng = extras(mesh, rank, world, "saved", False)
+    sd = {"model": msd, "optim": osd, "extra": extra, "rng": rng,
+          **RANK_OBJECTS}
+    dcp.save(sd, storage_writer=FileSystemWriter(path))
+    before = test_fsdp2.full_state(model, opt)
+    test_fsdp2.train(model, opt, 1)
+    after = test_fsdp2.full_state(model, opt)
+    if rank != 0:
+        return None
+    buf = io.BytesIO()
+    torch.save((before, after), buf)
+    return buf.getvalue()
+
+
+def load_cairn_ranks(rank, world, address, step, expected):
+    """Another world size: test_fsdp2's check of the model and optimizer
+    (exact after the load, and one more step as on the saving ranks), then
+    the extras sharded another way, all rng tensors and the objects."""
+    bad = test_fsdp2.load_ranks(rank, world, address, step, "dcp", (world,),
+                                expected)
+    mesh = init_device_mesh("cpu", (world,))
+    extra, rng = extras(mesh, rank, world=4, which="loaded",
+                        blank_values=True)
+    sd = {"extra": extra, "rng": rng,
+          **{k: blank(v) for k, v in RANK_OBJECTS.items()}}
+    dcp.load(sd, storage_reader=ctorch.CairnStorageReader(
+        checkpoint_id=f"cairn://{address}/{test_fsdp2.JOB}/{step}"))
+    for fqn, (full, _, _) in EXTRA_FULL.items():
+        got = sd["extra"][fqn.split(".", 1)[1]].full_tensor()
+        if got.dtype != full.dtype or not torch.equal(got, full):
+            bad.append(f"{fqn} on rank {rank}")
+    for r in range(4):
+        if not torch.equal(sd["rng"][f"rank{r}"], rng_of(r)):
+            bad.append(f"rng.rank{r} on rank {rank}")
+    for k, v in RANK_OBJECTS.items():
+        if sd[k] != v:
+            bad.append(f"{k} = {sd[k]!r} on rank {rank}")
+    return bad
+
+
+def test_dtensor_shards_of_4_ranks_load_into_3_ranks_and_1_process(
+        cairnd, tmp_path):
+    path = str(tmp_path / "dcp-4-ranks")
+    expected = harness.run_ranks(save_dcp_ranks, 4, path)[0]
+    distcp = sorted(p.name for p in pathlib.Path(path).iterdir())
+    assert distcp == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
+
+    step = 30
+    r = ctorch.import_dcp(path, test_fsdp2.JOB, step,
+                          coordinator=cairnd.address)
+    assert (r.info.state, r.info.world_size) == ("COMMITTED", 1)
+    summary = cairn.Checkpointer(cairnd.address,
+                                 test_fsdp2.JOB).describe(step)
+    chunks = {t.fqn: t.chunks for t in summary.tensors}
+    # Every rank's shard is a chunk of one tensor, at its box (an empty
+    # shard holds nothing to store).
+    assert chunks["extra.proj"] == [([0, 0], [5, 3]), ([0, 3], [5, 3]),
+                                    ([0, 6], [5, 3])]
+    assert chunks["extra.embed"] == [([0, 0], [2, 6]), ([2, 0], [2, 6]),
+                                     ([4, 0], [2, 6]), ([6, 0], [1, 6])]
+    assert chunks["extra.bias"] == [([0], [5])]  # replicated: stored once
+    assert r.chunks == sum(len(c) for c in chunks.values())
+
+    per_rank = harness.run_ranks(load_cairn_ranks, 3, cairnd.address, step,
+                                 expected)
+    assert per_rank == [[]] * 3, per_rank
+
+    # One process, whole tensors, through the direct API.
+    before, _ = torch.load(io.BytesIO(expected), weights_only=True)
+    tensors = {t.fqn: torch.zeros(t.shape, dtype=getattr(torch, t.dtype))
+               for t in summary.tensors}
+    objects = {k: blank(v) for k, v in RANK_OBJECTS.items()}
+    state = {**tensors, **objects}
+    cairn.Checkpointer(cairnd.address, test_fsdp2.JOB).load(state, step)
+    for k, v in before.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(state[k], v), k
+    assert sum(isinstance(v, torch.Tensor) for v in before.values()) > 10
+    for fqn, (full, _, _) in EXTRA_FULL.items():
+        assert state[fqn].dtype == full.dtype, fqn
+        assert torch.equal(state[fqn], full), fqn
+    for rank in range(4):
+        assert torch.equal(state[f"rng.rank{rank}"], rng_of(rank))
+    assert {k: state[k] for k in RANK_OBJECTS} == RANK_OBJECTS
+
+
+# ------------------------------------------------------------ errors
+
+def _no_record(cairnd, step):
+    return all(i.step != step for i in cairn.Checkpointer(
+        cairnd.address, JOB).list(True))
+
+
+def test_a_path_that_is_not_a_dcp_checkpoint_is_named(cairnd, tmp_path):
+    c = cairnd.address
+    with pytest.raises(cairn.NotFoundError,
+                       match=f"{tmp_path / 'nothing'} does not exist"):
+        ctorch.import_dcp(tmp_path / "nothing", JOB, 1, coordinator=c)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=f"{tmp_path / 'file'} is not a DCP checkpoint: "
+                             f"not a directory"):
+        ctorch.import_dcp(tmp_path / "file", JOB, 1, coordinator=c)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"\0" * 8)
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=f"{other} is not a DCP checkpoint: it has no "
+                             r"\.metadata file \(it holds 1 entries: "
+                             r"model\.safetensors\)"):
+        ctorch.import_dcp(other, JOB, 1, coordinator=c)
+    (other / ".metadata").write_bytes(b"not a pickle")
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=f"{other / '.metadata'} is not a DCP "
+                             f"checkpoint's metadata"):
+        ctorch.import_dcp(other, JOB, 1, coordinator=c)
+    (other / ".metadata").write_bytes(pickle.dumps({"a": 1}))
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match="it holds a dict, not the state_dict_metadata"):
+        ctorch.import_dcp(other, JOB, 1, coordinator=c)
+    # Per-rank metadata only: dcp.save(..., use_collectives=False).
+    (other / ".metadata").unlink()
+    (other / "__0.metadata").write_bytes(b"")
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=r"only per-rank metadata \(__0\.metadata: saved "
+                             r"with use_collectives=False\)"):
+        ctorch.import_dcp(other, JOB, 1, coordinator=c)
+    assert _no_record(cairnd, 1)
+
+
+def test_metadata_is_unpickled_weights_only(cairnd, tmp_path, single_dir):
+    # A .metadata naming a class outside DCP's metadata is refused unread
+    # (torch's own FileSystemReader would unpickle it: code execution).
+    evil = tmp_path / "evil"
+    shutil.copytree(single_dir, evil)
+    md = pickle.loads((evil / ".metadata").read_bytes())
+    md.storage_meta.modules = [Custom(1)]  # any foreign class
+    (evil / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=r"\.metadata: it holds a test_import_dcp\.Custom"
+                             r", which is not part of DCP's metadata: not "
+                             r"loaded weights-only \(pass weights_only=False"):
+        ctorch.import_dcp(evil, JOB, 2, coordinator=cairnd.address)
+    assert _no_record(cairnd, 2)
+    r = ctorch.import_dcp(evil, JOB, 2, coordinator=cairnd.address,
+                          weights_only=False)
+    assert r.info.state == "COMMITTED"
+
+
+def test_objects_weights_only_loading_refuses_fail_the_import(cairnd,
+                                                              tmp_path):
+    path = tmp_path / "custom"
+    dcp.save({"w": torch.ones(2), "obj": Custom(5)},
+             storage_writer=FileSystemWriter(str(path)), no_dist=True)
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=f"{path}: entry 'obj': Unsupported global: "
+                             "GLOBAL test_import_dcp.Custom .*add_safe_globals"
+                             r".*\(load with weights_only=False"):
+        ctorch.import_dcp(path, JOB, 3, coordinator=cairnd.address)
+    assert _no_record(cairnd, 3)
+    # Allowed by the user, the object imports and loads weights-only.
+    with torch.serialization.safe_globals([Custom]):
+        ctorch.import_dcp(path, JOB, 3, coordinator=cairnd.address)
+        sd = {"w": torch.zeros(2), "obj": None}
+        dcp.load(sd, storage_reader=ctorch.CairnStorageReader(
+            cairnd.address, JOB, 3), no_dist=True)
+    assert sd["obj"] == Custom(5)
+    # Or trusted wholesale: imported unchecked; a weights-only load refuses
+    # it then, as it would have refused the import.
+    ctorch.import_dcp(path, JOB, 4, coordinator=cairnd.address,
+                      weights_only=False)
+    ckpt = cairn.Checkpointer(cairnd.address, JOB)
+    with pytest.raises(cairn.InvalidArgumentError, match="obj.*Custom"):
+        ckpt.load({"w": torch.zeros(2), "obj": None}, 4)
+    sd = {"w": torch.zeros(2), "obj": None}
+    ckpt.load(sd, 4, weights_only=False)
+    assert sd["obj"] == Custom(5) and torch.equal(sd["w"], torch.ones(2))
+
+
+def _per_item_checkpoint(path):
+    """One file per item (single_file_per_rank=False): a file to lose is
+    one fqn's."""
+    full = {"a": torch.arange(64, dtype=torch.float32),
+            "b": torch.arange(64, dtype=torch.int64) * 3}
+    dcp.save(dict(full), storage_writer=FileSystemWriter(
+        str(path), single_file_per_rank=False), no_dist=True)
+    md = pickle.loads((path / ".metadata").read_bytes())
+    file_of = {i.fqn: info.relative_path
+               for i, info in md.storage_data.items()}
+    return full, file_of
+
+
+def test_a_missing_truncated_or_damaged_distcp_file_is_data_loss(cairnd,
+                                                                 tmp_path):
+    c = cairnd.address
+    path = tmp_path / "items"
+    _, file_of = _per_item_checkpoint(path)
+    pristine = tmp_path / "pristine"
+    shutil.copytree(path, pristine)
+    b_file = path / file_of["b"]
+
+    b_file.unlink()
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{b_file} is missing: the metadata places 'b' "
+                             r"chunk at offsets \[0\] sizes \[64\] in it"):
+        ctorch.import_dcp(path, JOB, 5, coordinator=c)
+
+    data = (pristine / file_of["b"]).read_bytes()
+    b_file.write_bytes(data[:len(data) - 100])
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{b_file} is truncated: it has {len(data) - 100}"
+                             f" bytes, the metadata places 'b' chunk at "
+                             rf"offsets \[0\] sizes \[64\] at bytes \[0, "
+                             rf"{len(data)}\)"):
+        ctorch.import_dcp(path, JOB, 5, coordinator=c)
+
+    # One flipped bit in the tensor's bytes: the archive's CRC-32 says so.
+    damaged = bytearray(data)
+    at = damaged.find((17 * 3).to_bytes(8, "little"))
+    assert at > 0
+    damaged[at] ^= 0x10
+    b_file.write_bytes(bytes(damaged))
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{b_file}: 'b' chunk .* fails its CRC-32"):
+        ctorch.import_dcp(path, JOB, 5, coordinator=c)
+    # Garbage where the archive should be.
+    b_file.write_bytes(b"\0" * len(data))
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{b_file}: 'b' chunk .* is not a torch.save "
+                             "archive of a tensor"):
+        ctorch.import_dcp(path, JOB, 5, coordinator=c)
+    assert _no_record(cairnd, 5)
+
+    shutil.copy(pristine / file_of["b"], b_file)
+    assert ctorch.import_dcp(path, JOB, 5, coordinator=c).info.state == \
+        "COMMITTED"
+
+
+def test_a_step_cairn_already_has_is_refused(cairnd, single_dir, tmp_path):
+    c = cairnd.address
+    ctorch.import_dcp(single_dir, JOB, 9, coordinator=c)
+    other = tmp_path / "other"
+    dcp.save({"x": torch.ones(3)}, storage_writer=FileSystemWriter(
+        str(other)), no_dist=True)
+    with pytest.raises(cairn.AlreadyExistsError,
+                       match=f"import_dcp of {other}: job '{JOB}' step 9 is "
+                             f"already committed in Cairn; import into a new "
+                             f"step"):
+        ctorch.import_dcp(other, JOB, 9, coordinator=c)
+    # The checkpoint there is untouched.
+    full, _ = single_state()
+    back = {k: torch.zeros_like(v) for k, v in full.items()}
+    cairn.Checkpointer(c, JOB).load(back, 9)
+    assert all(torch.equal(back[k], v) for k, v in full.items())
+
+
+def test_bad_arguments_are_named(cairnd, single_dir, monkeypatch):
+    c = cairnd.address
+    for step in (-1, 10**15 + 1, True, "5", 1.0, None):
+        with pytest.raises(cairn.InvalidArgumentError,
+                           match=rf"step {step!r} is not an int"):
+            ctorch.import_dcp(single_dir, JOB, step, coordinator=c)
+    for job in ("", "a/b", "..", "x" * 129, None):
+        with pytest.raises(cairn.InvalidArgumentError,
+                           match="invalid job name"):
+            ctorch.import_dcp(single_dir, job, 1, coordinator=c)
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match="path 42 .* is not a directory path"):
+        ctorch.import_dcp(42, JOB, 1, coordinator=c)
+    monkeypatch.delenv("CAIRN_COORDINATOR", raising=False)
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match="no coordinator: pass coordinator="):
+        ctorch.import_dcp(single_dir, JOB, 1)
+    # CAIRN_COORDINATOR is the default, as everywhere in the package.
+    monkeypatch.setenv("CAIRN_COORDINATOR", c)
+    assert ctorch.import_dcp(single_dir, JOB, 1).info.step == 1
+
+
+def test_a_dtype_cairn_cannot_store_is_named(cairnd, tmp_path):
+    path = tmp_path / "complex"
+    dcp.save({"z": torch.ones(2, dtype=torch.complex64)},
+             storage_writer=FileSystemWriter(str(path)), no_dist=True)
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=f"{path}: tensor 'z': dtype torch.complex64 "
+                             "cannot be checkpointed"):
+        ctorch.import_dcp(path, JOB, 1, coordinator=cairnd.address)
+
+
+def _cli(*args):
+    env = dict(os.environ)
+    return subprocess.run([sys.executable, "-m", "cairn.torch", *args],
+                          capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_cli_entry(cairnd, single_dir):
+    r = _cli("import-dcp", str(single_dir), "--job", JOB, "--step", "11",
+             "-c", cairnd.address)
+    assert r.returncode == 0, r.stderr
+    assert f"imported {single_dir} as job {JOB} step 11 (COMMITTED)" in \
+        r.stdout, r.stdout
+    again = _cli("import-dcp", str(single_dir), "--job", JOB, "--step", "11",
+                 "-c", cairnd.address)
+    assert again.returncode == 1, again
+    assert "cairn: ALREADY_EXISTS: import_dcp of" in again.stderr
+    usage = _cli("import-dcp", str(single_dir), "--step", "11")
+    assert usage.returncode == 2, usage
+    assert "--job" in usage.stderr
+    assert cairn.Checkpointer(cairnd.address, JOB).latest_step() == 11
+
+
+def test_planner_data_entry_is_the_writers(cairnd, single_dir):
+    """The hidden entry is what CairnStorageWriter keeps (same name, same
+    form), so the reader treats an imported checkpoint as its own."""
+    ctorch.import_dcp(single_dir, JOB, 12, coordinator=cairnd.address)
+    ckpt = cairn._cairn.Checkpointer(cairnd.address, JOB, 0, 1)  # pylint: disable=protected-access
+    mapping = _dcp.read_planner_data(ckpt, 12)
+    md = pickle.loads((single_dir / ".metadata").read_bytes())
+    assert mapping == {k: tuple(v) for k, v in md.planner_data.items()}
