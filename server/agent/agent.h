@@ -36,6 +36,13 @@
 //   (AbortSave): it never commits, the previous checkpoint stays latest.
 //   A streamed save keeps nothing in memory: no tier 0, no replicas (loads
 //   of it come from storage).
+// Cancel (CancelSave, the rank's AgentCheckpointer::Cancel): a set still
+//   being staged is dropped and its space freed (nothing was sent to cairnd
+//   for it); a streaming save fails; a persist's save protocol is cancelled
+//   as direct mode's (client/protocol/cancellation.h): it stops wherever it
+//   is and is aborted at cairnd, so the other ranks fail at once, unless
+//   every rank has committed. A BeginStage or StageBucket whose rank gave up
+//   on the call stops waiting for space.
 // Load path: resolve the step with cairnd, fetch its manifest, ask every
 //   reachable agent what it holds for (job, step) (Inventory), build the
 //   planner's TransferPlan from those holders to the loading rank's wanted
@@ -68,6 +75,7 @@
 #include "absl/time/time.h"
 #include "cairn/v1/agent.pb.h"
 #include "cairn/v1/cairn.grpc.pb.h"
+#include "client/protocol/cancellation.h"
 #include "client/protocol/client_security.h"
 #include "client/protocol/save_protocol.h"
 #include "common/copier/device_copier.h"
@@ -153,13 +161,24 @@ class Agent {
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
 
+  // `caller_gone` (optional): whether the rank gave up on the call (its RPC
+  // was cancelled); a wait for staging space then ends CANCELLED, and space
+  // reserved for it is freed.
   absl::StatusOr<v1::BeginStageResponse> BeginStage(
-      const v1::BeginStageRequest& request);
+      const v1::BeginStageRequest& request,
+      const std::function<bool()>& caller_gone = nullptr);
   absl::StatusOr<v1::StageBucketResponse> StageBucket(
-      const v1::StageBucketRequest& request);
+      const v1::StageBucketRequest& request,
+      const std::function<bool()>& caller_gone = nullptr);
   absl::Status FinishStage(const v1::FinishStageRequest& request);
   absl::StatusOr<v1::CheckpointRecord> WaitSave(
       const v1::WaitSaveRequest& request);
+  // The rank cancelled its save (AgentCheckpointer::Cancel): a staged set is
+  // dropped, a streaming save fails, a persist stops (its save protocol is
+  // cancelled: aborted at cairnd once joined there, unless every rank has
+  // committed). WaitSave then reports the outcome. OK when there is no such
+  // save (done, never staged, or another process's: `incarnation`).
+  absl::Status CancelSave(const v1::CancelSaveRequest& request);
   absl::StatusOr<v1::AgentLoadResponse> Load(
       const v1::AgentLoadRequest& request);
   absl::Status ReleaseLoad(uint64_t load_id);
@@ -192,6 +211,8 @@ class Agent {
     bool replica = false;
     std::vector<Item> items;
     std::shared_ptr<shm::ShmSegment> segment;
+    // The rank cancelled this save (CancelSave); guarded by Agent::mu_.
+    bool cancelled = false;
   };
   struct SaveResult {
     bool done = false;
@@ -204,8 +225,11 @@ class Agent {
 
   explicit Agent(AgentOptions options);
 
+  // Waits until `deadline` for space; CANCELLED as soon as `caller_gone`
+  // (if given) returns true.
   absl::StatusOr<std::shared_ptr<shm::ShmSegment>> Allocate(
-      uint64_t bytes, absl::Time deadline);
+      uint64_t bytes, absl::Time deadline,
+      const std::function<bool()>& caller_gone = nullptr);
   bool EvictOne();
   void Persist(std::shared_ptr<Set> set, bool die_before_commit);
   // Counts a finished persist begun at `start` that wrote `written` bytes
@@ -217,12 +241,24 @@ class Agent {
   void RecordStreamResult(const Set& set,
                           const absl::StatusOr<v1::CheckpointRecord>& r);
   absl::Status Replicate(const std::shared_ptr<const Set>& set, int peer);
-  // The save protocol of (set.job, set.rank) with its write threads.
+  // The save protocol of (set.job, set.rank) with its write threads, and
+  // the cancellation of its saves (one persists at a time: persist_locks_).
   struct RankProtocol {
     std::unique_ptr<protocol::SaveProtocol> protocol;
     std::unique_ptr<ThreadPool> io_pool;
+    // Cancelled by CancelSave of the set being persisted; reset after it.
+    protocol::Cancellation cancel{"cancelled (AgentCheckpointer::Cancel)"};
+    // The set being persisted through `protocol` (null: none); guarded by
+    // Agent::mu_.
+    const Set* persisting = nullptr;
   };
   absl::StatusOr<RankProtocol*> ProtocolFor(const Set& set);
+  // With the persist lock of (set.job, set.rank) held: marks `set` as the
+  // one `rp` persists (CancelSave cancels rp->cancel for it), or CANCELLED
+  // naming it (nothing sent to cairnd) when the rank cancelled it first.
+  absl::Status StartPersisting(RankProtocol* rp, const Set& set);
+  // The persist StartPersisting began has ended (its cancellation consumed).
+  void EndPersisting(RankProtocol* rp);
 
   void HandleControl(int peer, uint64_t tag, std::string payload);
   absl::Status HandlePush(int peer, const v1::PushReplica& push);
@@ -268,6 +304,8 @@ class Agent {
   // State below is protected by mu_.
   absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<Set>> staging_ ABSL_GUARDED_BY(mu_);
+  // Sets handed over by FinishStage, until their persist ends.
+  std::map<Key, std::shared_ptr<Set>> persisting_ ABSL_GUARDED_BY(mu_);
   std::map<Key, SaveResult> results_ ABSL_GUARDED_BY(mu_);
   // Streaming saves by save id, until FinishStage or failure.
   std::map<uint64_t, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);

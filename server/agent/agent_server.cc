@@ -96,15 +96,19 @@ class AgentServer::Service final : public v1::Agent::Service {
  public:
   explicit Service(Agent* agent) : agent_(agent) {}
 
-  grpc::Status BeginStage(grpc::ServerContext*,
+  // A rank that gives up on a call (cancels it, or its process dies) stops
+  // the waits for staging space made for it.
+  grpc::Status BeginStage(grpc::ServerContext* ctx,
                           const v1::BeginStageRequest* req,
                           v1::BeginStageResponse* resp) override {
-    return Reply(agent_->BeginStage(*req), resp);
+    return Reply(agent_->BeginStage(*req, [ctx] { return ctx->IsCancelled(); }),
+                 resp);
   }
-  grpc::Status StageBucket(grpc::ServerContext*,
+  grpc::Status StageBucket(grpc::ServerContext* ctx,
                            const v1::StageBucketRequest* req,
                            v1::StageBucketResponse* resp) override {
-    return Reply(agent_->StageBucket(*req), resp);
+    return Reply(
+        agent_->StageBucket(*req, [ctx] { return ctx->IsCancelled(); }), resp);
   }
   grpc::Status FinishStage(grpc::ServerContext*,
                            const v1::FinishStageRequest* req,
@@ -118,9 +122,22 @@ class AgentServer::Service final : public v1::Agent::Service {
     *resp->mutable_checkpoint() = std::move(*r);
     return grpc::Status::OK;
   }
-  grpc::Status Load(grpc::ServerContext*, const v1::AgentLoadRequest* req,
+  grpc::Status CancelSave(grpc::ServerContext*,
+                          const v1::CancelSaveRequest* req,
+                          v1::CancelSaveResponse*) override {
+    return ToGrpcStatus(agent_->CancelSave(*req));
+  }
+  grpc::Status Load(grpc::ServerContext* ctx, const v1::AgentLoadRequest* req,
                     v1::AgentLoadResponse* resp) override {
-    return Reply(agent_->Load(*req), resp);
+    absl::StatusOr<v1::AgentLoadResponse> r = agent_->Load(*req);
+    if (r.ok() && r->unserved_code() == 0 && ctx->IsCancelled()) {
+      // The rank gave up on the load (cancelled it): it never releases the
+      // segment it would have read, so release it here.
+      (void)agent_->ReleaseLoad(r->load_id());
+      return grpc::Status(grpc::StatusCode::CANCELLED,
+                          "the rank cancelled the load");
+    }
+    return Reply(std::move(r), resp);
   }
   grpc::Status ReleaseLoad(grpc::ServerContext*,
                            const v1::ReleaseLoadRequest* req,

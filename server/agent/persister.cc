@@ -10,6 +10,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -109,6 +110,8 @@ absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
     lock = m.get();
   }
   absl::MutexLock pl(lock);
+  CAIRN_RETURN_IF_ERROR(StartPersisting(rp, set));
+  absl::Cleanup end_persisting = [this, rp] { EndPersisting(rp); };
   if (set.incarnation != 0) rp->protocol->set_incarnation(set.incarnation);
   v1::LocalSavePlan proto;
   proto.set_rank(set.rank);
@@ -236,6 +239,7 @@ absl::StatusOr<Agent::RankProtocol*> Agent::ProtocolFor(const Set& set) {
     o.world_size = set.world_size;
     o.store = options_.store;
     auto fresh = std::make_unique<RankProtocol>();
+    o.cancellation = &fresh->cancel;
     fresh->protocol =
         std::make_unique<protocol::SaveProtocol>(coordinator_.get(), o);
     fresh->io_pool =
@@ -243,6 +247,82 @@ absl::StatusOr<Agent::RankProtocol*> Agent::ProtocolFor(const Set& set) {
     rp = std::move(fresh);
   }
   return rp.get();
+}
+
+absl::Status Agent::StartPersisting(RankProtocol* rp, const Set& set) {
+  absl::MutexLock l(&mu_);
+  if (set.cancelled) {
+    return absl::CancelledError(absl::StrCat(Where(set.job, set.step, set.rank),
+                                             ": ",
+                                             rp->cancel.status().message()));
+  }
+  rp->persisting = &set;
+  return absl::OkStatus();
+}
+
+void Agent::EndPersisting(RankProtocol* rp) {
+  absl::MutexLock l(&mu_);
+  rp->persisting = nullptr;
+  rp->cancel.Reset();
+}
+
+absl::Status Agent::CancelSave(const v1::CancelSaveRequest& request) {
+  const Key key{request.job(), request.step(), request.rank()};
+  // Another process of the rank (a restarted one) does not cancel this one's
+  // save, nor this one a save of the process before it.
+  auto ours = [&](const Set& s) {
+    return Key{s.job, s.step, s.rank} == key &&
+           (request.incarnation() == 0 || s.incarnation == 0 ||
+            s.incarnation == request.incarnation());
+  };
+  const std::string where =
+      Where(request.job(), request.step(), request.rank());
+  std::shared_ptr<Set> dropped;  // its segment is released off the lock
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    absl::MutexLock l(&mu_);
+    // Still being staged: nothing was sent to cairnd for it, and the rank
+    // copies into it no more.
+    for (auto it = staging_.begin(); it != staging_.end(); ++it) {
+      if (ours(*it->second)) {
+        dropped = std::move(it->second);
+        staging_.erase(it);
+        SaveResult& r = results_[key];
+        r.done = true;
+        r.status = absl::CancelledError(
+            absl::StrCat(where, ": cancelled (AgentCheckpointer::Cancel)"));
+        break;
+      }
+    }
+    for (auto& [id, st] : streams_) {
+      if (ours(*st->set)) {
+        st->set->cancelled = true;
+        streams.push_back(st);
+      }
+    }
+    if (auto p = persisting_.find(key);
+        p != persisting_.end() && ours(*p->second)) {
+      p->second->cancelled = true;
+    }
+    auto rp = protocols_.find({request.job(), request.rank()});
+    if (rp != protocols_.end() && rp->second->persisting != nullptr &&
+        ours(*rp->second->persisting)) {
+      // Its calls to cairnd return at once; the save is aborted there.
+      rp->second->cancel.Cancel();
+    }
+  }
+  for (const std::shared_ptr<Stream>& st : streams) {
+    absl::MutexLock sl(&st->mu);
+    if (st->failed.ok()) {
+      st->failed = absl::CancelledError(
+          absl::StrCat(st->where, ": cancelled (AgentCheckpointer::Cancel)"));
+    }
+  }
+  if (dropped != nullptr || !streams.empty()) {
+    CAIRN_LOG(info, "node {}: {} cancelled by the rank", options_.node_id,
+              where);
+  }
+  return absl::OkStatus();
 }
 
 void Agent::RecordPersist(bool committed, uint64_t written, absl::Time start) {
@@ -289,6 +369,8 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
       lock = m.get();
     }
     absl::MutexLock pl(lock);
+    CAIRN_RETURN_IF_ERROR(StartPersisting(rp, *set));
+    absl::Cleanup end_persisting = [this, rp] { EndPersisting(rp); };
     if (set->incarnation != 0) rp->protocol->set_incarnation(set->incarnation);
     CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<protocol::PlannedSave> save,
                            rp->protocol->Begin(set->step, local));
@@ -310,6 +392,10 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
   std::vector<int> peers;
   {
     absl::MutexLock l(&mu_);
+    if (auto p = persisting_.find(Key{set->job, set->step, set->rank});
+        p != persisting_.end() && p->second == set) {
+      persisting_.erase(p);
+    }
     SaveResult& r = results_[Key{set->job, set->step, set->rank}];
     // A committed save is done once its replicas are pushed (below).
     r.done = !record.ok();

@@ -34,6 +34,9 @@ using internal::kSegmentGranule;
 using internal::Where;
 using shm::ShmSegment;
 
+// How often a wait for space checks whether its caller gave up.
+constexpr absl::Duration kCallerCheckInterval = absl::Milliseconds(100);
+
 bool Agent::EvictOne() {
   absl::MutexLock l(&mu_);
   // Replicas first (oldest step), then tier 0 (oldest step): both are
@@ -59,7 +62,8 @@ bool Agent::EvictOne() {
 }
 
 absl::StatusOr<std::shared_ptr<ShmSegment>> Agent::Allocate(
-    uint64_t bytes, absl::Time deadline) {
+    uint64_t bytes, absl::Time deadline,
+    const std::function<bool()>& caller_gone) {
   const uint64_t size = AlignUp(std::max<uint64_t>(bytes, 1), kSegmentGranule);
   Pool& p = *pool_;
   if (size > p.budget) {
@@ -105,13 +109,27 @@ absl::StatusOr<std::shared_ptr<ShmSegment>> Agent::Allocate(
     auto released = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
       return p.releases != releases_seen;
     };
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration() ||
-        !p.mu.AwaitWithTimeout(absl::Condition(&released), left)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "node ", options_.node_id, ": no staging space for ", size,
-          " bytes within the wait (budget ", p.budget, " bytes, ", p.used,
-          " in use by in-flight saves and loads)"));
+    // Waits in slices when the caller may give up, to notice it.
+    while (true) {
+      if (caller_gone && caller_gone()) {
+        return absl::CancelledError(absl::StrCat("node ", options_.node_id,
+                                                 ": the rank gave up "
+                                                 "waiting for ",
+                                                 size,
+                                                 " bytes of staging space"));
+      }
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "node ", options_.node_id, ": no staging space for ", size,
+            " bytes within the wait (budget ", p.budget, " bytes, ", p.used,
+            " in use by in-flight saves and loads)"));
+      }
+      if (p.mu.AwaitWithTimeout(
+              absl::Condition(&released),
+              caller_gone ? std::min(left, kCallerCheckInterval) : left)) {
+        break;
+      }
     }
   }
 }

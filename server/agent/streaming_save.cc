@@ -11,6 +11,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -42,7 +43,8 @@ using internal::Where;
 using shm::ShmSegment;
 
 absl::StatusOr<v1::BeginStageResponse> Agent::BeginStage(
-    const v1::BeginStageRequest& request) {
+    const v1::BeginStageRequest& request,
+    const std::function<bool()>& caller_gone) {
   const std::string where =
       Where(request.job(), request.step(), request.rank());
   CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
@@ -120,7 +122,11 @@ absl::StatusOr<v1::BeginStageResponse> Agent::BeginStage(
     return response;
   }
   absl::StatusOr<std::shared_ptr<ShmSegment>> seg =
-      Allocate(total, absl::Now() + wait);
+      Allocate(total, absl::Now() + wait, caller_gone);
+  if (seg.ok() && caller_gone && caller_gone()) {
+    // Nobody would copy into it or hand it over: free it now.
+    seg = absl::CancelledError("the rank gave up on BeginStage");
+  }
   if (!seg.ok()) {
     return absl::Status(seg.status().code(),
                         absl::StrCat(where, ": ", seg.status().message()));
@@ -176,8 +182,18 @@ absl::Status Agent::FinishStage(const v1::FinishStageRequest& request) {
     }
     set = it->second;
     staging_.erase(it);
+    // Cancellable (CancelSave) from here until its persist ends.
+    persisting_[Key{set->job, set->step, set->rank}] = set;
   }
   const std::string where = Where(set->job, set->step, set->rank);
+  // Unless its persist starts, it is not persisting.
+  bool handed_over = false;
+  absl::Cleanup forget = [&] {
+    if (handed_over) return;
+    absl::MutexLock l(&mu_);
+    auto p = persisting_.find(Key{set->job, set->step, set->rank});
+    if (p != persisting_.end() && p->second == set) persisting_.erase(p);
+  };
   if (request.device_items_size() > 0) {
     if (options_.device_copier == nullptr) {
       absl::MutexLock l(&mu_);
@@ -209,14 +225,17 @@ absl::Status Agent::FinishStage(const v1::FinishStageRequest& request) {
     }
     CAIRN_RETURN_IF_ERROR(options_.device_copier->Flush());
   }
-  return StartPersistThread(
+  absl::Status started = StartPersistThread(
       [this, set, die = request.die_before_commit_for_test()] {
         Persist(set, die);
       });
+  handed_over = started.ok();
+  return started;
 }
 
 absl::StatusOr<v1::StageBucketResponse> Agent::StageBucket(
-    const v1::StageBucketRequest& request) {
+    const v1::StageBucketRequest& request,
+    const std::function<bool()>& caller_gone) {
   std::shared_ptr<Stream> st;
   {
     absl::MutexLock l(&mu_);
@@ -274,7 +293,7 @@ absl::StatusOr<v1::StageBucketResponse> Agent::StageBucket(
     // The only wait of a streaming rank: space for the next bucket (the
     // persist thread frees the previous ones as it writes them).
     absl::StatusOr<std::shared_ptr<ShmSegment>> seg =
-        Allocate(st->bucket_bytes, deadline);
+        Allocate(st->bucket_bytes, deadline, caller_gone);
     if (!seg.ok()) {
       return absl::Status(
           seg.status().code(),
