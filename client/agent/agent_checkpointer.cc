@@ -5,10 +5,13 @@
 #include <cstring>
 #include <list>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cairn/v1/agent.grpc.pb.h"
 #include "client/checkpoint_info_proto.h"
+#include "client/protocol/cancellation.h"
 #include "client/protocol/save_protocol.h"
 #include "common/copier/host_copier.h"
 #include "common/grpc_status.h"
@@ -24,37 +27,105 @@ namespace {
 
 constexpr size_t kMaxMappings = 4;
 
+// What a Cancel() makes the cancelled call return (after "<where>: ").
+constexpr absl::string_view kCancelled =
+    "cancelled (AgentCheckpointer::Cancel)";
+
+// One call to the agent; with `cancel`, Cancel() cancels it in flight (it
+// then fails CANCELLED at once).
 template <typename Req, typename Resp>
 absl::StatusOr<Resp> Call(grpc::Status (v1::Agent::Stub::*method)(
                               grpc::ClientContext*, const Req&, Resp*),
                           v1::Agent::Stub& stub, const Req& request,
-                          absl::Duration timeout) {
+                          absl::Duration timeout,
+                          protocol::Cancellation* cancel = nullptr) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  protocol::Cancellation::ScopedCall registered(cancel, &ctx);
   Resp response;
   CAIRN_RETURN_IF_ERROR(
       FromGrpcStatus((stub.*method)(&ctx, request, &response)));
   return response;
 }
 
+std::string SaveWhere(absl::string_view job, int rank, int64_t step) {
+  return absl::StrCat("rank ", rank, " saving job '", job, "' step ", step,
+                      " via agent");
+}
+
+// Tells the agent the rank cancelled its save of `step` (it drops the
+// staged copy, or stops the persist and aborts the save at cairnd). Best
+// effort: an agent that does not answer holds no save to stop.
+void CancelAtAgent(v1::Agent::Stub& stub, absl::string_view job, int rank,
+                   int64_t step, uint64_t incarnation, absl::Duration timeout) {
+  v1::CancelSaveRequest req;
+  req.set_job(std::string(job));
+  req.set_step(step);
+  req.set_rank(rank);
+  req.set_incarnation(incarnation);
+  (void)Call(&v1::Agent::Stub::CancelSave, stub, req, timeout);
+}
+
 }  // namespace
 
 struct SaveFuture::Target {
   std::shared_ptr<v1::Agent::Stub> stub;
+  // The AgentCheckpointer's: its Cancel() stops a Wait too.
+  std::shared_ptr<protocol::Cancellation> cancel;
   std::string job;
   int rank = 0;
+  uint64_t incarnation = 0;
+  absl::Duration rpc_timeout;
 };
 
 absl::StatusOr<CheckpointInfo> SaveFuture::Wait(absl::Duration timeout) const {
+  const Target& t = *target_;
   v1::WaitSaveRequest req;
-  req.set_job(target_->job);
+  req.set_job(t.job);
   req.set_step(step_);
-  req.set_rank(target_->rank);
-  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
-  CAIRN_ASSIGN_OR_RETURN(v1::WaitSaveResponse resp,
-                         Call(&v1::Agent::Stub::WaitSave, *target_->stub, req,
-                              timeout + absl::Seconds(10)));
-  return CheckpointInfoFromProto(resp.checkpoint());
+  req.set_rank(t.rank);
+  if (t.cancel->cancelled()) {
+    // A save that already ended cancels nothing: its outcome, and the
+    // Cancel() stays for the call it is meant for.
+    req.set_timeout_ms(1);
+    absl::StatusOr<v1::WaitSaveResponse> r =
+        Call(&v1::Agent::Stub::WaitSave, *t.stub, req, t.rpc_timeout);
+    if (r.ok()) return CheckpointInfoFromProto(r->checkpoint());
+    if (!absl::IsDeadlineExceeded(r.status())) return r.status();
+  }
+  // A Cancel() is consumed by the call it cancelled (or that ran when it
+  // came), whatever that call returns.
+  absl::Cleanup consume_cancel = [&t] { t.cancel->Reset(); };
+  if (!t.cancel->cancelled()) {
+    req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    absl::StatusOr<v1::WaitSaveResponse> r =
+        Call(&v1::Agent::Stub::WaitSave, *t.stub, req,
+             timeout + absl::Seconds(10), t.cancel.get());
+    // The save's own outcome, even if a Cancel() came with it; a wait that
+    // was cancelled, or ran out of time as it came, goes on below.
+    if (!t.cancel->cancelled() || r.ok() ||
+        (!absl::IsCancelled(r.status()) &&
+         !absl::IsDeadlineExceeded(r.status()))) {
+      if (!r.ok()) return r.status();
+      return CheckpointInfoFromProto(r->checkpoint());
+    }
+  }
+  // Cancelled: stop the save at the agent, then take its outcome, which the
+  // cancel makes prompt (the agent's calls to cairnd are cancelled).
+  CancelAtAgent(*t.stub, t.job, t.rank, step_, t.incarnation, t.rpc_timeout);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(t.rpc_timeout));
+  absl::StatusOr<v1::WaitSaveResponse> r =
+      Call(&v1::Agent::Stub::WaitSave, *t.stub, req,
+           t.rpc_timeout + absl::Seconds(10));
+  // Every rank had committed: cairnd committed regardless.
+  if (r.ok()) return CheckpointInfoFromProto(r->checkpoint());
+  // Another rank aborted it first (its reason), or the agent failed it.
+  if (!absl::IsCancelled(r.status()) && !absl::IsDeadlineExceeded(r.status()) &&
+      !absl::IsNotFound(r.status())) {
+    return r.status();
+  }
+  return absl::CancelledError(
+      absl::StrCat(SaveWhere(t.job, t.rank, step_), ": ", kCancelled));
 }
 
 // Everything behind the public AgentCheckpointer (which holds only this).
@@ -68,6 +139,7 @@ class AgentCheckpointer::Impl {
   absl::Status Connect();
   absl::StatusOr<SaveFuture> AsyncSave(int64_t step, const StateDict& state);
   absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
+  void Cancel();
 
   const AgentSaveStats& last_save_stats() const { return save_stats_; }
   LoadSource last_load_source() const { return load_source_; }
@@ -89,6 +161,22 @@ class AgentCheckpointer::Impl {
                        const std::string& where);
   absl::Status StreamBuckets(const v1::BeginStageResponse& staged,
                              const StateDict& state, const std::string& where);
+  // AsyncSave of `step` after a Cancel(): cancels what the agent holds of the
+  // save (CancelSave) and returns CANCELLED naming it.
+  absl::Status CancelledSave(int64_t step, const std::string& where);
+  // The storage fallback of Load, which Cancel() reaches while it runs.
+  absl::StatusOr<int64_t> LoadFromStorage(LoadRef ref, StateDict& state,
+                                          const std::string& where);
+
+  // Thread-safe (Cancel() may come from any thread). Set by Cancel(),
+  // consumed (Reset) when an AsyncSave, Load or SaveFuture::Wait returns;
+  // their calls to the agent register with it. Shared with the futures.
+  const std::shared_ptr<protocol::Cancellation> cancel_ =
+      std::make_shared<protocol::Cancellation>(std::string(kCancelled));
+  // Whether Load is in its storage fallback: Cancel() then cancels direct_
+  // too (and only then, since a direct_->Cancel() waits for its next Load).
+  absl::Mutex direct_mu_;
+  bool in_direct_load_ ABSL_GUARDED_BY(direct_mu_) = false;
 
   // Constant after construction.
   const AgentCheckpointerOptions options_;
@@ -158,8 +246,12 @@ absl::StatusOr<SaveFuture> AgentCheckpointer::Impl::AsyncSave(
   const absl::Time t0 = absl::Now();
   save_stats_ = AgentSaveStats();
   const CheckpointerOptions& d = options_.direct;
-  const std::string where = absl::StrCat("rank ", d.rank, " saving job '",
-                                         d.job, "' step ", step, " via agent");
+  const std::string where = SaveWhere(d.job, d.rank, step);
+  absl::Cleanup consume_cancel = [this] { cancel_->Reset(); };
+  if (cancel_->cancelled()) {
+    // Nothing sent to the agent: nothing to cancel there.
+    return absl::CancelledError(absl::StrCat(where, ": ", kCancelled));
+  }
   absl::StatusOr<planner::LocalSavePlan> planned = state.ToLocalPlan(d.rank);
   if (!planned.ok()) {
     return absl::Status(planned.status().code(),
@@ -184,24 +276,30 @@ absl::StatusOr<SaveFuture> AgentCheckpointer::Impl::AsyncSave(
   }
   absl::StatusOr<v1::BeginStageResponse> staged =
       Call(&v1::Agent::Stub::BeginStage, *stub_, begin,
-           options_.wait_for_space + options_.rpc_timeout);
+           options_.wait_for_space + options_.rpc_timeout, cancel_.get());
+  // Cancelled while the agent waited for space (or as it answered): it may
+  // have staged the save all the same.
+  if (cancel_->cancelled()) return CancelledSave(step, where);
   if (!staged.ok()) {
     return absl::Status(staged.status().code(),
                         absl::StrCat(where, ": ", staged.status().message()));
   }
   const absl::Time t1 = absl::Now();
-  if (staged->streaming()) {
-    CAIRN_RETURN_IF_ERROR(StreamBuckets(*staged, state, where));
-  } else {
-    CAIRN_RETURN_IF_ERROR(CopyAll(*staged, state, local, where));
-  }
+  absl::Status copied = staged->streaming()
+                            ? StreamBuckets(*staged, state, where)
+                            : CopyAll(*staged, state, local, where);
+  if (cancel_->cancelled()) return CancelledSave(step, where);
+  CAIRN_RETURN_IF_ERROR(copied);
   const absl::Time t2 = absl::Now();
   v1::FinishStageRequest finish;
   finish.set_save_id(staged->save_id());
   finish.set_die_before_commit_for_test(
       options_.agent_dies_before_commit_for_test);
   absl::StatusOr<v1::FinishStageResponse> finished =
-      Call(&v1::Agent::Stub::FinishStage, *stub_, finish, options_.rpc_timeout);
+      Call(&v1::Agent::Stub::FinishStage, *stub_, finish, options_.rpc_timeout,
+           cancel_.get());
+  // Cancelled as the agent took the save over: stop its persist.
+  if (cancel_->cancelled()) return CancelledSave(step, where);
   if (!finished.ok()) {
     return absl::Status(finished.status().code(),
                         absl::StrCat(where, ": ", finished.status().message()));
@@ -211,9 +309,26 @@ absl::StatusOr<SaveFuture> AgentCheckpointer::Impl::AsyncSave(
   save_stats_.blocked = absl::Now() - t0;
   auto target = std::make_shared<SaveFuture::Target>();
   target->stub = stub_;
+  target->cancel = cancel_;
   target->job = d.job;
   target->rank = d.rank;
+  target->incarnation = incarnation_;
+  target->rpc_timeout = options_.rpc_timeout;
   return SaveFuture(std::move(target), step);
+}
+
+absl::Status AgentCheckpointer::Impl::CancelledSave(int64_t step,
+                                                    const std::string& where) {
+  const CheckpointerOptions& d = options_.direct;
+  CancelAtAgent(*stub_, d.job, d.rank, step, incarnation_,
+                options_.rpc_timeout);
+  return absl::CancelledError(absl::StrCat(where, ": ", kCancelled));
+}
+
+void AgentCheckpointer::Impl::Cancel() {
+  absl::MutexLock l(&direct_mu_);
+  cancel_->Cancel();
+  if (in_direct_load_) direct_->Cancel();
 }
 
 absl::Status AgentCheckpointer::Impl::StreamBuckets(
@@ -236,6 +351,9 @@ absl::Status AgentCheckpointer::Impl::StreamBuckets(
   }
   uint64_t filled = 0;
   while (true) {
+    // Once cancelled, no further bucket is asked for (AsyncSave cancels the
+    // stream at the agent).
+    if (cancel_->cancelled()) return cancel_->status();
     v1::StageBucketRequest req;
     req.set_save_id(staged.save_id());
     req.set_filled_bucket(filled);
@@ -243,7 +361,7 @@ absl::Status AgentCheckpointer::Impl::StreamBuckets(
         absl::ToInt64Milliseconds(options_.wait_for_space));
     absl::StatusOr<v1::StageBucketResponse> bucket =
         Call(&v1::Agent::Stub::StageBucket, *stub_, req,
-             options_.wait_for_space + options_.rpc_timeout);
+             options_.wait_for_space + options_.rpc_timeout, cancel_.get());
     if (!bucket.ok()) {
       return absl::Status(bucket.status().code(),
                           absl::StrCat(where, ": ", bucket.status().message()));
@@ -263,6 +381,7 @@ absl::Status AgentCheckpointer::Impl::StreamBuckets(
     }
     shm::ShmSegment* seg = *mapped;
     for (const v1::StagePiece& p : bucket->pieces()) {
+      if (cancel_->cancelled()) return cancel_->status();
       if (p.item() < 0 || p.item() >= static_cast<int>(items.size()) ||
           p.item_offset() + p.length() > items[p.item()].size() ||
           p.staging_offset() + p.length() > seg->size()) {
@@ -306,9 +425,12 @@ absl::Status AgentCheckpointer::Impl::CopyAll(
                                             staged->items_size(), " items for ",
                                             local.items.size()));
   }
+  // Once cancelled, no further item is copied (AsyncSave then drops the
+  // staged copy at the agent).
   for (const TensorShard& t : state.tensors()) {
     const uint64_t elem = planner::DTypeSize(t.dtype);
     for (const TensorChunk& c : t.chunks) {
+      if (cancel_->cancelled()) return cancel_->status();
       const uint64_t n = static_cast<uint64_t>(planner::Volume(c.box)) * elem;
       CAIRN_ASSIGN_OR_RETURN(absl::Span<char> out, dst(n));
       CAIRN_RETURN_IF_ERROR(
@@ -317,6 +439,7 @@ absl::Status AgentCheckpointer::Impl::CopyAll(
     }
   }
   for (const BytesEntry& b : state.bytes()) {
+    if (cancel_->cancelled()) return cancel_->status();
     CAIRN_ASSIGN_OR_RETURN(absl::Span<char> out, dst(b.blob->size()));
     if (!out.empty()) std::memcpy(out.data(), b.blob->data(), out.size());
     save_stats_.bytes += out.size();
@@ -352,9 +475,9 @@ absl::StatusOr<int64_t> AgentCheckpointer::Impl::LoadFromAgent(
     }
   }
   for (const BytesEntry& b : state.bytes()) req.add_wanted_bytes(b.fqn);
-  CAIRN_ASSIGN_OR_RETURN(
-      v1::AgentLoadResponse resp,
-      Call(&v1::Agent::Stub::Load, *stub_, req, options_.rpc_timeout));
+  CAIRN_ASSIGN_OR_RETURN(v1::AgentLoadResponse resp,
+                         Call(&v1::Agent::Stub::Load, *stub_, req,
+                              options_.rpc_timeout, cancel_.get()));
   if (resp.unserved_code() != 0) {
     *resolved = resp.step();
     return absl::Status(static_cast<absl::StatusCode>(resp.unserved_code()),
@@ -402,6 +525,14 @@ absl::StatusOr<int64_t> AgentCheckpointer::Impl::Load(LoadRef ref,
                                                       StateDict& state) {
   load_source_ = LoadSource::kNone;
   bytes_local_ = bytes_peers_ = 0;
+  const CheckpointerOptions& d = options_.direct;
+  const std::string where = absl::StrCat(
+      "rank ", d.rank, " loading job '", d.job, "' ",
+      ref.latest() ? std::string("latest") : absl::StrCat("step ", ref.step()));
+  absl::Cleanup consume_cancel = [this] { cancel_->Reset(); };
+  if (cancel_->cancelled()) {
+    return absl::CancelledError(absl::StrCat(where, ": ", kCancelled));
+  }
   if (absl::Status s = state.CheckLoadable(); !s.ok()) {
     return absl::Status(
         s.code(), absl::StrCat("rank ", options_.direct.rank, " loading job '",
@@ -414,11 +545,42 @@ absl::StatusOr<int64_t> AgentCheckpointer::Impl::Load(LoadRef ref,
     load_source_ = LoadSource::kAgentMemory;
     return step;
   }
+  // Cancelled: no fallback (the agent frees what it had loaded for it).
+  if (cancel_->cancelled()) {
+    return absl::CancelledError(absl::StrCat(where, ": ", kCancelled));
+  }
   if (direct_ == nullptr) return step.status();
   // The next tier: storage, through the direct path; of the step the agent
   // resolved, if it did, which the other ranks of the load got too.
-  step = direct_->Load(resolved >= 0 ? LoadRef::Step(resolved) : ref, state);
+  step = LoadFromStorage(resolved >= 0 ? LoadRef::Step(resolved) : ref, state,
+                         where);
   if (step.ok()) load_source_ = LoadSource::kStorage;
+  return step;
+}
+
+absl::StatusOr<int64_t> AgentCheckpointer::Impl::LoadFromStorage(
+    LoadRef ref, StateDict& state, const std::string& where) {
+  {
+    absl::MutexLock l(&direct_mu_);
+    if (cancel_->cancelled()) {
+      return absl::CancelledError(absl::StrCat(where, ": ", kCancelled));
+    }
+    in_direct_load_ = true;
+  }
+  absl::StatusOr<int64_t> step = direct_->Load(ref, state);
+  if (absl::IsCancelled(step.status()) && !cancel_->cancelled()) {
+    // A Cancel() that reached direct_ as its previous Load returned: this
+    // one consumed it at its start, before reading anything. This Load was
+    // not cancelled.
+    step = direct_->Load(ref, state);
+  }
+  {
+    absl::MutexLock l(&direct_mu_);
+    in_direct_load_ = false;
+  }
+  if (absl::IsCancelled(step.status()) && cancel_->cancelled()) {
+    return absl::CancelledError(absl::StrCat(where, ": ", kCancelled));
+  }
   return step;
 }
 
@@ -446,6 +608,8 @@ absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(
 absl::StatusOr<int64_t> AgentCheckpointer::Load(LoadRef ref, StateDict& state) {
   return impl_->Load(ref, state);
 }
+
+void AgentCheckpointer::Cancel() { impl_->Cancel(); }
 
 const AgentSaveStats& AgentCheckpointer::last_save_stats() const {
   return impl_->last_save_stats();

@@ -19,7 +19,28 @@
 //              storage). last_load_source() tells which tier served it.
 //
 // Thread safety: thread-compatible — one AgentCheckpointer per rank, used by
-// one thread at a time; a SaveFuture may be waited on from any thread.
+// one thread at a time — except Cancel(), which any thread may call at any
+// time (as Checkpointer::Cancel); a SaveFuture may be waited on from any
+// thread.
+//
+// Cancel (as Checkpointer::Cancel, client/checkpointer.h): the AsyncSave,
+// SaveFuture::Wait or Load in progress returns promptly, CANCELLED naming
+// the rank, job and step ("rank 0 saving job 'llama' step 200 via agent:
+// cancelled (AgentCheckpointer::Cancel)"); with none in progress, the next
+// to start is cancelled at once. Each Cancel() is consumed by the call it
+// cancelled (or that ran when it came). A cancelled save is cancelled at the
+// agent (CancelSave): a copy still being staged is dropped and its staging
+// space freed; once the agent has joined the save at cairnd (its persist, or
+// a streaming save's BeginSave), the save is aborted there, so the other
+// ranks fail ABORTED at once naming this rank, the step is listed ABORTED
+// and the previous committed checkpoint stays the latest. Cancelled before
+// the agent joined it (while AsyncSave waits for staging space or copies a
+// save that fits the budget), nothing reached cairnd from this rank: the
+// other ranks' saves end at cairnd's begin deadline, as when a rank never
+// saves. Best effort once every rank has committed: SaveFuture::Wait then
+// returns the committed checkpoint; if another rank aborted the save first,
+// ABORTED with its reason. A cancelled Load does not fall back to storage;
+// cancelled during the fallback, it stops as Checkpointer::Load does.
 //
 // Example:
 //   AgentCheckpointerOptions o;
@@ -77,6 +98,12 @@ class SaveFuture {
   // Waits until the checkpoint is committed (every rank's agent done) and
   // this rank's tier 0 is replicated to its peers, and returns it; the
   // save's error otherwise (e.g. ABORTED, UNAVAILABLE when the agent died).
+  // DEADLINE_EXCEEDED "... not persisted within ..." when `timeout` passes
+  // first (the save goes on). AgentCheckpointer::Cancel() (of the
+  // checkpointer that made this future) during the wait, or before it,
+  // cancels the save (see the file comment) and returns CANCELLED, unless it
+  // committed regardless. A Wait for a save that had already ended returns
+  // its outcome and leaves a pending Cancel() to the next call.
   absl::StatusOr<CheckpointInfo> Wait(
       absl::Duration timeout = absl::Hours(2)) const;
   int64_t step() const { return step_; }
@@ -117,6 +144,12 @@ class AgentCheckpointer {
   // Fills `state` from `ref`: agent memory tiers first, storage otherwise.
   // Returns the step loaded.
   absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
+
+  // Cancels the AsyncSave, SaveFuture::Wait (of this checkpointer's
+  // futures) or Load in progress on another thread, or with none in
+  // progress the next one to start (see the file comment). Thread-safe;
+  // returns at once. Not async-signal-safe.
+  void Cancel();
 
   const AgentSaveStats& last_save_stats() const;
   LoadSource last_load_source() const;
