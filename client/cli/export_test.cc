@@ -4,10 +4,16 @@
 // parsed back here (8-byte header length, JSON header, data offsets,
 // alignment) and compared byte for byte with the whole tensors; the size
 // cap's files and index; filters; and every failure (unknown step, a filter
-// matching nothing, an existing DIR, a damaged or missing chunk, Ctrl-C)
-// leaving neither DIR nor its temporary sibling.
+// matching nothing, an existing DIR, a damaged or missing chunk, Ctrl-C, a
+// disk that fills) leaving neither DIR nor its temporary sibling nor the
+// parent directories it made.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -202,9 +208,12 @@ class ExportTest : public CliTestBase {
     for (const TestTensor& t : Tensors(0)) out.push_back(t.fqn);
     return out;
   }
+  // Neither DIR, nor its temporary sibling, nor the parent directory the
+  // export made for it (no test makes it beforehand).
   void ExpectNothingLeft() const {
     EXPECT_FALSE(fs::exists(out_));
     if (fs::exists(fs::path(out_).parent_path())) {
+      ADD_FAILURE() << fs::path(out_).parent_path() << " was left behind";
       EXPECT_THAT(Siblings(out_), IsEmpty());
     }
   }
@@ -523,6 +532,133 @@ TEST_F(ExportTest, ACheckpointWithoutTensorsHasNothingToExport) {
   EXPECT_THAT(r.err, HasSubstr("FAILED_PRECONDITION: job 'job' step 8 has no "
                                "tensors to export (2 non-tensor entries)"));
   ExpectNothingLeft();
+}
+
+// --- A disk that fills: DIR on a real small filesystem (a 1 MiB tmpfs we
+// mount; as storage/posix's and the e2e full-disk tests, only as root). ---
+
+class ExportToFullDiskTest : public ExportTest {
+ protected:
+  void SetUp() override {
+    ExportTest::SetUp();
+    mnt_ = dir_ + "/small";
+    ASSERT_TRUE(fs::create_directories(mnt_));
+    if (::mount("tmpfs", mnt_.c_str(), "tmpfs", 0, "size=1m") != 0) {
+      GTEST_SKIP() << "cannot mount a tmpfs (needs root): " << strerror(errno);
+    }
+    mounted_ = true;
+    // Its parent too is the export's to make (and to remove on failure).
+    out_ = mnt_ + "/hf/llama";
+  }
+  void TearDown() override {
+    if (mounted_) ::umount2(mnt_.c_str(), MNT_DETACH);
+    ExportTest::TearDown();
+  }
+  uint64_t FreePages() const {
+    struct statvfs v;
+    EXPECT_EQ(::statvfs(mnt_.c_str(), &v), 0);
+    EXPECT_EQ(v.f_frsize, 4096u);
+    return v.f_bavail;
+  }
+  // Fills the filesystem (a file of its own) until `pages` pages are free:
+  // tmpfs counts whole pages, and directories and empty files take none.
+  void LeaveFree(uint64_t pages) {
+    const uint64_t free = FreePages();
+    ASSERT_GE(free, pages);
+    const int fd = ::open((mnt_ + "/filler").c_str(),
+                          O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    const int rc =
+        ::fallocate(fd, 0, 0, static_cast<off_t>((free - pages) * 4096));
+    const int error = errno;
+    ::close(fd);
+    ASSERT_EQ(rc, 0) << strerror(error);
+    ASSERT_EQ(FreePages(), pages);
+  }
+  // Everything on the small filesystem but the filler.
+  std::vector<std::string> Debris() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::recursive_directory_iterator(mnt_)) {
+      const std::string name = fs::relative(e.path(), mnt_).string();
+      if (name != "filler") out.push_back(name);
+    }
+    return out;
+  }
+  // How many files an export of `step` with --max-shard-size 64 writes
+  // (exported once elsewhere).
+  size_t NumShardFiles(int64_t step) {
+    ExportOptions options;
+    options.out_dir = dir_ + "/probe";
+    options.max_shard_bytes = 64;
+    absl::StatusOr<ExportResult> r = ExportSafetensors(
+        *store_, storage::ReadManifest(*store_, "job", step).value(), options);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->files.size() : 0;
+  }
+
+  std::string mnt_;
+  bool mounted_ = false;
+};
+
+TEST_F(ExportToFullDiskTest, AFileThatDoesNotFitIsRefusedBeforeItsData) {
+  Save(6);
+  LeaveFree(0);
+  Result r = Cairn({"-s", uri_, "export", "job", "6", "--out", out_});
+  EXPECT_EQ(r.code, 1) << r;
+  // Named: the export, its DIR and the file; and what is free.
+  EXPECT_THAT(r.err, HasSubstr("RESOURCE_EXHAUSTED: export of job 'job' step "
+                               "6 to '" +
+                               out_ + "': no space left on device reserving "));
+  EXPECT_THAT(r.err, HasSubstr(" bytes for 'model.safetensors' (0 bytes "
+                               "free)"));
+  EXPECT_THAT(r.err, Not(HasSubstr(".tmp-")));
+  // No DIR, no DIR.tmp-*, not even the parent it made.
+  EXPECT_THAT(Debris(), IsEmpty());
+  EXPECT_EQ(FreePages(), 0u);
+}
+
+TEST_F(ExportToFullDiskTest, ALaterFileThatDoesNotFitTakesTheEarlierOnes) {
+  Save(6);
+  const size_t n = NumShardFiles(6);
+  ASSERT_GT(n, 3u);
+  // Each file takes one page: the first two fit, the third does not.
+  LeaveFree(2);
+  Result r = Cairn({"-s", uri_, "export", "job", "6", "--out", out_,
+                    "--max-shard-size", "64"});
+  EXPECT_EQ(r.code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("RESOURCE_EXHAUSTED: export of job 'job' step "
+                               "6 to '" +
+                               out_ + "': no space left on device reserving"));
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat(" bytes for '", ShardFileName(2, n),
+                                            "' (0 bytes free)")));
+  EXPECT_THAT(Debris(), IsEmpty());
+  EXPECT_EQ(FreePages(), 2u);  // the two files written are gone
+}
+
+TEST_F(ExportToFullDiskTest, AWriteThatRunsOutOfSpaceLeavesNothingEither) {
+  Save(6);
+  const size_t n = NumShardFiles(6);
+  ASSERT_GT(n, 1u);
+  // Room for every safetensors file, none for the index written last: its
+  // write (nothing reserved it) is what fails.
+  LeaveFree(n);
+  Result r = Cairn({"-s", uri_, "export", "job", "6", "--out", out_,
+                    "--max-shard-size", "64"});
+  EXPECT_EQ(r.code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("RESOURCE_EXHAUSTED: export of job 'job' step "
+                               "6 to '" +
+                               out_ + "': no space left on device writing "));
+  EXPECT_THAT(r.err,
+              HasSubstr(absl::StrCat(" bytes of '", kSafetensorsIndexName,
+                                     "' (0 bytes free)")));
+  EXPECT_THAT(Debris(), IsEmpty());
+  EXPECT_EQ(FreePages(), n);
+  // With the space back, the same export succeeds (nothing was in its way).
+  ASSERT_EQ(::unlink((mnt_ + "/filler").c_str()), 0);
+  Result again = Cairn({"-s", uri_, "export", "job", "6", "--out", out_,
+                        "--max-shard-size", "64"});
+  ASSERT_EQ(again.code, 0) << again;
+  EXPECT_TRUE(fs::exists(out_ + "/" + kSafetensorsIndexName));
 }
 
 }  // namespace

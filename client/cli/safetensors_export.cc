@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,24 +36,43 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::Status ErrnoError(int error, absl::string_view what,
-                        const std::string& path) {
+// Bytes an unprivileged writer may still use on the filesystem of `path`.
+uint64_t FreeBytes(const std::string& path) {
+  struct statvfs v;
+  if (::statvfs(path.c_str(), &v) != 0) return 0;
+  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+}
+
+// The error of `what` (e.g. "writing 4096 bytes of") on `name` (an output
+// file's name in the export, or a directory's path) for the export `where`
+// ("export of job 'llama' step 1200 to 'DIR'"); `on` is a path on the
+// filesystem written to. A full disk (or quota) is RESOURCE_EXHAUSTED saying
+// how much is free there.
+absl::Status IoError(int error, absl::string_view where, absl::string_view what,
+                     absl::string_view name, const std::string& on) {
   if (error == ENOSPC || error == EDQUOT) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("no space left on device ", what, " '", path, "'"));
+        absl::StrCat(where, ": no space left on device ", what, " '", name,
+                     "' (", FreeBytes(on), " bytes free",
+                     error == EDQUOT ? ": disk quota exceeded" : "", ")"));
   }
-  return absl::ErrnoToStatus(error, absl::StrCat(what, " '", path, "'"));
+  return absl::ErrnoToStatus(error,
+                             absl::StrCat(where, ": ", what, " '", name, "'"));
 }
 
 // An output file, written at explicit offsets, removed with its directory
-// on failure.
+// on failure. Errors name the export and the file's name in it.
 class OutFile {
  public:
-  static absl::StatusOr<std::unique_ptr<OutFile>> Create(std::string path) {
+  static absl::StatusOr<std::unique_ptr<OutFile>> Create(const std::string& dir,
+                                                         std::string name,
+                                                         std::string where) {
+    std::string path = absl::StrCat(dir, "/", name);
     const int fd =
         ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0) return ErrnoError(errno, "creating", path);
-    return std::unique_ptr<OutFile>(new OutFile(fd, std::move(path)));
+    if (fd < 0) return IoError(errno, where, "creating", name, dir);
+    return std::unique_ptr<OutFile>(
+        new OutFile(fd, std::move(path), std::move(name), std::move(where)));
   }
   ~OutFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -71,8 +91,9 @@ class OutFile {
     if (error == EOPNOTSUPP || error == ENOSYS || error == EINVAL) {
       return absl::OkStatus();
     }
-    return ErrnoError(error, absl::StrCat("reserving ", size, " bytes for"),
-                      path_);
+    return IoError(error, where_,
+                   absl::StrCat("reserving ", size, " bytes for"), name_,
+                   path_);
   }
 
   absl::Status Write(uint64_t offset, absl::Span<const char> data) {
@@ -82,7 +103,8 @@ class OutFile {
       const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
       if (w < 0) {
         if (errno == EINTR) continue;
-        return ErrnoError(errno, "writing", path_);
+        return IoError(errno, where_, absl::StrCat("writing ", n, " bytes of"),
+                       name_, path_);
       }
       p += w;
       n -= static_cast<size_t>(w);
@@ -93,32 +115,43 @@ class OutFile {
 
   // fsync, then close.
   absl::Status Close() {
-    if (::fsync(fd_) != 0) return ErrnoError(errno, "syncing", path_);
+    if (::fsync(fd_) != 0) {
+      return IoError(errno, where_, "syncing", name_, path_);
+    }
     const int fd = fd_;
     fd_ = -1;
-    if (::close(fd) != 0) return ErrnoError(errno, "closing", path_);
+    if (::close(fd) != 0) {
+      return IoError(errno, where_, "closing", name_, path_);
+    }
     return absl::OkStatus();
   }
 
  private:
-  OutFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  OutFile(int fd, std::string path, std::string name, std::string where)
+      : fd_(fd),
+        path_(std::move(path)),
+        name_(std::move(name)),
+        where_(std::move(where)) {}
 
   int fd_;
-  const std::string path_;
+  const std::string path_;   // in the temporary directory
+  const std::string name_;   // relative to the export's directory
+  const std::string where_;  // "export of job 'llama' step 1200 to 'DIR'"
 };
 
-absl::Status SyncDirectory(const std::string& path) {
+absl::Status SyncDirectory(const std::string& path, absl::string_view where) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "opening directory", path);
+  if (fd < 0) return IoError(errno, where, "opening directory", path, path);
   const int rc = ::fsync(fd);
   const int error = errno;
   ::close(fd);
-  if (rc != 0) return ErrnoError(error, "syncing directory", path);
+  if (rc != 0) return IoError(error, where, "syncing directory", path, path);
   return absl::OkStatus();
 }
 
 // Renames `from` to `to` unless `to` exists (then ALREADY_EXISTS).
-absl::Status RenameNoReplace(const std::string& from, const std::string& to) {
+absl::Status RenameNoReplace(const std::string& from, const std::string& to,
+                             absl::string_view where) {
   if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(),
                   RENAME_NOREPLACE) == 0) {
     return absl::OkStatus();
@@ -142,7 +175,8 @@ absl::Status RenameNoReplace(const std::string& from, const std::string& to) {
                      " exists (created during the export); pass a new "
                      "directory"));
   }
-  return ErrnoError(error, absl::StrCat("renaming '", from, "' to"), to);
+  return IoError(error, where, absl::StrCat("renaming '", from, "' to"), to,
+                 from);
 }
 
 // The export of one manifest; see ExportSafetensors.
@@ -192,6 +226,8 @@ class Exporter {
   const v1::Manifest& manifest_;
   const ExportOptions& options_;
   const std::string where_;
+  // "export of job 'llama' step 1200 to 'DIR'": what output errors name.
+  std::string export_name_;
   std::string read_buffer_;
   ExportProgress progress_;
 };
@@ -383,8 +419,8 @@ absl::Status Exporter::WriteTensor(const v1::ManifestTensor& t, OutFile& file,
 
 absl::Status Exporter::WriteShard(const Shard& shard, const std::string& dir,
                                   ExportedFile* written) {
-  const std::string path = absl::StrCat(dir, "/", shard.name);
-  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<OutFile> file, OutFile::Create(path));
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<OutFile> file,
+                         OutFile::Create(dir, shard.name, export_name_));
   const uint64_t data_start = shard.header.size();
   CAIRN_RETURN_IF_ERROR(file->Reserve(data_start + shard.data_bytes));
   CAIRN_RETURN_IF_ERROR(file->Write(0, shard.header));
@@ -421,6 +457,7 @@ absl::StatusOr<ExportResult> Exporter::Run() {
     return absl::AlreadyExistsError(
         absl::StrCat(out.string(), " exists; pass a new directory"));
   }
+  export_name_ = absl::StrCat("export of ", where_, " to '", out.string(), "'");
   ExportResult result;
   CAIRN_ASSIGN_OR_RETURN(std::vector<int> tensors, SelectTensors(&result));
 
@@ -443,18 +480,37 @@ absl::StatusOr<ExportResult> Exporter::Run() {
   }
   result.num_tensors = static_cast<int>(tensors.size());
 
+  // The parents this export creates go again if it fails (deepest first;
+  // only while empty, so nothing another process put there is lost).
+  bool committed = false;
+  std::vector<fs::path> made_parents;
+  fs::path existing = ".";  // the nearest parent that exists
+  for (fs::path p = out.parent_path(); !p.empty(); p = p.parent_path()) {
+    if (fs::exists(fs::symlink_status(p, ec))) {
+      existing = p;
+      break;
+    }
+    made_parents.push_back(p);
+  }
+  absl::Cleanup remove_parents = [&] {
+    if (committed) return;
+    std::error_code ignored;
+    for (const fs::path& p : made_parents) fs::remove(p, ignored);
+  };
   if (out.has_parent_path()) {
     fs::create_directories(out.parent_path(), ec);
     if (ec) {
-      return ErrnoError(ec.value(), "creating directory",
-                        out.parent_path().string());
+      return IoError(ec.value(), export_name_, "creating directory",
+                     out.parent_path().string(), existing.string());
     }
   }
   std::string tmp = out.string() + ".tmp-XXXXXX";
   if (::mkdtemp(tmp.data()) == nullptr) {
-    return ErrnoError(errno, "creating a temporary directory like", tmp);
+    const std::string parent =
+        out.has_parent_path() ? out.parent_path().string() : ".";
+    return IoError(errno, export_name_, "creating a temporary directory like",
+                   tmp, parent);
   }
-  bool committed = false;
   absl::Cleanup remove_tmp = [&] {
     if (!committed) fs::remove_all(tmp, ec);
   };
@@ -474,7 +530,7 @@ absl::StatusOr<ExportResult> Exporter::Run() {
     const std::string text = index.dump(2) + "\n";
     CAIRN_ASSIGN_OR_RETURN(
         std::unique_ptr<OutFile> file,
-        OutFile::Create(absl::StrCat(tmp, "/", kSafetensorsIndexName)));
+        OutFile::Create(tmp, kSafetensorsIndexName, export_name_));
     CAIRN_RETURN_IF_ERROR(file->Write(0, text));
     CAIRN_RETURN_IF_ERROR(file->Close());
     result.wrote_index = true;
@@ -485,14 +541,14 @@ absl::StatusOr<ExportResult> Exporter::Run() {
   const mode_t mask = ::umask(0);
   ::umask(mask);
   if (::chmod(tmp.c_str(), 0777 & ~mask) != 0) {
-    return ErrnoError(errno, "setting the mode of", tmp);
+    return IoError(errno, export_name_, "setting the mode of", tmp, tmp);
   }
-  CAIRN_RETURN_IF_ERROR(SyncDirectory(tmp));
-  CAIRN_RETURN_IF_ERROR(RenameNoReplace(tmp, out.string()));
+  CAIRN_RETURN_IF_ERROR(SyncDirectory(tmp, export_name_));
+  CAIRN_RETURN_IF_ERROR(RenameNoReplace(tmp, out.string(), export_name_));
   committed = true;
   const std::string parent =
       out.has_parent_path() ? out.parent_path().string() : ".";
-  CAIRN_RETURN_IF_ERROR(SyncDirectory(parent));
+  CAIRN_RETURN_IF_ERROR(SyncDirectory(parent, export_name_));
   return result;
 }
 

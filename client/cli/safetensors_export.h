@@ -30,9 +30,10 @@
 //
 // All or nothing: the files are written into a temporary sibling directory
 // `<out_dir>.tmp-XXXXXX`, fsynced, and renamed to out_dir at the end (which
-// must not exist). On any error or cancellation the temporary directory is
-// removed; a process killed outright (SIGKILL, power loss) can leave it, never
-// a partial out_dir.
+// must not exist; missing parents are created). On any error or cancellation
+// the temporary directory is removed, and so are the parents the export
+// created (those still empty); a process killed outright (SIGKILL, power
+// loss) can leave it, never a partial out_dir.
 //
 // Example:
 //   ExportOptions options;
@@ -136,9 +137,12 @@ struct ExportResult {
 // FAILED_PRECONDITION when nothing is left to export (no tensors);
 // INVALID_ARGUMENT for a cap of 0 or an fqn safetensors cannot hold;
 // DATA_LOSS naming the job, step, fqn, chunk box and object for a missing,
-// short or damaged stored chunk; RESOURCE_EXHAUSTED for a full disk;
-// CANCELLED when options.cancelled said so. Nothing is left at out_dir or in
-// a temporary directory after an error.
+// short or damaged stored chunk; RESOURCE_EXHAUSTED for a full disk (or
+// quota), naming the export, out_dir, the file and the bytes free
+// ("export of job 'llama' step 1200 to 'DIR': no space left on device
+// reserving N bytes for 'model-00002-of-00003.safetensors' (M bytes free)");
+// CANCELLED when options.cancelled said so. Nothing is left at out_dir, in a
+// temporary directory or in parents it created after an error.
 absl::StatusOr<ExportResult> ExportSafetensors(storage::ShardStore& store,
                                                const v1::Manifest& manifest,
                                                const ExportOptions& options);
