@@ -1,127 +1,233 @@
-"""The Python example (client/python/examples/train.py) against a real cairnd,
-run as the user runs it: a subprocess spawning its gloo ranks.
+"""The PyTorch example (client/python/examples/train.py: a transformer
+trained with FSDP2 on gloo ranks, dcp.async_save through CairnStorageWriter)
+against a real cairnd, run as its users run it: a command spawning its
+ranks.
 
-Run A trains to the last step without interruption; run B is killed hard
-(os._exit in every rank) in the middle, restarted, resumes from its latest
-committed checkpoint and trains to the same step. A and B must end with
-bit-identical model parameters and optimizer state (torch.equal): anything
-the checkpoint missed or restored wrongly (a parameter, Adam's moments or
-step, the scheduler's learning rate, a rank's torch or Python RNG, the step
-counter) makes B diverge from A.
+- Killed and resumed: run A trains to the last step uninterrupted; run B is
+  killed with SIGKILL, sent here to every rank process once its first
+  checkpoint is committed (wherever the ranks then are: an async_save may
+  be in flight), and run again. It must resume from its latest committed
+  step, not from scratch, and end with A's parameters and optimizer state,
+  bit for bit (torch.equal): anything the checkpoint missed or restored
+  wrongly (a parameter shard, AdamW's moments or step, the learning rate,
+  the data position, a rank's RNG) makes B diverge from A.
+- Another world size: a checkpoint saved by 2 ranks is loaded into 3 ranks,
+  whose full (unsharded) state right after the load must equal the saved
+  one element by element; then into 1 rank, which trains on from it and
+  saves.
 """
 
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from cairn import _cairn
+from cairn import state as cairn_state
+
+import harness
 
 EXAMPLE = (pathlib.Path(__file__).resolve().parents[1] / "examples" /
            "train.py")
-WORLD = 2  # two ranks: gloo's sum of two gradients is exact in any order
-STEPS = 24
+WORLD = 2  # gloo's sum of two gradients is exact in any order
+STEPS = 30
 SAVE_EVERY = 5
-KILL_AT = 13  # saves 5 and 10 committed, 11 and 12 run, then killed
+EVERY = list(range(SAVE_EVERY, STEPS + 1, SAVE_EVERY))  # the saved steps
+KILL_AFTER = "step 5 committed"  # printed as step 10's save begins
+RUN_TIMEOUT_S = 300
 
 
-def _train(cairnd, job, tmp_path, *extra, expect_rc=0):
-    cmd = [sys.executable, str(EXAMPLE), "--coordinator", cairnd.address,
-           "--job", job, "--world-size", str(WORLD), "--steps", str(STEPS),
-           "--save-every", str(SAVE_EVERY), "--timeout", "120", *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       cwd=tmp_path, env=dict(os.environ))
-    assert r.returncode == expect_rc, (
-        f"{' '.join(cmd)} exited {r.returncode}, expected {expect_rc}:\n"
-        f"{r.stdout}\n{r.stderr}")
+def _command(cairnd, job, world, steps, final_state):
+    return [sys.executable, str(EXAMPLE), "--coordinator", cairnd.address,
+            "--job", job, "--world-size", str(world), "--steps", str(steps),
+            "--save-every", str(SAVE_EVERY), "--timeout", "120",
+            "--final-state", str(final_state)]
+
+
+def _train(cairnd, job, tmp_path, final_state, world=WORLD, steps=STEPS):
+    cmd = _command(cairnd, job, world, steps, final_state)
+    r = subprocess.run(cmd, capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT_S, cwd=tmp_path, env=dict(os.environ))
+    assert r.returncode == 0, (
+        f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}\n"
+        f"==== cairnd log:\n{cairnd.log_tail()}")
     return r.stdout
 
 
-def _committed_steps(cairnd, job):
+def _train_and_kill(cairnd, job, tmp_path):
+    """Runs the example and SIGKILLs its rank processes (their pids are in
+    its output) once it prints KILL_AFTER; returns its output."""
+    cmd = _command(cairnd, job, WORLD, STEPS, tmp_path / "never.pt")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            env=dict(os.environ))
+    out, pids, killed = [], [], False
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            pids += [int(pid) for pid in
+                     re.findall(r"rank \d+ of \d+: pid (\d+)", line)]
+            if KILL_AFTER in line:
+                assert len(pids) == WORLD, "".join(out)
+                for pid in pids:
+                    os.kill(pid, signal.SIGKILL)
+                killed = True
+            assert time.monotonic() < deadline, "".join(out)
+        rc = proc.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = "".join(out)
+    assert killed, f"the run ended before printing '{KILL_AFTER}':\n{text}"
+    assert rc == 128 + signal.SIGKILL, f"exited {rc}:\n{text}"
+    return text
+
+
+def _checkpoints(cairnd, job):
+    """{step: world size} of the job's committed checkpoints."""
     ckpt = _cairn.Checkpointer(cairnd.address, job, 0, 1)
-    return sorted(i.step for i in ckpt.list() if i.state == "COMMITTED")
+    return {i.step: i.world_size for i in ckpt.list()
+            if i.state == "COMMITTED"}
 
 
-def _wait_until_settled(cairnd, job, timeout=120.0):
-    """Waits until no checkpoint of `job` is still WRITING (an async save the
-    agent was finishing when its ranks died); returns the committed steps."""
+def _full_state(path):
+    """{flattened name: value} of a --final-state file."""
+    saved = torch.load(path, weights_only=True)
+    return saved["step"], cairn_state.flatten(
+        {"model": saved["model"], "optim": saved["optim"]})
+
+
+def _differences(path_a, path_b):
+    """The entries of two --final-state files that differ (exact)."""
+    step_a, a = _full_state(path_a)
+    step_b, b = _full_state(path_b)
+    bad = [] if step_a == step_b else [f"step {step_a} vs {step_b}"]
+    bad += [f"{k}: only in one" for k in sorted(set(a) ^ set(b))]
+    for k in sorted(set(a) & set(b)):
+        va, vb = a[k], b[k]
+        if isinstance(va, torch.Tensor):
+            same = (isinstance(vb, torch.Tensor) and va.dtype == vb.dtype
+                    and torch.equal(va, vb))
+        else:
+            same = va == vb
+        if not same:
+            bad.append(k)
+    return bad
+
+
+def _saved_steps(out, job):
+    return [int(s) for s in re.findall(rf"job {job}: saving step (\d+)\b", out)]
+
+
+class RunA:
+    """cairnd, and on it run A: WORLD ranks trained to STEPS uninterrupted
+    (job run-a), with its final state."""
+
+    def __init__(self, cairnd, final_state):
+        self.cairnd = cairnd
+        self.final_state = final_state
+
+
+@pytest.fixture(scope="module")
+def run_a(cairn_bin, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("run-a")
+    cairnd = harness.Cairnd.start(cairn_bin, workdir)
+    try:
+        out = _train(cairnd, "run-a", workdir, workdir / "a.pt")
+        assert "job run-a: no checkpoint" in out, out
+        assert "resumed" not in out
+        assert f"job run-a: step {STEPS} committed" in out, out
+        assert sorted(_checkpoints(cairnd, "run-a")) == EVERY
+        yield RunA(cairnd, workdir / "a.pt")
+    finally:
+        cairnd.kill()
+        cairnd.delete_storage()
+
+
+def test_killed_run_resumes_bit_identical(run_a, tmp_path):
+    cairnd = run_a.cairnd
+    out_b1 = _train_and_kill(cairnd, "run-b", tmp_path)
+    assert re.search(r"job run-b: rank \d was killed \(SIGKILL\)", out_b1), out_b1
+    assert f"step {STEPS} committed" not in out_b1, out_b1
+    assert not (tmp_path / "never.pt").exists()
+
+    out_b2 = _train(cairnd, "run-b", tmp_path, tmp_path / "b.pt")
+    m = re.search(r"job run-b: resumed from step (\d+) \(lr ", out_b2)
+    assert m, out_b2
+    resumed_from = int(m.group(1))
+    # From the checkpoint committed before the kill (or the one being
+    # committed as it came), not from scratch; training went on after it.
+    assert SAVE_EVERY <= resumed_from < STEPS, out_b1 + out_b2
+    assert resumed_from in _saved_steps(out_b1, "run-b"), out_b1 + out_b2
+    assert _saved_steps(out_b2, "run-b") == [
+        s for s in EVERY if s > resumed_from], out_b2
+    assert sorted(_checkpoints(cairnd, "run-b")) == EVERY
+
+    assert _differences(run_a.final_state, tmp_path / "b.pt") == []
+    # The checkpoints are the same too, and the comparison can fail:
+    # training moved the parameters on after the resume point, so a resume
+    # that lost or mangled part of the state would not end where A did.
+    fqn = "train.model.head.weight"
+    at_resume = _stored(cairnd, "run-b", resumed_from, fqn)
+    assert torch.equal(at_resume, _stored(cairnd, "run-a", resumed_from, fqn))
+    _, final = _full_state(run_a.final_state)
+    assert not torch.equal(at_resume, final["model.head.weight"])
+
+
+def _stored(cairnd, job, step, fqn):
+    """Tensor `fqn` of checkpoint `step`, whole, read with the extension
+    directly (independent of DCP and of the example)."""
     ckpt = _cairn.Checkpointer(cairnd.address, job, 0, 1)
-    deadline = time.monotonic() + timeout
-    while True:
-        infos = ckpt.list(include_uncommitted=True)
-        writing = [i.step for i in infos if i.state == "WRITING"]
-        if not writing:
-            return sorted(i.step for i in infos if i.state == "COMMITTED")
-        assert time.monotonic() < deadline, (
-            f"job {job}: steps {writing} still WRITING after {timeout} s")
-        time.sleep(0.1)
+    [entry] = [t for t in ckpt.describe(step).tensors if t.fqn == fqn]
+    assert entry.dtype == "float32", entry.dtype
+    out = torch.empty(entry.shape, dtype=torch.float32)
+    sd = _cairn.StateDict()
+    sd.add_chunks(fqn, "float32", entry.shape,
+                  [([0] * len(entry.shape), entry.shape, out.data_ptr(),
+                    out.numel() * 4)])
+    assert ckpt.load(sd, step) == step
+    return out
 
 
-def _assert_same_final_state(path_a, path_b):
-    a = torch.load(path_a)
-    b = torch.load(path_b)
-    assert a["model"].keys() == b["model"].keys()
-    for fqn, t in a["model"].items():
-        assert torch.equal(t, b["model"][fqn]), f"model.{fqn} differs"
-    assert a["optim"].keys() == b["optim"].keys()
-    for idx, st in a["optim"].items():
-        for key, t in st.items():
-            assert torch.equal(t, b["optim"][idx][key]), (
-                f"optim.state.{idx}.{key} differs")
+def test_resumed_into_another_world_size(run_a, tmp_path):
+    cairnd, saved = run_a.cairnd, run_a.final_state
+    assert _checkpoints(cairnd, "run-a")[STEPS] == WORLD
 
+    # 3 ranks load step STEPS and train no further: their full state is the
+    # one the 2 ranks saved, every element.
+    loaded = tmp_path / "loaded-by-3.pt"
+    out3 = _train(cairnd, "run-a", tmp_path, loaded, world=3)
+    assert (f"job run-a: resumed from step {STEPS} (lr " in out3 and
+            f"saved by {WORLD} ranks, resharded to 3, RNG reseeded" in out3
+            ), out3
+    assert "saving step" not in out3, out3
+    assert _differences(saved, loaded) == []
 
-def test_killed_run_resumes_bit_identical(cairnd, tmp_path):
-    out_a = _train(cairnd, "run-a", tmp_path, "--final-state",
-                   str(tmp_path / "a.pt"))
-    assert "job run-a: no checkpoint" in out_a
-    assert "resumed" not in out_a
-    assert re.search(r"job run-a: saved step 24\b", out_a), out_a
-    assert _committed_steps(cairnd, "run-a") == [5, 10, 15, 20, 24]
-
-    out_b1 = _train(cairnd, "run-b", tmp_path, "--kill-at-step", str(KILL_AT),
-                    expect_rc=137)
-    assert "job run-b: saved step 10" in out_b1, out_b1
-    assert "saved step 15" not in out_b1
-    assert f"killed before step {KILL_AT}" in out_b1, out_b1
-    assert _committed_steps(cairnd, "run-b") == [5, 10]
-
-    out_b2 = _train(cairnd, "run-b", tmp_path, "--final-state",
-                    str(tmp_path / "b.pt"))
-    assert re.search(r"job run-b: resumed from step 10\b", out_b2), out_b2
-    assert "saved step 10" not in out_b2  # it continued after the resume
-    assert "job run-b: saved step 15" in out_b2, out_b2
-    assert _committed_steps(cairnd, "run-b") == [5, 10, 15, 20, 24]
-
-    _assert_same_final_state(tmp_path / "a.pt", tmp_path / "b.pt")
-    # The check can fail: training moved the parameters away from run A's
-    # checkpoint at step 10, so a resume that silently restarted or skipped
-    # steps would not match.
-    assert not torch.equal(torch.load(tmp_path / "a.pt")["model"]["fc1.weight"],
-                           _fc1_at_step(cairnd, "run-a", 10))
-
-
-def test_resume_with_async_saves_through_agent(cairnd, start_agent, tmp_path):
-    agent = start_agent(cairnd.address)
-    sock = ["--agent-socket", str(agent.socket)]
-    _train(cairnd, "plain", tmp_path, "--final-state", str(tmp_path / "a.pt"))
-    out1 = _train(cairnd, "async", tmp_path, *sock, "--kill-at-step",
-                  str(KILL_AT), expect_rc=137)
-    assert "job async: saved step 10" in out1 and "async_save" in out1, out1
-    # Step 10's save was waited for only at the next save (none came before
-    # the kill), so the resume is from 10 if the agent committed it in the
-    # background, else from 5: either way the result must match the
-    # uninterrupted run.
-    resumed_from = max(_wait_until_settled(cairnd, "async"))
-    assert resumed_from in (5, 10)
-    out2 = _train(cairnd, "async", tmp_path, *sock, "--final-state",
-                  str(tmp_path / "b.pt"))
-    assert f"job async: resumed from step {resumed_from}" in out2, out2
-    assert "job async: step 24 committed" in out2, out2
-    _assert_same_final_state(tmp_path / "a.pt", tmp_path / "b.pt")
+    # 1 rank resumes from it and trains on, saving.
+    more = STEPS + 2 * SAVE_EVERY
+    trained = tmp_path / "trained-by-1.pt"
+    out1 = _train(cairnd, "run-a", tmp_path, trained, world=1, steps=more)
+    assert (f"job run-a: resumed from step {STEPS} (lr " in out1 and
+            f"saved by {WORLD} ranks, resharded to 1, RNG reseeded" in out1
+            ), out1
+    assert f"job run-a: step {more} committed" in out1, out1
+    assert _saved_steps(out1, "run-a") == [STEPS + SAVE_EVERY, more]
+    checkpoints = _checkpoints(cairnd, "run-a")
+    assert checkpoints[STEPS] == WORLD and checkpoints[more] == 1, checkpoints
+    step, after = _full_state(trained)
+    assert step == more
+    changed = _differences(saved, trained)
+    assert "model.head.weight" in changed, changed
+    assert all(torch.isfinite(v).all() for v in after.values()
+               if isinstance(v, torch.Tensor))
 
 
 def test_missing_coordinator_is_a_usage_error(tmp_path):
@@ -131,18 +237,3 @@ def test_missing_coordinator_is_a_usage_error(tmp_path):
                        cwd=tmp_path, env=env)
     assert r.returncode == 2
     assert "no coordinator" in r.stderr and "CAIRN_COORDINATOR" in r.stderr
-
-
-def _fc1_at_step(cairnd, job, step):
-    """fc1.weight as stored in checkpoint `step` of `job`, read with the
-    extension directly (independent of the example's own load path)."""
-    ckpt = _cairn.Checkpointer(cairnd.address, job, 0, 1)
-    summary = ckpt.describe(step)
-    [entry] = [t for t in summary.tensors if t.fqn.endswith("fc1.weight")]
-    out = torch.empty(entry.shape, dtype=torch.float32)
-    sd = _cairn.StateDict()
-    sd.add_chunks(entry.fqn, "float32", entry.shape,
-                  [([0] * len(entry.shape), entry.shape, out.data_ptr(),
-                    out.numel() * 4)])
-    ckpt.load(sd, step)
-    return out
