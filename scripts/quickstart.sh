@@ -9,9 +9,11 @@
 #   4. reloads the latest one into 3 ranks with a different layout and checks
 #      every byte;
 #   5. shows `cairn ls`, `cairn show` and `cairn verify`;
-#   6. runs the Python example (client/python/examples/train.py: 2 ranks train
-#      a small MLP with Adam, saving through cairn.Checkpointer), kills it
-#      mid-run and restarts it: it resumes from its latest checkpoint;
+#   6. runs the PyTorch example (client/python/examples/train.py: 2 ranks
+#      train a small transformer with FSDP2, saving with dcp.async_save
+#      through Cairn's DCP storage layer), kills its ranks with SIGKILL
+#      mid-run and restarts it: it resumes from its latest committed
+#      checkpoint; then resumes it into 3 ranks (resharded);
 #   7. stops cairnd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,19 +76,30 @@ echo "== cairn verify quickstart latest"
 "$CAIRN" --coordinator "$ADDR" verify quickstart latest
 
 echo
-echo "== Python example: 2 ranks train an MLP (Adam, cosine LR), saving every 10 steps; killed before step 25"
+echo "== PyTorch example: 2 ranks train a transformer (FSDP2, AdamW), async_save every 10 steps; kill -9 once step 10 is committed"
 # The staged cairn package and the project environment's interpreter (.venv,
 # made by install_deps.sh with the pinned torch).
 PY_ENV=(env "PYTHONPATH=$(cd "$BUILD_DIR" && pwd)/python" CAIRN_COORDINATOR="$ADDR"
   CAIRN_JOB=quickstart-python)
-PY_TRAIN=(.venv/bin/python client/python/examples/train.py --world-size 2 --steps 40
-  --save-every 10)
+PY_TRAIN=(.venv/bin/python client/python/examples/train.py --steps 40 --save-every 10)
+PY_LOG=$DATA_DIR/train-python.log
+"${PY_ENV[@]}" "${PY_TRAIN[@]}" --world-size 2 > >(tee "$PY_LOG") 2>&1 &
+PY_PID=$!
+until grep -qs "step 10 committed" "$PY_LOG"; do
+  kill -0 "$PY_PID" 2>/dev/null || { echo "quickstart: the PyTorch example ended early"; exit 1; }
+  sleep 0.05
+done
+# Each rank printed its pid ("rank R of W: pid P"): a lost node, as kill -9.
+kill -KILL $(sed -n 's/^train\.py: rank [0-9]* of [0-9]*: pid \([0-9]*\)$/\1/p' "$PY_LOG")
 rc=0
-"${PY_ENV[@]}" "${PY_TRAIN[@]}" --kill-at-step 25 || rc=$?
-[[ $rc -eq 137 ]] || { echo "quickstart: the Python example exited $rc, not 137"; exit 1; }
+wait "$PY_PID" || rc=$?
+[[ $rc -eq 137 ]] || { echo "quickstart: the killed PyTorch example exited $rc, not 137"; exit 1; }
 echo
-echo "== Python example restarted: resumes from its latest checkpoint (step 20) and trains to 40"
-"${PY_ENV[@]}" "${PY_TRAIN[@]}"
+echo "== PyTorch example restarted: resumes from its latest committed checkpoint and trains to 40"
+"${PY_ENV[@]}" "${PY_TRAIN[@]}" --world-size 2
+echo
+echo "== PyTorch example resumed into 3 ranks: step 40's checkpoint resharded, trained to 50"
+"${PY_ENV[@]}" "${PY_TRAIN[@]}" --world-size 3 --steps 50
 
 echo
 echo "== stopping cairnd"
