@@ -5,7 +5,9 @@ and 1 ranks and into a 2x2 mesh (HSDP: replicated over one dimension,
 sharded over the other), through the direct API and through DCP; after
 set_state_dict every rank's full state equals the saved one, element by
 element, and one more training step gives what it gave on the saving ranks
-(up to the rounding of a gradient reduction over another number of ranks)."""
+(up to the rounding of a gradient reduction over another number of ranks).
+FSDP2 over tensor parallel (a 2x2 dp x tp mesh: torch's _StridedShard
+placement) saved by 4 ranks loads into plain FSDP2 on 3 and 1 ranks."""
 
 import io
 
@@ -27,11 +29,11 @@ import harness
 JOB = "fsdp2"
 
 
-def make_model(seed):
+def make_model(seed, hidden=13):
     torch.manual_seed(seed)
     # 5 and 13 rows: uneven shards over 2, 3 and 4 ranks, an empty one on 4.
-    return torch.nn.Sequential(torch.nn.Linear(6, 13), torch.nn.ReLU(),
-                               torch.nn.Linear(13, 5))
+    return torch.nn.Sequential(torch.nn.Linear(6, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, 5))
 
 
 def shard(model, mesh):
@@ -59,12 +61,31 @@ def full_state(model, opt):
             for k, v in flat.items()}
 
 
-def save_ranks(rank, world, address, step, api):
-    mesh = init_device_mesh("cpu", (world,))
-    model = shard(make_model(0), mesh)
+def shard_tp(model, world):
+    """FSDP2 + tensor parallel on a (dp, tp) mesh of 2 x world/2: the first
+    Linear split by output rows, the second by input columns over tp, then
+    each sharded again over dp (torch's strided sharding, _StridedShard, on
+    the rows the tp split already cut)."""
+    from torch.distributed.tensor.parallel import (  # pylint: disable=import-outside-toplevel
+        ColwiseParallel, RowwiseParallel, parallelize_module)
+    mesh = init_device_mesh("cpu", (2, world // 2),
+                            mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(),
+                                           "2": RowwiseParallel()})
+    return shard(model, mesh["dp"])
+
+
+def save_ranks(rank, world, address, step, api, tp=False):
+    if tp:  # tensor parallel splits the hidden dim evenly
+        model = shard_tp(make_model(0, hidden=12), world)
+    else:
+        model = shard(make_model(0), init_device_mesh("cpu", (world,)))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     train(model, opt, 2)
     msd, osd = get_state_dict(model, opt)
+    if tp:  # what this test is for: torch's strided placement is saved
+        kinds = {type(p).__name__ for v in msd.values() for p in v.placements}
+        assert "_StridedShard" in kinds, kinds
     sd = {"model": msd, "optim": osd}
     if api == "direct":
         assert cairn.Checkpointer(address, JOB).save(step, sd).state == \
@@ -84,11 +105,12 @@ def save_ranks(rank, world, address, step, api):
     return buf.getvalue()
 
 
-def load_ranks(rank, world, address, step, api, mesh_shape, expected):
+def load_ranks(rank, world, address, step, api, mesh_shape, expected,
+               hidden=13):
     before, after = torch.load(io.BytesIO(expected), weights_only=True)
     names = ("replicate", "shard") if len(mesh_shape) == 2 else None
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
-    model = shard(make_model(1), mesh)  # other initial values
+    model = shard(make_model(1, hidden), mesh)  # other initial values
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     msd, osd = get_state_dict(model, opt)  # initialises Adam's state
     sd = {"model": msd, "optim": osd}
@@ -135,4 +157,17 @@ def test_fsdp2_4_ranks_load_into_3_2_1_ranks_and_a_2x2_mesh(cairnd, api):
     for world, mesh_shape in ((3, (3,)), (2, (2,)), (1, (1,)), (4, (2, 2))):
         per_rank = harness.run_ranks(load_ranks, world, cairnd.address, step,
                                      api, mesh_shape, expected)
+        assert per_rank == [[]] * world, (mesh_shape, per_rank)
+
+
+@pytest.mark.parametrize("api", ["direct", "dcp"])
+def test_fsdp2_with_tensor_parallel_loads_into_plain_fsdp2(cairnd, api):
+    step = 30 if api == "direct" else 40
+    saved = harness.run_ranks(save_ranks, 4, cairnd.address, step, api, True)
+    expected = saved[0]
+    before, _ = torch.load(io.BytesIO(expected), weights_only=True)
+    assert "model.0.weight" in before and "model.2.weight" in before, before
+    for world, mesh_shape in ((3, (3,)), (1, (1,))):
+        per_rank = harness.run_ranks(load_ranks, world, cairnd.address, step,
+                                     api, mesh_shape, expected, 12)
         assert per_rank == [[]] * world, (mesh_shape, per_rank)
