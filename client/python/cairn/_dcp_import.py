@@ -341,13 +341,16 @@ def _locate(files: _Files, chunk: _Chunk, verify: bool) -> bool:
     if data + record.file_size > info.length:
         raise damaged("has a zip record that runs past the item")
     at = info.offset + data  # the record's first byte in the file
+    try:
+        address = files.address(info.relative_path, at)
+    except (RuntimeError, OSError):
+        return False  # a filesystem that cannot be mapped: read it instead
     if verify and record.CRC != 0:
-        crc = zlib.crc32(_memory_at(files.address(info.relative_path, at),
-                                    record.file_size))
+        crc = zlib.crc32(_memory_at(address, record.file_size))
         if crc != record.CRC:
             raise damaged(f"fails its CRC-32 (computed {crc:08x}, recorded "
                           f"{record.CRC:08x})")
-    chunk.ptr = files.address(info.relative_path, at + begin)
+    chunk.ptr = address + begin
     return True
 
 
@@ -640,6 +643,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     imp.add_argument("--no-verify", dest="verify", action="store_false",
                      help="skip the CRC-32 check of the stored chunks")
     args = parser.parse_args(argv)
+    # Usage errors, as the cairn CLI's (exit 2).
+    if not _JOB.fullmatch(args.job) or args.job in (".", ".."):
+        parser.error(f"--job {args.job!r}: must be 1 to 128 characters of "
+                     f"[A-Za-z0-9._-]")
+    if not 0 <= args.step <= _MAX_STEP:
+        parser.error(f"--step {args.step}: must be in [0, 10^15]")
     try:
         r = import_dcp(args.path, args.job, args.step,
                        coordinator=args.coordinator,

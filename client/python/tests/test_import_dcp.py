@@ -181,6 +181,7 @@ def test_chunks_are_mapped_not_read_into_memory(cairnd, tmp_path):
         done.set()
         sampler.join()
     assert r.mapped_bytes == 3 * 1024 * 16384 * 4 and r.read_bytes == 0
+    # (libcairn's staging buffers: about 40 MiB, 192 MiB or 512 MiB saved.)
     grown_mib = (peak[0] - base) / 1024
     assert grown_mib < 96, f"anonymous memory grew {grown_mib:.0f} MiB"
     back = {k: torch.zeros_like(v) for k, v in big.items()}
@@ -458,6 +459,12 @@ def test_a_missing_truncated_or_damaged_distcp_file_is_data_loss(cairnd,
     with pytest.raises(cairn.DataLossError,
                        match=f"{b_file}: 'b' chunk .* fails its CRC-32"):
         ctorch.import_dcp(path, JOB, 5, coordinator=c)
+    # verify=False skips that read, and the damage goes along.
+    ctorch.import_dcp(path, JOB, 6, coordinator=c, verify=False)
+    back = {"b": torch.zeros(64, dtype=torch.int64)}
+    cairn.Checkpointer(c, JOB).load(back, 6)
+    assert (back["b"] != torch.arange(64) * 3).nonzero().flatten().tolist() \
+        == [17]
     # Garbage where the archive should be.
     b_file.write_bytes(b"\0" * len(data))
     with pytest.raises(cairn.DataLossError,
@@ -541,6 +548,17 @@ def test_cli_entry(cairnd, single_dir):
     usage = _cli("import-dcp", str(single_dir), "--step", "11")
     assert usage.returncode == 2, usage
     assert "--job" in usage.stderr
+    for bad in (["--job", "a/b", "--step", "1"], ["--job", JOB, "--step",
+                                                   "-1"]):
+        usage = _cli("import-dcp", str(single_dir), *bad, "-c",
+                     cairnd.address)
+        assert usage.returncode == 2, usage
+        assert "must be" in usage.stderr, usage.stderr
+    missing = _cli("import-dcp", str(single_dir) + "-nothing", "--job", JOB,
+                   "--step", "12", "-c", cairnd.address)
+    assert missing.returncode == 1, missing
+    assert f"cairn: NOT_FOUND: import_dcp: {single_dir}-nothing does not " \
+        "exist" in missing.stderr, missing.stderr
     assert cairn.Checkpointer(cairnd.address, JOB).latest_step() == 11
 
 
