@@ -3,9 +3,17 @@
 libcairn's public C++ API for Python. Every blocking call releases the GIL;
 errors are raised as cairn.errors classes (never RuntimeError) whose message
 names the job, step, rank and tensor (fqn).
+
+The constructors' keyword defaults are libcairn's options
+(CheckpointerOptions, AgentCheckpointerOptions), so this stub writes them as
+`...`: Checkpointer.default_options() and AgentCheckpointer.default_options()
+give their values.
 """
 
 from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+# A keyword default: a number, a name, a flag, or None (from the environment).
+OptionValue = Union[int, float, str, bool, None]
 
 class StateDict:
     """What one rank saves or loads: tensor chunks in caller-owned memory
@@ -100,15 +108,20 @@ class Checkpointer:
     Ctrl-C during save/load cancels it and raises KeyboardInterrupt."""
 
     def __init__(self, coordinator: str, job: str, rank: int, world_size: int,
-                 *, io_threads: int = 4, rpc_timeout: float = 300.0,
-                 collective_timeout: float = 3900.0, max_retries: int = 16,
-                 partial_chunk_check: str = "collective",
-                 use_odirect: bool = True,
+                 *, io_threads: int = ..., rpc_timeout: float = ...,
+                 collective_timeout: float = ..., max_retries: int = ...,
+                 partial_chunk_check: str = ...,
+                 use_odirect: bool = ...,
                  tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
                  tls_key: Optional[str] = None,
                  token: Optional[str] = None) -> None:
-        """partial_chunk_check: "collective" | "read_whole" | "none".
+        """partial_chunk_check: "collective" | "read_whole" | "none";
+        durations in seconds; defaults: default_options().
         InvalidArgumentError naming job and rank for a bad option."""
+    @staticmethod
+    def default_options() -> Dict[str, OptionValue]:
+        """The keyword defaults (libcairn's CheckpointerOptions), by
+        keyword; None for tls_ca, tls_cert, tls_key, token."""
     def save(self, step: int, state: StateDict) -> CheckpointInfo:
         """Collective save of `state` as `step`; returns the committed
         record. Ctrl-C cancels it (aborted at cairnd; the previous checkpoint
@@ -153,27 +166,47 @@ class SaveFuture:
     def wait(self, timeout: Optional[float] = None) -> CheckpointInfo:
         """Waits (GIL released) for the commit; DeadlineExceededError after
         `timeout` seconds, the save's error if it failed. Ctrl-C interrupts
-        the wait (not the save)."""
+        the wait (not the save); the AgentCheckpointer's cancel() cancels
+        the save (CancelledError)."""
     def done(self) -> bool:
         """True once the outcome is known; does not block."""
 
 class AgentCheckpointer:
-    """One rank's connection to its node's cairn-agent (agent mode)."""
+    """One rank's connection to its node's cairn-agent (agent mode). One
+    call at a time per object, except cancel(). Ctrl-C during save,
+    async_save or load cancels it and raises KeyboardInterrupt."""
 
     def __init__(self, agent_socket: str, coordinator: str, job: str,
-                 rank: int, world_size: int, *, copy_threads: int = 1,
-                 wait_for_space: float = 600.0, allow_streaming: bool = True,
-                 io_threads: int = 4, rpc_timeout: float = 300.0,
-                 collective_timeout: float = 3900.0, max_retries: int = 16,
-                 partial_chunk_check: str = "collective",
-                 use_odirect: bool = True,
+                 rank: int, world_size: int, *, copy_threads: int = ...,
+                 wait_for_space: float = ..., allow_streaming: bool = ...,
+                 io_threads: int = ..., rpc_timeout: float = ...,
+                 collective_timeout: float = ..., max_retries: int = ...,
+                 partial_chunk_check: str = ...,
+                 use_odirect: bool = ...,
                  tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
                  tls_key: Optional[str] = None,
-                 token: Optional[str] = None) -> None: ...
+                 token: Optional[str] = None) -> None:
+        """Defaults: default_options()."""
+    @staticmethod
+    def default_options() -> Dict[str, OptionValue]:
+        """The keyword defaults (libcairn's AgentCheckpointerOptions and
+        CheckpointerOptions), by keyword; None for tls_ca, tls_cert,
+        tls_key, token."""
     def async_save(self, step: int, state: StateDict) -> SaveFuture:
-        """Returns once `state` is copied into the agent's staging memory."""
+        """Returns once `state` is copied into the agent's staging memory.
+        CancelledError after cancel()."""
+    def save(self, step: int, state: StateDict) -> CheckpointInfo:
+        """async_save, then the wait for its commit, as one call: Ctrl-C
+        cancels the save (aborted at cairnd once the agent joined it) and
+        raises KeyboardInterrupt."""
     def load(self, state: StateDict, step: Optional[int] = None) -> int:
-        """Agent memory first, storage otherwise; returns the step loaded."""
+        """Agent memory first, storage otherwise; returns the step loaded.
+        Ctrl-C cancels it (KeyboardInterrupt)."""
+    def cancel(self) -> None:
+        """Cancels the save, async_save, load or SaveFuture wait in progress
+        (or the next one); thread-safe. The cancelled call raises
+        CancelledError; a cancelled save is aborted at cairnd once the
+        agent joined it."""
     @property
     def last_load_source(self) -> str:
         """"agent_memory", "storage" or "none"."""

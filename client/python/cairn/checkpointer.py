@@ -11,7 +11,7 @@ import numbers
 import os
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, TypeVar, Union
 
 from cairn import _cairn
 from cairn import state as _state
@@ -19,11 +19,14 @@ from cairn.errors import DeadlineExceededError, InvalidArgumentError
 
 CheckpointInfo = _cairn.CheckpointInfo
 
-# Options only cairn-agent's client takes (staging memory, copy threads).
-_AGENT_ONLY_OPTIONS = frozenset({"copy_threads", "wait_for_space",
-                                 "allow_streaming"})
+# Options only cairn-agent's client takes (staging memory, copy threads), as
+# the extension names them (their defaults are libcairn's, never restated).
+_AGENT_ONLY_OPTIONS = (frozenset(_cairn.AgentCheckpointer.default_options())
+                       - frozenset(_cairn.Checkpointer.default_options()))
 
-StateDictLike = Union[Dict[Any, Any], "_cairn.StateDict"]
+StateDictLike = Union[Dict[Any, Any], _cairn.StateDict]
+
+_T = TypeVar("_T")
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -87,17 +90,18 @@ class SaveFuture:
     """
 
     def __init__(self, step: int, job: str, rank: int,
-                 native: Optional[Any] = None):
+                 native: Optional[_cairn.SaveFuture] = None):
         self.step = step
         self._job = job
         self._rank = rank
-        self._native = native          # _cairn.SaveFuture (agent path)
+        self._native = native          # the agent path's
         self._event = threading.Event()
-        self._info: Optional[Any] = None
+        self._info: Optional[CheckpointInfo] = None
         self._error: Optional[BaseException] = None
 
     # The background-thread path sets the outcome.
-    def _set(self, info: Any, error: Optional[BaseException]) -> None:
+    def _set(self, info: Optional[CheckpointInfo],
+             error: Optional[BaseException]) -> None:
         self._info, self._error = info, error
         self._event.set()
 
@@ -111,7 +115,9 @@ class SaveFuture:
         """Waits for the commit and returns its CheckpointInfo, or raises the
         save's error. DeadlineExceededError (naming job, rank, step and the
         timeout) if it is not known within `timeout` seconds (the save goes
-        on; call again). Ctrl-C interrupts the wait, not the save."""
+        on; call again). Ctrl-C interrupts the wait, not the save.
+        Checkpointer.cancel() stops the save: CancelledError (through an
+        agent, a cancel() that came while nothing waited stops it here)."""
         if not self._event.is_set():
             if self._native is not None:
                 try:
@@ -131,6 +137,7 @@ class SaveFuture:
                     f"still running)")
         if self._error is not None:
             raise self._error
+        assert self._info is not None
         return self._info
 
     def wait(self, timeout: Optional[float] = None) -> CheckpointInfo:
@@ -197,7 +204,9 @@ class Checkpointer:
     wait for the previous async_save to finish (its outcome, success or
     failure, stays with its SaveFuture); latest_step, list and describe
     never wait for it. Errors are cairn.Error subclasses whose message
-    names the job, step, rank and entry (fqn).
+    names the job, step, rank and entry (fqn). Ctrl-C during save or load
+    (and, with an agent, during async_save's copy) cancels it and raises
+    KeyboardInterrupt; cancel() does the same from another thread.
 
     Attributes: coordinator, job, rank, world_size, agent_socket (None in
     direct mode), last_load_source ("agent_memory", "storage" or "none"),
@@ -232,15 +241,15 @@ class Checkpointer:
             raise InvalidArgumentError(
                 f"cairn.Checkpointer of job '{job}' rank {self.rank}: options "
                 f"{extra} need an agent_socket (or CAIRN_AGENT_SOCKET)")
-        self._agent: Optional[Any] = None
-        self._direct: Optional[Any] = None
+        self._agent: Optional[_cairn.AgentCheckpointer] = None
+        self._direct: Optional[_cairn.Checkpointer] = None
         if agent_socket is not None:
             self._agent = _cairn.AgentCheckpointer(
                 agent_socket, coordinator, job, self.rank, self.world_size,
                 **options)
         else:
             self._direct = self._connect()
-        self._catalog: Optional[Any] = None
+        self._catalog: Optional[_cairn.Checkpointer] = None
         self._catalog_lock = threading.Lock()
         self._pending: Optional[SaveFuture] = None
         self._thread: Optional[threading.Thread] = None
@@ -250,7 +259,7 @@ class Checkpointer:
         # without an agent) or "none" before any load.
         self.last_load_source: str = "none"
 
-    def _connect(self) -> Any:
+    def _connect(self) -> _cairn.Checkpointer:
         return _cairn.Checkpointer(self.coordinator, self.job, self.rank,
                                    self.world_size, **self._direct_options)
 
@@ -266,27 +275,39 @@ class Checkpointer:
         Tensors are written from their own memory (no copy when
         contiguous); leave them unchanged until save returns. Ctrl-C aborts
         the save for every rank (the previous checkpoint stays the latest)
-        and raises KeyboardInterrupt. Errors: InvalidArgumentError (a bad
-        entry, named), AbortedError (another rank failed), AlreadyExistsError
+        and raises KeyboardInterrupt; so does cancel() from another thread,
+        raising CancelledError. Errors: InvalidArgumentError (a bad entry,
+        named), AbortedError (another rank failed), AlreadyExistsError
         (step already committed), UnavailableError (cairnd unreachable).
-        With an agent socket this is async_save(...).result().
+        With an agent socket this is async_save then the wait for its
+        commit, as one call (Ctrl-C in either cancels the save: the agent
+        aborts it at cairnd once it has joined it there).
         """
         step = _step_arg(step, "save", self.job, self.rank, False)
         self._wait_pending()
-        if self._agent is not None:
-            return self.async_save(step, state_dict).result()
+        runner = self._runner()
         with self._lock:
             if isinstance(state_dict, _cairn.StateDict):
-                info = self._direct.save(step, state_dict)
+                info = runner.save(step, state_dict)
             else:
                 prep = _state.prepare_save(state_dict,
                                            self._where("save", step))
                 try:
-                    info = self._direct.save(step, prep.state)
+                    info = runner.save(step, prep.state)
                 finally:
                     prep.release()
-            self._last_stats = dict(self._direct.last_stats)
+            self._last_stats = dict(
+                runner.last_save_stats
+                if isinstance(runner, _cairn.AgentCheckpointer)
+                else runner.last_stats)
         return info
+
+    def _runner(self) -> Union[_cairn.Checkpointer, _cairn.AgentCheckpointer]:
+        """The native object saves and loads go through."""
+        if self._agent is not None:
+            return self._agent
+        assert self._direct is not None
+        return self._direct
 
     def async_save(self, step: int, state_dict: StateDictLike) -> SaveFuture:
         """Starts saving `state_dict` as checkpoint `step`; returns a
@@ -295,9 +316,10 @@ class Checkpointer:
         time of the call).
 
         With an agent socket the snapshot is the copy into cairn-agent's
-        shared memory and the agent commits it; without, the tensors are
-        cloned in this process and saved on a background thread (costs the
-        state's size in host memory until it commits). A previous
+        shared memory (Ctrl-C during it cancels the save and raises
+        KeyboardInterrupt) and the agent commits it; without, the tensors
+        are cloned in this process and saved on a background thread (costs
+        the state's size in host memory until it commits). A previous
         async_save still in flight is waited for first. Invalid entries
         raise here; failures of the save itself come from the future.
         Wait for the future (or leave the Checkpointer's `with` block)
@@ -321,6 +343,8 @@ class Checkpointer:
             future = SaveFuture(step, self.job, self.rank, native)
             self._pending = future
             return future
+        direct = self._direct
+        assert direct is not None
         if isinstance(state_dict, _cairn.StateDict):
             raise InvalidArgumentError(
                 f"{where}: a _cairn.StateDict borrows memory that cannot be "
@@ -332,8 +356,8 @@ class Checkpointer:
             info, error = None, None
             try:
                 with self._lock:
-                    info = self._direct.save(step, prep.state)
-                    self._last_stats = dict(self._direct.last_stats)
+                    info = direct.save(step, prep.state)
+                    self._last_stats = dict(direct.last_stats)
             except BaseException as e:  # pylint: disable=broad-except
                 error = e
             finally:
@@ -387,7 +411,7 @@ class Checkpointer:
         self._wait_pending()
         where = self._where("load", "latest" if ref is None else ref)
         with self._lock:
-            runner = self._agent if self._agent is not None else self._direct
+            runner = self._runner()
             if isinstance(state_dict, _cairn.StateDict):
                 loaded = runner.load(state_dict, ref)
                 prep = None
@@ -398,18 +422,18 @@ class Checkpointer:
                 except BaseException:
                     prep.release()
                     raise
-            if self._agent is not None:
-                self.last_load_source = self._agent.last_load_source
+            if isinstance(runner, _cairn.AgentCheckpointer):
+                self.last_load_source = runner.last_load_source
             else:
                 self.last_load_source = "storage"
-                self._last_stats = dict(self._direct.last_stats)
+                self._last_stats = dict(runner.last_stats)
         if prep is not None:
             prep.finish_load(weights_only)
         return int(loaded)
 
     # --------------------------------------------------------------- catalog
 
-    def _catalog_call(self, fn):
+    def _catalog_call(self, fn: Callable[[_cairn.Checkpointer], _T]) -> _T:
         with self._catalog_lock:
             if self._catalog is None:
                 self._catalog = self._connect()
@@ -425,7 +449,7 @@ class Checkpointer:
         `include_uncommitted` also WRITING, ABORTED and DELETING ones."""
         return self._catalog_call(lambda c: c.list(include_uncommitted))
 
-    def describe(self, step: int) -> Any:
+    def describe(self, step: int) -> _cairn.CheckpointSummary:
         """What committed checkpoint `step` holds (_cairn.CheckpointSummary:
         info, tensors with dtype/shape/chunks, bytes entries).
         NotFoundError if there is no such step."""
@@ -443,9 +467,18 @@ class Checkpointer:
 
     def cancel(self) -> None:
         """Cancels the save or load in progress (or the next one) from any
-        thread; the cancelled call (or future) raises CancelledError."""
-        if self._direct is not None:
-            self._direct.cancel()
+        thread; the cancelled call (or future) raises CancelledError. A
+        cancelled save is aborted at cairnd (the other ranks fail
+        AbortedError at once) unless every rank had committed it.
+
+        With an agent: cancels the save, async_save or load running, or the
+        wait on a SaveFuture (result, wait, done); with none running, the
+        next of them, so an async_save the agent still persists is
+        cancelled by the next wait for it (save, async_save and load wait
+        for it first). Cancelled before the agent joined the save at cairnd
+        (while async_save copies), nothing is aborted there: the other
+        ranks' saves end at cairnd's begin deadline."""
+        self._runner().cancel()
 
     def close(self) -> None:
         """Waits for the async_save in flight (raising its error, if any)."""

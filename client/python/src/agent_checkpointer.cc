@@ -131,19 +131,47 @@ class PyAgentCheckpointer {
         [&] { return client::AgentCheckpointer::Connect(o); }));
   }
 
+  // Ctrl-C during the copy into staging cancels the save (Cancel) and
+  // raises KeyboardInterrupt.
   std::unique_ptr<PySaveFuture> AsyncSave(int64_t step,
                                           const PyStateDict& state) {
     OneCallAtATime guard(busy_, who_, "async_save");
     PyStateDict::InUse in_use(state, PyStateDict::Access::kRead);
     absl::StatusOr<client::SaveFuture> r =
-        WithoutGil<absl::StatusOr<client::SaveFuture>>(
-            [&] { return impl_->AsyncSave(step, state.state()); });
+        CallInterruptibly<absl::StatusOr<client::SaveFuture>>(
+            [&] { return impl_->AsyncSave(step, state.state()); },
+            [&] { impl_->Cancel(); });
     if (!r.ok()) {
       ThrowStatus(WithJobContext(
           r.status(), job_, absl::StrCat(who_, " step ", step, " async_save")));
     }
     return std::make_unique<PySaveFuture>(*std::move(r), who_);
   }
+
+  // AsyncSave, then the wait for its commit, as one call: Ctrl-C anywhere
+  // in it cancels the save (aborted at cairnd once the agent joined it) and
+  // raises KeyboardInterrupt, as Checkpointer.save does.
+  client::CheckpointInfo Save(int64_t step, const PyStateDict& state) {
+    OneCallAtATime guard(busy_, who_, "save");
+    PyStateDict::InUse in_use(state, PyStateDict::Access::kRead);
+    absl::StatusOr<client::CheckpointInfo> r =
+        CallInterruptibly<absl::StatusOr<client::CheckpointInfo>>(
+            [&]() -> absl::StatusOr<client::CheckpointInfo> {
+              absl::StatusOr<client::SaveFuture> f =
+                  impl_->AsyncSave(step, state.state());
+              if (!f.ok()) return f.status();
+              return f->Wait(kWaitForever);
+            },
+            [&] { impl_->Cancel(); });
+    if (!r.ok()) {
+      ThrowStatus(WithJobContext(r.status(), job_,
+                                 absl::StrCat(who_, " step ", step, " save")));
+    }
+    return *std::move(r);
+  }
+
+  // Thread-safe; no busy guard: it is meant for another thread.
+  void Cancel() { impl_->Cancel(); }
 
   int64_t Load(PyStateDict& state, std::optional<int64_t> step) {
     OneCallAtATime guard(busy_, who_, "load");
@@ -154,8 +182,9 @@ class PyAgentCheckpointer {
     }
     const client::LoadRef ref = step.has_value() ? client::LoadRef::Step(*step)
                                                  : client::LoadRef::Latest();
-    absl::StatusOr<int64_t> r = WithoutGil<absl::StatusOr<int64_t>>(
-        [&] { return impl_->Load(ref, state.state()); });
+    absl::StatusOr<int64_t> r = CallInterruptibly<absl::StatusOr<int64_t>>(
+        [&] { return impl_->Load(ref, state.state()); },
+        [&] { impl_->Cancel(); });
     if (!r.ok()) {
       ThrowStatus(WithJobContext(
           r.status(), job_,
@@ -191,6 +220,10 @@ class PyAgentCheckpointer {
 }  // namespace
 
 void RegisterAgentCheckpointer(py::module_& m) {
+  // The keyword defaults are libcairn's (AgentCheckpointerOptions and, for
+  // the storage fallback, CheckpointerOptions).
+  const DirectOptions defaults = DefaultDirectOptions();
+  const AgentOnlyOptions agent_defaults = DefaultAgentOnlyOptions();
   py::class_<PySaveFuture>(
       m, "SaveFuture",
       R"doc(Durability of one AgentCheckpointer.async_save. May be waited on from any
@@ -205,18 +238,22 @@ Attributes:
           R"doc(Waits (GIL released) until the checkpoint is committed by every rank's agent
 and this rank's copy is replicated to its peers; returns its CheckpointInfo.
 Ctrl-C interrupts the wait (KeyboardInterrupt); the save goes on in the
-agent.
+agent. The AgentCheckpointer's cancel() (from another thread, or before
+the wait) cancels the save: CancelledError, unless every rank had already
+committed it.
 
 Args:
   timeout: seconds to wait; None waits without limit.
 
 Raises:
   DeadlineExceededError: not persisted within `timeout`.
+  CancelledError: cancel() stopped the save.
   AbortedError, UnavailableError (the agent died), ...: the save failed.
 )doc")
       .def("done", &PySaveFuture::Done,
            "True once the save's outcome is known (committed or failed); "
-           "does not block.");
+           "does not block (a pending cancel() of its AgentCheckpointer "
+           "cancels the save first).");
 
   py::class_<PyAgentCheckpointer>(
       m, "AgentCheckpointer",
@@ -225,7 +262,10 @@ copies the state into the agent's shared memory and returns; the agent
 persists and replicates it. Loads come from agent memory (local, then peer
 agents) and fall back to storage (direct mode).
 
-Every blocking call releases the GIL; one call at a time per object.
+Every blocking call releases the GIL; one call at a time per object, except
+cancel(), which any thread may call. Ctrl-C (SIGINT in the main thread)
+during save, async_save or load cancels it and raises KeyboardInterrupt, as
+Checkpointer's; during SaveFuture.wait it interrupts only the wait.
 )doc")
       .def(py::init([](std::string agent_socket, std::string coordinator,
                        std::string job, int rank, int world_size,
@@ -257,15 +297,21 @@ Every blocking call releases the GIL; one call at a time per object.
            }),
            py::arg("agent_socket"), py::arg("coordinator"), py::arg("job"),
            py::arg("rank"), py::arg("world_size"), py::kw_only(),
-           py::arg("copy_threads") = 1, py::arg("wait_for_space") = 600.0,
-           py::arg("allow_streaming") = true, py::arg("io_threads") = 4,
-           py::arg("rpc_timeout") = 300.0,
-           py::arg("collective_timeout") = 3900.0, py::arg("max_retries") = 16,
-           py::arg("partial_chunk_check") = "collective",
-           py::arg("use_odirect") = true, py::arg("tls_ca") = py::none(),
-           py::arg("tls_cert") = py::none(), py::arg("tls_key") = py::none(),
-           py::arg("token") = py::none(),
+           py::arg("copy_threads") = agent_defaults.copy_threads,
+           py::arg("wait_for_space") = agent_defaults.wait_for_space,
+           py::arg("allow_streaming") = agent_defaults.allow_streaming,
+           py::arg("io_threads") = defaults.io_threads,
+           py::arg("rpc_timeout") = defaults.rpc_timeout,
+           py::arg("collective_timeout") = defaults.collective_timeout,
+           py::arg("max_retries") = defaults.max_retries,
+           py::arg("partial_chunk_check") = defaults.partial_chunk_check,
+           py::arg("use_odirect") = defaults.use_odirect,
+           py::arg("tls_ca") = py::none(), py::arg("tls_cert") = py::none(),
+           py::arg("tls_key") = py::none(), py::arg("token") = py::none(),
            R"doc(Connects to the agent's Unix socket.
+
+Every keyword defaults to libcairn's AgentCheckpointerOptions and
+CheckpointerOptions (see default_options()).
 
 Args:
   agent_socket: path of cairn-agent's Unix domain socket.
@@ -290,17 +336,48 @@ Raises:
 as soon as the buffers of `state` may change again (training blocks only
 for the copy). The agent commits the checkpoint even if this process exits.
 
+Ctrl-C during the copy cancels the save and raises KeyboardInterrupt.
+
 Raises:
   ResourceExhaustedError: no staging space within wait_for_space.
+  CancelledError: cancel() was called from another thread (or before).
   UnavailableError: the agent is down.
   InvalidArgumentError: the state dict is invalid.
+)doc")
+      .def(
+          "save", &PyAgentCheckpointer::Save, py::arg("step"), py::arg("state"),
+          R"doc(async_save, then waits for the commit (GIL released); returns the committed
+CheckpointInfo. Ctrl-C anywhere in it cancels the save and raises
+KeyboardInterrupt: the agent aborts it at cairnd once it has joined it
+there (the other ranks fail AbortedError at once; the previous checkpoint
+stays the latest); a save every rank had committed stays committed.
+
+Raises: as async_save and SaveFuture.wait.
 )doc")
       .def(
           "load", &PyAgentCheckpointer::Load, py::arg("state"),
           py::arg("step") = py::none(),
           R"doc(Fills `state` from checkpoint `step` (None: the latest): agent memory tiers
 first, storage otherwise. Returns the step loaded; last_load_source says
-which tier served it. Errors as Checkpointer.load.
+which tier served it. Ctrl-C cancels the load and raises KeyboardInterrupt
+(treat `state` as not loaded). Errors as Checkpointer.load.
+)doc")
+      .def(
+          "cancel", &PyAgentCheckpointer::Cancel,
+          R"doc(Cancels the save, async_save, load or SaveFuture.wait (of this object's
+futures) in progress on another thread, or, with none in progress, the next
+one to start; each cancel() is consumed by exactly one of them.
+Thread-safe; returns at once. The cancelled call raises CancelledError
+naming rank, job and step. A cancelled save is cancelled at the agent: a
+copy being staged is dropped; once the agent has joined the save at cairnd
+it is aborted there (the other ranks fail AbortedError at once), unless
+every rank had committed it.
+)doc")
+      .def_static(
+          "default_options", [] { return DefaultOptionsDict(true); },
+          R"doc(The constructor's keyword defaults, a dict (keyword -> value; None for tls_ca,
+tls_cert, tls_key, token: the environment's): libcairn's
+AgentCheckpointerOptions and CheckpointerOptions, durations in seconds.
 )doc")
       .def_property_readonly("last_load_source",
                              &PyAgentCheckpointer::LastLoadSource,

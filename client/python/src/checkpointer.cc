@@ -134,6 +134,8 @@ class PyCheckpointer {
 }  // namespace
 
 void RegisterCheckpointer(py::module_& m) {
+  // The keyword defaults are libcairn's (CheckpointerOptions).
+  const DirectOptions defaults = DefaultDirectOptions();
   py::class_<PyCheckpointer>(
       m, "Checkpointer",
       R"doc(One rank's connection to cairnd, saving and loading in direct mode: the rank
@@ -176,14 +178,19 @@ Attributes:
              return std::make_unique<PyCheckpointer>(d);
            }),
            py::arg("coordinator"), py::arg("job"), py::arg("rank"),
-           py::arg("world_size"), py::kw_only(), py::arg("io_threads") = 4,
-           py::arg("rpc_timeout") = 300.0,
-           py::arg("collective_timeout") = 3900.0, py::arg("max_retries") = 16,
-           py::arg("partial_chunk_check") = "collective",
-           py::arg("use_odirect") = true, py::arg("tls_ca") = py::none(),
-           py::arg("tls_cert") = py::none(), py::arg("tls_key") = py::none(),
-           py::arg("token") = py::none(),
+           py::arg("world_size"), py::kw_only(),
+           py::arg("io_threads") = defaults.io_threads,
+           py::arg("rpc_timeout") = defaults.rpc_timeout,
+           py::arg("collective_timeout") = defaults.collective_timeout,
+           py::arg("max_retries") = defaults.max_retries,
+           py::arg("partial_chunk_check") = defaults.partial_chunk_check,
+           py::arg("use_odirect") = defaults.use_odirect,
+           py::arg("tls_ca") = py::none(), py::arg("tls_cert") = py::none(),
+           py::arg("tls_key") = py::none(), py::arg("token") = py::none(),
            R"doc(Sets up the connection (does not wait for cairnd to be up).
+
+Every keyword defaults to libcairn's CheckpointerOptions (see
+default_options()).
 
 Args:
   coordinator: cairnd's address, "host:port".
@@ -275,6 +282,12 @@ save or load. Thread-safe; returns at once. The cancelled call raises
 CancelledError naming rank, job and step; a cancelled save is aborted at
 cairnd (the other ranks fail AbortedError at once). list, latest_step and
 describe are never cancelled.
+)doc")
+      .def_static(
+          "default_options", [] { return DefaultOptionsDict(false); },
+          R"doc(The constructor's keyword defaults, a dict (keyword -> value; None for tls_ca,
+tls_cert, tls_key, token: the environment's): libcairn's CheckpointerOptions,
+durations in seconds.
 )doc")
       .def_property_readonly(
           "last_stats", &PyCheckpointer::LastStats,

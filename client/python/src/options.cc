@@ -5,9 +5,68 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/agent/agent_checkpointer.h"
 #include "common/status_macros.h"
 
 namespace cairn::python {
+
+namespace py = pybind11;
+
+const char* PartialChunkCheckName(client::PartialChunkCheck check) {
+  switch (check) {
+    case client::PartialChunkCheck::kCollective:
+      return "collective";
+    case client::PartialChunkCheck::kReadWhole:
+      return "read_whole";
+    case client::PartialChunkCheck::kNone:
+      return "none";
+  }
+  return "collective";
+}
+
+DirectOptions DefaultDirectOptions() {
+  const client::CheckpointerOptions d;
+  DirectOptions o;
+  o.rank = d.rank;
+  o.world_size = d.world_size;
+  o.io_threads = d.io_threads;
+  o.rpc_timeout = absl::ToDoubleSeconds(d.rpc_timeout);
+  o.collective_timeout = absl::ToDoubleSeconds(d.collective_timeout);
+  o.max_retries = d.max_retries;
+  o.partial_chunk_check = PartialChunkCheckName(d.partial_chunk_check);
+  o.use_odirect = d.store.use_odirect;
+  return o;
+}
+
+AgentOnlyOptions DefaultAgentOnlyOptions() {
+  const client::AgentCheckpointerOptions d;
+  AgentOnlyOptions o;
+  o.copy_threads = d.copy_threads;
+  o.wait_for_space = absl::ToDoubleSeconds(d.wait_for_space);
+  o.allow_streaming = d.allow_streaming;
+  return o;
+}
+
+py::dict DefaultOptionsDict(bool agent) {
+  py::dict out;
+  if (agent) {
+    const AgentOnlyOptions a = DefaultAgentOnlyOptions();
+    out["copy_threads"] = a.copy_threads;
+    out["wait_for_space"] = a.wait_for_space;
+    out["allow_streaming"] = a.allow_streaming;
+  }
+  const DirectOptions d = DefaultDirectOptions();
+  out["io_threads"] = d.io_threads;
+  out["rpc_timeout"] = d.rpc_timeout;
+  out["collective_timeout"] = d.collective_timeout;
+  out["max_retries"] = d.max_retries;
+  out["partial_chunk_check"] = d.partial_chunk_check;
+  out["use_odirect"] = d.use_odirect;
+  for (const char* k : {"tls_ca", "tls_cert", "tls_key", "token"}) {
+    out[k] = py::none();
+  }
+  return out;
+}
 
 DirectOptions MakeDirectOptions(std::string coordinator, std::string job,
                                 int rank, int world_size, int io_threads,

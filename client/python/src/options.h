@@ -3,6 +3,8 @@
 #ifndef CAIRN_CLIENT_PYTHON_SRC_OPTIONS_H_
 #define CAIRN_CLIENT_PYTHON_SRC_OPTIONS_H_
 
+#include <pybind11/pybind11.h>
+
 #include <optional>
 #include <string>
 
@@ -12,22 +14,46 @@
 
 namespace cairn::python {
 
-// The keyword arguments both classes take, as Python passes them.
+// The keyword arguments both classes take, as Python passes them. Their
+// defaults are libcairn's (DefaultDirectOptions), never written out here or
+// in the bindings.
 struct DirectOptions {
   std::string coordinator;
   std::string job;
   int rank = 0;
   int world_size = 1;
-  int io_threads = 4;
-  double rpc_timeout = 300.0;          // seconds
-  double collective_timeout = 3900.0;  // seconds
-  int max_retries = 16;
-  std::string partial_chunk_check = "collective";
-  bool use_odirect = true;
+  int io_threads = 0;
+  double rpc_timeout = 0;         // seconds
+  double collective_timeout = 0;  // seconds
+  int max_retries = 0;
+  std::string partial_chunk_check;
+  bool use_odirect = false;
   // TLS and token for the calls to cairnd; unset: CAIRN_TLS_CA,
   // CAIRN_TLS_CERT, CAIRN_TLS_KEY, CAIRN_TOKEN.
   std::optional<std::string> tls_ca, tls_cert, tls_key, token;
 };
+
+// The keyword defaults: a default-constructed client::CheckpointerOptions's
+// values, as Python passes them (seconds, "collective").
+DirectOptions DefaultDirectOptions();
+
+// The keyword arguments only AgentCheckpointer takes.
+struct AgentOnlyOptions {
+  int copy_threads = 0;
+  double wait_for_space = 0;  // seconds
+  bool allow_streaming = false;
+};
+
+// Their defaults: a default-constructed client::AgentCheckpointerOptions's.
+AgentOnlyOptions DefaultAgentOnlyOptions();
+
+// The keyword defaults as a dict (keyword -> value; None for tls_ca,
+// tls_cert, tls_key, token): Checkpointer.default_options() and, with
+// `agent`, AgentCheckpointer.default_options(). Requires the GIL.
+pybind11::dict DefaultOptionsDict(bool agent);
+
+// "collective", "read_whole" or "none".
+const char* PartialChunkCheckName(client::PartialChunkCheck check);
 
 // The options as the two classes' constructors receive them, in the order
 // of their keyword arguments.

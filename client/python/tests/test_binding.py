@@ -364,6 +364,72 @@ def test_stubs_match_the_extension_and_everything_has_a_docstring():
                 assert len(getattr(cls, m).__doc__) > 80, f"{name}.{m}"
 
 
+def _signature_defaults(fn):
+    """{keyword: default} of the signature pybind11 reports for `fn` (the
+    first line of its docstring)."""
+    import ast  # pylint: disable=import-outside-toplevel
+    line = fn.__doc__.splitlines()[0]
+    params, depth, cur = [], 0, ""
+    for ch in line[line.index("(") + 1:line.rindex(")")]:
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        if ch == "," and depth == 0:
+            params.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    params.append(cur)
+    return {p.split(":")[0].strip(): ast.literal_eval(p.split("=", 1)[1].strip())
+            for p in params if "=" in p}
+
+
+def _stub_init_defaults(cls_name):
+    """{keyword: default node} of __init__'s keyword-only parameters in
+    _cairn.pyi."""
+    import ast  # pylint: disable=import-outside-toplevel
+    import pathlib  # pylint: disable=import-outside-toplevel
+    tree = ast.parse(pathlib.Path(_cairn.__file__).with_name(
+        "_cairn.pyi").read_text())
+    cls = next(n for n in tree.body
+               if isinstance(n, ast.ClassDef) and n.name == cls_name)
+    init = next(n for n in cls.body
+                if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    return {a.arg: d for a, d in zip(init.args.kwonlyargs,
+                                     init.args.kw_defaults)}
+
+
+@pytest.mark.parametrize("cls", [_cairn.Checkpointer, _cairn.AgentCheckpointer])
+def test_keyword_defaults_come_from_libcairn_alone(cls):
+    """The keyword defaults are libcairn's options (default_options(), read
+    from a default-constructed CheckpointerOptions/AgentCheckpointerOptions):
+    the extension's signature has exactly them, the stub writes none of
+    them out (`...`, or None for the environment's), and the Python layer
+    names every keyword."""
+    import ast  # pylint: disable=import-outside-toplevel
+    native = cls.default_options()
+    assert native["io_threads"] >= 1 and native["rpc_timeout"] > 0
+    assert _signature_defaults(cls.__init__) == native
+    stub = _stub_init_defaults(cls.__name__)
+    assert set(stub) == set(native)
+    for name, node in stub.items():
+        assert isinstance(node, ast.Constant), name
+        want = None if native[name] is None else Ellipsis
+        assert node.value is want, (
+            f"_cairn.pyi: {cls.__name__}(... {name}={node.value!r}): a "
+            f"default written out can drift from libcairn's "
+            f"({native[name]!r}); write ...")
+    for name in native:
+        assert name in cairn.Checkpointer.__doc__, name
+    agent_only = set(_cairn.AgentCheckpointer.default_options()) - set(
+        _cairn.Checkpointer.default_options())
+    assert agent_only == {"copy_threads", "wait_for_space", "allow_streaming"}
+    # Without an agent they are refused, naming them.
+    with pytest.raises(cairn.InvalidArgumentError, match="copy_threads"):
+        cairn.Checkpointer("127.0.0.1:1", "j", 0, 1, copy_threads=2)
+
+
 def test_cancel_before_a_save_cancels_it_once(cairnd):
     """cancel() with nothing running cancels the next save (CancelledError
     naming rank, job and step); the save after that runs normally."""
