@@ -11,7 +11,8 @@ import numbers
 import os
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional, TypeVar, Union
+from typing import (Any, Callable, Dict, List, Literal, Optional, TypeVar,
+                    Union, overload)
 
 from cairn import _cairn
 from cairn import state as _state
@@ -62,6 +63,16 @@ def _default_rank_and_world(rank: Optional[int], world_size: Optional[int]):
 
 # The largest step cairnd accepts (as libcairn checks it).
 _MAX_STEP = 10**15
+
+
+@overload
+def _step_arg(step: Any, what: str, job: str, rank: int,
+              allow_latest: Literal[False]) -> int: ...
+
+
+@overload
+def _step_arg(step: Any, what: str, job: str, rank: int,
+              allow_latest: bool) -> Optional[int]: ...
 
 
 def _step_arg(step: Any, what: str, job: str, rank: int,
