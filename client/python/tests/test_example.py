@@ -3,18 +3,20 @@ trained with FSDP2 on gloo ranks, dcp.async_save through CairnStorageWriter)
 against a real cairnd, run as its users run it: a command spawning its
 ranks.
 
-- Killed and resumed: run A trains to the last step uninterrupted; run B is
-  killed with SIGKILL, sent here to every rank process once its first
-  checkpoint is committed (wherever the ranks then are: an async_save may
-  be in flight), and run again. It must resume from its latest committed
-  step, not from scratch, and end with A's parameters and optimizer state,
-  bit for bit (torch.equal): anything the checkpoint missed or restored
-  wrongly (a parameter shard, AdamW's moments or step, the learning rate,
-  the data position, a rank's RNG) makes B diverge from A.
-- Another world size: a checkpoint saved by 2 ranks is loaded into 3 ranks,
-  whose full (unsharded) state right after the load must equal the saved
-  one element by element; then into 1 rank, which trains on from it and
-  saves.
+Run A (a module fixture, with the module's cairnd) trains WORLD ranks to
+the last step uninterrupted; both tests start from it.
+
+- Killed and resumed: run B is killed with SIGKILL, sent here to every rank
+  process once its first checkpoint is committed (wherever the ranks then
+  are: an async_save may be in flight), and run again. It must resume from
+  its latest committed step, not from scratch, and end with A's parameters
+  and optimizer state, bit for bit (torch.equal): anything the checkpoint
+  missed or restored wrongly (a parameter shard, AdamW's moments or step,
+  the learning rate, the data position, a rank's RNG) makes B diverge.
+- Another world size: run A's last checkpoint (2 ranks) is loaded into 3
+  ranks, whose full (unsharded) state right after the load must equal the
+  saved one element by element; then into 1 rank, which trains on from it
+  and saves.
 """
 
 import os
@@ -23,7 +25,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 import torch
@@ -68,7 +70,16 @@ def _train_and_kill(cairnd, job, tmp_path):
                             stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
                             env=dict(os.environ))
     out, pids, killed = [], [], False
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+    # A run that hangs is killed (its ranks die with it: spawn's
+    # parent-death signal), which ends the loop below.
+    timed_out = threading.Event()
+
+    def expire():
+        timed_out.set()
+        proc.kill()
+
+    watchdog = threading.Timer(RUN_TIMEOUT_S, expire)
+    watchdog.start()
     try:
         for line in proc.stdout:
             out.append(line)
@@ -79,13 +90,14 @@ def _train_and_kill(cairnd, job, tmp_path):
                 for pid in pids:
                     os.kill(pid, signal.SIGKILL)
                 killed = True
-            assert time.monotonic() < deadline, "".join(out)
         rc = proc.wait(timeout=RUN_TIMEOUT_S)
     finally:
+        watchdog.cancel()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     text = "".join(out)
+    assert not timed_out.is_set(), f"no end within {RUN_TIMEOUT_S} s:\n{text}"
     assert killed, f"the run ended before printing '{KILL_AFTER}':\n{text}"
     assert rc == 128 + signal.SIGKILL, f"exited {rc}:\n{text}"
     return text
