@@ -138,6 +138,7 @@ class AgentCheckpointer::Impl {
 
   absl::Status Connect();
   absl::StatusOr<SaveFuture> AsyncSave(int64_t step, const StateDict& state);
+  SaveFuture FutureOf(int64_t step) const;
   absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
   void Cancel();
 
@@ -307,11 +308,15 @@ absl::StatusOr<SaveFuture> AgentCheckpointer::Impl::AsyncSave(
   save_stats_.begin_time = t1 - t0;
   if (save_stats_.streamed_buckets == 0) save_stats_.copy_time = t2 - t1;
   save_stats_.blocked = absl::Now() - t0;
+  return FutureOf(step);
+}
+
+SaveFuture AgentCheckpointer::Impl::FutureOf(int64_t step) const {
   auto target = std::make_shared<SaveFuture::Target>();
   target->stub = stub_;
   target->cancel = cancel_;
-  target->job = d.job;
-  target->rank = d.rank;
+  target->job = options_.direct.job;
+  target->rank = options_.direct.rank;
   target->incarnation = incarnation_;
   target->rpc_timeout = options_.rpc_timeout;
   return SaveFuture(std::move(target), step);
@@ -603,6 +608,10 @@ absl::StatusOr<std::unique_ptr<AgentCheckpointer>> AgentCheckpointer::Connect(
 absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(
     int64_t step, const StateDict& state) {
   return impl_->AsyncSave(step, state);
+}
+
+SaveFuture AgentCheckpointer::FutureOf(int64_t step) const {
+  return impl_->FutureOf(step);
 }
 
 absl::StatusOr<int64_t> AgentCheckpointer::Load(LoadRef ref, StateDict& state) {

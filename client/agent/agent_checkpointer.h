@@ -141,6 +141,14 @@ class AgentCheckpointer {
   // buffers of `state` may change again.
   absl::StatusOr<SaveFuture> AsyncSave(int64_t step, const StateDict& state);
 
+  // The future of this rank's save of `step` staged by an AsyncSave of the
+  // same job and rank, in this process or another (DCP's async_save in
+  // PROCESS mode waits in a child process for the copy its parent staged).
+  // Its Wait asks the agent by (job, step, rank); a Cancel() of this
+  // checkpointer stops the wait, and the save only if this process staged
+  // it.
+  SaveFuture FutureOf(int64_t step) const;
+
   // Fills `state` from `ref`: agent memory tiers first, storage otherwise.
   // Returns the step loaded.
   absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);

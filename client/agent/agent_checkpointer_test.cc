@@ -199,6 +199,37 @@ TEST_F(AgentCheckpointerTest, AsyncSaveCommitsAndLoadComesFromAgentMemory) {
   EXPECT_EQ(got, buf);
 }
 
+// FutureOf: another checkpointer of the same job and rank (as in DCP's
+// PROCESS executor's child) waits for a save this one staged, and learns a
+// failed save's error too.
+TEST_F(AgentCheckpointerTest, FutureOfWaitsForASaveAnotherCheckpointerStaged) {
+  StartAgent();
+  auto stager = AgentCheckpointer::Connect(Options(0, 1));
+  ASSERT_TRUE(stager.ok()) << stager.status();
+  auto waiter = AgentCheckpointer::Connect(Options(0, 1));
+  ASSERT_TRUE(waiter.ok()) << waiter.status();
+  StateDict state;
+  std::vector<char> buf;
+  ASSERT_TRUE(AddW(state, buf, 'f').ok());
+  ASSERT_TRUE((*stager)->AsyncSave(8, state).ok());
+  SaveFuture f = (*waiter)->FutureOf(8);
+  EXPECT_EQ(f.step(), 8);
+  absl::StatusOr<CheckpointInfo> info = f.Wait(absl::Seconds(30));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->step, 8);
+  EXPECT_EQ(info->state, CheckpointState::kCommitted);
+  EXPECT_EQ(info->bytes, 64u);
+  // A step nobody staged is not waited for forever: the agent says so, or
+  // the wait ends at its timeout.
+  absl::StatusOr<CheckpointInfo> none =
+      (*waiter)->FutureOf(9).Wait(absl::Seconds(1));
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(none.status().code(),
+              testing::AnyOf(absl::StatusCode::kNotFound,
+                             absl::StatusCode::kDeadlineExceeded))
+      << none.status();
+}
+
 TEST_F(AgentCheckpointerTest, LoadFallsBackToStorageWhenTheAgentIsDown) {
   StartAgent();
   auto c = AgentCheckpointer::Connect(Options(0, 1));

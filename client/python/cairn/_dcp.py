@@ -169,17 +169,25 @@ _CONNECTIONS_LOCK = threading.Lock()
 
 
 def connection(coordinator: str, job: str, rank: int, world_size: int,
-               options: Dict[str, Any]) -> Connection:
+               options: Dict[str, Any],
+               agent_socket: Optional[str] = None) -> Connection:
     """The process's Checkpointer for (coordinator, job, rank, world size,
     options), made once: a new writer per save still sends only its plan's
-    fingerprint when the plan is unchanged."""
-    key = (os.getpid(), coordinator, job, rank, world_size,
+    fingerprint when the plan is unchanged. With `agent_socket`, an
+    AgentCheckpointer through that node's cairn-agent."""
+    key = (os.getpid(), coordinator, job, rank, world_size, agent_socket,
            tuple(sorted(options.items())))
     with _CONNECTIONS_LOCK:
         conn = _CONNECTIONS.get(key)
         if conn is None:
-            conn = Connection(_cairn.Checkpointer(coordinator, job, rank,
-                                                  world_size, **options))
+            if agent_socket is not None:
+                native = _cairn.AgentCheckpointer(
+                    agent_socket, coordinator, job, rank, world_size,
+                    **options)
+            else:
+                native = _cairn.Checkpointer(coordinator, job, rank,
+                                             world_size, **options)
+            conn = Connection(native)
             _CONNECTIONS[key] = conn
         return conn
 
@@ -217,6 +225,10 @@ def build_save_state(plan: Any, planner: Any, job: str, step: Any,
     tensors: Dict[str, Tuple[str, List[int], List[Tuple]]] = {}
     for item in plan.items:
         fqn = item.index.fqn
+        if fqn == PLANNER_DATA_FQN:
+            raise errors.InvalidArgumentError(
+                f"save of {_where(job, step, rank)}: '{fqn}' is the name "
+                f"Cairn keeps DCP's planner_data under; rename this entry")
         data = planner.resolve_data(item)
         if item.type == byte_io:
             if isinstance(data, io.BytesIO):
@@ -265,6 +277,91 @@ def build_save_state(plan: Any, planner: Any, job: str, step: Any,
         state.add_bytes(PLANNER_DATA_FQN, _objects.dumps(
             {str(k): tuple(v) for k, v in mapping.items()}))
     return SaveState(state, keep, results)
+
+
+def local_save_plan(state_dict: Any, is_coordinator: bool) -> Tuple:
+    """DCP's DefaultSavePlanner over `state_dict` and this rank's local plan
+    (every item, before the global plan's replica dedup): what stage()
+    snapshots into cairn-agent."""
+    from torch.distributed.checkpoint import DefaultSavePlanner  # pylint: disable=import-outside-toplevel
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(state_dict, is_coordinator=is_coordinator)
+    return planner.create_local_plan(), planner
+
+
+def host_copy(state_dict: Any) -> Any:
+    """async_save's staging without an agent: the nested state_dict with
+    every tensor (a DTensor's local shard included) cloned once into host
+    memory, containers rebuilt, other objects shared (DCP pickles them when
+    it writes)."""
+    if isinstance(state_dict, torch.Tensor):
+        return state_dict.detach().clone()
+    if isinstance(state_dict, dict):
+        items = [(k, host_copy(v)) for k, v in state_dict.items()]
+        try:
+            return type(state_dict)(items)  # OrderedDict stays one
+        except TypeError:
+            return dict(items)
+    if isinstance(state_dict, list):
+        return [host_copy(v) for v in state_dict]
+    if isinstance(state_dict, tuple) and not hasattr(state_dict, "_fields"):
+        return tuple(host_copy(v) for v in state_dict)
+    return state_dict
+
+
+def _meta_like(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor with `tensor`'s shape, strides and dtype and no data (a
+    DTensor keeps its mesh and placements around a meta local shard)."""
+    dtensor_cls = _dtensor_class()
+    if dtensor_cls is not None and isinstance(tensor, dtensor_cls):
+        local = tensor.to_local()
+        return dtensor_cls.from_local(
+            torch.empty_strided(local.shape, local.stride(), dtype=local.dtype,
+                                device="meta"),
+            tensor.device_mesh, tensor.placements, run_check=False,
+            shape=tensor.shape, stride=tensor.stride())
+    return torch.empty_strided(tensor.shape, tensor.stride(),
+                               dtype=tensor.dtype, device="meta")
+
+
+def skeleton(state_dict: Any) -> Any:
+    """The nested state_dict with every tensor replaced by a data-less meta
+    tensor of the same shape, dtype and placement: what DCP plans from once
+    the bytes already sit in cairn-agent's staging memory (no copy, and
+    nothing of the training tensors for async_save's PROCESS mode to
+    pickle)."""
+    if isinstance(state_dict, torch.Tensor):
+        return _meta_like(state_dict.detach())
+    if isinstance(state_dict, dict):
+        return {k: skeleton(v) for k, v in state_dict.items()}
+    if isinstance(state_dict, list):
+        return [skeleton(v) for v in state_dict]
+    if isinstance(state_dict, tuple) and not hasattr(state_dict, "_fields"):
+        return tuple(skeleton(v) for v in state_dict)
+    return state_dict
+
+
+def _dtensor_class() -> Any:
+    try:
+        from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        try:
+            from torch.distributed._tensor import DTensor  # pylint: disable=import-outside-toplevel
+        except ImportError:
+            return None
+    return DTensor
+
+
+def item_nbytes(item: Any, byte_sizes: Dict[str, int]) -> int:
+    """The bytes a WriteItem of a staged save stands for: its chunk's for a
+    tensor, the pickled object's (as staged) for BYTE_IO."""
+    td = item.tensor_data
+    if td is None:
+        return byte_sizes[item.index.fqn]
+    numel = 1
+    for s in td.chunk.sizes:
+        numel *= int(s)
+    return numel * torch.empty((), dtype=td.properties.dtype).element_size()
 
 
 # ------------------------------------------------------------ load

@@ -57,6 +57,7 @@ Helpers live in cairn/_dcp.py; this module holds the two classes.
 
 import dataclasses
 import os
+import threading
 from typing import Any, Dict, Optional, Union
 
 from cairn import _torch_compat
@@ -74,6 +75,19 @@ _api = _dcp.api()
 
 __all__ = ["CairnStorageWriter", "CairnStorageReader", "import_dcp",
            "ImportResult"]
+
+# Options only an AgentCheckpointer takes (as cairn.Checkpointer's).
+_AGENT_ONLY_OPTIONS = frozenset({"copy_threads", "wait_for_space",
+                                 "allow_streaming"})
+
+
+@dataclasses.dataclass
+class _Staged:
+    """A save stage() handed to cairn-agent, until write_data waits for it."""
+    step: int
+    pid: int                      # the process whose native future it is
+    native: Any                   # _cairn.SaveFuture (None once pickled)
+    byte_sizes: Dict[str, int]    # staged bytes entries' sizes, by fqn
 
 
 class _CairnStorage:
@@ -156,6 +170,9 @@ class _CairnStorage:
                                    self._world_override, self._no_dist)
 
     def _connection(self) -> "_dcp.Connection":
+        return self._open(None)
+
+    def _open(self, agent_socket: Optional[str]) -> "_dcp.Connection":
         if not self.coordinator:
             raise errors.InvalidArgumentError(
                 f"{type(self).__name__}: no coordinator (pass coordinator=, "
@@ -167,7 +184,7 @@ class _CairnStorage:
                 f"cairn://HOST:PORT/JOB/STEP checkpoint_id, or set CAIRN_JOB)")
         rank, world = self._rank_and_world()
         return _dcp.connection(self.coordinator, self.job, rank, world,
-                               self._options)
+                               self._options, agent_socket)
 
 
 class CairnStorageWriter(_CairnStorage, _api.StorageWriter):
@@ -189,20 +206,94 @@ class CairnStorageWriter(_CairnStorage, _api.StorageWriter):
     """
 
     _allow_latest = False
+    # AsyncStager: stage() returns when the snapshot is complete.
+    _synchronize_after_execute = False
 
     def __init__(self, coordinator: Optional[str] = None,
                  job: Optional[str] = None, step: Optional[int] = None, *,
-                 checkpoint_id: Any = None, **options: Any):
+                 checkpoint_id: Any = None, agent_socket: Optional[str] = None,
+                 **options: Any):
         _CairnStorage.__init__(self, coordinator, job, step, checkpoint_id,
                                options)
+        self.agent_socket: Optional[str] = (
+            agent_socket or os.environ.get("CAIRN_AGENT_SOCKET") or None)
+        extra = sorted(set(self._options) & _AGENT_ONLY_OPTIONS)
+        if extra and self.agent_socket is None:
+            raise errors.InvalidArgumentError(
+                f"CairnStorageWriter for job '{self.job}': options {extra} "
+                f"need an agent_socket (or CAIRN_AGENT_SOCKET)")
+        # The step stage() may snapshot under: the constructor's, used once
+        # (a reused writer learns later steps only from DCP's reset(), after
+        # stage(), so it stages with a host copy instead).
+        self._stage_step: Optional[int] = (
+            self.step if isinstance(self.step, int) else None)
+        self._staged: Dict[int, _Staged] = {}
         self.last_info = None
         self.last_stats: Dict[str, Any] = {}
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # async_save's PROCESS mode pickles the writer: the staged save's
+        # native future stays in this process (the copy waits by step).
+        state = dict(self.__dict__)
+        state["_staged"] = {step: dataclasses.replace(s, native=None)
+                            for step, s in self._staged.items()}
+        return state
 
     def reset(self, checkpoint_id: Any = None) -> None:
         """A new save begins; `checkpoint_id` (if given) names its step."""
         if checkpoint_id is not None:
             self._set_id(checkpoint_id)
         self.last_info = None
+
+    def _connection(self) -> "_dcp.Connection":
+        return self._open(self.agent_socket)
+
+    # ----------------------------------------------------- AsyncStager
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        """False: stage() has finished the snapshot when it returns."""
+        return False
+
+    def stage(self, state_dict: Any) -> Any:
+        """async_save's snapshot, after which training may change its
+        tensors. With an agent and the step known (``step=`` or
+        ``checkpoint_id=`` of the writer, or ``reset(STEP)`` before
+        async_save), one copy of this rank's tensors into cairn-agent's
+        shared memory, which commits the checkpoint; DCP then plans from
+        data-less stand-ins and write_data waits for the commit. Otherwise
+        one host copy, saved by write_data in the background."""
+        step, self._stage_step = self._stage_step, None
+        if self.agent_socket is None or step is None:
+            return _dcp.host_copy(state_dict)
+        rank, world = self._rank_and_world()
+        where = f"async_save of job '{self.job}' step {step} rank {rank}"
+        built, failure = None, None
+        try:
+            plan, planner = _dcp.local_save_plan(state_dict, rank == 0)
+            built = _dcp.build_save_state(plan, planner, self.job, step,
+                                          rank, rank == 0)
+        except Exception as e:  # pylint: disable=broad-except
+            failure = e
+        if world > 1 and not self._no_dist:
+            _dcp.agree_or_raise(failure, self._process_group, world, rank,
+                                where)
+        if failure is not None:
+            raise failure
+        conn = self._connection()
+        with conn.lock:
+            native = conn.ckpt.async_save(step, built.state)
+            self.last_stats = dict(conn.ckpt.last_save_stats)
+        del built.keep_alive
+        byte_sizes = {item.index.fqn: nbytes for item, nbytes in built.results
+                      if item.tensor_data is None}
+        self._staged[step] = _Staged(step, os.getpid(), native, byte_sizes)
+        return _dcp.skeleton(state_dict)
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: stage() is synchronous."""
+
+    def close(self) -> None:
+        """Nothing to release (connections are shared per process)."""
 
     def init(self, is_coordinator: bool) -> None:  # torch 1.13's name
         self.set_up_storage_writer(is_coordinator)
@@ -230,6 +321,8 @@ class CairnStorageWriter(_CairnStorage, _api.StorageWriter):
         """Saves this rank's items with one collective Cairn save (returns
         once the checkpoint is COMMITTED; raises on every rank if any rank
         fails, leaving the previous checkpoint latest)."""
+        if self.step in self._staged:
+            return self._write_staged(plan, self._staged.pop(self.step))
         rank, world = self._rank_and_world()
         built = None
         failure = None
@@ -241,23 +334,67 @@ class CairnStorageWriter(_CairnStorage, _api.StorageWriter):
         # Every rank learns whether all ranks are ready before any begins the
         # collective save: a rank that cannot even build its state would
         # otherwise leave the others parked in BeginSave until the deadline.
-        if not self._no_dist and self._use_collectives:
+        if not self._no_dist and self._use_collectives and \
+                self._may_run_collectives():
             _dcp.agree_or_raise(failure, self._process_group, world, rank,
                                 f"save of {self._where()}")
         if failure is not None:
             raise failure
         conn = self._connection()
         with conn.lock:
-            info = conn.ckpt.save(self.step, built.state)
-            self.last_stats = dict(conn.ckpt.last_stats)
+            if self.agent_socket is not None:
+                native = conn.ckpt.async_save(self.step, built.state)
+                self.last_stats = dict(conn.ckpt.last_save_stats)
+            else:
+                info = conn.ckpt.save(self.step, built.state)
+                self.last_stats = dict(conn.ckpt.last_stats)
         del built.keep_alive
+        if self.agent_socket is not None:
+            info = native.wait(None)
         self.last_info = info
+        return self._results(
+            [(item, nbytes) for item, nbytes in built.results])
+
+    def _may_run_collectives(self) -> bool:
+        """Whether write_data may run its readiness exchange, a torch
+        collective. DCP does not tell the storage layer which process group
+        async_save was given: off the main thread (async_save's THREAD
+        executor) with no process_group of the writer's own, the exchange
+        would run on the default group beside training's own collectives
+        (gloo then aborts or hangs), so it is left out there; a rank that
+        cannot build its state then fails the others through cairnd's
+        collective_timeout, and DCP reports every rank's cause."""
+        return (self._process_group is not None or
+                threading.current_thread() is threading.main_thread())
+
+    def _results(self, sized):
         fut = torch.futures.Future()
         fut.set_result([
             _api.WriteResult(index=item.index, size_in_bytes=nbytes,
                              storage_data=self.step)
-            for item, nbytes in built.results])
+            for item, nbytes in sized])
         return fut
+
+    def _write_staged(self, plan, staged: "_Staged"):
+        """write_data of a save stage() put into cairn-agent: waits for its
+        commit (from async_save's background process too, by step)."""
+        rank = self._rank_and_world()[0]
+        native = staged.native
+        if native is None or staged.pid != os.getpid():
+            native = self._connection().ckpt.save_future(staged.step)
+        self.last_info = native.wait(None)
+        sized = []
+        for item in plan.items:
+            try:
+                sized.append((item, _dcp.item_nbytes(item, staged.byte_sizes)))
+            except KeyError:
+                raise errors.FailedPreconditionError(
+                    f"async_save of job '{self.job}' step {self.step} rank "
+                    f"{rank}: write item '{item.index.fqn}' was not staged "
+                    f"(stage() plans with DefaultSavePlanner; a planner "
+                    f"that renames or adds entries needs a writer without "
+                    f"a step before async_save)") from None
+        return self._results(sized)
 
     def finish(self, metadata, results) -> None:
         """The checkpoint is already committed by the collective save; this

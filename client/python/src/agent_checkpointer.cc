@@ -148,6 +148,14 @@ class PyAgentCheckpointer {
     return std::make_unique<PySaveFuture>(*std::move(r), who_);
   }
 
+  std::unique_ptr<PySaveFuture> FutureOf(int64_t step) {
+    if (step < 0) {
+      ThrowStatus(absl::InvalidArgumentError(
+          absl::StrCat(who_, ": step ", step, " is negative")));
+    }
+    return std::make_unique<PySaveFuture>(impl_->FutureOf(step), who_);
+  }
+
   // AsyncSave, then the wait for its commit, as one call: Ctrl-C anywhere
   // in it cancels the save (aborted at cairnd once the agent joined it) and
   // raises KeyboardInterrupt, as Checkpointer.save does.
@@ -343,6 +351,13 @@ Raises:
   CancelledError: cancel() was called from another thread (or before).
   UnavailableError: the agent is down.
   InvalidArgumentError: the state dict is invalid.
+)doc")
+      .def(
+          "save_future", &PyAgentCheckpointer::FutureOf, py::arg("step"),
+          R"doc(The SaveFuture of this rank's save of `step` staged by an async_save of the
+same job and rank, in this process or another (DCP's async_save PROCESS mode
+waits in its child process for the copy the rank staged). cancel() stops its
+wait, and the save only if this process staged it.
 )doc")
       .def(
           "save", &PyAgentCheckpointer::Save, py::arg("step"), py::arg("state"),

@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import cairn.torch as ctorch
+from cairn import errors as cairn_errors
 
 import harness
 from test_dcp import blank as blank_obj
@@ -115,6 +116,31 @@ def save_ranks(rank, world, address, step, mode):
     else:
         raise ValueError(mode)
     return writer.last_info.state
+
+
+def agent_save_ranks(rank, world, address, step, mode, socket):
+    """async_save with the writer as its AsyncStager and a cairn-agent: the
+    writer knows its step, so stage() copies the state once into the
+    agent's shared memory and hands DCP data-less stand-ins."""
+    full, objects = expected_state()
+    sd = dtensor_state(full, objects, world, (0, 0))
+    writer = ctorch.CairnStorageWriter(checkpoint_id=uri(address, step),
+                                       agent_socket=socket)
+    kind = (AsyncCheckpointerType.THREAD if mode == "thread"
+            else AsyncCheckpointerType.PROCESS)
+    res = dcp.async_save(sd, storage_writer=writer,
+                         checkpoint_id=uri(address, step),
+                         async_checkpointer_type=kind)
+    # stage() is done: the agent holds this rank's bytes (its copy stats are
+    # the writer's), and training may change the tensors at once.
+    copied = writer.last_stats.get("bytes", 0)
+    for v in sd.values():
+        if isinstance(v, torch.Tensor):
+            v.to_local().zero_()
+    wait_async(res)
+    local = sum(v.to_local().numel() * v.element_size()
+                for v in sd.values() if isinstance(v, torch.Tensor))
+    return copied >= local > 0
 
 
 def load_ranks(rank, world, address, step):
@@ -269,3 +295,91 @@ def test_a_failing_rank_fails_every_rank_and_keeps_the_previous_latest(cairnd):
         assert "rank 1's state cannot be built" in text, (rank, text)
     assert latest_step(cairnd.address) == 9
     assert harness.run_ranks(load_ranks, 2, cairnd.address, "latest") == [9, 9]
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_async_save_stages_into_the_agent(cairnd, start_agent, mode):
+    agent = start_agent(cairnd.address)
+    step = {"thread": 50, "process": 60}[mode]
+    assert harness.run_ranks(agent_save_ranks, 2, cairnd.address, step, mode,
+                             agent.socket) == [True, True]
+    show = cairnd.cli("show", JOB, str(step)).stdout
+    assert "COMMITTED" in show and "ranks 2" in show, show
+    for world in (3, 1):
+        assert harness.run_ranks(load_ranks, world, cairnd.address,
+                                 step) == [step] * world
+
+
+def reused_writer_ranks(rank, world, address, socket):
+    """One writer for two async_saves whose steps come only from
+    checkpoint_id: each is staged with a host copy (the writer cannot know
+    the step in stage()), then saved through the agent."""
+    full, objects = expected_state()
+    sd = dtensor_state(full, objects, world, (0, 0))
+    writer = ctorch.CairnStorageWriter(agent_socket=socket)
+    states = []
+    for step in (70, 80):
+        res = dcp.async_save(sd, storage_writer=writer,
+                             checkpoint_id=uri(address, step))
+        wait_async(res)
+        states.append((writer.last_info.step, writer.last_info.state))
+    return states
+
+
+def test_a_reused_agent_writer_saves_each_step_it_is_given(cairnd,
+                                                           start_agent):
+    agent = start_agent(cairnd.address)
+    assert harness.run_ranks(reused_writer_ranks, 2, cairnd.address,
+                             agent.socket) == [
+        [(70, "COMMITTED"), (80, "COMMITTED")]] * 2
+    assert harness.run_ranks(load_ranks, 1, cairnd.address, 80) == [80]
+
+
+def test_agent_only_options_need_an_agent(monkeypatch):
+    monkeypatch.delenv("CAIRN_AGENT_SOCKET", raising=False)
+    with pytest.raises(cairn_errors.InvalidArgumentError,
+                       match=r"\['copy_threads'\] need an agent_socket"):
+        ctorch.CairnStorageWriter("127.0.0.1:1", JOB, 1, copy_threads=2)
+
+
+def test_an_entry_named_like_cairns_planner_data_is_refused(cairnd):
+    from cairn._dcp import PLANNER_DATA_FQN  # pylint: disable=import-outside-toplevel
+    sd = {PLANNER_DATA_FQN: torch.zeros(3), "w": torch.ones(2)}
+    with pytest.raises(dcp.api.CheckpointException,
+                       match=f"'{PLANNER_DATA_FQN}' is the name "
+                       "Cairn keeps DCP's planner_data under"):
+        dcp.save(sd, storage_writer=ctorch.CairnStorageWriter(),
+                 checkpoint_id=uri(cairnd.address, 95), no_dist=True)
+    assert cairnd.cli("show", JOB, "95", check=False).returncode != 0
+
+
+def async_beside_training_ranks(rank, world, address):
+    """Training's collectives on the default group while dcp.async_save runs
+    on a group of its own given only to async_save (DCP does not hand it to
+    the writer): the writer must not run a collective of its own on the
+    default group from DCP's thread."""
+    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+    group = dist.new_group(backend="gloo")
+    x = torch.ones(1 << 14)
+    total = 0.0
+    steps = []
+    for step in (110, 120, 130):
+        sd = {"w": torch.full((1000,), float(step)),
+              f"rank{rank}": torch.tensor([rank])}
+        res = dcp.async_save(sd, storage_writer=ctorch.CairnStorageWriter(),
+                             checkpoint_id=uri(address, step),
+                             process_group=group)
+        for _ in range(100):
+            x.fill_(1.0)
+            dist.all_reduce(x)
+            total += float(x[-1])
+        wait_async(res)
+        steps.append(step)
+    return steps, total
+
+
+def test_async_save_beside_training_collectives_on_the_default_group(cairnd):
+    got = harness.run_ranks(async_beside_training_ranks, 2, cairnd.address)
+    assert [g[0] for g in got] == [[110, 120, 130]] * 2
+    assert {g[1] for g in got} == {600.0}  # 300 all_reduces of 1 + 1
+    assert latest_step(cairnd.address) == 130
