@@ -3,36 +3,65 @@
 
 One run, same machine, same state in every path: 8 fp32 matrices
 "model.layers.<t>.weight" of [rows, 4096] (rows = bytes / 8 / 4096 / 4, the C++
-example's `bench:<bytes>` model; ~1.6 GB by default),
-  save   4 ranks, rows sharded (torch.chunk rules, ShardedTensor
-         ChunkShardingSpec(dim=0) in Python, layout 4:S0 in C++), every byte
-         durable and committed
-  load2  page cache dropped, 2 ranks sharded by columns (dim 1 / 2:S1): a
-         resharding load; every loaded byte is checked bit-exactly afterwards
-through four paths:
-  direct    cairn.Checkpointer(...).save(1, state) / .load(state, step=1): the
-            Python direct API with a dict of ShardedTensors
-  dcp_cairn torch 1.13 DCP save_state_dict / load_state_dict with
-            cairn.torch.CairnStorageWriter / CairnStorageReader
+example's `bench:<bytes>` model; ~1.6 GB by default), held in Python as
+DTensors on a 1-D DeviceMesh of the ranks (gloo, CPU; torch.chunk rules, as
+the C++ example's layouts):
+  save   4 ranks, rows sharded (Shard(0); layout 4:S0 in C++), every byte
+         durable and committed (step 1)
+  async  the same 4 ranks, right after: async_save of step 2; its tensors are
+         overwritten as soon as the call returns (training goes on), so the
+         load4 below checks the snapshot was whole when the call returned
+  load2  page cache dropped, 2 ranks sharded by columns (Shard(1) / 2:S1): a
+         resharding load of step 1, "4 rows -> 2 columns"
+  load4  page cache dropped, 4 ranks by rows (Shard(0) / 4:S0): the same
+         layout, of step 2 (the C++ path loads its step 1)
+Every loaded byte is checked bit-exactly afterwards, outside the timed part.
+Paths:
+  direct    cairn.Checkpointer(...).save(1, state) / .load(state, step=1) /
+            .async_save(2, state) (no agent: a host snapshot, saved on a
+            background thread): the Python direct API with a dict of DTensors
+  dcp_cairn torch.distributed.checkpoint's dcp.save / dcp.load /
+            dcp.async_save with cairn.torch.CairnStorageWriter /
+            CairnStorageReader and checkpoint_id "cairn://HOST:PORT/JOB/STEP"
+            (async: the writer is DCP's AsyncStager; without an agent its
+            stage() makes one host copy; THREAD mode)
   cpp       the C++ example (cairn_train_example, one process per rank), run
             by bench/e2e_bench.py's own cairn_run (imported, not copied); it
-            also runs its load2_whole and load4, reported in the JSON only
-  dcp_fs    torch 1.13 DCP with its own FileSystemWriter(sync_files=True) /
-            FileSystemReader
+            also runs load2_whole, reported in the JSON only; no async row
+  dcp_fs    DCP with its own FileSystemWriter(path, sync_files=True,
+            thread_count=N) / FileSystemReader(path) (torch 2.15's reader has
+            no thread count), once per --dcp-threads N (default 1 and 8:
+            tools dcp_fs_t1, dcp_fs_t8); async: dcp.async_save, THREAD mode,
+            with the DefaultStager dcp.async_save builds for a writer that
+            is not a stager (StagingOptions all off: synchronous staging into
+            plain host memory; pinned memory and non-blocking copies need an
+            accelerator)
+"vs DCP" compares with the better of the dcp_fs thread counts, phase by
+phase (in the per-round ratios: the better one of that round).
+
 Every Python path's ranks are spawned processes (torch.multiprocessing, gloo);
 a phase is timed from a barrier to the last rank done: max(t1) - min(t0),
 excluding process start, tensor fill and verification. The C++ path's times
 are e2e_bench's (from libcairn's stats: first plan to last commit / last byte
 in place), which leaves out the process's own set-up, so the Python / C++
 ratios are, if anything, pessimistic for Python. The Python paths' JSON also
-carries libcairn's own stats time (direct_save_cairn_s: plan + io + commit of
-the slowest rank) for comparison.
+carries libcairn's own stats time (save_cairn_s, load*_cairn_s: plan + io +
+commit of the slowest rank) where the path exposes it.
+
+async_save, per rank, after a barrier: "blocked" is the call to its return
+(the time training is held; the max over ranks is reported), "to committed"
+the call to its future's result (max(done) - min(call)). For reference each
+rank also times, after a barrier and just before, one copy of its own bytes:
+copy_ into tensors allocated and touched beforehand (memory bandwidth alone)
+and clone() (allocation and page faults too, as a snapshot into fresh memory
+pays); max over ranks. 4 ranks share the machine's cores exactly as they do
+during the async_save.
 
 Rounds are interleaved because this VM's disk drifts by 2x within minutes:
 each of --repeat rounds measures the limit (bench/baselines/limits.sh, as
-e2e_bench does) and then runs every path once, the four paths in a rotating
-order. Each path's figure is its best round; the table also gives the
-per-round ratios.
+e2e_bench does; --limit-sweep picks its sweep) and then runs every path once,
+in a rotating order. Each path's figure is its best round (times: the
+smallest); the tables also give per-round ratios.
 
 Python overhead of a save of 1,000 small tensors (--small-tensors, 256 fp32
 each), one rank, against one cairnd. Two saves of the same tensors alternate,
@@ -50,14 +79,18 @@ reported too.
 
 Usage: bench/python_bench.py [--build build] [--dir /tmp/cairn-py-bench]
        [--bytes 1.6e9] [--repeat 3] [--no-drop-caches] [--skip-limits]
-       [--paths direct,dcp_cairn,cpp,dcp_fs] [--timeout S]
+       [--limit-sweep full|quick] [--paths direct,dcp_cairn,cpp,dcp_fs]
+       [--dcp-threads 1,8] [--timeout S]
        bench/python_bench.py --smoke [--build build] [--dir DIR]
-Run as root (sudo) for cold loads; without root the loads are warm (a
-warning says so). Prints one JSON line per path and round, then markdown
-tables. Exits non-zero when any path fails or a loaded byte differs.
+Run it with an interpreter that has torch with DTensor and
+torch.distributed.checkpoint's dcp.save (the project's .venv), as root for
+cold loads; without root the loads are warm (a warning says so). Prints one
+JSON line per path and round, then markdown tables. Exits non-zero when any
+path fails or a loaded byte differs.
 
 --smoke (ctest label bench-smoke): 32 MiB, one round, no page-cache drop,
-every path and the small-tensor save once; numbers are meaningless.
+the smoke limit sweep, every path and the small-tensor save once; numbers
+are meaningless.
 
 Benchmarks never assert times.
 """
@@ -79,9 +112,13 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "baselines"))
 import e2e_bench  # noqa: E402  (the C++ path, the page-cache drop, run_json)
 
 PATHS = ("direct", "dcp_cairn", "cpp", "dcp_fs")
+PHASES = ("save", "load2", "load4")
 COLS = 4096
 TENSORS = 8
 SENTINEL = -1.0
+# Phase -> (ranks, sharded dim, step loaded); the save phase saves step 1 and
+# async-saves step 2.
+PHASE_LAYOUT = {"save": (4, 0, None), "load2": (2, 1, 1), "load4": (4, 0, 2)}
 
 
 def fqn(t):
@@ -89,14 +126,6 @@ def fqn(t):
 
 
 # ------------------------------------------------------------- rank side
-
-def _rank_imports():
-    """torch, cairn and DCP, imported in the rank processes only (cairn first:
-    it makes torch 1.13's sharded tensors importable on Python 3.11)."""
-    import cairn  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    import torch  # pylint: disable=import-outside-toplevel
-    return torch
-
 
 def expected_block(torch, t, row0, nrows, col0, ncols):
     """The fill: float32(((i * 2654435761) + t * 40503) mod 2**24) of global
@@ -109,117 +138,218 @@ def expected_block(torch, t, row0, nrows, col0, ncols):
     return idx.to(torch.float32)
 
 
-def _row_blocks(meta, fn):
-    row0, col0 = meta.shard_offsets
-    nrows, ncols = meta.shard_sizes
+def chunk_range(n, world, rank):
+    """[begin, end) of `rank`'s part of n under torch.chunk rules (what
+    DTensor's Shard gives; the last ranks may get less, or nothing)."""
+    size = -(-n // world)
+    return min(rank * size, n), min((rank + 1) * size, n)
+
+
+def local_box(rows, world, dim, rank):
+    """(row0, nrows, col0, ncols) of this rank's local tensor."""
+    extent = (rows, COLS)
+    begin, end = chunk_range(extent[dim], world, rank)
+    box = [[0, rows], [0, COLS]]
+    box[dim] = [begin, end - begin]
+    return box[0][0], box[0][1], box[1][0], box[1][1]
+
+
+def _row_blocks(box, fn):
+    row0, nrows, col0, ncols = box
     step = max(1, (1 << 22) // max(1, ncols))
     for r in range(0, nrows, step):
         fn(r, min(step, nrows - r), row0 + r, col0, ncols)
 
 
-def make_state(torch, rows, world, dim, fill):
-    """This rank's dict of ShardedTensors, sharded over `world` ranks by `dim`."""
-    from torch.distributed._shard import sharded_tensor  # pylint: disable=import-outside-toplevel
-    from torch.distributed._shard.sharding_spec import ChunkShardingSpec  # pylint: disable=import-outside-toplevel
-    spec = ChunkShardingSpec(dim=dim, placements=[f"rank:{r}/cpu" for r in range(world)])
+def make_state(torch, mesh, rows, world, dim, rank, fill):
+    """This rank's dict of DTensors [rows, COLS] on `mesh`, Shard(dim), filled
+    with the expected values or with SENTINEL; and this rank's box."""
+    from torch.distributed.tensor import DTensor, Shard  # pylint: disable=import-outside-toplevel
+    box = local_box(rows, world, dim, rank)
     state = {}
     for t in range(TENSORS):
-        st = sharded_tensor.empty(spec, rows, COLS, dtype=torch.float32)
-        for shard in st.local_shards():
-            local = shard.tensor
-            if not fill:
-                local.fill_(SENTINEL)
-                continue
-
+        local = torch.empty(box[1], box[3], dtype=torch.float32)
+        if fill:
             def write(r, n, g_row0, col0, ncols, local=local, t=t):
                 local[r:r + n].copy_(expected_block(torch, t, g_row0, n, col0, ncols))
 
-            _row_blocks(shard.metadata, write)
-        state[fqn(t)] = st
-    return state
+            _row_blocks(box, write)
+        else:
+            local.fill_(SENTINEL)
+        state[fqn(t)] = DTensor.from_local(local, mesh, [Shard(dim)], run_check=False,
+                                           shape=torch.Size([rows, COLS]),
+                                           stride=(COLS, 1))
+    return state, box
 
 
-def verify_state(torch, state, rank):
+def verify_state(torch, state, box, rank):
     """Error strings naming rank, fqn and the first differing element."""
     errors = []
     for t in range(TENSORS):
-        for shard in state[fqn(t)].local_shards():
-            local, meta = shard.tensor, shard.metadata
+        local = state[fqn(t)].to_local()
 
-            def check(r, n, g_row0, col0, ncols, local=local, t=t, meta=meta):
-                got = local[r:r + n].view(torch.int32)
-                want = expected_block(torch, t, g_row0, n, col0, ncols).view(torch.int32)
-                if not torch.equal(got, want):
-                    bad = (got != want).nonzero()
-                    lr, lc = bad[0].tolist()
-                    errors.append(
-                        f"rank {rank} fqn {fqn(t)} shard {meta.shard_offsets}+"
-                        f"{meta.shard_sizes}: {bad.shape[0]} elements differ, first at "
-                        f"({g_row0 + lr}, {col0 + lc}): got "
-                        f"{local[r + lr, lc].item()} want {float(want[lr, lc].view(torch.float32))}")
+        def check(r, n, g_row0, col0, ncols, local=local, t=t):
+            got = local[r:r + n].view(torch.int32)
+            want = expected_block(torch, t, g_row0, n, col0, ncols).view(torch.int32)
+            if not torch.equal(got, want):
+                bad = (got != want).nonzero()
+                lr, lc = bad[0].tolist()
+                errors.append(
+                    f"rank {rank} fqn {fqn(t)} box rows {box[0]}+{box[1]} cols "
+                    f"{box[2]}+{box[3]}: {bad.shape[0]} elements differ, first at "
+                    f"({g_row0 + lr}, {col0 + lc}): got "
+                    f"{local[r + lr, lc].item()} want {float(want[lr, lc].view(torch.float32))}")
 
-            _row_blocks(meta, check)
+        _row_blocks(box, check)
     return errors
+
+
+def cairn_id(cfg, step):
+    return f"cairn://{cfg['coordinator']}/{cfg['job']}/{step}"
+
+
+def fs_path(cfg, step):
+    return os.path.join(cfg["fs_dir"], str(step))
+
+
+def sync_save(path, cfg, dcp, ckpt, state):
+    """Saves `state` as step 1; returns libcairn's stats (or {})."""
+    if path == "direct":
+        ckpt.save(1, state)
+        return dict(ckpt.last_stats)
+    if path == "dcp_cairn":
+        from cairn.torch import CairnStorageWriter  # pylint: disable=import-outside-toplevel
+        w = CairnStorageWriter()
+        dcp.save(state, storage_writer=w, checkpoint_id=cairn_id(cfg, 1))
+        return dict(w.last_stats)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(
+        fs_path(cfg, 1), sync_files=True, thread_count=cfg["threads"]))
+    return {}
+
+
+def load(path, cfg, dcp, ckpt, state, step):
+    """Loads `step` into `state` in place; returns libcairn's stats (or {})."""
+    if path == "direct":
+        ckpt.load(state, step=step)
+        return dict(ckpt.last_stats)
+    if path == "dcp_cairn":
+        from cairn.torch import CairnStorageReader  # pylint: disable=import-outside-toplevel
+        dcp.load(state, storage_reader=CairnStorageReader(),
+                 checkpoint_id=cairn_id(cfg, step))
+        return {}
+    dcp.load(state, storage_reader=dcp.FileSystemReader(fs_path(cfg, step)))
+    return {}
+
+
+def memcpy_reference(torch, dist, locals_):
+    """(copy_ seconds, clone seconds) of this rank's bytes, each after a
+    barrier (every rank copies at once, as during async_save)."""
+    dst = [torch.empty_like(x) for x in locals_]
+    for d in dst:
+        d.fill_(0.0)  # fault the pages in: copy_ then measures the copy alone
+    dist.barrier()
+    t0 = time.monotonic()
+    for d, x in zip(dst, locals_):
+        d.copy_(x)
+    copy_s = time.monotonic() - t0
+    del dst
+    dist.barrier()
+    t0 = time.monotonic()
+    clones = [x.clone() for x in locals_]
+    clone_s = time.monotonic() - t0
+    del clones
+    return copy_s, clone_s
+
+
+def timed_async_save(path, cfg, dcp, ckpt, state):
+    """async_save of step 2 after a barrier, then the tensors overwritten
+    (training goes on) and the future waited for; returns (call, return,
+    done) monotonic times."""
+    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+    stager = None
+    dist.barrier()
+    t_call = time.monotonic()
+    if path == "direct":
+        fut = ckpt.async_save(2, state)
+    elif path == "dcp_cairn":
+        from cairn.torch import CairnStorageWriter  # pylint: disable=import-outside-toplevel
+        fut = dcp.async_save(state, storage_writer=CairnStorageWriter(),
+                             checkpoint_id=cairn_id(cfg, 2))
+    else:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # pylint: disable=import-outside-toplevel
+        stager = DefaultStager(StagingOptions(use_pinned_memory=False,
+                                              use_shared_memory=False,
+                                              use_async_staging=False,
+                                              use_non_blocking_copy=False))
+        fut = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(
+            fs_path(cfg, 2), sync_files=True, thread_count=cfg["threads"]),
+            async_stager=stager)
+    t_ret = time.monotonic()
+    for value in state.values():
+        value.to_local().fill_(SENTINEL)
+    result = fut.result()
+    t_done = time.monotonic()
+    if stager is not None:
+        stager.close()
+    if path == "direct" and result.state != "COMMITTED":
+        raise RuntimeError(f"async_save of step 2 ended {result.state}")
+    return t_call, t_ret, t_done
 
 
 def rank_main(rank, world, path, phase, cfg, port, queue):
     """One rank of one phase of one path; reports timing and errors to `queue`."""
     try:
-        torch = _rank_imports()
         import cairn  # pylint: disable=import-outside-toplevel
+        import torch  # pylint: disable=import-outside-toplevel
         import torch.distributed as dist  # pylint: disable=import-outside-toplevel
-        from torch.distributed._shard import checkpoint as dcp  # pylint: disable=import-outside-toplevel
+        import torch.distributed.checkpoint as dcp  # pylint: disable=import-outside-toplevel
+        from torch.distributed.device_mesh import init_device_mesh  # pylint: disable=import-outside-toplevel
         torch.set_num_threads(1)
         # run_phase serves the rendezvous store (rendezvous_store).
         store = dist.TCPStore("127.0.0.1", port, world, False)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+        mesh = init_device_mesh("cpu", (world,))
+        _, dim, step = PHASE_LAYOUT[phase]
         save = phase == "save"
-        state = make_state(torch, cfg["rows"], world, 0 if save else 1, fill=save)
+        state, box = make_state(torch, mesh, cfg["rows"], world, dim, rank, fill=save)
         ckpt = None
         if path == "direct":
             ckpt = cairn.Checkpointer(coordinator=cfg["coordinator"], job=cfg["job"],
                                       rank=rank, world_size=world)
+        out = {"rank": rank, "errors": []}
         dist.barrier()
-        t0 = time.monotonic()
-        stats = {}
-        if path == "direct":
-            if save:
-                ckpt.save(1, state)
-            else:
-                ckpt.load(state, step=1)
-            stats = dict(ckpt.last_stats)
-        elif path == "dcp_cairn":
-            from cairn.torch import CairnStorageReader, CairnStorageWriter  # pylint: disable=import-outside-toplevel
-            if save:
-                w = CairnStorageWriter(cfg["coordinator"], cfg["job"], step=1)
-                dcp.save_state_dict(state, w)
-                stats = dict(w.last_stats)
-            else:
-                dcp.load_state_dict(state, CairnStorageReader(cfg["coordinator"],
-                                                              cfg["job"], step=1))
-        else:  # dcp_fs
-            if save:
-                dcp.save_state_dict(state, dcp.FileSystemWriter(cfg["fs_dir"],
-                                                                sync_files=True))
-            else:
-                dcp.load_state_dict(state, dcp.FileSystemReader(cfg["fs_dir"]))
-        t1 = time.monotonic()
-        errors = [] if save else verify_state(torch, state, rank)[:10]
+        out["t0"] = time.monotonic()
+        if save:
+            stats = sync_save(path, cfg, dcp, ckpt, state)
+        else:
+            stats = load(path, cfg, dcp, ckpt, state, step)
+        out["t1"] = time.monotonic()
+        out["cairn_s"] = sum(float(stats.get(k, 0.0)) for k in ("plan_time", "io_time",
+                                                                "commit_time"))
+        if save:
+            locals_ = [v.to_local() for v in state.values()]
+            out["rank_bytes"] = sum(x.numel() * x.element_size() for x in locals_)
+            out["copy_s"], out["clone_s"] = memcpy_reference(torch, dist, locals_)
+            del locals_
+            out["call"], out["ret"], out["done"] = timed_async_save(path, cfg, dcp,
+                                                                    ckpt, state)
+        else:
+            out["errors"] = verify_state(torch, state, box, rank)[:10]
+        if ckpt is not None:
+            ckpt.close()
         dist.barrier()
         dist.destroy_process_group()
-        cairn_s = sum(float(stats.get(k, 0.0)) for k in ("plan_time", "io_time",
-                                                         "commit_time"))
-        queue.put({"rank": rank, "t0": t0, "t1": t1, "cairn_s": cairn_s,
-                   "errors": errors})
+        queue.put(out)
     except BaseException as e:  # pylint: disable=broad-except
         queue.put({"rank": rank,
                    "errors": [f"rank {rank} {path} {phase}: {repr(e)[:1000]}"]})
         raise
 
 
-def run_phase(path, phase, world, cfg, timeout):
-    """Spawns `world` ranks; returns (seconds, slowest libcairn time)."""
+def run_phase(path, phase, cfg, timeout):
+    """Spawns the phase's ranks; returns their reports."""
     import torch.multiprocessing as mp  # pylint: disable=import-outside-toplevel
+    world = PHASE_LAYOUT[phase][0]
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     store = rendezvous_store(world)
@@ -248,8 +378,7 @@ def run_phase(path, phase, world, cfg, timeout):
     if errors or len(results) != world:
         raise RuntimeError(f"{path} {phase} ({world} ranks) failed:\n  " +
                            "\n  ".join(errors or ["a rank reported nothing"]))
-    seconds = max(r["t1"] for r in results) - min(r["t0"] for r in results)
-    return seconds, max(r["cairn_s"] for r in results)
+    return results
 
 
 # ------------------------------------------------------------- parent side
@@ -297,25 +426,43 @@ class Cairnd:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
-def python_path_run(args, path, rows, total):
-    """One round of a Python path: save with 4 ranks, drop caches, load2."""
-    res = {"tool": path, "bytes": total}
+def python_path_run(args, tool, rows, total):
+    """One round of a Python path: save and async_save with 4 ranks, drop
+    caches, load2, drop caches, load4."""
+    path, threads = tool, None
+    if tool.startswith("dcp_fs_t"):
+        path, threads = "dcp_fs", int(tool[len("dcp_fs_t"):])
+    res = {"tool": tool, "bytes": total}
+    if threads is not None:
+        res["thread_count"] = threads
     cairnd = None
     fs_dir = os.path.join(args.dir, "dcp_fs")
     shutil.rmtree(fs_dir, ignore_errors=True)
     try:
-        cfg = {"rows": rows, "job": "bench-" + path, "fs_dir": fs_dir}
+        cfg = {"rows": rows, "job": "bench-" + path, "fs_dir": fs_dir, "threads": threads}
         if path != "dcp_fs":
             cairnd = Cairnd(args.build, os.path.join(args.dir, "cairn-py"))
             cfg["coordinator"] = cairnd.address
-        res["save_s"], res["save_cairn_s"] = run_phase(path, "save", 4, cfg, args.timeout)
-        res["cold"] = e2e_bench.drop_caches(args)
-        res["load2_s"], res["load2_cairn_s"] = run_phase(path, "load2", 2, cfg, args.timeout)
+        cold = True
+        for phase in PHASES:
+            if phase != "save":
+                cold = e2e_bench.drop_caches(args) and cold
+            got = run_phase(path, phase, cfg, args.timeout)
+            res[phase + "_s"] = max(r["t1"] for r in got) - min(r["t0"] for r in got)
+            res[phase + "_cairn_s"] = max(r["cairn_s"] for r in got)
+            if phase == "save":
+                res["rank_bytes"] = max(r["rank_bytes"] for r in got)
+                res["memcpy_copy_s"] = max(r["copy_s"] for r in got)
+                res["memcpy_clone_s"] = max(r["clone_s"] for r in got)
+                res["async_blocked_s"] = max(r["ret"] - r["call"] for r in got)
+                res["async_commit_s"] = (max(r["done"] for r in got) -
+                                         min(r["call"] for r in got))
+        res["cold"] = cold
     finally:
         if cairnd is not None:
             cairnd.close()
         shutil.rmtree(fs_dir, ignore_errors=True)
-    for name in ("save", "load2"):
+    for name in PHASES:
         res[name + "_GBps"] = total / res[name + "_s"] / 1e9
     return res
 
@@ -374,7 +521,11 @@ def main():
     p.add_argument("--bytes", type=float, default=None, help="default 1.6e9")
     p.add_argument("--repeat", type=int, default=None, help="rounds (default 3)")
     p.add_argument("--paths", default=",".join(PATHS))
+    p.add_argument("--dcp-threads", default="1,8",
+                   help="FileSystemWriter thread_count values, one dcp_fs run each")
     p.add_argument("--skip-limits", action="store_true")
+    p.add_argument("--limit-sweep", choices=("full", "quick"), default="full",
+                   help="limits.sh's sweep (default full; smoke runs the smoke sweep)")
     p.add_argument("--no-drop-caches", action="store_true")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds each phase's processes may run (default none; 240 smoke)")
@@ -395,6 +546,14 @@ def main():
     unknown = sorted(set(paths) - set(PATHS))
     if unknown:
         p.error(f"unknown paths {unknown} (known: {', '.join(PATHS)})")
+    threads = [int(x) for x in args.dcp_threads.split(",") if x]
+    if "dcp_fs" in paths and (not threads or min(threads) < 1):
+        p.error("--dcp-threads needs thread counts >= 1")
+    tools = []
+    for path in paths:
+        tools += [f"dcp_fs_t{n}" for n in threads] if path == "dcp_fs" else [path]
+    fs_tools = [t for t in tools if t.startswith("dcp_fs_t")]
+    py_tools = [t for t in tools if t != "cpp"]
     args.build = os.path.abspath(args.build)
     # The staged cairn package (spawned ranks inherit sys.path).
     sys.path.insert(0, os.path.join(args.build, "python"))
@@ -405,15 +564,17 @@ def main():
     model = "bench:%d" % int(args.bytes)
     e2e_args = types.SimpleNamespace(build=args.build, dir=args.dir, timeout=args.timeout,
                                      no_drop_caches=args.no_drop_caches)
+    import torch  # pylint: disable=import-outside-toplevel
     loadavg = os.getloadavg()
     print(f"python_bench: {TENSORS} x [{rows}, {COLS}] fp32 = {total} bytes, "
-          f"{args.repeat} round(s), load average {loadavg[0]:.1f}", file=sys.stderr,
-          flush=True)
+          f"{args.repeat} round(s), torch {torch.__version__}, load average "
+          f"{loadavg[0]:.1f}", file=sys.stderr, flush=True)
 
     nan = float("nan")
     rounds = []
     for i in range(args.repeat):
-        print(f"round {i + 1}/{args.repeat}", file=sys.stderr, flush=True)
+        print(f"round {i + 1}/{args.repeat}, load average {os.getloadavg()[0]:.1f}",
+              file=sys.stderr, flush=True)
         if args.skip_limits:
             limit = {"tool": "limit", "write_GBps": nan, "read_GBps": nan}
         else:
@@ -421,49 +582,94 @@ def main():
                 [os.path.join(ROOT, "bench/baselines/limits.sh"), args.dir, str(total)],
                 timeout=args.timeout,
                 env=dict(os.environ, LIMITS_REPEAT="1",
-                         LIMITS_SWEEP="smoke" if args.smoke else "full",
+                         LIMITS_SWEEP="smoke" if args.smoke else args.limit_sweep,
                          LIMITS_DROP_CACHES="0" if args.no_drop_caches else "1"))
         print(json.dumps(limit), flush=True)
         got = {"limit": limit}
-        order = paths[i % len(paths):] + paths[:i % len(paths)]
-        for path in order:
-            if path == "cpp":
+        order = tools[i % len(tools):] + tools[:i % len(tools)]
+        for tool in order:
+            if tool == "cpp":
                 res = dict(e2e_bench.cairn_run(e2e_args, model, total), tool="cpp")
             else:
-                res = python_path_run(args, path, rows, total)
+                res = python_path_run(args, tool, rows, total)
+            res["round"] = i + 1
+            res["loadavg"] = os.getloadavg()[0]
             print(json.dumps(res), flush=True)
-            got[path] = res
+            got[tool] = res
         rounds.append(got)
     small = small_save_overhead(args)
     print(json.dumps(small), flush=True)
+    print_tables(args, rows, total, rounds, tools, fs_tools, py_tools, small,
+                 torch.__version__)
 
-    def best(path, key):
-        vals = [r[path][key] for r in rounds if path in r]
-        return max(vals) if vals else nan
 
-    def ratios(a, b, key):
-        return ", ".join("%.2f" % (r[a][key] / r[b][key]) for r in rounds
-                         if a in r and b in r)
+def print_tables(args, rows, total, rounds, tools, fs_tools, py_tools, small,
+                 torch_version):
+    """The markdown tables of the run."""
+    nan = float("nan")
+
+    def best(tool, key, pick=max):
+        vals = [r[tool][key] for r in rounds if tool in r]
+        return pick(vals) if vals else nan
+
+    def dcp_best(key):
+        return max((best(t, key) for t in fs_tools), default=nan)
+
+    def per_round(fn):
+        return ", ".join("%.2f" % fn(r) for r in rounds)
+
+    def dcp_of(r, key):
+        return max(r[t][key] for t in fs_tools)
 
     print()
-    print(f"{TENSORS} x [{rows}, {COLS}] fp32 = {total / 1e9:.2f} GB; best of "
-          f"{args.repeat} round(s); GB/s = 1e9 bytes/s")
+    print(f"{TENSORS} x [{rows}, {COLS}] fp32 = {total / 1e9:.2f} GB; torch "
+          f"{torch_version}; best of {args.repeat} round(s); GB/s = 1e9 bytes/s; "
+          f"vs DCP = vs the better of {', '.join(fs_tools) or 'no dcp_fs'}")
     print()
-    print("| phase | path | GB/s | vs C++ | per round | vs DCP FileSystem | per round "
+    print("| phase | path | GB/s | vs C++ | per round | vs direct | vs DCP | per round "
           "| vs limit |")
-    print("|---|---|---|---|---|---|---|---|")
-    for phase, lim_key in (("save", "write_GBps"), ("load2", "read_GBps")):
+    print("|---|---|---|---|---|---|---|---|---|")
+    names = {"save": "save 4 rows", "load2": "load 4 rows -> 2 cols",
+             "load4": "load 4 -> 4"}
+    for phase, lim_key in (("save", "write_GBps"), ("load2", "read_GBps"),
+                           ("load4", "read_GBps")):
         key = phase + "_GBps"
         lim = best("limit", lim_key)
-        for path in paths:
-            v = best(path, key)
-            vs_cpp = v / best("cpp", key) if "cpp" in paths else nan
-            vs_fs = v / best("dcp_fs", key) if "dcp_fs" in paths else nan
-            print("| %s | %s | %.2f | %.0f%% | %s | %.2fx | %s | %.0f%% |" % (
-                phase, path, v, 100 * vs_cpp,
-                ratios(path, "cpp", key) if "cpp" in paths else "",
-                vs_fs, ratios(path, "dcp_fs", key) if "dcp_fs" in paths else "",
-                100 * v / lim))
+        for tool in tools:
+            v = best(tool, key)
+            cells = [names[phase], tool, "%.2f" % v]
+            if "cpp" in tools:
+                cells += ["%.0f%%" % (100 * v / best("cpp", key)),
+                          per_round(lambda r, t=tool: r[t][key] / r["cpp"][key])]
+            else:
+                cells += ["", ""]
+            cells.append("%.2f" % (v / best("direct", key)) if "direct" in tools else "")
+            if fs_tools:
+                cells += ["%.2fx" % (v / dcp_best(key)),
+                          per_round(lambda r, t=tool: r[t][key] / dcp_of(r, key))]
+            else:
+                cells += ["", ""]
+            cells.append("%.0f%%" % (100 * v / lim))
+            print("| " + " | ".join(cells) + " |")
+    if py_tools:
+        print()
+        print(f"async_save, 4 ranks of {best(py_tools[0], 'rank_bytes') / 1e6:.0f} MB "
+              f"each; seconds, best of rounds (the smallest); blocked = call to "
+              f"return, max over ranks")
+        print()
+        print("| path | blocked | per round | copy_ of the rank's bytes | clone | "
+              "blocked / copy_ | per round | to committed | per round |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for tool in py_tools:
+            def ratio(r, t=tool):
+                return r[t]["async_blocked_s"] / r[t]["memcpy_copy_s"]
+            print("| %s | %.3f | %s | %.3f | %.3f | %.2f | %s | %.2f | %s |" % (
+                tool, best(tool, "async_blocked_s", min),
+                per_round(lambda r, t=tool: r[t]["async_blocked_s"]),
+                best(tool, "memcpy_copy_s", min), best(tool, "memcpy_clone_s", min),
+                min(ratio(r) for r in rounds), per_round(ratio),
+                best(tool, "async_commit_s", min),
+                per_round(lambda r, t=tool: r[t]["async_commit_s"])))
     print()
     print("| small save: %d x 256 fp32, 1 rank, median of %d pairs | ms |" %
           (small["tensors"], small["saves"]))
