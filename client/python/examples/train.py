@@ -36,7 +36,8 @@ resumed run needs to continue exactly:
 
 async_save copies the state (staging) and returns; the save runs in a
 background thread while training goes on, and is waited for before the next
-one. It runs on a gloo group of its own, passed to async_save and to
+one. With --agent-socket (or CAIRN_AGENT_SOCKET) the copy goes straight into
+the node's cairn-agent's shared memory, and the agent writes it. It runs on a gloo group of its own, passed to async_save and to
 CairnStorageWriter both: the save's collectives (DCP's, and one of the
 writer's own: DCP does not tell the writer its group) run in that thread
 while FSDP's run on the default group in the training thread, and two
@@ -65,6 +66,7 @@ scheduler, data stream and RNG, and training continues after its step.
 Usage:
   train.py --coordinator HOST:PORT --job NAME [--world-size 2] [--steps 40]
            [--save-every 10] [--final-state PATH] [--rank R]
+           [--agent-socket PATH]
 Coordinator and job default to $CAIRN_COORDINATOR and $CAIRN_JOB; with
 --rank R (or $RANK) this process runs rank R only and meets the others at
 $MASTER_ADDR:$MASTER_PORT. Each rank prints its pid; rank 0 prints a line
@@ -297,9 +299,14 @@ def resume(state, args, rank, world_size):
 def async_save(state, args, group):
     """Starts saving the current state as checkpoint train.step; returns
     DCP's future (its result() returns once the checkpoint is committed)."""
+    ckpt_id = checkpoint_id(args, state["train"].step)
+    # The writer is given the step too: with a cairn-agent it then stages
+    # straight into the agent's shared memory (one copy).
     return dcp.async_save(
-        state, checkpoint_id=checkpoint_id(args, state["train"].step),
-        storage_writer=CairnStorageWriter(process_group=group),
+        state, checkpoint_id=ckpt_id,
+        storage_writer=CairnStorageWriter(checkpoint_id=ckpt_id,
+                                          process_group=group,
+                                          agent_socket=args.agent_socket),
         process_group=group)
 
 
@@ -419,6 +426,11 @@ def parse_args(argv=None):
     p.add_argument("--final-state", default=None,
                    help="rank 0 torch.saves the full model and optimizer "
                         "state here at the end")
+    p.add_argument("--agent-socket",
+                   default=os.environ.get("CAIRN_AGENT_SOCKET") or None,
+                   help="save through this node's cairn-agent (default "
+                        "CAIRN_AGENT_SOCKET): async_save then blocks for one "
+                        "copy into its shared memory")
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--timeout", type=float, default=300.0,

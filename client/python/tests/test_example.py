@@ -45,15 +45,16 @@ KILL_AFTER = "step 5 committed"  # printed as step 10's save begins
 RUN_TIMEOUT_S = 300
 
 
-def _command(cairnd, job, world, steps, final_state):
+def _command(cairnd, job, world, steps, final_state, extra=()):
     return [sys.executable, str(EXAMPLE), "--coordinator", cairnd.address,
             "--job", job, "--world-size", str(world), "--steps", str(steps),
             "--save-every", str(SAVE_EVERY), "--timeout", "120",
-            "--final-state", str(final_state)]
+            "--final-state", str(final_state), *extra]
 
 
-def _train(cairnd, job, tmp_path, final_state, world=WORLD, steps=STEPS):
-    cmd = _command(cairnd, job, world, steps, final_state)
+def _train(cairnd, job, tmp_path, final_state, world=WORLD, steps=STEPS,
+           extra=()):
+    cmd = _command(cairnd, job, world, steps, final_state, extra)
     r = subprocess.run(cmd, capture_output=True, text=True,
                        timeout=RUN_TIMEOUT_S, cwd=tmp_path, env=dict(os.environ))
     assert r.returncode == 0, (
@@ -240,6 +241,28 @@ def test_resumed_into_another_world_size(run_a, tmp_path):
     assert "model.head.weight" in changed, changed
     assert all(torch.isfinite(v).all() for v in after.values()
                if isinstance(v, torch.Tensor))
+
+
+def test_saves_through_a_cairn_agent(run_a, tmp_path, cairn_bin):
+    """--agent-socket: async_save stages into the agent's shared memory and
+    the agent commits; the checkpoints are the ones run A wrote directly."""
+    cairnd = run_a.cairnd
+    agent = harness.Agent.start(cairn_bin, tmp_path, cairnd.address, 0, 1, ())
+    try:
+        _train(cairnd, "run-c", tmp_path, tmp_path / "c.pt",
+               extra=("--agent-socket", agent.socket))
+        log = harness.tail(agent.log, 400)
+    finally:
+        agent.kill()
+    for rank in range(WORLD):  # the agent wrote them, not the ranks
+        assert f"job 'run-c' step {STEPS} rank {rank} committed" in log, log
+    assert sorted(_checkpoints(cairnd, "run-c")) == EVERY
+    assert _differences(run_a.final_state, tmp_path / "c.pt") == []
+    for step in (SAVE_EVERY, STEPS):
+        for fqn in ("train.model.head.weight",
+                    "train.optim.state.head.weight.exp_avg"):
+            assert torch.equal(_stored(cairnd, "run-c", step, fqn),
+                               _stored(cairnd, "run-a", step, fqn)), (step, fqn)
 
 
 def test_missing_coordinator_is_a_usage_error(tmp_path):
