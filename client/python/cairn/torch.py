@@ -69,6 +69,7 @@ import torch  # noqa: E402  pylint: disable=wrong-import-position
 from cairn import _dcp  # noqa: E402  pylint: disable=wrong-import-position
 from cairn import _dcp_import  # noqa: E402  pylint: disable=wrong-import-position
 from cairn import errors  # noqa: E402  pylint: disable=wrong-import-position
+from cairn.checkpointer import _AGENT_ONLY_OPTIONS  # noqa: E402  pylint: disable=wrong-import-position
 from cairn._dcp_import import ImportResult, import_dcp  # noqa: E402,F401  pylint: disable=wrong-import-position
 
 _api = _dcp.api()
@@ -76,9 +77,6 @@ _api = _dcp.api()
 __all__ = ["CairnStorageWriter", "CairnStorageReader", "import_dcp",
            "ImportResult"]
 
-# Options only an AgentCheckpointer takes (as cairn.Checkpointer's).
-_AGENT_ONLY_OPTIONS = frozenset({"copy_threads", "wait_for_space",
-                                 "allow_streaming"})
 
 
 @dataclasses.dataclass
