@@ -1,5 +1,6 @@
 // libcairn against a real cairnd server (the Coordinator library behind its
-// gRPC service, in-process, on loopback port 0, posix storage in a temp dir).
+// gRPC service, in-process, on loopback port 0, posix storage in a temp dir),
+// including a restarted job saving a step its killed process was waiting in.
 #include "client/checkpointer.h"
 
 #include <unistd.h>
@@ -15,8 +16,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "cairn/v1/cairn.grpc.pb.h"
 #include "client/checkpoint_info_proto.h"
+#include "client/protocol/coordinator_call.h"
+#include "client/protocol/save_protocol.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
+#include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator_server.h"
@@ -795,6 +801,157 @@ TEST_F(CheckpointerTest, CancelEndsALoadWaitingInVerifyLoad) {
     want.insert(want.end(), w.begin() + row * 16, w.begin() + row * 16 + 8);
   }
   EXPECT_EQ(buf, want);
+}
+
+// A job restarts and saves a step that a process of its previous run was
+// waiting in: that run's rank 0 called Save(10) and was killed in BeginSave
+// (its rank 1 never came); then the new processes save step 10, in either
+// order or at once. The save commits with the new processes' bytes and no
+// attempt is aborted: the dead process's arrival never makes a plan, and
+// nothing waits cairnd's begin deadline for a rank that was told to fail.
+class CheckpointerRestartTest : public CheckpointerTest {
+ protected:
+  static constexpr int64_t kStep = 10;
+
+  void SetUp() override {
+    CheckpointerTest::SetUp();
+    // Far beyond a save here, far below the test's timeout.
+    spec_.coordinator.begin_deadline = absl::Seconds(30);
+  }
+
+  // Rank `rank` of 2's old process saving kStep, killed while it waits in
+  // BeginSave: its call is cancelled, which is what cairnd sees of a
+  // process that dies (its connection closes). Returns once cairnd has.
+  void KillWhileInBeginSave(int rank) {
+    StateDict state;
+    std::vector<char> buf;
+    ASSERT_TRUE(AddW(state, rank, 2, buf, Placement::Shard(0)).ok());
+    absl::StatusOr<planner::LocalSavePlan> local = state.ToLocalPlan(rank);
+    ASSERT_TRUE(local.ok()) << local.status();
+    v1::BeginSaveRequest request;
+    request.set_job("job");
+    request.set_step(kStep);
+    request.set_rank(rank);
+    request.set_world_size(2);
+    request.set_incarnation(protocol::NewIncarnation());
+    convert::LocalPlanToProto(*local, request.mutable_local_plan());
+    auto stub = v1::Coordinator::NewStub(protocol::NewCoordinatorChannel(
+        absl::StrCat("127.0.0.1:", server_->port())));
+    grpc::ClientContext context;
+    v1::BeginSaveResponse response;
+    grpc::Status status;
+    std::thread call(
+        [&] { status = stub->BeginSave(&context, request, &response); });
+    const bool parked = WaitUntil(
+        [&] { return server_->coordinator().stats().saves_in_progress == 1; });
+    context.TryCancel();
+    call.join();
+    ASSERT_TRUE(parked);
+    ASSERT_EQ(status.error_code(), grpc::StatusCode::CANCELLED)
+        << status.error_message();
+    ASSERT_TRUE(WaitUntil([&] {
+      return server_->coordinator().BeginSaveCallsGoneForTest() == 1;
+    }));
+  }
+
+  // A new process of `rank` of 2 saves kStep (AddW's "w").
+  absl::StatusOr<CheckpointInfo> SaveAs(int rank) {
+    std::unique_ptr<Checkpointer> c = Connect(rank, 2);
+    if (c == nullptr) return absl::UnknownError("cannot connect");
+    StateDict state;
+    std::vector<char> buf;
+    CAIRN_RETURN_IF_ERROR(AddW(state, rank, 2, buf, Placement::Shard(0)));
+    return c->Save(kStep, state);
+  }
+
+  void ExpectSavedByTheNewProcesses(
+      const absl::StatusOr<CheckpointInfo>& rank0,
+      const absl::StatusOr<CheckpointInfo>& rank1) {
+    ASSERT_TRUE(rank0.ok()) << rank0.status();
+    ASSERT_TRUE(rank1.ok()) << rank1.status();
+    EXPECT_EQ(rank0->state, CheckpointState::kCommitted);
+    EXPECT_EQ(server_->coordinator().stats().aborts, 0);
+    EXPECT_EQ(server_->coordinator().stats().saves_in_progress, 0);
+    std::unique_ptr<Checkpointer> reader = Connect(0, 1);
+    ASSERT_NE(reader, nullptr);
+    EXPECT_EQ(LoadWholeW(*reader, kStep), SavedW());
+  }
+};
+
+// The new rank 1 first: it used to complete the world with the dead
+// process, get a plan, and fail ABORTED ("rank 0 restarted during the save;
+// the save starts over", which libcairn does not retry) when the new rank 0
+// came; the new rank 0 then waited the begin deadline for rank 1.
+TEST_F(CheckpointerRestartTest, NewRank1ThenNewRank0SaveTheStep) {
+  StartServer();
+  KillWhileInBeginSave(0);
+  const int64_t plans = server_->coordinator().stats().plans_built;
+  absl::StatusOr<CheckpointInfo> rank1 = absl::UnknownError("not run");
+  std::thread t1([&] { rank1 = SaveAs(1); });
+  // Rank 1 is in cairnd: the dead process's call was let go of (or, were it
+  // not, a plan was made with it).
+  EXPECT_TRUE(WaitUntil([&] {
+    return server_->coordinator().BeginSaveCallsGoneForTest() == 0 ||
+           server_->coordinator().stats().plans_built > plans;
+  }));
+  EXPECT_EQ(server_->coordinator().stats().plans_built, plans);
+  absl::StatusOr<CheckpointInfo> rank0 = SaveAs(0);
+  t1.join();
+  ExpectSavedByTheNewProcesses(rank0, rank1);
+}
+
+TEST_F(CheckpointerRestartTest, NewRank0ThenNewRank1SaveTheStep) {
+  StartServer();
+  KillWhileInBeginSave(0);
+  absl::StatusOr<CheckpointInfo> rank0 = absl::UnknownError("not run");
+  std::thread t0([&] { rank0 = SaveAs(0); });
+  // Rank 0's new process is in cairnd: the old one's call was let go of.
+  EXPECT_TRUE(WaitUntil(
+      [&] { return server_->coordinator().BeginSaveCallsGoneForTest() == 0; }));
+  absl::StatusOr<CheckpointInfo> rank1 = SaveAs(1);
+  t0.join();
+  ExpectSavedByTheNewProcesses(rank0, rank1);
+}
+
+TEST_F(CheckpointerRestartTest, NewRanksAtOnceSaveTheStep) {
+  StartServer();
+  KillWhileInBeginSave(0);
+  absl::StatusOr<CheckpointInfo> rank0 = absl::UnknownError("not run");
+  absl::StatusOr<CheckpointInfo> rank1 = absl::UnknownError("not run");
+  std::thread t0([&] { rank0 = SaveAs(0); });
+  std::thread t1([&] { rank1 = SaveAs(1); });
+  t0.join();
+  t1.join();
+  ExpectSavedByTheNewProcesses(rank0, rank1);
+}
+
+// Two live processes claim rank 0 (a launcher's mistake, not a restart):
+// the later one takes the rank, the earlier one, still waiting, is refused
+// with an error naming both processes and saying so; the later one's save
+// with rank 1 commits.
+TEST_F(CheckpointerRestartTest, SecondLiveProcessForARankRefusesTheFirst) {
+  StartServer();
+  absl::StatusOr<CheckpointInfo> first = absl::UnknownError("not run");
+  std::thread p([&] { first = SaveAs(0); });
+  ASSERT_TRUE(WaitUntil(
+      [&] { return server_->coordinator().stats().saves_in_progress == 1; }));
+  absl::StatusOr<CheckpointInfo> second = absl::UnknownError("not run");
+  std::thread q([&] { second = SaveAs(0); });
+  p.join();
+  EXPECT_STATUS(first.status(), kAborted,
+                "save of job 'job' step 10 aborted: rank 0 restarted during "
+                "the save (process ");
+  EXPECT_THAT(std::string(first.status().message()),
+              HasSubstr(", which is still waiting in BeginSave: two processes "
+                        "for rank 0?)"));
+  absl::StatusOr<CheckpointInfo> rank1 = SaveAs(1);
+  q.join();
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  EXPECT_EQ(second->state, CheckpointState::kCommitted);
+  std::unique_ptr<Checkpointer> reader = Connect(0, 1);
+  ASSERT_NE(reader, nullptr);
+  EXPECT_EQ(LoadWholeW(*reader, kStep), SavedW());
 }
 
 TEST(CheckpointInfoTest, FromRecordKeepsEveryFieldAndMapsUnknownStates) {

@@ -121,6 +121,13 @@ void Coordinator::Shutdown() {
   load_rounds_.Shutdown();
 }
 
+int Coordinator::BeginSaveCallsGoneForTest() const {
+  absl::MutexLock lock(&mu_);
+  int gone = 0;
+  for (const auto& [key, s] : sessions_) gone += s->CallsGone();
+  return gone;
+}
+
 Coordinator::Stats Coordinator::stats() const {
   absl::MutexLock lock(&mu_);
   Stats stats = stats_;
@@ -141,10 +148,18 @@ void Coordinator::ReaperLoop() {
     if (shutting_down_) break;
     const absl::Time now = absl::Now();
     std::vector<std::shared_ptr<SaveSession>> expired;
+    std::vector<std::function<void()>> answers;
     for (auto& [key, s] : sessions_) {
+      if (!s->Expired(now)) continue;
+      // Ranks whose processes have gone are not waiting: the deadline counts
+      // from the earliest rank still there.
+      for (auto& [r, done] : s->WithdrawDeparted()) {
+        answers.push_back([done = std::move(done)] {
+          done(absl::CancelledError("the BeginSave call was cancelled"));
+        });
+      }
       if (s->Expired(now)) expired.push_back(s);
     }
-    std::vector<std::function<void()>> answers;
     for (auto& s : expired) {
       AbortSessionLocked(
           s,

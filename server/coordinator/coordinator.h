@@ -23,7 +23,11 @@
 // restarted), or from a rank that already reported its writes (it may have
 // rewritten them), aborts that save and starts a fresh attempt, so a commit
 // never publishes an object whose bytes differ from the crc32c reported for
-// them. Results or aborts from a process not in the save are refused.
+// them. Results or aborts from a process not in the save are refused. A
+// rank whose process left the save before it was planned (its BeginSave
+// call was cancelled: the process died) is not in it any more: a new
+// process of that rank joins the save, and the world is not complete
+// without one.
 //
 // Deletion (DeleteCheckpoint, GarbageCollect, retention) marks the catalog
 // record DELETING before touching storage, then removes the MANIFEST, then
@@ -217,6 +221,10 @@ class Coordinator {
  public:
   template <typename T>
   using Done = std::function<void(absl::StatusOr<T>)>;
+  // Whether the caller of a call not yet answered has gone: its call was
+  // cancelled (the process died and its connection closed, or it gave up
+  // waiting). Called only until the call's `done` runs. Null: never known.
+  using CallerGone = std::function<bool()>;
 
   // Opens storage and the catalog, rebuilds the catalog from storage when it
   // is empty, and cleans what a crash left behind.
@@ -230,9 +238,13 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   // `done` is called exactly once, possibly on another thread, possibly
-  // before BeginSave/CommitSave return.
+  // before BeginSave/CommitSave return. A rank parked in BeginSave whose
+  // caller has gone (`gone`) no longer counts as arrived once another rank
+  // would complete the save or another process of the rank arrives: the
+  // save waits for the rank again instead of planning with a process that is
+  // gone, and a restarted process of the rank joins it (save_session.h).
   void BeginSave(const v1::BeginSaveRequest& request,
-                 Done<v1::BeginSaveResponse> done);
+                 Done<v1::BeginSaveResponse> done, CallerGone gone = nullptr);
   void CommitSave(const v1::CommitSaveRequest& request,
                   Done<v1::CommitSaveResponse> done);
   absl::Status AbortSave(const v1::AbortSaveRequest& request);
@@ -270,6 +282,10 @@ class Coordinator {
 
   const CoordinatorOptions& options() const { return options_; }
   storage::ShardStore& store() { return *store_; }
+
+  // Parked BeginSave calls whose caller has gone (CallerGone), which the
+  // save has not let go of yet.
+  int BeginSaveCallsGoneForTest() const;
 
   // Statistics for tests and metrics.
   struct Stats {
@@ -321,8 +337,15 @@ class Coordinator {
   // when it completed the arrivals), else the answer to give now.
   std::optional<absl::StatusOr<v1::BeginSaveResponse>> JoinSaveLocked(
       const v1::BeginSaveRequest& request, RankPlan mine,
-      Done<v1::BeginSaveResponse>& done, std::shared_ptr<SaveSession>* to_plan,
+      Done<v1::BeginSaveResponse>& done, CallerGone gone,
+      std::shared_ptr<SaveSession>* to_plan,
       std::vector<std::function<void()>>* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before the rank joins a gathering save: ranks whose processes have gone
+  // leave it (SaveSession::WithdrawDeparted) when the rank would complete
+  // the world, or the rank's own process in it when this is another one.
+  void ForgetDepartedRanksLocked(const v1::BeginSaveRequest& request,
+                                 std::vector<std::function<void()>>* answers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills a fingerprint-only plan from known_plans_ (left null when unknown:
   // the global plan may still be cached, see AskForMissingPlans), or

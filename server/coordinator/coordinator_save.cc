@@ -139,7 +139,7 @@ absl::Status Coordinator::CheckStepIsSavable(const std::string& job,
 }
 
 void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
-                            Done<v1::BeginSaveResponse> done) {
+                            Done<v1::BeginSaveResponse> done, CallerGone gone) {
   const std::string& job = request.job();
   const int64_t step = request.step();
   const int rank = request.rank();
@@ -161,7 +161,8 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
   std::vector<std::function<void()>> answers;
   {
     absl::MutexLock lock(&mu_);
-    reply = JoinSaveLocked(request, std::move(*mine), done, &to_plan, &answers);
+    reply = JoinSaveLocked(request, std::move(*mine), done, std::move(gone),
+                           &to_plan, &answers);
   }
   // The aborted attempt is recorded and cleaned before the new one can be.
   for (auto& a : answers) a();
@@ -173,7 +174,7 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
 
 std::optional<absl::StatusOr<v1::BeginSaveResponse>>
 Coordinator::JoinSaveLocked(const v1::BeginSaveRequest& request, RankPlan mine,
-                            Done<v1::BeginSaveResponse>& done,
+                            Done<v1::BeginSaveResponse>& done, CallerGone gone,
                             std::shared_ptr<SaveSession>* to_plan,
                             std::vector<std::function<void()>>* answers) {
   const std::string& job = request.job();
@@ -188,6 +189,7 @@ Coordinator::JoinSaveLocked(const v1::BeginSaveRequest& request, RankPlan mine,
         SaveName(job, step), " is being deleted; save it once it is gone"));
   }
   ResolveKnownPlanLocked(job, rank, &mine);
+  ForgetDepartedRanksLocked(request, answers);
   if (absl::Status s = RestartIfRankReturnedLocked(request, answers); !s.ok()) {
     return s;
   }
@@ -210,7 +212,8 @@ Coordinator::JoinSaveLocked(const v1::BeginSaveRequest& request, RankPlan mine,
   switch (session->Arrive(rank, std::move(mine.plan),
                           std::move(mine.fingerprint), request.held_plan_id(),
                           request.incarnation(),
-                          options_.max_plan_items_per_save, done, &answer)) {
+                          options_.max_plan_items_per_save, absl::Now(), done,
+                          std::move(gone), &answer)) {
     case SaveSession::Arrival::kAnswered:
       return answer;
     case SaveSession::Arrival::kAllArrived:
@@ -240,6 +243,50 @@ void Coordinator::ResolveKnownPlanLocked(const std::string& job, int rank,
       std::make_shared<const KnownPlan>(
           KnownPlan{mine->fingerprint, mine->plan}),
       mine->plan->ApproximateBytes() + job.size() + mine->fingerprint.size());
+}
+
+void Coordinator::ForgetDepartedRanksLocked(
+    const v1::BeginSaveRequest& request,
+    std::vector<std::function<void()>>* answers) {
+  const SaveKey key{request.job(), request.step()};
+  auto it = sessions_.find(key);
+  if (it == sessions_.end() || it->second->phase() != Phase::kGathering ||
+      it->second->world_size() != request.world_size()) {
+    return;
+  }
+  SaveSession& session = *it->second;
+  const int rank = request.rank();
+  const SaveSession::RankState was = session.Rank(rank);
+  std::vector<SaveSession::BeginWaiter> left;
+  if (was.in_save) {
+    // Another process for the rank: the one in the save may be gone.
+    if (request.incarnation() != 0 && was.incarnation != 0 &&
+        was.incarnation != request.incarnation()) {
+      left = session.WithdrawIfDeparted(rank);
+    }
+  } else if (session.arrived() + 1 == session.world_size()) {
+    // This rank completes the world only if every process in it is there.
+    left = session.WithdrawDeparted();
+  }
+  if (left.empty()) return;
+  std::set<int> ranks;
+  for (const auto& [r, done] : left) ranks.insert(r);
+  CAIRN_LOG(
+      info,
+      "{}: rank{} {} left the save before it was planned (its BeginSave "
+      "call was cancelled: the process exited or gave up); {}",
+      SaveName(request.job(), request.step()), ranks.size() > 1 ? "s" : "",
+      absl::StrJoin(ranks, ", "),
+      absl::StrCat("the save waits for ", ranks.size() > 1 ? "them" : "it",
+                   " again (", session.arrived(), " of ", session.world_size(),
+                   " ranks in)"));
+  for (auto& [r, done] : left) {
+    answers->push_back([done = std::move(done), r = r, key] {
+      done(absl::CancelledError(
+          absl::StrCat("rank ", r, " of ", SaveName(key.first, key.second),
+                       " left the save: its BeginSave call was cancelled")));
+    });
+  }
 }
 
 absl::Status Coordinator::RestartIfRankReturnedLocked(
@@ -276,10 +323,17 @@ absl::Status Coordinator::RestartIfRankReturnedLocked(
       victim,
       absl::AbortedError(absl::StrCat(
           "save of ", SaveName(job, step), " aborted: rank ", rank,
-          restarted ? absl::StrFormat(" restarted during the save (process "
-                                      "%016x replaced %016x)",
-                                      incarnation, was.incarnation)
-                    : " called BeginSave again after reporting its writes",
+          restarted
+              ? absl::StrFormat(
+                    " restarted during the save (process %016x replaced "
+                    "%016x%s)",
+                    incarnation, was.incarnation,
+                    was.waiting ? absl::StrCat(", which is still waiting in "
+                                               "BeginSave: two processes for "
+                                               "rank ",
+                                               rank, "?")
+                                : "")
+              : " called BeginSave again after reporting its writes",
           "; the save starts over")),
       answers);
   return absl::OkStatus();
@@ -740,9 +794,11 @@ absl::Status Coordinator::AbortSave(const v1::AbortSaveRequest& request) {
   {
     absl::MutexLock lock(&mu_);
     const int rank = request.rank();
+    // A process whose BeginSave left the save (its call was cancelled, say
+    // by Checkpointer::Cancel) and no other has joined for it still aborts it.
     const SaveSession::RankState was = session->Rank(rank);
     if (request.incarnation() != 0 &&
-        (!was.in_save ||
+        ((!was.in_save && !was.departed) ||
          (was.incarnation != 0 && was.incarnation != request.incarnation()))) {
       // An old process of a restarted rank, aborting the save it was in:
       // that one is already gone, and this one is not its to abort.

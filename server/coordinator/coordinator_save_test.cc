@@ -1,6 +1,7 @@
 // The save protocol through the coordinator (no gRPC): BeginSave,
 // CommitSave, AbortSave; plan and fingerprint caching, deadlines,
 // idempotent retries, restarted ranks, bounded sessions and tombstones.
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -589,6 +590,91 @@ TEST_F(CoordinatorTest, RestartedRankStartsTheSaveOverInsteadOfRejoiningIt) {
   // The aborted attempt's directory is gone.
   EXPECT_FALSE(std::filesystem::exists(absl::StrCat(
       data_dir_, "/", storage::StepPrefix("job", 7), AttemptOf(*r0))));
+}
+
+// A job restarts while its old rank 0 process, killed waiting in BeginSave,
+// is still in the save (cairnd sees its call cancelled): the new processes
+// save the step in that attempt, rank 1 arriving before rank 0's new
+// process and rank 2 last. Nothing is aborted; rank 1 never gets a plan
+// made with the process that is gone.
+TEST_F(CoordinatorTest, RankWhoseProcessIsGoneIsReplacedNotRestarted) {
+  Start();
+  std::atomic<bool> old0_gone = false;
+  auto old0 = Begin("job", 4, 0, 3, RankPlan(0, 3), "", 0xa0,
+                    [&] { return old0_gone.load(); });
+  old0_gone = true;
+  auto b1 = Begin("job", 4, 1, 3, RankPlan(1, 3), "", 0xb1);
+  auto b0 = Begin("job", 4, 0, 3, RankPlan(0, 3), "", 0xa1);
+  BeginResult left = old0.get();
+  EXPECT_EQ(left.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(std::string(left.status().message()),
+              HasSubstr("rank 0 of job 'job' step 4 left the save"));
+  EXPECT_EQ(b1.wait_for(std::chrono::milliseconds(50)),
+            std::future_status::timeout);  // waits for rank 2
+  EXPECT_EQ(coordinator_->BeginSaveCallsGoneForTest(), 0);
+  auto b2 = Begin("job", 4, 2, 3, RankPlan(2, 3), "", 0xc2);
+  std::vector<BeginResult> plans = {b0.get(), b1.get(), b2.get()};
+  std::vector<std::future<CommitResult>> commits;
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(plans[r].ok()) << "rank " << r << ": " << plans[r].status();
+    EXPECT_EQ(AttemptOf(*plans[r]), AttemptOf(*plans[0]));
+    v1::CommitSaveRequest c = Write("job", 4, r, *plans[r]);
+    c.set_incarnation(r == 0 ? 0xa1 : r == 1 ? 0xb1 : 0xc2);
+    commits.push_back(Commit(c));
+  }
+  for (auto& c : commits) EXPECT_TRUE(c.get().ok());
+  EXPECT_EQ(LatestStep("job"), 4);
+  EXPECT_EQ(coordinator_->stats().aborts, 0);
+}
+
+// A rank cancelled in BeginSave (Checkpointer::Cancel) aborts the save with
+// AbortSave right after; if another rank arrived in between and let it go
+// (its call was cancelled), its AbortSave still aborts the save.
+TEST_F(CoordinatorTest, ProcessWhoseBeginSaveLeftStillAbortsTheSave) {
+  Start();
+  std::atomic<bool> cancelled = false;
+  auto b0 = Begin("job", 5, 0, 2, RankPlan(0, 2), "", 0xa0,
+                  [&] { return cancelled.load(); });
+  cancelled = true;
+  auto b1 = Begin("job", 5, 1, 2, RankPlan(1, 2), "", 0xb1);
+  EXPECT_EQ(b0.get().status().code(), absl::StatusCode::kCancelled);
+  v1::AbortSaveRequest other;
+  other.set_job("job");
+  other.set_step(5);
+  other.set_rank(0);
+  other.set_incarnation(0xa7);  // not the process that left
+  EXPECT_EQ(coordinator_->AbortSave(other).code(),
+            absl::StatusCode::kFailedPrecondition);
+  v1::AbortSaveRequest abort = other;
+  abort.set_incarnation(0xa0);
+  abort.set_reason("cancelled (Checkpointer::Cancel)");
+  ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
+  BeginResult r1 = b1.get();
+  EXPECT_EQ(r1.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(r1.status().message()),
+              HasSubstr("aborted by rank 0: cancelled (Checkpointer::Cancel)"));
+}
+
+// At the begin deadline a rank whose process is gone is not waiting: the
+// ranks that are get the whole deadline from the earliest of them.
+TEST_F(CoordinatorTest, BeginDeadlineIgnoresARankWhoseProcessIsGone) {
+  options_.begin_deadline = absl::Seconds(3);
+  Start();
+  auto old0 =
+      Begin("job", 6, 0, 3, RankPlan(0, 3), "", 0xa0, [] { return true; });
+  absl::SleepFor(absl::Seconds(2));
+  auto b1 = Begin("job", 6, 1, 3, RankPlan(1, 3), "", 0xb1);
+  absl::SleepFor(absl::Milliseconds(1500));  // past the first deadline
+  EXPECT_EQ(old0.get().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(b1.wait_for(std::chrono::milliseconds(0)),
+            std::future_status::timeout);
+  auto b0 = Begin("job", 6, 0, 3, RankPlan(0, 3), "", 0xa1);
+  auto b2 = Begin("job", 6, 2, 3, RankPlan(2, 3), "", 0xc2);
+  for (auto* b : {&b0, &b1, &b2}) {
+    BeginResult r = b->get();
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+  EXPECT_EQ(coordinator_->stats().aborts, 0);
 }
 
 TEST_F(CoordinatorTest, RankThatSavesAgainAfterReportingStartsTheSaveOver) {

@@ -57,17 +57,19 @@ namespace {
 template <typename T>
 using Done = Coordinator::Done<T>;
 
-// How a method answers: calls `done` exactly once, on any thread.
+// How a method answers: calls `done` exactly once, on any thread. Until
+// then `gone` tells whether the caller has gone (the call was cancelled).
 template <typename Req, typename Resp>
 using Handler =
-    std::function<void(Coordinator&, std::shared_ptr<const Req>, Done<Resp>)>;
+    std::function<void(Coordinator&, std::shared_ptr<const Req>, Done<Resp>,
+                       const Coordinator::CallerGone& gone)>;
 
 // A handler for a blocking library call: runs it on the worker pool.
 template <typename Req, typename Resp>
 Handler<Req, Resp> OnWorkers(
     std::function<absl::StatusOr<Resp>(Coordinator&, const Req&)> fn) {
   return [fn](Coordinator& c, std::shared_ptr<const Req> request,
-              Done<Resp> done) {
+              Done<Resp> done, const Coordinator::CallerGone&) {
     c.workers().Schedule(
         [&c, fn, request, done = std::move(done)] { done(fn(c, *request)); });
   };
@@ -241,6 +243,10 @@ void Serve(Coordinator* c, const Guard* guard,
     reactor->Finish(ToGrpcStatus(caller.status()));
     return;
   }
+  // `context` lives until the reactor finishes, after `done`.
+  const Coordinator::CallerGone gone = [context] {
+    return context->IsCancelled();
+  };
   m->handler(
       *c, std::move(request),
       [reactor, out, guard, access, m, caller = *std::move(caller),
@@ -261,7 +267,8 @@ void Serve(Coordinator* c, const Guard* guard,
         bool own = false;
         reactor->Finish(
             grpc::SerializationTraits<Resp>::Serialize(*result, out, &own));
-      });
+      },
+      gone);
 }
 
 // The raw gRPC handler of one method: Serve on gRPC's thread, or on a worker
@@ -376,14 +383,15 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
       Method<BeginSaveRequest, BeginSaveResponse>{
           OnJob<BeginSaveRequest>(Action::kSave),
           [](Coordinator& c, std::shared_ptr<const BeginSaveRequest> r,
-             Done<BeginSaveResponse> done) {
-            c.BeginSave(*r, std::move(done));
+             Done<BeginSaveResponse> done,
+             const Coordinator::CallerGone& gone) {
+            c.BeginSave(*r, std::move(done), gone);
           }});
   add("CommitSave",
       Method<CommitSaveRequest, CommitSaveResponse>{
           OnJob<CommitSaveRequest>(Action::kSave),
           [](Coordinator& c, std::shared_ptr<const CommitSaveRequest> r,
-             Done<CommitSaveResponse> done) {
+             Done<CommitSaveResponse> done, const Coordinator::CallerGone&) {
             c.CommitSave(*r, std::move(done));
           }});
   // A process aborts a save it is part of (the coordinator checks its
@@ -408,7 +416,8 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
   Method<PlanLoadRequest, PlanLoadAnswer> plan_load{
       OnJob<PlanLoadRequest>(Action::kRead),
       [](Coordinator& c, std::shared_ptr<const PlanLoadRequest> r,
-         Done<PlanLoadAnswer> done) { done(c.PlanLoadEncoded(*r)); }};
+         Done<PlanLoadAnswer> done,
+         const Coordinator::CallerGone&) { done(c.PlanLoadEncoded(*r)); }};
   plan_load.parse_on_workers = true;
   add("PlanLoad", std::move(plan_load));
   // VerifyLoad may read the manifest first: it starts on a worker (parsed
@@ -417,7 +426,9 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
   Method<VerifyLoadRequest, VerifyLoadResponse> verify_load{
       OnJob<VerifyLoadRequest>(Action::kRead),
       [](Coordinator& c, std::shared_ptr<const VerifyLoadRequest> r,
-         Done<VerifyLoadResponse> done) { c.VerifyLoad(*r, std::move(done)); }};
+         Done<VerifyLoadResponse> done, const Coordinator::CallerGone&) {
+        c.VerifyLoad(*r, std::move(done));
+      }};
   verify_load.parse_on_workers = true;
   add("VerifyLoad", std::move(verify_load));
   add("ListCheckpoints",
@@ -488,7 +499,8 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
       Method<ListAgentsRequest, ListAgentsResponse>{
           NoJob<ListAgentsRequest>(Action::kListAgents),
           [](Coordinator& c, std::shared_ptr<const ListAgentsRequest>,
-             Done<ListAgentsResponse> done) { done(c.agents().List()); }});
+             Done<ListAgentsResponse> done,
+             const Coordinator::CallerGone&) { done(c.agents().List()); }});
   add("ForgetAgent", Method<ForgetAgentRequest, ForgetAgentResponse>{
                          [](const ForgetAgentRequest& r) {
                            Access a;

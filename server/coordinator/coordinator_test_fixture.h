@@ -230,7 +230,8 @@ class CoordinatorTest : public ::testing::Test {
                                  int world,
                                  std::optional<v1::LocalSavePlan> plan,
                                  std::string fingerprint = "",
-                                 uint64_t incarnation = 0) {
+                                 uint64_t incarnation = 0,
+                                 Coordinator::CallerGone gone = nullptr) {
     v1::BeginSaveRequest req;
     req.set_job(job);
     req.set_step(step);
@@ -244,7 +245,8 @@ class CoordinatorTest : public ::testing::Test {
     }
     auto promise = std::make_shared<std::promise<BeginResult>>();
     coordinator_->BeginSave(
-        req, [promise](BeginResult r) { promise->set_value(std::move(r)); });
+        req, [promise](BeginResult r) { promise->set_value(std::move(r)); },
+        std::move(gone));
     return promise->get_future();
   }
 

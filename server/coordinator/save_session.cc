@@ -29,6 +29,7 @@ SaveSession::SaveSession(std::string job, int64_t step, int world_size,
       storage_uri_(std::move(storage_uri)),
       step_prefix_(storage::StepPrefix(job_, step_)),
       created_(now),
+      begin_deadline_(begin_deadline),
       deadline_(now + begin_deadline) {}
 
 SaveSession::RankState SaveSession::Rank(int rank) const {
@@ -38,6 +39,14 @@ SaveSession::RankState SaveSession::Rank(int rank) const {
     if (a != arrivals_.end()) {
       state.in_save = true;
       state.incarnation = a->second.incarnation;
+      if (auto w = begin_waiters_.find(rank); w != begin_waiters_.end()) {
+        for (const ParkedBegin& call : w->second) {
+          state.waiting = state.waiting || (call.gone && !call.gone());
+        }
+      }
+    } else if (auto d = departed_.find(rank); d != departed_.end()) {
+      state.departed = true;
+      state.incarnation = d->second;
     }
   } else if (rank >= 0 && static_cast<size_t>(rank) < incarnations_.size()) {
     state.in_save = true;
@@ -66,8 +75,8 @@ absl::Status SaveSession::WorldSizeMismatch(int rank, int world) const {
 SaveSession::Arrival SaveSession::Arrive(
     int rank, std::shared_ptr<const planner::PackedLocalPlan> plan,
     std::string fingerprint, std::string held_plan_id, uint64_t incarnation,
-    int64_t max_plan_items, Done<v1::BeginSaveResponse>& done,
-    absl::StatusOr<v1::BeginSaveResponse>* answer) {
+    int64_t max_plan_items, absl::Time now, Done<v1::BeginSaveResponse>& done,
+    CallerGone gone, absl::StatusOr<v1::BeginSaveResponse>* answer) {
   const std::string* arrived_fingerprint = nullptr;
   if (phase_ == Phase::kGathering) {
     auto a = arrivals_.find(rank);
@@ -85,7 +94,7 @@ SaveSession::Arrival SaveSession::Arrive(
       return Arrival::kAnswered;
     }
     if (phase_ == Phase::kGathering || phase_ == Phase::kPlanning) {
-      begin_waiters_[rank].push_back(std::move(done));
+      begin_waiters_[rank].push_back({std::move(done), std::move(gone)});
       return Arrival::kParked;
     }
     *answer = RankResponse(rank);
@@ -108,12 +117,16 @@ SaveSession::Arrival SaveSession::Arrive(
     return Arrival::kAnswered;
   }
   plan_items_ += items;
+  // Every rank before it left: the begin deadline counts from this one.
+  if (arrivals_.empty() && any_departed_) deadline_ = now + begin_deadline_;
   arrivals_[rank] = Arrived{std::move(plan), std::move(fingerprint),
-                            std::move(held_plan_id), incarnation};
-  begin_waiters_[rank].push_back(std::move(done));
+                            std::move(held_plan_id), incarnation, now};
+  departed_.erase(rank);
+  begin_waiters_[rank].push_back({std::move(done), std::move(gone)});
   if (++arrived_ < world_size_) return Arrival::kParked;
   // Every rank is here: the world is real, lay the session out densely.
   phase_ = Phase::kPlanning;
+  departed_.clear();
   plans_.resize(world_size_);
   fingerprints_.resize(world_size_);
   held_plan_ids_.resize(world_size_);
@@ -136,8 +149,9 @@ std::vector<SaveSession::BeginWaiter> SaveSession::NeedPlansOf(
   arrived_ = 0;
   for (int r = 0; r < world_size_; ++r) {
     if (resend[r]) continue;
-    arrivals_[r] = Arrived{std::move(plans_[r]), std::move(fingerprints_[r]),
-                           std::move(held_plan_ids_[r]), incarnations_[r]};
+    arrivals_[r] =
+        Arrived{std::move(plans_[r]), std::move(fingerprints_[r]),
+                std::move(held_plan_ids_[r]), incarnations_[r], created_};
     ++arrived_;
   }
   plans_.clear();
@@ -148,10 +162,60 @@ std::vector<SaveSession::BeginWaiter> SaveSession::NeedPlansOf(
   for (int r : ranks) {
     auto it = begin_waiters_.find(r);
     if (it == begin_waiters_.end()) continue;
-    for (auto& done : it->second) waiters.emplace_back(r, std::move(done));
+    for (auto& call : it->second) waiters.emplace_back(r, std::move(call.done));
     begin_waiters_.erase(it);
   }
   return waiters;
+}
+
+std::vector<SaveSession::BeginWaiter> SaveSession::WithdrawIfDeparted(
+    int rank) {
+  std::vector<BeginWaiter> left;
+  if (phase_ != Phase::kGathering) return left;
+  auto a = arrivals_.find(rank);
+  auto w = begin_waiters_.find(rank);
+  if (a == arrivals_.end() || w == begin_waiters_.end() || w->second.empty()) {
+    return left;
+  }
+  for (const ParkedBegin& call : w->second) {
+    if (!call.gone || !call.gone()) return left;  // its process may be there
+  }
+  for (ParkedBegin& call : w->second) {
+    left.emplace_back(rank, std::move(call.done));
+  }
+  begin_waiters_.erase(w);
+  if (a->second.plan != nullptr) {
+    plan_items_ -= static_cast<int64_t>(a->second.plan->items.size());
+  }
+  departed_[rank] = a->second.incarnation;
+  arrivals_.erase(a);
+  --arrived_;
+  any_departed_ = true;
+  return left;
+}
+
+std::vector<SaveSession::BeginWaiter> SaveSession::WithdrawDeparted() {
+  std::vector<BeginWaiter> left;
+  if (phase_ != Phase::kGathering) return left;
+  for (int rank : ArrivedRanks()) {
+    for (BeginWaiter& w : WithdrawIfDeparted(rank)) {
+      left.push_back(std::move(w));
+    }
+  }
+  if (any_departed_ && !arrivals_.empty()) {
+    absl::Time earliest = absl::InfiniteFuture();
+    for (const auto& [r, a] : arrivals_) earliest = std::min(earliest, a.at);
+    deadline_ = earliest + begin_deadline_;
+  }
+  return left;
+}
+
+int SaveSession::CallsGone() const {
+  int gone = 0;
+  for (const auto& [r, calls] : begin_waiters_) {
+    for (const ParkedBegin& call : calls) gone += call.gone && call.gone();
+  }
+  return gone;
 }
 
 std::vector<SaveSession::BeginWaiter> SaveSession::Planned(
@@ -169,8 +233,8 @@ std::vector<SaveSession::BeginWaiter> SaveSession::Planned(
   results_.resize(world_size_);
   deadline_ = now + commit_deadline;
   std::vector<BeginWaiter> waiters;
-  for (auto& [r, dones] : begin_waiters_) {
-    for (auto& done : dones) waiters.emplace_back(r, std::move(done));
+  for (auto& [r, calls] : begin_waiters_) {
+    for (auto& call : calls) waiters.emplace_back(r, std::move(call.done));
   }
   begin_waiters_.clear();
   return waiters;
@@ -349,9 +413,10 @@ bool SaveSession::Abort(absl::Status status,
   phase_ = Phase::kAborted;
   abort_status_ = status;
   arrivals_.clear();  // (plans may still be read by the planning step)
-  for (auto& [r, waiters] : begin_waiters_) {
-    for (auto& done : waiters) {
-      answers->push_back([done = std::move(done), status] { done(status); });
+  for (auto& [r, calls] : begin_waiters_) {
+    for (auto& call : calls) {
+      answers->push_back(
+          [done = std::move(call.done), status] { done(status); });
     }
   }
   begin_waiters_.clear();

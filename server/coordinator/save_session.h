@@ -13,6 +13,14 @@
 // size the first rank claims would need; once every rank is in, the arrivals
 // are laid out densely by rank.
 //
+// A rank whose every parked BeginSave call has gone (its caller cancelled
+// it: the process died or gave up waiting) can leave the gathering
+// (WithdrawDeparted): nothing was planned for it, so nothing of its process
+// can be in the attempt, and the rank is missing again, as if it had never
+// arrived. A restarted job's new process for that rank then joins the
+// attempt instead of restarting it, and the other ranks never get a plan
+// made with a process that is gone.
+//
 // Not thread-safe: the coordinator owns its sessions under its mutex and
 // calls every method with that mutex held, except the accessors of what is
 // immutable once the phase is kPlanning (plans(), fingerprints(), and plan()
@@ -45,6 +53,10 @@ class SaveSession {
   template <typename T>
   using Done = std::function<void(absl::StatusOr<T>)>;
   using BeginWaiter = std::pair<int, Done<v1::BeginSaveResponse>>;
+  // Whether the caller of a parked call has gone (the call was cancelled:
+  // its process died, or gave up waiting). May be called until the call is
+  // answered, never after. Null: not known (never counted as gone).
+  using CallerGone = std::function<bool()>;
 
   enum class Phase { kGathering, kPlanning, kWriting, kCommitting, kAborted };
 
@@ -61,11 +73,16 @@ class SaveSession {
   // --- BeginSave.
 
   // What this attempt knows of `rank`: whether it arrived, the incarnation
-  // of its process (0: not sent), and whether it reported its writes.
+  // of its process (0: not sent), and whether it reported its writes. While
+  // gathering: `waiting` when a BeginSave call of its process is parked and
+  // known not to have gone; `departed` (with its process's incarnation) when
+  // it left (WithdrawDeparted) and has not arrived again.
   struct RankState {
     bool in_save = false;
     uint64_t incarnation = 0;
     bool reported = false;
+    bool waiting = false;
+    bool departed = false;
   };
   RankState Rank(int rank) const;
 
@@ -73,19 +90,36 @@ class SaveSession {
   // session's world size, for a rank whose world size differs.
   absl::Status WorldSizeMismatch(int rank, int world) const;
 
-  // A rank's BeginSave. kParked: `done` was taken and is answered when the
-  // plan is built; kAllArrived: the same, and it was the last rank (the phase
-  // is kPlanning: build the plan); kAnswered: `*answer` holds the answer now
-  // (a retry after the plan was built, or an error: a different plan from a
-  // rank that arrived, a rank arriving after the plan was built, or more
-  // than `max_plan_items` items in the save). `held_plan_id`: the plan id
-  // whose rank plan the rank's process holds (BeginSaveRequest.held_plan_id).
+  // A rank's BeginSave at `now`. kParked: `done` was taken and is answered
+  // when the plan is built; kAllArrived: the same, and it was the last rank
+  // (the phase is kPlanning: build the plan); kAnswered: `*answer` holds the
+  // answer now (a retry after the plan was built, or an error: a different
+  // plan from a rank that arrived, a rank arriving after the plan was built,
+  // or more than `max_plan_items` items in the save). `held_plan_id`: the
+  // plan id whose rank plan the rank's process holds
+  // (BeginSaveRequest.held_plan_id). `gone` (may be null) is kept with a
+  // parked `done`.
   enum class Arrival { kParked, kAllArrived, kAnswered };
   Arrival Arrive(int rank, std::shared_ptr<const planner::PackedLocalPlan> plan,
                  std::string fingerprint, std::string held_plan_id,
-                 uint64_t incarnation, int64_t max_plan_items,
-                 Done<v1::BeginSaveResponse>& done,
+                 uint64_t incarnation, int64_t max_plan_items, absl::Time now,
+                 Done<v1::BeginSaveResponse>& done, CallerGone gone,
                  absl::StatusOr<v1::BeginSaveResponse>* answer);
+
+  // kGathering: `rank` leaves the attempt when every parked BeginSave call
+  // of its process has gone (see the top of this file); a rank with a call
+  // whose caller is not known to have gone stays. Returns the calls of the
+  // rank that left, to be answered (CANCELLED: nobody reads it) off the
+  // lock; empty when it stays. Its process is remembered as departed
+  // (Rank()) until the rank arrives again.
+  std::vector<BeginWaiter> WithdrawIfDeparted(int rank);
+  // The same for every rank that arrived. Once any rank has left, the begin
+  // deadline counts from the earliest arrival still there (from the next
+  // one when none is): the ranks that are waiting get the whole begin
+  // deadline, never what a process that is gone had left of it.
+  std::vector<BeginWaiter> WithdrawDeparted();
+  // Parked BeginSave calls whose caller has gone (tests).
+  int CallsGone() const;
 
   // Planning needs the local plans of `ranks`, which arrived with a
   // fingerprint only (plan() null) that cairnd no longer holds the plan of,
@@ -219,6 +253,12 @@ class SaveSession {
     std::string fingerprint;
     std::string held_plan_id;
     uint64_t incarnation = 0;  // of the rank's process; 0: not sent
+    absl::Time at;             // when it arrived (first, for a retried call)
+  };
+  // A parked BeginSave call.
+  struct ParkedBegin {
+    Done<v1::BeginSaveResponse> done;
+    CallerGone gone;  // may be null
   };
 
   const std::string job_;
@@ -228,6 +268,7 @@ class SaveSession {
   const std::string storage_uri_;
   const std::string step_prefix_;  // "<job>/<step>/"
   const absl::Time created_;
+  const absl::Duration begin_deadline_;
   absl::Time deadline_;
   Phase phase_ = Phase::kGathering;
   bool keep_objects_ = false;
@@ -237,8 +278,11 @@ class SaveSession {
   absl::flat_hash_map<int, Arrived> arrivals_;
   int arrived_ = 0;
   int64_t plan_items_ = 0;  // of every arrived plan
-  absl::flat_hash_map<int, std::vector<Done<v1::BeginSaveResponse>>>
-      begin_waiters_;
+  absl::flat_hash_map<int, std::vector<ParkedBegin>> begin_waiters_;
+  // Ranks that left (WithdrawIfDeparted) and have not arrived again: the
+  // incarnation of the process that left.
+  absl::flat_hash_map<int, uint64_t> departed_;
+  bool any_departed_ = false;  // the begin deadline may count from later
   // Once every rank arrived (kPlanning on): the arrivals by rank.
   std::vector<std::shared_ptr<const planner::PackedLocalPlan>> plans_;
   std::vector<std::string> fingerprints_;

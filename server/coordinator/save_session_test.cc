@@ -48,7 +48,9 @@ class SaveSessionTest : public ::testing::Test {
   // Rank `rank` arrives with its RankPlan (or `fingerprint` for it).
   SaveSession::Arrival Arrive(int rank, std::string fingerprint = "",
                               uint64_t incarnation = 0,
-                              int64_t max_items = 1000) {
+                              int64_t max_items = 1000,
+                              SaveSession::CallerGone gone = nullptr,
+                              absl::Time now = kT0) {
     auto plan = Plan(make_plan_(rank, session_->world_size()));
     if (fingerprint.empty()) {
       fingerprint = planner::FingerprintLocalPlan(plan->Unpack());
@@ -56,7 +58,8 @@ class SaveSessionTest : public ::testing::Test {
     SaveSession::Done<v1::BeginSaveResponse> done =
         [this, rank](BeginResult r) { begun_.emplace_back(rank, r); };
     return session_->Arrive(rank, plan, fingerprint, held_plan_ids_[rank],
-                            incarnation, max_items, done, &answer_);
+                            incarnation, max_items, now, done, std::move(gone),
+                            &answer_);
   }
   // Every rank arrives, the plan is built and given to the session; returns
   // the parked calls answered.
@@ -240,6 +243,83 @@ TEST_F(SaveSessionTest, NeedPlansOfSendsThoseRanksBackToArriveAgain) {
     EXPECT_EQ(session_->plans()[r]->rank, r);
     EXPECT_EQ(session_->Rank(r).incarnation, 10u + r);
   }
+}
+
+// A rank whose parked BeginSave calls have all gone (its process died while
+// it waited) leaves the gathering as if it had never arrived: the world is
+// not complete without it, and a new process for it arrives without
+// restarting anything. One whose caller may still be there stays.
+TEST_F(SaveSessionTest, RankWhoseCallsAreGoneLeavesTheGathering) {
+  Open(2);
+  bool old0_gone = false;
+  EXPECT_EQ(Arrive(0, "", 10, 1000, [&] { return old0_gone; }),
+            SaveSession::Arrival::kParked);
+  EXPECT_TRUE(session_->WithdrawIfDeparted(0).empty());  // still there
+  EXPECT_TRUE(session_->Rank(0).waiting);
+  EXPECT_EQ(session_->CallsGone(), 0);
+  old0_gone = true;
+  EXPECT_FALSE(session_->Rank(0).waiting);
+  EXPECT_EQ(session_->CallsGone(), 1);
+  std::vector<SaveSession::BeginWaiter> left = session_->WithdrawIfDeparted(0);
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].first, 0);
+  EXPECT_EQ(session_->arrived(), 0);
+  EXPECT_EQ(session_->CallsGone(), 0);
+  EXPECT_FALSE(session_->Rank(0).in_save);
+  EXPECT_TRUE(session_->Rank(0).departed);
+  EXPECT_EQ(session_->Rank(0).incarnation, 10u);
+  EXPECT_THAT(session_->MissingRanks(), ElementsAre(0, 1));
+  // Rank 1 does not complete the world (and has the whole begin deadline);
+  // the new rank 0 does.
+  EXPECT_EQ(Arrive(1, "", 21, 1000, nullptr, kT0 + absl::Seconds(50)),
+            SaveSession::Arrival::kParked);
+  EXPECT_EQ(session_->deadline(), kT0 + absl::Seconds(110));
+  EXPECT_EQ(Arrive(0, "", 20), SaveSession::Arrival::kAllArrived);
+  EXPECT_EQ(session_->Rank(0).incarnation, 20u);
+  EXPECT_FALSE(session_->Rank(0).departed);
+  EXPECT_EQ(session_->Rank(1).incarnation, 21u);
+  EXPECT_TRUE(begun_.empty());  // the left call is the caller's to answer
+}
+
+TEST_F(SaveSessionTest, RankStaysWhileAnyOfItsCallsMayBeThere) {
+  Open(3);
+  bool first_gone = false;
+  Arrive(0, "", 10, 1000, [&] { return first_gone; });
+  Arrive(0, "", 10);  // a retry by a caller cairnd cannot watch
+  Arrive(1, "", 11, 1000, [] { return false; });
+  first_gone = true;
+  EXPECT_TRUE(session_->WithdrawDeparted().empty());
+  EXPECT_THAT(session_->ArrivedRanks(), ElementsAre(0, 1));
+  EXPECT_EQ(session_->CallsGone(), 1);
+  // Once planning, nobody leaves: the plan may be out.
+  Arrive(2, "", 12, 1000, [] { return true; });
+  EXPECT_EQ(session_->phase(), Phase::kPlanning);
+  EXPECT_TRUE(session_->WithdrawDeparted().empty());
+  EXPECT_TRUE(session_->Rank(2).in_save);
+}
+
+// The ranks still waiting get the whole begin deadline from the earliest of
+// them, never what a departed process had left of it.
+TEST_F(SaveSessionTest, BeginDeadlineCountsFromTheEarliestRankStillThere) {
+  Open(3);
+  Arrive(
+      0, "", 10, 1000, [] { return true; }, kT0);
+  Arrive(1, "", 11, 1000, nullptr, kT0 + absl::Seconds(40));
+  EXPECT_TRUE(session_->Expired(kT0 + absl::Seconds(61)));
+  ASSERT_EQ(session_->WithdrawDeparted().size(), 1u);
+  EXPECT_EQ(session_->deadline(), kT0 + absl::Seconds(100));
+  EXPECT_FALSE(session_->Expired(kT0 + absl::Seconds(61)));
+  EXPECT_TRUE(session_->Expired(kT0 + absl::Seconds(101)));
+  EXPECT_EQ(
+      session_->DeadlineStatus(absl::Minutes(1), absl::Hours(1)).message(),
+      "save of job 'job' step 7 aborted: ranks [0, 2] (2 of 3) never "
+      "called BeginSave within 1m");
+  // Nothing departed: the deadline stays the first arrival's.
+  Open(2);
+  Arrive(
+      0, "", 10, 1000, [] { return false; }, kT0);
+  EXPECT_TRUE(session_->WithdrawDeparted().empty());
+  EXPECT_EQ(session_->deadline(), kT0 + absl::Minutes(1));
 }
 
 TEST_F(SaveSessionTest, ResultsMustMatchThePlanAndTheProcess) {
