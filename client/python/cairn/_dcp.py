@@ -22,6 +22,7 @@ import torch
 
 from cairn import _cairn
 from cairn import _objects
+from cairn import state as _state
 from cairn import _tensors
 from cairn import errors
 
@@ -312,10 +313,9 @@ def host_copy(state_dict: Any) -> Any:
 def _meta_like(tensor: torch.Tensor) -> torch.Tensor:
     """A tensor with `tensor`'s shape, strides and dtype and no data (a
     DTensor keeps its mesh and placements around a meta local shard)."""
-    dtensor_cls = _dtensor_class()
-    if dtensor_cls is not None and isinstance(tensor, dtensor_cls):
+    if _state.is_dtensor(tensor):
         local = tensor.to_local()
-        return dtensor_cls.from_local(
+        return type(tensor).from_local(
             torch.empty_strided(local.shape, local.stride(), dtype=local.dtype,
                                 device="meta"),
             tensor.device_mesh, tensor.placements, run_check=False,
@@ -339,17 +339,6 @@ def skeleton(state_dict: Any) -> Any:
     if isinstance(state_dict, tuple) and not hasattr(state_dict, "_fields"):
         return tuple(skeleton(v) for v in state_dict)
     return state_dict
-
-
-def _dtensor_class() -> Any:
-    try:
-        from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        try:
-            from torch.distributed._tensor import DTensor  # pylint: disable=import-outside-toplevel
-        except ImportError:
-            return None
-    return DTensor
 
 
 def item_nbytes(item: Any, byte_sizes: Dict[str, int]) -> int:
