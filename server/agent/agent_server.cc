@@ -23,6 +23,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/server_posix.h"
@@ -179,9 +180,24 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(Spec spec) {
   s->target_ = absl::StrCat("unix:", spec.unix_socket);
   // No listening port: connections are accepted below, checked, and handed
   // to gRPC one by one.
+  if (spec.max_request_memory_bytes < (int64_t{16} << 20) ||
+      spec.max_streams_per_connection < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the agent's request memory budget must be at least 16 MiB (not ",
+        spec.max_request_memory_bytes,
+        " bytes) and its streams per connection at least 1 (not ",
+        spec.max_streams_per_connection, ")"));
+  }
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(1 << 30);
   builder.SetMaxSendMessageSize(1 << 30);
+  // Connections handed over with AddInsecureChannelFromFd draw on the
+  // server's quota too.
+  grpc::ResourceQuota quota("cairn-agent-requests");
+  quota.Resize(static_cast<size_t>(spec.max_request_memory_bytes));
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             spec.max_streams_per_connection);
   builder.RegisterService(s->service_.get());
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>

@@ -60,6 +60,17 @@ class AgentServer {
     // host:port serving Prometheus metrics at GET /metrics ("" = none; port
     // 0 picks one, see metrics_port()). Default: none.
     std::string metrics_listen;
+    // Memory budget of gRPC's buffers for the socket's connections (ranks'
+    // requests received and not yet parsed, connections' read buffers): at
+    // the budget gRPC closes idle connections and cancels calls in flight
+    // (RESOURCE_EXHAUSTED) until they fit, overshooting by what arrives
+    // meanwhile. Tensor data never passes through it (it goes through
+    // shared memory). Default: 1 GiB.
+    int64_t max_request_memory_bytes = int64_t{1} << 30;
+    // Calls in flight on one connection (HTTP/2 MAX_CONCURRENT_STREAMS;
+    // clients queue more). A rank process has a few at a time. Default:
+    // 1024.
+    int max_streams_per_connection = 1024;
     AgentOptions agent;
   };
 

@@ -21,6 +21,7 @@
 #include "common/task_group.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "planner/load_plan.h"
 #include "planner/transfer_plan.h"
 #include "proto/convert/plan_convert.h"
 #include "server/agent/agent.h"
@@ -124,14 +125,41 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
   const planner::TransferPlan* plan = &planned.transfers;
   const auto& dests = planned.dests;
   v1::AgentLoadResponse& response = planned.response;
-  CAIRN_ASSIGN_OR_RETURN(
-      std::shared_ptr<ShmSegment> seg,
-      Allocate(planned.total_bytes, absl::Now() + options_.peer_timeout));
-
   auto held_item = [&](const planner::TransferSend& send) {
     PeerLoadSource s = planned.SourceOf(send);
     return std::make_tuple(std::move(s.item), std::move(s.box), s.crc32c);
   };
+  // The copy segments below, counted before any is built or anything
+  // allocated, with the same cap as cairnd's load plans: the boxes come
+  // from peers' inventories and the rank's request, and a box cutting a
+  // chunk into single elements needs one segment (24 bytes) per element.
+  {
+    uint64_t segments = 0;
+    for (const planner::TransferSend& send : plan->sends) {
+      const PeerLoadDest& d = dests[send.tensor][send.dest_index];
+      uint64_t n = 0;
+      if (send.local) {
+        n = planner::NumCopySegments(std::get<1>(held_item(send)), d.box,
+                                     send.box);
+      } else {
+        n = planner::NumCopySegments(send.box, d.box, send.box);
+      }
+      if (n > planner::kMaxCopySegmentsPerPlan - segments) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            where, ": '", internal::ItemFqn(std::get<0>(held_item(send))), "' ",
+            planner::BoxToString(send.box), " into wanted ",
+            planner::BoxToString(d.box), " needs ", n,
+            " copy segments; with the load's others more than the ",
+            planner::kMaxCopySegmentsPerPlan,
+            " one load may build (load it as larger chunks)"));
+      }
+      segments += n;
+    }
+  }
+  CAIRN_ASSIGN_OR_RETURN(
+      std::shared_ptr<ShmSegment> seg,
+      Allocate(planned.total_bytes, absl::Now() + options_.peer_timeout));
+
   std::vector<planner::CopySegment> segs;
   // Local pieces: from this agent's own memory.
   for (const planner::TransferSend& send : plan->sends) {

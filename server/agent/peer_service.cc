@@ -20,6 +20,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "planner/load_plan.h"
 #include "planner/transfer_plan.h"
 #include "proto/convert/plan_convert.h"
 #include "server/agent/agent.h"
@@ -158,6 +159,7 @@ absl::StatusOr<uint64_t> Agent::HandleFetch(int peer,
   };
   std::vector<Piece> pieces;
   uint64_t total = 0;
+  uint64_t segments = 0;
   for (const v1::FetchPiece& p : req.pieces()) {
     CAIRN_ASSIGN_OR_RETURN(auto held, FindHeld(req.job(), req.step(), p.item(),
                                                p.expected_crc32c()));
@@ -173,6 +175,20 @@ absl::StatusOr<uint64_t> Agent::HandleFetch(int peer,
                        planner::BoxToString(region), " outside held chunk ",
                        planner::BoxToString(src_box)));
     }
+    // The copy segments the reply is built with, counted before any is:
+    // a region cutting a chunk into single elements would otherwise need
+    // one each (24 bytes in memory per element copied).
+    const uint64_t n = planner::NumCopySegments(src_box, region, region);
+    if (n > planner::kMaxCopySegmentsPerPlan - segments) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "fetch from node ", peer, " of job '", req.job(), "' step ",
+          req.step(), ": '", ItemFqn(p.item()), "' region ",
+          planner::BoxToString(region), " of held chunk ",
+          planner::BoxToString(src_box), " needs ", n,
+          " copy segments; with the fetch's other pieces more than the ",
+          planner::kMaxCopySegmentsPerPlan, " one fetch may build"));
+    }
+    segments += n;
     const uint64_t bytes =
         static_cast<uint64_t>(planner::Volume(region)) * elem;
     if (total + bytes > pool_->budget) {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "grpc/grpc_security.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/auth_context.h"
 
@@ -367,6 +368,17 @@ absl::StatusOr<Caller> Authorizer::Authenticate(
     absl::string_view authorization_metadata,
     const grpc::AuthContext* auth_context,
     absl::string_view* failure_reason) const {
+  return AuthenticateIdentities(authorization_metadata,
+                                auth_context == nullptr
+                                    ? std::vector<std::string>()
+                                    : CertificateIdentities(*auth_context),
+                                failure_reason);
+}
+
+absl::StatusOr<Caller> Authorizer::AuthenticateIdentities(
+    absl::string_view authorization_metadata,
+    const std::vector<std::string>& certificate_identities,
+    absl::string_view* failure_reason) const {
   absl::string_view unused;
   absl::string_view& reason = failure_reason ? *failure_reason : unused;
   Caller caller;
@@ -394,19 +406,16 @@ absl::StatusOr<Caller> Authorizer::Authenticate(
     }
     return caller;
   }
-  if (auth_context != nullptr) {
-    std::vector<std::string> ids = CertificateIdentities(*auth_context);
-    for (const std::string& id : ids) {
-      caller.principal = caller.table->FindCertificate(id);
-      if (caller.principal != nullptr) return caller;
-    }
-    if (!ids.empty()) {
-      reason = "unknown_certificate";
-      return absl::UnauthenticatedError(
-          absl::StrCat("unknown client certificate (", ids.front(),
-                       ": no cert: line of cairnd's --auth-tokens file names "
-                       "it) and no token"));
-    }
+  for (const std::string& id : certificate_identities) {
+    caller.principal = caller.table->FindCertificate(id);
+    if (caller.principal != nullptr) return caller;
+  }
+  if (!certificate_identities.empty()) {
+    reason = "unknown_certificate";
+    return absl::UnauthenticatedError(absl::StrCat(
+        "unknown client certificate (", certificate_identities.front(),
+        ": no cert: line of cairnd's --auth-tokens file names it) and no "
+        "token"));
   }
   reason = "no_credentials";
   return absl::UnauthenticatedError(
@@ -434,6 +443,111 @@ std::vector<std::string> CertificateIdentities(const grpc::AuthContext& ctx) {
     }
   }
   return ids;
+}
+
+namespace {
+
+// The values of property `name` of a core auth context.
+std::vector<std::string> CoreProperties(const grpc_auth_context* ctx,
+                                        const char* name) {
+  std::vector<std::string> values;
+  grpc_auth_property_iterator it =
+      grpc_auth_context_find_properties_by_name(ctx, name);
+  for (const grpc_auth_property* p = grpc_auth_property_iterator_next(&it);
+       p != nullptr; p = grpc_auth_property_iterator_next(&it)) {
+    values.emplace_back(p->value, p->value_length);
+  }
+  return values;
+}
+
+// grpc_auth_metadata_processor's state.
+struct ProcessorState {
+  const Authorizer* authorizer;
+  std::string guarded_prefix;
+  AuthRefusalObserver on_refused;
+};
+
+absl::string_view SliceView(const grpc_slice& s) {
+  return absl::string_view(
+      reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(s)),
+      GRPC_SLICE_LENGTH(s));
+}
+
+void ProcessMetadata(void* state, grpc_auth_context* context,
+                     const grpc_metadata* md, size_t num_md,
+                     grpc_process_auth_metadata_done_cb cb, void* user_data) {
+  const auto* st = static_cast<const ProcessorState*>(state);
+  absl::string_view path;
+  absl::string_view authorization;
+  for (size_t i = 0; i < num_md; ++i) {
+    const absl::string_view key = SliceView(md[i].key);
+    if (key == ":path") {
+      path = SliceView(md[i].value);
+    } else if (key == "authorization") {
+      authorization = SliceView(md[i].value);
+    }
+  }
+  // Health (and reflection, where served) stay open; a call of another
+  // path gRPC answers UNIMPLEMENTED without reading its message.
+  if (!absl::StartsWith(path, st->guarded_prefix)) {
+    cb(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
+    return;
+  }
+  absl::string_view reason;
+  absl::StatusOr<Caller> caller = st->authorizer->AuthenticateIdentities(
+      authorization, CertificateIdentities(context), &reason);
+  if (caller.ok()) {
+    cb(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
+    return;
+  }
+  if (st->on_refused) {
+    st->on_refused(reason, absl::StripPrefix(path, "/"),
+                   caller.status().message());
+  }
+  // gRPC copies the details before this returns.
+  const std::string details(caller.status().message());
+  cb(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_UNAUTHENTICATED,
+     details.c_str());
+}
+
+void DestroyProcessor(void* state) {
+  delete static_cast<ProcessorState*>(state);
+}
+
+}  // namespace
+
+std::vector<std::string> CertificateIdentities(const grpc_auth_context* ctx) {
+  std::vector<std::string> ids;
+  if (ctx == nullptr || !grpc_auth_context_peer_is_authenticated(ctx)) {
+    return ids;
+  }
+  for (const std::string& cn :
+       CoreProperties(ctx, GRPC_X509_CN_PROPERTY_NAME)) {
+    ids.push_back(absl::StrCat("CN=", cn));
+  }
+  for (const char* property :
+       {GRPC_X509_SAN_PROPERTY_NAME, GRPC_PEER_DNS_PROPERTY_NAME,
+        GRPC_PEER_URI_PROPERTY_NAME, GRPC_PEER_EMAIL_PROPERTY_NAME,
+        GRPC_PEER_IP_PROPERTY_NAME}) {
+    for (const std::string& san : CoreProperties(ctx, property)) {
+      std::string id = absl::StrCat("SAN=", san);
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) {
+        ids.push_back(std::move(id));
+      }
+    }
+  }
+  return ids;
+}
+
+grpc_auth_metadata_processor NewAuthMetadataProcessor(
+    const Authorizer* authorizer, std::string guarded_prefix,
+    AuthRefusalObserver on_refused) {
+  grpc_auth_metadata_processor p;
+  p.process = &ProcessMetadata;
+  p.destroy = &DestroyProcessor;
+  p.state = new ProcessorState{authorizer, std::move(guarded_prefix),
+                               std::move(on_refused)};
+  return p;
 }
 
 }  // namespace cairn::coordinator

@@ -32,6 +32,7 @@
 #define CAIRN_SERVER_COORDINATOR_AUTH_H_
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "grpc/grpc_security.h"
 
 namespace grpc {
 class AuthContext;
@@ -153,6 +155,12 @@ class Authorizer {
       absl::string_view authorization_metadata,
       const grpc::AuthContext* auth_context,
       absl::string_view* failure_reason = nullptr) const;
+  // The same with the client certificate's identities (as
+  // CertificateIdentities returns them) instead of its auth context.
+  absl::StatusOr<Caller> AuthenticateIdentities(
+      absl::string_view authorization_metadata,
+      const std::vector<std::string>& certificate_identities,
+      absl::string_view* failure_reason = nullptr) const;
 
   const std::string& path() const { return path_; }
   // The table in use.
@@ -175,6 +183,28 @@ class Authorizer {
 // takes them: "CN=<common name>" then "SAN=<name>" per subject alternative
 // name. Empty when the peer presented no certificate.
 std::vector<std::string> CertificateIdentities(const grpc::AuthContext& ctx);
+// The same from gRPC core's auth context (an AuthMetadataProcessor's).
+std::vector<std::string> CertificateIdentities(const grpc_auth_context* ctx);
+
+// Told of every call the processor below refuses: the failure reason (as
+// Authenticate's), the method ("cairn.v1.Coordinator/ListCheckpoints") and
+// the UNAUTHENTICATED message. Runs on gRPC's thread: must not block.
+using AuthRefusalObserver =
+    std::function<void(absl::string_view reason, absl::string_view method,
+                       absl::string_view message)>;
+
+// A core auth metadata processor (grpc_server_credentials_set_auth_metadata_
+// processor) that authenticates every call whose path starts with
+// `guarded_prefix` ("/cairn.v1.Coordinator/") as Authenticate does and ends
+// it with UNAUTHENTICATED (the same message) when that fails. It runs on the
+// call's metadata, before gRPC reads the request: a caller without
+// credentials never gets its request body buffered (or even accepted by
+// flow control beyond the first window). Other paths (grpc.health.v1)
+// pass. The processor takes no reference to `authorizer`, which must
+// outlive the server; the credentials own (and destroy) the processor.
+grpc_auth_metadata_processor NewAuthMetadataProcessor(
+    const Authorizer* authorizer, std::string guarded_prefix,
+    AuthRefusalObserver on_refused);
 
 }  // namespace cairn::coordinator
 

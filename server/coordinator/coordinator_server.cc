@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/impl/server_builder_option.h"
 #include "grpcpp/impl/server_builder_plugin.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
@@ -106,6 +108,34 @@ bool IsLoopback(const std::string& listen_address) {
   return loopback;
 }
 
+// Plaintext server credentials that run a core auth metadata processor
+// (gRPC's InsecureServerCredentials() takes none). The server binds the port
+// through AddPortToServer.
+class InsecureCredentialsWithProcessor final : public grpc::ServerCredentials {
+ public:
+  explicit InsecureCredentialsWithProcessor(
+      const grpc_auth_metadata_processor& processor)
+      : creds_(grpc_insecure_server_credentials_create()) {
+    grpc_server_credentials_set_auth_metadata_processor(creds_, processor);
+  }
+  ~InsecureCredentialsWithProcessor() override {
+    grpc_server_credentials_release(creds_);
+  }
+  void SetAuthMetadataProcessor(
+      const std::shared_ptr<grpc::AuthMetadataProcessor>& /*processor*/)
+      override {
+    CAIRN_LOG(error,
+              "cairnd credentials take no C++ AuthMetadataProcessor (ignored)");
+  }
+
+ private:
+  int AddPortToServer(const std::string& addr, grpc_server* server) override {
+    return grpc_server_add_http2_port(server, addr.c_str(), creds_);
+  }
+
+  grpc_server_credentials* const creds_;
+};
+
 // Drops the reflection plugin that InitProtoReflectionServerBuilderPlugin
 // registered for every ServerBuilder of the process.
 class WithoutReflection : public grpc::ServerBuilderOption {
@@ -127,6 +157,17 @@ class WithoutReflection : public grpc::ServerBuilderOption {
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const Spec& spec_in) {
   Spec spec = spec_in;
+  if (spec.max_request_memory_bytes < (int64_t{16} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request memory budget (--max-request-memory-mib) must be at "
+        "least 16 MiB, not ",
+        spec.max_request_memory_bytes, " bytes"));
+  }
+  if (spec.max_streams_per_connection < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-streams-per-connection must be at least 1, not ",
+                     spec.max_streams_per_connection));
+  }
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   // Bad TLS files fail the start before anything else happens.
   if (spec.tls.enabled() || !spec.tls.client_ca_file.empty()) {
@@ -176,11 +217,37 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // would then also "listen" and clients would alternate between two
   // catalogs. Without it a port in use is an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(spec.listen_address,
-                           s->tls_ != nullptr
-                               ? s->tls_->Credentials()
-                               : grpc::InsecureServerCredentials(),
-                           &s->port_);
+  // Memory against any client: every connection's buffers draw on one
+  // quota (see Spec::max_request_memory_bytes), and a connection carries
+  // at most so many calls at once.
+  grpc::ResourceQuota quota("cairnd-requests");
+  quota.Resize(static_cast<size_t>(spec.max_request_memory_bytes));
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             spec.max_streams_per_connection);
+  // With authentication, a call without valid credentials is refused on
+  // its metadata, before gRPC reads (and buffers) its request.
+  std::optional<grpc_auth_metadata_processor> processor;
+  if (s->authorizer_ != nullptr) {
+    const CoordinatorService* service = s->service_.get();
+    processor = NewAuthMetadataProcessor(
+        s->authorizer_.get(),
+        absl::StrCat("/", v1::Coordinator::service_full_name(), "/"),
+        [service](absl::string_view reason, absl::string_view method,
+                  absl::string_view message) {
+          service->AuditEarlyAuthFailure(reason, method, message);
+        });
+  }
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (s->tls_ != nullptr) {
+    credentials = s->tls_->Credentials(processor ? &*processor : nullptr);
+  } else if (processor) {
+    credentials =
+        std::make_shared<InsecureCredentialsWithProcessor>(*processor);
+  } else {
+    credentials = grpc::InsecureServerCredentials();
+  }
+  builder.AddListeningPort(spec.listen_address, credentials, &s->port_);
   builder.RegisterService(s->service_.get());
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
@@ -196,6 +263,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
         absl::StrCat("cairnd cannot listen on ", spec.listen_address,
                      ": the address is in use (another cairnd?) or not local"));
   }
+  // The storage lease names where this cairnd serves (port 0 resolved).
+  const size_t port_colon = spec.listen_address.rfind(':');
+  s->coordinator_->SetServingAddress(
+      absl::StartsWith(spec.listen_address, "unix:") ||
+              port_colon == std::string::npos
+          ? spec.listen_address
+          : absl::StrCat(spec.listen_address.substr(0, port_colon), ":",
+                         s->port_));
   if (!spec.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> http =
         metrics::MetricsHttpServer::Start(spec.metrics_listen,

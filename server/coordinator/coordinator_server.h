@@ -52,6 +52,25 @@ class CoordinatorServer {
     // (GetCheckpoint) of a large checkpoint. Clients (libcairn, cairn) accept
     // answers of this size. Default: 1 GiB.
     int max_send_message_bytes = 1 << 30;
+    // Memory budget of gRPC's buffers for this port: request bytes received
+    // and not yet parsed (in flight on the wire, or waiting for a worker),
+    // connections' read buffers and calls' state. When they reach it, gRPC
+    // closes idle connections and cancels calls in flight, one at a time
+    // (their callers get RESOURCE_EXHAUSTED), until they fit again; it may
+    // overshoot by what arrives meanwhile (about 10-20% on loopback). With
+    // auth_tokens_path, calls without valid credentials are refused before
+    // their request is read and take no part of it. Requests being parsed
+    // and handled are outside it (their size is bounded by
+    // max_receive_message_bytes and the worker count). Raise it for jobs
+    // whose ranks together send more than this at once (e.g. a first save
+    // of R ranks with plans of P bytes each: R x P). Default: 1 GiB.
+    int64_t max_request_memory_bytes = int64_t{1} << 30;
+    // Calls in flight on one connection (HTTP/2 MAX_CONCURRENT_STREAMS);
+    // clients queue the ones beyond it. Ranks of one process share a
+    // connection and each keeps a BeginSave parked until every rank has
+    // called, so this must exceed the ranks any one process runs.
+    // Default: 4096.
+    int max_streams_per_connection = 4096;
     // host:port serving Prometheus metrics at GET /metrics (port 0 picks a
     // free port, see metrics_port()); empty serves none. Default: empty.
     std::string metrics_listen;
@@ -110,7 +129,7 @@ class CoordinatorServer {
   CoordinatorServer() = default;
 
   std::unique_ptr<Coordinator> coordinator_;
-  std::unique_ptr<Authorizer> authorizer_;  // outlives service_
+  std::unique_ptr<Authorizer> authorizer_;  // outlives service_ and server_
   // Before server_: the credentials refer to it until the server is gone.
   std::unique_ptr<ServerTls> tls_;
   std::unique_ptr<CoordinatorService> service_;

@@ -326,6 +326,14 @@ std::function<Access(const Req&)> NoJob(Action action,
 
 }  // namespace
 
+void CoordinatorService::AuditEarlyAuthFailure(
+    absl::string_view reason, absl::string_view method,
+    absl::string_view message) const {
+  // The peer's address is not known before the call is matched.
+  guard_->AuditAuthFailure(reason, std::string(method), "-", "identity=-",
+                           message);
+}
+
 CoordinatorService::CoordinatorService(Coordinator* coordinator,
                                        const Authorizer* authorizer)
     : guard_(std::make_unique<internal::ServiceGuard>()) {

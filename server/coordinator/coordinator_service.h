@@ -40,6 +40,12 @@ class CoordinatorService final : public v1::Coordinator::Service {
                               const Authorizer* authorizer = nullptr);
   ~CoordinatorService() override;
 
+  // Audits a call refused before it reached the service (auth.h's metadata
+  // processor, which authenticates before the request is read) as a refusal
+  // in the service is: the audit line and cairn_auth_failures_total.
+  void AuditEarlyAuthFailure(absl::string_view reason, absl::string_view method,
+                             absl::string_view message) const;
+
  private:
   std::unique_ptr<internal::ServiceGuard> guard_;
 };

@@ -219,6 +219,23 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   std::string reflection = "auto";
   app.add_option("--reflection", reflection,
+  int max_request_memory_mib =
+      static_cast<int>(spec.max_request_memory_bytes >> 20);
+  app.add_option("--max-request-memory-mib", max_request_memory_mib,
+                 "Memory budget of gRPC's request buffers, in MiB: requests "
+                 "received and not yet parsed, connections' buffers. At the "
+                 "budget, idle connections are closed and calls in flight "
+                 "cancelled (RESOURCE_EXHAUSTED) until they fit; raise it "
+                 "for jobs whose ranks together send more at once")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(16, 1 << 24));
+  app.add_option("--max-streams-per-connection",
+                 spec.max_streams_per_connection,
+                 "Calls in flight on one client connection (clients queue "
+                 "more); above the ranks one process runs, whose parked "
+                 "BeginSave calls share its connection")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 30));
                  "Serve grpc.reflection: auto (on without --auth-tokens, "
                  "off with it: reflection is not authenticated), on, off")
       ->capture_default_str()
@@ -290,6 +307,7 @@ int main(int argc, char** argv) {
   // A bad file keeps the one in use: a typo must not lock everyone out.
   auto reload = [&server](const char* why) {
     if ((*server)->tls_enabled()) {
+  spec.max_request_memory_bytes = int64_t{max_request_memory_mib} << 20;
       if (absl::Status s = (*server)->ReloadTls(); s.ok()) {
         CAIRN_LOG(info, "cairnd: {}: TLS certificate, key and CA reloaded",
                   why);

@@ -23,7 +23,7 @@ class CoreServerCredentials final : public grpc::ServerCredentials {
       const std::shared_ptr<grpc::AuthMetadataProcessor>& /*processor*/)
       override {
     // Not wired to the core credentials: say so rather than silently not
-    // running it (Cairn authorizes calls in a server interceptor).
+    // running it (Credentials() takes a core processor instead).
     CAIRN_LOG(error,
               "cairnd TLS credentials take no AuthMetadataProcessor (ignored)");
   }
@@ -123,7 +123,8 @@ grpc_ssl_certificate_config_reload_status ServerTls::Fetch(
   return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
 }
 
-std::shared_ptr<grpc::ServerCredentials> ServerTls::Credentials() {
+std::shared_ptr<grpc::ServerCredentials> ServerTls::Credentials(
+    const grpc_auth_metadata_processor* processor) {
   grpc_ssl_client_certificate_request_type request =
       files_.client_ca_file.empty()
           ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
@@ -135,8 +136,12 @@ std::shared_ptr<grpc::ServerCredentials> ServerTls::Credentials() {
   grpc_ssl_server_credentials_options* options =
       grpc_ssl_server_credentials_create_options_using_config_fetcher(
           request, &ServerTls::Fetch, this);
-  return std::make_shared<CoreServerCredentials>(
-      grpc_ssl_server_credentials_create_with_options(options));
+  grpc_server_credentials* creds =
+      grpc_ssl_server_credentials_create_with_options(options);
+  if (processor != nullptr) {
+    grpc_server_credentials_set_auth_metadata_processor(creds, *processor);
+  }
+  return std::make_shared<CoreServerCredentials>(creds);
 }
 
 }  // namespace cairn::coordinator

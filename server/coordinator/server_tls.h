@@ -46,8 +46,10 @@ class ServerTls {
   ~ServerTls();
 
   // Credentials for ServerBuilder::AddListeningPort. They refer to this
-  // object, which must outlive the server.
-  std::shared_ptr<grpc::ServerCredentials> Credentials();
+  // object, which must outlive the server. With `processor`, they run it on
+  // every call's metadata (and own it).
+  std::shared_ptr<grpc::ServerCredentials> Credentials(
+      const grpc_auth_metadata_processor* processor = nullptr);
 
   // Re-reads the files. On success new handshakes use them; on error (naming
   // the file) the previous ones stay in use.

@@ -328,6 +328,21 @@ int TcpTransport::reader_threads() {
   return n;
 }
 
+int TcpTransport::queued_control_messages(int peer) {
+  absl::MutexLock l(&mu_);
+  auto it = control_queued_.find(peer);
+  return it == control_queued_.end() ? 0 : it->second.messages;
+}
+
+void TcpTransport::OverControlBound(int peer, absl::string_view what) {
+  // Every time (not rate-limited as refusals are): a peer is disconnected
+  // for this at most once per connection it opens, and it says which.
+  CAIRN_LOG(warn, "node {}: disconnecting node {}: {}", options_.node_id, peer,
+            std::string(what));
+  absl::MutexLock l(&log_mu_);
+  last_refusal_ = absl::StrCat("node ", peer, ": ", what);
+}
+
 void TcpTransport::LogRefusal(const std::string& from, absl::string_view why) {
   // At most one line a second, so a flood cannot flood the log.
   absl::MutexLock l(&log_mu_);
@@ -601,6 +616,16 @@ void TcpTransport::ReadLoop(Reader* reader) {
       payload.clear();
       status = absl::OkStatus();
     }
+    const bool control =
+        (tag & kControlTagBit) != 0 && options_.control_handler != nullptr;
+    if (control &&
+        payload.size() + h.length > options_.max_queued_control_bytes) {
+      OverControlBound(
+          peer, absl::StrCat("control message tag ", tag, " of more than ",
+                             options_.max_queued_control_bytes,
+                             " bytes (max_queued_control_bytes)"));
+      break;
+    }
     const size_t base = payload.size();
     payload.resize(base + h.length);
     if (!conn.ReadFull(payload.data() + base, h.length, options_.io_timeout)) {
@@ -615,10 +640,36 @@ void TcpTransport::ReadLoop(Reader* reader) {
     }
     more = (h.flags & kMoreFrames) != 0;
     if (more) continue;
-    if ((tag & kControlTagBit) && options_.control_handler && status.ok()) {
+    if (control && status.ok()) {
+      const uint64_t bytes = payload.size();
+      std::string over;
+      {
+        absl::MutexLock l(&mu_);
+        ControlQueued& q = control_queued_[peer];
+        if (q.messages >= options_.max_queued_control_messages ||
+            q.bytes + bytes > options_.max_queued_control_bytes) {
+          over = absl::StrCat(
+              q.messages, " control messages (", q.bytes,
+              " bytes) queued and another of ", bytes, " bytes (tag ", tag,
+              "), over the bound of ", options_.max_queued_control_messages,
+              " messages or ", options_.max_queued_control_bytes,
+              " bytes (max_queued_control_messages/bytes)");
+        } else {
+          ++q.messages;
+          q.bytes += bytes;
+        }
+      }
+      if (!over.empty()) {
+        OverControlBound(peer, over);
+        break;
+      }
       control_pool_->Schedule(
-          [this, peer, tag, p = std::move(payload)]() mutable {
+          [this, peer, tag, bytes, p = std::move(payload)]() mutable {
             options_.control_handler(peer, tag, std::move(p));
+            absl::MutexLock l(&mu_);
+            ControlQueued& q = control_queued_[peer];
+            --q.messages;
+            q.bytes -= bytes;
           });
       payload = std::string();
       continue;

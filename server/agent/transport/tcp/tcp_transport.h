@@ -40,6 +40,12 @@
 //
 // Each verified message either goes to the control handler (tags with
 // kControlTagBit) or is queued in a mailbox keyed by (peer, tag) for Recv.
+// Control messages of one peer queued or running at once are bounded
+// (max_queued_control_messages, max_queued_control_bytes, the message being
+// assembled included): a peer over a bound is disconnected, with a log line
+// and last_refusal() naming it, and its message dropped. A real peer waits
+// for each request's reply, so it has at most its calling threads' worth
+// queued.
 // A corrupt payload is delivered as DATA_LOSS to the matching Recv. A
 // message whose Recv timed out (or that the caller Abandon()ed) is dropped
 // when it arrives instead of staying in the mailbox forever.
@@ -129,6 +135,11 @@ struct TcpTransportOptions {
   ControlHandler control_handler;
   // Threads running control handlers. Default: 4.
   int control_threads = 4;
+  // Control messages of one peer waiting for or running in a handler at
+  // once, and their payload bytes (see above). Default: 1024 messages,
+  // 256 MiB.
+  int max_queued_control_messages = 1024;
+  uint64_t max_queued_control_bytes = uint64_t{256} << 20;
   // Connect timeout, including retries while the peer starts. Default: 5 s.
   absl::Duration connect_timeout = absl::Seconds(5);
 };
@@ -205,6 +216,9 @@ class TcpTransport : public Transport {
   // plus ones being replaced).
   int reader_threads();
 
+  // Control messages of `peer` waiting for or running in a handler now.
+  int queued_control_messages(int peer);
+
  private:
   struct Outgoing {
     absl::Mutex mu;
@@ -235,6 +249,9 @@ class TcpTransport : public Transport {
   void StartReader(std::unique_ptr<internal::PeerConn> conn, int peer);
   void ReadLoop(Reader* reader);
   void LogRefusal(const std::string& from, absl::string_view why);
+  // Logs (and records as last_refusal) why `peer` is disconnected for its
+  // control messages.
+  void OverControlBound(int peer, absl::string_view what);
   void AbandonLocked(const std::pair<int, uint64_t>& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::unique_ptr<internal::PeerConn>> Connect(
@@ -284,6 +301,12 @@ class TcpTransport : public Transport {
   std::list<std::unique_ptr<Reader>> readers_ ABSL_GUARDED_BY(mu_);
   // The newest accepted connection of each peer.
   absl::flat_hash_map<int, Reader*> current_from_ ABSL_GUARDED_BY(mu_);
+  // Control messages of each peer waiting for or running in a handler.
+  struct ControlQueued {
+    int messages = 0;
+    uint64_t bytes = 0;
+  };
+  absl::flat_hash_map<int, ControlQueued> control_queued_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cairn::agent

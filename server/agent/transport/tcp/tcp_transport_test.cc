@@ -26,6 +26,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/agent/transport/tcp/test_certs.h"
+#include "storage/checksum.h"
 
 namespace cairn::agent {
 namespace {
@@ -350,6 +351,88 @@ TEST(TcpTransportTest, HostileFramesAreRefusedBeforeAnyAllocation) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(*got == big);
   EXPECT_EQ(c->nodes[1]->reader_threads(), 1);
+}
+
+// An authenticated peer sending control messages faster than the handlers
+// take them (here: never, until released) is disconnected at the bound,
+// with a refusal naming it; so is one sending a control message larger
+// than the byte bound, before its payload is allocated. Real peers are
+// served again afterwards.
+TEST(TcpTransportTest, PeerFloodingControlMessagesIsDisconnected) {
+  absl::Notification release;
+  std::atomic<int> handled{0};
+  auto c = Cluster::Make(
+      2,
+      [&](int, uint64_t, std::string) {
+        release.WaitForNotification();
+        ++handled;
+      },
+      [](TcpTransportOptions& o) {
+        o.peer_token = kToken;
+        o.max_frame_bytes = 1 << 20;
+        o.control_threads = 2;
+        o.max_queued_control_messages = 16;
+        o.max_queued_control_bytes = 1 << 20;
+      });
+  const std::string hello = internal::EncodeHello(0, kToken);
+  {
+    const int fd = RawConnect(c->ports[1]);
+    ASSERT_GE(fd, 0);
+    std::string flood = hello;
+    const std::string payload = "control-0123456789";
+    for (uint64_t i = 0; i < 5000; ++i) {
+      flood += internal::EncodeFrameHeader(
+          kControlTagBit | i, payload.size(),
+          storage::Crc32c(payload.data(), payload.size()), 0);
+      flood += payload;
+    }
+    // The receiver may close before it has read everything.
+    (void)send(fd, flood.data(), flood.size(), MSG_NOSIGNAL);
+    bool closed = false;
+    EXPECT_EQ(AckCode(ReadUntilClosed(fd, &closed)), 0u);
+    EXPECT_TRUE(closed) << "a flooding peer stayed connected";
+    close(fd);
+    EXPECT_LE(c->nodes[1]->queued_control_messages(0), 16);
+    EXPECT_THAT(c->nodes[1]->last_refusal(), HasSubstr("node 0: 16 control"));
+    EXPECT_THAT(c->nodes[1]->last_refusal(),
+                HasSubstr("max_queued_control_messages"));
+  }
+  release.Notify();
+  for (int i = 0; i < 1000 && c->nodes[1]->queued_control_messages(0) > 0;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(c->nodes[1]->queued_control_messages(0), 0);
+  {
+    // One control message of three 512 KiB frames: over 1 MiB at the third.
+    const int fd = RawConnect(c->ports[1]);
+    ASSERT_GE(fd, 0);
+    const std::string part(512 << 10, 'p');
+    const uint32_t crc = storage::Crc32c(part.data(), part.size());
+    std::string big = hello;
+    for (int i = 0; i < 3; ++i) {
+      big += internal::EncodeFrameHeader(kControlTagBit | 77, part.size(), crc,
+                                         i < 2 ? internal::kMoreFrames : 0);
+      big += part;
+    }
+    (void)send(fd, big.data(), big.size(), MSG_NOSIGNAL);
+    bool closed = false;
+    EXPECT_EQ(AckCode(ReadUntilClosed(fd, &closed)), 0u);
+    EXPECT_TRUE(closed);
+    close(fd);
+    EXPECT_THAT(c->nodes[1]->last_refusal(),
+                HasSubstr("node 0: control message tag"));
+    EXPECT_THAT(c->nodes[1]->last_refusal(),
+                HasSubstr("max_queued_control_bytes"));
+  }
+  // A real peer's control message is handled.
+  const int before = handled.load();
+  ASSERT_TRUE(
+      c->nodes[0]->Send(1, kControlTagBit | 9000, std::string("ping")).ok());
+  for (int i = 0; i < 1000 && handled.load() == before; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(handled.load(), before + 1);
 }
 
 TEST(TcpTransportTest, PeerWithAnotherTokenGetsPermissionDenied) {

@@ -1,0 +1,286 @@
+// Memory bounded against any client (issue 53): a real cairnd with
+// --auth-tokens and --max-request-memory-mib takes waves of concurrent
+// oversized requests (each on its own connection, raw gRPC, as a hostile
+// client sends them), without a token and with a valid one, while a
+// well-behaved two-rank job saves and loads. cairnd's peak resident memory
+// (VmHWM) must stay under the documented bound: its level after the job's
+// first save plus 1.5 x the budget (the budget and what arrives while gRPC
+// cancels calls to get back under it); without a token, the requests must
+// be refused before their bodies are read (peak within 64 MiB of that
+// level). The job must succeed throughout, and every oversized request be
+// refused: UNAUTHENTICATED without a token, RESOURCE_EXHAUSTED with one.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cairnd_process.h"
+#include "tests/testing/path_flags.h"
+#include "tests/testing/subprocess.h"
+
+#ifndef CAIRN_CAIRND_PATH
+#define CAIRN_CAIRND_PATH ""
+#endif
+#ifndef CAIRN_RANK_PATH
+#define CAIRN_RANK_PATH ""
+#endif
+
+namespace cairn {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+std::string g_cairnd = CAIRN_CAIRND_PATH;
+std::string g_rank = CAIRN_RANK_PATH;
+
+const char kWriter[] = "writer-token-4a1f9c27d08e53b6";
+constexpr int64_t kMiB = 1 << 20;
+// The budget given to cairnd, and the hostile requests: 8 at a time of
+// 300 MiB each (2.4 GB, which an unbounded cairnd buffers whole before
+// refusing them as larger than its 128 MiB limit).
+constexpr int64_t kBudgetMiB = 512;
+constexpr int kConcurrent = 8;
+constexpr int64_t kRequestBytes = 300 * kMiB;
+
+// A field of /proc/<pid>/status ("VmHWM", "VmRSS") in bytes; -1 if absent.
+int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view v = line;
+    if (!absl::ConsumePrefix(&v, field + ":")) continue;
+    v = absl::StripAsciiWhitespace(v);
+    absl::ConsumeSuffix(&v, " kB");
+    int64_t kb = 0;
+    if (absl::SimpleAtoi(v, &kb)) return kb * 1024;
+  }
+  return -1;
+}
+
+struct Outcome {
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  std::string message;
+};
+
+// One oversized BeginSave (its bytes are not a valid request: they are
+// never meant to be parsed) on a connection of its own.
+Outcome OversizedCall(const std::string& address, const std::string& token,
+                      const grpc::Slice& body) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // its own connection
+  args.SetMaxSendMessageSize(-1);
+  grpc::GenericStub stub(grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  grpc::Slice copy = body;  // a reference, not a copy of the bytes
+  grpc::ByteBuffer request(&copy, 1), response;
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      stub.PrepareUnaryCall(&ctx, "/cairn.v1.Coordinator/BeginSave", request,
+                            &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  return {status.error_code(), status.error_message()};
+}
+
+class RequestMemoryE2ETest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("request_memory_e2e");
+    const std::string tokens = dir_ + "/tokens";
+    std::ofstream(tokens) << kWriter << " writer * writer\n";
+    ASSERT_EQ(std::filesystem::exists(tokens), true);
+    std::filesystem::permissions(tokens,
+                                 std::filesystem::perms::owner_read |
+                                     std::filesystem::perms::owner_write);
+    absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
+        testing::CairndProcess::Start(
+            g_cairnd, dir_ + "/cairnd",
+            {"--auth-tokens", tokens, "--max-request-memory-mib",
+             std::to_string(kBudgetMiB)});
+    ASSERT_TRUE(c.ok()) << c.status();
+    cairnd_ = std::move(*c);
+    // The job's ranks find the token in their environment.
+    setenv("CAIRN_TOKEN", kWriter, 1);
+    // The level cairnd runs at: after a save of the job.
+    ASSERT_EQ(RunJob("1", ""), 0);
+    baseline_ = ProcStatusBytes(cairnd_->process().pid(), "VmHWM");
+    ASSERT_GT(baseline_, 0);
+  }
+
+  void TearDown() override {
+    if (cairnd_ != nullptr) {
+      cairnd_->process().Signal(SIGTERM);
+      (void)cairnd_->process().Wait();
+    }
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  // Two ranks of job "good" save `steps` then (when `load` is set) load
+  // it; 0 when both succeed.
+  int RunJob(const std::string& steps, const std::string& load) {
+    std::vector<std::vector<std::string>> argvs;
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> argv = {g_rank,
+                                       "--coordinator",
+                                       cairnd_->address(),
+                                       "--job",
+                                       "good",
+                                       "--rank",
+                                       std::to_string(r),
+                                       "--world-size",
+                                       "2",
+                                       "--layout",
+                                       "2:S0",
+                                       "--save-steps",
+                                       steps};
+      if (!load.empty()) {
+        argv.push_back("--load");
+        argv.push_back(load);
+      }
+      argvs.push_back(std::move(argv));
+    }
+    absl::StatusOr<std::vector<int>> codes = testing::RunAll(
+        argvs, absl::StrCat(dir_, "/job-", ++jobs_, "-"), absl::Minutes(4));
+    EXPECT_TRUE(codes.ok()) << codes.status();
+    if (!codes.ok()) return -1;
+    for (int code : *codes) {
+      if (code != 0) return code;
+    }
+    return 0;
+  }
+
+  // Waves of kConcurrent oversized requests with `token` until the job
+  // (steps 2-6, then a load of the latest) has finished, and at least two
+  // waves. The job's result; the outcomes in `*outcomes`.
+  int AttackWhileJobRuns(const std::string& token,
+                         std::vector<Outcome>* outcomes) {
+    std::string bytes(kRequestBytes, 'x');
+    const grpc::Slice body(bytes.data(), bytes.size());
+    bytes = std::string();
+    std::atomic<bool> job_done{false};
+    int job_result = -1;
+    std::thread job([&] {
+      job_result = RunJob("2,3,4,5,6", "latest");
+      job_done = true;
+    });
+    absl::Mutex mu;
+    for (int wave = 0; wave < 2 || !job_done; ++wave) {
+      std::vector<std::thread> callers;
+      for (int i = 0; i < kConcurrent; ++i) {
+        callers.emplace_back([&] {
+          Outcome o = OversizedCall(cairnd_->address(), token, body);
+          absl::MutexLock l(&mu);
+          outcomes->push_back(std::move(o));
+        });
+      }
+      for (std::thread& t : callers) t.join();
+      if (wave >= 20) break;  // the job is stuck: its result says so
+    }
+    job.join();
+    return job_result;
+  }
+
+  static std::string Summary(const std::vector<Outcome>& outcomes) {
+    std::map<std::string, int> counts;
+    for (const Outcome& o : outcomes) {
+      ++counts[absl::StrCat(o.code, " ", o.message)];
+    }
+    std::string s;
+    for (const auto& [what, n] : counts)
+      absl::StrAppend(&s, n, " x ", what, "\n");
+    return s;
+  }
+
+  std::string dir_;
+  int jobs_ = 0;
+  std::unique_ptr<testing::CairndProcess> cairnd_;
+  int64_t baseline_ = 0;
+};
+
+TEST_F(RequestMemoryE2ETest, WithoutTokenRefusedBeforeTheBodyIsRead) {
+  std::vector<Outcome> outcomes;
+  EXPECT_EQ(AttackWhileJobRuns("", &outcomes), 0)
+      << "the well-behaved job failed during the attack; its logs are in "
+      << dir_;
+  const int64_t peak = ProcStatusBytes(cairnd_->process().pid(), "VmHWM");
+  std::cerr << outcomes.size() << " requests of " << kRequestBytes / kMiB
+            << " MiB without a token: cairnd's peak resident memory "
+            << peak / kMiB << " MiB (" << baseline_ / kMiB
+            << " MiB after the first save; budget " << kBudgetMiB << " MiB)\n"
+            << Summary(outcomes);
+  EXPECT_GE(outcomes.size(), 2u * kConcurrent);
+  for (const Outcome& o : outcomes) {
+    EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED) << o.message;
+    EXPECT_THAT(o.message, HasSubstr("no credentials"));
+  }
+  EXPECT_LE(peak, baseline_ + 64 * kMiB)
+      << "unauthenticated bodies were buffered";
+  // Refused on their metadata, and still audited.
+  EXPECT_THAT(cairnd_->process().Log(),
+              HasSubstr("audit: auth failure reason=no_credentials"));
+}
+
+TEST_F(RequestMemoryE2ETest, WithTokenBoundedByTheBudget) {
+  std::vector<Outcome> outcomes;
+  EXPECT_EQ(AttackWhileJobRuns(kWriter, &outcomes), 0)
+      << "the well-behaved job failed during the attack; its logs are in "
+      << dir_;
+  const int64_t peak = ProcStatusBytes(cairnd_->process().pid(), "VmHWM");
+  const int64_t bound = baseline_ + kBudgetMiB * kMiB * 3 / 2;
+  std::cerr << outcomes.size() << " requests of " << kRequestBytes / kMiB
+            << " MiB with a token: cairnd's peak resident memory "
+            << peak / kMiB << " MiB, bound " << bound / kMiB << " MiB ("
+            << baseline_ / kMiB << " MiB after the first save + 1.5 x "
+            << kBudgetMiB << " MiB)\n"
+            << Summary(outcomes);
+  EXPECT_GE(outcomes.size(), 2u * kConcurrent);
+  for (const Outcome& o : outcomes) {
+    // Cancelled at the budget, or read whole and refused as too large.
+    EXPECT_EQ(o.code, grpc::StatusCode::RESOURCE_EXHAUSTED) << o.message;
+    EXPECT_THAT(o.message, AnyOf(HasSubstr("larger than max"),
+                                 HasSubstr("RST_STREAM with error code 11")));
+  }
+  EXPECT_LE(peak, bound);
+}
+
+}  // namespace
+}  // namespace cairn
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  cairn::testing::ParsePathFlags(argc, argv,
+                                 {
+                                     {"cairnd", &cairn::g_cairnd},
+                                     {"rank", &cairn::g_rank},
+                                 });
+  return RUN_ALL_TESTS();
+}
