@@ -184,6 +184,8 @@ class Checkpointer::Impl {
   const CheckpointerOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  // Whether cairnd has answered on channel_ (see CallWithRetry).
+  std::unique_ptr<protocol::CoordinatorContact> contact_;
   std::unique_ptr<ThreadPool> io_pool_;
   std::unique_ptr<protocol::SaveProtocol> protocol_;
 
@@ -205,6 +207,8 @@ absl::Status Checkpointer::Impl::Connect() {
   CAIRN_ASSIGN_OR_RETURN(channel_, protocol::NewCoordinatorChannel(
                                        options.coordinator, options.security));
   stub_ = v1::Coordinator::NewStub(channel_);
+  contact_ = std::make_unique<protocol::CoordinatorContact>(
+      channel_, options.coordinator, options.first_contact_timeout);
   protocol::SaveProtocolOptions p;
   p.job = options.job;
   p.rank = options.rank;
@@ -212,6 +216,7 @@ absl::Status Checkpointer::Impl::Connect() {
   p.collective_timeout = options.collective_timeout;
   p.rpc_timeout = options.rpc_timeout;
   p.max_retries = options.max_retries;
+  p.contact = contact_.get();
   p.store = options.store;
   p.cancellation = &cancel_;
   protocol_ = std::make_unique<protocol::SaveProtocol>(stub_.get(), p);
@@ -323,16 +328,17 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
   absl::StatusOr<v1::PlanLoadResponse> planned =
       CallWithRetry(&v1::Coordinator::Stub::PlanLoad, *stub_,
                     compact_wanted ? short_form : request, options_.rpc_timeout,
-                    options_.max_retries, &cancel_);
+                    options_.max_retries, &cancel_, contact_.get());
   if (planned.ok() && planned->resend_wanted()) {
     const v1::PlanLoadResponse asked = *std::move(planned);
-    planned = compact_wanted
-                  ? CallWithRetry(&v1::Coordinator::Stub::PlanLoad, *stub_,
-                                  request, options_.rpc_timeout,
-                                  options_.max_retries, &cancel_)
-                  : absl::InternalError(
-                        "cairnd asked for the wanted chunks in full, which "
-                        "the request held");
+    planned =
+        compact_wanted
+            ? CallWithRetry(&v1::Coordinator::Stub::PlanLoad, *stub_, request,
+                            options_.rpc_timeout, options_.max_retries,
+                            &cancel_, contact_.get())
+            : absl::InternalError(
+                  "cairnd asked for the wanted chunks in full, which "
+                  "the request held");
     if (planned.ok() && planned->resend_wanted()) {
       planned = absl::InternalError(
           "cairnd asked twice for the wanted chunks in full");
@@ -349,6 +355,12 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
     // peers verify locally after cairnd's verify deadline.
     return Cancelled(absl::StrCat("rank ", options_.rank, " loading ",
                                   LoadRefName(options_.job, ref)));
+  }
+  if (absl::IsUnavailable(planned.status())) {
+    // Not answered (CallWithRetry's own error): name the load.
+    return absl::UnavailableError(absl::StrCat(
+        "rank ", options_.rank, " loading ", LoadRefName(options_.job, ref),
+        ": ", planned.status().message()));
   }
   if (!planned.ok()) {
     // Refused (a dtype or shape that differs, say): cairnd took this rank
@@ -599,9 +611,10 @@ absl::Status Checkpointer::Impl::ReadItems(
       *p->mutable_overlap() = it.overlap();
       p->set_crc_term(terms[i]);
     }
-    absl::StatusOr<v1::VerifyLoadResponse> verdict = CallWithRetry(
-        &v1::Coordinator::Stub::VerifyLoad, *stub_, verify,
-        options_.collective_timeout, options_.max_retries, &cancel_);
+    absl::StatusOr<v1::VerifyLoadResponse> verdict =
+        CallWithRetry(&v1::Coordinator::Stub::VerifyLoad, *stub_, verify,
+                      options_.collective_timeout, options_.max_retries,
+                      &cancel_, contact_.get());
     // Every planned byte is in place, its partly read chunks unverified.
     if (!verdict.ok() && cancel_.cancelled()) return cancel_.status();
     std::vector<int> recheck;
@@ -673,9 +686,9 @@ absl::StatusOr<std::vector<CheckpointInfo>> Checkpointer::Impl::List(
   v1::ListCheckpointsRequest request;
   request.set_job(options_.job);
   request.set_include_uncommitted(include_uncommitted);
-  absl::StatusOr<v1::ListCheckpointsResponse> listed =
-      CallWithRetry(&v1::Coordinator::Stub::ListCheckpoints, *stub_, request,
-                    options_.rpc_timeout, options_.max_retries);
+  absl::StatusOr<v1::ListCheckpointsResponse> listed = CallWithRetry(
+      &v1::Coordinator::Stub::ListCheckpoints, *stub_, request,
+      options_.rpc_timeout, options_.max_retries, nullptr, contact_.get());
   if (!listed.ok()) {
     return absl::Status(
         listed.status().code(),
@@ -698,9 +711,9 @@ absl::StatusOr<int64_t> Checkpointer::Impl::LatestStep() {
   request.set_job(options_.job);
   request.set_latest(true);
   request.set_record_only(true);  // the step is all it needs
-  absl::StatusOr<v1::GetCheckpointResponse> got =
-      CallWithRetry(&v1::Coordinator::Stub::GetCheckpoint, *stub_, request,
-                    options_.rpc_timeout, options_.max_retries);
+  absl::StatusOr<v1::GetCheckpointResponse> got = CallWithRetry(
+      &v1::Coordinator::Stub::GetCheckpoint, *stub_, request,
+      options_.rpc_timeout, options_.max_retries, nullptr, contact_.get());
   if (!got.ok()) {
     return absl::Status(
         got.status().code(),
@@ -721,9 +734,9 @@ absl::StatusOr<CheckpointSummary> Checkpointer::Impl::Describe(int64_t step) {
   v1::GetCheckpointRequest request;
   request.set_job(options_.job);
   request.set_step(step);
-  absl::StatusOr<v1::GetCheckpointResponse> got =
-      CallWithRetry(&v1::Coordinator::Stub::GetCheckpoint, *stub_, request,
-                    options_.rpc_timeout, options_.max_retries);
+  absl::StatusOr<v1::GetCheckpointResponse> got = CallWithRetry(
+      &v1::Coordinator::Stub::GetCheckpoint, *stub_, request,
+      options_.rpc_timeout, options_.max_retries, nullptr, contact_.get());
   if (!got.ok()) {
     return absl::Status(got.status().code(),
                         absl::StrCat(what, ": ", got.status().message()));

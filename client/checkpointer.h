@@ -13,9 +13,10 @@
 //
 // Errors are absl::Status: a message names the job, step, rank and tensor
 // (fqn) involved, and the code says what to do (UNAVAILABLE: cairnd did not
-// answer, retry later; ABORTED: the save was aborted, by this rank or
-// another — the message names which and why; INVALID_ARGUMENT: the state
-// dict or step is wrong; NOT_FOUND: no such checkpoint; DATA_LOSS: stored
+// answer — never, within first_contact_timeout, or not again after a
+// restart, within max_retries — retry later; ABORTED: the save was aborted, by
+// this rank or another — the message names which and why; INVALID_ARGUMENT: the
+// state dict or step is wrong; NOT_FOUND: no such checkpoint; DATA_LOSS: stored
 // bytes are damaged; CANCELLED: Cancel() stopped the call).
 //
 // Thread safety: a Checkpointer is thread-compatible — one Checkpointer per
@@ -103,10 +104,17 @@ struct CheckpointerOptions {
   absl::Duration rpc_timeout = absl::Minutes(5);
   // Retries of a call that failed UNAVAILABLE or CANCELLED (cairnd down,
   // restarting, or shutting down under the call: SIGTERM answers parked
-  // ranks UNAVAILABLE), with exponential backoff from 100 ms to 5 s: the
-  // default rides out a cairnd restart of about a minute, then the call
-  // fails naming the attempts. Default: 16.
+  // ranks UNAVAILABLE), with exponential backoff from 100 ms to 5 s, once
+  // cairnd has answered this Checkpointer: the default rides out a cairnd
+  // restart of about a minute, then the call fails naming the attempts.
+  // Default: 16.
   int max_retries = 16;
+  // How long a call tries to reach a cairnd that has never answered this
+  // Checkpointer (a wrong address, cairnd not running, a TLS handshake it
+  // refuses) before failing UNAVAILABLE "cairnd at <address> was never
+  // reached: <gRPC's reason>". Counted per call: a later call tries again.
+  // Default: 5 s.
+  absl::Duration first_contact_timeout = absl::Seconds(5);
   // How a load verifies a stored chunk this rank needs only part of (chunks
   // read whole are always verified here). Default: kCollective.
   PartialChunkCheck partial_chunk_check = PartialChunkCheck::kCollective;
@@ -210,7 +218,8 @@ struct CheckpointSummary {
 class Checkpointer {
  public:
   // Checks `options` (INVALID_ARGUMENT naming the job and rank) and sets up
-  // the channel to cairnd; does not wait for cairnd to be up.
+  // the channel to cairnd; does not wait for cairnd to be up (the first
+  // call does, for first_contact_timeout).
   static absl::StatusOr<std::unique_ptr<Checkpointer>> Connect(
       const CheckpointerOptions& options);
   ~Checkpointer();

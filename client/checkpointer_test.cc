@@ -3,9 +3,13 @@
 // including a restarted job saving a step its killed process was waiting in.
 #include "client/checkpointer.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -801,6 +805,150 @@ TEST_F(CheckpointerTest, CancelEndsALoadWaitingInVerifyLoad) {
     want.insert(want.end(), w.begin() + row * 16, w.begin() + row * 16 + 8);
   }
   EXPECT_EQ(buf, want);
+}
+
+// ---------------------------------------------------------------------------
+// First contact: a cairnd this Checkpointer never reached fails its call
+// within first_contact_timeout, naming the address and gRPC's reason; one
+// that answered before is retried through its restart (max_retries).
+
+// A loopback port bound and closed: connections to it are refused.
+int RefusingPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// A loopback socket that listens but never accepts: TCP connects (the
+// kernel's backlog answers), gRPC's HTTP/2 handshake never completes — an
+// address where something other than cairnd listens, or a stalled host.
+class SilentListener {
+ public:
+  SilentListener() : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+        listen(fd_, 64) == 0 &&
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port_ = ntohs(addr.sin_port);
+    }
+  }
+  ~SilentListener() { close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  const int fd_;
+  int port_ = 0;
+};
+
+// Options whose restart budget (200 retries, over 16 minutes) no first
+// contact may use up: a test that took it would hit HangGuard.
+CheckpointerOptions NeverReachedOptions(const std::string& address) {
+  CheckpointerOptions o;
+  o.coordinator = address;
+  o.job = "job";
+  o.max_retries = 200;
+  o.security = protocol::ClientSecurity();
+  o.store.use_odirect = false;
+  return o;
+}
+
+// Runs `call` on its own thread and returns its result; after a minute (a
+// hang guard, far beyond the first-contact timeout) fails the test and
+// cancels `ckpt` so that the call returns.
+template <typename T>
+absl::StatusOr<T> HangGuard(Checkpointer& ckpt,
+                            std::function<absl::StatusOr<T>()> call) {
+  absl::StatusOr<T> result = absl::UnknownError("not run");
+  absl::Notification done;
+  std::thread t([&] {
+    result = call();
+    done.Notify();
+  });
+  if (!done.WaitForNotificationWithTimeout(absl::Minutes(1))) {
+    ADD_FAILURE() << "the call still retried after a minute";
+    ckpt.Cancel();
+  }
+  t.join();
+  return result;
+}
+
+TEST_F(CheckpointerTest, SaveToAPortWhereNothingListensFailsNamingTheAddress) {
+  const int port = RefusingPort();
+  ASSERT_NE(port, 0);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  auto c = Checkpointer::Connect(NeverReachedOptions(address));
+  ASSERT_TRUE(c.ok()) << c.status();
+  StateDict state;
+  std::vector<char> buf;
+  ASSERT_TRUE(AddW(state, 0, 1, buf, Placement::Shard(0)).ok());
+  absl::StatusOr<CheckpointInfo> saved =
+      HangGuard<CheckpointInfo>(**c, [&] { return (*c)->Save(1, state); });
+  EXPECT_EQ(saved.status().code(), absl::StatusCode::kUnavailable)
+      << saved.status();
+  const std::string msg(saved.status().message());
+  EXPECT_THAT(msg, HasSubstr("rank 0 saving job 'job' step 1"));
+  EXPECT_THAT(msg, HasSubstr(absl::StrCat("cairnd at ", address,
+                                          " was never reached")));
+  EXPECT_THAT(msg, HasSubstr("Connection refused"));
+}
+
+TEST_F(CheckpointerTest, LoadFromAnAddressThatNeverAnswersFailsNamingIt) {
+  SilentListener silent;
+  ASSERT_NE(silent.port(), 0);
+  const std::string address = absl::StrCat("127.0.0.1:", silent.port());
+  CheckpointerOptions o = NeverReachedOptions(address);
+  o.first_contact_timeout = absl::Seconds(2);
+  auto c = Checkpointer::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  StateDict state;
+  std::vector<char> buf;
+  ASSERT_TRUE(AddW(state, 0, 1, buf, Placement::Shard(0)).ok());
+  absl::StatusOr<int64_t> loaded = HangGuard<int64_t>(
+      **c, [&] { return (*c)->Load(LoadRef::Latest(), state); });
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kUnavailable)
+      << loaded.status();
+  const std::string msg(loaded.status().message());
+  EXPECT_THAT(msg, HasSubstr("rank 0 loading job 'job'"));
+  EXPECT_THAT(msg, HasSubstr(absl::StrCat("cairnd at ", address,
+                                          " was never reached")));
+  EXPECT_THAT(msg, HasSubstr("no answer to the connection attempt"));
+}
+
+// cairnd answers, goes away and comes back on the same address 3 s later,
+// well past a first-contact timeout of 0.5 s: the call rides the restart
+// out on max_retries, as the README promises for a restarting cairnd.
+TEST_F(CheckpointerTest, OnceAnsweredACairndRestartIsRetriedThrough) {
+  StartServer();
+  const int port = server_->port();
+  CheckpointerOptions o = Options(0, 1);
+  o.max_retries = 16;
+  o.first_contact_timeout = absl::Milliseconds(500);
+  auto c = Checkpointer::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  SaveOneRank(1);
+  ASSERT_TRUE((*c)->List().ok());
+  server_.reset();
+  spec_.listen_address = absl::StrCat("127.0.0.1:", port);
+  std::thread restart([this] {
+    absl::SleepFor(absl::Seconds(3));
+    StartServer();
+  });
+  absl::StatusOr<int64_t> latest = (*c)->LatestStep();
+  restart.join();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 1);
 }
 
 // A job restarts and saves a step that a process of its previous run was

@@ -21,7 +21,10 @@
 // Binaries come from --cairnd=, --agent=, --agent-rank=, --rank= (and the
 // certificate maker from --make-certs=) (Bazel args), else from the paths
 // CMake compiled in.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -576,6 +579,39 @@ TEST_F(AgentE2ETest, AutoIdBeyondNumNodesExitsNamingTheLimit) {
   EXPECT_EQ(*exited, 1);
   EXPECT_THAT(p->Log(), HasSubstr("node 'k8s-node-2'"));
   EXPECT_THAT(p->Log(), HasSubstr("--num-nodes 2"));
+}
+
+// A fixed-id agent whose --coordinator is wrong (nothing listens there)
+// exits at start naming the address and gRPC's reason, instead of starting
+// and failing every save later.
+TEST_F(AgentE2ETest, WrongCoordinatorExitsAtStartNamingTheAddress) {
+  int port = 0;
+  {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port = ntohs(addr.sin_port);
+    }
+    close(fd);  // bound, never listened on: connections are refused
+  }
+  ASSERT_NE(port, 0);
+  const std::string wrong = absl::StrCat("127.0.0.1:", port);
+  std::vector<std::string> argv = {
+      g_agent, "--node-id",     "0",  "--listen-unix", Socket(0), "--num-nodes",
+      "1",     "--coordinator", wrong};
+  auto p = testing::Subprocess::Start(argv, dir_ + "/agent-wrong.log");
+  ASSERT_TRUE(p.ok()) << p.status();
+  // A hang guard: the first-contact timeout is 5 s.
+  auto exited = p->Wait(absl::Seconds(60));
+  ASSERT_TRUE(exited.ok()) << "the agent is still running: " << p->Log();
+  EXPECT_EQ(*exited, 1) << p->Log();
+  EXPECT_THAT(p->Log(), HasSubstr(absl::StrCat("cairnd at ", wrong,
+                                               " was never reached")));
+  EXPECT_THAT(p->Log(), HasSubstr("Connection refused"));
 }
 
 }  // namespace

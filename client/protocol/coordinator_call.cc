@@ -1,6 +1,7 @@
 // Channel setup for calls to cairnd (see coordinator_call.h).
 #include "client/protocol/coordinator_call.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -115,6 +116,97 @@ std::shared_ptr<grpc::Channel> NewCoordinatorChannel(
     const std::string& address) {
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                    CoordinatorChannelArguments());
+}
+
+CoordinatorContact::CoordinatorContact(std::shared_ptr<grpc::Channel> channel,
+                                       std::string address,
+                                       absl::Duration first_contact_timeout)
+    : channel_(std::move(channel)),
+      address_(std::move(address)),
+      first_contact_timeout_(first_contact_timeout) {}
+
+void CoordinatorContact::Observe() {
+  if (reached()) return;
+  if (channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
+    reached_.store(true, std::memory_order_release);
+  }
+}
+
+absl::Status CoordinatorContact::AwaitConnectAttempt(
+    absl::Time deadline, Cancellation* cancellation) {
+  grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+  while (true) {
+    if (state == GRPC_CHANNEL_READY) {
+      reached_.store(true, std::memory_order_release);
+      return absl::OkStatus();
+    }
+    // Failed: an attempt now fails at once with gRPC's reason.
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE ||
+        state == GRPC_CHANNEL_SHUTDOWN) {
+      return absl::OkStatus();
+    }
+    if (cancellation != nullptr && cancellation->cancelled()) {
+      return cancellation->status();
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "no answer to the connection attempt within ",
+          absl::FormatDuration(first_contact_timeout_),
+          " (the host is down, packets to it are dropped, or what listens "
+          "there is not cairnd)"));
+    }
+    // In slices, so that a Cancel() is seen within 100 ms.
+    (void)channel_->WaitForStateChange(
+        state,
+        absl::ToChronoTime(std::min(deadline, now + absl::Milliseconds(100))));
+    state = channel_->GetState(/*try_to_connect=*/true);
+  }
+}
+
+absl::Status CoordinatorContact::NeverReached(int attempts, absl::Time start,
+                                              const absl::Status& last) const {
+  return absl::UnavailableError(absl::StrCat(
+      "cairnd at ", address_, " was never reached: ", last.message(), " (",
+      attempts, attempts == 1 ? " attempt" : " attempts", " over ",
+      absl::FormatDuration(
+          absl::Trunc(absl::Now() - start, absl::Milliseconds(100))),
+      ", first-contact timeout ", absl::FormatDuration(first_contact_timeout_),
+      "); is the address right and cairnd running?"));
+}
+
+absl::Status CoordinatorContact::Probe(const std::string& address,
+                                       const ClientSecurity& security,
+                                       absl::Duration timeout) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      NewCoordinatorChannel(address, security);
+  if (!channel.ok()) return channel.status();
+  CoordinatorContact contact(*channel, address, timeout);
+  std::unique_ptr<v1::Coordinator::Stub> stub =
+      v1::Coordinator::NewStub(*channel);
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (int attempt = 0;; ++attempt) {
+    absl::Status connecting = contact.AwaitConnectAttempt(deadline, nullptr);
+    if (contact.reached()) return absl::OkStatus();
+    if (!connecting.ok())
+      return contact.NeverReached(attempt, start, connecting);
+    // The channel failed to connect: a call (never sent, unless the channel
+    // reconnected meanwhile, and then harmless) carries gRPC's reason.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(
+        std::max(deadline, absl::Now() + absl::Milliseconds(100))));
+    v1::ListAgentsResponse response;
+    const absl::Status s = FromGrpcStatus(
+        stub->ListAgents(&ctx, v1::ListAgentsRequest(), &response));
+    contact.Observe();
+    if (s.ok() || contact.reached()) return absl::OkStatus();
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return contact.NeverReached(attempt + 1, start, s);
+    absl::SleepFor(std::min(backoff, deadline - now));
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
 }
 
 }  // namespace cairn::protocol

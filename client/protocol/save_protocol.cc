@@ -115,13 +115,19 @@ absl::StatusOr<std::unique_ptr<PlannedSave>> SaveProtocol::Begin(
     convert::LocalPlanToProto(local, begin.mutable_local_plan());
   }
   auto begin_save = [&]() -> absl::StatusOr<v1::BeginSaveResponse> {
-    absl::StatusOr<v1::BeginSaveResponse> plan = CallWithRetry(
-        &v1::Coordinator::Stub::BeginSave, *stub_, begin,
-        options_.collective_timeout, options_.max_retries, cancel);
+    absl::StatusOr<v1::BeginSaveResponse> plan =
+        CallWithRetry(&v1::Coordinator::Stub::BeginSave, *stub_, begin,
+                      options_.collective_timeout, options_.max_retries, cancel,
+                      options_.contact);
     if (!plan.ok() && cancel != nullptr && cancel->cancelled()) {
       // cairnd may hold this rank in the save (waiting for the others):
       // abort it there, so the other ranks fail now, not at its deadline.
       return AbortStep(step, plan.status());
+    }
+    if (absl::IsUnavailable(plan.status())) {
+      // Not answered (CallWithRetry's own error): name the save.
+      return absl::UnavailableError(
+          absl::StrCat(Where(step), ": ", plan.status().message()));
     }
     return plan;
   };
@@ -190,10 +196,17 @@ absl::Status SaveProtocol::AbortStep(int64_t step, const absl::Status& failure,
   abort.set_rank(o.rank);
   abort.set_reason(std::string(failure.message()));
   abort.set_incarnation(incarnation_);
+  if (o.contact != nullptr && !o.contact->reached()) {
+    // cairnd never answered this process: it holds nothing of it to abort.
+    if (abort_answer != nullptr) *abort_answer = absl::OkStatus();
+    return absl::Status(failure.code(),
+                        absl::StrCat(Where(step), ": ", failure.message()));
+  }
   // Never cancelled: an abort is how a cancelled save ends.
-  absl::Status answer = CallWithRetry(&v1::Coordinator::Stub::AbortSave, stub,
-                                      abort, o.rpc_timeout, 1)
-                            .status();
+  absl::Status answer =
+      CallWithRetry(&v1::Coordinator::Stub::AbortSave, stub, abort,
+                    o.rpc_timeout, 1, nullptr, o.contact)
+          .status();
   if (abort_answer != nullptr) *abort_answer = answer;
   // cairnd records the first abort of a save (and deletes its objects only
   // after recording it): if that was not this rank's, it is the cause.
@@ -201,8 +214,9 @@ absl::Status SaveProtocol::AbortStep(int64_t step, const absl::Status& failure,
   get.set_job(o.job);
   get.set_step(step);
   get.set_record_only(true);
-  absl::StatusOr<v1::GetCheckpointResponse> rec = CallWithRetry(
-      &v1::Coordinator::Stub::GetCheckpoint, stub, get, o.rpc_timeout, 1);
+  absl::StatusOr<v1::GetCheckpointResponse> rec =
+      CallWithRetry(&v1::Coordinator::Stub::GetCheckpoint, stub, get,
+                    o.rpc_timeout, 1, nullptr, o.contact);
   if (rec.ok() && rec->checkpoint().state() == v1::CHECKPOINT_STATE_ABORTED &&
       !rec->checkpoint().abort_reason().empty() &&
       !absl::StrContains(rec->checkpoint().abort_reason(),
@@ -306,9 +320,9 @@ absl::StatusOr<v1::CheckpointRecord> PlannedSave::Commit() {
   const SaveProtocolOptions& o = protocol_->options_;
   Cancellation* const cancel = o.cancellation;
   const v1::CommitSaveRequest request = CommitRequest();
-  absl::StatusOr<v1::CommitSaveResponse> done =
-      CallWithRetry(&v1::Coordinator::Stub::CommitSave, *protocol_->stub_,
-                    request, o.collective_timeout, o.max_retries, cancel);
+  absl::StatusOr<v1::CommitSaveResponse> done = CallWithRetry(
+      &v1::Coordinator::Stub::CommitSave, *protocol_->stub_, request,
+      o.collective_timeout, o.max_retries, cancel, o.contact);
   if (done.ok()) return done->checkpoint();
   if (cancel == nullptr || !cancel->cancelled()) return done.status();
   // Cancelled (before the call or while it waited for the other ranks):
@@ -324,7 +338,8 @@ absl::StatusOr<v1::CheckpointRecord> PlannedSave::Commit() {
     return aborted;
   }
   done = CallWithRetry(&v1::Coordinator::Stub::CommitSave, *protocol_->stub_,
-                       request, o.collective_timeout, o.max_retries);
+                       request, o.collective_timeout, o.max_retries, nullptr,
+                       o.contact);
   if (!done.ok()) return aborted;
   return done->checkpoint();
 }

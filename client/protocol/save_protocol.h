@@ -66,6 +66,7 @@
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "cairn/v1/cairn.pb.h"
 #include "client/protocol/cancellation.h"
+#include "client/protocol/coordinator_call.h"
 #include "client/protocol/planned_writer.h"
 #include "common/thread_pool.h"
 #include "planner/box.h"
@@ -86,8 +87,14 @@ struct SaveProtocolOptions {
   // Timeout of AbortSave and GetCheckpoint. Default: 5 minutes.
   absl::Duration rpc_timeout = absl::Minutes(5);
   // Retries of BeginSave/CommitSave that failed UNAVAILABLE or CANCELLED
-  // (CallWithRetry). Default: 16.
+  // (CallWithRetry) once cairnd has answered. Default: 16.
   int max_retries = 16;
+  // Whether cairnd has answered on the stub's channel, and how long a call
+  // may try to reach it until it has (CallWithRetry). Not owned; must
+  // outlive the SaveProtocol. A save whose cairnd was never reached is not
+  // aborted there (it holds nothing of this process). Default: none (every
+  // call retries max_retries times).
+  CoordinatorContact* contact = nullptr;
   // Options of the store opened for the plan's storage URI.
   // Default: StoreOptions's defaults.
   storage::StoreOptions store;

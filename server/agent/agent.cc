@@ -113,6 +113,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
                                           a->options_.coordinator,
                                           a->options_.coordinator_security));
   a->coordinator_ = v1::Coordinator::NewStub(a->channel_);
+  a->coordinator_contact_ = std::make_unique<protocol::CoordinatorContact>(
+      a->channel_, a->options_.coordinator,
+      a->options_.coordinator_first_contact_timeout);
   return a;
 }
 

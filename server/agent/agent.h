@@ -77,6 +77,7 @@
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "client/protocol/cancellation.h"
 #include "client/protocol/client_security.h"
+#include "client/protocol/coordinator_call.h"
 #include "client/protocol/save_protocol.h"
 #include "common/copier/device_copier.h"
 #include "common/metrics.h"
@@ -96,6 +97,12 @@ struct AgentOptions {
   std::string coordinator;
   // TLS and token for the calls to cairnd. Default: none.
   protocol::ClientSecurity coordinator_security;
+  // How long a save's call to cairnd may try to reach a cairnd that never
+  // answered this agent (then UNAVAILABLE naming the address); once it has
+  // answered, a restart is retried as in libcairn (CallWithRetry).
+  // Default: 5 s (protocol::kDefaultFirstContactTimeout).
+  absl::Duration coordinator_first_contact_timeout =
+      protocol::kDefaultFirstContactTimeout;
   // Bytes of staging + tier 0 + replica memory this agent may hold.
   // Default: 1 GiB.
   uint64_t staging_budget_bytes = uint64_t{1} << 30;
@@ -297,6 +304,8 @@ class Agent {
   std::unique_ptr<ThreadPool> fetch_pool_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+  // Whether cairnd has answered on channel_ (the save protocols' retries).
+  std::unique_ptr<protocol::CoordinatorContact> coordinator_contact_;
 
   std::atomic<uint64_t> next_tag_{1};
   std::atomic<uint64_t> next_id_{1};

@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
   int stream_bucket_kib = 64 << 10, stream_idle_timeout_ms = 60000;
   std::string node_id_flag, node_name, peer_advertise;
   int register_timeout_s = 120;
+  double first_contact_s =
+      absl::ToDoubleSeconds(cairn::protocol::kDefaultFirstContactTimeout);
   app.add_option("--node-id", node_id_flag,
                  "This node's id (0..num-nodes-1), or 'auto': cairnd gives "
                  "the id of --node-name (the same one on every restart) and "
@@ -96,6 +98,14 @@ int main(int argc, char** argv) {
                  "cairnd is unreachable before exiting")
       ->capture_default_str()
       ->check(cairn::flags::InRange(1, 86400));
+  app.add_option("--coordinator-first-contact-s", first_contact_s,
+                 "How long to try to reach a cairnd that has not answered "
+                 "yet: at start (with a fixed --node-id the agent exits if "
+                 "--coordinator does not answer within it) and for a save's "
+                 "calls; once cairnd has answered, a restart of it is "
+                 "retried for about a minute")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 86400.0));
   app.add_option("--listen-unix", spec.unix_socket,
                  "Unix domain socket for this node's ranks")
       ->required();
@@ -324,6 +334,21 @@ int main(int argc, char** argv) {
   spec.agent.stream_bucket_bytes = static_cast<uint64_t>(stream_bucket_kib)
                                    << 10;
   spec.agent.stream_idle_timeout = absl::Milliseconds(stream_idle_timeout_ms);
+  spec.agent.coordinator_first_contact_timeout = absl::Seconds(first_contact_s);
+  if (!auto_id) {
+    // A wrong --coordinator (or TLS setup cairnd refuses) fails here, naming
+    // the address, not at the first save. With --node-id auto, registering
+    // is the check (it waits --register-timeout-s: in Kubernetes the agents
+    // may start before cairnd).
+    absl::Status reached = cairn::protocol::CoordinatorContact::Probe(
+        spec.agent.coordinator, security,
+        spec.agent.coordinator_first_contact_timeout);
+    if (!reached.ok()) {
+      std::fprintf(stderr, "cairn-agent: --coordinator %s: %s\n",
+                   spec.agent.coordinator.c_str(), reached.ToString().c_str());
+      return 1;
+    }
+  }
   // --node-id auto: the advertised address (the port may only be known once
   // the transport is bound) and the id from cairnd's registry.
   std::shared_ptr<cairn::agent::AgentDirectory> directory;

@@ -238,6 +238,7 @@ absl::StatusOr<Agent::RankProtocol*> Agent::ProtocolFor(const Set& set) {
     o.rank = set.rank;
     o.world_size = set.world_size;
     o.store = options_.store;
+    o.contact = coordinator_contact_.get();
     auto fresh = std::make_unique<RankProtocol>();
     o.cancellation = &fresh->cancel;
     fresh->protocol =

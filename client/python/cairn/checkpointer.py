@@ -205,8 +205,11 @@ class Checkpointer:
         then go through the node's agent (async_save returns after the copy
         into its shared memory) and loads read its memory tier first.
       **options: passed to _cairn.Checkpointer / AgentCheckpointer:
-        io_threads, rpc_timeout, collective_timeout, max_retries,
-        partial_chunk_check, use_odirect, tls_ca, tls_cert, tls_key, token
+        io_threads, rpc_timeout, collective_timeout, max_retries (a
+        cairnd that answered before and is restarting),
+        first_contact_timeout (seconds to reach a cairnd that never answered
+        before UnavailableError naming its address), partial_chunk_check,
+        use_odirect, tls_ca, tls_cert, tls_key, token
         (TLS to cairnd and its bearer token; defaults CAIRN_TLS_CA,
         CAIRN_TLS_CERT, CAIRN_TLS_KEY, CAIRN_TOKEN); with an agent also
         copy_threads, wait_for_space, allow_streaming.

@@ -275,48 +275,51 @@ cancel(), which any thread may call. Ctrl-C (SIGINT in the main thread)
 during save, async_save or load cancels it and raises KeyboardInterrupt, as
 Checkpointer's; during SaveFuture.wait it interrupts only the wait.
 )doc")
-      .def(py::init([](std::string agent_socket, std::string coordinator,
-                       std::string job, int rank, int world_size,
-                       int copy_threads, double wait_for_space,
-                       bool allow_streaming, int io_threads, double rpc_timeout,
-                       double collective_timeout, int max_retries,
-                       std::string partial_chunk_check, bool use_odirect,
-                       std::optional<std::string> tls_ca,
-                       std::optional<std::string> tls_cert,
-                       std::optional<std::string> tls_key,
-                       std::optional<std::string> token) {
-             DirectOptions d = MakeDirectOptions(
-                 std::move(coordinator), std::move(job), rank, world_size,
-                 io_threads, rpc_timeout, collective_timeout, max_retries,
-                 std::move(partial_chunk_check), use_odirect);
-             d.tls_ca = std::move(tls_ca);
-             d.tls_cert = std::move(tls_cert);
-             d.tls_key = std::move(tls_key);
-             d.token = std::move(token);
-             client::AgentCheckpointerOptions o;
-             o.agent_socket = std::move(agent_socket);
-             o.direct = ValueOrThrow(ToCheckpointerOptions(d));
-             o.copy_threads = copy_threads;
-             o.wait_for_space = ValueOrThrow(
-                 SecondsOption(wait_for_space, "wait_for_space", d.job, rank));
-             o.rpc_timeout = o.direct.rpc_timeout;
-             o.allow_streaming = allow_streaming;
-             return std::make_unique<PyAgentCheckpointer>(o);
-           }),
-           py::arg("agent_socket"), py::arg("coordinator"), py::arg("job"),
-           py::arg("rank"), py::arg("world_size"), py::kw_only(),
-           py::arg("copy_threads") = agent_defaults.copy_threads,
-           py::arg("wait_for_space") = agent_defaults.wait_for_space,
-           py::arg("allow_streaming") = agent_defaults.allow_streaming,
-           py::arg("io_threads") = defaults.io_threads,
-           py::arg("rpc_timeout") = defaults.rpc_timeout,
-           py::arg("collective_timeout") = defaults.collective_timeout,
-           py::arg("max_retries") = defaults.max_retries,
-           py::arg("partial_chunk_check") = defaults.partial_chunk_check,
-           py::arg("use_odirect") = defaults.use_odirect,
-           py::arg("tls_ca") = py::none(), py::arg("tls_cert") = py::none(),
-           py::arg("tls_key") = py::none(), py::arg("token") = py::none(),
-           R"doc(Connects to the agent's Unix socket.
+      .def(
+          py::init(
+              [](std::string agent_socket, std::string coordinator,
+                 std::string job, int rank, int world_size, int copy_threads,
+                 double wait_for_space, bool allow_streaming, int io_threads,
+                 double rpc_timeout, double collective_timeout, int max_retries,
+                 double first_contact_timeout, std::string partial_chunk_check,
+                 bool use_odirect, std::optional<std::string> tls_ca,
+                 std::optional<std::string> tls_cert,
+                 std::optional<std::string> tls_key,
+                 std::optional<std::string> token) {
+                DirectOptions d = MakeDirectOptions(
+                    std::move(coordinator), std::move(job), rank, world_size,
+                    io_threads, rpc_timeout, collective_timeout, max_retries,
+                    std::move(partial_chunk_check), use_odirect);
+                d.first_contact_timeout = first_contact_timeout;
+                d.tls_ca = std::move(tls_ca);
+                d.tls_cert = std::move(tls_cert);
+                d.tls_key = std::move(tls_key);
+                d.token = std::move(token);
+                client::AgentCheckpointerOptions o;
+                o.agent_socket = std::move(agent_socket);
+                o.direct = ValueOrThrow(ToCheckpointerOptions(d));
+                o.copy_threads = copy_threads;
+                o.wait_for_space = ValueOrThrow(SecondsOption(
+                    wait_for_space, "wait_for_space", d.job, rank));
+                o.rpc_timeout = o.direct.rpc_timeout;
+                o.allow_streaming = allow_streaming;
+                return std::make_unique<PyAgentCheckpointer>(o);
+              }),
+          py::arg("agent_socket"), py::arg("coordinator"), py::arg("job"),
+          py::arg("rank"), py::arg("world_size"), py::kw_only(),
+          py::arg("copy_threads") = agent_defaults.copy_threads,
+          py::arg("wait_for_space") = agent_defaults.wait_for_space,
+          py::arg("allow_streaming") = agent_defaults.allow_streaming,
+          py::arg("io_threads") = defaults.io_threads,
+          py::arg("rpc_timeout") = defaults.rpc_timeout,
+          py::arg("collective_timeout") = defaults.collective_timeout,
+          py::arg("max_retries") = defaults.max_retries,
+          py::arg("first_contact_timeout") = defaults.first_contact_timeout,
+          py::arg("partial_chunk_check") = defaults.partial_chunk_check,
+          py::arg("use_odirect") = defaults.use_odirect,
+          py::arg("tls_ca") = py::none(), py::arg("tls_cert") = py::none(),
+          py::arg("tls_key") = py::none(), py::arg("token") = py::none(),
+          R"doc(Connects to the agent's Unix socket.
 
 Every keyword defaults to libcairn's AgentCheckpointerOptions and
 CheckpointerOptions (see default_options()).
@@ -329,7 +332,8 @@ Args:
   allow_streaming: let a save larger than the agent's staging budget stream
     through buckets (otherwise ResourceExhaustedError).
   io_threads, rpc_timeout, collective_timeout, max_retries,
-  partial_chunk_check, use_odirect, tls_ca, tls_cert, tls_key, token: as
+  first_contact_timeout, partial_chunk_check, use_odirect, tls_ca,
+  tls_cert, tls_key, token: as
     for Checkpointer (used by the storage
     fallback of load; rpc_timeout also bounds calls to the agent).
 

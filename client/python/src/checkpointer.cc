@@ -148,7 +148,8 @@ during save or load cancels it and raises KeyboardInterrupt: a save is
 aborted at cairnd (the other ranks fail AbortedError at once) and the
 previous checkpoint stays the latest.
 Errors are cairn.errors exceptions whose message names the job, step, rank
-and tensor: UnavailableError (cairnd did not answer after max_retries),
+and tensor: UnavailableError (cairnd never answered within
+first_contact_timeout, or did not answer again after max_retries),
 AbortedError (the save was aborted by this or another rank: the message says
 which and why), InvalidArgumentError (the state dict, step or an option is
 wrong), NotFoundError (no such checkpoint), DataLossError (stored bytes are
@@ -159,35 +160,40 @@ Attributes:
   incarnation: the random nonzero id this object's saves carry.
   last_stats: what the last save or load did (a dict).
 )doc")
-      .def(py::init([](std::string coordinator, std::string job, int rank,
-                       int world_size, int io_threads, double rpc_timeout,
-                       double collective_timeout, int max_retries,
-                       std::string partial_chunk_check, bool use_odirect,
-                       std::optional<std::string> tls_ca,
-                       std::optional<std::string> tls_cert,
-                       std::optional<std::string> tls_key,
-                       std::optional<std::string> token) {
-             DirectOptions d = MakeDirectOptions(
-                 std::move(coordinator), std::move(job), rank, world_size,
-                 io_threads, rpc_timeout, collective_timeout, max_retries,
-                 std::move(partial_chunk_check), use_odirect);
-             d.tls_ca = std::move(tls_ca);
-             d.tls_cert = std::move(tls_cert);
-             d.tls_key = std::move(tls_key);
-             d.token = std::move(token);
-             return std::make_unique<PyCheckpointer>(d);
-           }),
-           py::arg("coordinator"), py::arg("job"), py::arg("rank"),
-           py::arg("world_size"), py::kw_only(),
-           py::arg("io_threads") = defaults.io_threads,
-           py::arg("rpc_timeout") = defaults.rpc_timeout,
-           py::arg("collective_timeout") = defaults.collective_timeout,
-           py::arg("max_retries") = defaults.max_retries,
-           py::arg("partial_chunk_check") = defaults.partial_chunk_check,
-           py::arg("use_odirect") = defaults.use_odirect,
-           py::arg("tls_ca") = py::none(), py::arg("tls_cert") = py::none(),
-           py::arg("tls_key") = py::none(), py::arg("token") = py::none(),
-           R"doc(Sets up the connection (does not wait for cairnd to be up).
+      .def(
+          py::init([](std::string coordinator, std::string job, int rank,
+                      int world_size, int io_threads, double rpc_timeout,
+                      double collective_timeout, int max_retries,
+                      double first_contact_timeout,
+                      std::string partial_chunk_check, bool use_odirect,
+                      std::optional<std::string> tls_ca,
+                      std::optional<std::string> tls_cert,
+                      std::optional<std::string> tls_key,
+                      std::optional<std::string> token) {
+            DirectOptions d = MakeDirectOptions(
+                std::move(coordinator), std::move(job), rank, world_size,
+                io_threads, rpc_timeout, collective_timeout, max_retries,
+                std::move(partial_chunk_check), use_odirect);
+            d.first_contact_timeout = first_contact_timeout;
+            d.tls_ca = std::move(tls_ca);
+            d.tls_cert = std::move(tls_cert);
+            d.tls_key = std::move(tls_key);
+            d.token = std::move(token);
+            return std::make_unique<PyCheckpointer>(d);
+          }),
+          py::arg("coordinator"), py::arg("job"), py::arg("rank"),
+          py::arg("world_size"), py::kw_only(),
+          py::arg("io_threads") = defaults.io_threads,
+          py::arg("rpc_timeout") = defaults.rpc_timeout,
+          py::arg("collective_timeout") = defaults.collective_timeout,
+          py::arg("max_retries") = defaults.max_retries,
+          py::arg("first_contact_timeout") = defaults.first_contact_timeout,
+          py::arg("partial_chunk_check") = defaults.partial_chunk_check,
+          py::arg("use_odirect") = defaults.use_odirect,
+          py::arg("tls_ca") = py::none(), py::arg("tls_cert") = py::none(),
+          py::arg("tls_key") = py::none(), py::arg("token") = py::none(),
+          R"doc(Sets up the connection (does not wait for cairnd to be up: the first
+call does, for first_contact_timeout).
 
 Every keyword defaults to libcairn's CheckpointerOptions (see
 default_options()).
@@ -201,8 +207,13 @@ Args:
   rpc_timeout: seconds any single RPC may take (except the collective ones).
   collective_timeout: seconds a save's begin/commit may wait for the other
     ranks (a backstop: cairnd's own deadlines answer first).
-  max_retries: retries of a call cairnd did not answer (UNAVAILABLE), with
-    backoff from 0.1 s to 5 s; then UnavailableError.
+  max_retries: retries of a call cairnd did not answer (UNAVAILABLE) once it
+    has answered this object (a cairnd restarting), with backoff from 0.1 s
+    to 5 s; then UnavailableError.
+  first_contact_timeout: seconds a call tries to reach a cairnd that never
+    answered this object (a wrong address, cairnd not running, a refused
+    TLS handshake); then UnavailableError naming the address and gRPC's
+    reason.
   partial_chunk_check: how a resharding load verifies the crc32c of a stored
     chunk it reads only part of: "collective" (cairnd combines the ranks'
     partial checksums), "read_whole" (read it whole, check locally) or

@@ -33,6 +33,7 @@ DirectOptions DefaultDirectOptions() {
   o.rpc_timeout = absl::ToDoubleSeconds(d.rpc_timeout);
   o.collective_timeout = absl::ToDoubleSeconds(d.collective_timeout);
   o.max_retries = d.max_retries;
+  o.first_contact_timeout = absl::ToDoubleSeconds(d.first_contact_timeout);
   o.partial_chunk_check = PartialChunkCheckName(d.partial_chunk_check);
   o.use_odirect = d.store.use_odirect;
   return o;
@@ -60,6 +61,7 @@ py::dict DefaultOptionsDict(bool agent) {
   out["rpc_timeout"] = d.rpc_timeout;
   out["collective_timeout"] = d.collective_timeout;
   out["max_retries"] = d.max_retries;
+  out["first_contact_timeout"] = d.first_contact_timeout;
   out["partial_chunk_check"] = d.partial_chunk_check;
   out["use_odirect"] = d.use_odirect;
   for (const char* k : {"tls_ca", "tls_cert", "tls_key", "token"}) {
@@ -114,6 +116,9 @@ absl::StatusOr<client::CheckpointerOptions> ToCheckpointerOptions(
       out.collective_timeout,
       SecondsOption(o.collective_timeout, "collective_timeout", o.job, o.rank));
   out.max_retries = o.max_retries;
+  CAIRN_ASSIGN_OR_RETURN(out.first_contact_timeout,
+                         SecondsOption(o.first_contact_timeout,
+                                       "first_contact_timeout", o.job, o.rank));
   // out.security already holds the environment's settings.
   if (o.tls_ca) out.security.ca_file = *o.tls_ca;
   if (o.tls_cert) out.security.cert_file = *o.tls_cert;

@@ -26,6 +26,7 @@ struct DirectOptions {
   double rpc_timeout = 0;         // seconds
   double collective_timeout = 0;  // seconds
   int max_retries = 0;
+  double first_contact_timeout = 0;  // seconds
   std::string partial_chunk_check;
   bool use_odirect = false;
   // TLS and token for the calls to cairnd; unset: CAIRN_TLS_CA,

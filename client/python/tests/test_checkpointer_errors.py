@@ -5,6 +5,8 @@ checkpoint stays the latest and loadable)."""
 
 import os
 import signal
+import socket
+import threading
 
 import pytest
 import torch
@@ -110,6 +112,46 @@ def test_cairnd_down_is_unavailable(cairnd):
     assert "down" in e.value.message
     with pytest.raises(cairn.UnavailableError):
         ckpt.latest_step()
+
+
+def _refused_port():
+    """A loopback port bound and closed: connections to it are refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_never_reached_cairnd_fails_within_the_first_contact_timeout():
+    """A rank pointed at a port where nothing listens fails within
+    first_contact_timeout (default 5 s), naming the address and gRPC's
+    reason, instead of using the restart budget (max_retries=200: over 16
+    minutes). The 60 s join is a hang guard."""
+    assert cairn._cairn.Checkpointer.default_options()[
+        "first_contact_timeout"] == 5.0
+    address = f"127.0.0.1:{_refused_port()}"
+    ckpt = cairn.Checkpointer(address, "never", 0, 1, max_retries=200)
+    errors = []
+
+    def save():
+        try:
+            ckpt.save(1, {"x": torch.ones(2)})
+        except cairn.Error as e:  # pylint: disable=broad-except
+            errors.append(e)
+
+    t = threading.Thread(target=save, daemon=True)
+    t.start()
+    t.join(60)
+    if t.is_alive():
+        ckpt.cancel()
+        t.join(60)
+        pytest.fail("save to a port where nothing listens still retried "
+                    "after 60 s")
+    assert len(errors) == 1
+    e = errors[0]
+    assert isinstance(e, cairn.UnavailableError), e
+    assert f"cairnd at {address} was never reached" in e.message, e.message
+    assert "Connection refused" in e.message, e.message
+    assert "job 'never'" in e.message and "rank 0" in e.message, e.message
 
 
 # ------------------------------------------------------------ rank killed
