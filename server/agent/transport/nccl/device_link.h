@@ -51,11 +51,21 @@ class DeviceLink {
   // Copies `data` (host memory) into GPU staging memory and sends it to
   // node `peer` (on "up" when peer > this node, else "down"), in staging-
   // buffer sized pieces. Returns when the peer has received it all.
-  virtual absl::Status Send(int peer, absl::Span<const char> data) = 0;
+  //
+  // Bounded by `timeout`: a peer that died or stalled mid-transfer never
+  // completes its side, so past it the direction's communicator is aborted
+  // (nothing stays stuck on the GPU) and Send fails DEADLINE_EXCEEDED; an
+  // error the communicator reports fails it the same way at once. Every
+  // later call of that direction then fails FAILED_PRECONDITION with that
+  // reason until Init joins new communicators.
+  virtual absl::Status Send(int peer, absl::Span<const char> data,
+                            absl::Duration timeout) = 0;
 
   // Receives out.size() bytes from `peer` into GPU staging memory and copies
   // them to `out` (host memory). Matches the peer's Sends in issue order.
-  virtual absl::Status Recv(int peer, absl::Span<char> out) = 0;
+  // Bounded by `timeout` as Send.
+  virtual absl::Status Recv(int peer, absl::Span<char> out,
+                            absl::Duration timeout) = 0;
 };
 
 }  // namespace cairn::agent

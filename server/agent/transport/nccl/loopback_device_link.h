@@ -2,7 +2,9 @@
 // host memory. It keeps NCCL's contract — Init is collective (every node,
 // same ids, within the timeout), a Send blocks until the peer's matching
 // Recv took the bytes, sends and receives between a pair match in issue
-// order, and a length mismatch is an error — so NcclTransport's host-side
+// order, a length mismatch is an error, and a transfer the peer does not
+// complete within its timeout aborts that direction — so NcclTransport's
+// host-side
 // logic (announces, ordering, locking, bootstrap) is tested without a GPU.
 //
 // Example:
@@ -59,13 +61,24 @@ class LoopbackDeviceLink : public DeviceLink {
   absl::Status Init(int num_nodes, int node, const std::string& up_id,
                     const std::string& down_id,
                     absl::Duration timeout) override;
-  absl::Status Send(int peer, absl::Span<const char> data) override;
-  absl::Status Recv(int peer, absl::Span<char> out) override;
+  absl::Status Send(int peer, absl::Span<const char> data,
+                    absl::Duration timeout) override;
+  absl::Status Recv(int peer, absl::Span<char> out,
+                    absl::Duration timeout) override;
 
  private:
+  // FAILED_PRECONDITION when the direction to `peer` was aborted (as an
+  // aborted NCCL communicator), else OK.
+  absl::Status CheckDirection(int peer);
+  // Marks the direction to `peer` aborted for `reason`.
+  void AbortDirection(int peer, const absl::Status& reason);
+
   const std::shared_ptr<LoopbackFabric> fabric_;
   int node_ = -1;
   int num_nodes_ = 0;
+  absl::Mutex mu_;
+  absl::Status aborted_up_ ABSL_GUARDED_BY(mu_);
+  absl::Status aborted_down_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cairn::agent

@@ -11,6 +11,7 @@
 #include "common/gpu/cuda_status.h"
 #include "common/gpu/gpu_info.h"
 #include "common/status_macros.h"
+#include "server/agent/transport/nccl/transfer_wait.h"
 
 namespace cairn::agent {
 namespace {
@@ -29,14 +30,6 @@ absl::Status WaitComm(ncclComm_t comm, absl::Time deadline,
     }
     absl::SleepFor(absl::Milliseconds(1));  // polling NCCL's own state
   }
-}
-
-absl::Status CheckIssued(ncclResult_t r, ncclComm_t comm,
-                         absl::string_view what) {
-  if (r == ncclInProgress) {
-    return WaitComm(comm, absl::InfiniteFuture(), what);
-  }
-  return gpu::NcclStatus(r, what);
 }
 
 }  // namespace
@@ -107,6 +100,8 @@ absl::Status NcclDeviceLink::Init(int num_nodes, int node,
                      " bytes, expected ", sizeof(ncclUniqueId)));
   }
   DestroyComms();
+  up_.aborted = absl::OkStatus();  // new communicators
+  down_.aborted = absl::OkStatus();
   node_ = node;
   CAIRN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const absl::Time deadline = absl::Now() + timeout;
@@ -136,42 +131,97 @@ absl::Status NcclDeviceLink::Init(int num_nodes, int node,
   return absl::OkStatus();
 }
 
-absl::Status NcclDeviceLink::Send(int peer, absl::Span<const char> data) {
-  Lane& lane = LaneTo(peer);
+absl::Status NcclDeviceLink::CheckLane(const Lane& lane, int peer) const {
+  if (!lane.aborted.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("nccl transport: node ", node_, ": the communicator to ",
+                     peer > node_ ? "higher" : "lower", " nodes was aborted (",
+                     lane.aborted.message(),
+                     "); restart the agents together to join new ones"));
+  }
   if (lane.comm == nullptr) {
     return absl::FailedPreconditionError("nccl transport: not initialized");
   }
+  return absl::OkStatus();
+}
+
+absl::Status NcclDeviceLink::AwaitLane(Lane& lane, absl::Time deadline,
+                                       absl::Duration timeout,
+                                       const std::string& what) {
   auto comm = static_cast<ncclComm_t>(lane.comm);
+  auto stream = static_cast<cudaStream_t>(lane.stream);
+  absl::Status s = AwaitTransfer(
+      [&]() -> absl::StatusOr<bool> {
+        ncclResult_t async = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+        if (r != ncclSuccess)
+          return gpu::NcclStatus(r, "ncclCommGetAsyncError");
+        if (async != ncclSuccess && async != ncclInProgress) {
+          return gpu::NcclStatus(async, "the communicator");
+        }
+        const cudaError_t q = cudaStreamQuery(stream);
+        if (q == cudaErrorNotReady) return false;
+        if (q != cudaSuccess) {
+          return absl::InternalError(
+              absl::StrCat("cudaStreamQuery: ", cudaGetErrorString(q)));
+        }
+        // Issued calls of a non-blocking communicator may still be
+        // pending in NCCL itself (ncclInProgress) with nothing on the
+        // stream yet.
+        return async == ncclSuccess;
+      },
+      [&] {
+        ncclCommAbort(comm);
+        lane.comm = nullptr;
+      },
+      deadline, timeout, what);
+  if (!s.ok()) lane.aborted = s;
+  return s;
+}
+
+absl::Status NcclDeviceLink::Send(int peer, absl::Span<const char> data,
+                                  absl::Duration timeout) {
+  Lane& lane = LaneTo(peer);
+  CAIRN_RETURN_IF_ERROR(CheckLane(lane, peer));
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string what =
+      absl::StrCat("ncclSend of ", data.size(), " bytes to node ", peer);
   auto stream = static_cast<cudaStream_t>(lane.stream);
   CAIRN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   for (size_t off = 0; off < data.size(); off += staging_bytes_) {
     const size_t n = std::min<size_t>(staging_bytes_, data.size() - off);
     CAIRN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         lane.staging, data.data() + off, n, cudaMemcpyHostToDevice, stream));
-    CAIRN_RETURN_IF_ERROR(
-        CheckIssued(ncclSend(lane.staging, n, ncclChar, peer, comm, stream),
-                    comm, "ncclSend"));
-    CAIRN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    const ncclResult_t r = ncclSend(lane.staging, n, ncclChar, peer,
+                                    static_cast<ncclComm_t>(lane.comm), stream);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      return gpu::NcclStatus(r, what);
+    }
+    // The staging buffer is reused by the next piece: wait for this one.
+    CAIRN_RETURN_IF_ERROR(AwaitLane(lane, deadline, timeout, what));
   }
   return absl::OkStatus();
 }
 
-absl::Status NcclDeviceLink::Recv(int peer, absl::Span<char> out) {
+absl::Status NcclDeviceLink::Recv(int peer, absl::Span<char> out,
+                                  absl::Duration timeout) {
   Lane& lane = LaneTo(peer);
-  if (lane.comm == nullptr) {
-    return absl::FailedPreconditionError("nccl transport: not initialized");
-  }
-  auto comm = static_cast<ncclComm_t>(lane.comm);
+  CAIRN_RETURN_IF_ERROR(CheckLane(lane, peer));
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string what =
+      absl::StrCat("ncclRecv of ", out.size(), " bytes from node ", peer);
   auto stream = static_cast<cudaStream_t>(lane.stream);
   CAIRN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   for (size_t off = 0; off < out.size(); off += staging_bytes_) {
     const size_t n = std::min<size_t>(staging_bytes_, out.size() - off);
-    CAIRN_RETURN_IF_ERROR(
-        CheckIssued(ncclRecv(lane.staging, n, ncclChar, peer, comm, stream),
-                    comm, "ncclRecv"));
+    const ncclResult_t r = ncclRecv(lane.staging, n, ncclChar, peer,
+                                    static_cast<ncclComm_t>(lane.comm), stream);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      return gpu::NcclStatus(r, what);
+    }
     CAIRN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         out.data() + off, lane.staging, n, cudaMemcpyDeviceToHost, stream));
-    CAIRN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    CAIRN_RETURN_IF_ERROR(AwaitLane(lane, deadline, timeout, what));
   }
   return absl::OkStatus();
 }

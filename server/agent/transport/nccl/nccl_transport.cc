@@ -291,12 +291,12 @@ absl::Status NcclTransport::Send(int peer, uint64_t tag,
   CAIRN_RETURN_IF_ERROR(
       control_->Send(peer, kNcclAnnounceTag, internal::EncodeAnnounce(a)));
   ++d.sent[peer];
-  absl::Status s = link_->Send(peer, data);
+  absl::Status s = link_->Send(peer, data, options_.transfer_timeout);
   if (!s.ok()) {
     return absl::Status(
-        s.code(),
-        absl::StrCat("nccl transport: sending ", data.size(), " bytes (tag ",
-                     tag, ") to node ", peer, ": ", s.message()));
+        s.code(), absl::StrCat("nccl transport: node ", node_, " sending ",
+                               data.size(), " bytes (tag ", tag, ") to ",
+                               PeerName(peer), ": ", s.message()));
   }
   absl::MutexLock ml(&mu_);
   ++device_sent_;
@@ -339,7 +339,14 @@ void NcclTransport::PumpLoop(bool up) {
     if (s.ok()) {
       payload.resize(a.length);
       absl::MutexLock l(&d.mu);
-      s = link_->Recv(peer, absl::MakeSpan(payload));
+      s = link_->Recv(peer, absl::MakeSpan(payload), options_.transfer_timeout);
+      if (!s.ok()) {
+        s = absl::Status(
+            s.code(),
+            absl::StrCat("nccl transport: node ", node_, " receiving ",
+                         a.length, " bytes (tag ", a.tag, ") from ",
+                         PeerName(peer), ": ", s.message()));
+      }
     }
     if (!s.ok()) {
       CAIRN_LOG(warn, "node {}: device message from node {}: {}", node_, peer,
@@ -351,6 +358,14 @@ void NcclTransport::PumpLoop(bool up) {
     }
     Deliver(peer, a.tag, s, std::move(payload));
   }
+}
+
+std::string NcclTransport::PeerName(int peer) const {
+  if (options_.control.resolve_peer) {
+    absl::StatusOr<std::string> address = options_.control.resolve_peer(peer);
+    if (address.ok()) return absl::StrCat("node ", peer, " (", *address, ")");
+  }
+  return absl::StrCat("node ", peer);
 }
 
 void NcclTransport::Deliver(int peer, uint64_t tag, absl::Status status,

@@ -31,6 +31,11 @@
 // init_timeout fails its device messages with that error (and retries on
 // the next one). Nodes that never send still join: the ids reach them.
 //
+// A device message is bounded by transfer_timeout on both sides (see
+// NcclTransportOptions): a peer dying mid-transfer fails it naming the peer
+// instead of hanging the sender, or the receiver's pump and with it every
+// later message of that direction.
+//
 // Thread-safe (see Transport).
 #ifndef CAIRN_SERVER_AGENT_TRANSPORT_NCCL_NCCL_TRANSPORT_H_
 #define CAIRN_SERVER_AGENT_TRANSPORT_NCCL_NCCL_TRANSPORT_H_
@@ -64,6 +69,15 @@ struct NcclTransportOptions {
   // Largest device message accepted from a peer (the agent sets its
   // staging budget). Default: 1 GiB.
   uint64_t max_message_bytes = uint64_t{1} << 30;
+  // How long one device message may take on the device link, sending or
+  // receiving (including waiting for the peer's earlier messages of that
+  // direction). A peer that dies or stalls mid-transfer never completes its
+  // side: past this the communicator of that direction is aborted and the
+  // message fails DEADLINE_EXCEEDED naming the peer node and its address;
+  // later device messages of that direction fail at once with the reason
+  // (loads fall back to storage) until the agents restart together.
+  // Default: 2 minutes.
+  absl::Duration transfer_timeout = absl::Minutes(2);
 };
 
 namespace internal {
@@ -139,6 +153,8 @@ class NcclTransport : public Transport {
   void Deliver(int peer, uint64_t tag, absl::Status status,
                std::string payload);
   Direction& DirectionTo(int peer) { return peer > node_ ? up_ : down_; }
+  // "node <peer> (<address>)" for errors (the address from resolve_peer).
+  std::string PeerName(int peer) const;
 
   // Constant after construction.
   const NcclTransportOptions options_;
