@@ -5,19 +5,35 @@ is DIR/.metadata (DCP's Metadata, pickled: every tensor's dtype, global size
 and chunk boxes, every bytes entry, and where each item lies) and the
 __R_N.distcp files the ranks wrote, each a run of items: a tensor chunk is a
 ``torch.save`` archive (a zip) of that chunk, a bytes entry the raw bytes of
-the object DCP's planner serialised (``torch.save`` output). import_dcp reads
-it from one process (no process group) and saves it with one Cairn save as
-rank 0 of 1: each tensor becomes one logical Cairn tensor holding every
-rank's chunks at their boxes, so it loads afterwards into any world size and
-layout (CairnStorageReader, cairn.Checkpointer).
+the object DCP's planner serialised (``torch.save`` output). Two variants of
+it import too:
+
+- ``dcp.save(..., use_collectives=False)``: no .metadata; each rank R wrote
+  __R.metadata listing only its own items (replicated tensors and objects
+  once per rank). torch's reader hands rank R its own file back, so torch
+  loads it only into the ranks that saved it; import_dcp merges the files
+  into the Metadata a collective save would have written (see
+  _merge_rank_metadata), after which it is imported like any other.
+- ``FileSystemWriter(..., serialization_format=SerializationFormat.
+  SAFETENSORS)``: each __R_N.distcp holds its bytes entries, then one
+  safetensors blob of its tensor chunks (see _locate_safetensors). torch's
+  FileSystemReader cannot read it back (it torch.loads every chunk);
+  import_dcp maps the chunks from the blob.
+
+import_dcp reads it from one process (no process group) and saves it with
+one Cairn save as rank 0 of 1: each tensor becomes one logical Cairn tensor
+holding every rank's chunks at their boxes, so it loads afterwards into any
+world size and layout (CairnStorageReader, cairn.Checkpointer).
 
 How, in order (nothing is sent to cairnd before every item was found):
 
 1. The arguments, then cairnd: a step already committed is refused before
    any file is read.
-2. .metadata is unpickled weights-only: DCP's own metadata classes, torch's
-   dtypes and sizes and plain data; anything else is refused naming it
-   (``weights_only=False`` unpickles it as torch's FileSystemReader does).
+2. .metadata (or every __R.metadata) is unpickled weights-only: DCP's own
+   metadata classes, torch's dtypes and sizes and plain data; anything else
+   is refused naming it (``weights_only=False`` unpickles it as torch's
+   FileSystemReader does). Per-rank files are merged, checked for agreement
+   and for covering every tensor.
 3. Every item is checked against its file: a missing file, or one shorter
    than the items the metadata places in it, is DataLossError naming the
    file, the fqn and the sizes.
@@ -29,7 +45,9 @@ How, in order (nothing is sent to cairnd before every item was found):
    page cache, not process memory, whatever the checkpoint's size. With
    ``verify`` (the default) each mapped chunk's CRC-32, which torch.save
    records in the archive, is checked first (DataLossError naming file and
-   fqn on a mismatch): one more read of the data. Any other item (DCP's
+   fqn on a mismatch): one more read of the data. A chunk in a safetensors
+   blob is mapped the same way once the blob's header agrees with the
+   metadata (safetensors records no checksum to verify). Any other item (DCP's
    stream transforms, a non-contiguous chunk, a big-endian archive) is read
    into memory by torch's FileSystemReader: only those need memory.
 5. Bytes entries are kept byte for byte (DCP's torch.save form, which both
@@ -46,6 +64,7 @@ import ctypes
 import dataclasses
 import enum
 import io
+import json
 import os
 import pathlib
 import pickle
@@ -136,10 +155,18 @@ class _MetadataUnpickler(pickle.Unpickler):
             f"it holds a {module}.{name}, which is not part of DCP's metadata")
 
 
-def _read_metadata(root: pathlib.Path, weights_only: bool) -> Any:
-    path = root / _METADATA
+def _read_metadata(path: pathlib.Path, weights_only: bool,
+                   rank: Optional[int] = None) -> Any:
+    """DCP's Metadata in `path`: .metadata, or (`rank` given) the
+    __R.metadata one rank of a use_collectives=False save wrote."""
     md_cls = _dcp.api().metadata.Metadata
-    data = path.read_bytes()
+    what = ("" if rank is None else
+            f" (rank {rank}'s metadata, saved with use_collectives=False)")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise errors.DataLossError(
+            f"import_dcp: {path}{what} cannot be read: {e.strerror}") from None
     try:
         if weights_only:
             md = _MetadataUnpickler(data).load()
@@ -150,6 +177,12 @@ def _read_metadata(root: pathlib.Path, weights_only: bool) -> Any:
             f"import_dcp: {path}: {e}: not loaded weights-only (pass "
             f"weights_only=False if you trust this checkpoint)") from None
     except Exception as e:  # pylint: disable=broad-except
+        if rank is not None:
+            # One of several ranks' files: the checkpoint is DCP's, this
+            # piece of it is damaged.
+            raise errors.DataLossError(
+                f"import_dcp: {path}{what} is truncated or damaged: it does "
+                f"not unpickle ({type(e).__name__}: {e})") from None
         raise errors.InvalidArgumentError(
             f"import_dcp: {path} is not a DCP checkpoint's metadata (it does "
             f"not unpickle: {type(e).__name__}: {e})") from None
@@ -157,10 +190,242 @@ def _read_metadata(root: pathlib.Path, weights_only: bool) -> Any:
             or not isinstance(getattr(md, "state_dict_metadata", None), dict)
             or not isinstance(getattr(md, "storage_data", None), dict)):
         raise errors.InvalidArgumentError(
-            f"import_dcp: {path} is not a DCP checkpoint's metadata (it holds "
-            f"a {type(md).__name__}, not the state_dict_metadata and "
+            f"import_dcp: {path}{what} is not a DCP checkpoint's metadata (it "
+            f"holds a {type(md).__name__}, not the state_dict_metadata and "
             f"storage_data of a FileSystemWriter checkpoint)")
     return md
+
+
+# ------------------------------------------------------------ rank metadata
+
+_RANK_METADATA = re.compile(r"__(0|[1-9][0-9]*)\.metadata")
+_RANK_DATA = re.compile(r"__(0|[1-9][0-9]*)_[0-9]+\.distcp")
+
+
+def _rank_files(root: pathlib.Path) -> Tuple[Dict[int, str],
+                                              Dict[int, List[str]]]:
+    """({rank: __R.metadata}, {rank: its __R_N.distcp files}) in root."""
+    metadata: Dict[int, str] = {}
+    data: Dict[int, List[str]] = {}
+    for name in os.listdir(root):
+        m = _RANK_METADATA.fullmatch(name)
+        if m:
+            metadata[int(m.group(1))] = name
+            continue
+        m = _RANK_DATA.fullmatch(name)
+        if m:
+            data.setdefault(int(m.group(1)), []).append(name)
+    return metadata, data
+
+
+def _box_text(box: Tuple[Tuple[int, ...], Tuple[int, ...]]) -> str:
+    return f"offsets {list(box[0])} sizes {list(box[1])}"
+
+
+def _volume(sizes: Sequence[int]) -> int:
+    n = 1
+    for s in sizes:
+        n *= int(s)
+    return n
+
+
+def _first_overlap(chunks: List[Tuple[Any, int]]) -> Optional[Tuple[Any,
+                                                                     Any]]:
+    """Two of `chunks` ((offsets, sizes), rank), none empty, whose boxes
+    intersect, or None. A sweep along the dimension the chunks' offsets
+    vary most in: near-linear for the shardings DCP writes."""
+    if len(chunks) < 2:
+        return None
+    ndim = len(chunks[0][0][0])
+    if ndim == 0:
+        return chunks[0], chunks[1]
+    dim = max(range(ndim), key=lambda d: len({c[0][0][d] for c in chunks}))
+    active: List[Tuple[Any, int]] = []
+    for c in sorted(chunks, key=lambda c: c[0][0][dim]):
+        (offsets, sizes), _ = c
+        active = [a for a in active
+                  if a[0][0][dim] + a[0][1][dim] > offsets[dim]]
+        for a in active:
+            if all(a[0][0][d] < offsets[d] + sizes[d]
+                   and offsets[d] < a[0][0][d] + a[0][1][d]
+                   for d in range(ndim)):
+                return a, c
+        active.append(c)
+    return None
+
+
+def _merge_rank_metadata(root: pathlib.Path, files: "_Files",
+                         weights_only: bool) -> Any:
+    """One Metadata from the __R.metadata files of a use_collectives=False
+    save. Each rank's file lists only what that rank saved (torch's reader
+    gives rank R its own file back, so torch loads such a checkpoint only
+    into the ranks and layout that saved it); their union is what a
+    collective save's .metadata would have held. Per fqn: the global shape
+    and dtype every rank lists must agree; a chunk several ranks list at
+    the same box (a replicated tensor, saved once per rank) is kept once,
+    from the lowest rank, as DCP's deduplication keeps one; a bytes entry
+    several ranks saved must hold the same bytes in each. The chunks must
+    then tile the tensor: ranks 0 to N-1 all present, and their chunks
+    neither overlapping nor leaving elements out (what a missing rank's
+    metadata leaves)."""
+    api = _dcp.api().metadata
+    names, data_files = _rank_files(root)
+    world = max(max(names), max(data_files, default=-1)) + 1
+    for r in range(world):
+        if r in names:
+            continue
+        held = ", ".join(str(k) for k in sorted(names))
+        orphans = sorted(data_files.get(r, []))
+        tail = (f", and {', '.join(orphans)}, which only rank {r}'s metadata "
+                f"places items in" if orphans else "")
+        raise errors.DataLossError(
+            f"import_dcp: {root / f'__{r}.metadata'} is missing: the "
+            f"checkpoint holds the per-rank metadata of ranks {held} (saved "
+            f"with use_collectives=False){tail}")
+
+    entries: Dict[str, Any] = {}
+    first: Dict[str, Tuple[int, str, Any]] = {}   # fqn: (rank, file, info)
+    boxes: Dict[str, Dict[Any, int]] = {}          # fqn: {box: rank}
+    storage: Dict[Any, Any] = {}
+    repeated_bytes: List[Tuple[str, int, Any]] = []
+    planner_data: Dict[str, Any] = {}
+
+    def described(entry: Any) -> str:
+        if isinstance(entry, api.TensorStorageMetadata):
+            dtype = str(entry.properties.dtype).rsplit(".", 1)[-1]
+            return f"{dtype} {[int(s) for s in entry.size]}"
+        return "a bytes entry"
+
+    for r in range(world):
+        name = names[r]
+        md = _read_metadata(root / name, weights_only, rank=r)
+        for fqn, entry in md.state_dict_metadata.items():
+            if fqn == _dcp.PLANNER_DATA_FQN:
+                continue
+            prev = entries.get(fqn)
+            is_tensor = isinstance(entry, api.TensorStorageMetadata)
+            if not is_tensor and not isinstance(entry,
+                                                api.BytesStorageMetadata):
+                raise errors.InvalidArgumentError(
+                    f"import_dcp: {root / name}: entry '{fqn}' is a "
+                    f"{type(entry).__name__}, neither a tensor nor bytes")
+            if prev is not None and (
+                    is_tensor != isinstance(prev, api.TensorStorageMetadata)
+                    or (is_tensor and (
+                        prev.properties.dtype != entry.properties.dtype
+                        or list(prev.size) != list(entry.size)))):
+                kind = "tensor" if is_tensor else "bytes entry"
+                raise errors.InvalidArgumentError(
+                    f"import_dcp: {root}: {kind} '{fqn}' is "
+                    f"{described(prev)} in {first[fqn][1]} but "
+                    f"{described(entry)} in {name}: the ranks' metadata "
+                    f"disagree")
+            if not is_tensor:
+                index = api.MetadataIndex(fqn)
+                info = md.storage_data.get(index)
+                if info is None:
+                    raise errors.DataLossError(
+                        f"import_dcp: {root / name} lists bytes entry "
+                        f"'{fqn}' but no file holding it")
+                if prev is None:
+                    entries[fqn] = entry
+                    first[fqn] = (r, name, info)
+                    storage[index] = info
+                else:
+                    repeated_bytes.append((fqn, r, info))
+                continue
+            if prev is None:
+                prev = api.TensorStorageMetadata(
+                    properties=entry.properties, size=entry.size, chunks=[])
+                entries[fqn] = prev
+                first[fqn] = (r, name, None)
+                boxes[fqn] = {}
+            keys = {api.MetadataIndex(fqn, c.offsets) for c in prev.chunks}
+            for i, c in enumerate(entry.chunks):
+                box = (tuple(int(o) for o in c.offsets),
+                       tuple(int(s) for s in c.sizes))
+                info = md.storage_data.get(api.MetadataIndex(fqn, c.offsets,
+                                                             i))
+                what = f"'{fqn}' chunk at {_box_text(box)}"
+                if info is None:
+                    raise errors.DataLossError(
+                        f"import_dcp: {root / name} lists {what} but no file "
+                        f"holding it")
+                key = api.MetadataIndex(fqn, c.offsets, len(prev.chunks))
+                empty = _volume(box[1]) == 0
+                if key in keys and not empty and box not in boxes[fqn]:
+                    # An empty shard kept at these offsets holds nothing:
+                    # this chunk replaces it (a nonempty one there is an
+                    # overlap, found below).
+                    gone = [b for b in boxes[fqn] if b[0] == box[0]
+                            and _volume(b[1]) == 0]
+                    for b in gone:
+                        del boxes[fqn][b]
+                    prev.chunks = [k for k in prev.chunks if not (
+                        tuple(int(o) for o in k.offsets) == box[0]
+                        and _volume(k.sizes) == 0)]
+                if box in boxes[fqn] or (empty and key in keys):
+                    # Another rank's copy (or an empty shard at a kept
+                    # chunk's offsets, holding nothing): not read, but
+                    # there and as long as the metadata says.
+                    files.check(info.relative_path, info.offset, info.length,
+                                what)
+                    continue
+                boxes[fqn][box] = r
+                keys.add(key)
+                prev.chunks.append(api.ChunkStorageMetadata(
+                    offsets=c.offsets, sizes=c.sizes))
+                storage[key] = info
+        mapping = getattr(md, "planner_data", None)
+        if isinstance(mapping, dict):
+            for k, v in mapping.items():
+                planner_data.setdefault(k, v)
+
+    for fqn, entry in entries.items():
+        if not isinstance(entry, api.TensorStorageMetadata):
+            continue
+        held = [(box, r) for box, r in boxes[fqn].items()
+                if _volume(box[1]) > 0]
+        pair = _first_overlap(held)
+        if pair is not None:
+            (a, ra), (b, rb) = pair
+            raise errors.InvalidArgumentError(
+                f"import_dcp: {root}: tensor '{fqn}': rank {ra}'s chunk at "
+                f"{_box_text(a)} ({names[ra]}) and rank {rb}'s at "
+                f"{_box_text(b)} ({names[rb]}) overlap")
+        numel = _volume(entry.size)
+        elements = sum(_volume(box[1]) for box, _ in held)
+        if elements != numel:
+            ranks = ("rank 0 (__0.metadata)" if world == 1 else
+                     f"ranks 0 to {world - 1} (__0.metadata to "
+                     f"__{world - 1}.metadata)")
+            raise errors.DataLossError(
+                f"import_dcp: {root}: tensor '{fqn}' of global shape "
+                f"{[int(s) for s in entry.size]}: the chunks in the metadata "
+                f"of {ranks} hold {elements} of its {numel} elements: the "
+                f"metadata of a rank is missing (with the shards it lists), "
+                f"or a rank did not save")
+
+    # An object every rank saved: one value, so the same bytes in each.
+    kept: Dict[str, bytes] = {}
+    for fqn, r, info in repeated_bytes:
+        r0, _, info0 = first[fqn]
+        if fqn not in kept:
+            kept[fqn] = _read_item(files, info0, f"bytes entry '{fqn}'")
+        if _read_item(files, info, f"bytes entry '{fqn}'") != kept[fqn]:
+            raise errors.InvalidArgumentError(
+                f"import_dcp: {root}: bytes entry '{fqn}' holds other bytes "
+                f"in {info.relative_path} (rank {r}'s) than in "
+                f"{info0.relative_path} (rank {r0}'s): a merged checkpoint "
+                f"holds one value per fqn")
+
+    return api.Metadata(state_dict_metadata=entries,
+                        planner_data=planner_data, storage_data=storage)
+
+
+def _read_item(files: "_Files", info: Any, what: str) -> bytes:
+    fd = files.check(info.relative_path, info.offset, info.length, what)
+    return os.pread(fd, info.length, info.offset)
 
 
 # ------------------------------------------------------------ files
@@ -208,6 +473,8 @@ class _Files:
         self._fds: Dict[str, int] = {}
         self._sizes: Dict[str, int] = {}
         self._maps: Dict[str, Any] = {}
+        # (file, offset): the safetensors blob there, None if none is.
+        self.blobs: Dict[Tuple[str, int], Optional["_Blob"]] = {}
 
     def path(self, relative: str) -> pathlib.Path:
         return self.root / relative
@@ -222,7 +489,7 @@ class _Files:
             if (os.path.isabs(relative) or ".." in pathlib.PurePath(
                     relative).parts):
                 raise errors.InvalidArgumentError(
-                    f"import_dcp: {self.root / _METADATA} places {what} in "
+                    f"import_dcp: {self.root}: the metadata places {what} in "
                     f"{relative!r}, outside the checkpoint directory")
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -244,6 +511,10 @@ class _Files:
                 f"{offset + length})")
         return fd
 
+    def size(self, relative: str) -> int:
+        """The size of `relative`, once check() opened it."""
+        return self._sizes[relative]
+
     def address(self, relative: str, offset: int) -> int:
         """The address of byte `offset` of `relative` in its mapping."""
         storage = self._maps.get(relative)
@@ -263,6 +534,160 @@ class _Files:
 def _memory_at(address: int, nbytes: int) -> Any:
     """A buffer over `nbytes` at `address` (no copy), for zlib.crc32."""
     return (ctypes.c_char * nbytes).from_address(address)
+
+
+# ------------------------------------------------------------ safetensors
+
+# FileSystemWriter(serialization_format=SerializationFormat.SAFETENSORS)
+# writes each __R_N.distcp as its bytes entries (as above), then one
+# safetensors blob of the file's tensor chunks keyed by fqn: an 8-byte
+# little-endian header length, a JSON header ({fqn: {dtype, shape,
+# data_offsets}}, and "__metadata__" whose DCP_SHARDING_INFO gives each
+# chunk's saved_offsets), then the data, row-major, little-endian. Its
+# .metadata (or __R.metadata) places every chunk of the file at the blob's
+# first byte, with the chunk's size as length: the header says where the
+# bytes are. safetensors records no checksum.
+_SAFETENSORS_DTYPES = {
+    name: getattr(torch, dtype) for name, dtype in (
+        ("BOOL", "bool"), ("U8", "uint8"), ("I8", "int8"),
+        ("I16", "int16"), ("U16", "uint16"), ("I32", "int32"),
+        ("U32", "uint32"), ("I64", "int64"), ("U64", "uint64"),
+        ("F16", "float16"), ("BF16", "bfloat16"), ("F32", "float32"),
+        ("F64", "float64"), ("F8_E4M3", "float8_e4m3fn"),
+        ("F8_E5M2", "float8_e5m2"), ("C64", "complex64"),
+        ("C128", "complex128")) if hasattr(torch, dtype)}
+_SAFETENSORS_MAX_HEADER = 100 * 1000 * 1000  # safetensors' own bound
+
+
+@dataclasses.dataclass
+class _Blob:
+    data_start: int                 # file offset of the data section
+    tensors: Dict[str, Any]         # the header's entries
+    saved_offsets: Dict[str, Any]   # DCP_SHARDING_INFO, where written
+
+
+def _safetensors_blob(files: "_Files", relative: str, fd: int, offset: int,
+                      what: str) -> Optional[_Blob]:
+    """The safetensors blob at `offset` of `relative`, None when the bytes
+    there are no safetensors header; DataLossError naming the file and
+    `what` for one cut short or damaged."""
+    key = (relative, offset)
+    if key in files.blobs:
+        return files.blobs[key]
+    path = files.path(relative)
+    size = files.size(relative)
+    head = os.pread(fd, 9, offset)
+    blob = None
+    if len(head) == 9 and head[8:9] == b"{":
+        n = int.from_bytes(head[:8], "little")
+        if 2 <= n <= _SAFETENSORS_MAX_HEADER:
+            blob = _parse_safetensors(path, fd, offset, n, size, what)
+    files.blobs[key] = blob
+    return blob
+
+
+def _parse_safetensors(path: pathlib.Path, fd: int, offset: int, n: int,
+                       size: int, what: str) -> _Blob:
+    if offset + 8 + n > size:
+        raise errors.DataLossError(
+            f"import_dcp: {path} is truncated: it has {size} bytes, the "
+            f"safetensors header holding {what} runs to byte "
+            f"{offset + 8 + n}")
+
+    def damaged(why: str) -> errors.DataLossError:
+        return errors.DataLossError(
+            f"import_dcp: {path}: the safetensors header at bytes "
+            f"[{offset}, {offset + 8 + n}) holding {what} {why}")
+
+    try:
+        header = json.loads(os.pread(fd, n, offset + 8))
+    except ValueError as e:
+        raise damaged(f"is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise damaged(f"is a JSON {type(header).__name__}, not an object")
+    extra = header.pop("__metadata__", None) or {}
+    saved: Dict[str, Any] = {}
+    try:
+        info = extra.get("DCP_SHARDING_INFO") if isinstance(extra,
+                                                            dict) else None
+        if info is not None:
+            saved = {k: v.get("saved_offsets")
+                     for k, v in json.loads(info).items()}
+    except (ValueError, AttributeError, TypeError):
+        raise damaged("has a DCP_SHARDING_INFO that is not a JSON object "
+                      "of saved_offsets") from None
+    for fqn, entry in header.items():
+        ok = (isinstance(entry, dict) and isinstance(entry.get("dtype"), str)
+              and isinstance(entry.get("shape"), list)
+              and all(isinstance(d, int) and d >= 0 for d in entry["shape"])
+              and isinstance(entry.get("data_offsets"), list)
+              and len(entry["data_offsets"]) == 2
+              and all(isinstance(d, int) for d in entry["data_offsets"])
+              and 0 <= entry["data_offsets"][0] <= entry["data_offsets"][1])
+        if not ok:
+            raise damaged(f"has a malformed entry for '{fqn}'")
+    return _Blob(offset + 8 + n, header, saved)
+
+
+def _locate_safetensors(files: "_Files", chunk: "_Chunk", fd: int,
+                        blob: _Blob) -> bool:
+    """Points `chunk` at its bytes in `blob` (mapped, or read when the file
+    cannot be mapped): the header's entry must be the chunk the metadata
+    places there."""
+    info = chunk.info
+    path = files.path(info.relative_path)
+    entry = blob.tensors.get(chunk.fqn)
+    begin = end = blob.data_start
+    if entry is not None:
+        begin += entry["data_offsets"][0]
+        end += entry["data_offsets"][1]
+
+    def damaged(why: str) -> errors.DataLossError:
+        return errors.DataLossError(
+            f"import_dcp: {path}: {_what(chunk)} at bytes [{begin}, {end}) "
+            f"{why}")
+
+    if entry is None:
+        raise damaged(f"is not in the safetensors blob at byte {info.offset} "
+                      f"the metadata places it in")
+    saved = blob.saved_offsets.get(chunk.fqn)
+    if saved is not None and list(saved) != chunk.offsets:
+        raise damaged(f"is not the chunk the metadata places there: its "
+                      f"safetensors header says it was saved at offsets "
+                      f"{list(saved)}")
+    dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+    if dtype != chunk.dtype or entry["shape"] != chunk.sizes:
+        raise damaged(f"holds a {dtype or entry['dtype']} tensor of shape "
+                      f"{entry['shape']}, the metadata says {chunk.dtype} "
+                      f"{chunk.sizes}")
+    chunk.nbytes = _volume(chunk.sizes) * torch.empty(
+        0, dtype=chunk.dtype).element_size()
+    if end - begin != chunk.nbytes:
+        raise damaged(f"has {end - begin} bytes in its safetensors blob; a "
+                      f"{chunk.dtype} tensor of shape {chunk.sizes} has "
+                      f"{chunk.nbytes}")
+    if chunk.nbytes == 0:
+        return True
+    size = files.size(info.relative_path)
+    if end > size:
+        raise errors.DataLossError(
+            f"import_dcp: {path} is truncated: it has {size} bytes, its "
+            f"safetensors header places {_what(chunk)} at bytes [{begin}, "
+            f"{end})")
+    if sys.byteorder != "little":
+        raise errors.InvalidArgumentError(
+            f"import_dcp: {path}: {_what(chunk)}: safetensors data is "
+            f"little-endian, this machine is not")
+    try:
+        chunk.ptr = files.address(info.relative_path, begin)
+    except (RuntimeError, OSError):
+        # A filesystem that cannot be mapped: read it instead.
+        chunk.keep = torch.empty(chunk.nbytes, dtype=torch.uint8)
+        with _FileView(fd, begin, chunk.nbytes) as view:
+            if view.readinto(memoryview(chunk.keep.numpy())) != chunk.nbytes:
+                raise damaged("cannot be read whole") from None
+        chunk.ptr = chunk.keep.data_ptr()
+    return True
 
 
 # ------------------------------------------------------------ items
@@ -293,6 +718,12 @@ def _locate(files: _Files, chunk: _Chunk, verify: bool) -> bool:
     fd = files.check(info.relative_path, info.offset, info.length,
                      _what(chunk))
     path = files.path(info.relative_path)
+    zip_magic = os.pread(fd, 4, info.offset) == b"PK\x03\x04"
+    if not zip_magic:
+        blob = _safetensors_blob(files, info.relative_path, fd, info.offset,
+                                 _what(chunk))
+        if blob is not None:
+            return _locate_safetensors(files, chunk, fd, blob)
 
     def damaged(why: str) -> errors.DataLossError:
         return errors.DataLossError(
@@ -309,7 +740,8 @@ def _locate(files: _Files, chunk: _Chunk, verify: bool) -> bool:
                           map_location="meta", weights_only=True)
     except (zipfile.BadZipFile, RuntimeError, pickle.UnpicklingError,
             EOFError, ValueError, OSError) as e:
-        raise damaged(f"is not a torch.save archive of a tensor "
+        nor = "" if zip_magic else " nor a safetensors blob"
+        raise damaged(f"is not a torch.save archive of a tensor{nor} "
                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     if not isinstance(meta, torch.Tensor):
         raise damaged(f"holds a {type(meta).__name__}, not a tensor")
@@ -442,14 +874,7 @@ def _check_args(path: Any, job: Any, step: Any,
             f"import_dcp: {root} is not a DCP checkpoint: not a directory "
             f"(FileSystemWriter writes a directory of .metadata and "
             f"__R_N.distcp files)")
-    if not (root / _METADATA).is_file():
-        per_rank = sorted(p.name for p in root.glob("__*.metadata"))
-        if per_rank:
-            raise errors.InvalidArgumentError(
-                f"import_dcp: {root} has no {_METADATA}, only per-rank "
-                f"metadata ({', '.join(per_rank[:4])}"
-                f"{', ...' if len(per_rank) > 4 else ''}: saved with "
-                f"use_collectives=False), which import_dcp does not merge")
+    if not (root / _METADATA).is_file() and not _rank_files(root)[0]:
         held = sorted(p.name for p in root.iterdir())
         shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
         raise errors.InvalidArgumentError(
@@ -481,9 +906,12 @@ def import_dcp(path: Union[str, "os.PathLike[str]"], job: str, step: int, *,
                coordinator: Optional[str] = None, weights_only: bool = True,
                verify: bool = True, **options: Any) -> ImportResult:
     """Saves the DCP checkpoint in directory `path` (torch's
-    FileSystemWriter: .metadata and __R_N.distcp files) into Cairn as
-    committed checkpoint `step` of `job`, from this one process (no process
-    group needed). Returns an ImportResult (``.info``: cairnd's record).
+    FileSystemWriter: .metadata and __R_N.distcp files; or the __R.metadata
+    files of a ``use_collectives=False`` save, merged; chunks as torch.save
+    archives or, with ``serialization_format=SAFETENSORS``, safetensors
+    blobs) into Cairn as committed checkpoint `step` of `job`, from this one
+    process (no process group needed). Returns an ImportResult (``.info``:
+    cairnd's record).
 
     Every tensor keeps its dtype (bfloat16 included), shape and bytes; the
     chunks several ranks saved (DTensor / FSDP2 / ShardedTensor shards)
@@ -502,24 +930,31 @@ def import_dcp(path: Union[str, "os.PathLike[str]"], job: str, step: int, *,
       classes of torch.serialization.add_safe_globals). False: trust the
       checkpoint (its objects then need weights_only=False to load, too).
     verify: check each mapped chunk's CRC-32 the archive records (one more
-      read of the data) before saving.
+      read of the data) before saving (safetensors blobs record none).
     **options: for the Cairn connection (io_threads, rpc_timeout, tls_ca,
       token, ...; see cairn.Checkpointer).
 
     Errors (cairn.Error subclasses naming the path and the fqn):
     InvalidArgumentError (bad arguments, a path that is not a DCP
     checkpoint, an object or metadata class weights-only loading refuses, a
-    dtype Cairn cannot store), NotFoundError (no such path), DataLossError
-    (a .distcp file missing, truncated or damaged), AlreadyExistsError (the
-    step is committed in Cairn already), and the save's own errors.
+    dtype Cairn cannot store, ranks' metadata that disagree on a tensor's
+    shape or dtype, place overlapping chunks, or hold different bytes for one
+    object), NotFoundError (no such path), DataLossError (a .distcp file
+    missing, truncated or damaged, a safetensors header that disagrees with
+    the metadata, a rank's metadata file missing, truncated or damaged),
+    AlreadyExistsError (the step is committed in Cairn already), and the
+    save's own errors.
     """
     root, coordinator = _check_args(path, job, step, coordinator)
     ckpt = _cairn.Checkpointer(coordinator, job, 0, 1, **options)
     _check_step_is_new(ckpt, root, job, step)
-    md = _read_metadata(root, bool(weights_only))
     md_api = _dcp.api().metadata
     files = _Files(root)
     try:
+        if (root / _METADATA).is_file():
+            md = _read_metadata(root / _METADATA, bool(weights_only))
+        else:
+            md = _merge_rank_metadata(root, files, bool(weights_only))
         result = ImportResult(info=None)
         tensors: Dict[str, Tuple[Any, List[_Chunk]]] = {}
         blobs: List[Tuple[str, Any]] = []
@@ -574,7 +1009,8 @@ def import_dcp(path: Union[str, "os.PathLike[str]"], job: str, step: int, *,
                              f"bytes entry '{fqn}'")
             raw[fqn] = os.pread(fd, info.length, info.offset)
         raw.update(_read_with_torch(root, md, to_read, plain))
-        result.read_bytes = sum(c.nbytes for c in to_read)
+        result.read_bytes = sum(c.nbytes for _, chunks in tensors.values()
+                                for c in chunks if c.keep is not None)
 
         state = _cairn.StateDict()
         for fqn, (entry, chunks) in tensors.items():
@@ -627,9 +1063,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     imp = sub.add_parser(
         "import-dcp",
         help="save a DCP FileSystemWriter checkpoint into Cairn",
-        description="Saves the DCP checkpoint directory PATH (.metadata and "
-                    "__R_N.distcp files, as torch's FileSystemWriter writes "
-                    "it) into Cairn as a committed checkpoint.")
+        description="Saves the DCP checkpoint directory PATH (.metadata, or "
+                    "per-rank __R.metadata files, and __R_N.distcp files, as "
+                    "torch's FileSystemWriter writes it, in the torch_save "
+                    "or safetensors format) into Cairn as a committed "
+                    "checkpoint.")
     imp.add_argument("path", metavar="PATH")
     imp.add_argument("--job", required=True)
     imp.add_argument("--step", required=True, type=int)

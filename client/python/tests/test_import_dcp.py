@@ -9,18 +9,25 @@ compared element by element and object by object with what was saved:
   CairnStorageReader and cairn.Checkpointer;
 - 4 gloo ranks: an FSDP2 model with its Adam state (uneven DTensor shards,
   an empty one), DTensors sharded by rows and by columns, replicated and
-  per-rank tensors and objects, loaded into 3 ranks sharded another way
-  through DCP (and trained on: test_fsdp2's check) and into 1 process
-  whole through the direct API;
+  per-rank tensors and objects, saved four ways (collective .metadata or
+  per-rank __R.metadata of use_collectives=False; torch.save archives or
+  safetensors blobs), each loaded into 3 ranks sharded another way through
+  DCP (and trained on: test_fsdp2's check) and into 1 process whole through
+  the direct API; even DTensor shards (none empty) saved as safetensors,
+  collective and per-rank, loaded into 3 ranks and 1 process;
 
 and every error: a path that is no DCP checkpoint, a missing, truncated or
-damaged .distcp file, a step Cairn already has, objects or metadata that
-weights-only loading refuses, an unsupported dtype, bad arguments; the CLI
-entry `python -m cairn.torch import-dcp`.
+damaged .distcp file, a per-rank metadata file missing or truncated, ranks'
+metadata that disagree (shape, dtype, overlapping chunks, an object's
+bytes), a safetensors shard missing, truncated or disagreeing with the
+metadata, a step Cairn already has, objects or metadata that weights-only
+loading refuses, an unsupported dtype, bad arguments; the CLI entry
+`python -m cairn.torch import-dcp`.
 """
 
 import dataclasses
 import io
+import json
 import os
 import pathlib
 import pickle
@@ -201,43 +208,106 @@ EXTRA_FULL = {
     "extra.mask": (torch.arange(10) % 3 == 0, 0, None),
     "extra.bias": (torch.arange(5, dtype=torch.int64) * 11, None, 0),
 }
+# Shards of equal size on 4 ranks (none empty), loaded into 3 ranks sharded
+# another way.
+EVEN_FULL = {
+    "even.rows": (torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6) / 3,
+                  0, 1),
+    "even.cols": (torch.arange(4 * 8, dtype=torch.float32).reshape(4, 8)
+                  .to(torch.bfloat16), 1, 0),
+    "even.ids": (torch.arange(16, dtype=torch.int32) * 7, 0, None),
+    "even.flags": (torch.arange(12) % 2 == 0, None, 0),
+}
 RANK_OBJECTS = {"step": 1200,
                 "sched": {"last_epoch": 3, "_last_lr": [0.01, 0.005]},
                 "run": {"name": "fsdp2-run", "seed": 52}}
+
+# The directories every rank saves the same state dict into: name:
+# (FileSystemWriter's serialization_format, dcp.save's use_collectives).
+# use_collectives=False: each rank writes __R.metadata of its own items
+# (no .metadata), replicated tensors and objects once per rank.
+# SAFETENSORS: each __R_N.distcp holds the objects, then one safetensors
+# blob of the tensor chunks.
+VARIANTS = {
+    "collective": ("TORCH_SAVE", True),
+    "per-rank": ("TORCH_SAVE", False),
+    "safetensors": ("SAFETENSORS", True),
+    "safetensors-per-rank": ("SAFETENSORS", False),
+}
+
+
+def _torch_writes(name):
+    """Whether this torch (and its safetensors package) saves VARIANTS[name]
+    (use_collectives and serialization_format are recent)."""
+    # pylint: disable=import-outside-toplevel
+    import importlib.util
+    import inspect
+    import torch.distributed.checkpoint.filesystem as fs
+    fmt, collectives = VARIANTS[name]
+    if not collectives and "use_collectives" not in inspect.signature(
+            dcp.save).parameters:
+        return False
+    return fmt == "TORCH_SAVE" or (
+        hasattr(fs, "SerializationFormat")
+        and importlib.util.find_spec("safetensors") is not None)
+
+
+def _needs(name):
+    if not _torch_writes(name):
+        pytest.skip(f"torch {torch.__version__} does not save {name} "
+                    f"checkpoints")
 
 
 def rng_of(rank):
     return torch.arange(16, dtype=torch.uint8) * (rank + 1)
 
 
-def extras(mesh, rank, world, which, blank_values):
+def distribute(table, mesh, which, blank_values):
     api = _dtensor_api()
     out = {}
-    for fqn, (full, saved, loaded) in EXTRA_FULL.items():
+    for fqn, (full, saved, loaded) in table.items():
         dim = saved if which == "saved" else loaded
         value = torch.zeros_like(full) if blank_values else full
         placement = api.Replicate() if dim is None else api.Shard(dim)
         out[fqn.split(".", 1)[1]] = api.distribute_tensor(value, mesh,
                                                           [placement])
+    return out
+
+
+def extras(mesh, rank, world, which, blank_values):
+    out = distribute(EXTRA_FULL, mesh, which, blank_values)
     rng = {f"rank{r}": (torch.zeros(16, dtype=torch.uint8) if blank_values
                         else rng_of(r))
            for r in (range(world) if blank_values else [rank])}
     return out, rng
 
 
-def save_dcp_ranks(rank, world, path):
+def save_dcp_ranks(rank, world, root):
     """4 ranks: an FSDP2 model trained 2 steps and its Adam state, the
     extra DTensors, per-rank rng tensors and objects, saved with
-    FileSystemWriter; rank 0 returns test_fsdp2's expected full states."""
+    FileSystemWriter into root/<variant> for each of VARIANTS; and the even
+    DTensors into root/even-<variant>. Rank 0 returns test_fsdp2's expected
+    full states."""
+    # pylint: disable=import-outside-toplevel
+    import torch.distributed.checkpoint.filesystem as fs
     mesh = init_device_mesh("cpu", (world,))
     model = test_fsdp2.shard(test_fsdp2.make_model(0), mesh)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     test_fsdp2.train(model, opt, 2)
     msd, osd = get_state_dict(model, opt)
     extra, rng = extras(mesh, rank, world, "saved", False)
-    sd = {"model": msd, "optim": osd, "extra": extra, "rng": rng,
-          **RANK_OBJECTS}
-    dcp.save(sd, storage_writer=FileSystemWriter(path))
+    even = distribute(EVEN_FULL, mesh, "saved", False)
+    for name, (fmt, collectives) in VARIANTS.items():
+        if not _torch_writes(name):
+            continue
+        options = ({} if fmt == "TORCH_SAVE" else
+                   {"serialization_format": fs.SerializationFormat[fmt]})
+        for prefix, sd in (("", {"model": msd, "optim": osd, "extra": extra,
+                                 "rng": rng, **RANK_OBJECTS}),
+                           ("even-", {"even": even, "step": 7})):
+            dcp.save(dict(sd), storage_writer=FileSystemWriter(
+                os.path.join(root, prefix + name), **options),
+                **({} if collectives else {"use_collectives": False}))
     before = test_fsdp2.full_state(model, opt)
     test_fsdp2.train(model, opt, 1)
     after = test_fsdp2.full_state(model, opt)
@@ -246,6 +316,22 @@ def save_dcp_ranks(rank, world, path):
     buf = io.BytesIO()
     torch.save((before, after), buf)
     return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def rank_checkpoints(tmp_path_factory):
+    """(root, expected): the directories save_dcp_ranks wrote (one run of 4
+    ranks for the module; a test that damages one copies it first)."""
+    root = tmp_path_factory.mktemp("dcp-4-ranks")
+    expected = harness.run_ranks(save_dcp_ranks, 4, str(root))[0]
+    return root, expected
+
+
+def copy_of(rank_checkpoints, name, tmp_path):
+    _needs(name)
+    path = tmp_path / name
+    shutil.copytree(rank_checkpoints[0] / name, path)
+    return path
 
 
 def load_cairn_ranks(rank, world, address, step, expected):
@@ -274,28 +360,49 @@ def load_cairn_ranks(rank, world, address, step, expected):
     return bad
 
 
+def files_of(path):
+    return sorted(p.name for p in pathlib.Path(path).iterdir())
+
+
+def expected_files(name):
+    data = [f"__{r}_0.distcp" for r in range(4)]
+    if VARIANTS[name][1]:
+        return [".metadata"] + data
+    return sorted(data + [f"__{r}.metadata" for r in range(4)])
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
 def test_dtensor_shards_of_4_ranks_load_into_3_ranks_and_1_process(
-        cairnd, tmp_path):
-    path = str(tmp_path / "dcp-4-ranks")
-    expected = harness.run_ranks(save_dcp_ranks, 4, path)[0]
-    distcp = sorted(p.name for p in pathlib.Path(path).iterdir())
-    assert distcp == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
+        cairnd, rank_checkpoints, name):
+    _needs(name)
+    root, expected = rank_checkpoints
+    path = root / name
+    assert files_of(path) == expected_files(name)
 
     step = 30
     r = ctorch.import_dcp(path, test_fsdp2.JOB, step,
                           coordinator=cairnd.address)
     assert (r.info.state, r.info.world_size) == ("COMMITTED", 1)
+    # Every chunk was mapped from its file (safetensors blobs as torch.save
+    # archives), none read into memory.
+    assert r.read_bytes == 0 and r.mapped_bytes > 0
     summary = cairn.Checkpointer(cairnd.address,
                                  test_fsdp2.JOB).describe(step)
     chunks = {t.fqn: t.chunks for t in summary.tensors}
     # Every rank's shard is a chunk of one tensor, at its box (an empty
-    # shard holds nothing to store).
+    # shard holds nothing to store), whichever rank's metadata listed it.
     assert chunks["extra.proj"] == [([0, 0], [5, 3]), ([0, 3], [5, 3]),
                                     ([0, 6], [5, 3])]
     assert chunks["extra.embed"] == [([0, 0], [2, 6]), ([2, 0], [2, 6]),
                                      ([4, 0], [2, 6]), ([6, 0], [1, 6])]
-    assert chunks["extra.bias"] == [([0], [5])]  # replicated: stored once
+    # Replicated: stored once, though each rank's metadata lists it.
+    assert chunks["extra.bias"] == [([0], [5])]
+    assert chunks["optim.state.0.weight.step"] == [([], [])]
     assert r.chunks == sum(len(c) for c in chunks.values())
+    md = pickle.loads((root / "collective" / ".metadata").read_bytes())
+    assert r.bytes_entries == sum(
+        type(e).__name__ == "BytesStorageMetadata"
+        for e in md.state_dict_metadata.values())
 
     per_rank = harness.run_ranks(load_cairn_ranks, 3, cairnd.address, step,
                                  expected)
@@ -318,6 +425,44 @@ def test_dtensor_shards_of_4_ranks_load_into_3_ranks_and_1_process(
     for rank in range(4):
         assert torch.equal(state[f"rng.rank{rank}"], rng_of(rank))
     assert {k: state[k] for k in RANK_OBJECTS} == RANK_OBJECTS
+
+
+def load_even_ranks(rank, world, address, step):
+    mesh = init_device_mesh("cpu", (world,))
+    sd = {"even": distribute(EVEN_FULL, mesh, "loaded", True), "step": None}
+    dcp.load(sd, storage_reader=ctorch.CairnStorageReader(
+        checkpoint_id=f"cairn://{address}/{JOB}/{step}"))
+    bad = [fqn for fqn, (full, _, _) in EVEN_FULL.items()
+           if not torch.equal(sd["even"][fqn.split(".", 1)[1]].full_tensor(),
+                              full)]
+    return bad + ([] if sd["step"] == 7 else [f"step = {sd['step']!r}"])
+
+
+@pytest.mark.parametrize("name", ["safetensors", "safetensors-per-rank"])
+def test_even_shards_of_4_ranks_load_into_3_ranks_and_1_process(
+        cairnd, rank_checkpoints, name):
+    _needs(name)
+    path = rank_checkpoints[0] / ("even-" + name)
+    assert files_of(path) == expected_files(name)
+    r = ctorch.import_dcp(path, JOB, 40, coordinator=cairnd.address)
+    assert (r.tensors, r.chunks, r.bytes_entries, r.read_bytes) == (
+        4, 4 + 4 + 4 + 1, 1, 0)
+    chunks = {t.fqn: t.chunks for t in cairn.Checkpointer(
+        cairnd.address, JOB).describe(40).tensors}
+    assert chunks["even.rows"] == [([2 * i, 0], [2, 6]) for i in range(4)]
+    assert chunks["even.cols"] == [([0, 2 * i], [4, 2]) for i in range(4)]
+    assert chunks["even.flags"] == [([0], [12])]
+
+    assert harness.run_ranks(load_even_ranks, 3, cairnd.address, 40) == \
+        [[]] * 3
+    state = {fqn: torch.zeros_like(full)
+             for fqn, (full, _, _) in EVEN_FULL.items()}
+    state["step"] = None
+    cairn.Checkpointer(cairnd.address, JOB).load(state, 40)
+    for fqn, (full, _, _) in EVEN_FULL.items():
+        assert state[fqn].dtype == full.dtype and torch.equal(state[fqn],
+                                                              full), fqn
+    assert state["step"] == 7
 
 
 # ------------------------------------------------------------ errors
@@ -354,12 +499,14 @@ def test_a_path_that_is_not_a_dcp_checkpoint_is_named(cairnd, tmp_path):
     with pytest.raises(cairn.InvalidArgumentError,
                        match="it holds a dict, not the state_dict_metadata"):
         ctorch.import_dcp(other, JOB, 1, coordinator=c)
-    # Per-rank metadata only: dcp.save(..., use_collectives=False).
+    # Per-rank metadata (dcp.save(..., use_collectives=False)) that is
+    # not DCP's.
     (other / ".metadata").unlink()
     (other / "__0.metadata").write_bytes(b"")
-    with pytest.raises(cairn.InvalidArgumentError,
-                       match=r"only per-rank metadata \(__0\.metadata: saved "
-                             r"with use_collectives=False\)"):
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{other / '__0.metadata'} \\(rank 0's metadata"
+                             r", saved with use_collectives=False\) is "
+                             r"truncated or damaged: it does not unpickle"):
         ctorch.import_dcp(other, JOB, 1, coordinator=c)
     assert _no_record(cairnd, 1)
 
@@ -411,6 +558,12 @@ def test_objects_weights_only_loading_refuses_fail_the_import(cairnd,
     sd = {"w": torch.zeros(2), "obj": None}
     ckpt.load(sd, 4, weights_only=False)
     assert sd["obj"] == Custom(5) and torch.equal(sd["w"], torch.ones(2))
+
+
+# safetensors dtype names: what the tests rebuild a blob from.
+_ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8,
+              "BOOL": torch.bool}
 
 
 def _per_item_checkpoint(path):
@@ -476,6 +629,249 @@ def test_a_missing_truncated_or_damaged_distcp_file_is_data_loss(cairnd,
     shutil.copy(pristine / file_of["b"], b_file)
     assert ctorch.import_dcp(path, JOB, 5, coordinator=c).info.state == \
         "COMMITTED"
+
+
+def _rank_md(path, rank):
+    return pickle.loads((path / f"__{rank}.metadata").read_bytes())
+
+
+def _write_rank_md(path, rank, md):
+    (path / f"__{rank}.metadata").write_bytes(pickle.dumps(md))
+
+
+def test_per_rank_metadata_missing_or_truncated_is_data_loss(
+        cairnd, rank_checkpoints, tmp_path):
+    c = cairnd.address
+    path = copy_of(rank_checkpoints, "per-rank", tmp_path)
+    pristine = rank_checkpoints[0] / "per-rank"
+
+    # A rank's metadata gone, its data file there.
+    (path / "__2.metadata").unlink()
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{path / '__2.metadata'} is missing: the "
+                             r"checkpoint holds the per-rank metadata of "
+                             r"ranks 0, 1, 3 \(saved with use_collectives="
+                             r"False\), and __2_0\.distcp"):
+        ctorch.import_dcp(path, JOB, 13, coordinator=c)
+    # The last rank's metadata gone (its data file too): what the others
+    # list does not cover the tensors it held.
+    shutil.copy(pristine / "__2.metadata", path)
+    (path / "__3.metadata").unlink()
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{path / '__3.metadata'} is missing: the "
+                             r"checkpoint holds the per-rank metadata of "
+                             r"ranks 0, 1, 2 .* and __3_0\.distcp"):
+        ctorch.import_dcp(path, JOB, 13, coordinator=c)
+    (path / "__3_0.distcp").unlink()
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{path}: tensor 'model.0.weight' of global "
+                             r"shape \[13, 6\]: the chunks in the metadata "
+                             r"of ranks 0 to 2 \(__0\.metadata to __2\."
+                             r"metadata\) hold 72 of its 78 elements: the "
+                             r"metadata of a rank is missing"):
+        ctorch.import_dcp(path, JOB, 13, coordinator=c)
+    shutil.copy(pristine / "__3.metadata", path)
+    shutil.copy(pristine / "__3_0.distcp", path)
+
+    # Truncated: it does not unpickle.
+    data = (pristine / "__1.metadata").read_bytes()
+    (path / "__1.metadata").write_bytes(data[:len(data) // 2])
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{path / '__1.metadata'} \\(rank 1's metadata"
+                             r", saved with use_collectives=False\) is "
+                             r"truncated or damaged: it does not unpickle"):
+        ctorch.import_dcp(path, JOB, 13, coordinator=c)
+    # A data file a rank's metadata places items in, missing.
+    shutil.copy(pristine / "__1.metadata", path)
+    (path / "__1_0.distcp").unlink()
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{path / '__1_0.distcp'} is missing: the "
+                             "metadata places .* in it"):
+        ctorch.import_dcp(path, JOB, 13, coordinator=c)
+    assert _no_record(cairnd, 13)
+
+    shutil.copy(pristine / "__1_0.distcp", path)
+    assert ctorch.import_dcp(path, JOB, 13, coordinator=c).info.state == \
+        "COMMITTED"
+
+
+def test_ranks_metadata_that_disagree_is_refused(cairnd, rank_checkpoints,
+                                                 tmp_path):
+    c = cairnd.address
+    path = copy_of(rank_checkpoints, "per-rank", tmp_path)
+    pristine = rank_checkpoints[0] / "per-rank"
+
+    md = _rank_md(path, 2)
+    md.state_dict_metadata["extra.proj"].size = torch.Size([5, 10])
+    _write_rank_md(path, 2, md)
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=f"{path}: tensor 'extra.proj' is float32 "
+                             r"\[5, 9\] in __0\.metadata but float32 "
+                             r"\[5, 10\] in __2\.metadata: the ranks' "
+                             r"metadata disagree"):
+        ctorch.import_dcp(path, JOB, 14, coordinator=c)
+    shutil.copy(pristine / "__2.metadata", path)
+
+    md = _rank_md(path, 1)
+    md.state_dict_metadata["extra.bias"].properties.dtype = torch.int32
+    _write_rank_md(path, 1, md)
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=r"tensor 'extra.bias' is int64 \[5\] in "
+                             r"__0\.metadata but int32 \[5\] in "
+                             r"__1\.metadata"):
+        ctorch.import_dcp(path, JOB, 14, coordinator=c)
+    shutil.copy(pristine / "__1.metadata", path)
+
+    # A rank's chunk overlapping another rank's.
+    md = _rank_md(path, 3)
+    entry = md.state_dict_metadata["extra.embed"]
+    index = next(i for i in md.storage_data if i.fqn == "extra.embed")
+    info = md.storage_data.pop(index)
+    entry.chunks[0].offsets = torch.Size([5, 0])
+    md.storage_data[type(index)("extra.embed", torch.Size([5, 0]), 0)] = info
+    _write_rank_md(path, 3, md)
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=r"tensor 'extra.embed': rank 2's chunk at "
+                             r"offsets \[4, 0\] sizes \[2, 6\] \(__2\."
+                             r"metadata\) and rank 3's at offsets \[5, 0\] "
+                             r"sizes \[1, 6\] \(__3\.metadata\) overlap"):
+        ctorch.import_dcp(path, JOB, 14, coordinator=c)
+    shutil.copy(pristine / "__3.metadata", path)
+
+    # An object saved with another value by one rank: one value per fqn.
+    md = _rank_md(path, 2)
+    info = md.storage_data[type(index)("step")]
+    buf = io.BytesIO()
+    torch.save(1201, buf)
+    assert len(buf.getvalue()) == info.length
+    with open(path / info.relative_path, "r+b") as f:
+        f.seek(info.offset)
+        f.write(buf.getvalue())
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=f"{path}: bytes entry 'step' holds other bytes "
+                             r"in __2_0\.distcp \(rank 2's\) than in "
+                             r"__0_0\.distcp \(rank 0's\): a merged checkpoint"
+                             r" holds one value per fqn"):
+        ctorch.import_dcp(path, JOB, 14, coordinator=c)
+    shutil.copy(pristine / "__2_0.distcp", path)
+
+    # A rank's metadata that weights-only loading refuses.
+    md = _rank_md(path, 1)
+    md.storage_meta.modules = [Custom(1)]
+    _write_rank_md(path, 1, md)
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=f"{path / '__1.metadata'}: it holds a "
+                             r"test_import_dcp\.Custom, which is not part of "
+                             r"DCP's metadata"):
+        ctorch.import_dcp(path, JOB, 14, coordinator=c)
+    assert _no_record(cairnd, 14)
+
+
+def _safetensors_blob(path, file_name):
+    """(offset, header) of the safetensors blob in `file_name`."""
+    md = pickle.loads((path / ".metadata").read_bytes())
+    offset = next(info.offset for index, info in md.storage_data.items()
+                  if info.relative_path == file_name
+                  and index.offset is not None)
+    data = (path / file_name).read_bytes()
+    n = int.from_bytes(data[offset:offset + 8], "little")
+    return offset, json.loads(data[offset + 8:offset + 8 + n])
+
+
+def test_a_safetensors_shard_missing_truncated_or_inconsistent(
+        cairnd, rank_checkpoints, tmp_path):
+    c = cairnd.address
+    path = copy_of(rank_checkpoints, "safetensors", tmp_path)
+    pristine = rank_checkpoints[0] / "safetensors"
+    shard = path / "__1_0.distcp"
+    data = (pristine / "__1_0.distcp").read_bytes()
+    offset, header = _safetensors_blob(path, "__1_0.distcp")
+    last = max((k for k, v in header.items() if k != "__metadata__"
+                and v["data_offsets"][1] > v["data_offsets"][0]),
+               key=lambda k: header[k]["data_offsets"][1])
+
+    shard.unlink()
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{shard} is missing: the metadata places "
+                             r"(bytes entry )?'[^']+' .*in it"):
+        ctorch.import_dcp(path, JOB, 15, coordinator=c)
+    # Its last tensor cut short.
+    shard.write_bytes(data[:-1])
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{shard} is truncated: it has {len(data) - 1} "
+                             f"bytes, its safetensors header places '{last}' "
+                             r"chunk at offsets .* at bytes \[\d+, "
+                             f"{len(data)}\\)"):
+        ctorch.import_dcp(path, JOB, 15, coordinator=c)
+    # Cut inside the header.
+    shard.write_bytes(data[:offset + 40])
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{shard} is truncated: it has {offset + 40} "
+                             "bytes, .*'[^']+' chunk at offsets"):
+        ctorch.import_dcp(path, JOB, 15, coordinator=c)
+    # A header that disagrees with the metadata: a shape (same bytes).
+    from safetensors.torch import save  # pylint: disable=import-outside-toplevel
+    md = pickle.loads((path / ".metadata").read_bytes())
+    proj = next(i for i, info in md.storage_data.items()
+                if i.fqn == "extra.proj" and info.relative_path ==
+                "__1_0.distcp")
+    assert list(proj.offset) == [0, 3]
+    back = {}
+    with open(pristine / "__1_0.distcp", "rb") as f:
+        n = int.from_bytes(data[offset:offset + 8], "little")
+        start = offset + 8 + n
+        for k, v in header.items():
+            if k == "__metadata__":
+                continue
+            begin, end = v["data_offsets"]
+            f.seek(start + begin)
+            raw = bytearray(f.read(end - begin))
+            t = torch.frombuffer(raw, dtype=torch.uint8) if raw else \
+                torch.empty(0, dtype=torch.uint8)
+            back[k] = t.view(_ST_DTYPES[v["dtype"]]).reshape(v["shape"])
+    back["extra.proj"] = back["extra.proj"].reshape(3, 5)
+    shard.write_bytes(data[:offset] + save(back, metadata=header[
+        "__metadata__"]))
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{shard}: 'extra.proj' chunk at offsets "
+                             r"\[0, 3\] sizes \[5, 3\] .* holds a "
+                             r"torch.float32 tensor of shape \[3, 5\], the "
+                             r"metadata says torch.float32 \[5, 3\]"):
+        ctorch.import_dcp(path, JOB, 15, coordinator=c)
+    # The offsets DCP recorded in the header disagree with the metadata.
+    back["extra.proj"] = back["extra.proj"].reshape(5, 3)
+    sharding = json.loads(header["__metadata__"]["DCP_SHARDING_INFO"])
+    sharding["extra.proj"]["saved_offsets"] = [0, 6]
+    shard.write_bytes(data[:offset] + save(back, metadata={
+        **header["__metadata__"],
+        "DCP_SHARDING_INFO": json.dumps(sharding)}))
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{shard}: 'extra.proj' chunk at offsets "
+                             r"\[0, 3\] .* its safetensors header says it "
+                             r"was saved at offsets \[0, 6\]"):
+        ctorch.import_dcp(path, JOB, 15, coordinator=c)
+    assert _no_record(cairnd, 15)
+
+    shutil.copy(pristine / "__1_0.distcp", shard)
+    assert ctorch.import_dcp(path, JOB, 15, coordinator=c).info.state == \
+        "COMMITTED"
+
+
+def test_a_safetensors_shard_of_a_per_rank_checkpoint_missing(
+        cairnd, rank_checkpoints, tmp_path):
+    path = copy_of(rank_checkpoints, "safetensors-per-rank", tmp_path)
+    data = (path / "__3_0.distcp").read_bytes()
+    (path / "__3_0.distcp").write_bytes(data[:len(data) - 1])
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{path / '__3_0.distcp'} is truncated: .* its "
+                             "safetensors header places '[^']+' chunk"):
+        ctorch.import_dcp(path, JOB, 16, coordinator=cairnd.address)
+    (path / "__3_0.distcp").unlink()
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{path / '__3_0.distcp'} is missing: the "
+                             "metadata places"):
+        ctorch.import_dcp(path, JOB, 16, coordinator=cairnd.address)
+    assert _no_record(cairnd, 16)
 
 
 def test_a_step_cairn_already_has_is_refused(cairnd, single_dir, tmp_path):
