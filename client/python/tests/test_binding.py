@@ -210,7 +210,8 @@ def test_cairnd_down_is_unavailable(cairnd):
     sd = _cairn.StateDict()
     sd.add_bytes("x", b"1")
     with pytest.raises(cairn.UnavailableError,
-                       match="job 'down-job' rank 0 step 1 save"):
+                       match="rank 0 saving job 'down-job' step 1: cairnd at "
+                       f"{address} was never reached"):
         ckpt.save(1, sd)
 
 
