@@ -124,6 +124,14 @@ absl::Status ObjectWriter::RewritePrefix(absl::Span<const char> data) {
       " bytes it wrote (its store's CanRewritePrefix() is false)"));
 }
 
+absl::Status ShardStore::PutIfAbsent(absl::string_view key,
+                                     absl::Span<const char> data) {
+  CAIRN_RETURN_IF_ERROR(ValidateKey(key));
+  return absl::UnimplementedError(
+      absl::StrCat("store ", uri(), " cannot create '", key, "' (", data.size(),
+                   " bytes) only if absent"));
+}
+
 absl::Status ShardStore::DeleteAbandonedWrites(absl::string_view dir_prefix) {
   if (!dir_prefix.empty() && !absl::EndsWith(dir_prefix, "/")) {
     return absl::InvalidArgumentError(

@@ -130,6 +130,20 @@ class ShardStore {
   virtual absl::Status Put(absl::string_view key,
                            absl::Span<const char> data) = 0;
 
+  // Creates `key` with `data` only where no object has that key, else
+  // ALREADY_EXISTS and nothing is written. Of concurrent creators, in any
+  // processes on any hosts, at most one succeeds (posix: link(2) of a durable
+  // temp file, atomic on local filesystems and NFS; memory: under its lock;
+  // S3: a PUT with `If-None-Match: *`, which AWS S3, Ceph radosgw and MinIO
+  // honour). Durable and visible on return, as Put. A request retried after a
+  // lost answer may report ALREADY_EXISTS for an object it created itself:
+  // callers that must know read it back (storage/lease.h writes a random
+  // holder id). An S3 server that ignores the header replaces the object
+  // instead, and so do wrappers that forward PutIfAbsent to Put: lease.h
+  // checks for that. The default is UNIMPLEMENTED (backends that cannot).
+  virtual absl::Status PutIfAbsent(absl::string_view key,
+                                   absl::Span<const char> data);
+
   // Reads `range` of `key` into out[0, range.length). NOT_FOUND if `key` does
   // not exist; OUT_OF_RANGE if the range exceeds the object; INVALID_ARGUMENT
   // if out.size() < range.length. Returns the bytes read (== range.length).

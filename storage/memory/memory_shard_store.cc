@@ -48,6 +48,19 @@ class MemoryShardStore : public ShardStore {
     return absl::OkStatus();
   }
 
+  absl::Status PutIfAbsent(absl::string_view key,
+                           absl::Span<const char> data) override {
+    CAIRN_RETURN_IF_ERROR(ValidateKey(key));
+    auto blob = std::make_shared<const std::string>(data.data(), data.size());
+    absl::MutexLock lock(&state_->mu);
+    if (!state_->objects.try_emplace(std::string(key), std::move(blob))
+             .second) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("object '", key, "' already exists in ", uri_));
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<size_t> Read(absl::string_view key, ByteRange range,
                               absl::Span<char> out) override {
     CAIRN_RETURN_IF_ERROR(ValidateKey(key));

@@ -373,6 +373,66 @@ class PosixShardStore : public ShardStore {
     return writer->Close();
   }
 
+  // A durable temp file hard-linked to the final name: link(2) fails with
+  // EEXIST when the name exists (rename would replace it), and the object
+  // appears whole or not at all.
+  absl::Status PutIfAbsent(absl::string_view key,
+                           absl::Span<const char> data) override {
+    CAIRN_RETURN_IF_ERROR(ValidateKey(key));
+    std::vector<std::string> segs = absl::StrSplit(key, '/');
+    const std::string name = segs.back();
+    segs.pop_back();
+    for (int attempt = 0;; ++attempt) {
+      absl::StatusOr<DirChain> walked = Walk(key, segs, /*create=*/true);
+      if (absl::IsNotFound(walked.status()) && attempt < 8) continue;
+      CAIRN_RETURN_IF_ERROR(walked.status());
+      const DirChain dirs = std::move(walked).value();
+      thread_local absl::BitGen bitgen;
+      const std::string temp = absl::StrFormat("%s.%016x", kTempPrefix,
+                                               absl::Uniform<uint64_t>(bitgen));
+      const int fd =
+          ::openat(dirs.leaf(), temp.c_str(),
+                   O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+      if (fd < 0) {
+        if (errno == ENOENT && attempt < 8) continue;
+        return ErrnoError(errno, absl::StrCat("creating a temp file for '", key,
+                                              "' in ", uri()));
+      }
+      UniqueFd file(fd);
+      absl::Status s = PwriteAll(fd, data.data(), data.size(), 0, key);
+      if (s.ok() && options_.durable && ::fdatasync(fd) != 0) {
+        s = ErrnoError(errno, absl::StrCat("fdatasync of '", key, "'"));
+      }
+      file.Reset();
+      bool vanished = false;
+      if (s.ok() && ::linkat(dirs.leaf(), temp.c_str(), dirs.leaf(),
+                             name.c_str(), 0) != 0) {
+        const int err = errno;
+        if (err == EEXIST) {
+          s = absl::AlreadyExistsError(
+              absl::StrCat("object '", key, "' already exists in ", uri()));
+        } else if (err == ENOENT) {
+          vanished = true;  // a concurrent DeletePrefix took the temp file
+        } else {
+          s = ErrnoError(err, absl::StrCat("linking the temp file of '", key,
+                                           "' into place in ", uri()));
+        }
+      }
+      ::unlinkat(dirs.leaf(), temp.c_str(), 0);
+      if (vanished && attempt < 8) continue;
+      if (vanished) {
+        s = absl::AbortedError(absl::StrCat(
+            "the temp file of '", key, "' was deleted before it was linked"));
+      }
+      if (s.ok() && options_.durable && ::fsync(dirs.leaf()) != 0) {
+        s = ErrnoError(errno,
+                       absl::StrCat("fsync of the directory of '", key, "'"));
+      }
+      if (!s.ok() && !absl::IsAlreadyExists(s)) RemoveEmptyDirs(dirs);
+      return s;
+    }
+  }
+
   absl::StatusOr<size_t> Read(absl::string_view key, ByteRange range,
                               absl::Span<char> out) override {
     CAIRN_RETURN_IF_ERROR(ValidateKey(key));

@@ -222,6 +222,32 @@ absl::Status S3Client::PutObject(std::string_view key,
       .status();
 }
 
+absl::Status S3Client::PutObjectIfAbsent(std::string_view key,
+                                         absl::Span<const char> data) {
+  HttpRequest req;
+  req.method = "PUT";
+  req.url = Url(key);
+  req.headers = {"Content-Type: application/octet-stream", "If-None-Match: *"};
+  req.body = {data};
+  const S3RequestName name{"PUT (If-None-Match)", config_.bucket,
+                           std::string(key)};
+  absl::BitGen gen;
+  for (int conflict = 0;; ++conflict) {
+    // Retrying is safe: the object is created at most once, and a retry
+    // whose first attempt created it gets 412 (the caller reads it back).
+    absl::Status s = Execute(name, req, Idempotency::kIdempotent).status();
+    if (s.ok() || !absl::IsFailedPrecondition(s)) return s;
+    if (absl::StrContains(s.message(), ": HTTP 412")) {
+      return absl::AlreadyExistsError(s.message());
+    }
+    if (!absl::StrContains(s.message(), ": HTTP 409") ||
+        conflict + 1 >= retry_.max_attempts) {
+      return s;
+    }
+    absl::SleepFor(retry_.Backoff(conflict, gen));
+  }
+}
+
 absl::StatusOr<uint64_t> S3Client::HeadObject(std::string_view key) {
   HttpRequest req;
   req.method = "HEAD";

@@ -80,6 +80,13 @@ class S3Client {
   // Creates or replaces `key` with `data` (one PUT).
   absl::Status PutObject(std::string_view key, absl::Span<const char> data);
 
+  // Creates `key` with `data` only if it does not exist: a PUT with
+  // `If-None-Match: *`. ALREADY_EXISTS when it does (HTTP 412); a 409
+  // ConditionalRequestConflict (a concurrent conditional write, AWS) is
+  // retried. A server that ignores the header replaces the object.
+  absl::Status PutObjectIfAbsent(std::string_view key,
+                                 absl::Span<const char> data);
+
   // Reads [range.offset, range.offset + range.length) of `key` into `out`
   // (out.size() >= range.length), returning the bytes read: fewer than
   // range.length when the object ends first. NOT_FOUND if missing;

@@ -353,6 +353,12 @@ class S3Store : public S3ShardStore {
     return client_->PutObject(Full(key), data);
   }
 
+  absl::Status PutIfAbsent(absl::string_view key,
+                           absl::Span<const char> data) override {
+    CAIRN_RETURN_IF_ERROR(CheckKey(key));
+    return client_->PutObjectIfAbsent(Full(key), data);
+  }
+
   absl::StatusOr<size_t> Read(absl::string_view key, ByteRange range,
                               absl::Span<char> out) override {
     CAIRN_RETURN_IF_ERROR(CheckKey(key));

@@ -24,7 +24,8 @@
 // unclosed, aborts the upload, so nothing becomes visible. A writer whose
 // process dies leaves an in-progress upload (S3's counterpart of posix's temp
 // file): DeleteAbandonedWrites and DeletePrefix abort those. Put() is one PUT:
-// atomic and visible whole on return (S3 is read-after- write consistent).
+// atomic and visible whole on return (S3 is read-after- write consistent);
+// PutIfAbsent is one PUT with `If-None-Match: *`.
 // Reads: ranged GETs straight into the caller's buffers. ReadRanges sorts the
 // ranges, merges neighbours closer than coalesce_gap_bytes into one GET (up
 // to a span of a few parts; merged spans go through a scratch buffer), splits

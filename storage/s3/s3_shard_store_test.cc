@@ -8,18 +8,22 @@
 #include "storage/s3/s3_shard_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/lease.h"
 #include "storage/shard_store.h"
 #include "storage/testing/shard_store_conformance.h"
 #include "storage/testing/status_testing.h"
@@ -538,6 +542,60 @@ TEST(S3ShardStoreTest, ListSkipsKeysCairnNeverWrites) {
   ASSERT_TRUE((*store)->Put("a/c", AsSpan(std::string("c"))).ok());
   EXPECT_THAT((*store)->List("").value(), ElementsAre("a/c"));
   EXPECT_THAT((*store)->ListChildren("a/").value(), ElementsAre("c"));
+}
+
+// The storage lease (storage/lease.h) on this server: it honours
+// `If-None-Match: *` (no read-back fallback), a second holder is refused
+// naming the first, a release frees it at once, and of processes taking an
+// expired lease over together exactly one wins.
+TEST(S3LeaseTest, CreateOnlyPutsRefusalReleaseAndOneWinnerOfARace) {
+  auto store = OpenFresh();
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string body = "x";
+  EXPECT_TRUE((*store)->PutIfAbsent("k", absl::MakeConstSpan(body)).ok());
+  EXPECT_STATUS((*store)->PutIfAbsent("k", absl::MakeConstSpan(body)),
+                kAlreadyExists, "k");
+
+  LeaseOptions options;
+  options.address = "10.0.0.1:7070";
+  auto a = StorageLease::Acquire(**store, options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE((*a)->create_only_unsupported());
+  auto b = StorageLease::Acquire(**store, options);
+  EXPECT_STATUS(b.status(), kFailedPrecondition, "serving 10.0.0.1:7070)");
+  ASSERT_TRUE((*a)->Release().ok());
+  auto c = StorageLease::Acquire(**store, options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->record().generation, 2);
+  (*c)->AbandonForTest();
+
+  // An expired record of another host; four take it over at once.
+  LeaseRecord foreign = (*c)->record();
+  foreign.generation = 3;
+  foreign.holder_id = "foreign";
+  foreign.host = "other-host";
+  foreign.renewed_unix_micros = absl::ToUnixMicros(absl::Now()) - 60000000;
+  foreign.ttl_micros = 1000000;
+  const std::string record = foreign.Serialize();
+  ASSERT_TRUE((*store)->Put(LeaseKey(3), absl::MakeConstSpan(record)).ok());
+  std::vector<std::thread> racers;
+  std::atomic<int> won{0}, refused{0};
+  std::vector<std::unique_ptr<StorageLease>> held(4);
+  for (int i = 0; i < 4; ++i) {
+    racers.emplace_back([&, i] {
+      auto l = StorageLease::Acquire(**store, options);
+      if (l.ok()) {
+        ++won;
+        held[i] = std::move(*l);
+      } else if (absl::IsFailedPrecondition(l.status())) {
+        ++refused;
+      }
+    });
+  }
+  for (auto& t : racers) t.join();
+  EXPECT_EQ(won.load(), 1);
+  EXPECT_EQ(refused.load(), 3);
+  EXPECT_EQ(ReadLease(**store).value()->generation, 4);
 }
 
 }  // namespace

@@ -364,6 +364,35 @@ absl::Status FaultInjectionStore::Put(absl::string_view key,
   }
 }
 
+// Faulted as a Put (kFaultPut rules match it).
+absl::Status FaultInjectionStore::PutIfAbsent(absl::string_view key,
+                                              absl::Span<const char> data) {
+  const Decision d = Decide(kFaultPut, key, data.size());
+  switch (d.kind) {
+    case Decision::kPass:
+    case Decision::kCorruptRead:
+      return base_->PutIfAbsent(key, data);
+    case Decision::kSilentShortWrite:
+      return base_->PutIfAbsent(key, data.subspan(0, data.size() / 2));
+    case Decision::kShortWrite: {
+      absl::StatusOr<std::unique_ptr<ObjectWriter>> w = base_->NewWriter(key);
+      if (w.ok()) (*w)->Append(data.subspan(0, data.size() / 2)).IgnoreError();
+      return d.status;  // the writer is dropped: aborted, nothing visible
+    }
+    case Decision::kCrash:
+    case Decision::kCrashBeforeRename: {
+      absl::StatusOr<std::unique_ptr<ObjectWriter>> w = base_->NewWriter(key);
+      if (w.ok()) {
+        (*w)->Append(data).IgnoreError();
+        (*w)->SimulateCrashForTest();
+      }
+      return d.status;
+    }
+    default:
+      return d.status;
+  }
+}
+
 absl::StatusOr<size_t> FaultInjectionStore::Read(absl::string_view key,
                                                  ByteRange range,
                                                  absl::Span<char> out) {

@@ -52,7 +52,7 @@ enum FaultOp : uint32_t {
   kFaultNewWriter = 1u << 0,
   kFaultAppend = 1u << 1,
   kFaultClose = 1u << 2,
-  kFaultPut = 1u << 3,
+  kFaultPut = 1u << 3,   // Put and PutIfAbsent
   kFaultRead = 1u << 4,  // Read and ReadRanges
   kFaultSize = 1u << 5,
   kFaultList = 1u << 6,    // List and ListChildren
@@ -129,6 +129,8 @@ class FaultInjectionStore : public ShardStore {
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(
       absl::string_view key, const WriterOptions& options) override;
   absl::Status Put(absl::string_view key, absl::Span<const char> data) override;
+  absl::Status PutIfAbsent(absl::string_view key,
+                           absl::Span<const char> data) override;
   absl::StatusOr<size_t> Read(absl::string_view key, ByteRange range,
                               absl::Span<char> out) override;
   absl::Status ReadRanges(absl::string_view key,

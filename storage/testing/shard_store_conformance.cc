@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "storage/testing/status_testing.h"
 
@@ -557,6 +558,59 @@ TEST_P(ShardStoreConformanceTest, ConcurrentReplaceIsAtomic) {
   stop = true;
   reader.join();
   EXPECT_EQ(torn.load(), 0);
+}
+
+TEST_P(ShardStoreConformanceTest, PutIfAbsentCreatesOnceAndNeverReplaces) {
+  ASSERT_TRUE(store().PutIfAbsent("a/lease", AsSpan(std::string("one"))).ok());
+  EXPECT_EQ(ReadObject(store(), "a/lease").value(), "one");
+  EXPECT_STATUS(store().PutIfAbsent("a/lease", AsSpan(std::string("two"))),
+                kAlreadyExists, "a/lease");
+  EXPECT_EQ(ReadObject(store(), "a/lease").value(), "one");
+  // At the root too, and beside an object Put made.
+  ASSERT_TRUE(store().Put("b", AsSpan(std::string("put"))).ok());
+  EXPECT_STATUS(store().PutIfAbsent("b", AsSpan(std::string("x"))),
+                kAlreadyExists, "b");
+  ASSERT_TRUE(store().PutIfAbsent("c", AsSpan(std::string("root"))).ok());
+  EXPECT_THAT(store().List("").value(), ElementsAre("a/lease", "b", "c"));
+  // Deleted, it can be created again.
+  ASSERT_TRUE(store().Delete("a/lease").ok());
+  ASSERT_TRUE(store().PutIfAbsent("a/lease", AsSpan(std::string("3"))).ok());
+  EXPECT_EQ(ReadObject(store(), "a/lease").value(), "3");
+  EXPECT_EQ(store().PutIfAbsent("../x", AsSpan(std::string("x"))).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(ShardStoreConformanceTest, ConcurrentPutIfAbsentHasOneWinner) {
+  // Threads race to create each key: exactly one wins it, every other gets
+  // ALREADY_EXISTS, and the object holds the winner's bytes.
+  constexpr int kThreads = 6;
+  constexpr int kKeys = 8;
+  std::vector<std::vector<int>> winners(kKeys);
+  std::atomic<int> other_errors{0};
+  std::vector<std::thread> threads;
+  absl::Mutex mu;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kKeys; ++k) {
+        const std::string value = absl::StrCat("thread-", t);
+        absl::Status s =
+            store().PutIfAbsent(absl::StrCat("race/", k), AsSpan(value));
+        if (s.ok()) {
+          absl::MutexLock lock(&mu);
+          winners[k].push_back(t);
+        } else if (!absl::IsAlreadyExists(s)) {
+          ++other_errors;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(other_errors.load(), 0);
+  for (int k = 0; k < kKeys; ++k) {
+    ASSERT_EQ(winners[k].size(), 1u) << "key " << k;
+    EXPECT_EQ(ReadObject(store(), absl::StrCat("race/", k)).value(),
+              absl::StrCat("thread-", winners[k][0]));
+  }
 }
 
 }  // namespace

@@ -13,7 +13,8 @@
 // (invisible until Close, abort on destruction, errors after Close), ranged
 // and multi-range reads against a byte oracle, NOT_FOUND / OUT_OF_RANGE /
 // INVALID_ARGUMENT with the key in the message, bad keys on every method,
-// List / ListChildren / Delete / DeletePrefix semantics, a randomized
+// List / ListChildren / Delete / DeletePrefix semantics, PutIfAbsent (one
+// winner among concurrent creators), a randomized
 // sequence of operations against a std::map oracle (fixed seed), and
 // concurrent writers, readers and listers.
 #ifndef CAIRN_STORAGE_TESTING_SHARD_STORE_CONFORMANCE_H_
