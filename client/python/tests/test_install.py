@@ -49,6 +49,29 @@ def _run(cmd, **kw):
     return r
 
 
+# What a manylinux wheel may take from the machine (PEP 600's policies).
+_SYSTEM_LIBS = {"linux-vdso.so.1", "ld-linux-x86-64.so.2", "libc.so.6",
+                "libm.so.6", "libdl.so.2", "librt.so.1", "libpthread.so.0",
+                "libresolv.so.2", "libstdc++.so.6", "libgcc_s.so.1",
+                "libz.so.1"}
+
+
+def _assert_self_contained(lib: pathlib.Path, site: pathlib.Path):
+    out = _run(["ldd", str(lib)]).stdout
+    assert "not found" not in out, f"{lib}: missing libraries:\n{out}"
+    outside = []
+    for line in out.splitlines():
+        name, _, where = line.strip().partition(" => ")
+        path = where.split(" (")[0].strip() if where else ""
+        if path and pathlib.Path(path).resolve().is_relative_to(site):
+            continue
+        if pathlib.Path(name.split(" (")[0]).name not in _SYSTEM_LIBS:
+            outside.append(line.strip())
+    assert not outside, (f"{lib.name} loads libraries from outside the wheel "
+                         f"(not in the manylinux base set):\n" +
+                         "\n".join(outside))
+
+
 def _wheel() -> pathlib.Path:
     wheel_dir = pathlib.Path(os.environ["CAIRN_WHEEL_DIR"])
     wheels = sorted(wheel_dir.glob("cairn-*.whl"))
@@ -59,6 +82,12 @@ def _wheel() -> pathlib.Path:
 def test_the_wheel_carries_the_extension_and_libcairn():
     names = zipfile.ZipFile(_wheel()).namelist()
     assert "cairn/libcairn.so.0" in names, names
+    # auditwheel grafted the C++ libraries libcairn links, and tagged it.
+    grafted = [n for n in names if n.startswith("cairn.libs/")]
+    for lib in ("libgrpc++", "libprotobuf", "libabsl_status", "libcurl"):
+        assert any(n.startswith(f"cairn.libs/{lib}-") for n in grafted), (
+            lib, grafted)
+    assert "manylinux" in _wheel().name, _wheel().name
     assert any(n.startswith("cairn/_cairn") and n.endswith(".so")
                for n in names), names
     for n in ("cairn/__init__.py", "cairn/torch.py", "cairn/_cairn.pyi",
@@ -94,6 +123,11 @@ def test_pip_install_the_wheel_into_a_fresh_venv_and_use_it_elsewhere(
     pkg = installed.parent
     assert (pkg / "_cairn.pyi").exists() and (pkg / "py.typed").exists()
     assert (pkg / "libcairn.so.0").exists()
+    # Self-contained: every library the extension and libcairn load is the
+    # wheel's own (auditwheel's cairn.libs) or one of the base system's that
+    # the manylinux policy lets a wheel expect (glibc, libstdc++, zlib).
+    for lib in [*pkg.glob("_cairn*.so"), pkg / "libcairn.so.0"]:
+        _assert_self_contained(lib, pathlib.Path(site).resolve())
     # pip knows it as the distribution "cairn" of the build's version.
     show = _run([str(py), "-m", "pip", "show", "cairn"], env=env).stdout
     version = (pathlib.Path(__file__).parents[3] / "VERSION").read_text().strip()
