@@ -51,12 +51,26 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
                          storage::OpenShardStore(options.storage_uri));
   CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<storage::Catalog> catalog,
                          storage::Catalog::Open(options.catalog_path));
+  // One cairnd per storage: taken before recovery deletes anything.
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardStore> lease_store,
+                         storage::OpenShardStore(store->uri()));
+  storage::LeaseOptions lease_options;
+  lease_options.role = "cairnd";
+  lease_options.detail = absl::StrCat("catalog ", options.catalog_path);
+  lease_options.ttl = options.storage_lease_ttl;
+  lease_options.wait = options.storage_lease_wait;
+  lease_options.on_lost = options.on_storage_lease_lost;
+  CAIRN_ASSIGN_OR_RETURN(
+      std::unique_ptr<storage::StorageLease> lease,
+      storage::StorageLease::Acquire(*lease_store, std::move(lease_options)));
   std::unique_ptr<Coordinator> c(
       new Coordinator(options, std::move(store), std::move(catalog)));
-  CAIRN_RETURN_IF_ERROR(
-      Recover(*c->store_, *c->catalog_,
-              RecoveryOptions{options.catalog_path,
-                              options.clean_incomplete_on_start}));
+  c->lease_store_ = std::move(lease_store);
+  c->lease_ = std::move(lease);
+  RecoveryOptions recovery{options.catalog_path,
+                           options.clean_incomplete_on_start};
+  recovery.lease = c->lease_.get();
+  CAIRN_RETURN_IF_ERROR(Recover(*c->store_, *c->catalog_, recovery));
   CAIRN_ASSIGN_OR_RETURN(
       c->agents_, AgentRegistry::Open(c->catalog_.get(), options.max_agents));
   return c;
@@ -95,6 +109,18 @@ Coordinator::~Coordinator() {
   Shutdown();
   if (reaper_.joinable()) reaper_.join();
   workers_.reset();  // drains pending work while members are alive
+  lease_.reset();    // released once nothing can change the storage
+}
+
+void Coordinator::SetServingAddress(std::string address) {
+  if (lease_ != nullptr) lease_->SetAddress(std::move(address));
+}
+
+absl::Status Coordinator::CheckStorageLease(absl::string_view what) const {
+  if (lease_ == nullptr) return absl::OkStatus();
+  absl::Status s = lease_->Check();
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(what, ": refused: ", s.message()));
 }
 
 void Coordinator::Shutdown() {

@@ -34,8 +34,9 @@
 // the data, then the record; a step being deleted is never listed, loaded or
 // `latest`, and cannot be saved until the record is gone.
 //
-// Recovery (Create): the catalog is reconciled with storage, which is the
-// truth — see recovery.h for every case.
+// Recovery (Create): the storage's lease is taken (one cairnd per storage,
+// storage/lease.h), then the catalog is reconciled with storage, which is
+// the truth — see recovery.h for every case.
 //
 // Load protocol: PlanLoad resolves a step, loads its manifest through a
 // cache, and answers read items from the planner's overlap index; identical
@@ -104,6 +105,7 @@
 #include "server/coordinator/agent_registry.h"
 #include "server/coordinator/load_rounds.h"
 #include "storage/catalog/catalog.h"
+#include "storage/lease.h"
 #include "storage/shard_store.h"
 
 namespace cairn::coordinator {
@@ -195,6 +197,23 @@ struct CoordinatorOptions {
   // deletions, delete steps that have no MANIFEST and temp files of writers
   // that died (all left by a crash). Default: true.
   bool clean_incomplete_on_start = true;
+  // One cairnd per storage (storage/lease.h): Create takes the storage's
+  // lease before recovery touches anything and is refused
+  // (FAILED_PRECONDITION naming the holder and when its lease expires) while
+  // another cairnd, or an offline `cairn rm`/`cairn gc`, holds it. Renewed
+  // every third of this; released on destruction. A holder that died on
+  // this host frees it at once, one elsewhere after this long. Saves,
+  // commits and deletes are refused while renewals are overdue (UNAVAILABLE,
+  // after 2/3 of it) and once the lease is lost (FAILED_PRECONDITION).
+  // Default: 30 s.
+  absl::Duration storage_lease_ttl = absl::Seconds(30);
+  // How long Create waits for another holder's lease to be released or to
+  // expire before refusing. Default: 0 (refuse at once).
+  absl::Duration storage_lease_wait = absl::ZeroDuration();
+  // Called once (from the lease's thread) when the lease is lost for good:
+  // another process may have taken the storage over. cairnd stops.
+  // Default: none (the coordinator keeps refusing changes).
+  std::function<void(const absl::Status&)> on_storage_lease_lost;
 };
 
 // A rank's load plan as PlanLoadResponse wire bytes
@@ -282,6 +301,11 @@ class Coordinator {
 
   const CoordinatorOptions& options() const { return options_; }
   storage::ShardStore& store() { return *store_; }
+  // The storage lease held (CoordinatorOptions::storage_lease_ttl).
+  storage::StorageLease& storage_lease() { return *lease_; }
+  // Records where cairnd serves in the storage lease (the port is known
+  // once bound), so a second cairnd refused names it.
+  void SetServingAddress(std::string address);
 
   // Parked BeginSave calls whose caller has gone (CallerGone), which the
   // save has not let go of yet.
@@ -406,6 +430,9 @@ class Coordinator {
   // MANIFEST, data, record (see the top of this file).
   absl::Status DeleteStepRecord(v1::CheckpointRecord record);
   void ForgetCheckpoint(const std::string& job, int64_t step);
+  // OK while the storage lease allows changing the storage; else its
+  // status, prefixed with `what` (the save or checkpoint concerned).
+  absl::Status CheckStorageLease(absl::string_view what) const;
 
   // Registers every metric (coordinator_metrics.cc).
   void RegisterMetrics();
@@ -434,6 +461,10 @@ class Coordinator {
   // Constant after construction.
   const CoordinatorOptions options_;
   const std::unique_ptr<storage::ShardStore> store_;
+  // Its own handle on the storage (renewals do not queue behind the
+  // coordinator's I/O), and the lease; released after the workers drained.
+  std::unique_ptr<storage::ShardStore> lease_store_;
+  std::unique_ptr<storage::StorageLease> lease_;
   const std::unique_ptr<storage::Catalog> catalog_;
   const std::string storage_settings_;     // part of every plan cache key
   std::unique_ptr<AgentRegistry> agents_;  // set by Create

@@ -41,6 +41,7 @@ void Coordinator::ForgetCheckpoint(const std::string& job, int64_t step) {
 absl::Status Coordinator::DeleteStepRecord(v1::CheckpointRecord record) {
   const std::string job = record.job();
   const int64_t step = record.step();
+  CAIRN_RETURN_IF_ERROR(CheckStorageLease(SaveName(job, step)));
   return DeleteCheckpointInOrder(*store_, *catalog_, std::move(record),
                                  [&] { ForgetCheckpoint(job, step); });
 }

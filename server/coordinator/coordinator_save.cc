@@ -153,6 +153,9 @@ void Coordinator::BeginSave(const v1::BeginSaveRequest& request,
   absl::StatusOr<RankPlan> mine = DecodeRankPlan(request);
   if (!mine.ok()) return done(mine.status());
   if (absl::Status s = CheckStepIsSavable(job, step); !s.ok()) return done(s);
+  if (absl::Status s = CheckStorageLease(SaveName(job, step)); !s.ok()) {
+    return done(s);
+  }
 
   // Either `done` is parked until the plan is built, or `reply` holds the
   // immediate answer, given after the lock.
@@ -617,6 +620,10 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
         return session->BuildManifest(
             **parts, header, [&](v1::ManifestTensor& t) { return add(t); });
       };
+  // No commit without the storage's lease: another cairnd may own it now.
+  if (absl::Status s = CheckStorageLease(name); !s.ok()) {
+    return AbortSession(session, s);
+  }
   // PublishManifest checks that every object holds every planned byte.
   if (absl::Status s = storage::PublishManifest(
           *store_, build,

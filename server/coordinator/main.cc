@@ -1,5 +1,6 @@
 // cairnd: the Cairn coordinator daemon. Parses flags, starts the server,
-// waits for SIGTERM/SIGINT, drains and exits 0; SIGHUP reloads the TLS
+// waits for SIGTERM/SIGINT, drains and exits 0 (1 when it stopped because
+// its storage lease was lost, storage/lease.h); SIGHUP reloads the TLS
 // files (--tls-cert, --tls-key, --tls-client-ca) and the token file
 // (--auth-tokens), and so does a change of any of them seen by
 // --reload-every (for Kubernetes Secrets and cert-manager renewals, which
@@ -7,7 +8,9 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
@@ -82,6 +85,24 @@ int main(int argc, char** argv) {
                  "(default: file://<data-dir>/checkpoints)");
   app.add_option("--catalog", spec.coordinator.catalog_path,
                  "RocksDB catalog directory (default: <data-dir>/catalog)");
+  double storage_lease_ttl_s =
+      absl::ToDoubleSeconds(defaults.storage_lease_ttl);
+  double storage_lease_wait_s = 0;
+  app.add_option("--storage-lease-ttl", storage_lease_ttl_s,
+                 "Seconds cairnd's lease on its storage lasts unrenewed "
+                 "(renewed every third of it; saves and deletes stop after "
+                 "two thirds without renewal). Another cairnd, or an offline "
+                 "`cairn rm`/`gc`, is refused the storage while it is held; "
+                 "after cairnd dies it is free at once on the same host, "
+                 "after this long from another")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 3600));
+  app.add_option("--storage-lease-wait", storage_lease_wait_s,
+                 "Seconds to wait at start for another process's lease on "
+                 "the storage to be released or to expire, then take it over; "
+                 "0 refuses to start at once, naming the holder")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(0, 86400));
   app.add_option("--begin-deadline", begin_deadline_s,
                  "Seconds all ranks have to call BeginSave after the first; "
                  "missing ranks abort the save with DEADLINE_EXCEEDED")
@@ -198,6 +219,23 @@ int main(int argc, char** argv) {
                  "Longest tensor or bytes entry name (fqn)")
       ->capture_default_str()
       ->check(cairn::flags::InRange(1, 1 << 20));
+  int max_request_memory_mib =
+      static_cast<int>(spec.max_request_memory_bytes >> 20);
+  app.add_option("--max-request-memory-mib", max_request_memory_mib,
+                 "Memory budget of gRPC's request buffers, in MiB: requests "
+                 "received and not yet parsed, connections' buffers. At the "
+                 "budget, idle connections are closed and calls in flight "
+                 "cancelled (RESOURCE_EXHAUSTED) until they fit; raise it "
+                 "for jobs whose ranks together send more at once")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(16, 1 << 24));
+  app.add_option("--max-streams-per-connection",
+                 spec.max_streams_per_connection,
+                 "Calls in flight on one client connection (clients queue "
+                 "more); above the ranks one process runs, whose parked "
+                 "BeginSave calls share its connection")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 30));
   app.add_option("--port-file", port_file,
                  "Write the bound port to this file once serving");
   std::string metrics_port_file;
@@ -219,23 +257,6 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   std::string reflection = "auto";
   app.add_option("--reflection", reflection,
-  int max_request_memory_mib =
-      static_cast<int>(spec.max_request_memory_bytes >> 20);
-  app.add_option("--max-request-memory-mib", max_request_memory_mib,
-                 "Memory budget of gRPC's request buffers, in MiB: requests "
-                 "received and not yet parsed, connections' buffers. At the "
-                 "budget, idle connections are closed and calls in flight "
-                 "cancelled (RESOURCE_EXHAUSTED) until they fit; raise it "
-                 "for jobs whose ranks together send more at once")
-      ->capture_default_str()
-      ->check(cairn::flags::InRange(16, 1 << 24));
-  app.add_option("--max-streams-per-connection",
-                 spec.max_streams_per_connection,
-                 "Calls in flight on one client connection (clients queue "
-                 "more); above the ranks one process runs, whose parked "
-                 "BeginSave calls share its connection")
-      ->capture_default_str()
-      ->check(cairn::flags::InRange(1, 1 << 30));
                  "Serve grpc.reflection: auto (on without --auth-tokens, "
                  "off with it: reflection is not authenticated), on, off")
       ->capture_default_str()
@@ -270,6 +291,15 @@ int main(int argc, char** argv) {
   spec.coordinator.commit_deadline = absl::Seconds(commit_deadline_s);
   spec.coordinator.load_join_grace = absl::Seconds(load_join_grace_s);
   spec.coordinator.load_verify_deadline = absl::Seconds(load_verify_deadline_s);
+  spec.coordinator.storage_lease_ttl = absl::Seconds(storage_lease_ttl_s);
+  spec.coordinator.storage_lease_wait = absl::Seconds(storage_lease_wait_s);
+  // Lost for good, the lease may be another process's now: stop (exit 1)
+  // rather than keep serving a storage this cairnd may no longer change.
+  static std::atomic<bool> storage_lease_lost{false};
+  spec.coordinator.on_storage_lease_lost = [](const absl::Status&) {
+    storage_lease_lost = true;
+    kill(getpid(), SIGTERM);
+  };
   spec.coordinator.plan_cache_bytes = static_cast<size_t>(plan_cache_mib) << 20;
   spec.coordinator.known_plan_cache_bytes =
       static_cast<size_t>(known_plan_cache_mib) << 20;
@@ -277,6 +307,7 @@ int main(int argc, char** argv) {
       static_cast<size_t>(load_index_cache_mib) << 20;
   spec.coordinator.manifest_held_bytes = static_cast<size_t>(manifest_held_mib)
                                          << 20;
+  spec.max_request_memory_bytes = int64_t{max_request_memory_mib} << 20;
   if (reflection != "auto") spec.reflection = reflection == "on";
 
   // Block the handled signals in every thread (gRPC's inherit the mask);
@@ -307,7 +338,6 @@ int main(int argc, char** argv) {
   // A bad file keeps the one in use: a typo must not lock everyone out.
   auto reload = [&server](const char* why) {
     if ((*server)->tls_enabled()) {
-  spec.max_request_memory_bytes = int64_t{max_request_memory_mib} << 20;
       if (absl::Status s = (*server)->ReloadTls(); s.ok()) {
         CAIRN_LOG(info, "cairnd: {}: TLS certificate, key and CA reloaded",
                   why);
@@ -374,5 +404,5 @@ int main(int argc, char** argv) {
   }
   CAIRN_LOG(info, "cairnd: signal {} received, draining", sig);
   (*server)->Shutdown(absl::Seconds(grace_s));
-  return 0;
+  return storage_lease_lost ? 1 : 0;
 }

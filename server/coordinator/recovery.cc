@@ -33,6 +33,12 @@ absl::Status Recover(storage::ShardStore& store, storage::Catalog& catalog,
   }
   if (!options.clean_incomplete) return absl::OkStatus();
   const std::string uri = store.uri();
+  // What is deleted below is debris only if no other process writes there:
+  // checked before each deletion (a lease that cannot be renewed stops it).
+  auto held = [&]() -> absl::Status {
+    return options.lease == nullptr ? absl::OkStatus() : options.lease->Check();
+  };
+  CAIRN_RETURN_IF_ERROR(held());
   // From the root: a job whose only save died mid-write holds nothing but
   // temp files, so ListJobs (visible keys) does not name it.
   CAIRN_RETURN_IF_ERROR(store.DeleteAbandonedWrites(""));
@@ -75,6 +81,7 @@ absl::Status Recover(storage::ShardStore& store, storage::Catalog& catalog,
     switch (r.state()) {
       case v1::CHECKPOINT_STATE_DELETING:
         CAIRN_LOG(info, "finishing the deletion of {}", name);
+        CAIRN_RETURN_IF_ERROR(held());
         CAIRN_RETURN_IF_ERROR(
             DeleteCheckpointInOrder(store, catalog, r, nullptr));
         continue;
@@ -107,6 +114,7 @@ absl::Status Recover(storage::ShardStore& store, storage::Catalog& catalog,
                   "durable in {}: COMMITTED",
                   name, v1::CheckpointState_Name(r.state()), uri);
         CAIRN_RETURN_IF_ERROR(catalog.PutCheckpoint(c));
+        CAIRN_RETURN_IF_ERROR(held());
         SweepCommittedStep(store, m->header);
         continue;
       }
@@ -116,6 +124,7 @@ absl::Status Recover(storage::ShardStore& store, storage::Catalog& catalog,
       if (absl::IsDataLoss(m.status())) {
         CAIRN_LOG(error, "{} ({}): {}; deleting the step", name,
                   v1::CheckpointState_Name(r.state()), m.status().ToString());
+        CAIRN_RETURN_IF_ERROR(held());
         CAIRN_RETURN_IF_ERROR(storage::DeleteStep(store, r.job(), r.step()));
         r.set_state(v1::CHECKPOINT_STATE_ABORTED);
         r.set_abort_reason(
@@ -160,6 +169,7 @@ absl::Status Recover(storage::ShardStore& store, storage::Catalog& catalog,
       CAIRN_CRASH_POINT("coordinator.recover.before_removing_incomplete");
       CAIRN_LOG(info, "removing incomplete {} left by a crash",
                 SaveName(job, step));
+      CAIRN_RETURN_IF_ERROR(held());
       CAIRN_RETURN_IF_ERROR(storage::DeleteStep(store, job, step));
     }
   }

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "storage/catalog/catalog.h"
+#include "storage/lease.h"
 #include "storage/shard_store.h"
 
 namespace cairn::coordinator {
@@ -19,8 +20,15 @@ struct RecoveryOptions {
   // Reconcile and clean (below); when false, only an empty catalog is
   // rebuilt from storage. Default: true.
   bool clean_incomplete = true;
+  // The storage lease of the caller (storage/lease.h): nothing is deleted
+  // unless it allows changing the storage (its Check() error is returned).
+  // Null: the caller knows no other process uses the storage (tests).
+  const storage::StorageLease* lease = nullptr;
 };
 
+// Runs only while holding the storage's lease (options.lease): another cairnd
+// on the same storage would otherwise see this one's in-flight saves as
+// crash debris and delete them.
 // Rebuilds an empty catalog from storage, then (clean_incomplete) reconciles
 // it: storage is the truth (a MANIFEST's presence is the commit), the catalog
 // is made to agree with it, and what a crash left is

@@ -2,12 +2,15 @@
 // outside edit leaves in the catalog and on storage is reconciled at start.
 #include "server/coordinator/recovery.h"
 
+#include <atomic>
 #include <filesystem>
 #include <future>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "server/coordinator/coordinator_test_fixture.h"
+#include "storage/lease.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -159,6 +162,96 @@ TEST_F(CoordinatorTest, RestartReconcilesRecordsAndManifestsBothWays) {
               HasSubstr("is the storage mounted"));
   EXPECT_THAT(std::string(refused.status().message()),
               HasSubstr(options_.catalog_path));
+}
+
+// One cairnd per storage: a second coordinator on the storage (its own
+// catalog) is refused, naming the first, before its recovery can take the
+// first one's save in flight for crash debris and delete it.
+TEST_F(CoordinatorTest, SecondCoordinatorOnTheStorageIsRefusedAndSparesSaves) {
+  UsePosix();
+  Start();
+  Save("job", 1, 1);
+  BeginResult begun = Begin("job", 2, 0, 1, RankPlan(0, 1)).get();
+  ASSERT_TRUE(begun.ok()) << begun.status();
+  const v1::CommitSaveRequest commit = Write("job", 2, 0, *begun);
+
+  CoordinatorOptions second = options_;
+  second.catalog_path = options_.catalog_path + "-second";
+  auto refused = Coordinator::Create(second);
+  std::filesystem::remove_all(second.catalog_path);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
+      << refused.status();
+  const std::string msg(refused.status().message());
+  EXPECT_THAT(msg, HasSubstr(absl::StrCat("storage ", options_.storage_uri,
+                                          " is held by cairnd (pid ", getpid(),
+                                          " on host ")));
+  EXPECT_THAT(msg, HasSubstr("catalog " + options_.catalog_path));
+  EXPECT_THAT(msg, HasSubstr("expires "));
+
+  CommitResult committed = Commit(commit).get();
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(committed->checkpoint().state(), v1::CHECKPOINT_STATE_COMMITTED);
+  ExpectCatalogAndStorageAgree("job");
+}
+
+// A coordinator whose lease was taken over (a higher generation: another
+// cairnd holds the storage now) commits, saves and deletes nothing more,
+// and says so; cairnd is told (and stops, main.cc).
+TEST_F(CoordinatorTest, CoordinatorThatLostTheStorageLeaseChangesNothing) {
+  UsePosix();
+  std::atomic<int> lost{0};
+  options_.storage_lease_ttl = absl::Seconds(3);
+  options_.on_storage_lease_lost = [&](const absl::Status&) { ++lost; };
+  Start();
+  Save("job", 1, 1);
+  BeginResult begun = Begin("job", 2, 0, 1, RankPlan(0, 1)).get();
+  ASSERT_TRUE(begun.ok()) << begun.status();
+  const v1::CommitSaveRequest commit = Write("job", 2, 0, *begun);
+
+  storage::LeaseRecord other = coordinator_->storage_lease().record();
+  other.generation += 1;
+  other.holder_id = "other";
+  other.host = "other-host";
+  other.address = "10.0.0.9:7070";
+  other.renewed_unix_micros = absl::ToUnixMicros(absl::Now());
+  const std::string body = other.Serialize();
+  ASSERT_TRUE(
+      Disk()
+          .Put(storage::LeaseKey(other.generation), absl::MakeConstSpan(body))
+          .ok());
+  coordinator_->storage_lease().RenewNowForTest();
+
+  CommitResult refused = Commit(commit).get();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
+      << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("job 'job' step 2: refused: the lease on storage"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("taken over by cairnd (pid"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("other-host, serving 10.0.0.9:7070"));
+  EXPECT_FALSE(Disk().Size(storage::ManifestKey("job", 2)).ok());
+  BeginResult again = Begin("job", 3, 0, 1, RankPlan(0, 1)).get();
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(again.status().message()),
+              HasSubstr("job 'job' step 3: refused"));
+  v1::DeleteCheckpointRequest del;
+  del.set_job("job");
+  del.set_step(1);
+  EXPECT_EQ(coordinator_->DeleteCheckpoint(del).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Disk().Size(storage::ManifestKey("job", 1)).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (lost.load() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(lost.load(), 1);
+  // Its lease is not marked released on the way out: it is the other's.
+  coordinator_.reset();
+  auto lease = storage::ReadLease(Disk());
+  ASSERT_TRUE(lease.ok() && lease->has_value()) << lease.status();
+  EXPECT_EQ((*lease)->holder_id, "other");
+  EXPECT_FALSE((*lease)->released);
 }
 
 // The first save of a job killed mid-write leaves nothing but temp files:
