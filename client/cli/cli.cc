@@ -35,6 +35,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "storage/checkpoint_layout.h"
+#include "storage/lease.h"
 #include "storage/manifest.h"
 #include "storage/shard_store.h"
 
@@ -320,6 +321,13 @@ class StorageBackend : public Backend {
   absl::Status Delete(const std::string& job, int64_t step) override {
     CAIRN_RETURN_IF_ERROR(storage::ValidateJobName(job));
     CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
+    if (lease_ != nullptr) {
+      if (absl::Status s = lease_->Check(); !s.ok()) {
+        return absl::Status(
+            s.code(), absl::StrCat("not deleting job '", job, "' step ", step,
+                                   ": ", s.message()));
+      }
+    }
     return storage::DeleteStep(*store_, job, step);
   }
 
@@ -346,6 +354,8 @@ class StorageBackend : public Backend {
   storage::ShardStore& store() { return *store_; }
   // What the last calls skipped (damaged steps), for the user.
   std::vector<std::string> TakeNotes() { return std::move(notes_); }
+  // Deletions from now on need it to hold (null: none is held, --force).
+  void set_lease(const storage::StorageLease* lease) { lease_ = lease; }
 
  private:
   v1::CheckpointRecord RecordOf(const v1::Manifest& m) {
@@ -364,7 +374,47 @@ class StorageBackend : public Backend {
 
   std::unique_ptr<storage::ShardStore> store_;
   std::vector<std::string> notes_;
+  const storage::StorageLease* lease_ = nullptr;
 };
+
+// An offline rm or gc changes the storage under whatever cairnd uses it: it
+// holds the storage's lease (storage/lease.h) while it deletes, so it is
+// refused while a cairnd (or another rm/gc) holds it, and a cairnd starting
+// meanwhile is refused. The refusal names the holder and, for a cairnd, the
+// command that deletes through it (`online`: "rm JOB STEP").
+absl::StatusOr<std::unique_ptr<storage::StorageLease>> TakeStorageToDelete(
+    storage::ShardStore& store, const std::string& role,
+    const std::string& what, const std::string& online) {
+  storage::LeaseOptions options;
+  options.role = role;
+  options.detail = what;
+  absl::StatusOr<std::unique_ptr<storage::StorageLease>> lease =
+      storage::StorageLease::Acquire(store, options);
+  if (lease.ok() || !absl::IsFailedPrecondition(lease.status())) return lease;
+  absl::StatusOr<std::optional<storage::LeaseRecord>> holder =
+      storage::ReadLease(store);
+  if (!holder.ok() || !holder->has_value()) return lease.status();
+  const storage::LeaseRecord& h = **holder;
+  const absl::Time now = absl::Now();
+  std::string text =
+      absl::StrCat("refusing to ", what, " offline: storage ", store.uri(),
+                   " is in use by ", h.Describe(now), ". ");
+  if (h.role == "cairnd") {
+    absl::StrAppend(
+        &text,
+        "Deleting under a running cairnd would leave it listing checkpoints "
+        "whose MANIFEST is gone; delete through it instead: cairn -c ",
+        h.address.empty() ? "HOST:PORT" : h.address, " ", online,
+        ". Give --force only if that cairnd is gone for good (its lease then "
+        "expires by itself at ",
+        absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", h.expires(),
+                         absl::UTCTimeZone()),
+        ")");
+  } else {
+    absl::StrAppend(&text, "Wait for it to finish, then try again");
+  }
+  return absl::FailedPreconditionError(text);
+}
 
 // Opens the storage cairnd reports for `manifest`'s checkpoint, from this
 // host. Storage that is not mounted here (no root, or not a single object of
@@ -765,6 +815,12 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   rm->add_option("job", job, "Job name")->required();
   rm->add_option("step", step_arg, "Step number")->required();
   rm->add_flag("--yes,-y", yes, "Do not ask for confirmation");
+  bool force = false;
+  const char* const kForceHelp =
+      "--storage: delete even while another process (a cairnd) holds the "
+      "storage's lease. Only when that process is gone for good: a running "
+      "cairnd goes on listing the deleted checkpoints until it restarts";
+  rm->add_flag("--force", force, kForceHelp);
   CLI::App* gc = app.add_subcommand(
       "gc", "Delete all but the newest N committed checkpoints of a job");
   gc->add_option("job", job, "Job name")->required();
@@ -772,6 +828,7 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
       ->required()
       ->check(flags::AtLeast(1));
   gc->add_flag("--dry-run,-n", dry_run, "Only print what would be deleted");
+  gc->add_flag("--force", force, kForceHelp);
   std::string format = "safetensors", out_dir, max_shard_size = "5GB";
   std::vector<std::string> filters;
   bool dtype_as_saved = false;
@@ -915,6 +972,25 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
       err << "cairn: " << note << "\n";
     }
   };
+  // Offline rm and gc hold the storage's lease while they delete.
+  std::unique_ptr<storage::StorageLease> lease;
+  auto take_storage = [&](const std::string& role, const std::string& what,
+                          const std::string& online) -> absl::Status {
+    if (offline == nullptr) return absl::OkStatus();
+    if (force) {
+      err << "cairn: --force: deleting without the storage's lease\n";
+      return absl::OkStatus();
+    }
+    CAIRN_ASSIGN_OR_RETURN(
+        lease, TakeStorageToDelete(offline->store(), role, what, online));
+    offline->set_lease(lease.get());
+    return absl::OkStatus();
+  };
+  if (force && offline == nullptr) {
+    err << "cairn: --force is for --storage (offline) deletes; cairnd "
+           "deletes through its own lease\n";
+    return 2;
+  }
   // A malformed job name or step is a usage error, in both modes.
   const bool job_given = ls->parsed()
                              ? ls->count("job") > 0
@@ -1124,6 +1200,12 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
         return 1;
       }
     }
+    if (absl::Status s = take_storage(
+            "cairn rm", absl::StrCat("delete job '", job, "' step ", step),
+            absl::StrCat("rm ", job, " ", step));
+        !s.ok()) {
+      return fail(s);
+    }
     absl::Status s = backend->Delete(job, step);
     if (!s.ok()) return fail(s);
     out << "deleted job " << job << " step " << step << "\n";
@@ -1158,6 +1240,14 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
     return 0;
   }
   if (gc->parsed()) {
+    if (!dry_run) {
+      if (absl::Status s =
+              take_storage("cairn gc", absl::StrCat("gc job '", job, "'"),
+                           absl::StrCat("gc ", job, " --keep ", keep));
+          !s.ok()) {
+        return fail(s);
+      }
+    }
     absl::StatusOr<v1::GarbageCollectResponse> resp =
         backend->Gc(job, keep, dry_run);
     if (!resp.ok()) return fail(resp.status());

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "storage/checkpoint_layout.h"
+#include "storage/lease.h"
 
 namespace cairn::cli {
 namespace {
@@ -52,8 +53,8 @@ TEST_F(CliTest, HelpNamesEverySubcommandFlagAndEnvironmentVariable) {
            {"diff",
             {"--json", "crc32c", "without reading",
              "0 identical, 1 different, 2 error"}},
-           {"rm", {"--yes", "-y"}},
-           {"gc", {"--keep", "--dry-run"}}}) {
+           {"rm", {"--yes", "-y", "--force"}},
+           {"gc", {"--keep", "--dry-run", "--force"}}}) {
     Result h = Cairn({sub.name, "--help"});
     EXPECT_EQ(h.code, 0) << h;
     for (const std::string& f : sub.flags) {
@@ -448,6 +449,52 @@ TEST_F(CliTest, OnlineCommandsAskCairnd) {
   Result env = Cairn({"show", "job", "latest"});
   EXPECT_EQ(env.code, 0) << env;
   EXPECT_THAT(env.out, HasSubstr("step 2"));
+}
+
+// An offline delete under a running cairnd would leave it listing a
+// checkpoint whose MANIFEST is gone: refused while cairnd holds the
+// storage's lease, naming it and the command that deletes through it.
+TEST_F(CliTest, OfflineRmAndGcAreRefusedWhileCairndHoldsTheStorage) {
+  Write("job", 1);
+  Write("job", 2);
+  Write("job", 3);
+  const std::string addr = StartCairnd();
+  ASSERT_FALSE(addr.empty());
+  Result rm = Cairn({"-s", uri_, "rm", "job", "1", "-y"});
+  EXPECT_EQ(rm.code, 1) << rm;
+  EXPECT_THAT(rm.err, HasSubstr("refusing to delete job 'job' step 1 offline: "
+                                "storage " +
+                                uri_ + " is in use by cairnd (pid "));
+  EXPECT_THAT(rm.err, HasSubstr("serving " + addr));
+  EXPECT_THAT(rm.err, HasSubstr("expires "));
+  EXPECT_THAT(rm.err, HasSubstr("cairn -c " + addr + " rm job 1"));
+  EXPECT_THAT(rm.err, HasSubstr("--force"));
+  EXPECT_TRUE(std::filesystem::exists(ManifestPath("job", 1)));
+  Result gc = Cairn({"-s", uri_, "gc", "job", "--keep", "1"});
+  EXPECT_EQ(gc.code, 1) << gc;
+  EXPECT_THAT(gc.err, HasSubstr("refusing to gc job 'job' offline"));
+  EXPECT_THAT(gc.err, HasSubstr("cairn -c " + addr + " gc job --keep 1"));
+  EXPECT_TRUE(std::filesystem::exists(ManifestPath("job", 2)));
+  // Reading, and a dry run, change nothing: allowed.
+  EXPECT_EQ(Cairn({"-s", uri_, "ls"}).code, 0);
+  EXPECT_EQ(Cairn({"-s", uri_, "gc", "job", "--keep", "1", "-n"}).code, 0);
+  // --force deletes anyway (and says so); online it is a usage error.
+  Result forced = Cairn({"-s", uri_, "rm", "job", "1", "-y", "--force"});
+  EXPECT_EQ(forced.code, 0) << forced;
+  EXPECT_THAT(forced.err, HasSubstr("deleting without the storage's lease"));
+  EXPECT_FALSE(std::filesystem::exists(ManifestPath("job", 1)));
+  EXPECT_EQ(Cairn({"-c", addr, "rm", "job", "2", "-y", "--force"}).code, 2);
+  // Once cairnd stopped (and released the storage), offline deletes work.
+  cairnd_.reset();
+  gc = Cairn({"-s", uri_, "gc", "job", "--keep", "1"});
+  EXPECT_EQ(gc.code, 0) << gc;
+  EXPECT_FALSE(std::filesystem::exists(ManifestPath("job", 2)));
+  EXPECT_TRUE(std::filesystem::exists(ManifestPath("job", 3)));
+  // It held the storage meanwhile, and let it go.
+  auto lease = storage::ReadLease(*store_);
+  ASSERT_TRUE(lease.ok() && lease->has_value()) << lease.status();
+  EXPECT_EQ((*lease)->role, "cairn gc");
+  EXPECT_TRUE((*lease)->released);
 }
 
 TEST_F(CliTest, AgentsListsTheRegistryAndForgetAgentFreesAnId) {
