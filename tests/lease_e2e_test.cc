@@ -1,0 +1,269 @@
+// One cairnd per storage (storage/lease.h), through the real binaries as
+// processes, two cairnd with their own catalogs on one storage:
+//   * the second refuses to start (exit 1, at once) naming the first: its
+//     pid, host, address, catalog and when its lease expires;
+//   * killed (kill -9), the first frees the storage at once for a cairnd on
+//     its host; stopped cleanly, it releases it;
+//   * a cairnd that stops renewing (SIGSTOP: hung, or cut off from the
+//     storage) is taken over once its lease expires by a cairnd started with
+//     --storage-lease-wait; woken up, it finds its lease lost and exits 1
+//     without touching the storage;
+//   * an offline `cairn -s ... rm/gc` is refused while a cairnd holds the
+//     storage, naming it and the command to use instead; --force deletes.
+// Storage is file:// (the first cairnd's default), or a fresh S3 bucket with
+// CAIRN_TEST_STORAGE=s3 (tests/testing/test_storage.h): s3.lease_e2e_test.
+//
+// Binaries come from --cairnd=, --cli= (Bazel passes them as args), else from
+// the paths CMake compiled in.
+#include <signal.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/checkpoint_layout.h"
+#include "storage/lease.h"
+#include "storage/testing/test_checkpoint.h"
+#include "tests/testing/cairnd_process.h"
+#include "tests/testing/path_flags.h"
+#include "tests/testing/subprocess.h"
+#include "tests/testing/test_storage.h"
+
+#ifndef CAIRN_CAIRND_PATH
+#define CAIRN_CAIRND_PATH ""
+#endif
+#ifndef CAIRN_CLI_PATH
+#define CAIRN_CLI_PATH ""
+#endif
+
+namespace cairn {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string g_cairnd = CAIRN_CAIRND_PATH;
+std::string g_cli = CAIRN_CLI_PATH;
+
+class LeaseE2ETest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_FALSE(dir_.empty());
+    absl::StatusOr<std::unique_ptr<testing::TestStorage>> storage =
+        testing::TestStorage::Create(dir_ + "/a");
+    ASSERT_TRUE(storage.ok()) << storage.status();
+    storage_ = std::move(*storage);
+  }
+  void TearDown() override {
+    a_.reset();
+    b_.reset();
+    if (storage_ != nullptr) {
+      absl::Status cleaned = storage_->Cleanup();
+      EXPECT_TRUE(cleaned.ok()) << cleaned;
+    }
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  // Flags of a cairnd on the shared storage, data directory `name`.
+  std::vector<std::string> Flags(std::vector<std::string> extra = {}) {
+    std::vector<std::string> flags = {"--storage", storage_->uri()};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    return flags;
+  }
+  absl::StatusOr<std::unique_ptr<testing::CairndProcess>> Start(
+      const std::string& name, std::vector<std::string> extra = {}) {
+    return testing::CairndProcess::Start(g_cairnd, dir_ + "/" + name,
+                                         Flags(std::move(extra)));
+  }
+
+  // Runs `argv` to completion (at most `timeout`); its exit code, and its
+  // output in `*output`.
+  int Run(const std::vector<std::string>& argv, std::string* output,
+          absl::Duration timeout = absl::Minutes(2)) {
+    const std::string log = absl::StrCat(dir_, "/run-", ++runs_, ".log");
+    absl::StatusOr<testing::Subprocess> p =
+        testing::Subprocess::Start(argv, log);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return -1;
+    absl::StatusOr<int> code = p->Wait(timeout);
+    EXPECT_TRUE(code.ok()) << code.status();
+    *output = p->Log();
+    return code.ok() ? *code : -1;
+  }
+
+  // A second cairnd started by hand (as an operator would), exit code and
+  // output.
+  int RunSecondCairnd(std::string* out, std::vector<std::string> extra = {}) {
+    std::filesystem::create_directories(dir_ + "/b");
+    std::vector<std::string> argv = {g_cairnd, "--listen", "127.0.0.1:0",
+                                     "--data-dir", dir_ + "/b"};
+    for (const std::string& f : Flags(std::move(extra))) argv.push_back(f);
+    return Run(argv, out, absl::Seconds(60));
+  }
+
+  std::string dir_;
+  std::unique_ptr<testing::TestStorage> storage_;
+  std::unique_ptr<testing::CairndProcess> a_, b_;
+  int runs_ = 0;
+};
+
+TEST_F(LeaseE2ETest, SecondCairndOnAStorageInUseRefusesNamingTheFirst) {
+  auto a = Start("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  a_ = std::move(*a);
+  std::string out;
+  EXPECT_EQ(RunSecondCairnd(&out), 1) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("storage ", storage_->uri(),
+                                          " is held by cairnd (pid ",
+                                          a_->process().pid(), " on host ")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("serving ", a_->address(),
+                                          ", catalog ", dir_, "/a/catalog")));
+  EXPECT_THAT(out, HasSubstr("expires "));
+  // The first one still serves.
+  std::string ls;
+  EXPECT_EQ(Run({g_cli, "-c", a_->address(), "ls"}, &ls), 0) << ls;
+  EXPECT_EQ(a_->process().Wait(absl::Milliseconds(1)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(LeaseE2ETest, KilledCairndFreesTheStorageAtOnceOnItsHost) {
+  auto a = Start("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  a_ = std::move(*a);
+  a_->process().Signal(SIGKILL);
+  ASSERT_TRUE(a_->process().Wait(absl::Seconds(30)).ok());
+  // No --storage-lease-wait: the dead holder's pid is gone on this host.
+  auto b = Start("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  b_ = std::move(*b);
+  EXPECT_THAT(b_->process().Log(), HasSubstr("lease taken over"));
+  EXPECT_THAT(b_->process().Log(), HasSubstr("its holder's process is gone"));
+}
+
+TEST_F(LeaseE2ETest, CleanShutdownReleasesTheStorage) {
+  auto a = Start("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  a_ = std::move(*a);
+  a_->process().Signal(SIGTERM);
+  absl::StatusOr<int> code = a_->process().Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0) << a_->process().Log();
+  EXPECT_THAT(a_->process().Log(), HasSubstr("lease released"));
+  auto b = Start("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  b_ = std::move(*b);
+  EXPECT_THAT(b_->process().Log(), HasSubstr("released"));
+  EXPECT_THAT(b_->process().Log(), Not(HasSubstr("taken over")));
+}
+
+TEST_F(LeaseE2ETest, HungCairndIsTakenOverAfterItsLeaseExpiresAndThenExits) {
+  auto a = Start("a", {"--storage-lease-ttl", "3"});
+  ASSERT_TRUE(a.ok()) << a.status();
+  a_ = std::move(*a);
+  // Hung (or cut off from the storage): alive, but renewing nothing.
+  a_->process().Signal(SIGSTOP);
+  auto b = Start("b", {"--storage-lease-wait", "60"});
+  ASSERT_TRUE(b.ok()) << b.status();
+  b_ = std::move(*b);
+  EXPECT_THAT(b_->process().Log(), HasSubstr("waiting up to"));
+  EXPECT_THAT(b_->process().Log(), HasSubstr("lease taken over"));
+  EXPECT_THAT(b_->process().Log(), HasSubstr("because it expired"));
+  // Woken up, the first finds its lease expired and stops, exit 1.
+  a_->process().Signal(SIGCONT);
+  absl::StatusOr<int> code = a_->process().Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 1) << a_->process().Log();
+  EXPECT_THAT(a_->process().Log(), HasSubstr("lease on storage"));
+  // The new holder serves, and still holds the storage.
+  std::string ls;
+  EXPECT_EQ(Run({g_cli, "-c", b_->address(), "ls"}, &ls), 0) << ls;
+  absl::StatusOr<storage::ShardStore*> store = storage_->Store();
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto lease = storage::ReadLease(**store);
+  ASSERT_TRUE(lease.ok() && lease->has_value()) << lease.status();
+  EXPECT_EQ((*lease)->pid, b_->process().pid());
+  EXPECT_FALSE((*lease)->released);
+}
+
+TEST_F(LeaseE2ETest, OfflineRmAndGcAreRefusedWhileCairndHoldsTheStorage) {
+  absl::StatusOr<storage::ShardStore*> store = storage_->Store();
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int64_t step : {1, 2, 3}) {
+    storage::TestCheckpointSpec spec;
+    spec.job = "job";
+    spec.step = step;
+    ASSERT_TRUE(storage::WriteTestCheckpoint(**store, spec).ok());
+  }
+  auto a = Start("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  a_ = std::move(*a);
+  std::string out;
+  EXPECT_EQ(Run({g_cli, "-s", storage_->uri(), "rm", "job", "1", "-y"}, &out),
+            1)
+      << out;
+  EXPECT_THAT(out, HasSubstr("refusing to delete job 'job' step 1 offline"));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("in use by cairnd (pid ",
+                                          a_->process().pid())));
+  EXPECT_THAT(out,
+              HasSubstr(absl::StrCat("cairn -c ", a_->address(), " rm job 1")));
+  EXPECT_THAT(out, HasSubstr("--force"));
+  EXPECT_EQ(
+      Run({g_cli, "-s", storage_->uri(), "gc", "job", "--keep", "1"}, &out), 1)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("cairn -c ", a_->address(),
+                                          " gc job --keep 1")));
+  EXPECT_THAT(storage::ListCommittedSteps(**store, "job").value(),
+              ::testing::ElementsAre(1, 2, 3));
+  // Reading offline, and a dry run, are fine.
+  EXPECT_EQ(Run({g_cli, "-s", storage_->uri(), "ls"}, &out), 0) << out;
+  EXPECT_EQ(
+      Run({g_cli, "-s", storage_->uri(), "gc", "job", "--keep", "1", "-n"},
+          &out),
+      0)
+      << out;
+  // Through cairnd, it is deleted and cairnd knows.
+  EXPECT_EQ(Run({g_cli, "-c", a_->address(), "rm", "job", "1", "-y"}, &out), 0)
+      << out;
+  // --force deletes anyway.
+  EXPECT_EQ(
+      Run({g_cli, "-s", storage_->uri(), "rm", "job", "2", "-y", "--force"},
+          &out),
+      0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("deleting without the storage's lease"));
+  EXPECT_THAT(storage::ListCommittedSteps(**store, "job").value(),
+              ::testing::ElementsAre(3));
+  // Once cairnd stopped, offline deletes need no --force.
+  a_->process().Signal(SIGTERM);
+  ASSERT_TRUE(a_->process().Wait(absl::Seconds(60)).ok());
+  EXPECT_EQ(Run({g_cli, "-s", storage_->uri(), "rm", "job", "3", "-y"}, &out),
+            0)
+      << out;
+  EXPECT_THAT(storage::ListCommittedSteps(**store, "job").value(),
+              ::testing::IsEmpty());
+  // It held the lease meanwhile, and released it.
+  auto lease = storage::ReadLease(**store);
+  ASSERT_TRUE(lease.ok() && lease->has_value()) << lease.status();
+  EXPECT_EQ((*lease)->role, "cairn rm");
+  EXPECT_TRUE((*lease)->released);
+}
+
+}  // namespace
+}  // namespace cairn
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  cairn::testing::ParsePathFlags(argc, argv,
+                                 {
+                                     {"cairnd", &cairn::g_cairnd},
+                                     {"cli", &cairn::g_cli},
+                                 });
+  return RUN_ALL_TESTS();
+}
