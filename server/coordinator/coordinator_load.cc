@@ -53,6 +53,17 @@ absl::StatusOr<v1::PlanLoadResponse> Coordinator::PlanLoad(
   return answer.Decode();
 }
 
+namespace {
+
+// Whether `plan` (one that reads nothing) is a resend_wanted answer: a few
+// bytes to parse, and only for short-form requests planned empty.
+bool IsResendAnswer(const EncodedLoadPlan& plan) {
+  v1::PlanLoadResponse resp;
+  return resp.ParseFromString(plan.bytes) && resp.resend_wanted();
+}
+
+}  // namespace
+
 absl::StatusOr<PlanLoadAnswer> Coordinator::PlanLoadEncoded(
     const v1::PlanLoadRequest& request) {
   const absl::Time start = absl::Now();
@@ -121,6 +132,15 @@ absl::StatusOr<PlanLoadAnswer> Coordinator::PlanLoadEncoded(
               joined.step, rank, world, planned.status().ToString());
     load_rounds_.Leave(joined.round, rank, absl::Now());
     return planned.status();
+  }
+  // Nothing planned, the rank asked to send its wanted chunks in full: its
+  // next PlanLoad is the same member of the same round, even if the round
+  // is complete by then (the ranks of a load that reads fewer tensors than
+  // the checkpoint's all plan twice).
+  if (!request.tensors_digest().empty() && (*planned)->reads == 0 &&
+      IsResendAnswer(**planned)) {
+    load_rounds_.Resend(joined, job, rank, world, request.verify_in_round(),
+                        absl::Now());
   }
   // One line per load round (rank 0's), the ranks' own at debug.
   if (rank == 0) {

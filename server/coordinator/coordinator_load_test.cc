@@ -486,6 +486,44 @@ TEST_F(CoordinatorTest, EmptyReportsAreAnsweredAtOnceAndRefusedRanksLeave) {
   ASSERT_TRUE(rb.ok()) << rb.status();
 }
 
+// A load by 6 ranks that read only "w" of the checkpoint ("b" and "w") and
+// verify by reading whole: each rank's short-form PlanLoad is answered
+// resend_wanted and it plans again in full. The resends land in the rank's
+// first round, whether or not the world completed it in between, so the
+// step's next load, by 3 ranks, is its own load (it was refused
+// INVALID_ARGUMENT, the resends after the 6th rank's first PlanLoad having
+// opened a second round of 6 that never filled).
+TEST_F(CoordinatorTest, ResendsOfALoadLeaveNoRoundToRefuseTheNextLoad) {
+  options_.load_join_grace = absl::Hours(1);
+  Start();
+  Save("job", 1, 2);
+  const auto plan = [&](int rank, int world) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank, " of ", world));
+    v1::PlanLoadRequest full = ColumnsRequest(rank, rank % 4, 1, world);
+    full.set_verify_in_round(false);
+    v1::PlanLoadRequest wire;
+    EXPECT_TRUE(convert::CompactWanted(full, &wire));
+    auto asked = coordinator_->PlanLoad(wire);
+    EXPECT_TRUE(asked.ok()) << asked.status();
+    if (!asked.ok()) return asked.status();
+    EXPECT_TRUE(asked->resend_wanted());
+    auto planned = coordinator_->PlanLoad(full);
+    if (!planned.ok()) return planned.status();
+    EXPECT_FALSE(planned->resend_wanted());
+    EXPECT_EQ(planned->load_round(), asked->load_round());
+    EXPECT_EQ(planned->reads_size(), 2);
+    return absl::OkStatus();
+  };
+  for (int rank = 0; rank < 6; ++rank) {
+    absl::Status s = plan(rank, 6);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  for (int rank = 0; rank < 3; ++rank) {
+    absl::Status s = plan(rank, 3);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+}
+
 // A checkpoint of many tensors (more than the reader queues for the
 // planner's builder at once) is indexed whole and in order: every tensor,
 // asked for whole, is planned from each rank's chunk of it, with its own

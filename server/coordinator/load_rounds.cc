@@ -87,9 +87,11 @@ struct LoadRounds::Round {
   bool closed = false;   // no rank joins any more
   absl::Time deadline;   // for the next report (after a join or report)
   absl::Status failed;   // the ranks disagreed: every member gets this
+  absl::Time failed_at;  // when (its grace runs from here too)
   std::shared_ptr<const planner::LoadPlanner> stored;  // the checkpoint's
   struct Member {
     bool reports = true;           // calls Report (else counted as reported)
+    absl::Time joined_at;          // a retry comes within the grace of it
     std::optional<Pieces> pieces;  // set once reported
     Done<v1::VerifyLoadResponse> waiter;  // a parked report
   };
@@ -122,21 +124,53 @@ absl::StatusOr<LoadRounds::Joined> LoadRounds::Join(const std::string& job,
   absl::StatusOr<Joined> joined = [&]() -> absl::StatusOr<Joined> {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("cairnd is shutting down");
+    // Memberships whose grace is over close first (a failed round's too),
+    // so that the choices below see every round as it stands at `now`.
+    AdvanceRoundsLocked(now, /*shutdown=*/false, &answers);
     const bool latest = step < 0;
+    // A rank calling again for a round it is in gets the same round and
+    // step. A failed round answers its failure while its grace lasts; after
+    // it the rank is one starting again (nullopt: not a round to call again
+    // in).
+    const auto again = [&](Round& r) -> std::optional<absl::StatusOr<Joined>> {
+      if (!r.failed.ok()) {
+        if (now > GraceEnd(r)) return std::nullopt;
+        return r.failed;
+      }
+      r.deadline = std::max(r.deadline, now + options_.verify_deadline);
+      return Joined{r.id, r.step};
+    };
+    // Asked to resend, or not reporting in a round retired within the
+    // grace: rejoins_ says where.
+    if (auto it = rejoins_.find(RejoinKey{job, rank, world, reports});
+        it != rejoins_.end() && now <= it->second.until &&
+        (latest || it->second.joined.step == step)) {
+      const Joined remembered = it->second.joined;
+      // From now on remembered for retries of this call only.
+      it->second.until = std::min(it->second.until, now + options_.join_grace);
+      auto live = rounds_.find(remembered.round);
+      if (live == rounds_.end()) return remembered;  // retired
+      if (live->second->members.count(rank) > 0) {
+        if (auto j = again(*live->second)) return *std::move(j);
+      }
+    }
     // A retried PlanLoad (the answer to the first was lost) finds its round:
-    // the rank is a member that has not reported yet (or, not reporting, of
-    // a round still open).
+    // the rank is a member that has not reported yet (or, not reporting,
+    // of a round still open or within the grace of its join), with the same
+    // world size and verification.
     std::shared_ptr<Round> newest_live;  // that this rank is not part of
     std::shared_ptr<Round> open;  // for the step, this rank not part of it
     for (auto& [id, r] : rounds_) {
       if (r->job != job) continue;
       auto m = r->members.find(rank);
       if (m != r->members.end()) {
-        const bool pending =
-            m->second.reports ? !m->second.pieces.has_value() : !r->closed;
-        if (pending && (latest || r->step == step) && r->world_size == world) {
-          if (!r->failed.ok()) return r->failed;
-          return Joined{r->id, r->step};
+        const bool pending = m->second.reports
+                                 ? !m->second.pieces.has_value()
+                                 : !r->closed || now <= m->second.joined_at +
+                                                            options_.join_grace;
+        if (pending && m->second.reports == reports &&
+            (latest || r->step == step) && r->world_size == world) {
+          if (auto j = again(*r)) return *std::move(j);
         }
         continue;
       }
@@ -157,9 +191,11 @@ absl::StatusOr<LoadRounds::Joined> LoadRounds::Join(const std::string& job,
     // the grace (ranks of one load disagree) and leaves to itself if not (a
     // load by other ranks still reading, say an evaluation of the step).
     std::shared_ptr<Round> other_world;
+    int64_t live_of_job = 0;
     for (auto& [id, r] : rounds_) {
-      if (r->job != job || r->step != step || r->closed ||
-          r->members.count(rank) > 0) {
+      if (r->job != job) continue;
+      ++live_of_job;
+      if (r->step != step || r->closed || r->members.count(rank) > 0) {
         continue;
       }
       std::shared_ptr<Round>& newest =
@@ -167,7 +203,7 @@ absl::StatusOr<LoadRounds::Joined> LoadRounds::Join(const std::string& job,
       if (newest == nullptr || r->id > newest->id) newest = r;
     }
     if (open == nullptr && other_world != nullptr &&
-        now <= other_world->last_join + options_.join_grace) {
+        now <= GraceEnd(*other_world)) {
       open = other_world;
     }
     if (open != nullptr && !open->failed.ok()) return open->failed;
@@ -178,10 +214,32 @@ absl::StatusOr<LoadRounds::Joined> LoadRounds::Join(const std::string& job,
           " of the load say world_size ", open->world_size,
           "; every rank of a load must pass the same world_size"));
       CAIRN_LOG(warn, "{}", std::string(status.message()));
-      FailLocked(*open, status, &answers);
+      FailLocked(*open, status, now, &answers);
       return status;
     }
     if (open == nullptr) {
+      // A new round: within the caps (a client opening rounds without end,
+      // by a new world size or step each time, must not exhaust cairnd).
+      if (live_of_job >= options_.max_rounds_per_job) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "load of ", SaveName(job, step), ": rank ", rank, " of ", world,
+            " would open a load round, but job '", job, "' has ", live_of_job,
+            " live load rounds, the most cairnd keeps for one "
+            "job (--max-load-rounds-per-job ",
+            options_.max_rounds_per_job,
+            "); they end when their ranks have reported or at the verify "
+            "deadline"));
+      }
+      if (static_cast<int64_t>(rounds_.size()) >= options_.max_rounds) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "load of ", SaveName(job, step), ": rank ", rank, " of ", world,
+            " would open a load round, but cairnd has ", rounds_.size(),
+            " live load rounds of all jobs, the most it keeps "
+            "(--max-load-rounds ",
+            options_.max_rounds,
+            "); they end when their ranks have reported or at the verify "
+            "deadline"));
+      }
       open = std::make_shared<Round>();
       open->id = next_id_++;
       open->job = job;
@@ -191,6 +249,7 @@ absl::StatusOr<LoadRounds::Joined> LoadRounds::Join(const std::string& job,
     }
     Round::Member& m = open->members[rank];
     m.reports = reports;
+    m.joined_at = now;
     if (!reports) {
       m.pieces.emplace();
       ++open->reported;
@@ -198,8 +257,9 @@ absl::StatusOr<LoadRounds::Joined> LoadRounds::Join(const std::string& job,
     open->last_join = now;
     open->deadline = now + options_.verify_deadline;
     MaybeCloseLocked(*open, now);
-    MaybeFinishLocked(open, &answers);
-    return Joined{open->id, open->step};
+    const Joined j{open->id, open->step};
+    MaybeFinishLocked(open, now, &answers);
+    return j;
   }();
   for (auto& a : answers) a();
   return joined;
@@ -218,6 +278,8 @@ void LoadRounds::Leave(uint64_t id, int rank, absl::Time now) {
       if (m->second.reports) return;  // it reported: no longer planning
       --round->reported;
     }
+    rejoins_.erase(
+        RejoinKey{round->job, rank, round->world_size, m->second.reports});
     round->members.erase(m);
     if (round->members.empty()) {
       rounds_.erase(live);
@@ -227,9 +289,22 @@ void LoadRounds::Leave(uint64_t id, int rank, absl::Time now) {
     // others are done.
     round->closed = false;
     MaybeCloseLocked(*round, now);
-    MaybeFinishLocked(round, &answers);
+    MaybeFinishLocked(round, now, &answers);
   }
   for (auto& a : answers) a();
+}
+
+void LoadRounds::Resend(const Joined& joined, const std::string& job, int rank,
+                        int world, bool reports, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return;
+  RememberLocked(RejoinKey{job, rank, world, reports}, joined,
+                 now + options_.verify_deadline);
+  auto live = rounds_.find(joined.round);
+  if (live != rounds_.end()) {
+    Round& round = *live->second;
+    round.deadline = std::max(round.deadline, now + options_.verify_deadline);
+  }
 }
 
 void LoadRounds::Report(uint64_t id, const std::string& job, int64_t step,
@@ -278,7 +353,7 @@ void LoadRounds::Report(uint64_t id, const std::string& job, int64_t step,
       round->stored = std::move(stored);
       round->deadline = now + options_.verify_deadline;
       MaybeCloseLocked(*round, now);
-      MaybeFinishLocked(round, &answers);
+      MaybeFinishLocked(round, now, &answers);
       // Nothing to verify for this rank: answered now, not parked.
       if (!has_pieces) return v1::VerifyLoadResponse();
       member.waiter = std::move(done);
@@ -321,8 +396,9 @@ LoadRounds::Stats LoadRounds::stats() const {
 }
 
 void LoadRounds::FailLocked(Round& round, const absl::Status& status,
-                            Answers* answers) {
+                            absl::Time now, Answers* answers) {
   round.failed = status;
+  round.failed_at = now;
   for (auto& [rank, m] : round.members) {
     if (!m.waiter) continue;
     answers->push_back([done = std::move(m.waiter), status] { done(status); });
@@ -330,10 +406,26 @@ void LoadRounds::FailLocked(Round& round, const absl::Status& status,
   }
 }
 
+absl::Time LoadRounds::GraceEnd(const Round& round) const {
+  const absl::Time last = round.failed.ok()
+                              ? round.last_join
+                              : std::max(round.last_join, round.failed_at);
+  return last + options_.join_grace;
+}
+
+void LoadRounds::RememberLocked(const RejoinKey& key, const Joined& joined,
+                                absl::Time until) {
+  auto [it, inserted] = rejoins_.try_emplace(key, Rejoin{joined, until});
+  if (!inserted &&
+      (it->second.joined.round != joined.round || it->second.until < until)) {
+    it->second = Rejoin{joined, until};
+  }
+}
+
 void LoadRounds::MaybeCloseLocked(Round& round, absl::Time now) const {
   // A failed round takes no rank after the grace either: its members were
   // answered, and ranks starting again must not find the old failure.
-  const bool grace_over = now > round.last_join + options_.join_grace;
+  const bool grace_over = now > GraceEnd(round);
   if (static_cast<int>(round.members.size()) == round.world_size ||
       (grace_over && (round.AllReported() || !round.failed.ok()))) {
     round.closed = true;
@@ -341,10 +433,19 @@ void LoadRounds::MaybeCloseLocked(Round& round, absl::Time now) const {
 }
 
 void LoadRounds::MaybeFinishLocked(const std::shared_ptr<Round>& round,
-                                   Answers* answers) {
+                                   absl::Time now, Answers* answers) {
   if (!round->closed || !round->AllReported()) return;
   rounds_.erase(round->id);
   if (!round->failed.ok()) return;  // its waiters were answered
+  // A member not reporting may still call again (its answer lost): within
+  // the grace of its join it finds the retired round, and opens no round
+  // that could refuse another load of the step.
+  for (const auto& [rank, m] : round->members) {
+    if (m.reports || m.joined_at + options_.join_grace < now) continue;
+    RememberLocked(RejoinKey{round->job, rank, round->world_size, false},
+                   Joined{round->id, round->step},
+                   m.joined_at + options_.join_grace);
+  }
   answers->push_back(
       [this, round] { schedule_([this, round] { Finish(round); }); });
 }
@@ -527,6 +628,14 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
 
 void LoadRounds::AdvanceLocked(absl::Time now, bool shutdown,
                                Answers* answers) {
+  absl::erase_if(rejoins_, [&](const auto& entry) {
+    return shutdown || entry.second.until < now;
+  });
+  AdvanceRoundsLocked(now, shutdown, answers);
+}
+
+void LoadRounds::AdvanceRoundsLocked(absl::Time now, bool shutdown,
+                                     Answers* answers) {
   std::vector<std::shared_ptr<Round>> rounds;
   for (auto& [id, round] : rounds_) rounds.push_back(round);
   for (const std::shared_ptr<Round>& round : rounds) {
@@ -534,7 +643,7 @@ void LoadRounds::AdvanceLocked(absl::Time now, bool shutdown,
       round->closed = true;
     } else {
       MaybeCloseLocked(*round, now);
-      MaybeFinishLocked(round, answers);
+      MaybeFinishLocked(round, now, answers);
       if (!rounds_.contains(round->id)) continue;
       // Every member reported: the round waits for its grace, not expiry.
       if (now <= round->deadline || round->AllReported()) continue;

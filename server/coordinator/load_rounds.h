@@ -24,6 +24,27 @@
 // reporting expires `verify_deadline` after its previous join or report
 // (DEADLINE_EXCEEDED naming the missing ranks).
 //
+// A rank calling again finds its round again (same id and step), whether
+// the round is still live or already retired:
+//   - asked to send its request again (Resend: PlanLoad's resend_wanted),
+//     its next Join with the same job, world size and verification within
+//     `verify_deadline` joins the round it was asked from, so a load whose
+//     ranks all plan twice never leaves a second round behind that could
+//     refuse another load of the step;
+//   - a retry (its answer was lost): a member that has not reported yet, or
+//     one that does not report, while its round is open or within
+//     `join_grace` of its join.
+// A round failed by disagreeing ranks answers its error to every member,
+// and to every rank that joins it, until `join_grace` after its last join
+// or the failure, whichever is later; after that it takes nobody, and a
+// rank starting again (a job restarted after a crash, say) opens a fresh
+// round even if it was a member of the failed one. The failed round stays
+// until its members have reported or its verify deadline, so members still
+// reading are told at their report.
+// At most `max_rounds_per_job` rounds of one job and `max_rounds` of all
+// jobs are live at once: a join that would open one more is refused with
+// RESOURCE_EXHAUSTED naming the job and the cap.
+//
 // Times are arguments (tests drive the rounds with explicit times); the
 // combining of a complete round runs through `schedule` (the coordinator's
 // workers). Thread-safe: every method may be called concurrently; answers
@@ -37,6 +58,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -70,6 +92,10 @@ class LoadRounds {
     // min_pieces_per_thread of them (a small round takes one).
     int combine_threads = 2;
     uint64_t min_pieces_per_thread = 1 << 16;
+    // Live rounds (joining or waiting for reports) of one job, and of all
+    // jobs: a join that would open one more is refused.
+    int max_rounds_per_job = 64;
+    int max_rounds = 1024;
   };
 
   // Round ids start at `first_id` (random in cairnd, so a report for a round
@@ -79,12 +105,14 @@ class LoadRounds {
   LoadRounds(const LoadRounds&) = delete;
   LoadRounds& operator=(const LoadRounds&) = delete;
 
-  // Puts `rank` (of `world` ranks) in a round of `job` at `now`; a retry
-  // finds its round again. `step` >= 0 names the step; -1 asks for `latest`:
-  // the newest live round's step, else `newest_committed` (NOT_FOUND when
-  // that is -1 too). `reports`: the rank will call Report (else it counts as
-  // reported). INVALID_ARGUMENT (and the round failed for every member) when
-  // the world sizes disagree; UNAVAILABLE once shut down.
+  // Puts `rank` (of `world` ranks) in a round of `job` at `now`; a retry or
+  // a resend finds its round again (see the top). `step` >= 0 names the
+  // step; -1 asks for `latest`: the newest live round's step, else
+  // `newest_committed` (NOT_FOUND when that is -1 too). `reports`: the rank
+  // will call Report (else it counts as reported). INVALID_ARGUMENT (and the
+  // round failed for every member) when the world sizes disagree;
+  // RESOURCE_EXHAUSTED when a new round would pass a cap; UNAVAILABLE once
+  // shut down.
   struct Joined {
     uint64_t round = 0;
     int64_t step = 0;
@@ -96,6 +124,13 @@ class LoadRounds {
   // Takes `rank` out of `round` (its PlanLoad failed after joining); while
   // the grace lasts the round opens again for it.
   void Leave(uint64_t round, int rank, absl::Time now);
+
+  // The answer to `joined` asks `rank` to send its request again (the
+  // request named tensors by a digest that is not the checkpoint's): the
+  // rank's next Join of `job` with the same world size and `reports` within
+  // the verify deadline gets `joined` again, live or retired.
+  void Resend(const Joined& joined, const std::string& job, int rank, int world,
+              bool reports, absl::Time now);
 
   // One rank's pieces, packed for the wait until every rank of the round
   // has reported. A piece is its stored chunk's id (LoadPlanner::Id), its
@@ -158,21 +193,38 @@ class LoadRounds {
  private:
   struct Round;
   using Answers = std::vector<std::function<void()>>;
+  // Where a rank calling again goes: its job, rank, world size and reports.
+  using RejoinKey = std::tuple<std::string, int, int, bool>;
+  struct Rejoin {
+    Joined joined;
+    absl::Time until;  // then forgotten
+  };
 
-  void FailLocked(Round& round, const absl::Status& status, Answers* answers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLocked(Round& round, const absl::Status& status, absl::Time now,
+                  Answers* answers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes `round`'s membership when every rank of the world has joined, or
-  // when every member has reported and the grace since the last join is over.
+  // when every member has reported and the grace since the last join is over
+  // (a failed round: when the grace since the failure is over).
   void MaybeCloseLocked(Round& round, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The end of `round`'s grace: join_grace after its last join or failure.
+  absl::Time GraceEnd(const Round& round) const;
+  // Remembers that `rank` may call again for `joined` until `until` (a
+  // longer memory of the same rank stays).
+  void RememberLocked(const RejoinKey& key, const Joined& joined,
+                      absl::Time until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes memberships, finishes complete rounds, expires late ones (every
-  // round when `shutdown`).
+  // round when `shutdown`), and forgets rejoins that are over.
   void AdvanceLocked(absl::Time now, bool shutdown, Answers* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rounds' part of it (every Join: O(rounds), where rejoins_ may hold
+  // an entry for every rank of a large load).
+  void AdvanceRoundsLocked(absl::Time now, bool shutdown, Answers* answers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // If `round` is closed and every member has reported: removes it and
   // schedules Finish.
-  void MaybeFinishLocked(const std::shared_ptr<Round>& round, Answers* answers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeFinishLocked(const std::shared_ptr<Round>& round, absl::Time now,
+                         Answers* answers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks the chunks of a complete round (no longer in rounds_) and answers
   // its parked members.
   void Finish(std::shared_ptr<Round> round);
@@ -185,6 +237,9 @@ class LoadRounds {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Round>> rounds_
       ABSL_GUARDED_BY(mu_);
+  // Ranks that may call again for a round (asked to resend, or members not
+  // reporting of a round retired within the grace), forgotten at `until`.
+  absl::flat_hash_map<RejoinKey, Rejoin> rejoins_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);

@@ -5,15 +5,21 @@
 // stored tensor.
 #include "server/coordinator/load_rounds.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/box.h"
@@ -433,9 +439,13 @@ TEST_F(LoadRoundsTest, AnotherWorldSizeAfterTheGraceLoadsInItsOwnRound) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   auto c = rounds_->Join("job", 2, 3, true, 5, 5, kT0 + absl::Seconds(5));
   EXPECT_EQ(c.status(), bad.status());
-  // ...and ranks starting again after the grace find a new round.
-  rounds_->Advance(kT0 + absl::Seconds(7));
-  LoadRounds::Joined again = Join(2, 3, 5, kT0 + absl::Seconds(7));
+  // ...until the grace after the failure (at +5 s) is over: then ranks
+  // starting again find a new round.
+  EXPECT_EQ(
+      rounds_->Join("job", 2, 3, true, 5, 5, kT0 + absl::Seconds(7)).status(),
+      bad.status());
+  rounds_->Advance(kT0 + absl::Seconds(8));
+  LoadRounds::Joined again = Join(2, 3, 5, kT0 + absl::Seconds(8));
   EXPECT_NE(again.round, a.round);
 }
 
@@ -528,6 +538,480 @@ TEST_F(LoadRoundsTest, ShutdownAnswersParkedReportsAndRefusesNewCalls) {
             absl::StatusCode::kUnavailable);
   Report(a, 0, {});
   EXPECT_EQ(results_[0][1].status().code(), absl::StatusCode::kUnavailable);
+}
+
+// Ranks that read only some of the checkpoint's tensors plan twice (the
+// first answer asks for their wanted chunks in full). A load by 6 ranks
+// that do not verify in the round completes at its 6th first PlanLoad; the
+// resends after it find that round again instead of opening one that never
+// fills, and a load of the step by 3 ranks right after is its own load (it
+// was refused: "rank 1 says world_size 3 but ranks [0, 2, 3, 4, 5] (5 of
+// 6) of the load say world_size 6").
+TEST_F(LoadRoundsTest, ResendsAfterAFullRoundLeaveNoRoundBehind) {
+  const auto join = [&](int rank, int world, absl::Duration at) {
+    return rounds_->Join("job", rank, world, /*reports=*/false, 5, 5, kT0 + at);
+  };
+  std::map<int, LoadRounds::Joined> first;
+  for (int rank = 0; rank < 5; ++rank) {
+    first[rank] = join(rank, 6, absl::Milliseconds(rank)).value();
+  }
+  const auto resend = [&](int rank, absl::Duration at) {
+    SCOPED_TRACE(rank);
+    absl::StatusOr<LoadRounds::Joined> again = join(rank, 6, at);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->round, first[rank].round);
+    EXPECT_EQ(again->step, 5);
+  };
+  resend(1, absl::Milliseconds(6));
+  first[5] = join(5, 6, absl::Milliseconds(7)).value();  // the world is full
+  EXPECT_EQ(first[5].round, first[0].round);
+  for (int rank : {0, 2, 3, 4, 5}) resend(rank, absl::Milliseconds(8));
+  EXPECT_EQ(rounds_->stats().live_rounds, 0);
+  absl::StatusOr<LoadRounds::Joined> eval = join(1, 3, absl::Milliseconds(9));
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  EXPECT_NE(eval->round, first[0].round);
+  EXPECT_EQ(rounds_->stats().live_rounds, 1);
+}
+
+// A job whose load failed (a rank said another world size) and that is
+// restarted after the grace loads: its ranks, members of the failed round
+// that never reported (their processes died), open a fresh round instead of
+// getting the old error until the failed round's verify deadline.
+TEST_F(LoadRoundsTest, ARestartedLoadAfterAFailedRoundGetsAFreshRound) {
+  Make(absl::Seconds(2), absl::Minutes(1));
+  LoadRounds::Joined a = Join(0, 3), b = Join(1, 3);
+  auto bad = rounds_->Join("job", 2, 2, true, 5, 5, kT0 + absl::Seconds(1));
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  // Within the grace a member calling again still gets the failure.
+  EXPECT_EQ(
+      rounds_->Join("job", 0, 3, true, 5, 5, kT0 + absl::Seconds(2)).status(),
+      bad.status());
+  // Ranks 0 and 1 died without reporting; the job starts again at +4 s.
+  const absl::Time restart = kT0 + absl::Seconds(4);
+  rounds_->Advance(restart);
+  std::vector<LoadRounds::Joined> joined;
+  for (int rank : {1, 0, 2}) {
+    SCOPED_TRACE(rank);
+    absl::StatusOr<LoadRounds::Joined> j =
+        rounds_->Join("job", rank, 3, true, 5, 5, restart);
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_NE(j->round, a.round);
+    joined.push_back(*j);
+  }
+  EXPECT_EQ(joined[1].round, joined[0].round);
+  EXPECT_EQ(joined[2].round, joined[0].round);
+  Report(joined[0], 1, Pieces(1), 3, restart);
+  Report(joined[1], 0, Pieces(0), 3, restart);
+  Report(joined[2], 2, {}, 3, restart);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(results_[r].size(), 1u) << r;
+    ASSERT_TRUE(results_[r][0].ok()) << results_[r][0].status();
+    EXPECT_EQ(results_[r][0]->chunks_verified(), 2) << r;
+  }
+  // A member of the failed round still reading is told at its report.
+  Report(b, 1, Pieces(1), 3, restart);
+  ASSERT_EQ(results_[1].size(), 2u);
+  EXPECT_EQ(results_[1][1].status(), bad.status());
+}
+
+// A rank asked to resend finds its round when it plans again, later than
+// the grace and after the round retired, with the round's step for
+// `latest` (a commit landed in between); then another load of the step by
+// another world size is its own. Once the verify deadline is over the rank
+// is forgotten: its next load is a new round.
+TEST_F(LoadRoundsTest, ASlowResendFindsItsRoundAfterItRetired) {
+  Make(absl::Seconds(2), absl::Seconds(10));
+  std::vector<LoadRounds::Joined> first;
+  for (int rank = 0; rank < 2; ++rank) {
+    first.push_back(
+        rounds_->Join("job", rank, 2, /*reports=*/false, -1, 5, kT0).value());
+    rounds_->Resend(first.back(), "job", rank, 2, false, kT0);
+  }
+  EXPECT_EQ(first[1].round, first[0].round);
+  EXPECT_EQ(rounds_->stats().live_rounds, 0);  // complete: retired
+  for (int rank = 0; rank < 2; ++rank) {
+    const absl::Time later = kT0 + absl::Seconds(5);
+    rounds_->Advance(later);
+    absl::StatusOr<LoadRounds::Joined> again =
+        rounds_->Join("job", rank, 2, false, -1, /*newest=*/6, later);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->round, first[0].round) << rank;
+    EXPECT_EQ(again->step, 5) << rank;
+  }
+  absl::StatusOr<LoadRounds::Joined> eval = rounds_->Join(
+      "job", 1, 3, false, 5, 5, kT0 + absl::Seconds(5) + absl::Milliseconds(1));
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  EXPECT_NE(eval->round, first[0].round);
+  const absl::Time next = kT0 + absl::Seconds(16);
+  rounds_->Advance(next);
+  absl::StatusOr<LoadRounds::Joined> fresh =
+      rounds_->Join("job", 0, 2, false, -1, 6, next);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_NE(fresh->round, first[0].round);
+  EXPECT_EQ(fresh->step, 6);
+}
+
+// A rank that does not report, retrying a PlanLoad whose answer was lost
+// after its round completed, gets that round within the grace of its join
+// (it opened a round of its own, which refused another load of the step).
+TEST_F(LoadRoundsTest, ARetryAfterTheRoundCompletedFindsIt) {
+  LoadRounds::Joined a = rounds_->Join("job", 0, 2, false, 5, 5, kT0).value();
+  LoadRounds::Joined b = rounds_->Join("job", 1, 2, false, 5, 5, kT0).value();
+  EXPECT_EQ(b.round, a.round);
+  EXPECT_EQ(rounds_->stats().live_rounds, 0);
+  absl::StatusOr<LoadRounds::Joined> retry =
+      rounds_->Join("job", 1, 2, false, 5, 5, kT0 + absl::Milliseconds(500));
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->round, a.round);
+  EXPECT_EQ(rounds_->stats().live_rounds, 0);
+  EXPECT_TRUE(
+      rounds_->Join("job", 1, 3, false, 5, 5, kT0 + absl::Seconds(1)).ok());
+  // A collective rank of the same number is not that rank retrying.
+  absl::StatusOr<LoadRounds::Joined> other =
+      rounds_->Join("job", 1, 2, true, 5, 5, kT0 + absl::Seconds(3));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE(other->round, a.round);
+}
+
+// Live rounds are capped per job and over all jobs: a join that would open
+// one more is refused naming the job and the cap; joins of live rounds and
+// retries still go through, and a round ending makes room.
+TEST_F(LoadRoundsTest, LiveRoundsAreCappedPerJobAndOverall) {
+  LoadRounds::Options options;
+  options.max_rounds_per_job = 2;
+  options.max_rounds = 3;
+  rounds_ = std::make_unique<LoadRounds>(
+      options, 100, [](std::function<void()> work) { work(); });
+  const auto join = [&](const std::string& job, int rank, int64_t step) {
+    return rounds_->Join(job, rank, 2, true, step, step, kT0);
+  };
+  LoadRounds::Joined a1 = join("a", 0, 1).value();
+  ASSERT_TRUE(join("a", 0, 2).ok());
+  absl::StatusOr<LoadRounds::Joined> third = join("a", 0, 3);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(third.status().message(),
+            "load of job 'a' step 3: rank 0 of 2 would open a load round, "
+            "but job 'a' has 2 live load rounds, the most cairnd keeps for "
+            "one job (--max-load-rounds-per-job 2); they end when their "
+            "ranks have reported or at the verify deadline");
+  EXPECT_EQ(join("a", 0, 1)->round, a1.round);  // a retry
+  EXPECT_EQ(join("a", 1, 1)->round, a1.round);  // a member of a live round
+  ASSERT_TRUE(join("b", 0, 1).ok());
+  absl::StatusOr<LoadRounds::Joined> c = join("c", 0, 1);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(c.status().message(),
+            "load of job 'c' step 1: rank 0 of 2 would open a load round, "
+            "but cairnd has 3 live load rounds of all jobs, the most it "
+            "keeps (--max-load-rounds 3); they end when their ranks have "
+            "reported or at the verify deadline");
+  EXPECT_EQ(rounds_->stats().live_rounds, 3);
+  for (int rank = 0; rank < 2; ++rank) {
+    rounds_->Report(a1.round, "a", 1, rank, 2, "rank", nullptr, {}, kT0,
+                    [this, rank](VerifyResult r) {
+                      results_[rank].push_back(std::move(r));
+                    });
+    ASSERT_EQ(results_[rank].size(), 1u);
+    EXPECT_TRUE(results_[rank][0].ok()) << results_[rank][0].status();
+  }
+  EXPECT_EQ(rounds_->stats().live_rounds, 2);
+  EXPECT_TRUE(join("a", 0, 3).ok());
+}
+
+// Many loads of one step, one after another and overlapping while their
+// ranks read and report: world sizes of 1 to 6, every rank or some of them,
+// verification in the round, by reading whole or none (the last two do not
+// report), ranks planning twice (asked to resend, soon or late), retrying a
+// call whose answer was lost, or dying before they report, and `latest` or
+// the step by number. Loads of different world sizes start more than the
+// grace apart (else they are one load whose ranks disagree). Some loads are
+// wrong: one rank says another world size within the grace of the others'
+// joins; the members still reading then report or die, and the job often
+// starts again (a correct load of that world size after the grace). The
+// oracle: every call of a correct load joins (a resend or retry
+// the round it had) and every report is answered OK or with a code on which
+// the rank verifies locally; the disagreeing rank of a wrong load is
+// refused naming itself, both sizes and the ranks that joined before it, and
+// every later call of the load gets that error. Seeds are printed on
+// failure; the figures at the end.
+TEST_F(LoadRoundsTest, RandomOverlappingLoadsOfOneStep) {
+  constexpr int kSeeds = 400;
+  constexpr int kLoadsPerSeed = 12;
+  const absl::Duration grace = absl::Seconds(2);
+  const absl::Duration deadline = absl::Seconds(30);
+  struct Figures {
+    int64_t loads = 0, wrong = 0, refused = 0, joins = 0, resends = 0,
+            retries = 0, reports = 0, answered_ok = 0, verify_locally = 0;
+  } figures;
+  for (uint64_t seed = 1; seed <= kSeeds && !HasFailure(); ++seed) {
+    SCOPED_TRACE(absl::StrCat("seed ", seed));
+    std::mt19937_64 rng(seed);
+    const auto uniform = [&rng](absl::Duration lo, absl::Duration hi) {
+      const int64_t span = absl::ToInt64Microseconds(hi - lo);
+      return lo + absl::Microseconds(span <= 0 ? 0 : rng() % span);
+    };
+    const auto chance = [&rng](int percent) {
+      return static_cast<int>(rng() % 100) < percent;
+    };
+    Make(grace, deadline);
+    struct Event {
+      absl::Time at;
+      int seq;
+      std::function<void()> run;
+    };
+    std::vector<Event> events;
+    const auto at = [&events](absl::Time t, std::function<void()> run) {
+      events.push_back({t, static_cast<int>(events.size()), std::move(run)});
+    };
+    // One rank of one load.
+    struct Rank {
+      int load = 0, rank = 0, world = 0;
+      bool wrong = false;  // of a wrong load
+      bool reports = false;
+      int64_t step = 5;  // -1: latest
+      std::optional<LoadRounds::Joined> first, last;
+      bool stopped = false;  // refused: the rank gives up
+      bool reported = false;
+      std::vector<VerifyResult> answers;
+      int pieces = 0;
+    };
+    // A wrong load's failure, once its disagreeing rank has joined.
+    struct Wrong {
+      absl::Status failure;
+      bool failed = false;
+      std::string expected;  // the disagreeing rank's error message
+    };
+    std::vector<std::unique_ptr<Rank>> ranks;
+    std::vector<std::unique_ptr<Wrong>> wrongs;
+    absl::Time busy_until = kT0;  // the previous load's last join
+    int restart_world = 0;        // the next load's, when a restart
+    for (int load = 0; load < kLoadsPerSeed; ++load) {
+      const absl::Time start =
+          busy_until + grace + uniform(absl::Milliseconds(1), 2 * grace);
+      const int64_t step = chance(30) ? -1 : 5;
+      const int mode = static_cast<int>(rng() % 3);  // collective, whole, none
+      const bool reports = mode == 0;
+      const bool plans_twice = chance(50);
+      ++figures.loads;
+      const auto join_event = [&, step, reports](Rank* r, absl::Time t,
+                                                 bool resend_after,
+                                                 Wrong* wrong, bool expect_same,
+                                                 bool expect_first) {
+        at(t, [&, r, t, step, reports, resend_after, wrong, expect_same,
+               expect_first] {
+          if (r->stopped) return;
+          ++figures.joins;
+          absl::StatusOr<LoadRounds::Joined> j =
+              rounds_->Join("job", r->rank, r->world, reports, step, 5, t);
+          SCOPED_TRACE(absl::StrCat("load ", r->load, " rank ", r->rank, " of ",
+                                    r->world, " at ",
+                                    absl::FormatDuration(t - kT0)));
+          if (wrong != nullptr && wrong->failed) {
+            EXPECT_EQ(j.status(), wrong->failure);
+            if (!j.ok()) ++figures.refused;
+            r->stopped = true;
+            return;
+          }
+          ASSERT_TRUE(j.ok()) << j.status();
+          EXPECT_EQ(j->step, 5);
+          if (expect_same) {
+            EXPECT_EQ(j->round, (expect_first ? r->first : r->last)->round);
+          }
+          if (!r->first) r->first = *j;
+          r->last = *j;
+          // The coordinator asks the rank to resend in the same call.
+          if (resend_after) {
+            rounds_->Resend(*j, "job", r->rank, r->world, reports, t);
+          }
+        });
+      };
+      const auto report_event = [&](Rank* r, absl::Time t) {
+        at(t, [&, r, t] {
+          if (r->stopped || !r->last) return;
+          ++figures.reports;
+          r->reported = true;
+          const bool empty = chance(20);
+          r->pieces = empty ? 0 : 2;
+          rounds_->Report(
+              r->last->round, "job", 5, r->rank, r->world,
+              absl::StrCat("rank ", r->rank),
+              std::shared_ptr<const planner::LoadPlanner>(
+                  stored_, stored_->planner.get()),
+              empty ? LoadRounds::Pieces() : Pieces(r->rank % 2), t,
+              [r](VerifyResult v) { r->answers.push_back(std::move(v)); });
+        });
+      };
+      const auto add_rank = [&](int rank, int world, bool wrong = false) {
+        auto r = std::make_unique<Rank>();
+        r->wrong = wrong;
+        r->load = load;
+        r->rank = rank;
+        r->world = world;
+        r->reports = reports;
+        r->step = step;
+        ranks.push_back(std::move(r));
+        return ranks.back().get();
+      };
+      if (restart_world > 0 || !chance(20)) {
+        // A correct load: `world` ranks, all or some of them. After a wrong
+        // load, often that job restarted: its world size again.
+        const int world =
+            restart_world > 0 ? restart_world : 1 + static_cast<int>(rng() % 6);
+        restart_world = 0;
+        std::vector<int> members(world);
+        for (int i = 0; i < world; ++i) members[i] = i;
+        std::shuffle(members.begin(), members.end(), rng);
+        if (chance(50)) members.resize(1 + rng() % world);
+        // Usually within the grace of each other; some start late.
+        const absl::Duration spread = chance(20) ? 3 * grace : grace / 2;
+        for (int rank : members) {
+          Rank* r = add_rank(rank, world);
+          absl::Time t = start + uniform(absl::ZeroDuration(), spread);
+          join_event(r, t, plans_twice, nullptr, false, false);
+          busy_until = std::max(busy_until, t);
+          if (plans_twice) {
+            // Soon, or later than the grace (a rank slow to send its
+            // wanted chunks in full).
+            t += chance(70) ? uniform(absl::Milliseconds(1), grace / 4)
+                            : uniform(grace, 3 * grace);
+            ++figures.resends;
+            join_event(r, t, false, nullptr, true, true);
+            busy_until = std::max(busy_until, t);
+          }
+          if (chance(15)) {  // the answer was lost: the rank retries
+            t += uniform(absl::Milliseconds(1), grace / 2);
+            ++figures.retries;
+            join_event(r, t, false, nullptr, true, false);
+            busy_until = std::max(busy_until, t);
+          }
+          if (reports && !chance(10)) {  // else it dies before reporting
+            report_event(r, t + uniform(absl::Milliseconds(1), 4 * grace));
+          }
+        }
+        continue;
+      }
+      // A wrong load: a world size of its own (no round of another load
+      // takes its ranks), ranks joining within the grace of each other, one
+      // of them saying another world size of its own.
+      ++figures.wrong;
+      wrongs.push_back(std::make_unique<Wrong>());
+      if (chance(50)) restart_world = 7 + static_cast<int>(wrongs.size());
+      Wrong* wrong = wrongs.back().get();
+      const int world = 7 + static_cast<int>(wrongs.size());
+      const int bad_world = 40 + static_cast<int>(wrongs.size());
+      std::vector<int> order(world);
+      for (int i = 0; i < world; ++i) order[i] = i;
+      std::shuffle(order.begin(), order.end(), rng);
+      const int before = 1 + static_cast<int>(rng() % (world - 1));
+      const int after =
+          static_cast<int>(rng() % std::min(3, world - before));  // 0-2
+      absl::Time t = start;
+      std::vector<int> joined_before(order.begin(), order.begin() + before);
+      for (int i = 0; i < before; ++i) {
+        Rank* r = add_rank(order[i], world, /*wrong=*/true);
+        join_event(r, t, plans_twice, wrong, false, false);
+        if (plans_twice) {
+          // A resend soon after (before or after the failure).
+          join_event(r, t + uniform(absl::Milliseconds(1), grace / 20), false,
+                     wrong, true, true);
+        }
+        t += uniform(absl::Milliseconds(1), grace / (2 * before));
+      }
+      const int bad = order[before];
+      std::sort(joined_before.begin(), joined_before.end());
+      wrong->expected = absl::StrCat(
+          "load of job 'job' step 5: rank ", bad, " says world_size ",
+          bad_world, " but ranks [", absl::StrJoin(joined_before, ", "), "] (",
+          joined_before.size(), " of ", world, ") of the load say world_size ",
+          world, "; every rank of a load must pass the same world_size");
+      const absl::Time failed_at = t;
+      at(t, [&, wrong, bad, bad_world, step, reports, t] {
+        ++figures.joins;
+        absl::StatusOr<LoadRounds::Joined> j =
+            rounds_->Join("job", bad, bad_world, reports, step, 5, t);
+        ASSERT_EQ(j.status().code(), absl::StatusCode::kInvalidArgument)
+            << j.status();
+        EXPECT_EQ(j.status().message(), wrong->expected);
+        ++figures.refused;
+        wrong->failure = j.status();
+        wrong->failed = true;
+      });
+      if (chance(30)) {  // the disagreeing rank retries
+        Rank* r = add_rank(bad, bad_world, /*wrong=*/true);
+        join_event(r, t + uniform(absl::Milliseconds(1), grace / 2), false,
+                   wrong, false, false);
+      }
+      // Its other ranks, within the grace of the failure.
+      for (int i = before + 1; i <= before + after; ++i) {
+        Rank* r = add_rank(order[i], world, /*wrong=*/true);
+        join_event(r, failed_at + uniform(absl::Milliseconds(1), grace / 2),
+                   false, wrong, false, false);
+      }
+      // Members reading when it failed are told at their report, unless
+      // they die first (the job restarts).
+      if (reports) {
+        for (auto& r : ranks) {
+          if (r->load != load || r->world != world || chance(50)) continue;
+          Rank* member = r.get();
+          const absl::Time t =
+              failed_at + uniform(absl::Milliseconds(1), 4 * grace);
+          at(t, [&, member, wrong, t] {
+            if (member->stopped || !member->last) return;
+            ++figures.reports;
+            rounds_->Report(member->last->round, "job", 5, member->rank,
+                            member->world, absl::StrCat("rank ", member->rank),
+                            std::shared_ptr<const planner::LoadPlanner>(
+                                stored_, stored_->planner.get()),
+                            Pieces(member->rank % 2), t,
+                            [member](VerifyResult v) {
+                              member->answers.push_back(std::move(v));
+                            });
+            ASSERT_EQ(member->answers.size(), 1u);
+            EXPECT_EQ(member->answers[0].status(), wrong->failure);
+            member->stopped = true;  // answered: checked here
+          });
+        }
+      }
+      busy_until = failed_at + grace;
+    }
+    std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+      return a.at != b.at ? a.at < b.at : a.seq < b.seq;
+    });
+    for (Event& e : events) {
+      if (chance(30)) rounds_->Advance(e.at);
+      e.run();
+      if (HasFatalFailure()) break;
+    }
+    // Every round ends: complete, or expired at its verify deadline.
+    rounds_->Advance(busy_until + 3 * deadline);
+    EXPECT_EQ(rounds_->stats().live_rounds, 0);
+    for (const auto& r : ranks) {
+      if (r->stopped || !r->reports || r->wrong) continue;
+      SCOPED_TRACE(
+          absl::StrCat("load ", r->load, " rank ", r->rank, " of ", r->world));
+      if (!r->reported) continue;  // it died before reporting
+      ASSERT_EQ(r->answers.size(), 1u);
+      const VerifyResult& v = r->answers[0];
+      if (v.ok()) {
+        ++figures.answered_ok;
+        for (int i : v->verify_locally()) {
+          EXPECT_LT(i, r->pieces);
+        }
+        continue;
+      }
+      // Not verified in the round: the rank reads its partial chunks
+      // whole (the round expired, its report was superseded, or it is over).
+      ++figures.verify_locally;
+      EXPECT_TRUE(absl::IsDeadlineExceeded(v.status()) ||
+                  absl::IsAborted(v.status()) || absl::IsNotFound(v.status()))
+          << v.status();
+    }
+  }
+  std::cout << "[ figures  ] " << figures.loads << " loads (" << figures.wrong
+            << " wrong), " << figures.joins << " joins (" << figures.resends
+            << " resends, " << figures.retries << " retries), "
+            << figures.refused << " refused; " << figures.reports
+            << " reports: " << figures.answered_ok << " answered, "
+            << figures.verify_locally << " verified locally\n";
 }
 
 }  // namespace
