@@ -128,5 +128,19 @@ TEST_F(CallWithRetryCancellationTest, CancelEndsTheRetriesFromAnotherThread) {
   EXPECT_STATUS(result.status(), kCancelled, "cancelled (test)");
 }
 
+// Calls cairnd's transport reset to stay within its request memory budget
+// are retried; cairnd's own RESOURCE_EXHAUSTED answers are final.
+TEST(ShedByServerTest, OnlyTheTransportsResetIsRetried) {
+  EXPECT_TRUE(ShedByServer(FromGrpcStatus(grpc::Status(
+      grpc::StatusCode::RESOURCE_EXHAUSTED,
+      "Received RST_STREAM with error code 11"))));
+  EXPECT_FALSE(ShedByServer(absl::ResourceExhaustedError(
+      "job j: 8 saves in progress (--max-sessions-per-job 8)")));
+  EXPECT_FALSE(ShedByServer(absl::ResourceExhaustedError(
+      "Received message larger than max (943718400 vs. 134217728)")));
+  EXPECT_FALSE(
+      ShedByServer(absl::UnavailableError("RST_STREAM with error code 11")));
+}
+
 }  // namespace
 }  // namespace cairn::protocol

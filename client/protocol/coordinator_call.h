@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -127,6 +128,17 @@ class CoordinatorContact {
 // cairnd yet, the call gives up after contact->first_contact_timeout()
 // (counted from the start of this call) with contact->NeverReached's
 // UNAVAILABLE; once cairnd has answered, max_retries alone bounds it.
+// Whether `s` is a call cairnd's transport dropped to stay within its
+// request memory budget (`--max-request-memory-mib`): gRPC resets such a
+// stream with ENHANCE_YOUR_CALM, which reaches the caller as
+// RESOURCE_EXHAUSTED "Received RST_STREAM with error code 11". cairnd never
+// saw the request, so it is retried like UNAVAILABLE; cairnd's own
+// RESOURCE_EXHAUSTED answers (a bound on sessions, plans, space) are not.
+inline bool ShedByServer(const absl::Status& s) {
+  return absl::IsResourceExhausted(s) &&
+         absl::StrContains(s.message(), "RST_STREAM with error code 11");
+}
+
 template <typename Req, typename Resp>
 absl::StatusOr<Resp> CallWithRetry(
     grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
@@ -171,7 +183,8 @@ absl::StatusOr<Resp> CallWithRetry(
     if (cancellation != nullptr && cancellation->cancelled()) {
       return cancellation->status();
     }
-    const bool retryable = absl::IsUnavailable(s) || absl::IsCancelled(s);
+    const bool retryable =
+        absl::IsUnavailable(s) || absl::IsCancelled(s) || ShedByServer(s);
     const bool first_contact = contact != nullptr && !contact->reached();
     if (retryable && first_contact &&
         (max_retries == 0 || attempt >= max_retries ||
