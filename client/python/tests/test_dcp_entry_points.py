@@ -11,7 +11,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import (
     DefaultLoadPlanner, DefaultSavePlanner)
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+try:  # torch >= 2.7; before it async_save has the thread executor only
+    from torch.distributed.checkpoint.state_dict_saver import (
+        AsyncCheckpointerType)
+except ImportError:
+    AsyncCheckpointerType = None
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -91,6 +95,21 @@ def wait_async(result):
 
 # ------------------------------------------------------------ rank bodies
 
+def async_kind(mode):
+    """async_save's executor argument for `mode` ("thread" / "process")."""
+    if AsyncCheckpointerType is None:
+        assert mode == "thread", mode
+        return {}
+    return {"async_checkpointer_type": AsyncCheckpointerType.THREAD
+            if mode == "thread" else AsyncCheckpointerType.PROCESS}
+
+
+# dcp.async_save's PROCESS executor (torch >= 2.7).
+needs_process_async = pytest.mark.skipif(
+    AsyncCheckpointerType is None,
+    reason=f"torch {torch.__version__} has no PROCESS async_save (2.7+)")
+
+
 def save_ranks(rank, world, address, step, mode):
     full, objects = expected_state()
     sd = dtensor_state(full, objects, world, (0, 0))
@@ -101,11 +120,9 @@ def save_ranks(rank, world, address, step, mode):
         dcp.save(sd, storage_writer=writer, checkpoint_id=uri(address, step),
                  use_collectives=False)
     elif mode in ("thread", "process"):
-        kind = (AsyncCheckpointerType.THREAD if mode == "thread"
-                else AsyncCheckpointerType.PROCESS)
         res = dcp.async_save(sd, storage_writer=writer,
                              checkpoint_id=uri(address, step),
-                             async_checkpointer_type=kind)
+                             **async_kind(mode))
         # The caller's tensors may change at once: the save has its copy.
         for v in sd.values():
             if isinstance(v, torch.Tensor):
@@ -126,11 +143,9 @@ def agent_save_ranks(rank, world, address, step, mode, socket):
     sd = dtensor_state(full, objects, world, (0, 0))
     writer = ctorch.CairnStorageWriter(checkpoint_id=uri(address, step),
                                        agent_socket=socket)
-    kind = (AsyncCheckpointerType.THREAD if mode == "thread"
-            else AsyncCheckpointerType.PROCESS)
     res = dcp.async_save(sd, storage_writer=writer,
                          checkpoint_id=uri(address, step),
-                         async_checkpointer_type=kind)
+                         **async_kind(mode))
     # stage() is done: the agent holds this rank's bytes (its copy stats are
     # the writer's), and training may change the tensors at once.
     copied = writer.last_stats.get("bytes", 0)
@@ -159,7 +174,9 @@ def latest_step(address):
 
 # ------------------------------------------------------------ tests
 
-@pytest.mark.parametrize("mode", ["save", "thread", "process",
+@pytest.mark.parametrize("mode", ["save", "thread",
+                                  pytest.param("process",
+                                               marks=needs_process_async),
                                   "no_collectives"])
 def test_4_rank_dtensor_save_loads_into_3_2_1_ranks(cairnd, mode):
     step = {"save": 10, "thread": 20, "process": 30, "no_collectives": 40}[mode]
@@ -297,7 +314,8 @@ def test_a_failing_rank_fails_every_rank_and_keeps_the_previous_latest(cairnd):
     assert harness.run_ranks(load_ranks, 2, cairnd.address, "latest") == [9, 9]
 
 
-@pytest.mark.parametrize("mode", ["thread", "process"])
+@pytest.mark.parametrize("mode", ["thread", pytest.param(
+    "process", marks=needs_process_async)])
 def test_async_save_stages_into_the_agent(cairnd, start_agent, mode):
     agent = start_agent(cairnd.address)
     step = {"thread": 50, "process": 60}[mode]
