@@ -171,12 +171,15 @@ class Cairnd(_Server):
         self.log = pathlib.Path(workdir) / "cairnd.log"
 
     def stored_keys(self) -> List[str]:
-        """Every object key under the storage root, relative to it."""
+        """Every checkpoint object's key under the storage root, relative to
+        it (cairnd's storage lease, cairn-lease.N at the root, is not one)."""
         if self.bucket is not None:
-            return [k[len("ckpt/"):] for k in self.bucket.keys("ckpt/")]
-        root = self.storage_dir
-        return [str(p.relative_to(root)) for p in root.rglob("*")
-                if p.is_file()]
+            keys = [k[len("ckpt/"):] for k in self.bucket.keys("ckpt/")]
+        else:
+            root = self.storage_dir
+            keys = [str(p.relative_to(root)) for p in root.rglob("*")
+                    if p.is_file()]
+        return [k for k in keys if not k.startswith("cairn-lease.")]
 
     def delete_storage(self) -> None:
         """Deletes the S3 bucket (nothing for file storage, which lives in
