@@ -650,7 +650,11 @@ TEST_F(OpsTest, CliOfflineReportsDamagedStepsAndUsesTheNewestValidOne) {
   EXPECT_EQ(Run({g_cli, "-s", uri, "verify", "job", "latest"}, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("skipping damaged job 'job' step 2"));
   EXPECT_THAT(out, HasSubstr("OK: job job step 1"));
-  // gc keeps the newest valid one and leaves the damaged one alone.
+  // gc keeps the newest valid one and leaves the damaged one alone. An
+  // offline gc needs the storage to itself: cairnd stops first (while it
+  // runs, it holds the storage's lease).
+  cairnd_->process().Signal(SIGTERM);
+  ASSERT_TRUE(cairnd_->process().Wait(absl::Seconds(60)).ok());
   EXPECT_EQ(Run({g_cli, "-s", uri, "gc", "job", "--keep", "1"}, &out), 0)
       << out;
   EXPECT_THAT(out, HasSubstr("deleted 0 checkpoints"));
