@@ -92,9 +92,15 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
       // Round ids differ across restarts, so a report for a round of the
       // previous process never lands in a new one.
       load_rounds_(
-          LoadRounds::Options{options.load_join_grace,
-                              options.load_verify_deadline,
-                              std::max(options.worker_threads, 1)},
+          [&options] {
+            LoadRounds::Options o;
+            o.join_grace = options.load_join_grace;
+            o.verify_deadline = options.load_verify_deadline;
+            o.combine_threads = std::max(options.worker_threads, 1);
+            o.max_rounds_per_job = options.max_load_rounds_per_job;
+            o.max_rounds = options.max_load_rounds;
+            return o;
+          }(),
           absl::Uniform<uint64_t>(absl::BitGen(), 1, uint64_t{1} << 62),
           [this](std::function<void()> work) {
             workers_->Schedule(std::move(work));

@@ -135,6 +135,14 @@ struct CoordinatorOptions {
   // waiting ranks get DEADLINE_EXCEEDED and verify locally (only a rank that
   // planned and then died or stalled can cause this). Default: 1 minute.
   absl::Duration load_verify_deadline = absl::Minutes(1);
+  // Live load rounds (joining, or waiting for their ranks' reports) of one
+  // job, and of all jobs: a PlanLoad that would open one more is refused
+  // RESOURCE_EXHAUSTED naming the job and the cap. A job has one round per
+  // load in progress (its training, an evaluation), plus a failed one
+  // waiting for its dead ranks until the verify deadline after a restart.
+  // Defaults: 64 per job, 1024 in all.
+  int max_load_rounds_per_job = 64;
+  int max_load_rounds = 1024;
   // Retention: keep the newest N committed checkpoints of each job and delete
   // older ones after every commit. 0 keeps everything. Default: 0.
   int keep_last = 0;

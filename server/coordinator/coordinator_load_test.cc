@@ -524,6 +524,27 @@ TEST_F(CoordinatorTest, ResendsOfALoadLeaveNoRoundToRefuseTheNextLoad) {
   }
 }
 
+// Live load rounds are capped (max_load_rounds_per_job): a PlanLoad that
+// would open one more is refused naming the job and the cap, and the
+// rounds' own ranks still plan.
+TEST_F(CoordinatorTest, LoadRoundsOfAJobAreCapped) {
+  options_.max_load_rounds_per_job = 1;
+  options_.load_join_grace = absl::Hours(1);
+  Start();
+  Save("job", 1, 2);
+  Save("job", 2, 2);
+  v1::PlanLoadResponse a = PlanColumns(0, 0, 2, 2, 1);
+  auto other = coordinator_->PlanLoad(ColumnsRequest(0, 0, 2, 2, 2));
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(other.status().message()),
+              HasSubstr("load of job 'job' step 2: rank 0 of 2 would open a "
+                        "load round, but job 'job' has 1 live load rounds"));
+  EXPECT_THAT(std::string(other.status().message()),
+              HasSubstr("--max-load-rounds-per-job 1"));
+  v1::PlanLoadResponse b = PlanColumns(1, 2, 2, 2, 1);
+  EXPECT_EQ(b.load_round(), a.load_round());
+}
+
 // A checkpoint of many tensors (more than the reader queues for the
 // planner's builder at once) is indexed whole and in order: every tensor,
 // asked for whole, is planned from each rank's chunk of it, with its own

@@ -128,6 +128,19 @@ int main(int argc, char** argv) {
                  "then the waiting ranks verify partly read chunks themselves")
       ->capture_default_str()
       ->check(cairn::flags::Positive());
+  app.add_option("--max-load-rounds-per-job",
+                 spec.coordinator.max_load_rounds_per_job,
+                 "Live load rounds of one job (loads in progress, and failed "
+                 "ones waiting for their ranks until the verify deadline); "
+                 "a PlanLoad that would open one more is refused "
+                 "RESOURCE_EXHAUSTED")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 20));
+  app.add_option("--max-load-rounds", spec.coordinator.max_load_rounds,
+                 "Live load rounds of all jobs together; a PlanLoad that "
+                 "would open one more is refused RESOURCE_EXHAUSTED")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 24));
   app.add_option("--keep-last", spec.coordinator.keep_last,
                  "Retention: keep the newest N committed checkpoints per job "
                  "(0 keeps all; the newest is never deleted)")
