@@ -32,9 +32,25 @@ DCP, then Cairn, every phase once. Each tool's figure is its best round; the
 table also gives the per-round ratios (same minutes, same disk). The run
 fails if a ratio it should print is missing.
 
+The peers (bench/baselines/<peer>_bench.py, one JSON line each, the same
+bytes and layouts, every loaded element checked) run in the same rounds,
+after DCP and before Cairn: DCP of the pinned torch through dcp.save /
+dcp.load with FileSystemWriter(sync_files=True) at thread_count 1, 4 and 8
+(dcp_t1, dcp_t4, dcp_t8), dcp.async_save in THREAD and PROCESS modes
+(dcp_async_thread, dcp_async_process: blocked and durable time), Megatron-
+Core's dist_checkpointing (megatron) and ByteCheckpoint (bytecheckpoint),
+the last two from their own environments .venv-peers/<peer> that
+bench/baselines/install.sh makes. A second table gives Cairn against the
+best peer of each phase and every peer's own figure; a peer that cannot run
+(not installed, or failing) is listed with its one-line reason.
+s3torchconnector is an S3 client: bench/s3_bench.py runs it on radosgw.
+The tensors are 8 x [rows, 4096] fp32 with rows rounded down to a multiple
+of 8, so that every tool's layouts split evenly (--bytes is rounded so).
+
 Usage: bench/e2e_bench.py [--build build] [--dir /tmp/cairn-bench] [--bytes 1.6e9]
        [--repeat 2] [--skip-dcp] [--skip-limits] [--limit-sweep quick|full]
        [--shapes NAME,...] [--no-drop-caches] [--timeout S]
+       [--peers all|none|smoke|NAME,...]
        [--baseline-build OTHER_BUILD] [--tls]
        bench/e2e_bench.py --smoke [--tls] [--build build] [--dir DIR]
 Prints one JSON line per tool and markdown tables of ratios.
@@ -54,7 +70,9 @@ and TLS goes first, and prints a table TLS / plaintext. Only the control path
 bench-smoke): 32 MiB, one round, no page-cache drop (it would disturb every
 other test on the machine), the tiny "smoke" limit sweep, each process killed
 after --timeout (default 120 s in smoke mode) so a hang fails instead of
-blocking; DCP runs (only the 2x2 -> 1x3 shape, for time) only if
+blocking; no peers unless --peers is given (--peers smoke: dcp_t1,
+dcp_async_thread, megatron and bytecheckpoint, at whatever --bytes says;
+ctest's bench_smoke.e2e_peers runs that at 1 MiB); DCP runs (only the 2x2 -> 1x3 shape, for time) only if
 the interpreter running this script can import torch (the project
 environment .venv has it), and is skipped with a notice otherwise. Cairn's part (cairnd, the saves, every load with its
 bit-exact checks, every shape) and the limit always run. Numbers are
@@ -280,6 +298,123 @@ def run_dcp(args, total, shape=None):
     return run_json(cmd, timeout=args.timeout)
 
 
+# Peer name -> (environment under .venv-peers, or None for the project
+# environment running this script; runner; its arguments).
+PEERS = {
+    "dcp_t1": (None, "dcp_fs_bench.py", ["--thread-count", "1"]),
+    "dcp_t4": (None, "dcp_fs_bench.py", ["--thread-count", "4"]),
+    "dcp_t8": (None, "dcp_fs_bench.py", ["--thread-count", "8"]),
+    "dcp_async_thread": (None, "dcp_fs_bench.py", ["--async", "thread"]),
+    "dcp_async_process": (None, "dcp_fs_bench.py", ["--async", "process"]),
+    "megatron": ("megatron-core", "megatron_bench.py", []),
+    "bytecheckpoint": ("bytecheckpoint", "bytecheckpoint_bench.py", []),
+}
+SMOKE_PEERS = ("dcp_t1", "dcp_async_thread", "megatron", "bytecheckpoint")
+PEER_PHASES = (("save 4:S0", "save", "write"), ("load 4:S0 -> 2:S1", "load2", "read"),
+               ("load 4:S0 -> 4:S0", "load4", "read"))
+
+
+def peer_python(venv):
+    """The interpreter of a peer environment (None: this one)."""
+    if venv is None:
+        return sys.executable
+    return os.path.join(ROOT, ".venv-peers", venv, "bin", "python")
+
+
+def run_peer(args, name, total):
+    """One run of peer `name`: its JSON line, or {"tool", "skipped"|"error"}
+    with a one-line reason (the peer's stderr goes to DIR/peer-NAME.log)."""
+    venv, script, extra = PEERS[name]
+    py = peer_python(venv)
+    if not os.access(py, os.X_OK):
+        return {"tool": name, "skipped": "%s is not installed: run bench/baselines/"
+                "install.sh --peers %s" % (os.path.relpath(os.path.dirname(
+                    os.path.dirname(py)), ROOT), venv)}
+    work = os.path.join(args.dir, "peer")
+    cmd = [py, os.path.join(ROOT, "bench/baselines", script), "--dir", work,
+           "--total-bytes", str(total), "--allow-skip"] + extra
+    if args.no_drop_caches:
+        cmd.append("--no-drop-caches")
+    if args.timeout:
+        cmd += ["--timeout", str(args.timeout)]
+    log_path = os.path.join(args.dir, "peer-%s.log" % name)
+    with open(log_path, "w") as log:
+        try:
+            out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                                 timeout=None if not args.timeout else 4 * args.timeout)
+        except subprocess.TimeoutExpired:
+            return {"tool": name, "error": "still running after %s s: killed (see %s)" %
+                    (4 * args.timeout, log_path)}
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    res = json.loads(lines[-1]) if lines else {}
+    res["tool"] = name
+    if out.returncode != 0 and "error" not in res and "skipped" not in res:
+        res["error"] = "exited %d, no result (see %s)" % (out.returncode, log_path)
+    return res
+
+
+def peer_table(rounds, cairn_key, peers):
+    """Cairn against the best peer of each phase, and every peer's own row."""
+    ok = [n for n in peers if any("save_GBps" in rd[4].get(n, {}) or
+                                  "load4_GBps" in rd[4].get(n, {}) for rd in rounds)]
+    sync = [n for n in ok if not n.startswith("dcp_async")]
+    print()
+    print("Peers (bench/baselines/<peer>_bench.py), same bytes and layouts, same rounds; "
+          "GB/s best of rounds; best peer = the fastest peer of that round and phase")
+    print()
+    print("| phase | Cairn GB/s | best peer GB/s | best peer | Cairn / best peer | per round | " +
+          " | ".join("%s GB/s" % n for n in sync) + " |")
+    print("|---|---|---|---|---|---|" + "---|" * len(sync))
+    for label, key, _ in PEER_PHASES:
+        gk = key + "_GBps"
+        c = max(rd[2][gk] for rd in rounds)
+        per, best, best_name = [], float("nan"), "-"
+        for rd in rounds:
+            vals = [(rd[4][n][gk], n) for n in sync if gk in rd[4].get(n, {})]
+            if vals:
+                v, n = max(vals)
+                per.append("%.2fx" % (rd[2][gk] / v))
+                if not best >= v:
+                    best, best_name = v, n
+        own = []
+        for n in sync:
+            vals = [rd[4][n][gk] for rd in rounds if gk in rd[4].get(n, {})]
+            note = [rd[4][n].get("save_unmeasured") for rd in rounds if n in rd[4]]
+            own.append("%.2f" % max(vals) if vals else ("not measured" if any(note) else "-"))
+        print("| %s | %.2f | %s | %s | %s | %s | %s |" % (
+            label, c, "%.2f" % best if best == best else "-", best_name,
+            "**%.2fx**" % (c / best) if best == best else "-", ", ".join(per) or "-",
+            " | ".join(own)))
+    asyncs = [n for n in ok if n.startswith("dcp_async")]
+    if asyncs:
+        print()
+        print("| async peer | blocked s (first call) | durable s (first call) | blocked s "
+              "| durable s | load 4:S0 -> 4:S0 of it GB/s |")
+        print("|---|---|---|---|---|---|")
+        for n in asyncs:
+            rs = [rd[4][n] for rd in rounds if "async_blocked_s" in rd[4].get(n, {})]
+            print("| %s | %.3f | %.3f | %.3f | %.3f | %.2f |" % (
+                n, min(r["async_first_blocked_s"] for r in rs),
+                min(r["async_first_durable_s"] for r in rs),
+                min(r["async_blocked_s"] for r in rs), min(r["async_durable_s"] for r in rs),
+                max(r["load4_GBps"] for r in rs)))
+    for n in peers:
+        reasons = sorted({rd[4][n].get("skipped") or rd[4][n].get("error")
+                          for rd in rounds if n in rd[4]} - {None})
+        for r in reasons:
+            print("peer %s: %s: %s" % (n, "skipped" if any(
+                rd[4].get(n, {}).get("skipped") for rd in rounds) else "FAILED", r))
+        unmeasured = {rd[4][n].get("save_unmeasured") for rd in rounds if n in rd[4]} - {None}
+        for r in unmeasured:
+            print("peer %s: save not measured: %s" % (n, r))
+        shims = {rd[4][n].get("cpu_shim") for rd in rounds if n in rd[4]} - {None}
+        for r in shims:
+            print("peer %s: runs with a CPU shim: %s" % (n, r))
+        torches = {rd[4][n].get("torch") for rd in rounds if n in rd[4]} - {None}
+        if n == "bytecheckpoint" and torches:
+            print("peer %s: on its own torch %s" % (n, ", ".join(sorted(torches))))
+
+
 def table_rows(shapes):
     """(label, Cairn key, DCP (scenario, key), limit key) per table row."""
     rows = [("save 4:S0", "save", (None, "save"), "write"),
@@ -315,6 +450,10 @@ def main():
                    help="never drop the page cache (loads are warm)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds each tool's processes may run (default: none; 120 with --smoke)")
+    p.add_argument("--peers", default=None,
+                   help="peers to run in every round: all (default), none, smoke (%s), "
+                        "or names of %s (default with --smoke: none)" % (
+                            ",".join(SMOKE_PEERS), ",".join(PEERS)))
     p.add_argument("--baseline-build", default=None,
                    help="another build tree whose Cairn runs in every round too (see the top)")
     p.add_argument("--tls", action="store_true",
@@ -327,6 +466,13 @@ def main():
     if unknown:
         sys.exit("e2e_bench: unknown --shapes %s (known: %s)" % (
             ",".join(sorted(unknown)), ",".join(s[0] for s in SHAPES)))
+    sel = args.peers if args.peers is not None else ("none" if args.smoke else "all")
+    peers = {"all": list(PEERS), "none": [], "smoke": list(SMOKE_PEERS)}.get(
+        sel, [x for x in sel.split(",") if x])
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        sys.exit("e2e_bench: unknown --peers %s (known: %s)" % (
+            ",".join(sorted(unknown)), ",".join(PEERS)))
     sweep_level = args.limit_sweep
     dcp_shapes = shapes
     if args.smoke:
@@ -357,10 +503,11 @@ def main():
     args.bytes = args.bytes or 1.6e9
     args.repeat = args.repeat or 2
     os.makedirs(args.dir, exist_ok=True)
-    model = "bench:%d" % int(args.bytes)
-    # The bytes the synthetic model really holds: 8 x rows x 4096 fp32.
-    rows = max(int(args.bytes / 8 / 4096 / 4), 4)
+    # The bytes the synthetic model holds: 8 x rows x 4096 fp32, rows a
+    # multiple of 8 (every tool's layouts split evenly; Megatron needs it).
+    rows = max(int(args.bytes / 8 / 4096 / 4) // 8 * 8, 8)
     total = 8 * rows * 4096 * 4
+    model = "bench:%d" % total
     load0 = os.getloadavg()
     print("e2e_bench: %d bytes, %d round(s), limit sweep %s, load average %.2f %.2f %.2f" %
           ((total, args.repeat, sweep_level) + load0), file=sys.stderr, flush=True)
@@ -387,6 +534,10 @@ def main():
             for shape in dcp_shapes:
                 dcp[shape[0]] = dict(run_dcp(args, total, shape), shape=shape[0])
                 print(json.dumps(dcp[shape[0]]), flush=True)
+        peer_res = {}
+        for name in peers:
+            peer_res[name] = run_peer(args, name, total)
+            print(json.dumps(peer_res[name]), flush=True)
         base = None
         if args.baseline_build and i % 2 == 1:
             base = dict(cairn_run(args, model, total, args.baseline_build), tool="baseline")
@@ -405,7 +556,7 @@ def main():
         if args.baseline_build and i % 2 == 0:
             base = dict(cairn_run(args, model, total, args.baseline_build), tool="baseline")
             print(json.dumps(base), flush=True)
-        rounds.append((limit, dcp, cairn, base))
+        rounds.append((limit, dcp, cairn, base, peer_res))
 
     def best(key, tool):
         vals = [r[tool][key] for r in rounds if r[tool] is not None]
@@ -474,6 +625,9 @@ def main():
                 n + 1, lim["write_GBps"], lim["write_point"], lim["read_GBps"],
                 lim["read_point"], lim["cold"], lim["dd_write_GBps"], lim["dd_read_GBps"],
                 lim["loadavg"]))
+
+    if peers:
+        peer_table(rounds, None, peers)
 
     if args.baseline_build:
         print()

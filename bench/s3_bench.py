@@ -42,8 +42,21 @@ one's end (every worker has generated its data before the start); Cairn's save f
 barrier to the commit acknowledged, loads from PlanLoad to the last byte
 checked, as bench/e2e_bench.py.
 
+Peer (--peers, default s3torchconnector; none with --smoke unless given):
+  s3torchconnector  its DCP S3StorageWriter / S3StorageReader on the same
+         radosgw and bytes (bench/baselines/s3torchconnector_bench.py, from
+         .venv-peers/s3torchconnector that bench/baselines/install.sh makes):
+         save 4 rows, load 4 rows -> 2 columns, load 4 -> 4, every element
+         checked, in every round after the references; its own table row
+         against Cairn. A save its client cannot do on this server is
+         reported as not measured, with the reason (the loads then read the
+         same DCP layout uploaded with boto3).
+The tensors are 8 x [rows, 4096] fp32, rows rounded down to a multiple of 8
+(as bench/e2e_bench.py does), so the peer holds the same tensors as Cairn.
+
 Usage: bench/s3_bench.py [--build build] [--bytes 1e9] [--repeat 2]
        [--refs boto3,s3cmd,curl] [--boto3 8:4,16:8,64:4] [--s3-query K=V&...]
+       [--peers s3torchconnector|none]
        [--compare-build OTHER_BUILD_DIR]
        [--endpoint http://HOST:PORT --ceph-dir DIR] [--timeout S]
        bench/s3_bench.py --smoke [--build build]
@@ -342,6 +355,35 @@ def cairn_round(args, env, rgw, cpu, bucket, model, total, build=None):
         e2e_bench.stop_cairnd(d)
 
 
+def run_s3_peer(args, env, bucket, total):
+    """One run of the s3torchconnector peer: its JSON line, or {"tool",
+    "skipped"|"error"} with a one-line reason (stderr: DIR/peer-s3.log)."""
+    py = os.path.join(ROOT, ".venv-peers/s3torchconnector/bin/python")
+    if not os.access(py, os.X_OK):
+        return {"tool": "s3torchconnector", "skipped": ".venv-peers/s3torchconnector is not "
+                "installed: run bench/baselines/install.sh --peers s3torchconnector"}
+    cmd = [py, os.path.join(ROOT, "bench/baselines/s3torchconnector_bench.py"),
+           "--endpoint", args.endpoint, "--bucket", bucket, "--prefix", "peer-s3torchconnector",
+           "--dir", os.path.join(args.dir, "peer"), "--total-bytes", str(total),
+           "--no-drop-caches", "--allow-skip"]
+    if args.timeout:
+        cmd += ["--timeout", str(args.timeout)]
+    log_path = os.path.join(args.dir, "peer-s3.log")
+    with open(log_path, "w") as log:
+        try:
+            out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                                 timeout=None if not args.timeout else 4 * args.timeout)
+        except subprocess.TimeoutExpired:
+            return {"tool": "s3torchconnector", "error": "still running after %s s: killed "
+                    "(see %s)" % (4 * args.timeout, log_path)}
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    res = json.loads(lines[-1]) if lines else {}
+    res["tool"] = "s3torchconnector"
+    if out.returncode != 0 and "error" not in res and "skipped" not in res:
+        res["error"] = "exited %d, no result (see %s)" % (out.returncode, log_path)
+    return res
+
+
 def per_gb(delta, key, nbytes):
     return float("nan") if delta is None else delta[key] / (nbytes / 1e9)
 
@@ -373,8 +415,13 @@ def main():
                    help="reference tools to run, of boto3,s3cmd,curl (default all)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds each tool's processes may run (default none; smoke 120)")
+    p.add_argument("--peers", default=None, choices=("s3torchconnector", "none"),
+                   help="the peer to run in every round (default s3torchconnector; "
+                        "none with --smoke)")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args()
+    if args.peers is None:
+        args.peers = "none" if args.smoke else "s3torchconnector"
     if args.smoke:
         args.bytes = args.bytes or 2 ** 25
         args.repeat = args.repeat or 1
@@ -406,9 +453,11 @@ def main():
     bucket = "cairn-bench-" + os.urandom(4).hex()
     s3.create_bucket(Bucket=bucket)
 
-    model = "bench:%d" % int(args.bytes)
-    rows = max(int(args.bytes / 8 / 4096 / 4), 4)
-    total = 8 * rows * 4096 * 4  # what the synthetic model really holds
+    # What the synthetic model holds: 8 x rows x 4096 fp32, rows a multiple of
+    # 8 (the peer's layouts split evenly, as in e2e_bench).
+    rows = max(int(args.bytes / 8 / 4096 / 4) // 8 * 8, 8)
+    total = 8 * rows * 4096 * 4
+    model = "bench:%d" % total
     per_worker = total // WORKERS
 
     rounds = []
@@ -433,6 +482,10 @@ def main():
                      "put_cpu": put_cpu, "get_cpu": get_cpu}
                 print(json.dumps(r), flush=True)
                 rnd["refs"][name] = r
+                empty_bucket(s3, bucket)
+            if args.peers == "s3torchconnector":
+                rnd["peer"] = run_s3_peer(args, env, bucket, total)
+                print(json.dumps(rnd["peer"]), flush=True)
                 empty_bucket(s3, bucket)
             c = cairn_round(args, env, rgw, cpu, bucket, model, total)
             print(json.dumps(c), flush=True)
@@ -492,6 +545,32 @@ def main():
             fetched = "%.3f" % (delta["get_b"] / last[name + "_s"] / 1e9)
         print("| %s | %.3f | %.3f | %.0f%% | %s | %.0f | %s | %s |" % (
             name, c, ref, 100 * c / ref if ref else nan, per, reqs, ratio, fetched))
+
+    if args.peers != "none":
+        print()
+        print("Peer s3torchconnector (its DCP writer and reader, same server, bytes and "
+              "layouts, same rounds), GB/s best of rounds:")
+        print()
+        print("| phase | Cairn GB/s | s3torchconnector GB/s | Cairn / s3torchconnector "
+              "| per round |")
+        print("|---|---|---|---|---|")
+        for name in ("save", "load2", "load4"):
+            key = name + "_GBps"
+            c = max(rnd["cairn"][key] for rnd in rounds)
+            vals = [rnd["peer"][key] for rnd in rounds if key in rnd["peer"]]
+            per = ", ".join("%.2fx" % (rnd["cairn"][key] / rnd["peer"][key])
+                            for rnd in rounds if key in rnd["peer"])
+            unmeasured = any(rnd["peer"].get("save_unmeasured") for rnd in rounds)
+            v = max(vals) if vals else nan
+            print("| %s | %.3f | %s | %s | %s |" % (
+                name, c, "%.3f" % v if vals else
+                ("not measured" if name == "save" and unmeasured else "-"),
+                "**%.2fx**" % (c / v) if vals else "-", per or "-"))
+        for why in ("skipped", "error", "save_unmeasured"):
+            for r in sorted({rnd["peer"].get(why) for rnd in rounds} - {None}):
+                print("peer s3torchconnector: %s: %s" % (
+                    {"skipped": "skipped", "error": "FAILED",
+                     "save_unmeasured": "save not measured"}[why], r))
 
     if args.compare_build:
         print()
