@@ -79,7 +79,9 @@ for entry in "${PEER_LIST[@]}"; do
   fi
   venv="$PEER_ROOT/$name"
   req="$HERE/requirements-$name.txt"
-  want=$(cat "$req" $([[ $env == torch ]] && echo "$ROOT/scripts/requirements.lock") | sha256sum | cut -d' ' -f1)
+  hashed=("$req")
+  [[ $env == torch ]] && hashed+=("$ROOT/scripts/requirements.lock")
+  want=$(cat "${hashed[@]}" | sha256sum | cut -d' ' -f1)
   stamp="$venv/.cairn-requirements.sha256"
   if [[ -x $venv/bin/python && -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
     echo "bench/baselines/install.sh: $venv matches $(basename "$req")"
