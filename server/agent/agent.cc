@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <optional>
 #include <set>
 #include <utility>
@@ -85,6 +86,17 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   // Frames carry at most one transfer bucket (larger messages are split).
   t.max_frame_bytes = std::clamp<uint64_t>(a->options_.bucket_cap_bytes,
                                            kMinFrameBytes, uint64_t{1} << 30);
+  // A peer's data messages waiting for their Recv: the replicas it pushes
+  // (at most its staging budget, the same as this one's) and its answers
+  // to this node's fetches (at most this budget, allocated before asking),
+  // in messages of a bucket or a large item each.
+  const uint64_t budget = a->options_.staging_budget_bytes;
+  t.max_mailbox_bytes = std::max<uint64_t>(2 * budget, uint64_t{64} << 20);
+  t.max_mailbox_messages = static_cast<int>(std::min<uint64_t>(
+      65536 + 2 * budget / std::max<uint64_t>(a->options_.bucket_cap_bytes, 1),
+      std::numeric_limits<int>::max()));
+  t.max_connections_per_address = a->options_.peer_max_connections_per_address;
+  t.max_connections = a->options_.peer_max_connections;
   a->fetch_pool_ = std::make_unique<ThreadPool>(kFetchThreads);
   switch (a->options_.transport) {
     case AgentOptions::TransportKind::kTcp: {

@@ -136,6 +136,11 @@ struct AgentOptions {
   // How long connecting to a peer may retry (a lost node costs a load at
   // most this much before its holders are skipped). Default: 1 s.
   absl::Duration peer_connect_timeout = absl::Seconds(1);
+  // Peer port connections open at once from one IP address, and in all
+  // (TcpTransportOptions::max_connections_per_address, max_connections; 0
+  // in all: max_pending_connections + 2 x num_nodes). Default: 16, 0.
+  int peer_max_connections_per_address = 16;
+  int peer_max_connections = 0;
   // Timeout of a peer exchange (push, inventory, fetch). Default: 30 s.
   absl::Duration peer_timeout = absl::Seconds(30);
   // Transfer-plan bucket cap for replication and peer load; also the largest

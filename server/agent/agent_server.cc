@@ -12,8 +12,10 @@
 
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cairn/v1/agent.grpc.pb.h"
 #include "common/grpc_health_server.h"
@@ -89,7 +91,53 @@ bool PeerAllowed(int fd, gid_t group, ucred* cred) {
   return false;
 }
 
+// Connections over a cap held (answered) at once; more are closed.
+constexpr size_t kMaxRefusedHeld = 256;
+
+// Whether `fd` is still the socket recorded as `c`: once gRPC closes it,
+// its number is free for the next socket or file, with another inode.
+template <typename C>
+bool Open(int fd, const C& c) {
+  struct stat st;
+  return fstat(fd, &st) == 0 && st.st_dev == c.dev && st.st_ino == c.ino;
+}
+
 }  // namespace
+
+// The service of connections over a cap: every call is answered at once
+// with RESOURCE_EXHAUSTED and why (its request is never read).
+class AgentServer::Refusals final : public grpc::CallbackGenericService {
+ public:
+  // Calls on the connection at `fd` are refused saying `why`.
+  void Set(int fd, std::string why) {
+    absl::MutexLock l(&mu_);
+    why_[absl::StrCat("fd:", fd)] = std::move(why);
+  }
+
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* ctx) override {
+    std::string why = "cairn-agent: this connection is over a connection cap";
+    {
+      absl::MutexLock l(&mu_);
+      // gRPC names a connection handed over by its fd ("fd:N").
+      auto it = why_.find(ctx->peer());
+      if (it != why_.end()) why = it->second;
+    }
+    return new Refuse(
+        grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, std::move(why)));
+  }
+
+ private:
+  class Refuse final : public grpc::ServerGenericBidiReactor {
+   public:
+    explicit Refuse(grpc::Status status) { Finish(std::move(status)); }
+    void OnDone() override { delete this; }
+  };
+
+  absl::Mutex mu_;
+  // By gRPC peer name; one entry per fd number at most.
+  std::map<std::string, std::string> why_ ABSL_GUARDED_BY(mu_);
+};
 
 // Sync service: every call may block (waiting for staging space, for a
 // commit, for peers) on gRPC's thread pool, never on a shared event loop.
@@ -188,6 +236,14 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(Spec spec) {
         " bytes) and its streams per connection at least 1 (not ",
         spec.max_streams_per_connection, ")"));
   }
+  if (spec.max_connections_per_uid < 1 || spec.max_connections < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the agent's connection caps must be at least 1 (not ",
+                     spec.max_connections_per_uid, " per uid and ",
+                     spec.max_connections, " in all)"));
+  }
+  s->max_connections_per_uid_ = spec.max_connections_per_uid;
+  s->max_connections_ = spec.max_connections;
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(1 << 30);
   builder.SetMaxSendMessageSize(1 << 30);
@@ -208,6 +264,25 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(Spec spec) {
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr) {
     return absl::InternalError("cannot start the agent's gRPC server");
+  }
+  {
+    // Small and short-lived: its connections are refused ones, each gone
+    // within seconds, their requests never read.
+    s->refusals_ = std::make_unique<Refusals>();
+    grpc::ServerBuilder refusal;
+    grpc::ResourceQuota refusal_quota("cairn-agent-refusals");
+    refusal_quota.Resize(size_t{16} << 20);
+    refusal.SetResourceQuota(refusal_quota);
+    refusal.SetMaxReceiveMessageSize(4096);
+    refusal.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 16);
+    refusal.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, 2000);
+    refusal.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 1000);
+    refusal.RegisterCallbackGenericService(s->refusals_.get());
+    s->refusal_server_ = refusal.BuildAndStart();
+    if (s->refusal_server_ == nullptr) {
+      return absl::InternalError(
+          "cannot start the agent's gRPC server for refused connections");
+    }
   }
   CAIRN_RETURN_IF_ERROR(s->Listen(spec, group));
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
@@ -309,6 +384,8 @@ absl::Status AgentServer::Listen(const Spec& spec, gid_t group) {
 void AgentServer::AcceptLoop() {
   absl::Time last_log = absl::InfinitePast();
   int64_t unlogged = 0;
+  absl::Time last_over_cap_log = absl::InfinitePast();
+  int64_t unlogged_over_cap = 0;
   while (true) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     const int n = poll(fds, 2, -1);
@@ -350,9 +427,80 @@ void AgentServer::AcceptLoop() {
         close(fd);
         continue;
       }
-      grpc::AddInsecureChannelFromFd(server_.get(), fd);
+      if (const std::string why = OverCap(cred); !why.empty()) {
+        ++over_cap_;
+        ++unlogged_over_cap;
+        if (absl::Now() - last_over_cap_log >= absl::Seconds(1)) {
+          CAIRN_LOG(warn, "{} ({} more since the last such line)", why,
+                    unlogged_over_cap - 1);
+          last_over_cap_log = absl::Now();
+          unlogged_over_cap = 0;
+        }
+        // Answered (for a while) rather than reset, so the rank learns why;
+        // past a few hundred such at once, closed.
+        for (auto it = refused_conns_.begin(); it != refused_conns_.end();) {
+          it = Open(it->first, it->second) ? std::next(it)
+                                           : refused_conns_.erase(it);
+        }
+        if (refused_conns_.size() >= kMaxRefusedHeld) {
+          close(fd);
+          continue;
+        }
+        refusals_->Set(fd, why);
+        Hand(refusal_server_.get(), fd, cred.uid, &refused_conns_);
+        continue;
+      }
+      Hand(server_.get(), fd, cred.uid, &conns_);
     }
   }
+}
+
+std::string AgentServer::OverCap(const ucred& cred) {
+  auto count = [&] {
+    int from_uid = 0;
+    for (const auto& [fd, c] : conns_) from_uid += c.uid == cred.uid ? 1 : 0;
+    return from_uid;
+  };
+  int from_uid = count();
+  if (from_uid < max_connections_per_uid_ &&
+      static_cast<int>(conns_.size()) < max_connections_) {
+    return "";
+  }
+  // Entries of connections gRPC has closed since stay until an fd number is
+  // reused: count only the open ones.
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    it = Open(it->first, it->second) ? std::next(it) : conns_.erase(it);
+  }
+  from_uid = count();
+  if (from_uid >= max_connections_per_uid_) {
+    return absl::StrCat("agent socket ", socket_path_,
+                        ": refused a connection from pid ", cred.pid, " uid ",
+                        cred.uid, ": uid ", cred.uid, " has ", from_uid,
+                        " connections open, the most one uid may have "
+                        "(--max-connections-per-uid ",
+                        max_connections_per_uid_, ")");
+  }
+  if (static_cast<int>(conns_.size()) >= max_connections_) {
+    return absl::StrCat("agent socket ", socket_path_,
+                        ": refused a connection from pid ", cred.pid, " uid ",
+                        cred.uid, ": ", conns_.size(),
+                        " connections are open, the most the agent takes "
+                        "(--max-connections ",
+                        max_connections_, ")");
+  }
+  return "";
+}
+
+void AgentServer::Hand(grpc::Server* server, int fd, uid_t uid,
+                       std::map<int, Conn>* conns) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    return;
+  }
+  // Recorded before gRPC has it: it may close it at once.
+  (*conns)[fd] = Conn{st.st_dev, st.st_ino, uid};
+  grpc::AddInsecureChannelFromFd(server, fd);
 }
 
 AgentServer::~AgentServer() { Shutdown(); }
@@ -386,6 +534,9 @@ void AgentServer::Shutdown() {
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
+  }
+  if (refusal_server_) {
+    refusal_server_->Shutdown(std::chrono::system_clock::now());
   }
   if (health_server_) {
     health_server_->Shutdown(absl::Seconds(1));

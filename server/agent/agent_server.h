@@ -13,6 +13,14 @@
 // the socket group). A socket path where another agent still answers is
 // an error (FAILED_PRECONDITION), not silently taken over.
 //
+// Limits: connections open at once are capped per user (uid, from
+// SO_PEERCRED; all ranks of a job share one) and in all. A connection over
+// a cap is logged (naming its pid, uid and the cap) and handed to a second,
+// small gRPC server that answers each of its calls RESOURCE_EXHAUSTED with
+// the same words and closes it within seconds, so the rank sees why
+// instead of a reset. Its requests draw on a gRPC memory budget (see
+// max_request_memory_bytes), its calls per connection are capped.
+//
 // Health: with `health_listen` set, a second gRPC server on that TCP address
 // serves only grpc.health.v1 (what Kubernetes' gRPC probes and load
 // balancers call; the Agent service itself is never on TCP). SERVING once the
@@ -27,9 +35,11 @@
 #ifndef CAIRN_SERVER_AGENT_AGENT_SERVER_H_
 #define CAIRN_SERVER_AGENT_AGENT_SERVER_H_
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -71,6 +81,10 @@ class AgentServer {
     // clients queue more). A rank process has a few at a time. Default:
     // 1024.
     int max_streams_per_connection = 1024;
+    // Connections open at once from one uid, and in all (see Limits).
+    // Default: 1024, 4096.
+    int max_connections_per_uid = 1024;
+    int max_connections = 4096;
     AgentOptions agent;
   };
 
@@ -95,17 +109,38 @@ class AgentServer {
 
   // Connections refused by the peer-credential check so far.
   int64_t refused_connections() const { return refused_.load(); }
+  // Connections refused for a connection cap so far.
+  int64_t over_cap_connections() const { return over_cap_.load(); }
 
  private:
   class Service;
+  class Refusals;
+  // A connection handed to a gRPC server: its fd stays the same socket
+  // (same inode) for as long as gRPC has not closed it.
+  struct Conn {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    uid_t uid = 0;
+  };
   AgentServer() = default;
   absl::Status Listen(const Spec& spec, gid_t group);
   void AcceptLoop();
+  // Why a new connection of `cred` is over a cap ("" when it is not),
+  // counting the connections still open.
+  std::string OverCap(const ucred& cred);
+  // Hands an accepted connection to `server`, recorded in `conns`.
+  static void Hand(grpc::Server* server, int fd, uid_t uid,
+                   std::map<int, Conn>* conns);
 
   // Constant after Start.
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  // Answers the calls of connections over a cap (see Limits).
+  std::unique_ptr<Refusals> refusals_;
+  std::unique_ptr<grpc::Server> refusal_server_;
+  int max_connections_per_uid_ = 0;
+  int max_connections_ = 0;
   std::unique_ptr<HealthOnlyServer> health_server_;
   // After agent_: stops serving before the agent's registry goes.
   std::unique_ptr<metrics::MetricsHttpServer> metrics_http_;
@@ -118,7 +153,12 @@ class AgentServer {
   int wake_fd_ = -1;
 
   std::thread acceptor_;
+  // Connections handed to server_ and to refusal_server_, by fd (acceptor
+  // thread only).
+  std::map<int, Conn> conns_;
+  std::map<int, Conn> refused_conns_;
   std::atomic<int64_t> refused_{0};
+  std::atomic<int64_t> over_cap_{0};
   bool shut_down_ = false;
 };
 

@@ -199,6 +199,49 @@ int main(int argc, char** argv) {
   app.add_option("--socket-group", spec.socket_group,
                  "Group (name or id) owning the socket and the shared memory; "
                  "its members may connect (default: only this user and root)");
+  int max_request_memory_mib =
+      static_cast<int>(spec.max_request_memory_bytes >> 20);
+  app.add_option("--max-request-memory-mib", max_request_memory_mib,
+                 "Memory budget of gRPC's buffers for the ranks' connections "
+                 "to --listen-unix, in MiB: requests received and not yet "
+                 "parsed, connections' buffers (tensor data goes through "
+                 "shared memory, not through it). At the budget, idle "
+                 "connections are closed and calls in flight cancelled "
+                 "(RESOURCE_EXHAUSTED) until they fit")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(16, 1 << 24));
+  app.add_option("--max-streams-per-connection",
+                 spec.max_streams_per_connection,
+                 "Calls in flight on one connection to --listen-unix (a "
+                 "rank queues more); a rank process has a few at a time")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 30));
+  app.add_option("--max-connections-per-uid", spec.max_connections_per_uid,
+                 "Connections to --listen-unix open at once from one user "
+                 "(all ranks of a job share one); more are logged and their "
+                 "calls answered RESOURCE_EXHAUSTED naming the uid and this "
+                 "flag")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 20));
+  app.add_option("--max-connections", spec.max_connections,
+                 "Connections to --listen-unix open at once in all; more are "
+                 "refused as for --max-connections-per-uid")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 20));
+  app.add_option("--max-peer-connections-per-address",
+                 spec.agent.peer_max_connections_per_address,
+                 "Connections to --peer-listen open at once from one IP "
+                 "address, in their handshake or authenticated (a peer agent "
+                 "has one, and one replacing it when it reconnects); more "
+                 "are closed at once, logged with the address")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(1, 1 << 20));
+  app.add_option("--max-peer-connections", spec.agent.peer_max_connections,
+                 "Connections to --peer-listen open at once in all; more are "
+                 "closed at once, logged with the address (0: 64 in their "
+                 "handshake + 2 per node of --num-nodes)")
+      ->capture_default_str()
+      ->check(cairn::flags::InRange(0, 1 << 20));
   app.add_option("--health-listen", spec.health_listen,
                  "host:port serving grpc.health.v1 only (Kubernetes gRPC "
                  "probes); NOT_SERVING while draining (default: none)");
@@ -330,6 +373,7 @@ int main(int argc, char** argv) {
               "as a peer agent");
   }
   spec.agent.staging_budget_bytes = static_cast<uint64_t>(budget_mib) << 20;
+  spec.max_request_memory_bytes = int64_t{max_request_memory_mib} << 20;
   spec.agent.bucket_cap_bytes = static_cast<uint64_t>(bucket_cap_mib) << 20;
   spec.agent.stream_bucket_bytes = static_cast<uint64_t>(stream_bucket_kib)
                                    << 10;

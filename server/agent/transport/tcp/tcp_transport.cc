@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -106,10 +107,14 @@ absl::StatusOr<sockaddr_in> ParseAddress(absl::string_view address) {
   return sa;
 }
 
-std::string AddressString(const sockaddr_in& sa) {
+std::string IpString(const sockaddr_in& sa) {
   char ip[INET_ADDRSTRLEN] = "?";
   inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
-  return absl::StrCat(ip, ":", ntohs(sa.sin_port));
+  return ip;
+}
+
+std::string AddressString(const sockaddr_in& sa) {
+  return absl::StrCat(IpString(sa), ":", ntohs(sa.sin_port));
 }
 
 void TuneSocket(int fd) {
@@ -175,6 +180,7 @@ struct TcpTransport::Pending {
   std::unique_ptr<PeerConn> conn;  // null once finished
   bool tls_done = false;           // TLS handshake done (or no TLS)
   std::string from;                // remote address, for logs
+  std::string ip;                  // its IP, counted in conns_per_ip_
   absl::Time deadline;
   std::string buf;         // bytes of the hello read so far
   uint64_t hello_len = 0;  // payload length, once the header is in
@@ -232,6 +238,21 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Start(
         "tcp transport: max_frame_bytes must be >= ", kMinFrameBytes, " (got ",
         options.max_frame_bytes, ") and max_pending_connections >= 1 (got ",
         options.max_pending_connections, ")"));
+  }
+  if (options.max_connections_per_address < 1 || options.max_connections < 0 ||
+      options.max_mailbox_messages < 1 || options.max_mailbox_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tcp transport: max_connections_per_address (got ",
+        options.max_connections_per_address, "), max_mailbox_messages (got ",
+        options.max_mailbox_messages, ") and max_mailbox_bytes (got ",
+        options.max_mailbox_bytes, ") must be >= 1, max_connections >= 0 (got ",
+        options.max_connections, ")"));
+  }
+  if (options.max_connections == 0) {
+    options.max_connections = options.max_pending_connections +
+                              static_cast<int>(std::min<int64_t>(
+                                  int64_t{2} * options.num_nodes,
+                                  std::numeric_limits<int>::max() / 2));
   }
   CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<SSL_CTX> tls_ctx,
                          LoadTlsContext(options));
@@ -334,6 +355,68 @@ int TcpTransport::queued_control_messages(int peer) {
   return it == control_queued_.end() ? 0 : it->second.messages;
 }
 
+uint64_t TcpTransport::mailbox_bytes(int peer) {
+  absl::MutexLock l(&mu_);
+  auto it = mailbox_use_.find(peer);
+  return it == mailbox_use_.end() ? 0 : it->second.bytes;
+}
+
+int TcpTransport::open_connections(const std::string& ip) {
+  absl::MutexLock l(&mu_);
+  if (ip.empty()) return conns_;
+  auto it = conns_per_ip_.find(ip);
+  return it == conns_per_ip_.end() ? 0 : it->second;
+}
+
+std::string TcpTransport::AdmitConnection(const std::string& ip) {
+  absl::MutexLock l(&mu_);
+  int& from_ip = conns_per_ip_[ip];
+  std::string why;
+  if (from_ip >= options_.max_connections_per_address) {
+    why = absl::StrCat(from_ip,
+                       " connections from this address are open, the most "
+                       "one address may have (max_connections_per_address ",
+                       options_.max_connections_per_address, ")");
+  } else if (conns_ >= options_.max_connections) {
+    why = absl::StrCat(conns_,
+                       " peer connections are open, the most this node "
+                       "takes (max_connections ",
+                       options_.max_connections, ")");
+  }
+  if (!why.empty()) {
+    if (from_ip == 0) conns_per_ip_.erase(ip);
+    return why;
+  }
+  ++from_ip;
+  ++conns_;
+  return "";
+}
+
+void TcpTransport::ReleaseConnection(const std::string& ip) {
+  auto it = conns_per_ip_.find(ip);
+  if (it != conns_per_ip_.end() && --it->second <= 0) conns_per_ip_.erase(it);
+  --conns_;
+}
+
+void TcpTransport::OverMailboxBound(int peer, absl::string_view what) {
+  size_t dropped = 0;
+  {
+    absl::MutexLock l(&mu_);
+    MailboxUse& use = mailbox_use_[peer];
+    for (auto it = mailbox_.lower_bound({peer, 0});
+         it != mailbox_.end() && it->first.first == peer;) {
+      use.bytes -= it->second.payload.size();
+      --use.messages;
+      it = mailbox_.erase(it);
+      ++dropped;
+    }
+    // What remains is the message being assembled: its reader gives it
+    // back as it ends.
+  }
+  OverControlBound(peer, absl::StrCat(what, "; dropping its ", dropped,
+                                      " unreceived messages"));
+}
+
 void TcpTransport::OverControlBound(int peer, absl::string_view what) {
   // Every time (not rate-limited as refusals are): a peer is disconnected
   // for this at most once per connection it opens, and it says which.
@@ -401,7 +484,14 @@ void TcpTransport::AcceptLoop() {
                        absl::FormatDuration(options_.handshake_timeout)));
         finished = true;
       }
-      if (finished) p.conn.reset();
+      if (finished) {
+        // Still here: refused or timed out, never handed to a reader.
+        if (p.conn != nullptr) {
+          absl::MutexLock l(&mu_);
+          ReleaseConnection(p.ip);
+        }
+        p.conn.reset();
+      }
     }
     pending.erase(
         std::remove_if(pending.begin(), pending.end(),
@@ -421,6 +511,14 @@ void TcpTransport::AcceptLoop() {
         }
         break;
       }
+      // Over a cap: closed before anything else is done for it (and
+      // before it could make an older connection give way below).
+      const std::string ip = IpString(from);
+      if (const std::string why = AdmitConnection(ip); !why.empty()) {
+        LogRefusal(AddressString(from), why);
+        close(fd);
+        continue;
+      }
       if (static_cast<int>(pending.size()) >=
           options_.max_pending_connections) {
         // Full: the oldest gives way. A peer's hello takes one round trip,
@@ -428,6 +526,10 @@ void TcpTransport::AcceptLoop() {
         LogRefusal(pending.front()->from,
                    absl::StrCat("no hello yet while ", pending.size(),
                                 " connections are in their handshake"));
+        {
+          absl::MutexLock l(&mu_);
+          ReleaseConnection(pending.front()->ip);
+        }
         pending.erase(pending.begin());
       }
       auto p = std::make_unique<Pending>();
@@ -439,6 +541,8 @@ void TcpTransport::AcceptLoop() {
                      absl::StrCat("SSL_new: ", internal::TlsErrorText(ssl)));
           if (ssl != nullptr) SSL_free(ssl);
           close(fd);
+          absl::MutexLock l(&mu_);
+          ReleaseConnection(ip);
           continue;
         }
         SSL_set_accept_state(ssl);
@@ -446,8 +550,15 @@ void TcpTransport::AcceptLoop() {
       p->conn = std::make_unique<PeerConn>(fd, ssl);
       p->tls_done = ssl == nullptr;
       p->from = AddressString(from);
+      p->ip = ip;
       p->deadline = now + options_.handshake_timeout;
       pending.push_back(std::move(p));
+    }
+  }
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& p : pending) {
+      if (p->conn != nullptr) ReleaseConnection(p->ip);
     }
   }
   pending.clear();  // closes them
@@ -520,7 +631,7 @@ bool TcpTransport::AdvanceHandshake(Pending& p) {
   // The socket stays non-blocking: the reader waits in poll with its
   // timeouts, so a TLS record cut short cannot block it inside SSL_read.
   TuneSocket(conn.fd());
-  StartReader(std::move(p.conn), peer);
+  StartReader(std::move(p.conn), peer, p.ip);
   return true;
 }
 
@@ -542,11 +653,15 @@ HelloRefusal TcpTransport::CheckHello(absl::string_view payload,
   return HelloRefusal::kAccepted;
 }
 
-void TcpTransport::StartReader(std::unique_ptr<PeerConn> conn, int peer) {
+void TcpTransport::StartReader(std::unique_ptr<PeerConn> conn, int peer,
+                               const std::string& ip) {
   std::list<std::unique_ptr<Reader>> finished;
   {
     absl::MutexLock l(&mu_);
-    if (stopping_) return;  // closes conn
+    if (stopping_) {
+      ReleaseConnection(ip);
+      return;  // closes conn
+    }
     for (auto it = readers_.begin(); it != readers_.end();) {
       if ((*it)->done) {
         finished.push_back(std::move(*it));
@@ -558,6 +673,7 @@ void TcpTransport::StartReader(std::unique_ptr<PeerConn> conn, int peer) {
     auto r = std::make_unique<Reader>();
     r->conn = std::move(conn);
     r->peer = peer;
+    r->ip = ip;
     Reader*& current = current_from_[peer];
     if (current != nullptr && current->conn != nullptr) {
       // One connection per peer: a new hello means the peer reconnected
@@ -587,6 +703,8 @@ void TcpTransport::ReadLoop(Reader* reader) {
   bool more = false;
   absl::Status status;
   bool idle = false;
+  // Bytes of the data message being assembled counted in mailbox_use_.
+  uint64_t counted = 0;
   while (!stopping_) {
     if (!conn.WaitReadable(more ? options_.io_timeout
                                 : options_.idle_timeout)) {
@@ -625,6 +743,35 @@ void TcpTransport::ReadLoop(Reader* reader) {
                              options_.max_queued_control_bytes,
                              " bytes (max_queued_control_bytes)"));
       break;
+    }
+    if (!control) {
+      // A data message's bytes count against its peer's mailbox as they
+      // arrive (before they are allocated), so neither unreceived messages
+      // nor one of endless frames can grow without bound.
+      std::string over;
+      {
+        absl::MutexLock l(&mu_);
+        MailboxUse& use = mailbox_use_[peer];
+        if (payload.empty() && use.messages >= options_.max_mailbox_messages) {
+          over = absl::StrCat(
+              use.messages, " data messages unreceived and another (tag ", tag,
+              "), over the bound of ", options_.max_mailbox_messages,
+              " (max_mailbox_messages)");
+        } else if (h.length > options_.max_mailbox_bytes - use.bytes) {
+          over = absl::StrCat(
+              use.bytes, " bytes of data messages unreceived or arriving and ",
+              h.length, " more (tag ", tag, ", ", payload.size(),
+              " of it so far), over the bound of ", options_.max_mailbox_bytes,
+              " bytes (max_mailbox_bytes)");
+        } else {
+          use.bytes += h.length;
+          counted += h.length;
+        }
+      }
+      if (!over.empty()) {
+        OverMailboxBound(peer, over);
+        break;
+      }
     }
     const size_t base = payload.size();
     payload.resize(base + h.length);
@@ -679,17 +826,31 @@ void TcpTransport::ReadLoop(Reader* reader) {
     m.payload = std::move(payload);
     payload = std::string();
     absl::MutexLock l(&mu_);
+    MailboxUse& use = mailbox_use_[peer];
     if (abandoned_.erase({peer, tag}) > 0) {
       CAIRN_LOG(debug,
                 "node {}: dropping message tag {} from node {}: its "
                 "Recv gave up",
                 options_.node_id, tag, peer);
+      use.bytes -= m.payload.size();
+      counted = 0;
       continue;
     }
-    mailbox_[{peer, tag}] = std::move(m);
+    counted = 0;  // the mailbox's now
+    auto [slot, inserted] = mailbox_.try_emplace({peer, tag});
+    if (!inserted) {
+      // A tag sent twice: the second message replaces the first.
+      use.bytes -= slot->second.payload.size();
+      --use.messages;
+    }
+    slot->second = std::move(m);
+    ++use.messages;
   }
   absl::MutexLock l(&mu_);
+  // A data message cut off: its frames so far were counted.
+  mailbox_use_[peer].bytes -= counted;
   reader->conn.reset();  // closes the socket
+  ReleaseConnection(reader->ip);
   --open_from_[peer];
   // An idle close is not a broken connection: the sender reconnects before
   // its next message, and a Recv waiting for it keeps waiting.
@@ -907,6 +1068,9 @@ absl::StatusOr<std::string> TcpTransport::RecvMessage(int peer, uint64_t tag,
   }
   Message m = std::move(it->second);
   mailbox_.erase(it);
+  MailboxUse& use = mailbox_use_[peer];
+  use.bytes -= m.payload.size();
+  --use.messages;
   if (!m.status.ok()) return m.status;
   return std::move(m.payload);
 }
@@ -917,7 +1081,13 @@ void TcpTransport::Abandon(int peer, uint64_t tag) {
 }
 
 void TcpTransport::AbandonLocked(const std::pair<int, uint64_t>& key) {
-  if (mailbox_.erase(key) > 0) return;
+  if (auto it = mailbox_.find(key); it != mailbox_.end()) {
+    MailboxUse& use = mailbox_use_[key.first];
+    use.bytes -= it->second.payload.size();
+    --use.messages;
+    mailbox_.erase(it);
+    return;
+  }
   if (!abandoned_.insert(key).second) return;
   abandoned_order_.push_back(key);
   while (abandoned_order_.size() > kMaxAbandoned) {

@@ -21,6 +21,11 @@
 // of them (when full, the oldest is closed to make room: a real peer's
 // hello takes one round trip, a silent connection gives way), each for at
 // most handshake_timeout.
+// Connections open at once (in their handshake or authenticated) are capped
+// per remote address (max_connections_per_address) and in all
+// (max_connections): a connection over a cap is closed as soon as it is
+// accepted, with a log line naming its address, so one host cannot take
+// the handshake slots of every other.
 //
 // Frames: a message larger than the receiver's max_frame_bytes is split
 // into frames of at most that size (flag kMoreFrames on all but the last),
@@ -46,6 +51,14 @@
 // and last_refusal() naming it, and its message dropped. A real peer waits
 // for each request's reply, so it has at most its calling threads' worth
 // queued.
+// Data messages of one peer received and not yet taken by a Recv (its
+// mailbox) are bounded too (max_mailbox_messages, max_mailbox_bytes, the
+// frames of a message being assembled counted as they arrive, so a message
+// of endless frames is cut off): a peer over a bound is disconnected, with a
+// log line and last_refusal() naming it, and its unreceived messages are
+// dropped (their Recvs fail as for a broken connection). A real peer sends
+// data only for transfers the receiver asked for or accepted, so its
+// mailbox holds at most those transfers' bytes.
 // A corrupt payload is delivered as DATA_LOSS to the matching Recv. A
 // message whose Recv timed out (or that the caller Abandon()ed) is dropped
 // when it arrives instead of staying in the mailbox forever.
@@ -140,6 +153,20 @@ struct TcpTransportOptions {
   // 256 MiB.
   int max_queued_control_messages = 1024;
   uint64_t max_queued_control_bytes = uint64_t{256} << 20;
+  // Data messages of one peer received and not yet taken by a Recv, and
+  // their payload bytes with those of the message being assembled (see
+  // above). Default: 65536 messages, 1 GiB.
+  int max_mailbox_messages = 65536;
+  uint64_t max_mailbox_bytes = uint64_t{1} << 30;
+  // Connections open at once from one remote IP address, in their handshake
+  // or authenticated (an agent has one to each peer, and one replacing it
+  // when it reconnects; agents sharing a host share the address). Default:
+  // 16.
+  int max_connections_per_address = 16;
+  // Connections open at once in all. 0: max_pending_connections + 2 x
+  // num_nodes (every peer's connection and one replacing it, with a full
+  // handshake table). Default: 0.
+  int max_connections = 0;
   // Connect timeout, including retries while the peer starts. Default: 5 s.
   absl::Duration connect_timeout = absl::Seconds(5);
 };
@@ -219,6 +246,14 @@ class TcpTransport : public Transport {
   // Control messages of `peer` waiting for or running in a handler now.
   int queued_control_messages(int peer);
 
+  // Payload bytes of `peer`'s data messages in the mailbox and being
+  // assembled now.
+  uint64_t mailbox_bytes(int peer);
+
+  // Connections open now (in their handshake or authenticated) from the IP
+  // address `ip` ("" = from all addresses).
+  int open_connections(const std::string& ip = "");
+
  private:
   struct Outgoing {
     absl::Mutex mu;
@@ -236,6 +271,7 @@ class TcpTransport : public Transport {
     // Set while the reader runs (closed and reset under mu_ when it ends).
     std::unique_ptr<internal::PeerConn> conn;
     int peer = -1;
+    std::string ip;  // remote address, counted in conns_per_ip_
     std::thread thread;
     bool done = false;
   };
@@ -246,7 +282,16 @@ class TcpTransport : public Transport {
   // true when it is finished (accepted: handed to a reader; or refused).
   bool AdvanceHandshake(Pending& p);
   HelloRefusal CheckHello(absl::string_view payload, int* peer) const;
-  void StartReader(std::unique_ptr<internal::PeerConn> conn, int peer);
+  void StartReader(std::unique_ptr<internal::PeerConn> conn, int peer,
+                   const std::string& ip);
+  // Counts a new connection from `ip`; "" when it fits the caps, else why
+  // not (and it is not counted).
+  std::string AdmitConnection(const std::string& ip);
+  void ReleaseConnection(const std::string& ip)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Disconnect bookkeeping of a peer over its mailbox bound: logs it and
+  // drops its unreceived messages.
+  void OverMailboxBound(int peer, absl::string_view what);
   void ReadLoop(Reader* reader);
   void LogRefusal(const std::string& from, absl::string_view why);
   // Logs (and records as last_refusal) why `peer` is disconnected for its
@@ -307,6 +352,16 @@ class TcpTransport : public Transport {
     uint64_t bytes = 0;
   };
   absl::flat_hash_map<int, ControlQueued> control_queued_ ABSL_GUARDED_BY(mu_);
+  // Each peer's data messages in the mailbox (count) and their bytes plus
+  // those of messages being assembled.
+  struct MailboxUse {
+    int messages = 0;
+    uint64_t bytes = 0;
+  };
+  absl::flat_hash_map<int, MailboxUse> mailbox_use_ ABSL_GUARDED_BY(mu_);
+  // Open connections (in their handshake or with a reader) by remote IP.
+  absl::flat_hash_map<std::string, int> conns_per_ip_ ABSL_GUARDED_BY(mu_);
+  int conns_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cairn::agent

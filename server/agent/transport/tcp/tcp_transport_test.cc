@@ -435,6 +435,186 @@ TEST(TcpTransportTest, PeerFloodingControlMessagesIsDisconnected) {
   EXPECT_EQ(handled.load(), before + 1);
 }
 
+// An authenticated peer sending data messages nobody receives is
+// disconnected at the mailbox's message bound, and one sending a data
+// message of endless frames (or messages adding up) at its byte bound,
+// before the frame over it is allocated; each time the refusal names the
+// peer and the bound, and its unreceived messages are dropped. Real peers'
+// messages are delivered before and after.
+TEST(TcpTransportTest, PeerFloodingTheMailboxIsDisconnected) {
+  auto c = Cluster::Make(2, {}, [](TcpTransportOptions& o) {
+    o.peer_token = kToken;
+    o.max_frame_bytes = 1 << 20;
+    o.max_mailbox_messages = 16;
+    o.max_mailbox_bytes = 1 << 20;
+  });
+  ASSERT_TRUE(c->nodes[0]->Send(1, 1, std::string("before")).ok());
+  ASSERT_TRUE(c->nodes[1]->RecvMessage(0, 1, absl::Seconds(10)).ok());
+  const std::string hello = internal::EncodeHello(0, kToken);
+  // Waits until node 1 has let go of every byte node 0 sent.
+  auto drained = [&] {
+    for (int i = 0; i < 1000 && c->nodes[1]->mailbox_bytes(0) > 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return c->nodes[1]->mailbox_bytes(0) == 0 &&
+           c->nodes[1]->mailbox_size() == 0;
+  };
+  auto expect_disconnected = [&](const std::string& bytes) {
+    const int fd = RawConnect(c->ports[1]);
+    ASSERT_GE(fd, 0);
+    // The receiver may close before it has read everything.
+    (void)send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    bool closed = false;
+    EXPECT_EQ(AckCode(ReadUntilClosed(fd, &closed)), 0u);
+    EXPECT_TRUE(closed) << "a flooding peer stayed connected";
+    close(fd);
+  };
+  {
+    std::string flood = hello;
+    const std::string payload = "data-0123456789";
+    for (uint64_t i = 0; i < 5000; ++i) {
+      flood += internal::EncodeFrameHeader(
+          100 + i, payload.size(),
+          storage::Crc32c(payload.data(), payload.size()), 0);
+      flood += payload;
+    }
+    expect_disconnected(flood);
+    EXPECT_THAT(c->nodes[1]->last_refusal(),
+                HasSubstr("node 0: 16 data messages unreceived"));
+    EXPECT_THAT(c->nodes[1]->last_refusal(), HasSubstr("max_mailbox_messages"));
+    EXPECT_THAT(c->nodes[1]->last_refusal(),
+                HasSubstr("dropping its 16 unreceived messages"));
+    EXPECT_TRUE(drained());
+  }
+  const std::string part(512 << 10, 'p');
+  const uint32_t crc = storage::Crc32c(part.data(), part.size());
+  {
+    // One data message of 64 frames of 512 KiB (32 MiB, under no Recv):
+    // over 1 MiB at the third frame.
+    std::string endless = hello;
+    for (int i = 0; i < 64; ++i) {
+      endless += internal::EncodeFrameHeader(7000, part.size(), crc,
+                                             internal::kMoreFrames);
+      endless += part;
+    }
+    expect_disconnected(endless);
+    EXPECT_THAT(c->nodes[1]->last_refusal(),
+                HasSubstr("node 0: 1048576 bytes of data messages"));
+    EXPECT_THAT(c->nodes[1]->last_refusal(),
+                HasSubstr("(tag 7000, 1048576 of it so far)"));
+    EXPECT_THAT(c->nodes[1]->last_refusal(), HasSubstr("max_mailbox_bytes"));
+    EXPECT_TRUE(drained());
+  }
+  {
+    // Whole messages adding up: the third 512 KiB one is over 1 MiB.
+    std::string many = hello;
+    for (int i = 0; i < 3; ++i) {
+      many += internal::EncodeFrameHeader(8000 + i, part.size(), crc, 0);
+      many += part;
+    }
+    expect_disconnected(many);
+    EXPECT_THAT(c->nodes[1]->last_refusal(), HasSubstr("max_mailbox_bytes"));
+    EXPECT_THAT(c->nodes[1]->last_refusal(),
+                HasSubstr("dropping its 2 unreceived messages"));
+    EXPECT_TRUE(drained());
+  }
+  // A real peer's messages, up to the bounds, are delivered.
+  ASSERT_TRUE(c->nodes[0]->Send(1, 2, std::string(1 << 19, 'a')).ok());
+  ASSERT_TRUE(c->nodes[0]->Send(1, 3, std::string(1 << 19, 'b')).ok());
+  absl::StatusOr<std::string> got =
+      c->nodes[1]->RecvMessage(0, 3, absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->size(), size_t{1} << 19);
+  got = c->nodes[1]->RecvMessage(0, 2, absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(drained());
+}
+
+// A connection from 127.0.0.2 (loopback, another source address).
+int RawConnectFrom(const char* ip, int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  inet_pton(AF_INET, ip, &src.sin_addr);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether node 1 closes `fd` within 10 s (it closes a refused connection at
+// once; held ones wait for their minute-long handshake timeout).
+bool ClosedSoon(int fd) {
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 10000) <= 0) return false;
+  char b;
+  return read(fd, &b, 1) <= 0;
+}
+
+// Connections from one address beyond max_connections_per_address, and
+// beyond max_connections in all, are closed as they are accepted, with a
+// refusal naming the address and the cap; the ones held (silent, in their
+// handshake) never make a real peer's connection give way.
+TEST(TcpTransportTest, ConnectionsAreCappedPerAddressAndInAll) {
+  auto c = Cluster::Make(2, {}, [](TcpTransportOptions& o) {
+    o.handshake_timeout = absl::Minutes(1);
+    o.max_pending_connections = 8;
+    o.max_connections_per_address = 4;
+    o.max_connections = 6;
+  });
+  std::vector<int> held;
+  for (int i = 0; i < 10; ++i) {
+    const int fd = RawConnectFrom("127.0.0.2", c->ports[1]);
+    ASSERT_GE(fd, 0) << "cannot connect from 127.0.0.2";
+    if (i < 4) {
+      held.push_back(fd);
+      continue;
+    }
+    EXPECT_TRUE(ClosedSoon(fd)) << "connection " << i << " was not refused";
+    close(fd);
+  }
+  EXPECT_THAT(c->nodes[1]->last_refusal(), HasSubstr("127.0.0.2:"));
+  EXPECT_THAT(c->nodes[1]->last_refusal(),
+              HasSubstr("4 connections from this address are open"));
+  EXPECT_THAT(c->nodes[1]->last_refusal(),
+              HasSubstr("max_connections_per_address 4"));
+  EXPECT_EQ(c->nodes[1]->open_connections("127.0.0.2"), 4);
+  // The real peer (from 127.0.0.1) gets in: 5 open.
+  ASSERT_TRUE(c->nodes[0]->Send(1, 5, std::string("in")).ok());
+  ASSERT_TRUE(c->nodes[1]->RecvMessage(0, 5, absl::Seconds(10)).ok());
+  // One more from a third address fits (6), the next is over the cap.
+  const int sixth = RawConnectFrom("127.0.0.3", c->ports[1]);
+  ASSERT_GE(sixth, 0);
+  for (int i = 0; i < 1000 && c->nodes[1]->open_connections() < 6; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(c->nodes[1]->open_connections(), 6);
+  const int seventh = RawConnectFrom("127.0.0.3", c->ports[1]);
+  ASSERT_GE(seventh, 0);
+  EXPECT_TRUE(ClosedSoon(seventh));
+  close(seventh);
+  EXPECT_THAT(c->nodes[1]->last_refusal(), HasSubstr("127.0.0.3:"));
+  EXPECT_THAT(c->nodes[1]->last_refusal(), HasSubstr("max_connections 6"));
+  // The held ones are still open, and closing them frees their places.
+  for (int fd : held) {
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    EXPECT_EQ(poll(&p, 1, 0), 0) << "a held connection was closed";
+    close(fd);
+  }
+  close(sixth);
+  for (int i = 0; i < 1000 && c->nodes[1]->open_connections() > 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(c->nodes[1]->open_connections(), 1);  // the real peer's
+  EXPECT_EQ(c->nodes[1]->open_connections("127.0.0.2"), 0);
+}
+
 TEST(TcpTransportTest, PeerWithAnotherTokenGetsPermissionDenied) {
   auto c = Cluster::Make(2, {}, [](TcpTransportOptions& o) {
     o.peer_token = o.node_id == 0 ? "token-a" : "token-b";
@@ -449,6 +629,9 @@ TEST(TcpTransportTest, IdleConnectionsAreBoundedAndTimedOut) {
   auto c = Cluster::Make(2, {}, [](TcpTransportOptions& o) {
     o.max_pending_connections = 16;
     o.handshake_timeout = absl::Milliseconds(500);
+    // Everything here comes from 127.0.0.1, the real peer too: no cap per
+    // address, so the handshake table's own rule is what is tested.
+    o.max_connections_per_address = 1000;
   });
   const int64_t threads_before = ProcStatus("Threads");
   std::vector<int> fds;
