@@ -739,8 +739,9 @@ TEST_F(LoadRoundsTest, RandomOverlappingLoadsOfOneStep) {
   const absl::Duration grace = absl::Seconds(2);
   const absl::Duration deadline = absl::Seconds(30);
   struct Figures {
-    int64_t loads = 0, wrong = 0, refused = 0, joins = 0, resends = 0,
-            retries = 0, reports = 0, answered_ok = 0, verify_locally = 0;
+    int64_t loads = 0, wrong = 0, refused = 0, refused_later = 0, joins = 0,
+            resends = 0, retries = 0, reports = 0, answered_ok = 0,
+            verify_locally = 0;
   } figures;
   for (uint64_t seed = 1; seed <= kSeeds && !HasFailure(); ++seed) {
     SCOPED_TRACE(absl::StrCat("seed ", seed));
@@ -807,7 +808,7 @@ TEST_F(LoadRoundsTest, RandomOverlappingLoadsOfOneStep) {
                                     absl::FormatDuration(t - kT0)));
           if (wrong != nullptr && wrong->failed) {
             EXPECT_EQ(j.status(), wrong->failure);
-            if (!j.ok()) ++figures.refused;
+            if (!j.ok()) ++figures.refused_later;
             r->stopped = true;
             return;
           }
@@ -1009,9 +1010,10 @@ TEST_F(LoadRoundsTest, RandomOverlappingLoadsOfOneStep) {
   std::cout << "[ figures  ] " << figures.loads << " loads (" << figures.wrong
             << " wrong), " << figures.joins << " joins (" << figures.resends
             << " resends, " << figures.retries << " retries), "
-            << figures.refused << " refused; " << figures.reports
-            << " reports: " << figures.answered_ok << " answered, "
-            << figures.verify_locally << " verified locally\n";
+            << figures.refused << " disagreeing ranks refused, "
+            << figures.refused_later << " later calls of wrong loads refused; "
+            << figures.reports << " reports: " << figures.answered_ok
+            << " answered, " << figures.verify_locally << " verified locally\n";
 }
 
 }  // namespace
