@@ -131,9 +131,9 @@ TEST_F(CallWithRetryCancellationTest, CancelEndsTheRetriesFromAnotherThread) {
 // Calls cairnd's transport reset to stay within its request memory budget
 // are retried; cairnd's own RESOURCE_EXHAUSTED answers are final.
 TEST(ShedByServerTest, OnlyTheTransportsResetIsRetried) {
-  EXPECT_TRUE(ShedByServer(FromGrpcStatus(grpc::Status(
-      grpc::StatusCode::RESOURCE_EXHAUSTED,
-      "Received RST_STREAM with error code 11"))));
+  EXPECT_TRUE(ShedByServer(
+      FromGrpcStatus(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                  "Received RST_STREAM with error code 11"))));
   EXPECT_FALSE(ShedByServer(absl::ResourceExhaustedError(
       "job j: 8 saves in progress (--max-sessions-per-job 8)")));
   EXPECT_FALSE(ShedByServer(absl::ResourceExhaustedError(
