@@ -149,8 +149,12 @@ absl::StatusOr<LoadRounds::Joined> LoadRounds::Join(const std::string& job,
       // From now on remembered for retries of this call only.
       it->second.until = std::min(it->second.until, now + options_.join_grace);
       auto live = rounds_.find(remembered.round);
-      if (live == rounds_.end()) return remembered;  // retired
-      if (live->second->members.count(rank) > 0) {
+      // Retired: its step, unless `latest` has moved on since (a commit
+      // after the round; a rank whose resend went elsewhere, through its
+      // agent say, must not pin a later load to the old step).
+      if (live == rounds_.end()) {
+        if (!latest || newest_committed <= remembered.step) return remembered;
+      } else if (live->second->members.count(rank) > 0) {
         if (auto j = again(*live->second)) return *std::move(j);
       }
     }
