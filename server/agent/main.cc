@@ -379,6 +379,26 @@ int main(int argc, char** argv) {
                                    << 10;
   spec.agent.stream_idle_timeout = absl::Milliseconds(stream_idle_timeout_ms);
   spec.agent.coordinator_first_contact_timeout = absl::Seconds(first_contact_s);
+  // Local checks before cairnd is contacted: a wrong --transport fails at
+  // once with its own reason, not after the first-contact timeout.
+  if (transport == "nccl") {
+#ifdef CAIRN_HAVE_CUDA
+    auto link = cairn::agent::NcclDeviceLink::Create(cuda_device);
+    if (!link.ok()) {
+      std::fprintf(stderr, "cairn-agent: --transport=nccl: %s\n",
+                   std::string(link.status().message()).c_str());
+      return 1;
+    }
+    spec.agent.transport = cairn::agent::AgentOptions::TransportKind::kNccl;
+    spec.agent.device_link = std::move(*link);
+#else
+    std::fprintf(stderr,
+                 "cairn-agent: --transport=nccl: this cairn-agent was built "
+                 "without CUDA/NCCL (configure with -DCAIRN_WITH_CUDA=ON "
+                 "where nvcc and NCCL are installed); use --transport=tcp\n");
+    return 1;
+#endif
+  }
   if (!auto_id) {
     // A wrong --coordinator (or TLS setup cairnd refuses) fails here, naming
     // the address, not at the first save. With --node-id auto, registering
@@ -484,24 +504,6 @@ int main(int argc, char** argv) {
 #else
   (void)cuda_device;
 #endif
-  if (transport == "nccl") {
-#ifdef CAIRN_HAVE_CUDA
-    auto link = cairn::agent::NcclDeviceLink::Create(cuda_device);
-    if (!link.ok()) {
-      std::fprintf(stderr, "cairn-agent: --transport=nccl: %s\n",
-                   std::string(link.status().message()).c_str());
-      return 1;
-    }
-    spec.agent.transport = cairn::agent::AgentOptions::TransportKind::kNccl;
-    spec.agent.device_link = std::move(*link);
-#else
-    std::fprintf(stderr,
-                 "cairn-agent: --transport=nccl: this cairn-agent was built "
-                 "without CUDA/NCCL (configure with -DCAIRN_WITH_CUDA=ON "
-                 "where nvcc and NCCL are installed); use --transport=tcp\n");
-    return 1;
-#endif
-  }
 
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
