@@ -9,8 +9,8 @@ from an out-of-tree project, as a training job would (ctest: install_test).
      header includes a generated proto/gRPC header.
   3. Configures and builds tests/install/consumer with
      find_package(cairn REQUIRED): the save/load program (cairn::client), an
-     agent-mode program (cairn::agent_client), the README's library example
-     (the C++ block after the `compiled-by` marker, as written) and every
+     agent-mode program (cairn::agent_client), the library example of
+     docs/cpp.md (the C++ block after the `compiled-by` marker, as written) and every
      installed header alone, all with -Wall -Wextra -Werror.
   4. Builds the save/load program once more through pkg-config only.
   5. Runs both builds of it: each starts the installed cairnd, saves from 2
@@ -27,7 +27,9 @@ import shutil
 import subprocess
 import sys
 
-README_MARKER = "<!-- compiled-by: tests/install/install_test.py"
+# The document holding the library example, and the marker before it.
+EXAMPLE_DOC = os.path.join("docs", "cpp.md")
+EXAMPLE_MARKER = "<!-- compiled-by: tests/install/install_test.py"
 BINARIES = ("cairnd", "cairn", "cairn-agent")
 # What a public header must not include: generated protobuf/gRPC code.
 PROTO_INCLUDE = re.compile(
@@ -54,18 +56,18 @@ def read_version(source_dir):
         return f.readline().strip()
 
 
-def readme_example(source_dir):
-    """The C++ block that follows the compiled-by marker in README.md."""
-    with open(os.path.join(source_dir, "README.md")) as f:
+def doc_example(source_dir):
+    """The C++ block that follows the compiled-by marker in EXAMPLE_DOC."""
+    with open(os.path.join(source_dir, EXAMPLE_DOC)) as f:
         text = f.read()
-    if text.count(README_MARKER) != 1:
-        raise Failure("README.md must hold exactly one '%s ...-->' marker before "
+    if text.count(EXAMPLE_MARKER) != 1:
+        raise Failure("%s must hold exactly one '%s ...-->' marker before "
                       "the library example (found %d)" %
-                      (README_MARKER, text.count(README_MARKER)))
-    after = text[text.index(README_MARKER):]
+                      (EXAMPLE_DOC, EXAMPLE_MARKER, text.count(EXAMPLE_MARKER)))
+    after = text[text.index(EXAMPLE_MARKER):]
     m = re.match(r"<!--[^\n]*-->\n```(?:cpp|c\+\+)\n(.*?)\n```\n", after, re.S)
     if not m:
-        raise Failure("README.md: the compiled-by marker must be followed "
+        raise Failure(EXAMPLE_DOC + ": the compiled-by marker must be followed "
                       "directly by a ```cpp block")
     return m.group(1) + "\n"
 
@@ -164,10 +166,10 @@ def main():
             check_proto_free(stage)
             print("  no installed header includes generated proto/gRPC code")
 
-        step = "README example"
-        example = os.path.join(work, "readme_example.cc")
+        step = EXAMPLE_DOC + " example"
+        example = os.path.join(work, "doc_example.cc")
         with open(example, "w") as f:
-            f.write(readme_example(source))
+            f.write(doc_example(source))
 
         step = "consumer (CMake package)"
         print("== out-of-tree consumer: find_package(cairn)")
@@ -177,7 +179,7 @@ def main():
                      "-DCMAKE_CXX_COMPILER=" + args.cxx,
                      "-DCMAKE_PREFIX_PATH=" + stage,
                      "-DCAIRN_EXPECTED_VERSION=" + version,
-                     "-DCAIRN_README_EXAMPLE=" + example]
+                     "-DCAIRN_DOC_EXAMPLE=" + example]
         if args.cxx_launcher:
             configure.append("-DCMAKE_CXX_COMPILER_LAUNCHER=" + args.cxx_launcher)
         print(run(configure, what="consumer configure").strip().split("\n")[-4])
