@@ -321,8 +321,9 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
   for (const BytesEntry& b : state.bytes()) request.add_wanted_bytes(b.fqn);
 
   // The short form when the rank wants one box of each tensor: their digest
-  // and boxes (12x fewer bytes for a 70B model). cairnd asks for the full form
-  // when the checkpoint's tensors differ from this rank's.
+  // and boxes, a fraction of the full form's bytes (no fqn, dtype or shape
+  // per chunk). cairnd asks for the full form when the checkpoint's tensors
+  // differ from this rank's.
   v1::PlanLoadRequest short_form;
   const bool compact_wanted = convert::CompactWanted(request, &short_form);
   absl::StatusOr<v1::PlanLoadResponse> planned =

@@ -121,9 +121,8 @@ struct CheckpointerOptions {
   // Storage options for the URI cairnd hands out (posix threads, O_DIRECT).
   // Default: StoreOptions's defaults, but data objects written with O_DIRECT
   // (falls back to buffered writes where the filesystem refuses it). Ranks
-  // write large objects once and never read them back: through the page
-  // cache, four ranks on two cores saved at 0.8-1.0 GB/s, with O_DIRECT at
-  // 2.5-3.5 GB/s on the same disk (bench/e2e_bench.py, README).
+  // write large objects once and never read them back, so the page cache
+  // would only cost them a copy per byte (docs/design.md, "O_DIRECT saves").
   storage::StoreOptions store = [] {
     storage::StoreOptions o;
     o.use_odirect = true;

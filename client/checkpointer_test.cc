@@ -928,7 +928,7 @@ TEST_F(CheckpointerTest, LoadFromAnAddressThatNeverAnswersFailsNamingIt) {
 
 // cairnd answers, goes away and comes back on the same address 3 s later,
 // well past a first-contact timeout of 0.5 s: the call rides the restart
-// out on max_retries, as the README promises for a restarting cairnd.
+// out on max_retries, as docs/cpp.md promises for a restarting cairnd.
 TEST_F(CheckpointerTest, OnceAnsweredACairndRestartIsRetriedThrough) {
   StartServer();
   const int port = server_->port();

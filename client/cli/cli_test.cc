@@ -1,6 +1,6 @@
 // Unit tests for the `cairn` CLI (RunCli in-process): argument handling of
 // every subcommand and flag, usage errors (exit 2) against failures (exit 1)
-// with their messages, the --help text the README relies on, and both modes:
+// with their messages, the --help text docs/cli.md relies on, and both modes:
 // offline on a real file:// storage and online through a real cairnd on
 // loopback (port 0) over the same storage.
 #include "client/cli/cli.h"

@@ -59,11 +59,12 @@ grpc::ChannelArguments CoordinatorChannelArguments() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
   // Not a backoff: gRPC's subchannel gives each connection attempt (TCP,
-  // TLS handshake, HTTP/2 settings) until max(next backoff, this). It was
-  // 100 ms, which TLS handshakes of many ranks starting at once on a loaded
-  // node exceeded again and again ("handshaker shutdown"): 16 ranks against
-  // a TLS cairnd on 2 cores lost 2 for a minute. A refused connection still
-  // fails at once; only a silent address waits this long.
+  // TLS handshake, HTTP/2 settings) until max(next backoff, this). A
+  // minimum as short as the backoff (100 ms) is exceeded again and again by
+  // the TLS handshakes of many ranks starting at once on a loaded node
+  // ("handshaker shutdown"), and those ranks are then lost for a minute. A
+  // refused connection still fails at once; only a silent address waits
+  // this long.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);
   return args;
 }
