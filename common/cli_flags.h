@@ -1,6 +1,6 @@
 // Command-line conventions shared by every Cairn binary (cairnd,
 // cairn-agent, cairn): --version, range checks whose errors say what is
-// wrong ("--keep-last: must be >= 0, got -1"), and the exit codes the README
+// wrong ("--keep-last: must be >= 0, got -1"), and the exit codes docs/cli.md
 // documents (0 success, 1 failure, 2 usage).
 #ifndef CAIRN_COMMON_CLI_FLAGS_H_
 #define CAIRN_COMMON_CLI_FLAGS_H_

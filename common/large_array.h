@@ -21,8 +21,8 @@ namespace cairn {
 // directly and, from 2 MiB up, marked MADV_HUGEPAGE: where transparent huge
 // pages are "madvise" (the default of most distributions) the kernel backs
 // it with 2 MiB pages, one page fault where 4 KiB pages take 512 (first
-// touches of fresh 4 KiB pages were a tenth of a commit's CPU at 4096 ranks
-// on a virtual machine). Where huge pages are off it is an ordinary mapping.
+// touches of fresh pages are expensive, on virtual machines most of all).
+// Where huge pages are off it is an ordinary mapping.
 // Unmapped on destruction: the memory goes back to the system at once.
 template <typename T>
 class LargeArray {
