@@ -34,7 +34,7 @@ inline constexpr int kMaxDims = 8;
 
 // Per-dim values of a shape or box. Inline up to 4 dims (nearly every
 // tensor), so a plan of millions of items does not allocate per shape and
-// box: allocation was the largest cost of global save planning.
+// box: allocation would be the largest cost of global save planning.
 using Dims = absl::InlinedVector<int64_t, 4>;
 
 // Elements per dim, dim 0 outermost.

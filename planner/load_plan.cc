@@ -544,8 +544,8 @@ absl::Status LoadPlanner::PlanWanted(
     // A rank wants the tensors of a tiling in the order of their records
     // (fqn order), most often with the same box: the record of the one four
     // on, in the next cache line, is fetched now, while other tilings are
-    // planned, not when it is wanted (its miss was half of this function's
-    // time at 16k ranks).
+    // planned, not when it is wanted (a miss per record would otherwise be
+    // most of this function's time on large checkpoints).
     if (at + 4 < chunks_.size()) __builtin_prefetch(&chunks_[at + 4]);
     chunk.object_key = objects_[record.object];
     chunk.offset = record.offset;

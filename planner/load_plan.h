@@ -100,8 +100,8 @@ struct WantedBox {
 // request sends them: wanted chunk i is a box of stored tensor order[i],
 // its offsets then its sizes (one value per dim of the tensor) next in
 // `values`. Planned as the same WantedBoxes would be, with no box held per
-// wanted chunk (at 16k ranks, building ~2,200 of them per request was 9% of
-// cairnd's time in a PlanLoad round).
+// wanted chunk (a request of a large model names thousands of them, and
+// building each would be a visible share of cairnd's PlanLoad work).
 struct WantedBoxRun {
   absl::Span<const int> order;
   absl::Span<const int64_t> values;
@@ -339,8 +339,8 @@ class LoadPlanner {
   // then tensor by tensor: chunk c of the tiling's j-th tensor (of m) at
   // base + c * m + j. A rank wants the same box of every tensor of a kind,
   // one after another, so the records its plan reads follow each other in
-  // memory; laid out tensor by tensor (as ids are), each was a cache and TLB
-  // miss in 293 MB of records at 16k ranks (80% of planning an item).
+  // memory; laid out tensor by tensor (as ids are), each would be a cache
+  // and TLB miss in hundreds of MB of records at 16k ranks.
   std::vector<ChunkRecord> chunks_;
   // The tilings' runs of records, by base: OfRecord's map back.
   struct RecordRun {
@@ -354,7 +354,8 @@ class LoadPlanner {
   // Records sorted by (object, offset), for ChunkAt: built by its first
   // call (only a VerifyLoad piece in the full form names a chunk by its
   // location; compact answers name it by id), not by every build of a
-  // loaded checkpoint (0.3-0.4 s of a 2.5 s build at 4096 ranks).
+  // loaded checkpoint (sorting millions of records is a large share of a
+  // build).
   void SortByLocation() const;
   mutable absl::once_flag by_location_once_;
   mutable std::vector<uint32_t> by_location_;

@@ -3,8 +3,8 @@
 //
 // Spelled out, a WriteItem is ~225 bytes: its fqn (a heap copy), dtype,
 // global shape and box. A 70B model under FSDP x TP has ~2,200 items on every
-// rank, so cairnd held ~2 GB of local plans at 4096 ranks and ~8 GB at
-// 16k, most of it the same fqns and shapes once per rank. A PackedLocalPlan
+// rank, so spelled-out local plans would take ~2 GB at 4096 ranks and ~8 GB
+// at 16k, most of it the same fqns and shapes once per rank. A PackedLocalPlan
 // names each item's tensor by its id in an EntryTable that every plan with
 // the same tensors shares, and keeps each distinct box once in a flat array:
 // 16 bytes an item, plus 16 per box dimension of each distinct box.
