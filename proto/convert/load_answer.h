@@ -3,8 +3,8 @@
 // cairnd answers every loading rank with a PlanLoadResponse of thousands of
 // read items. Built as messages, each item is a ReadItem with a ChunkBox, a
 // StorageLocation and one CopySegment per segment: a handful of allocations
-// per item, freed again once serialized, which was most of PlanLoad's CPU
-// (bench/README "Coordinator at scale"). PlanLoadAnswerWriter appends each
+// per item, freed again once serialized: allocation would be most of
+// PlanLoad's CPU. PlanLoadAnswerWriter appends each
 // read item's encoding to one buffer straight from LoadPlanner::PlanEach's
 // views instead.
 //

@@ -3,9 +3,9 @@
 //
 // A rank loading the model it saved (resharded or not) wants one box of every
 // tensor of the checkpoint. Both sides know those tensors' fqns, dtypes and
-// global shapes, so the rank sends only their digest and its boxes: for a 70B
-// model's 2169 tensors loaded by 768 ranks, 12 KB per rank instead of 146 KB,
-// and no string per tensor for cairnd to parse.
+// global shapes, so the rank sends only their digest and its boxes: a small
+// fraction of the full form's bytes, and no string per tensor for cairnd to
+// parse.
 //
 //   rank:   CompactWanted(full, &wire)            // full: one chunk per
 //                                                 // tensor, in fqn order
