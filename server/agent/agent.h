@@ -203,7 +203,7 @@ class Agent {
   Transport& peer_transport_for_test() { return *transport_; }
   const AgentOptions& options() const { return options_; }
   // This agent's Prometheus metrics (cairn-agent serves them on
-  // --metrics-listen; README "Metrics" lists them).
+  // --metrics-listen; docs/operations.md "Metrics" lists them).
   metrics::Registry& metrics() { return *metrics_; }
 
  private:

@@ -339,9 +339,9 @@ class Coordinator {
   Stats stats() const;
 
   // This coordinator's Prometheus metrics (cairnd serves them on
-  // --metrics-listen; README "Metrics" lists them). Gauges of the catalog
-  // (committed checkpoints and bytes per job, entries) are computed at
-  // scrape time from one catalog scan.
+  // --metrics-listen; docs/operations.md "Metrics" lists them). Gauges of
+  // the catalog (committed checkpoints and bytes per job, entries) are
+  // computed at scrape time from one catalog scan.
   metrics::Registry& metrics() { return metrics_; }
 
  private:

@@ -156,9 +156,9 @@ absl::StatusOr<PlanLoadAnswer> Coordinator::PlanLoadEncoded(
 namespace {
 
 // What decides a rank's load plan besides the checkpoint, hashed: its wanted
-// chunks and bytes entries. (XXH3, hashed as it is read: at 16k ranks
-// MurmurHash3 over a copy of each short request's ~70 KB of boxes was 6% of
-// cairnd's time in a PlanLoad round.)
+// chunks and bytes entries. (XXH3, hashed as it is read: a short request's
+// boxes are tens of KB at 16k ranks, too many to copy and hash slowly for
+// every rank of a round.)
 std::string LayoutHash(
     const std::vector<planner::WantedChunk>& wanted,
     const google::protobuf::RepeatedPtrField<std::string>& wanted_bytes) {
@@ -295,9 +295,8 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   answer_bytes.store(plan->bytes.size(), std::memory_order_relaxed);
   // Cached from the second ask of a layout on: in a sharded load most ranks
   // have a layout of their own, and holding every answer would keep up to
-  // the cache's bound of answers nobody asks for again in memory
-  // (bench/README "Coordinator at scale"); replicas asking for one layout
-  // are answered from the cache from the third on.
+  // the cache's bound of answers nobody asks for again in memory; replicas
+  // asking for one layout are answered from the cache from the third on.
   static const auto* const kSeen =
       new std::shared_ptr<const bool>(std::make_shared<const bool>(true));
   if (load_layouts_seen_.Lookup(cache_key) == nullptr) {

@@ -13,12 +13,12 @@ namespace cairn::coordinator {
 // tcmalloc keeps the pages a large round freed (a 4096-rank commit frees
 // ~2 GB) for later, so cairnd's RSS, what a container's memory limit
 // counts, would stay at its peak for the rest of its life. Releasing during
-// a round costs a page fault per reused page (it cost a 4096-rank save
-// round half again its CPU), so it happens only when cairnd is quiet: the
+// a round costs a page fault per reused page (as much CPU again as a large
+// round's own work), so it happens only when cairnd is quiet: the
 // heap in use moved by less than `quiet_bytes` since the last look.
 // `keep_free_bytes` stay free: the next round reuses them without faulting
 // (16k calls in flight take ~170 MB of gRPC arenas and stacks, faulted in
-// afresh every round when all was released).
+// afresh every round when all is released).
 struct HeapReleasePolicy {
   size_t threshold_bytes = size_t{64} << 20;
   size_t quiet_bytes = size_t{16} << 20;

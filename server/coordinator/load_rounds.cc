@@ -505,7 +505,7 @@ void LoadRounds::Finish(std::shared_ptr<Round> round) {
   // by_chunk from the back (the last reporter's last piece first, so each
   // chunk's pieces keep the reporters' order) leaves it where they start.
   // 32-bit offsets: 4 bytes a stored chunk (18.3 M at 16k ranks of a 70B
-  // model) instead of the 16 that two 64-bit arrays took.
+  // model) instead of the 16 that two 64-bit arrays would take.
   std::vector<uint32_t> at(static_cast<size_t>(ids) + 1, 0);
   for (const auto& [rank, pieces] : reporters) {
     for (size_t i = 0; i < pieces->size(); ++i) ++at[pieces->chunk_id(i)];

@@ -33,9 +33,9 @@
 
 int main(int argc, char** argv) {
   // Debian's Abseil is built with Mutex deadlock detection on: every lock
-  // and every Mutex's destruction updates one global lock graph (5% of
-  // cairnd's CPU in a cached save round of 16k ranks, and a global lock).
-  // The tests keep it; the daemons do not pay for it.
+  // and every Mutex's destruction updates one global lock graph (CPU on
+  // every lock, and one more lock that every thread shares). The tests keep
+  // it; the daemons do not pay for it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   using cairn::coordinator::CoordinatorServer;
   CLI::App app{

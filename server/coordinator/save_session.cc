@@ -448,8 +448,9 @@ struct SaveSession::ManifestParts {
   std::vector<std::string> keys;  // object key by rank
   std::vector<uint32_t> first;    // tensor t's chunks: [first[t], first[t+1])
   // Each tensor's sorted by box; first.back() of them. Fresh pages from the
-  // kernel (on huge pages), not the heap: zeroing them once more was an
-  // eighth of a commit, faulting them in 4 KiB at a time a tenth.
+  // kernel (on huge pages), not the heap: zeroing them once more, or
+  // faulting them in 4 KiB at a time, would each be a large share of a
+  // commit.
   LargeArray<Chunk> chunks;
 };
 
@@ -525,7 +526,7 @@ SaveSession::GatherManifest() const {
   // Second pass, rank by rank: each tensor's chunks gathered by a counting
   // sort. Gathering them tensor by tensor instead would read each rank's
   // writes and checksums out of order: at 16k ranks, a cache miss or three
-  // for each of 18 M chunks, 80% of the gathering's time.
+  // for each of 18 M chunks, most of the gathering's time.
   for (int t = 0; t < num_tensors; ++t) first[t + 1] += first[t];
   CAIRN_ASSIGN_OR_RETURN(
       parts->chunks,
@@ -596,7 +597,7 @@ absl::Status SaveSession::BuildManifest(
   // Tensor by tensor. One message is reused for every tensor: its chunks
   // (and their boxes and locations) are overwritten in place, every field
   // set, instead of made and freed each time (allocating and freeing them
-  // was a quarter of a commit at 4096 ranks).
+  // would be a large share of a commit).
   v1::ManifestTensor t;
   std::vector<std::unique_ptr<v1::StoredChunk>> spare;
   int s = 0;
