@@ -201,9 +201,9 @@ absl::Status WriteFramed(
 }
 
 // Appends pieces to a writer on a thread of its own, so that one piece is
-// written while the next is encoded (in a profile of a 4096-rank commit to
-// tmpfs the writes were more than half of streaming a manifest's body); at
-// most one piece waits, moved, never copied. The writer's first error stops
+// written while the next is encoded (writing is a large part of streaming a
+// manifest's body, and the encoding need not wait for it); at most one piece
+// waits, moved, never copied. The writer's first error stops
 // it: nothing is written after it.
 class PieceWriter {
  public:
@@ -433,8 +433,8 @@ namespace {
 
 // A manifest's bytes as read: in a LargeArray, neither zeroed by us first
 // (a manifest of a 16k-rank save is 1.4 GB; zeroing a std::string of that
-// size cost as much as the read) nor left on the heap after (unmapped when
-// done), on huge pages; `size` is what the read found.
+// size costs about as much as the read) nor left on the heap after
+// (unmapped when done), on huge pages; `size` is what the read found.
 struct ManifestBytes {
   LargeArray<char> data;
   size_t size = 0;

@@ -102,7 +102,7 @@ struct PublishOptions {
   // the store cannot rewrite (S3), it is encoded twice: the first run checks
   // and measures it, a second streams it in 4 MiB pieces. Default: 64 MiB (a
   // 70B model saved by 1024 ranks has an 86 MB manifest, by 16k ranks
-  // 1.4 GB; at 1024 ranks streaming took less CPU than holding).
+  // 1.4 GB; streaming one costs less CPU than holding it whole).
   uint64_t max_held_bytes = uint64_t{64} << 20;
 };
 

@@ -600,10 +600,10 @@ absl::StatusOr<int> DecodeManifestByTensor(
   const uint64_t length = frame.body_length;
   // Two passes over the body, each reading it forward through a window of
   // `window` bytes (a 16k-rank save's manifest is 1.4 GB; holding it whole
-  // cost more than parsing it). The first checks the body's crc32c, copies
-  // every field but the tensors into `rest` (parsed as the header: protobuf
-  // merges repeated occurrences as it would in the whole message) and notes
-  // where each tensor is; the second parses the tensors one by one, after
+  // would cost more than parsing it). The first checks the body's crc32c,
+  // copies every field but the tensors into `rest` (parsed as the header:
+  // protobuf merges repeated occurrences as it would in the whole message) and
+  // notes where each tensor is; the second parses the tensors one by one, after
   // the header is known (fields are written in field-number order, so the
   // tensors (6) come before the object list (10) that checking them needs).
   std::string rest;

@@ -25,7 +25,7 @@
 //
 // Reads. One open + fstat per call; the requested ranges are sorted. A
 // contiguous span is streamed sequentially in 1 MiB preads (readahead does
-// the rest; parallel splitting of a cold sequential read measured slower).
+// the rest; splitting a cold sequential read over threads defeats it).
 // Otherwise ranges adjacent in the file are merged into one preadv(), large
 // ones split into io_chunk_bytes pieces, and the pieces read in parallel on
 // the I/O pool with the calling thread taking its share.
@@ -719,12 +719,12 @@ class PosixShardStore : public ShardStore {
     // adjacent chunks, or a strided part of a chunk such as the columns of
     // a row-major block: every gap under kSequentialReadBytes) the span is
     // read front to back on this thread: the kernel's readahead then streams
-    // it (splitting it over threads defeats readahead on a cold cache and
-    // measured ~2x slower; a strided pattern read out of order by several
-    // threads was ~1.6x slower again). Only the requested bytes are copied
-    // out; readahead pulls small gaps into the page cache, where a rank
-    // reading the other columns finds them. Sparse ranges are merged where
-    // they touch, split into io_chunk_bytes pieces and read in parallel.
+    // it (splitting it over threads defeats readahead on a cold cache, and a
+    // strided pattern read out of order by several threads more so). Only
+    // the requested bytes are copied out; readahead pulls small gaps into
+    // the page cache, where a rank reading the other columns finds them.
+    // Sparse ranges are merged where they touch, split into io_chunk_bytes
+    // pieces and read in parallel.
     std::vector<size_t> order(ranges.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -1010,8 +1010,8 @@ absl::Status PosixObjectWriter::RewritePrefix(absl::Span<const char> data) {
 }
 
 absl::Status PosixObjectWriter::AppendBuffered(absl::Span<const char> data) {
-  // 1 MiB pwrites: one huge pwrite into the page cache measured 2-4x more
-  // kernel time per byte than the same bytes in 1 MiB calls. Every
+  // 1 MiB pwrites: one huge pwrite into the page cache costs several times
+  // the kernel time per byte of the same bytes in 1 MiB calls. Every
   // io_chunk_bytes, writeback of what is complete is started now
   // (SYNC_FILE_RANGE_WRITE), so that Close()'s fdatasync mostly waits for
   // I/O already under way instead of starting it all.
