@@ -761,8 +761,8 @@ TEST_F(E2ETest, LatestLoadRacingACommitGivesEveryRankTheSameStep) {
 
 // A rank starting its load after the join grace, while the first one is still
 // reading, joins its round: every chunk the two read in part is verified by
-// cairnd combining their terms, none re-read whole (a rank 3 s late used to
-// make both read every stored chunk again: 3x the bytes on files, 4x on S3).
+// cairnd combining their terms, none re-read whole (in a round of its own,
+// the late rank would make both read every stored chunk again).
 TEST_F(E2ETest, ALateRankJoinsTheLoadRoundOfTheRanksStillReading) {
   StartCairnd({"--load-join-grace", "1"});
   ASSERT_THAT(RunRanks("job", 2, "2:S0", {"--save-steps", "1"}), Each(Eq(0)))

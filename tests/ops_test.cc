@@ -571,9 +571,9 @@ bool WaitForLog(testing::Subprocess& p, const std::string& text) {
   return false;
 }
 
-// SIGTERM while a rank waits in BeginSave: the README promises UNAVAILABLE
-// and a retry; ranks used to print CANCELLED (their retry reached the
-// draining cairnd) and exit 1. Now the rank retries until cairnd is back on
+// SIGTERM while a rank waits in BeginSave: docs/operations.md promises
+// UNAVAILABLE and a retry; ranks used to print CANCELLED (their retry reached
+// the draining cairnd) and exit 1. Now the rank retries until cairnd is back on
 // the same address, and the save completes there.
 TEST_F(OpsTest, SigtermWhileARankWaitsThenRestartTheSaveCompletes) {
   StartCairnd({"--log-level", "debug"});
