@@ -1,4 +1,4 @@
-// agent_bench (issue 6): agent mode's numbers for the README, each next to
+// agent_bench (issue 6): agent mode's numbers for bench/README.md, each next to
 // the machine's own limit measured in the same run.
 //
 //  1. Blocked time: how long a rank waits in AsyncSave (the snapshot memcpy

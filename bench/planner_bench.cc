@@ -1,4 +1,4 @@
-// planner_bench: the planner's numbers for the README (issue 3).
+// planner_bench: the planner's numbers for bench/README.md (issue 3).
 //
 //   BM_SavePlanUncached   global save plan for 4096 ranks x 1000 items each
 //                         (HSDP layout: mesh [2, 256, 8] = [Replicate,
@@ -65,7 +65,7 @@
 namespace cairn::planner {
 namespace {
 
-// The sizes each benchmark runs at: the README's (default) or --smoke's.
+// The sizes each benchmark runs at: bench/README.md's (default) or --smoke's.
 struct Sizes {
   int64_t replicas = 2, rows = 256, cols = 8;  // save mesh: 4096 ranks
   int tensors = 1000;

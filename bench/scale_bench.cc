@@ -922,7 +922,7 @@ class ScaleRun {
       }
       w.mutable_location()->set_object_key(std::string(key));
     }
-    // Serialized: 16k ranks' parsed plans of the 70B model took ~8 GB here.
+    // Serialized: 16k ranks' parsed plans of the 70B model would take GBs.
     held_plans_[r] = held.SerializeAsString();
   }
 
