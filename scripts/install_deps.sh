@@ -12,7 +12,7 @@ PACKAGES=(
   libabsl-dev librocksdb-dev libgtest-dev libgmock-dev libbenchmark-dev
   libisal-dev libspdlog-dev libcli11-dev nlohmann-json3-dev liburing-dev
   libxxhash-dev  # XXH3, compiled in from its header (planner/plan_cache.cc)
-  libgoogle-perftools-dev  # cairnd's allocator, tcmalloc (README "Memory")
+  libgoogle-perftools-dev  # cairnd's allocator, tcmalloc (docs/design.md)
   bazel-bootstrap bazel-rules-java
   clang-format fio python3-grpcio
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: clang + libFuzzer/ASan/UBSan runtimes
