@@ -36,3 +36,7 @@ check_layer server/coordinator 'client'
 check_layer server/agent 'client/(agent|cli|examples)|client/[a-z_]+\.h'
 if [[ $layering_errors != 0 ]]; then exit 1; fi
 echo "lint: layering respected"
+
+# CMake and Bazel are kept by hand side by side: the same targets from the
+# same sources (scripts/build_parity_allowlist.txt: the few in one only).
+python3 scripts/check_build_parity.py
