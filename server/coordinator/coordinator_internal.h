@@ -1,6 +1,6 @@
-// Internal to the coordinator library: the state records its parts share
-// (a save in progress, a loaded manifest, a load round) and small helpers
-// for their messages. Not part of the public interface (coordinator.h).
+// Internal to the coordinator facade (coordinator*.cc): the state records
+// its files share (a loaded manifest, a load index in progress) and limits. Not
+// part of the public interface (coordinator.h).
 #ifndef CAIRN_SERVER_COORDINATOR_COORDINATOR_INTERNAL_H_
 #define CAIRN_SERVER_COORDINATOR_COORDINATOR_INTERNAL_H_
 
@@ -27,16 +27,11 @@
 #include "proto/convert/load_answer.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/load_verifier.h"
+#include "server/coordinator/messages.h"
 #include "server/coordinator/save_session.h"
 
 namespace cairn::coordinator {
 
-// "job '<job>' step <step>", as every message names a checkpoint.
-inline std::string SaveName(absl::string_view job, int64_t step) {
-  return absl::StrCat("job '", job, "' step ", step);
-}
-
-// Summarises a list of ranks for an error message: "[3, 5, 9] (3 of 8)".
 // The catalog record of job/step; NOT_FOUND "no checkpoint <job>/<step>" when
 // there is none (other catalog errors as they are).
 inline absl::StatusOr<v1::CheckpointRecord> RecordOfStep(
@@ -47,14 +42,6 @@ inline absl::StatusOr<v1::CheckpointRecord> RecordOfStep(
         absl::StrCat("no checkpoint ", SaveName(job, step)));
   }
   return rec;
-}
-
-inline std::string RankList(const std::vector<int>& ranks, int world_size) {
-  std::vector<int> shown(ranks.begin(),
-                         ranks.begin() + std::min<size_t>(ranks.size(), 16));
-  return absl::StrCat("[", absl::StrJoin(shown, ", "),
-                      ranks.size() > shown.size() ? ", ..." : "", "] (",
-                      ranks.size(), " of ", world_size, ")");
 }
 
 // Aborted saves remembered to answer their late calls.

@@ -10,7 +10,7 @@
 #include "common/logging.h"
 #include "common/task_group.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "server/coordinator/coordinator_internal.h"
+#include "server/coordinator/messages.h"
 #include "storage/checksum.h"
 
 namespace cairn::coordinator {

@@ -263,8 +263,8 @@ int main(int argc, char** argv) {
                  "cannot speak TLS (default: none; health is always also on "
                  "the main port)");
   app.add_option("--auth-tokens", spec.auth_tokens_path,
-                 "Token file: lines 'CREDENTIAL ROLE JOBGLOB [NAME]' (README "
-                 "'Security'); every call then needs a listed token or "
+                 "Token file: lines 'CREDENTIAL ROLE JOBGLOB [NAME]' "
+                 "(docs/security.md); every call then needs a listed token or "
                  "client certificate. Reloaded on SIGHUP. Default: none, "
                  "authentication off")
       ->check(CLI::ExistingFile);

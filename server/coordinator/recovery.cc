@@ -10,7 +10,7 @@
 #include "common/crash_point.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "server/coordinator/coordinator_internal.h"
+#include "server/coordinator/messages.h"
 #include "server/coordinator/retention.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/manifest.h"

@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "cairn/v1/cairn.pb.h"
-#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_options.h"
 
 namespace cairn::coordinator {
 

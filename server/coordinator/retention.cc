@@ -5,7 +5,7 @@
 
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "server/coordinator/coordinator_internal.h"
+#include "server/coordinator/messages.h"
 #include "storage/checkpoint_layout.h"
 
 namespace cairn::coordinator {

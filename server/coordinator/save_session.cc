@@ -12,7 +12,7 @@
 #include "common/large_array.h"
 #include "common/status_macros.h"
 #include "proto/convert/plan_convert.h"
-#include "server/coordinator/coordinator_internal.h"
+#include "server/coordinator/messages.h"
 #include "server/coordinator/request_bounds.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/manifest.h"
