@@ -15,11 +15,13 @@
 #include <map>
 #include <random>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/unique_fd.h"
 
 namespace cairn::shm {
 namespace {
@@ -65,13 +67,12 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
   const std::string n(name);
   // Created 0600 (the umask can only narrow it), then set to exactly `mode`
   // and `group` before anything is in it.
-  int fd = shm_open(n.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open ", n));
+  UniqueFd fd(shm_open(n.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("shm_open ", n));
   if ((group != static_cast<gid_t>(-1) &&
-       fchown(fd, static_cast<uid_t>(-1), group) != 0) ||
-      fchmod(fd, mode & 0777) != 0) {
+       fchown(fd.get(), static_cast<uid_t>(-1), group) != 0) ||
+      fchmod(fd.get(), mode & 0777) != 0) {
     const int err = errno;
-    close(fd);
     shm_unlink(n.c_str());
     return ErrnoStatus(err, absl::StrCat("setting the owner group ",
                                          static_cast<int64_t>(group),
@@ -79,15 +80,14 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
   }
   // posix_fallocate reserves the pages now: a full /dev/shm is an error here
   // instead of a SIGBUS in the rank's memcpy later.
-  int err = posix_fallocate(fd, 0, static_cast<off_t>(size));
+  int err = posix_fallocate(fd.get(), 0, static_cast<off_t>(size));
   if (err != 0) {
-    close(fd);
     shm_unlink(n.c_str());
     return ErrnoStatus(
         err, absl::StrCat("allocating ", size, " bytes for shm segment ", n));
   }
-  absl::StatusOr<char*> data = Map(fd, size, n);
-  close(fd);
+  absl::StatusOr<char*> data = Map(fd.get(), size, n);
+  fd.Reset();  // the mapping stays
   if (!data.ok()) {
     shm_unlink(n.c_str());
     return data.status();
@@ -98,16 +98,15 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(
     absl::string_view name, size_t size) {
   const std::string n(name);
-  int fd = shm_open(n.c_str(), O_RDWR, 0);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open ", n));
+  UniqueFd fd(shm_open(n.c_str(), O_RDWR, 0));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("shm_open ", n));
   struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < size) {
-    close(fd);
+  if (fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) < size) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shm segment ", n, " is smaller than the expected ", size, " bytes"));
   }
-  absl::StatusOr<char*> data = Map(fd, size, n);
-  close(fd);
+  absl::StatusOr<char*> data = Map(fd.get(), size, n);
+  fd.Reset();  // the mapping stays
   if (!data.ok()) return data.status();
   return std::unique_ptr<ShmSegment>(new ShmSegment(n, *data, size, false));
 }
@@ -124,11 +123,9 @@ constexpr absl::string_view kLockSuffix = ".lock";
 // True if the family of `lock_path` has no owner: its lock file is gone (a
 // family creates it before any segment) or can be locked now.
 bool FamilyIsDead(const std::string& lock_path) {
-  const int fd = open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT;
-  const bool dead = flock(fd, LOCK_EX | LOCK_NB) == 0;
-  close(fd);
-  return dead;
+  const UniqueFd fd(open(lock_path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) return errno == ENOENT;
+  return flock(fd.get(), LOCK_EX | LOCK_NB) == 0;
 }
 
 // The legacy "<pid>" tag of a segment named before families: stale when
@@ -150,26 +147,24 @@ absl::StatusOr<std::unique_ptr<SegmentFamily>> SegmentFamily::Claim(
         absl::StrCat(getpid(), "x", absl::Hex(nonce, absl::kZeroPad16));
     const std::string lock_path =
         absl::StrCat("/dev/shm/", prefix, tag, kLockSuffix);
-    const int fd =
-        open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
+    UniqueFd fd(
+        open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!fd.valid()) {
       if (errno == EEXIST) continue;  // a nonce collision: draw again
       return ErrnoStatus(errno, absl::StrCat("creating ", lock_path));
     }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
-      close(fd);
       return ErrnoStatus(err, absl::StrCat("locking ", lock_path));
     }
     // Another process's RemoveStaleSegments may have locked and unlinked the
     // file between our open and flock; then this lock protects nothing.
     struct stat held, named;
-    if (fstat(fd, &held) == 0 && stat(lock_path.c_str(), &named) == 0 &&
+    if (fstat(fd.get(), &held) == 0 && stat(lock_path.c_str(), &named) == 0 &&
         held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
-      return std::unique_ptr<SegmentFamily>(
-          new SegmentFamily(absl::StrCat(prefix, tag, "-"), lock_path, fd));
+      return std::unique_ptr<SegmentFamily>(new SegmentFamily(
+          absl::StrCat(prefix, tag, "-"), lock_path, std::move(fd)));
     }
-    close(fd);
   }
   return absl::InternalError(absl::StrCat(
       "could not claim a shared-memory name family under /dev/shm/", prefix));
@@ -177,7 +172,7 @@ absl::StatusOr<std::unique_ptr<SegmentFamily>> SegmentFamily::Claim(
 
 SegmentFamily::~SegmentFamily() {
   unlink(lock_path_.c_str());
-  close(fd_);  // releases the lock
+  // Then fd_ closes, which releases the lock.
 }
 
 int RemoveStaleSegments(absl::string_view prefix) {

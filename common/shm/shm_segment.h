@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/unique_fd.h"
 
 namespace cairn::shm {
 
@@ -88,13 +89,13 @@ class SegmentFamily {
   const std::string& name_prefix() const { return name_prefix_; }
 
  private:
-  SegmentFamily(std::string name_prefix, std::string lock_path, int fd)
+  SegmentFamily(std::string name_prefix, std::string lock_path, UniqueFd fd)
       : name_prefix_(std::move(name_prefix)),
         lock_path_(std::move(lock_path)),
-        fd_(fd) {}
+        fd_(std::move(fd)) {}
   const std::string name_prefix_;
   const std::string lock_path_;
-  const int fd_;
+  const UniqueFd fd_;  // the lock file, flocked
 };
 
 // Removes what crashed processes left in /dev/shm under `prefix` (without

@@ -61,6 +61,7 @@
 #include "common/status_macros.h"
 #include "common/task_group.h"
 #include "common/thread_pool.h"
+#include "common/unique_fd.h"
 #include "storage/store_util.h"
 
 namespace cairn::storage {
@@ -90,31 +91,6 @@ const char* FileTypeName(mode_t mode) {
   if (S_ISLNK(mode)) return "a symbolic link";
   return "not a regular file";
 }
-
-// An owned file descriptor.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~UniqueFd() { Reset(); }
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void Reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 absl::Status ErrnoError(int err, absl::string_view what) {
   return absl::ErrnoToStatus(err, what);
@@ -794,16 +770,15 @@ class PosixShardStore : public ShardStore {
   absl::Status ReadDir(
       int dir_fd, absl::string_view where,
       const std::function<absl::Status(const std::string&, bool)>& fn) {
-    const int fd = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
+    UniqueFd opened(::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!opened.valid()) {
       return ErrnoError(errno, absl::StrCat("opening '", where, "'"));
     }
-    DIR* dir = ::fdopendir(fd);
+    DIR* dir = ::fdopendir(opened.get());
     if (dir == nullptr) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoError(err, absl::StrCat("listing '", where, "'"));
+      return ErrnoError(errno, absl::StrCat("listing '", where, "'"));
     }
+    const int fd = opened.Release();  // the DIR owns it: closedir closes it
     std::vector<std::pair<std::string, bool>> entries;
     errno = 0;
     while (struct dirent* e = ::readdir(dir)) {

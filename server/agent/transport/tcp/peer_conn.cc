@@ -16,6 +16,7 @@
 #include <climits>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -147,23 +148,23 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> LoadPeerTlsContext(
   return ctx;
 }
 
-PeerConn::PeerConn(int fd, SSL* ssl) : fd_(fd), ssl_(ssl) {}
+PeerConn::PeerConn(UniqueFd fd, SSL* ssl) : fd_(std::move(fd)), ssl_(ssl) {}
 
 PeerConn::~PeerConn() {
   // No close_notify: the socket closing is the end either way, and a
   // blocking write here could hang on a peer that stopped reading.
   if (ssl_ != nullptr) SSL_free(ssl_);
-  if (fd_ >= 0) close(fd_);
+  // Then fd_ closes the socket.
 }
 
-void PeerConn::Shutdown() { shutdown(fd_, SHUT_RDWR); }
+void PeerConn::Shutdown() { shutdown(fd_.get(), SHUT_RDWR); }
 
 bool PeerConn::WaitFd(short events, absl::Duration timeout) {  // NOLINT
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     // A hang-up wakes a reader (the read then reports it), not a writer: a
     // write waiting for room would spin on it.
-    pollfd p{fd_,
+    pollfd p{fd_.get(),
              static_cast<short>(  // NOLINT(runtime/int)
                  (events & POLLIN) != 0 ? (events | POLLRDHUP) : events),
              0};
@@ -230,7 +231,7 @@ bool PeerConn::Connect() {
 
 long PeerConn::ReadSome(char* p, size_t n) {  // NOLINT(runtime/int)
   if (ssl_ == nullptr) {
-    const ssize_t r = read(fd_, p, n);
+    const ssize_t r = read(fd_.get(), p, n);
     if (r > 0) return r;
     if (r < 0 && (errno == EINTR || errno == EAGAIN)) return 0;
     error_ = r == 0 ? "the peer closed the connection" : strerror(errno);
@@ -262,7 +263,7 @@ bool PeerConn::ReadFull(char* p, size_t n, absl::Duration stall) {
     }
     long r;  // NOLINT(runtime/int)
     if (ssl_ == nullptr) {
-      r = read(fd_, p, n);
+      r = read(fd_.get(), p, n);
       if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
       if (r <= 0) {
         error_ = r == 0 ? "the peer closed the connection" : strerror(errno);
@@ -295,7 +296,7 @@ bool PeerConn::WriteFull(const char* a, size_t an, const char* b, size_t bn,
       msg.msg_iov = v;
       msg.msg_iovlen = static_cast<size_t>(iovcnt);
       // MSG_NOSIGNAL: a peer that went away is an error, not a SIGPIPE.
-      ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+      ssize_t w = sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) {
         error_ = w < 0 ? strerror(errno) : "nothing written";

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/unique_fd.h"
 
 typedef struct ssl_st SSL;
 typedef struct ssl_ctx_st SSL_CTX;
@@ -44,13 +45,13 @@ std::string TlsErrorText(SSL* ssl);
 
 class PeerConn {
  public:
-  // Takes ownership of `fd` and of `ssl` (null for a plain connection).
-  PeerConn(int fd, SSL* ssl);
+  // Takes ownership of `ssl` (null for a plain connection).
+  PeerConn(UniqueFd fd, SSL* ssl);
   ~PeerConn();
   PeerConn(const PeerConn&) = delete;
   PeerConn& operator=(const PeerConn&) = delete;
 
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   bool tls() const { return ssl_ != nullptr; }
 
   // Server side of the TLS handshake on a non-blocking socket: 1 when done,
@@ -95,7 +96,7 @@ class PeerConn {
   // to be retried after waiting (want_write_ says for what).
   bool TlsRetry(int r);
 
-  int fd_;
+  UniqueFd fd_;
   SSL* ssl_;
   bool want_write_ = false;
   bool tls_failed_ = false;

@@ -263,26 +263,26 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Start(
     absl::MutexLock l(&t->tls_mu_);
     t->tls_ctx_ = std::move(tls_ctx);
   }
-  t->listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  t->listen_fd_.Reset(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int listen_fd = t->listen_fd_.get();
   int one = 1;
-  setsockopt(t->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(t->listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
-      listen(t->listen_fd_, 128) != 0) {
+  setsockopt(listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(listen_fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+      listen(listen_fd, 128) != 0) {
     const int err = errno;
-    close(t->listen_fd_);
-    t->listen_fd_ = -1;
+    t->listen_fd_.Reset();
     return absl::UnavailableError(
         absl::StrCat("node ", t->options_.node_id, ": cannot listen on ",
                      t->options_.listen_address, ": ", strerror(err)));
   }
-  SetNonBlocking(t->listen_fd_, true);
-  t->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (t->wake_fd_ < 0) {
+  SetNonBlocking(listen_fd, true);
+  t->wake_fd_.Reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!t->wake_fd_.valid()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("eventfd: ", strerror(errno)));
   }
   socklen_t len = sizeof(sa);
-  getsockname(t->listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len);
+  getsockname(listen_fd, reinterpret_cast<sockaddr*>(&sa), &len);
   t->port_ = ntohs(sa.sin_port);
   t->control_pool_ =
       std::make_unique<ThreadPool>(std::max(1, t->options_.control_threads));
@@ -292,13 +292,13 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Start(
 
 TcpTransport::~TcpTransport() {
   stopping_ = true;
-  if (wake_fd_ >= 0) {
+  if (wake_fd_.valid()) {
     const uint64_t one = 1;
-    (void)!write(wake_fd_, &one, sizeof(one));
+    (void)!write(wake_fd_.get(), &one, sizeof(one));
   }
   if (acceptor_.joinable()) acceptor_.join();
-  if (listen_fd_ >= 0) close(listen_fd_);
-  if (wake_fd_ >= 0) close(wake_fd_);
+  listen_fd_.Reset();
+  wake_fd_.Reset();
   std::list<std::unique_ptr<Reader>> readers;
   {
     absl::MutexLock l(&mu_);
@@ -448,8 +448,8 @@ void TcpTransport::AcceptLoop() {
   std::vector<pollfd> fds;
   while (!stopping_) {
     fds.clear();
-    fds.push_back({listen_fd_, POLLIN, 0});
-    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({listen_fd_.get(), POLLIN, 0});
+    fds.push_back({wake_fd_.get(), POLLIN, 0});
     absl::Time first_deadline = absl::InfiniteFuture();
     for (const auto& p : pending) {
       // A TLS handshake may need to write (its ServerHello and certificate
@@ -501,9 +501,9 @@ void TcpTransport::AcceptLoop() {
     while (true) {
       sockaddr_in from{};
       socklen_t len = sizeof(from);
-      const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from),
-                             &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) {
+      UniqueFd fd(accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&from),
+                          &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (!fd.valid()) {
         if (errno == EINTR) continue;
         if (errno == EMFILE || errno == ENFILE) {
           LogRefusal("(not accepted)", strerror(errno));
@@ -516,7 +516,6 @@ void TcpTransport::AcceptLoop() {
       const std::string ip = IpString(from);
       if (const std::string why = AdmitConnection(ip); !why.empty()) {
         LogRefusal(AddressString(from), why);
-        close(fd);
         continue;
       }
       if (static_cast<int>(pending.size()) >=
@@ -536,18 +535,18 @@ void TcpTransport::AcceptLoop() {
       SSL* ssl = nullptr;
       if (tls_enabled_) {
         ssl = SSL_new(TlsContext().get());
-        if (ssl == nullptr || SSL_set_fd(ssl, fd) != 1) {
+        if (ssl == nullptr || SSL_set_fd(ssl, fd.get()) != 1) {
           LogRefusal(AddressString(from),
                      absl::StrCat("SSL_new: ", internal::TlsErrorText(ssl)));
           if (ssl != nullptr) SSL_free(ssl);
-          close(fd);
+          fd.Reset();
           absl::MutexLock l(&mu_);
           ReleaseConnection(ip);
           continue;
         }
         SSL_set_accept_state(ssl);
       }
-      p->conn = std::make_unique<PeerConn>(fd, ssl);
+      p->conn = std::make_unique<PeerConn>(std::move(fd), ssl);
       p->tls_done = ssl == nullptr;
       p->from = AddressString(from);
       p->ip = ip;
@@ -890,28 +889,28 @@ absl::StatusOr<std::unique_ptr<PeerConn>> TcpTransport::Connect(
     absl::StatusOr<std::string> address = options_.resolve_peer(peer);
     if (address.ok()) {
       CAIRN_ASSIGN_OR_RETURN(sockaddr_in sa, ParseAddress(*address));
-      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
-        TuneSocket(fd);
+      UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      if (connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) ==
+          0) {
+        TuneSocket(fd.get());
         const absl::Duration wait =
             std::max(deadline - absl::Now(), absl::Milliseconds(200));
         std::unique_ptr<PeerConn> conn;
         bool tls_ok = true;
         if (tls_enabled_) {
           SSL* ssl = SSL_new(TlsContext().get());
-          if (ssl == nullptr || SSL_set_fd(ssl, fd) != 1) {
+          if (ssl == nullptr || SSL_set_fd(ssl, fd.get()) != 1) {
             const std::string err = internal::TlsErrorText(ssl);
             if (ssl != nullptr) SSL_free(ssl);
-            close(fd);
             return absl::InternalError(absl::StrCat("SSL_new: ", err));
           }
-          conn = std::make_unique<PeerConn>(fd, ssl);
+          conn = std::make_unique<PeerConn>(std::move(fd), ssl);
           // A blocking handshake, bounded: a peer that never answers makes
           // SSL_connect return instead of hanging.
-          SetIoTimeouts(fd, wait);
+          SetIoTimeouts(conn->fd(), wait);
           tls_ok = conn->Connect();
         } else {
-          conn = std::make_unique<PeerConn>(fd, nullptr);
+          conn = std::make_unique<PeerConn>(std::move(fd), nullptr);
         }
         char ack[kAckBytes];
         const std::string where = absl::StrCat(
@@ -946,7 +945,7 @@ absl::StatusOr<std::unique_ptr<PeerConn>> TcpTransport::Connect(
           if (magic == kAckMagic &&
               code == static_cast<uint32_t>(HelloRefusal::kAccepted)) {
             *frame_bytes = std::max(max_frame, kMinFrameBytes);
-            if (tls_enabled_) SetIoTimeouts(fd, absl::ZeroDuration());
+            if (tls_enabled_) SetIoTimeouts(conn->fd(), absl::ZeroDuration());
             return conn;
           }
           const std::string why =
@@ -962,7 +961,6 @@ absl::StatusOr<std::unique_ptr<PeerConn>> TcpTransport::Connect(
       } else {
         last = absl::UnavailableError(
             absl::StrCat("connect to ", *address, ": ", strerror(errno)));
-        close(fd);
       }
     } else {
       last = address.status();

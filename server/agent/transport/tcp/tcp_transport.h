@@ -101,6 +101,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/thread_pool.h"
+#include "common/unique_fd.h"
 #include "server/agent/transport/tcp/peer_conn.h"
 #include "server/agent/transport/transport.h"
 
@@ -309,8 +310,8 @@ class TcpTransport : public Transport {
 
   // Constant after construction.
   const TcpTransportOptions options_;
-  int listen_fd_ = -1;
-  int wake_fd_ = -1;  // eventfd: wakes the acceptor to stop
+  UniqueFd listen_fd_;
+  UniqueFd wake_fd_;  // eventfd: wakes the acceptor to stop
   int port_ = 0;
   std::unique_ptr<ThreadPool> control_pool_;
 
