@@ -16,16 +16,15 @@
 //                         boundaries that do not line up), via LoadPlanner's
 //                         overlap index (built once per manifest, not timed;
 //                         BM_LoadPlanIndexBuild/n times the build).
-//   BM_LoadAnswerCompact/n  the same read items written as the wire bytes of
-//                         cairnd's compact PlanLoad answer (PlanEach without
-//                         copy segments into convert::PlanLoadAnswerWriter,
-//                         given the previous answer's size as cairnd does):
-//                         what cairnd spends per loading rank besides gRPC.
-//   BM_LoadAnswerSharedBoxes/n  the same in the compact form with shared
-//                         boxes: one tensor, so no box is shared here; it
-//                         shows the cost of listing them.
-//   BM_LoadAnswerColumns/n  the same with the read items as columns
-//                         (libcairn's form).
+//   BM_LoadAnswerColumns/n  the same read items written as the wire bytes of
+//                         cairnd's PlanLoad answer in read columns (libcairn's
+//                         form: PlanEach without copy segments into
+//                         convert::PlanLoadAnswerWriter, given the previous
+//                         answer's size as cairnd does): what cairnd spends
+//                         per loading rank besides gRPC. One tensor, so no
+//                         stored box is shared here.
+//   BM_LoadAnswerFull/n   the same in the full form (ReadItem messages, with
+//                         their copy segments).
 //   BM_LoadPlanNaive/n    the same read items from PyTorch's
 //                         create_read_items_for_chunk_list loop: every wanted
 //                         chunk against every stored chunk. Lives here only,
@@ -315,7 +314,7 @@ void LoadAnswer(benchmark::State& state, convert::AnswerForm form) {
     const absl::Status s = f.planner->PlanEach(
         f.wanted,
         [&answer](const LoadPlanner::ReadView& r) { answer.AddRead(r); },
-        /*segments=*/false);
+        /*segments=*/form == convert::AnswerForm::kFull);
     if (!s.ok()) {
       state.SkipWithError(std::string(s.message()).c_str());
       break;
@@ -332,16 +331,12 @@ void LoadAnswer(benchmark::State& state, convert::AnswerForm form) {
       benchmark::Counter::kIsRate);
 }
 
-void BM_LoadAnswerCompact(benchmark::State& state) {
-  LoadAnswer(state, convert::AnswerForm::kCompact);
-}
-
-void BM_LoadAnswerSharedBoxes(benchmark::State& state) {
-  LoadAnswer(state, convert::AnswerForm::kCompactSharedBoxes);
-}
-
 void BM_LoadAnswerColumns(benchmark::State& state) {
   LoadAnswer(state, convert::AnswerForm::kReadColumns);
+}
+
+void BM_LoadAnswerFull(benchmark::State& state) {
+  LoadAnswer(state, convert::AnswerForm::kFull);
 }
 
 void BM_LoadPlanIndexBuild(benchmark::State& state) {
@@ -438,9 +433,8 @@ void RegisterAll(const Sizes& z, bool smoke) {
             ->Unit(benchmark::kMicrosecond));
   for (auto [name, fn] :
        {std::pair{"BM_LoadPlanIndex", BM_LoadPlanIndex},
-        std::pair{"BM_LoadAnswerCompact", BM_LoadAnswerCompact},
-        std::pair{"BM_LoadAnswerSharedBoxes", BM_LoadAnswerSharedBoxes},
         std::pair{"BM_LoadAnswerColumns", BM_LoadAnswerColumns},
+        std::pair{"BM_LoadAnswerFull", BM_LoadAnswerFull},
         std::pair{"BM_LoadPlanIndexBuild", BM_LoadPlanIndexBuild}}) {
     auto* b =
         benchmark::RegisterBenchmark(name, fn)->Unit(benchmark::kMillisecond);

@@ -33,11 +33,10 @@
 //                was prepared, so the round waits for the build, as after a
 //                cairnd restart) into 3N/4 ranks, outside a load round
 //   plan_load    PlanLoad of step 2 into a different world (3N/4 ranks, a
-//                load round with collective verification), compact answers
-//                with shared boxes (expanded by the bench as libcairn
-//                does) unless --full-answers or --own-boxes; the short form of
-//                the request (the tensors' digest and the rank's boxes) unless
-//                --full-requests
+//                load round with collective verification), answered in read
+//                columns (expanded by the bench as libcairn does) unless
+//                --full-answers; the short form of the request (the tensors'
+//                digest and the rank's boxes) unless --full-requests
 //   verify_load  VerifyLoad: every loading rank's crc32c terms of the stored
 //                chunks it reads only in part
 //
@@ -78,8 +77,6 @@
 //   scale_bench --ranks 16384 --layers 20   # a quarter of the layers
 //   scale_bench --perf-dir DIR              # perf record cairnd per round
 //   scale_bench --full-answers              # PlanLoad's full answer form
-//   scale_bench --own-boxes                 # compact, a box in each item
-//   scale_bench --item-answers              # shared boxes, ReadItem messages
 //   scale_bench --full-requests             # PlanLoad's full request form
 //   scale_bench --no-prepare                # cairnd --prepare-loads=false
 #include <signal.h>
@@ -596,7 +593,7 @@ class ScaleRun {
         req.set_rank(r);
         req.set_world_size(in_round ? load_world : 0);
         req.set_verify_in_round(in_round);
-        convert::AskForAnswerForm(answer_form_, &req);
+        req.set_read_columns(answer_form_ == convert::AnswerForm::kReadColumns);
         for (const TensorSpec* t : by_fqn) {
           planner::WantedChunk w;
           w.fqn = t->fqn;
@@ -990,23 +987,19 @@ class ScaleRun {
                           ": cairnd asked for the wanted chunks in full "
                           "(the tensors are the checkpoint's)"));
       }
-      const bool columns = plan.has_read_columns();
-      if (absl::Status s = convert::ExpandCompactAnswer(request_of(r), &plan);
+      // (Read columns are sent even when empty: a rank of the last FSDP
+      // group may want no tensor bytes at all.)
+      const convert::AnswerForm got = plan.has_read_columns()
+                                          ? convert::AnswerForm::kReadColumns
+                                          : convert::AnswerForm::kFull;
+      if (got != answer_form_) {
+        Fail(absl::StrCat(who, ": asked for answers of form ",
+                          static_cast<int>(answer_form_), ", got one of form ",
+                          static_cast<int>(got)));
+      }
+      if (absl::Status s = convert::ExpandReadColumns(request_of(r), &plan);
           !s.ok()) {
         Fail(absl::StrCat(who, ": ", s.ToString()));
-      }
-      for (const v1::ReadItem& it : plan.reads()) {
-        // (A rank of the last FSDP group may want no tensor bytes at all.)
-        const convert::AnswerForm got =
-            !it.has_chunk() ? convert::AnswerForm::kFull
-            : !it.has_box() ? convert::AnswerForm::kCompact
-            : columns       ? convert::AnswerForm::kReadColumns
-                            : convert::AnswerForm::kCompactSharedBoxes;
-        if (got != answer_form_) {
-          Fail(absl::StrCat(who, ": asked for answers of form ",
-                            static_cast<int>(answer_form_),
-                            ", got one of form ", static_cast<int>(got)));
-        }
       }
       if (r == 0) load_round = plan.load_round();
       if ((verify != nullptr) != (plan.load_round() != 0) ||
@@ -1076,7 +1069,7 @@ class ScaleRun {
                 static_cast<long long>(verified), world);
   }
 
-  const convert::AnswerForm answer_form_;  // PlanLoadRequest.compact, ...boxes
+  const convert::AnswerForm answer_form_;  // PlanLoadRequest.read_columns
   const bool short_requests_;              // PlanLoadRequest.tensors_digest
   // Where cairnd writes its metrics port; empty: cairnd prepares no load
   // index (--no-prepare), no prepare round.
@@ -1211,8 +1204,6 @@ int Main(int argc, char** argv) {
                  "With --perf-dir: record only this round (repeatable), e.g. "
                  "--perf-round=begin_cached");
   bool full_answers = false;
-  bool own_boxes = false;
-  bool item_answers = false;
   bool full_requests = false;
   bool no_prepare = false;
   app.add_flag("--no-prepare", no_prepare,
@@ -1222,15 +1213,8 @@ int Main(int argc, char** argv) {
                "PlanLoad requests with every wanted chunk in full (fqn, "
                "dtype, shape, box) instead of the tensors' digest and boxes");
   app.add_flag("--full-answers", full_answers,
-               "PlanLoad answers in the full form (what clients before the "
-               "compact form get) instead of the compact one libcairn asks "
-               "for");
-  app.add_flag("--own-boxes", own_boxes,
-               "Compact PlanLoad answers with each read item's own stored "
-               "box (what libcairn asked for before shared boxes)");
-  app.add_flag("--item-answers", item_answers,
-               "Compact PlanLoad answers with shared boxes as ReadItem "
-               "messages (what libcairn asked for before read columns)");
+               "PlanLoad answers in the full form (ReadItem messages) instead "
+               "of the read columns libcairn asks for");
   app.add_flag("--smoke", smoke,
                "64 -> 48 ranks, a 2-layer model of hidden 64: seconds");
   CLI11_PARSE(app, argc, argv);
@@ -1302,10 +1286,8 @@ int Main(int argc, char** argv) {
                 load_world, static_cast<int>(cairnd->process().pid()));
     std::fflush(stdout);
     ScaleRun run(model, cairnd.get(), storage, channels, perf_dir,
-                 full_answers   ? convert::AnswerForm::kFull
-                 : own_boxes    ? convert::AnswerForm::kCompact
-                 : item_answers ? convert::AnswerForm::kCompactSharedBoxes
-                                : convert::AnswerForm::kReadColumns,
+                 full_answers ? convert::AnswerForm::kFull
+                              : convert::AnswerForm::kReadColumns,
                  !full_requests, no_prepare ? "" : metrics_port_file);
     for (RoundResult& r : run.Run(world, load_world, 1)) rows.push_back(r);
     cairnd->process().Signal(SIGTERM);

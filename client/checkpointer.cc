@@ -308,9 +308,8 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
   // once for all its ranks, and world sizes are checked against each other.
   request.set_world_size(options_.world_size);
   request.set_verify_in_round(JoinsLoadCollective());
-  // Compact read items naming shared boxes, as columns (half the bytes of
-  // ReadItem messages, a fraction of the full form), expanded below.
-  convert::AskForAnswerForm(convert::AnswerForm::kReadColumns, &request);
+  // Read columns (a fraction of the full form's bytes), expanded below.
+  request.set_read_columns(true);
   if (ref.latest()) {
     request.set_latest(true);
   } else {
@@ -368,7 +367,7 @@ absl::StatusOr<int64_t> Checkpointer::Impl::Load(LoadRef ref,
     // out of the load round, so the others do not wait for it.
     return planned.status();
   }
-  if (absl::Status s = convert::ExpandCompactAnswer(request, &*planned);
+  if (absl::Status s = convert::ExpandReadColumns(request, &*planned);
       !s.ok()) {
     // cairnd took this rank into its load round: the others must not wait.
     if (JoinsLoadCollective() && planned->load_round() != 0) {
@@ -603,7 +602,7 @@ absl::Status Checkpointer::Impl::ReadItems(
     for (int i : partial) {
       const v1::ReadItem& it = plan.reads(i);
       v1::ChunkPiece* p = verify.add_pieces();
-      if (it.has_chunk()) {  // a compact answer: the chunk's id names it
+      if (it.has_chunk()) {  // from read columns: the chunk's id names it
         p->set_chunk(it.chunk());
       } else {
         p->set_fqn(it.fqn());

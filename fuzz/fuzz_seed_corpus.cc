@@ -232,14 +232,13 @@ int main(int argc, char** argv) {
       }
     }
     convert::RankPlanToProto(*plan, 0, in.mutable_rank_plan());
-    // cairnd's compact answer with shared boxes to the load's wanted chunks.
+    // cairnd's answer in read columns to the load's wanted chunks.
     std::unique_ptr<planner::LoadPlanner> loader =
         planner::LoadPlanner::Create(
             convert::StoredTensorsFromManifest(manifest).value())
             .value();
-    convert::PlanLoadAnswerWriter answer(
-        manifest.step(), "mem://fuzz",
-        convert::AnswerForm::kCompactSharedBoxes);
+    convert::PlanLoadAnswerWriter answer(manifest.step(), "mem://fuzz",
+                                         convert::AnswerForm::kReadColumns);
     if (!loader
              ->PlanEach(
                  wanted,
@@ -252,9 +251,9 @@ int main(int argc, char** argv) {
     }
     v1::PlanLoadResponse planned;
     if (!planned.ParseFromString(std::move(answer).Finish(""))) return 1;
-    *in.mutable_reads() = planned.reads();
     *in.mutable_objects() = planned.objects();
     *in.mutable_boxes() = planned.boxes();
+    *in.mutable_read_columns() = planned.read_columns();
     ok &= Write(absl::StrFormat("%s/plan_convert_fuzzer/seed-%zu", root, i),
                 in.SerializeAsString());
     ++files;

@@ -9,12 +9,12 @@
 //  2. PlanLoad: a LoadPlanner over the checkpoint that global plan commits,
 //     and the wanted chunks of one rank -> WantedFromProto -> Plan ->
 //     ReadItemToProto -> ReadItemFromProto (what the rank decodes).
-//     The same plan in both compact forms (PlanLoadAnswerWriter), expanded
-//     as the rank does (ExpandCompactAnswer), must be the same read items.
+//     The same plan in read columns (PlanLoadAnswerWriter), expanded as the
+//     rank does (ExpandReadColumns), must be the same read items.
 //     The short form of a request (tensors_digest, wanted_boxes) with hostile
 //     boxes: refused, or planned as its full form.
 //  3. A client decoding hostile answers: RankPlanFromProto, ReadItemFromProto,
-//     ExpandCompactAnswer (segments it computes stay inside their buffers).
+//     ExpandReadColumns (segments it computes stay inside their buffers).
 // Invariants checked (a violation aborts): every error is a status (never a
 // crash, hang or allocation bomb); conversions round-trip; a global plan has
 // one rank plan per rank, writes inside their objects (at most 2^63 - 1
@@ -188,73 +188,58 @@ void CheckLoad(const planner::LoadPlanner& loader,
                ull(covered[i]), ull(need));
   }
 
-  // Every compact form of the same answer, expanded by the rank; given some
-  // room up front (none, too little or too much, by the input) as cairnd
-  // gives it the size of the last answer.
+  // The same answer in read columns, expanded by the rank; given some room
+  // up front (none, too little or too much, by the input) as cairnd gives it
+  // the size of the last answer.
   v1::PlanLoadRequest request;
   for (const planner::WantedChunk& w : wanted) {
     convert::WantedToProto(w, request.add_wanted());
   }
-  for (const convert::AnswerForm form :
-       {convert::AnswerForm::kCompact, convert::AnswerForm::kCompactSharedBoxes,
-        convert::AnswerForm::kReadColumns}) {
-    convert::PlanLoadAnswerWriter writer(
-        1, "mem://fuzz", form, (wanted.size() % 3) * reads->size() * 16);
-    FUZZ_CHECK(loader
-                   .PlanEach(
-                       wanted,
-                       [&](const planner::LoadPlanner::ReadView& r) {
-                         writer.AddRead(r);
-                       },
-                       /*segments=*/false)
-                   .ok(),
-               "PlanEach fails where Plan succeeded");
-    v1::PlanLoadResponse compact;
-    FUZZ_CHECK(compact.ParseFromString(std::move(writer).Finish("p/")),
-               "a compact answer does not parse");
-    const absl::Status expanded =
-        convert::ExpandCompactAnswer(request, &compact);
-    FUZZ_CHECK(expanded.ok(), "a compact answer (form %d) does not expand: %s",
-               int(form), expanded.ToString().c_str());
-    FUZZ_CHECK(size_t(compact.reads_size()) == reads->size(),
-               "%d compact read items, %zu planned", compact.reads_size(),
-               reads->size());
-    for (size_t i = 0; i < reads->size(); ++i) {
-      absl::StatusOr<planner::ReadItem> got =
-          convert::ReadItemFromProto(compact.reads(int(i)));
-      const planner::ReadItem& want = (*reads)[i];
-      FUZZ_CHECK(got.ok() && got->fqn == want.fqn &&
-                     got->dest_index == want.dest_index &&
-                     got->overlap == want.overlap &&
-                     got->source == want.source &&
-                     got->segments == want.segments,
-                 "compact read item %zu (form %d) expands to another item", i,
-                 int(form));
-    }
+  convert::PlanLoadAnswerWriter writer(
+      1, "mem://fuzz", convert::AnswerForm::kReadColumns,
+      (wanted.size() % 3) * reads->size() * 16);
+  FUZZ_CHECK(loader
+                 .PlanEach(
+                     wanted,
+                     [&](const planner::LoadPlanner::ReadView& r) {
+                       writer.AddRead(r);
+                     },
+                     /*segments=*/false)
+                 .ok(),
+             "PlanEach fails where Plan succeeded");
+  v1::PlanLoadResponse columns;
+  FUZZ_CHECK(columns.ParseFromString(std::move(writer).Finish("p/")),
+             "a read-columns answer does not parse");
+  const absl::Status expanded = convert::ExpandReadColumns(request, &columns);
+  FUZZ_CHECK(expanded.ok(), "a read-columns answer does not expand: %s",
+             expanded.ToString().c_str());
+  FUZZ_CHECK(size_t(columns.reads_size()) == reads->size(),
+             "%d read items from columns, %zu planned", columns.reads_size(),
+             reads->size());
+  for (size_t i = 0; i < reads->size(); ++i) {
+    absl::StatusOr<planner::ReadItem> got =
+        convert::ReadItemFromProto(columns.reads(int(i)));
+    const planner::ReadItem& want = (*reads)[i];
+    FUZZ_CHECK(got.ok() && got->fqn == want.fqn &&
+                   got->dest_index == want.dest_index &&
+                   got->overlap == want.overlap && got->source == want.source &&
+                   got->segments == want.segments,
+               "read item %zu from columns expands to another item", i);
   }
 }
 
-// A client expanding a hostile compact answer: whatever it accepts reads
-// inside the stored chunk and inside the wanted buffer.
-void CheckHostileCompactAnswer(const fuzz::PlanConvertInput& in) {
+// A client expanding hostile read columns: whatever it accepts reads inside
+// the stored chunk and inside the wanted buffer.
+void CheckHostileReadColumns(const fuzz::PlanConvertInput& in) {
+  if (!in.has_read_columns()) return;
   v1::PlanLoadRequest request;
   *request.mutable_wanted() = in.wanted();
   v1::PlanLoadResponse answer;
-  *answer.mutable_reads() = in.reads();
   *answer.mutable_objects() = in.objects();
   *answer.mutable_boxes() = in.boxes();
-  if (in.has_read_columns()) {
-    *answer.mutable_read_columns() = in.read_columns();
-  }
-  std::vector<bool> compact(size_t(answer.reads_size()));
+  *answer.mutable_read_columns() = in.read_columns();
+  if (!convert::ExpandReadColumns(request, &answer).ok()) return;
   for (int i = 0; i < answer.reads_size(); ++i) {
-    compact[size_t(i)] = convert::IsCompactItem(answer.reads(i));
-  }
-  if (!convert::ExpandCompactAnswer(request, &answer).ok()) return;
-  // Items made from the columns come after `reads`, all compact.
-  compact.resize(size_t(answer.reads_size()), true);
-  for (int i = 0; i < answer.reads_size(); ++i) {
-    if (!compact[size_t(i)]) continue;
     const v1::ReadItem& it = answer.reads(i);
     absl::StatusOr<planner::WantedChunk> w =
         convert::WantedFromProto(request.wanted(it.dest_index()));
@@ -346,7 +331,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // 3. A client decoding cairnd's answers.
   (void)convert::RankPlanFromProto(in.rank_plan());
   for (const v1::ReadItem& r : in.reads()) (void)convert::ReadItemFromProto(r);
-  CheckHostileCompactAnswer(in);
+  CheckHostileReadColumns(in);
 
   // 1. BeginSave from every rank.
   const int world = in.local_plans_size();

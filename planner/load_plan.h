@@ -353,7 +353,7 @@ class LoadPlanner {
   uint32_t num_box_ids_ = 0;  // the runs' tilings' chunks, summed
   // Records sorted by (object, offset), for ChunkAt: built by its first
   // call (only a VerifyLoad piece in the full form names a chunk by its
-  // location; compact answers name it by id), not by every build of a
+  // location; read columns name it by id), not by every build of a
   // loaded checkpoint (sorting millions of records is a large share of a
   // build).
   void SortByLocation() const;

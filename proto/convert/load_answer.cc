@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "proto/convert/plan_convert.h"
@@ -38,10 +37,6 @@ constexpr uint8_t kOverlapTag = 3 << 3 | 2;       // .overlap
 constexpr uint8_t kSourceTag = 4 << 3 | 2;        // .source
 constexpr uint8_t kCrcTag = 5 << 3 | 5;           // .source_crc32c
 constexpr uint8_t kSegmentTag = 6 << 3 | 2;       // .segments
-constexpr uint8_t kSourceBoxTag = 7 << 3 | 2;     // .source_box
-constexpr uint8_t kObjectIndexTag = 8 << 3 | 0;   // .object_index
-constexpr uint8_t kChunkTag = 9 << 3 | 0;         // .chunk (optional: always)
-constexpr uint8_t kBoxTag = 10 << 3 | 0;          // .box (optional: always)
 constexpr uint8_t kOffsetsTag = 1 << 3 | 2;       // ChunkBox.offsets
 constexpr uint8_t kSizesTag = 2 << 3 | 2;         // ChunkBox.sizes
 constexpr uint8_t kObjectKeyTag = 1 << 3 | 2;     // StorageLocation.object_key
@@ -147,28 +142,13 @@ constexpr size_t kColumnRoom = size_t{4} << 10;
 
 }  // namespace
 
-AnswerForm AnswerFormOf(const v1::PlanLoadRequest& request) {
-  if (!request.compact()) return AnswerForm::kFull;
-  if (!request.shared_boxes()) return AnswerForm::kCompact;
-  return request.read_columns() ? AnswerForm::kReadColumns
-                                : AnswerForm::kCompactSharedBoxes;
-}
-
-void AskForAnswerForm(AnswerForm form, v1::PlanLoadRequest* request) {
-  request->set_compact(form != AnswerForm::kFull);
-  request->set_shared_boxes(form == AnswerForm::kCompactSharedBoxes ||
-                            form == AnswerForm::kReadColumns);
-  request->set_read_columns(form == AnswerForm::kReadColumns);
-}
-
 PlanLoadAnswerWriter::PlanLoadAnswerWriter(int64_t step,
                                            absl::string_view storage_uri,
                                            AnswerForm form,
                                            size_t expected_bytes)
     : form_(form) {
   out_.reserve(expected_bytes + expected_bytes / 16);
-  if (form == AnswerForm::kCompactSharedBoxes ||
-      form == AnswerForm::kReadColumns) {
+  if (form == AnswerForm::kReadColumns) {
     box_slots_.resize(kFirstBoxSlots);
     box_shift_ = 32 - kFirstBoxSlotsLog2;
   }
@@ -190,7 +170,7 @@ char* PlanLoadAnswerWriter::Grow(size_t n) {
 }
 
 void PlanLoadAnswerWriter::AddRead(const planner::LoadPlanner::ReadView& item) {
-  if (form_ != AnswerForm::kFull) return AddCompactRead(item);
+  if (form_ == AnswerForm::kReadColumns) return AddColumnsRead(item);
   const planner::StoredChunkView& chunk = *item.source;
   const absl::string_view fqn = item.fqn;
   const uint64_t dest =
@@ -232,7 +212,7 @@ void PlanLoadAnswerWriter::AddRead(const planner::LoadPlanner::ReadView& item) {
   ++reads_;
 }
 
-void PlanLoadAnswerWriter::AddCompactRead(
+void PlanLoadAnswerWriter::AddColumnsRead(
     const planner::LoadPlanner::ReadView& item) {
   const planner::StoredChunkView& chunk = *item.source;
   // The item's object, listed (as `objects`) before its first use.
@@ -248,56 +228,15 @@ void PlanLoadAnswerWriter::AddCompactRead(
     c.Varint(key.size());
     std::memcpy(c.pos(), key.data(), key.size());
   }
-  const uint64_t dest =
-      static_cast<uint64_t>(static_cast<int64_t>(item.dest_index));
-  const uint64_t object_index = static_cast<uint64_t>(object);
   bytes_to_read_ += item.bytes;
-  // With shared boxes: the box's index instead of the box, and no length.
-  const bool shared = form_ != AnswerForm::kCompact;
-  const uint32_t box_index = shared ? BoxIndex(item) : 0;
-  if (form_ == AnswerForm::kReadColumns) {
-    Columns& c = columns_;
-    c.dest_index.AddDifference(item.dest_index);
-    c.object_index.AddDifference(object);
-    c.offset.AddDifference(static_cast<int64_t>(chunk.offset));
-    c.crc32c.AddFixed32(chunk.crc32c);
-    c.chunk.AddDifference(item.chunk_id);
-    c.box.AddDifference(box_index);
-    ++reads_;
-    return;
-  }
-  const uint64_t length = shared ? 0 : chunk.length;
-  const size_t offsets = shared ? 0 : PackedBody(chunk.box.offsets);
-  const size_t sizes = shared ? 0 : PackedBody(chunk.box.sizes);
-  const size_t box = PackedSize(offsets) + PackedSize(sizes);
-  const size_t source = LocationBody("", chunk.offset, length);
-  const size_t body =
-      FieldSize(dest) + NestedSize(source) + (chunk.crc32c == 0 ? 0 : 5) +
-      (shared ? 0 : NestedSize(box)) + FieldSize(object_index) + 1 +
-      VarintSize(item.chunk_id) + (shared ? 1 + VarintSize(box_index) : 0);
-
-  Cursor c(Grow(NestedSize(body)));
-  c.Byte(kReadsTag);
-  c.Varint(body);
-  c.Field(kDestIndexTag, dest);
-  c.Byte(kSourceTag);
-  c.Varint(source);
-  c.Field(kLocOffsetTag, chunk.offset);
-  c.Field(kLocLengthTag, length);
-  c.Fixed32(kCrcTag, chunk.crc32c);
-  if (!shared) {
-    c.Byte(kSourceBoxTag);
-    c.Varint(box);
-    c.Packed(kOffsetsTag, chunk.box.offsets, offsets);
-    c.Packed(kSizesTag, chunk.box.sizes, sizes);
-  }
-  c.Field(kObjectIndexTag, object_index);
-  c.Byte(kChunkTag);
-  c.Varint(item.chunk_id);
-  if (shared) {
-    c.Byte(kBoxTag);
-    c.Varint(box_index);
-  }
+  const uint32_t box_index = BoxIndex(item);
+  Columns& c = columns_;
+  c.dest_index.AddDifference(item.dest_index);
+  c.object_index.AddDifference(object);
+  c.offset.AddDifference(static_cast<int64_t>(chunk.offset));
+  c.crc32c.AddFixed32(chunk.crc32c);
+  c.chunk.AddDifference(item.chunk_id);
+  c.box.AddDifference(box_index);
   ++reads_;
 }
 
@@ -398,9 +337,16 @@ absl::Status BadRead(int i, absl::string_view fqn, absl::string_view what) {
                    " that cannot be right: ", what));
 }
 
-// Appends the items of answer->read_columns() to answer->reads() in the
-// compact form with shared boxes, and clears the columns.
-absl::Status ReadsFromColumns(v1::PlanLoadResponse* answer) {
+}  // namespace
+
+absl::Status ExpandReadColumns(const v1::PlanLoadRequest& request,
+                               v1::PlanLoadResponse* answer) {
+  if (!answer->has_read_columns()) return absl::OkStatus();  // the full form
+  if (answer->reads_size() != 0) {
+    return absl::InternalError(
+        absl::StrCat("cairnd returned ", answer->reads_size(),
+                     " read items besides read columns"));
+  }
   const v1::ReadColumns& c = answer->read_columns();
   const int n = c.dest_index_size();
   if (c.object_index_size() != n || c.offset_size() != n ||
@@ -411,13 +357,21 @@ absl::Status ReadsFromColumns(v1::PlanLoadResponse* answer) {
         " offsets, ", c.crc32c_size(), " checksums, ", c.chunk_size(),
         " chunks, ", c.box_size(), " boxes"));
   }
+  // Each wanted chunk parsed once, when a read item first names it.
+  std::vector<std::optional<planner::WantedChunk>> wanted(
+      static_cast<size_t>(request.wanted_size()));
+  // Each stored box parsed once, when a read item first names it.
+  std::vector<std::optional<planner::ChunkBox>> boxes(
+      static_cast<size_t>(answer->boxes_size()));
+  planner::ChunkBox overlap;
+  std::vector<planner::CopySegment> segments;
+  uint64_t total_segments = 0;
   // Each column's running sum, wrapping as the writer's differences did.
   uint64_t dest = 0, object = 0, offset = 0, chunk = 0, box = 0;
   constexpr uint64_t kInt32 = static_cast<uint64_t>(INT32_MAX);
   constexpr uint64_t kUint32 = UINT32_MAX;
   constexpr uint64_t kInt64 = static_cast<uint64_t>(INT64_MAX);
-  const int first = answer->reads_size();
-  answer->mutable_reads()->Reserve(first + n);
+  answer->mutable_reads()->Reserve(n);
   for (int i = 0; i < n; ++i) {
     dest += static_cast<uint64_t>(c.dest_index(i));
     object += static_cast<uint64_t>(c.object_index(i));
@@ -426,7 +380,7 @@ absl::Status ReadsFromColumns(v1::PlanLoadResponse* answer) {
     box += static_cast<uint64_t>(c.box(i));
     if (dest > kInt32 || object > kInt32 || offset > kInt64 ||
         chunk > kUint32 || box > kUint32) {
-      return BadRead(first + i, "",
+      return BadRead(i, "",
                      absl::StrCat("column values out of range: destination ",
                                   static_cast<int64_t>(dest), ", object ",
                                   static_cast<int64_t>(object), ", offset ",
@@ -434,41 +388,8 @@ absl::Status ReadsFromColumns(v1::PlanLoadResponse* answer) {
                                   static_cast<int64_t>(chunk), ", box ",
                                   static_cast<int64_t>(box)));
     }
-    v1::ReadItem* item = answer->add_reads();
-    item->set_dest_index(static_cast<int32_t>(dest));
-    item->mutable_source()->set_offset(offset);
-    item->set_source_crc32c(c.crc32c(i));
-    item->set_object_index(static_cast<int32_t>(object));
-    item->set_chunk(static_cast<uint32_t>(chunk));
-    item->set_box(static_cast<uint32_t>(box));
-  }
-  answer->clear_read_columns();
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
-                                 v1::PlanLoadResponse* answer) {
-  if (answer->has_read_columns()) {
-    CAIRN_RETURN_IF_ERROR(ReadsFromColumns(answer));
-  }
-  // Each wanted chunk parsed once, when a read item first names it.
-  std::vector<std::optional<planner::WantedChunk>> wanted(
-      static_cast<size_t>(request.wanted_size()));
-  // Each shared box parsed once, when a read item first names it.
-  std::vector<std::optional<planner::ChunkBox>> boxes(
-      static_cast<size_t>(answer->boxes_size()));
-  planner::ChunkBox own_box;  // an item's source_box
-  planner::ChunkBox overlap;
-  std::vector<planner::CopySegment> segments;
-  uint64_t total_segments = 0;
-  for (int i = 0; i < answer->reads_size(); ++i) {
-    v1::ReadItem& item = *answer->mutable_reads(i);
-    // The full form (an older cairnd, or expanded already).
-    if (!IsCompactItem(item)) continue;
-    const int d = item.dest_index();
-    if (d < 0 || d >= request.wanted_size()) {
+    const int d = static_cast<int>(dest);
+    if (d >= request.wanted_size()) {
       return BadRead(i, "",
                      absl::StrCat("destination ", d, " of ",
                                   request.wanted_size(), " wanted chunks"));
@@ -485,55 +406,27 @@ absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
       want = std::move(*w);
     }
     const std::string& fqn = want->fqn;
-    const int o = item.object_index();
-    if (o < 0 || o >= answer->objects_size()) {
+    const int o = static_cast<int>(object);
+    if (o >= answer->objects_size()) {
       return BadRead(
           i, fqn, absl::StrCat("object ", o, " of ", answer->objects_size()));
     }
-    const planner::ChunkBox* stored = &own_box;
-    if (item.has_box()) {
-      if (item.has_source_box()) {
-        return BadRead(i, fqn, "names its stored box both ways");
-      }
-      const uint32_t b = item.box();
-      if (b >= boxes.size()) {
-        return BadRead(i, fqn,
-                       absl::StrCat("box ", b, " of ", answer->boxes_size()));
-      }
-      std::optional<planner::ChunkBox>& shared = boxes[b];
-      if (!shared.has_value()) {
-        absl::StatusOr<planner::ChunkBox> box =
-            BoxFromProto(answer->boxes(static_cast<int>(b)), fqn);
-        if (!box.ok()) return BadRead(i, fqn, box.status().message());
-        shared = std::move(*box);
-      }
-      stored = &*shared;
-    } else {
-      absl::StatusOr<planner::ChunkBox> box =
-          BoxFromProto(item.source_box(), fqn);
-      if (!box.ok()) return BadRead(i, fqn, box.status().message());
-      own_box = std::move(*box);
+    if (box >= boxes.size()) {
+      return BadRead(i, fqn,
+                     absl::StrCat("box ", box, " of ", answer->boxes_size()));
+    }
+    std::optional<planner::ChunkBox>& stored = boxes[box];
+    if (!stored.has_value()) {
+      absl::StatusOr<planner::ChunkBox> b =
+          BoxFromProto(answer->boxes(static_cast<int>(box)), fqn);
+      if (!b.ok()) return BadRead(i, fqn, b.status().message());
+      stored = std::move(*b);
     }
     const planner::ChunkBox& source_box = *stored;
     if (absl::Status s =
             planner::ValidateBoxInShape(source_box, want->global_shape);
         !s.ok()) {
       return BadRead(i, fqn, s.message());
-    }
-    const uint64_t elem = planner::DTypeSize(want->dtype);
-    // In the shape: at most 2^60 elements, so no overflow.
-    const uint64_t length =
-        static_cast<uint64_t>(planner::Volume(source_box)) * elem;
-    // Shared boxes leave the length out: the box's.
-    if (item.has_box() && item.source().length() == 0) {
-      item.mutable_source()->set_length(length);
-    }
-    if (item.source().length() != length) {
-      return BadRead(
-          i, fqn,
-          absl::StrCat("stored chunk ", planner::BoxToString(source_box),
-                       " of ", length, " bytes but length ",
-                       item.source().length()));
     }
     if (!planner::Intersect(source_box, want->box, &overlap)) {
       return BadRead(
@@ -542,17 +435,28 @@ absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
                        " outside the wanted chunk ",
                        planner::BoxToString(want->box)));
     }
-    const uint64_t n = planner::NumCopySegments(source_box, want->box, overlap);
-    if (n > planner::kMaxCopySegmentsPerPlan - total_segments) {
+    const uint64_t num =
+        planner::NumCopySegments(source_box, want->box, overlap);
+    if (num > planner::kMaxCopySegmentsPerPlan - total_segments) {
       return BadRead(i, fqn, "more copy segments than one plan may have");
     }
-    total_segments += n;
+    total_segments += num;
+    const uint64_t elem = planner::DTypeSize(want->dtype);
     segments.clear();
     planner::AppendCopySegments(source_box, want->box, overlap, elem,
                                 &segments);
+    // The fields in the full form's order (ReadViewToProto's).
+    v1::ReadItem& item = *answer->add_reads();
     item.set_fqn(fqn);
+    item.set_dest_index(d);
     BoxToProto(overlap, item.mutable_overlap());
-    item.mutable_source()->set_object_key(answer->objects(o));
+    v1::StorageLocation& source = *item.mutable_source();
+    source.set_object_key(answer->objects(o));
+    source.set_offset(offset);
+    // In the shape: at most 2^60 elements, so no overflow.
+    source.set_length(static_cast<uint64_t>(planner::Volume(source_box)) *
+                      elem);
+    item.set_source_crc32c(c.crc32c(i));
     item.mutable_segments()->Reserve(static_cast<int>(segments.size()));
     for (const planner::CopySegment& s : segments) {
       v1::CopySegment* out = item.add_segments();
@@ -560,7 +464,9 @@ absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
       out->set_dst_offset(s.dst_offset);
       out->set_length(s.length);
     }
+    item.set_chunk(static_cast<uint32_t>(chunk));
   }
+  answer->clear_read_columns();
   return absl::OkStatus();
 }
 

@@ -43,28 +43,21 @@ namespace cairn::convert {
 //   std::string bytes = std::move(w).Finish(prefix);
 //   AppendLoadRound(round, &bytes);  // == response.SerializeAsString()
 //
-// kCompact writes the compact form of read items (cairn.proto's ReadItem),
-// which the rank expands with ExpandCompactAnswer: no fqn, overlap or
-// segments; each object key once in `objects`, written just before the first
-// read item that uses it. Parsed, it is the message protobuf would decode;
-// its bytes differ from protobuf's own serialization only in that order.
-// kCompactSharedBoxes (PlanLoadRequest.shared_boxes) is kCompact with each
-// stored box written once into `boxes` (just before the first read item that
-// names it; again only when the writer's table of listed boxes lost it), and
-// items naming it by `box`, without source_box and source.length.
-// kReadColumns (PlanLoadRequest.read_columns) is kCompactSharedBoxes with the
-// read items' fields as columns (PlanLoadResponse.read_columns), written by
-// Finish, instead of ReadItem messages: about half the bytes.
-// kFull needs each ReadView's segments; the compact forms do not use them
-// (PlanEach(..., /*segments=*/false) skips building them).
-enum class AnswerForm { kFull, kCompact, kCompactSharedBoxes, kReadColumns };
-inline constexpr int kNumAnswerForms = 4;
+// The two forms (cairn.proto's PlanLoadRequest.read_columns). kFull writes
+// ReadItem messages that spell everything out, and needs each ReadView's
+// segments. kReadColumns writes each read item's stored chunk as columns
+// (PlanLoadResponse.read_columns, written by Finish), each object key once
+// in `objects` and each stored box once in `boxes` (in the order the items
+// first name them; a box again only when the writer's table of listed boxes
+// lost it); the rank derives the rest with ExpandReadColumns, so cairnd
+// needs no segments (PlanEach(..., /*segments=*/false) skips building them).
+enum class AnswerForm { kFull, kReadColumns };
+inline constexpr int kNumAnswerForms = 2;
 
-// The form a PlanLoad request asks for (`compact`, then `shared_boxes`, then
-// `read_columns`: each without the ones before it is the form before), and
-// the request's fields asking for `form`.
-AnswerForm AnswerFormOf(const v1::PlanLoadRequest& request);
-void AskForAnswerForm(AnswerForm form, v1::PlanLoadRequest* request);
+// The form a PlanLoad request asks for.
+inline AnswerForm AnswerFormOf(const v1::PlanLoadRequest& request) {
+  return request.read_columns() ? AnswerForm::kReadColumns : AnswerForm::kFull;
+}
 
 class PlanLoadAnswerWriter {
  public:
@@ -87,18 +80,18 @@ class PlanLoadAnswerWriter {
   uint64_t bytes_to_read() const { return bytes_to_read_; }
 
  private:
-  void AddCompactRead(const planner::LoadPlanner::ReadView& item);
+  void AddColumnsRead(const planner::LoadPlanner::ReadView& item);
   // The index in `boxes` of the item's stored box, listing it first if it
-  // is not (kCompactSharedBoxes).
+  // is not.
   uint32_t BoxIndex(const planner::LoadPlanner::ReadView& item);
   // Room for n more bytes at the end of the answer: where they go.
   char* Grow(size_t n);
-  // kReadColumns: the columns, written as PlanLoadResponse.read_columns.
+  // The columns, written as PlanLoadResponse.read_columns.
   void WriteColumns();
 
-  // kReadColumns: one column's packed body as it will be written (zigzag
-  // varints of the differences, or fixed32s), in bytes_ up to pos_, and the
-  // previous item's value. Its appends are inline: six per item, each a few
+  // One column's packed body as it will be written (zigzag varints of the
+  // differences, or fixed32s), in bytes_ up to pos_, and the previous item's
+  // value. Its appends are inline: six per item, each a few
   // instructions (out of line, the calls cost more than the bytes).
   class Column {
    public:
@@ -147,16 +140,15 @@ class PlanLoadAnswerWriter {
   // string's resize per item would zero and grow it item by item).
   std::string out_;
   size_t used_ = 0;
-  // Compact form: the planner's object index -> its index in `objects`, -1
+  // kReadColumns: the planner's object index -> its index in `objects`, -1
   // while not listed (grown to the largest object index seen: the planner's
   // objects are one per saving rank, so at most a few hundred KB).
   std::vector<int32_t> object_index_;
   int num_objects_ = 0;
-  // kCompactSharedBoxes: the boxes listed, by ReadView.box_id, direct-mapped
-  // (a box whose slot another took is listed again: a few bytes, where a
-  // hash map's lookup per item would cost more than it saves). The table
-  // doubles when half as many boxes were listed as it has slots, up to a
-  // bound.
+  // kReadColumns: the boxes listed, by ReadView.box_id, direct-mapped (a box
+  // whose slot another took is listed again: a few bytes, where a hash map's
+  // lookup per item would cost more than it saves). The table doubles when
+  // half as many boxes were listed as it has slots, up to a bound.
   struct BoxSlot {
     uint32_t id_plus_one = 0;  // 0: empty
     uint32_t index = 0;        // in `boxes`
@@ -169,28 +161,21 @@ class PlanLoadAnswerWriter {
   Columns columns_;
 };
 
-// Whether `item` is in a compact form ExpandCompactAnswer completes: it names
-// its stored box (source_box, or box) and has no segments yet.
-inline bool IsCompactItem(const v1::ReadItem& item) {
-  return (item.has_source_box() || item.has_box()) && item.segments_size() == 0;
-}
-
-// Turns a compact answer to `request` (any compact form) into the full
-// form in place: read_columns become read items (appended to `reads`, then
-// cleared), and each compact read item gets its wanted chunk's fqn, the
-// overlap of its stored box (source_box, or boxes[box]) with the wanted box,
-// the copy segments (planner::AppendCopySegments, exactly what cairnd
-// computes for the full form), source.object_key from `objects` and, when
-// left out, source.length; source_box or box, and chunk, stay. Items already
-// in the full form (neither source_box nor box: an older cairnd; or segments:
-// expanded already) are left as they are. INTERNAL naming the item and fqn
-// when cairnd sent what cannot be right: a destination, object or box index
-// out of range, columns of different lengths or values out of their field's
-// range, an item naming its box both ways, a stored chunk outside the
-// tensor, disjoint from its wanted chunk or of another length, more than
-// planner::kMaxCopySegmentsPerPlan segments.
-absl::Status ExpandCompactAnswer(const v1::PlanLoadRequest& request,
-                                 v1::PlanLoadResponse* answer);
+// Turns a kReadColumns answer to `request` into the full form in place:
+// each item of read_columns becomes a ReadItem of `reads` (and read_columns
+// is cleared) with its wanted chunk's fqn, the overlap of its stored box
+// (boxes[box]) with the wanted box, the copy segments
+// (planner::AppendCopySegments, exactly what cairnd computes for the full
+// form), source (objects[object_index] at offset, of the box's volume times
+// the dtype's size), source_crc32c and chunk, the stored chunk's id (for
+// ChunkPiece.chunk). A full answer (no read_columns) is left as it is.
+// INTERNAL naming the item and fqn when cairnd sent what cannot be right:
+// both read items and columns, columns of different lengths or values out of
+// their field's range, a destination, object or box index out of range, a
+// stored chunk outside the tensor or disjoint from its wanted chunk, more
+// than planner::kMaxCopySegmentsPerPlan segments.
+absl::Status ExpandReadColumns(const v1::PlanLoadRequest& request,
+                               v1::PlanLoadResponse* answer);
 
 // Appends PlanLoadResponse.load_round (omitted when 0, as protobuf does).
 void AppendLoadRound(uint64_t load_round, std::string* out);

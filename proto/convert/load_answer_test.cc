@@ -5,6 +5,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -36,32 +37,6 @@ std::string AsMessage(const planner::LoadPlanner& planner,
   for (const v1::ManifestBytes& e : entries) *resp.add_bytes_entries() = e;
   resp.set_load_round(round);
   return resp.SerializeAsString();
-}
-
-TEST(LoadAnswerTest, ARequestAsksForTheFormItWasGiven) {
-  for (AnswerForm form :
-       {AnswerForm::kFull, AnswerForm::kCompact,
-        AnswerForm::kCompactSharedBoxes, AnswerForm::kReadColumns}) {
-    v1::PlanLoadRequest request;
-    request.set_compact(true);  // overwritten either way
-    request.set_shared_boxes(true);
-    request.set_read_columns(true);
-    AskForAnswerForm(form, &request);
-    EXPECT_EQ(AnswerFormOf(request), form);
-  }
-  // shared_boxes alone (not a form libcairn asks for) is the full form.
-  v1::PlanLoadRequest request;
-  request.set_shared_boxes(true);
-  EXPECT_EQ(AnswerFormOf(request), AnswerForm::kFull);
-  request.set_compact(true);
-  EXPECT_EQ(AnswerFormOf(request), AnswerForm::kCompactSharedBoxes);
-  request.set_read_columns(true);
-  EXPECT_EQ(AnswerFormOf(request), AnswerForm::kReadColumns);
-  // read_columns without shared_boxes is the compact form.
-  request.set_shared_boxes(false);
-  EXPECT_EQ(AnswerFormOf(request), AnswerForm::kCompact);
-  request.set_read_columns(false);
-  EXPECT_EQ(AnswerFormOf(request), AnswerForm::kCompact);
 }
 
 TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
@@ -205,47 +180,51 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
     EXPECT_EQ(decoded.reads_size(), items);
     reads += static_cast<size_t>(items);
 
-    // The answer in a compact `form`, planned without copy segments as cairnd
-    // plans it, with the load round appended; `seen` is shown each item.
-    const auto compact_answer =
-        [&](AnswerForm form,
-            const std::function<void(const planner::LoadPlanner::ReadView&)>&
-                seen) {
-          PlanLoadAnswerWriter w(step, uri, form, expected());
-          EXPECT_TRUE((*planner)
-                          ->PlanEach(
-                              wanted,
-                              [&](const planner::LoadPlanner::ReadView& r) {
-                                seen(r);
-                                w.AddRead(r);
-                              },
-                              /*segments=*/false)
-                          .ok());
-          for (const v1::ManifestBytes& e : entries) w.AddBytesEntry(e);
-          EXPECT_EQ(w.reads(), items);
-          EXPECT_EQ(w.bytes_to_read(), bytes);
-          std::string out = std::move(w).Finish(prefix);
-          AppendLoadRound(round, &out);
-          return out;
-        };
-
-    // The compact form (planned without copy segments, as cairnd does),
-    // expanded by the rank, is the full form plus each item's source_box and
-    // chunk id.
-    const std::string compact_wire = compact_answer(
-        AnswerForm::kCompact, [](const planner::LoadPlanner::ReadView& r) {
-          EXPECT_EQ(r.segments, nullptr);
-        });
-    if (items > 0) {
-      EXPECT_LT(compact_wire.size(), wire.size());
+    // The same as read columns, planned without copy segments as cairnd
+    // plans them, with the load round appended. Each box is listed at least
+    // once, and again at most when another took its slot in the writer's
+    // table.
+    absl::flat_hash_set<uint32_t> box_ids;
+    PlanLoadAnswerWriter columns(step, uri, AnswerForm::kReadColumns,
+                                 expected());
+    ASSERT_TRUE((*planner)
+                    ->PlanEach(
+                        wanted,
+                        [&](const planner::LoadPlanner::ReadView& r) {
+                          EXPECT_EQ(r.segments, nullptr);
+                          EXPECT_LT(r.box_id, (*planner)->num_box_ids());
+                          box_ids.insert(r.box_id);
+                          columns.AddRead(r);
+                        },
+                        /*segments=*/false)
+                    .ok());
+    for (const v1::ManifestBytes& e : entries) columns.AddBytesEntry(e);
+    EXPECT_EQ(columns.reads(), items);
+    EXPECT_EQ(columns.bytes_to_read(), bytes);
+    std::string columns_wire = std::move(columns).Finish(prefix);
+    AppendLoadRound(round, &columns_wire);
+    // Smaller once the columns' tags and lengths are paid for, even with
+    // these random values.
+    if (items >= 8) {
+      EXPECT_LT(columns_wire.size(), wire.size());
     }
+    v1::PlanLoadResponse expanded;
+    ASSERT_TRUE(expanded.ParseFromString(columns_wire));
+    EXPECT_EQ(expanded.reads_size(), 0);
+    ASSERT_TRUE(expanded.has_read_columns());
+    EXPECT_EQ(expanded.read_columns().dest_index_size(), items);
+    EXPECT_EQ(expanded.read_columns().crc32c_size(), items);
+    EXPECT_GE(expanded.boxes_size(), static_cast<int>(box_ids.size()));
+    EXPECT_LE(expanded.boxes_size(), items);
+
+    // Expanded by the rank, it is the full answer plus each item's chunk id.
     v1::PlanLoadRequest request;
     for (const planner::WantedChunk& w : wanted) {
       WantedToProto(w, request.add_wanted());
     }
-    v1::PlanLoadResponse expanded;
-    ASSERT_TRUE(expanded.ParseFromString(compact_wire));
-    ASSERT_TRUE(ExpandCompactAnswer(request, &expanded).ok());
+    ASSERT_TRUE(ExpandReadColumns(request, &expanded).ok());
+    EXPECT_FALSE(expanded.has_read_columns());
+    ASSERT_EQ(expanded.reads_size(), items);
     for (int i = 0; i < expanded.reads_size(); ++i) {
       v1::ReadItem& item = *expanded.mutable_reads(i);
       ASSERT_TRUE(item.has_chunk());
@@ -256,74 +235,19 @@ TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
       EXPECT_EQ((*planner)->fqn(at->first), item.fqn());
       EXPECT_EQ(stored.offset, item.source().offset());
       EXPECT_EQ(stored.object_key, item.source().object_key());
-      EXPECT_EQ(BoxFromProto(item.source_box(), "").value(), stored.box);
-      item.clear_source_box();
       item.clear_chunk();
-      item.clear_object_index();
-    }
-    expanded.clear_objects();
-    EXPECT_EQ(expanded.SerializeAsString(), wire);
-
-    // The compact form with shared boxes, expanded, is the same: each item's
-    // box is the stored chunk's. Each box is listed at least once, and again
-    // at most when another took its slot in the writer's table.
-    absl::flat_hash_set<uint32_t> box_ids;
-    const std::string shared_wire =
-        compact_answer(AnswerForm::kCompactSharedBoxes,
-                       [&](const planner::LoadPlanner::ReadView& r) {
-                         EXPECT_LT(r.box_id, (*planner)->num_box_ids());
-                         box_ids.insert(r.box_id);
-                       });
-    ASSERT_TRUE(expanded.ParseFromString(shared_wire));
-    EXPECT_GE(expanded.boxes_size(), static_cast<int>(box_ids.size()));
-    EXPECT_LE(expanded.boxes_size(), items);
-    ASSERT_TRUE(ExpandCompactAnswer(request, &expanded).ok());
-    const std::string shared_expanded = expanded.SerializeAsString();
-    for (int i = 0; i < expanded.reads_size(); ++i) {
-      v1::ReadItem& item = *expanded.mutable_reads(i);
-      ASSERT_TRUE(item.has_chunk());
-      ASSERT_TRUE(item.has_box());
-      EXPECT_FALSE(item.has_source_box());
-      const auto at = (*planner)->ChunkOfId(item.chunk());
-      ASSERT_TRUE(at.has_value());
-      EXPECT_EQ(BoxFromProto(expanded.boxes(static_cast<int>(item.box())), "")
-                    .value(),
-                (*planner)->chunk(at->first, at->second).box);
-      item.clear_box();
-      item.clear_chunk();
-      item.clear_object_index();
     }
     expanded.clear_objects();
     expanded.clear_boxes();
     EXPECT_EQ(expanded.SerializeAsString(), wire);
-
-    // The same as columns: no ReadItem on the wire, the same objects and
-    // boxes listed, and, expanded, exactly the shared-boxes answer expanded.
-    const std::string columns_wire = compact_answer(
-        AnswerForm::kReadColumns, [](const planner::LoadPlanner::ReadView&) {});
-    // Smaller once the columns' tags and lengths are paid for, even with
-    // these random values (the differences of two random offsets near 2^62
-    // take more bytes than the offsets; a model's answer is half the size,
-    // SharedBoxesAreListedOnce).
-    if (items >= 8) {
-      EXPECT_LT(columns_wire.size(), shared_wire.size());
-    }
-    ASSERT_TRUE(expanded.ParseFromString(columns_wire));
-    EXPECT_EQ(expanded.reads_size(), 0);
-    ASSERT_TRUE(expanded.has_read_columns());
-    EXPECT_EQ(expanded.read_columns().dest_index_size(), items);
-    EXPECT_EQ(expanded.read_columns().crc32c_size(), items);
-    ASSERT_TRUE(ExpandCompactAnswer(request, &expanded).ok());
-    EXPECT_FALSE(expanded.has_read_columns());
-    EXPECT_EQ(expanded.SerializeAsString(), shared_expanded);
   }
   EXPECT_GT(reads, 1000u);
 }
 
 // One stored [8, 4] float32 tensor in two row blocks, in two objects; a rank
-// wants rows 2..6.
-struct CompactCase {
-  explicit CompactCase(AnswerForm form = AnswerForm::kCompact) {
+// wants rows 2..6, answered in read columns.
+struct ColumnsCase {
+  ColumnsCase() {
     planner::StoredTensor t;
     t.fqn = "w";
     t.dtype = planner::DType::kFloat32;
@@ -334,13 +258,15 @@ struct CompactCase {
     const planner::WantedChunk want{
         "w", t.dtype, t.global_shape, {{2, 0}, {4, 4}}};
     WantedToProto(want, request.add_wanted());
-    PlanLoadAnswerWriter w(7, "file:///x", form);
-    EXPECT_TRUE(planner
-                    ->PlanEach({want},
-                               [&](const planner::LoadPlanner::ReadView& r) {
-                                 w.AddRead(r);
-                               })
-                    .ok());
+    request.set_read_columns(true);
+    PlanLoadAnswerWriter w(7, "file:///x", AnswerFormOf(request));
+    EXPECT_TRUE(
+        planner
+            ->PlanEach(
+                {want},
+                [&](const planner::LoadPlanner::ReadView& r) { w.AddRead(r); },
+                /*segments=*/false)
+            .ok());
     EXPECT_TRUE(answer.ParseFromString(std::move(w).Finish("j/7/")));
   }
   std::unique_ptr<planner::LoadPlanner> planner;
@@ -348,14 +274,27 @@ struct CompactCase {
   v1::PlanLoadResponse answer;
 };
 
-TEST(LoadAnswerTest, ExpandsACompactAnswer) {
-  CompactCase c;
-  ASSERT_EQ(c.answer.reads_size(), 2);
+TEST(LoadAnswerTest, ARequestAsksForReadColumnsOrTheFullForm) {
+  v1::PlanLoadRequest request;
+  EXPECT_EQ(AnswerFormOf(request), AnswerForm::kFull);
+  request.set_read_columns(true);
+  EXPECT_EQ(AnswerFormOf(request), AnswerForm::kReadColumns);
+}
+
+TEST(LoadAnswerTest, ExpandsReadColumns) {
+  ColumnsCase c;
+  EXPECT_EQ(c.answer.reads_size(), 0);
+  ASSERT_EQ(c.answer.read_columns().dest_index_size(), 2);
   ASSERT_EQ(c.answer.objects_size(), 2);
-  ASSERT_TRUE(ExpandCompactAnswer(c.request, &c.answer).ok());
+  ASSERT_EQ(c.answer.boxes_size(), 2);
+  ASSERT_TRUE(ExpandReadColumns(c.request, &c.answer).ok());
+  EXPECT_FALSE(c.answer.has_read_columns());
+  ASSERT_EQ(c.answer.reads_size(), 2);
   const v1::ReadItem& a = c.answer.reads(0);
   EXPECT_EQ(a.fqn(), "w");
   EXPECT_EQ(a.source().object_key(), "r0");
+  EXPECT_EQ(a.source().length(), 64u);
+  EXPECT_EQ(a.source_crc32c(), 1u);
   EXPECT_EQ(a.chunk(), 0u);
   ASSERT_EQ(a.segments_size(), 1);  // rows 2..3 of block 0: bytes 32..63
   EXPECT_EQ(a.segments(0).src_offset(), 32u);
@@ -364,153 +303,75 @@ TEST(LoadAnswerTest, ExpandsACompactAnswer) {
   const v1::ReadItem& b = c.answer.reads(1);
   EXPECT_EQ(b.source().object_key(), "r1");
   EXPECT_EQ(b.source().offset(), 4096u);
+  EXPECT_EQ(b.source_crc32c(), 2u);
   EXPECT_EQ(b.chunk(), 1u);
   ASSERT_EQ(b.segments_size(), 1);  // rows 4..5 of block 1: bytes 0..31
   EXPECT_EQ(b.segments(0).src_offset(), 0u);
   EXPECT_EQ(b.segments(0).dst_offset(), 32u);
   EXPECT_EQ(b.overlap().offsets(0), 4);
   EXPECT_EQ(b.overlap().sizes(0), 2);
-  // Expanding again changes nothing (items are in the full form by then,
-  // and the full form passes through).
+  // Expanding again changes nothing (the answer is in the full form by
+  // then, and the full form passes through).
   v1::PlanLoadResponse again = c.answer;
-  ASSERT_TRUE(ExpandCompactAnswer(c.request, &again).ok());
+  ASSERT_TRUE(ExpandReadColumns(c.request, &again).ok());
   EXPECT_EQ(again.SerializeAsString(), c.answer.SerializeAsString());
 }
 
-TEST(LoadAnswerTest, RefusesACompactAnswerThatCannotBeRight) {
-  const std::vector<
-      std::pair<std::string, std::function<void(v1::PlanLoadResponse*)>>>
-      damages = {
-          {"destination 1 of 1",
-           [](v1::PlanLoadResponse* a) {
-             a->mutable_reads(1)->set_dest_index(1);
-           }},
-          {"destination -1",
-           [](v1::PlanLoadResponse* a) {
-             a->mutable_reads(0)->set_dest_index(-1);
-           }},
-          {"object 2 of 2",
-           [](v1::PlanLoadResponse* a) {
-             a->mutable_reads(1)->set_object_index(2);
-           }},
-          {"object 0 of 0",
-           [](v1::PlanLoadResponse* a) { a->clear_objects(); }},
-          {"but length 65",
-           [](v1::PlanLoadResponse* a) {
-             a->mutable_reads(0)->mutable_source()->set_length(65);
-           }},
-          {"exceeds shape",
-           [](v1::PlanLoadResponse* a) {
-             a->mutable_reads(1)->mutable_source_box()->set_offsets(0, 5);
-           }},
-          {"outside the wanted chunk",
-           [](v1::PlanLoadResponse* a) {
-             a->mutable_reads(0)->mutable_source_box()->set_sizes(0, 2);
-             a->mutable_reads(0)->mutable_source()->set_length(32);
-           }},
-          {"2 offsets but 3 sizes",
-           [](v1::PlanLoadResponse* a) {
-             a->mutable_reads(0)->mutable_source_box()->add_sizes(1);
-           }},
-      };
-  for (const auto& [want, damage] : damages) {
-    SCOPED_TRACE(want);
-    CompactCase c;
-    damage(&c.answer);
-    const absl::Status s = ExpandCompactAnswer(c.request, &c.answer);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
-    EXPECT_NE(s.message().find(want), std::string::npos) << s;
-    if (want.find("destination") == std::string::npos) {
-      EXPECT_NE(s.message().find("of 'w'"), std::string::npos) << s;
-    }
-  }
-}
-
-TEST(LoadAnswerTest, RefusesASharedBoxesAnswerThatCannotBeRight) {
-  const std::vector<
-      std::pair<std::string, std::function<void(v1::PlanLoadResponse*)>>>
-      damages = {
-          {"box 2 of 2",
-           [](v1::PlanLoadResponse* a) { a->mutable_reads(1)->set_box(2); }},
-          {"box 0 of 0", [](v1::PlanLoadResponse* a) { a->clear_boxes(); }},
-          {"names its stored box both ways",
-           [](v1::PlanLoadResponse* a) {
-             *a->mutable_reads(0)->mutable_source_box() = a->boxes(0);
-           }},
-          {"but length 65",
-           [](v1::PlanLoadResponse* a) {
-             a->mutable_reads(0)->mutable_source()->set_length(65);
-           }},
-          {"exceeds shape",
-           [](v1::PlanLoadResponse* a) {
-             a->mutable_boxes(1)->set_offsets(0, 5);
-           }},
-          {"outside the wanted chunk",
-           [](v1::PlanLoadResponse* a) {
-             a->mutable_boxes(0)->set_sizes(0, 2);
-           }},
-          {"2 offsets but 3 sizes",
-           [](v1::PlanLoadResponse* a) { a->mutable_boxes(0)->add_sizes(1); }},
-      };
-  for (const auto& [want, damage] : damages) {
-    SCOPED_TRACE(want);
-    CompactCase c(AnswerForm::kCompactSharedBoxes);
-    ASSERT_EQ(c.answer.boxes_size(), 2);
-    damage(&c.answer);
-    const absl::Status s = ExpandCompactAnswer(c.request, &c.answer);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
-    EXPECT_NE(s.message().find(want), std::string::npos) << s;
-    EXPECT_NE(s.message().find("of 'w'"), std::string::npos) << s;
-  }
-}
-
 TEST(LoadAnswerTest, RefusesReadColumnsThatCannotBeRight) {
-  const std::vector<
-      std::pair<std::string, std::function<void(v1::ReadColumns*)>>>
-      damages = {
-          {"2 destinations, 2 objects, 2 offsets, 1 checksums",
-           [](v1::ReadColumns* c) { c->mutable_crc32c()->RemoveLast(); }},
-          {"3 boxes", [](v1::ReadColumns* c) { c->add_box(0); }},
-          {"destination 1 of 1",  // the second item's difference is 1 more
-           [](v1::ReadColumns* c) { c->set_dest_index(1, 1); }},
-          {"destination -1",
-           [](v1::ReadColumns* c) { c->set_dest_index(0, -1); }},
-          {"object 2 of 2",
-           [](v1::ReadColumns* c) { c->set_object_index(1, 2); }},
-          {"box 2 of 2", [](v1::ReadColumns* c) { c->set_box(1, 2); }},
-          {"out of range: destination 2147483648",
-           [](v1::ReadColumns* c) { c->set_dest_index(0, int64_t{1} << 31); }},
-          {"out of range",
-           [](v1::ReadColumns* c) { c->set_object_index(0, -3); }},
-          {"out of range",
-           [](v1::ReadColumns* c) { c->set_chunk(1, int64_t{1} << 32); }},
-          {"out of range", [](v1::ReadColumns* c) { c->set_offset(0, -1); }},
-          {"out of range",
-           [](v1::ReadColumns* c) { c->set_box(0, -(int64_t{1} << 40)); }},
-      };
-  for (const auto& [want, damage] : damages) {
+  using Damage = std::function<void(v1::PlanLoadResponse*)>;
+  const auto column = [](std::function<void(v1::ReadColumns*)> f) -> Damage {
+    return [f](v1::PlanLoadResponse* a) { f(a->mutable_read_columns()); };
+  };
+  // (what the error says, whether it names 'w', the damage)
+  const std::vector<std::tuple<std::string, bool, Damage>> damages = {
+      {"2 destinations, 2 objects, 2 offsets, 1 checksums", false,
+       column([](v1::ReadColumns* c) { c->mutable_crc32c()->RemoveLast(); })},
+      {"3 boxes", false, column([](v1::ReadColumns* c) { c->add_box(0); })},
+      {"destination 1 of 1", false,  // the second item's difference is 1 more
+       column([](v1::ReadColumns* c) { c->set_dest_index(1, 1); })},
+      {"destination -1", false,
+       column([](v1::ReadColumns* c) { c->set_dest_index(0, -1); })},
+      {"object 2 of 2", true,
+       column([](v1::ReadColumns* c) { c->set_object_index(1, 2); })},
+      {"object 0 of 0", true,
+       [](v1::PlanLoadResponse* a) { a->clear_objects(); }},
+      {"box 2 of 2", true,
+       column([](v1::ReadColumns* c) { c->set_box(1, 2); })},
+      {"box 0 of 0", true, [](v1::PlanLoadResponse* a) { a->clear_boxes(); }},
+      {"out of range: destination 2147483648", false,
+       column(
+           [](v1::ReadColumns* c) { c->set_dest_index(0, int64_t{1} << 31); })},
+      {"out of range", false,
+       column([](v1::ReadColumns* c) { c->set_object_index(0, -3); })},
+      {"out of range", false,
+       column([](v1::ReadColumns* c) { c->set_chunk(1, int64_t{1} << 32); })},
+      {"out of range", false,
+       column([](v1::ReadColumns* c) { c->set_offset(0, -1); })},
+      {"out of range", false,
+       column([](v1::ReadColumns* c) { c->set_box(0, -(int64_t{1} << 40)); })},
+      {"exceeds shape", true,
+       [](v1::PlanLoadResponse* a) { a->mutable_boxes(1)->set_offsets(0, 5); }},
+      {"outside the wanted chunk", true,
+       [](v1::PlanLoadResponse* a) { a->mutable_boxes(0)->set_sizes(0, 2); }},
+      {"2 offsets but 3 sizes", true,
+       [](v1::PlanLoadResponse* a) { a->mutable_boxes(0)->add_sizes(1); }},
+      {"1 read items besides read columns", false,
+       [](v1::PlanLoadResponse* a) { a->add_reads(); }},
+  };
+  for (const auto& [want, names_fqn, damage] : damages) {
     SCOPED_TRACE(want);
-    CompactCase c(AnswerForm::kReadColumns);
-    ASSERT_EQ(c.answer.read_columns().dest_index_size(), 2);
-    damage(c.answer.mutable_read_columns());
-    const absl::Status s = ExpandCompactAnswer(c.request, &c.answer);
+    ColumnsCase c;
+    damage(&c.answer);
+    const absl::Status s = ExpandReadColumns(c.request, &c.answer);
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
     EXPECT_NE(s.message().find(want), std::string::npos) << s;
+    EXPECT_EQ(s.message().find("of 'w'") != std::string::npos, names_fqn) << s;
   }
-  // Undamaged, it is the answer of ExpandsACompactAnswer.
-  CompactCase columns(AnswerForm::kReadColumns);
-  CompactCase items(AnswerForm::kCompactSharedBoxes);
-  ASSERT_TRUE(ExpandCompactAnswer(columns.request, &columns.answer).ok());
-  ASSERT_TRUE(ExpandCompactAnswer(items.request, &items.answer).ok());
-  EXPECT_EQ(columns.answer.SerializeAsString(),
-            items.answer.SerializeAsString());
-  EXPECT_EQ(columns.answer.reads(1).source().offset(), 4096u);
-  EXPECT_EQ(columns.answer.reads(1).chunk(), 1u);
 }
 
-// A model's layers stored in one tiling: the shared-boxes answer lists each
-// stored box once, in far fewer bytes than the compact form, and expands to
-// the same read items.
+// A model's layers stored in one tiling: the read columns list each stored
+// box once, in a fraction of the full form's bytes, and expand to the full
+// form.
 TEST(LoadAnswerTest, SharedBoxesAreListedOnce) {
   // 40 [64, 16] float32 tensors, each in 8 row blocks written by 8 ranks; a
   // rank wants rows 4..35 of each: 5 blocks.
@@ -536,58 +397,38 @@ TEST(LoadAnswerTest, SharedBoxesAreListedOnce) {
   for (const planner::WantedChunk& w : wanted) {
     WantedToProto(w, request.add_wanted());
   }
-  const auto answer = [&](AnswerForm form) {
-    PlanLoadAnswerWriter w(3, "file:///x", form);
-    EXPECT_TRUE(
-        (*planner)
-            ->PlanEach(
-                wanted,
-                [&](const planner::LoadPlanner::ReadView& r) { w.AddRead(r); },
-                /*segments=*/false)
-            .ok());
-    EXPECT_EQ(w.reads(), 200);
-    return std::move(w).Finish("j/3/");
-  };
-  const std::string compact = answer(AnswerForm::kCompact);
-  const std::string shared = answer(AnswerForm::kCompactSharedBoxes);
-  v1::PlanLoadResponse a, b;
-  ASSERT_TRUE(a.ParseFromString(compact));
-  ASSERT_TRUE(b.ParseFromString(shared));
-  ASSERT_EQ(b.boxes_size(), 5);
-  for (int k = 0; k < 5; ++k) {
-    EXPECT_EQ(BoxFromProto(b.boxes(k), "").value(),
-              (planner::ChunkBox{{k * 8, 0}, {8, 16}}));
-  }
-  for (int i = 0; i < 200; ++i) {
-    EXPECT_EQ(b.reads(i).box(), static_cast<uint32_t>(i % 5));
-    EXPECT_EQ(b.reads(i).source().length(), 0u);  // left out
-  }
-  // ~20 bytes an item instead of ~31 (its own box and length left out):
-  // 4184 bytes instead of 6334.
-  EXPECT_LT(shared.size() * 10, compact.size() * 7)
-      << shared.size() << " vs " << compact.size();
-  ASSERT_TRUE(ExpandCompactAnswer(request, &a).ok());
-  ASSERT_TRUE(ExpandCompactAnswer(request, &b).ok());
-  for (int i = 0; i < 200; ++i) {
-    a.mutable_reads(i)->clear_source_box();
-    b.mutable_reads(i)->clear_box();
-  }
-  b.clear_boxes();
-  EXPECT_EQ(b.SerializeAsString(), a.SerializeAsString());
-
-  // As columns: the same boxes, each item's values as small differences in
-  // ~11 bytes instead of ~20, and the same items once expanded.
-  const std::string columns = answer(AnswerForm::kReadColumns);
-  EXPECT_LT(columns.size() * 10, shared.size() * 6)
-      << columns.size() << " vs " << shared.size();
-  v1::PlanLoadResponse c, d;
+  PlanLoadAnswerWriter w(3, "file:///x", AnswerForm::kReadColumns);
+  ASSERT_TRUE(
+      (*planner)
+          ->PlanEach(
+              wanted,
+              [&](const planner::LoadPlanner::ReadView& r) { w.AddRead(r); },
+              /*segments=*/false)
+          .ok());
+  EXPECT_EQ(w.reads(), 200);
+  const std::string columns = std::move(w).Finish("j/3/");
+  const std::string full =
+      AsMessage(**planner, wanted, 3, "file:///x", {}, "j/3/", 0);
+  v1::PlanLoadResponse c;
   ASSERT_TRUE(c.ParseFromString(columns));
-  ASSERT_TRUE(d.ParseFromString(shared));
   EXPECT_EQ(c.reads_size(), 0);
   ASSERT_EQ(c.boxes_size(), 5);
-  ASSERT_TRUE(ExpandCompactAnswer(request, &c).ok());
-  ASSERT_TRUE(ExpandCompactAnswer(request, &d).ok());
-  EXPECT_EQ(c.SerializeAsString(), d.SerializeAsString());
+  for (int k = 0; k < 5; ++k) {
+    EXPECT_EQ(BoxFromProto(c.boxes(k), "").value(),
+              (planner::ChunkBox{{k * 8, 0}, {8, 16}}));
+  }
+  ASSERT_EQ(c.read_columns().box_size(), 200);
+  for (int i = 0; i < 200; ++i) {  // boxes 0, 1, .., 4, 0, 1, ..
+    EXPECT_EQ(c.read_columns().box(i), i % 5 == 0 ? (i == 0 ? 0 : -4) : 1);
+  }
+  // ~11 bytes an item instead of ~60.
+  EXPECT_LT(columns.size() * 4, full.size())
+      << columns.size() << " vs " << full.size();
+  ASSERT_TRUE(ExpandReadColumns(request, &c).ok());
+  for (v1::ReadItem& item : *c.mutable_reads()) item.clear_chunk();
+  c.clear_objects();
+  c.clear_boxes();
+  EXPECT_EQ(c.SerializeAsString(), full);
 }
 
 // An answer naming more boxes than the writer's table starts with: the table
@@ -611,7 +452,7 @@ TEST(LoadAnswerTest, SharedBoxesOfALargeTiling) {
   }
   auto planner = planner::LoadPlanner::Create(tensors);
   ASSERT_TRUE(planner.ok()) << planner.status();
-  PlanLoadAnswerWriter w(3, "file:///x", AnswerForm::kCompactSharedBoxes);
+  PlanLoadAnswerWriter w(3, "file:///x", AnswerForm::kReadColumns);
   ASSERT_TRUE(
       (*planner)
           ->PlanEach(
@@ -621,17 +462,19 @@ TEST(LoadAnswerTest, SharedBoxesOfALargeTiling) {
           .ok());
   v1::PlanLoadResponse a;
   ASSERT_TRUE(a.ParseFromString(std::move(w).Finish("j/3/")));
-  ASSERT_EQ(a.reads_size(), 12000);
+  ASSERT_EQ(a.read_columns().box_size(), 12000);
   EXPECT_GE(a.boxes_size(), 6000);
   EXPECT_LT(a.boxes_size(), 6000 + 60) << "the table did not grow";
   v1::PlanLoadRequest request;
   for (const planner::WantedChunk& x : wanted) {
     WantedToProto(x, request.add_wanted());
   }
-  ASSERT_TRUE(ExpandCompactAnswer(request, &a).ok());
+  ASSERT_TRUE(ExpandReadColumns(request, &a).ok());
+  ASSERT_EQ(a.reads_size(), 12000);
   for (int i = 0; i < 12000; ++i) {
     const v1::ReadItem& item = a.reads(i);
-    EXPECT_EQ(BoxFromProto(a.boxes(static_cast<int>(item.box())), "").value(),
+    // Wanted whole: the overlap is the stored box.
+    EXPECT_EQ(BoxFromProto(item.overlap(), "").value(),
               (planner::ChunkBox{{i % 6000, 0}, {1, 8}}));
     EXPECT_EQ(item.source().length(), 32u);
     ASSERT_EQ(item.segments_size(), 1);
@@ -676,21 +519,27 @@ TEST(LoadAnswerTest, LargeAnswersWhateverTheRoomGiven) {
   const std::string full = answer(AnswerForm::kFull, 0);
   EXPECT_EQ(full, AsMessage(**planner, wanted, 3, "file:///x", {}, "j/3/", 0));
   ASSERT_GT(full.size(), size_t{4} << 16);
-  const std::string compact = answer(AnswerForm::kCompact, 0);
-  ASSERT_GT(compact.size(), size_t{2} << 16);
+  const std::string columns = answer(AnswerForm::kReadColumns, 0);
+  ASSERT_GT(columns.size(), size_t{1} << 16);
   for (const size_t given : {size_t{1}, size_t{100} << 10, full.size() - 1,
                              full.size(), size_t{64} << 20}) {
     EXPECT_EQ(answer(AnswerForm::kFull, given), full) << given;
-    EXPECT_EQ(answer(AnswerForm::kCompact, given), compact) << given;
+    EXPECT_EQ(answer(AnswerForm::kReadColumns, given), columns) << given;
   }
   // Each of the 40 objects listed once, in the order of first use.
   v1::PlanLoadResponse parsed;
-  ASSERT_TRUE(parsed.ParseFromString(compact));
+  ASSERT_TRUE(parsed.ParseFromString(columns));
   ASSERT_EQ(parsed.objects_size(), 40);
   for (int i = 0; i < 40; ++i) {
     EXPECT_EQ(parsed.objects(i), absl::StrCat("rank", i, "/data"));
-    EXPECT_EQ(parsed.reads(i).object_index(), i);
-    EXPECT_EQ(parsed.reads(i + 40).object_index(), i);
+  }
+  v1::PlanLoadRequest request;
+  WantedToProto(wanted[0], request.add_wanted());
+  ASSERT_TRUE(ExpandReadColumns(request, &parsed).ok());
+  ASSERT_EQ(parsed.reads_size(), 6000);
+  for (int i = 0; i < 6000; ++i) {
+    EXPECT_EQ(parsed.reads(i).source().object_key(),
+              absl::StrCat("rank", i % 40, "/data"));
   }
 }
 

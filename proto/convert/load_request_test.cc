@@ -53,7 +53,7 @@ Case RandomCase(std::mt19937_64& rng) {
   out.full.set_step(7);
   out.full.set_rank(3);
   out.full.set_world_size(8);
-  out.full.set_compact(true);
+  out.full.set_read_columns(true);
   out.full.add_wanted_bytes("extra");
   std::vector<const planner::StoredTensor*> sorted;
   for (const auto& t : tensors) sorted.push_back(&t);

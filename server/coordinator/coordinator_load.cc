@@ -216,12 +216,11 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
   // short request is keyed by its digest and boxes as sent: one answered from
   // the cache matched the checkpoint's digest before (resend_wanted answers
   // are not cached).
-  // The form of the answer: full, compact, or compact with shared boxes (a
-  // request for shared boxes in the full form gets the full form).
+  // The form of the answer: full, or read columns.
   const convert::AnswerForm form = convert::AnswerFormOf(request);
   const std::string cache_key =
       absl::StrCat(job, "\n", step, "\n",
-                   absl::string_view("fcbr").substr(static_cast<int>(form), 1),
+                   absl::string_view("fr").substr(static_cast<int>(form), 1),
                    short_form ? ShortLayoutHash(request)
                               : LayoutHash(wanted, request.wanted_bytes()));
   const auto count = [&](bool from_cache) {
@@ -265,7 +264,7 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
       ckpt->answer_bytes[static_cast<int>(form)];
   convert::PlanLoadAnswerWriter answer(
       step, store_->uri(), form, answer_bytes.load(std::memory_order_relaxed));
-  // A rank taking a compact form derives the copy segments itself.
+  // A rank taking read columns derives the copy segments itself.
   const auto add = [&answer](const planner::LoadPlanner::ReadView& r) {
     answer.AddRead(r);
   };
@@ -345,7 +344,7 @@ void Coordinator::VerifyLoad(const v1::VerifyLoadRequest& request,
   planner::StoredChunkView stored;  // reused: no box copy per piece
   for (int i = 0; i < request.pieces_size(); ++i) {
     const v1::ChunkPiece& p = request.pieces(i);
-    // The stored chunk, by id (compact answers) or by location.
+    // The stored chunk, by id (read columns) or by location (the full form).
     const std::optional<std::pair<int, int>> at =
         p.has_chunk() ? stored_tensors.ChunkOfId(p.chunk())
                       : stored_tensors.ChunkAt(p.source().object_key(),

@@ -190,54 +190,36 @@ TEST_F(CoordinatorTest, VerifyLoadRejectsBadRequests) {
   EXPECT_TRUE(a.get().ok());
 }
 
-TEST_F(CoordinatorTest, CompactLoadPlansExpandToTheFullForm) {
+TEST_F(CoordinatorTest, ReadColumnsExpandToTheFullForm) {
   Start();
   Save("job", 1, 2);
   const v1::PlanLoadResponse full = PlanColumns(0, 1, 2, /*world=*/0);
+  EXPECT_FALSE(full.has_read_columns());
   ASSERT_EQ(full.reads_size(), 2);
   EXPECT_FALSE(full.reads(0).has_chunk());
-  for (const auto& [shared_boxes, columns] :
-       {std::pair{false, false}, {true, false}, {true, true}}) {
-    SCOPED_TRACE(columns        ? "read columns"
-                 : shared_boxes ? "shared boxes"
-                                : "own boxes");
-    v1::PlanLoadResponse compact =
-        PlanColumnsCompact(0, 1, 2, /*world=*/0, 1, shared_boxes, columns);
-    ASSERT_EQ(compact.reads_size(), 2);
-    EXPECT_EQ(compact.objects_size(), 2);  // one object per saving rank
-    EXPECT_EQ(compact.boxes_size(), shared_boxes ? 2 : 0);
-    std::vector<uint32_t> chunks;
-    for (v1::ReadItem& it : *compact.mutable_reads()) {
-      ASSERT_TRUE(it.has_chunk());
-      EXPECT_EQ(it.has_box(), shared_boxes);
-      EXPECT_EQ(it.has_source_box(), !shared_boxes);
-      chunks.push_back(it.chunk());
-      it.clear_chunk();
-      it.clear_source_box();
-      it.clear_box();
-      it.clear_object_index();
-    }
-    // "w"'s two chunks, after "b"'s one (tensors in fqn order).
-    EXPECT_THAT(chunks, ::testing::UnorderedElementsAre(1u, 2u));
-    compact.clear_objects();
-    compact.clear_boxes();
-    EXPECT_EQ(compact.SerializeAsString(), full.SerializeAsString());
+  v1::PlanLoadResponse expanded = PlanColumnsExpanded(0, 1, 2, /*world=*/0);
+  ASSERT_EQ(expanded.reads_size(), 2);
+  EXPECT_EQ(expanded.objects_size(), 2);  // one object per saving rank
+  EXPECT_EQ(expanded.boxes_size(), 2);
+  std::vector<uint32_t> chunks;
+  for (v1::ReadItem& it : *expanded.mutable_reads()) {
+    ASSERT_TRUE(it.has_chunk());
+    chunks.push_back(it.chunk());
+    it.clear_chunk();
   }
-  // The four forms of one layout are cached apart: asked twice more each,
-  // each is answered in its own form (PlanColumnsCompact checks that columns
-  // come only when asked for).
+  // "w"'s two chunks, after "b"'s one (tensors in fqn order).
+  EXPECT_THAT(chunks, ::testing::UnorderedElementsAre(1u, 2u));
+  expanded.clear_objects();
+  expanded.clear_boxes();
+  EXPECT_EQ(expanded.SerializeAsString(), full.SerializeAsString());
+  // The two forms of one layout are cached apart: asked twice more each,
+  // each is answered in its own form (PlanColumnsExpanded checks that
+  // columns come when asked for).
   for (int i = 0; i < 2; ++i) {
     EXPECT_FALSE(PlanColumns(0, 1, 2, 0).reads(0).has_chunk());
-    const v1::ReadItem own = PlanColumnsCompact(0, 1, 2, 0, 1, false).reads(0);
-    EXPECT_TRUE(own.has_source_box() && !own.has_box());
-    const v1::ReadItem shared =
-        PlanColumnsCompact(0, 1, 2, 0, 1, true, false).reads(0);
-    EXPECT_TRUE(shared.has_box() && !shared.has_source_box());
-    const v1::ReadItem columns =
-        PlanColumnsCompact(0, 1, 2, 0, 1, true, true).reads(0);
-    EXPECT_TRUE(columns.has_box() && !columns.has_source_box());
+    EXPECT_TRUE(PlanColumnsExpanded(0, 1, 2, 0).reads(0).has_chunk());
   }
-  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 4);
+  EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 2);
 }
 
 TEST_F(CoordinatorTest, ShortFormLoadRequestsArePlannedAsTheFullForm) {
@@ -330,9 +312,9 @@ TEST_F(CoordinatorTest, VerifyLoadTakesPiecesByChunkId) {
   options_.load_join_grace = absl::Hours(1);
   Start();
   Save("job", 1, 2);
-  // Rank 0 names its chunks by id (a compact answer), rank 1 by location (a
+  // Rank 0 names its chunks by id (read columns), rank 1 by location (a
   // client of the full form): the round combines both.
-  const v1::VerifyLoadRequest left = Pieces(PlanColumnsCompact(0, 0, 2), 0, 2);
+  const v1::VerifyLoadRequest left = Pieces(PlanColumnsExpanded(0, 0, 2), 0, 2);
   ASSERT_EQ(left.pieces_size(), 2);
   EXPECT_TRUE(left.pieces(0).has_chunk());
   EXPECT_TRUE(left.pieces(0).fqn().empty());

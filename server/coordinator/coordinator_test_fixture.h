@@ -353,25 +353,18 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : v1::PlanLoadResponse();
   }
-  // The same in the compact form (with shared boxes, as libcairn asks, or
-  // without), expanded as libcairn does.
-  v1::PlanLoadResponse PlanColumnsCompact(int rank, int64_t col, int64_t cols,
-                                          int world = 2, int64_t step = 1,
-                                          bool shared_boxes = true,
-                                          bool read_columns = true) {
+  // The same answered in read columns (as libcairn asks), expanded as
+  // libcairn does.
+  v1::PlanLoadResponse PlanColumnsExpanded(int rank, int64_t col, int64_t cols,
+                                           int world = 2, int64_t step = 1) {
     v1::PlanLoadRequest req = ColumnsRequest(rank, col, cols, world, step);
-    req.set_compact(true);
-    req.set_shared_boxes(shared_boxes);
-    req.set_read_columns(read_columns);
+    req.set_read_columns(true);
     auto r = coordinator_->PlanLoad(req);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return v1::PlanLoadResponse();
-    // Columns when asked for them with shared boxes, else read items.
-    EXPECT_EQ(r->has_read_columns(), shared_boxes && read_columns);
-    if (r->has_read_columns()) {
-      EXPECT_EQ(r->reads_size(), 0);
-    }
-    EXPECT_TRUE(convert::ExpandCompactAnswer(req, &*r).ok());
+    EXPECT_TRUE(r->has_read_columns());
+    EXPECT_EQ(r->reads_size(), 0);
+    EXPECT_TRUE(convert::ExpandReadColumns(req, &*r).ok());
     return *r;
   }
 
