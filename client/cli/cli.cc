@@ -746,6 +746,685 @@ void PrintShow(const v1::GetCheckpointResponse& resp, bool chunks,
   c.Print(out);
 }
 
+// The flags every command shares: which cairnd, or which storage, and how
+// to reach cairnd.
+struct GlobalArgs {
+  std::string coordinator;
+  std::string storage_uri;
+  CLI::Option* coordinator_option = nullptr;
+  CLI::Option* storage_option = nullptr;
+  protocol::ClientSecurity security;
+  std::string token_file;
+};
+
+void AddGlobalFlags(CLI::App& app, GlobalArgs& g) {
+  g.coordinator_option =
+      app.add_option("--coordinator,-c", g.coordinator,
+                     "cairnd address host:port (env CAIRN_COORDINATOR)")
+          ->envname("CAIRN_COORDINATOR");
+  g.storage_option =
+      app.add_option("--storage,-s", g.storage_uri,
+                     "Storage URI to read offline, e.g. file:///data/ckpt "
+                     "(env CAIRN_STORAGE)")
+          ->envname("CAIRN_STORAGE");
+  app.add_option("--tls-ca", g.security.ca_file,
+                 "PEM CA bundle of cairnd's certificate: call cairnd over TLS "
+                 "(env CAIRN_TLS_CA)")
+      ->envname("CAIRN_TLS_CA");
+  app.add_option("--tls-cert", g.security.cert_file,
+                 "PEM client certificate, for cairnd with --tls-client-ca "
+                 "(env CAIRN_TLS_CERT)")
+      ->envname("CAIRN_TLS_CERT");
+  app.add_option("--tls-key", g.security.key_file,
+                 "PEM private key of --tls-cert (env CAIRN_TLS_KEY)")
+      ->envname("CAIRN_TLS_KEY");
+  app.add_option("--token-file", g.token_file,
+                 "File holding the bearer token sent to cairnd (default: env "
+                 "CAIRN_TOKEN)");
+}
+
+// What a command runs against once the global flags are checked: a running
+// cairnd (online) or the storage itself (offline), and the streams.
+class Session {
+ public:
+  // `failure`: the exit code of a failed operation (1; diff's is 2).
+  Session(std::istream& in, std::ostream& out, std::ostream& err, int failure)
+      : in(in), out(out), err(err), failure(failure) {}
+
+  // Picks the backend the global flags name. Returns nullopt to go on, or
+  // the exit code (2: the flags are wrong; `failure`: the storage does not
+  // open). `registry_command`: the command needs cairnd (agents,
+  // forget-agent).
+  std::optional<int> Open(GlobalArgs& g, int argc, const char* const* argv,
+                          bool registry_command);
+
+  // Reports `s` and returns the failure exit code.
+  int Fail(const absl::Status& s) {
+    err << "cairn: " << s << "\n";
+    return failure;
+  }
+  // Reports a usage error (`message` alone, without the status code) and
+  // returns 2.
+  int Usage(absl::string_view message) {
+    err << "cairn: " << message << "\n";
+    return flags::kExitUsage;
+  }
+  // Prints the damaged steps an offline command skipped.
+  void PrintNotes();
+  // A committed checkpoint (with its manifest), for the commands that read
+  // its contents; step < 0 is the latest.
+  absl::StatusOr<v1::GetCheckpointResponse> GetCommitted(const std::string& job,
+                                                         int64_t step);
+  // The store a checkpoint's bytes are read from: the offline one, or the
+  // storage cairnd names, which this host reads and may not see.
+  absl::StatusOr<storage::ShardStore*> StoreOf(
+      const v1::GetCheckpointResponse& resp);
+  // Offline rm and gc hold the storage's lease while they delete (without
+  // it under --force); online, cairnd deletes through its own.
+  absl::Status TakeStorage(bool force, const std::string& role,
+                           const std::string& what,
+                           const std::string& online_command);
+
+  std::istream& in;
+  std::ostream& out;
+  std::ostream& err;
+  const int failure;
+  std::unique_ptr<Backend> backend;
+  StorageBackend* offline = nullptr;     // set when reading storage directly
+  CoordinatorBackend* online = nullptr;  // set when asking cairnd
+
+ private:
+  std::vector<std::unique_ptr<storage::ShardStore>> opened_;
+  // Released before the backend's store closes.
+  std::unique_ptr<storage::StorageLease> lease_;
+};
+
+std::optional<int> Session::Open(GlobalArgs& g, int argc,
+                                 const char* const* argv,
+                                 bool registry_command) {
+  // One given on the command line wins over the other's variable: in
+  // cairnd's container CAIRN_STORAGE is cairnd's setting, and
+  // `cairn -c 127.0.0.1:7070 ls` there means cairnd.
+  const bool coordinator_arg =
+      flags::GivenOnCommandLine(*g.coordinator_option, argc, argv);
+  const bool storage_arg =
+      flags::GivenOnCommandLine(*g.storage_option, argc, argv);
+  if (coordinator_arg && !storage_arg) g.storage_uri.clear();
+  if (storage_arg && !coordinator_arg) g.coordinator.clear();
+  if (g.coordinator.empty() == g.storage_uri.empty()) {
+    err << "cairn: give exactly one of --coordinator HOST:PORT or --storage "
+           "URI";
+    if (!g.coordinator.empty() && !coordinator_arg && !storage_arg) {
+      err << " (both CAIRN_COORDINATOR and CAIRN_STORAGE are set)";
+    }
+    err << "\n";
+    return flags::kExitUsage;
+  }
+  if (registry_command && g.coordinator.empty()) {
+    return Usage(
+        "the agent registry is cairnd's: give --coordinator HOST:PORT");
+  }
+  if (!g.coordinator.empty()) {
+    absl::StatusOr<std::string> token = protocol::TokenFromFileOrEnv(
+        "--token-file", g.token_file, "CAIRN_TOKEN");
+    if (!token.ok()) return Usage(token.status().message());
+    g.security.token = *std::move(token);
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        protocol::NewCoordinatorChannel(g.coordinator, g.security);
+    if (!channel.ok()) return Usage(channel.status().message());
+    auto cb = std::make_unique<CoordinatorBackend>(*std::move(channel));
+    online = cb.get();
+    backend = std::move(cb);
+    return std::nullopt;
+  }
+  if (absl::Status s = CheckStorageRootExists(g.storage_uri); !s.ok()) {
+    return Fail(s);
+  }
+  absl::StatusOr<std::unique_ptr<storage::ShardStore>> store =
+      storage::OpenShardStore(g.storage_uri);
+  if (!store.ok()) return Fail(store.status());
+  auto sb = std::make_unique<StorageBackend>(std::move(*store));
+  offline = sb.get();
+  backend = std::move(sb);
+  return std::nullopt;
+}
+
+void Session::PrintNotes() {
+  if (offline == nullptr) return;
+  for (const std::string& note : offline->TakeNotes()) {
+    err << "cairn: " << note << "\n";
+  }
+}
+
+absl::StatusOr<v1::GetCheckpointResponse> Session::GetCommitted(
+    const std::string& job, int64_t step) {
+  absl::StatusOr<v1::GetCheckpointResponse> resp = backend->Get(job, step);
+  PrintNotes();
+  if (!resp.ok()) return resp.status();
+  if (!resp->has_manifest()) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", job, "' step ",
+                                                      resp->checkpoint().step(),
+                                                      " is not committed"));
+  }
+  return resp;
+}
+
+absl::StatusOr<storage::ShardStore*> Session::StoreOf(
+    const v1::GetCheckpointResponse& resp) {
+  if (offline != nullptr) return &offline->store();
+  CAIRN_ASSIGN_OR_RETURN(
+      std::unique_ptr<storage::ShardStore> s,
+      OpenReachableStore(resp.checkpoint().storage_uri(), resp.manifest()));
+  opened_.push_back(std::move(s));
+  return opened_.back().get();
+}
+
+absl::Status Session::TakeStorage(bool force, const std::string& role,
+                                  const std::string& what,
+                                  const std::string& online_command) {
+  if (offline == nullptr) return absl::OkStatus();
+  if (force) {
+    err << "cairn: --force: deleting without the storage's lease\n";
+    return absl::OkStatus();
+  }
+  CAIRN_ASSIGN_OR_RETURN(lease_, TakeStorageToDelete(offline->store(), role,
+                                                     what, online_command));
+  offline->set_lease(lease_.get());
+  return absl::OkStatus();
+}
+
+// A malformed job name is a usage error, in both modes; so is a malformed
+// step. Each returns nullopt to go on, or the exit code.
+std::optional<int> CheckJobArg(const std::string& job, Session& session) {
+  if (absl::Status s = storage::ValidateJobName(job); !s.ok()) {
+    return session.Usage(s.message());
+  }
+  return std::nullopt;
+}
+std::optional<int> ParseStepInto(const std::string& arg, int64_t* step,
+                                 Session& session) {
+  absl::StatusOr<int64_t> parsed = ParseStepArg(arg);
+  if (!parsed.ok()) return session.Usage(parsed.status().message());
+  *step = *parsed;
+  return std::nullopt;
+}
+// --force is for offline deletes: cairnd deletes through its own lease.
+std::optional<int> CheckForce(bool force, Session& session) {
+  if (force && session.offline == nullptr) {
+    return session.Usage(
+        "--force is for --storage (offline) deletes; cairnd deletes through "
+        "its own lease");
+  }
+  return std::nullopt;
+}
+
+// Asks `question` [y/N] on the session's streams; false prints `refused`.
+bool Confirm(const std::string& question, const char* refused,
+             Session& session) {
+  session.out << question << " [y/N] " << std::flush;
+  std::string answer;
+  if (!std::getline(session.in, answer) ||
+      (answer != "y" && answer != "Y" && answer != "yes")) {
+    session.out << refused << "\n";
+    return false;
+  }
+  return true;
+}
+
+constexpr char kForceHelp[] =
+    "--storage: delete even while another process (a cairnd) holds the "
+    "storage's lease. Only when that process is gone for good: a running "
+    "cairnd goes on listing the deleted checkpoints until it restarts";
+
+// Each command: its arguments, the function adding its subcommand, and the
+// function running it once the session is open.
+
+// ls [JOB] [--all] [--json]
+struct LsArgs {
+  std::string job;
+  bool all = false;
+  bool json = false;
+  const CLI::Option* job_option = nullptr;
+};
+
+CLI::App* AddLs(CLI::App& app, LsArgs& a) {
+  CLI::App* cmd = app.add_subcommand("ls", "List jobs and their checkpoints");
+  a.job_option = cmd->add_option("job", a.job, "Only this job");
+  cmd->add_flag("--all,-a", a.all, "Include WRITING and ABORTED checkpoints");
+  cmd->add_flag("--json", a.json,
+                "Print the list as JSON: jobs, each with its checkpoints' "
+                "step, state, world size, bytes, tensor count and times "
+                "(RFC 3339 and unix seconds)");
+  return cmd;
+}
+
+int RunLs(const LsArgs& a, Session& session) {
+  if (a.job_option->count() > 0) {
+    if (std::optional<int> rc = CheckJobArg(a.job, session)) return *rc;
+  }
+  absl::StatusOr<std::vector<v1::CheckpointRecord>> records =
+      session.backend->List(a.job, a.all);
+  session.PrintNotes();
+  if (!records.ok()) return session.Fail(records.status());
+  if (a.json) {
+    session.out << ListJson(*std::move(records)) << "\n";
+  } else {
+    PrintList(*records, session.out);
+  }
+  return 0;
+}
+
+// show JOB STEP|latest [--json] [--chunks]
+struct ShowArgs {
+  std::string job;
+  std::string step;
+  bool json = false;
+  bool chunks = false;
+};
+
+CLI::App* AddShow(CLI::App& app, ShowArgs& a) {
+  CLI::App* cmd =
+      app.add_subcommand("show", "Show a checkpoint's entries and chunks");
+  cmd->add_option("job", a.job, "Job name")->required();
+  cmd->add_option("step", a.step, "Step number or 'latest'")->required();
+  cmd->add_flag("--json", a.json, "Print the manifest as JSON");
+  cmd->add_flag("--chunks", a.chunks,
+                "Also list every stored chunk (object, offset, crc32c)");
+  return cmd;
+}
+
+int RunShow(const ShowArgs& a, Session& session) {
+  int64_t step = -1;
+  if (std::optional<int> rc = CheckJobArg(a.job, session)) return *rc;
+  if (std::optional<int> rc = ParseStepInto(a.step, &step, session)) {
+    return *rc;
+  }
+  absl::StatusOr<v1::GetCheckpointResponse> resp =
+      session.backend->Get(a.job, step);
+  session.PrintNotes();
+  if (!resp.ok()) return session.Fail(resp.status());
+  std::ostream& out = session.out;
+  if (!resp->has_manifest()) {
+    out << "job " << a.job << " step " << resp->checkpoint().step() << " is "
+        << StateName(resp->checkpoint().state())
+        << (resp->checkpoint().abort_reason().empty()
+                ? ""
+                : ": " + resp->checkpoint().abort_reason())
+        << "\n";
+    return 0;
+  }
+  if (a.json) {
+    out << storage::ManifestToJson(resp->manifest(), a.chunks) << "\n";
+  } else {
+    PrintShow(*resp, a.chunks, out);
+  }
+  return 0;
+}
+
+// verify JOB STEP|latest
+struct VerifyArgs {
+  std::string job;
+  std::string step;
+};
+
+CLI::App* AddVerify(CLI::App& app, VerifyArgs& a) {
+  CLI::App* cmd = app.add_subcommand(
+      "verify", "Re-read every byte of a checkpoint and check its crc32c");
+  cmd->add_option("job", a.job, "Job name")->required();
+  cmd->add_option("step", a.step, "Step number or 'latest'")->required();
+  return cmd;
+}
+
+int RunVerify(const VerifyArgs& a, Session& session) {
+  int64_t step = -1;
+  if (std::optional<int> rc = CheckJobArg(a.job, session)) return *rc;
+  if (std::optional<int> rc = ParseStepInto(a.step, &step, session)) {
+    return *rc;
+  }
+  absl::StatusOr<v1::GetCheckpointResponse> resp =
+      session.GetCommitted(a.job, step);
+  if (!resp.ok()) return session.Fail(resp.status());
+  absl::StatusOr<storage::ShardStore*> store = session.StoreOf(*resp);
+  if (!store.ok()) return session.Fail(store.status());
+  std::ostream& err = session.err;
+  const bool tty = isatty(fileno(stderr));
+  const absl::Time start = absl::Now();
+  int last_percent = -1;
+  absl::Status s = storage::VerifyCheckpoint(
+      **store, resp->manifest(), [&](uint64_t done, uint64_t total) {
+        const int percent =
+            total == 0 ? 100 : static_cast<int>(done * 100 / total);
+        if (percent == last_percent) return;
+        last_percent = percent;
+        if (tty) {
+          const int bars = percent / 4;
+          err << "\rverifying [" << std::string(bars, '#')
+              << std::string(25 - bars, ' ') << "] " << percent << "% "
+              << HumanBytes(done) << " / " << HumanBytes(total) << std::flush;
+        } else if (percent % 10 == 0) {
+          err << "verifying: " << percent << "% (" << HumanBytes(done) << " / "
+              << HumanBytes(total) << ")\n";
+        }
+      });
+  if (tty) err << "\n";
+  if (!s.ok()) return session.Fail(s);
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  const v1::Manifest& m = resp->manifest();
+  session.out << "OK: job " << a.job << " step " << m.step() << ": "
+              << HumanBytes(m.total_bytes()) << " in " << m.objects_size()
+              << " objects verified ("
+              << absl::StrFormat("%.2f s, %.2f GB/s", secs,
+                                 secs > 0 ? m.total_bytes() / secs / 1e9 : 0.0)
+              << ")\n";
+  return 0;
+}
+
+// rm JOB STEP [--yes] [--force]
+struct RmArgs {
+  std::string job;
+  std::string step;
+  bool yes = false;
+  bool force = false;
+};
+
+CLI::App* AddRm(CLI::App& app, RmArgs& a) {
+  CLI::App* cmd = app.add_subcommand("rm", "Delete a checkpoint");
+  cmd->add_option("job", a.job, "Job name")->required();
+  cmd->add_option("step", a.step, "Step number")->required();
+  cmd->add_flag("--yes,-y", a.yes, "Do not ask for confirmation");
+  cmd->add_flag("--force", a.force, kForceHelp);
+  return cmd;
+}
+
+int RunRm(const RmArgs& a, Session& session) {
+  int64_t step = -1;
+  if (std::optional<int> rc = CheckForce(a.force, session)) return *rc;
+  if (std::optional<int> rc = CheckJobArg(a.job, session)) return *rc;
+  if (std::optional<int> rc = ParseStepInto(a.step, &step, session)) {
+    return *rc;
+  }
+  if (step < 0) {
+    session.err << "cairn rm: give an explicit step, not 'latest'\n";
+    return flags::kExitUsage;
+  }
+  if (!a.yes &&
+      !Confirm(absl::StrCat("delete job ", a.job, " step ", step, "?"),
+               "not deleted", session)) {
+    return 1;
+  }
+  if (absl::Status s = session.TakeStorage(
+          a.force, "cairn rm",
+          absl::StrCat("delete job '", a.job, "' step ", step),
+          absl::StrCat("rm ", a.job, " ", step));
+      !s.ok()) {
+    return session.Fail(s);
+  }
+  if (absl::Status s = session.backend->Delete(a.job, step); !s.ok()) {
+    return session.Fail(s);
+  }
+  session.out << "deleted job " << a.job << " step " << step << "\n";
+  return 0;
+}
+
+// gc JOB --keep N [--dry-run] [--force]
+struct GcArgs {
+  std::string job;
+  int keep = 0;
+  bool dry_run = false;
+  bool force = false;
+};
+
+CLI::App* AddGc(CLI::App& app, GcArgs& a) {
+  CLI::App* cmd = app.add_subcommand(
+      "gc", "Delete all but the newest N committed checkpoints of a job");
+  cmd->add_option("job", a.job, "Job name")->required();
+  cmd->add_option("--keep", a.keep, "How many committed checkpoints to keep")
+      ->required()
+      ->check(flags::AtLeast(1));
+  cmd->add_flag("--dry-run,-n", a.dry_run, "Only print what would be deleted");
+  cmd->add_flag("--force", a.force, kForceHelp);
+  return cmd;
+}
+
+int RunGc(const GcArgs& a, Session& session) {
+  if (std::optional<int> rc = CheckForce(a.force, session)) return *rc;
+  if (std::optional<int> rc = CheckJobArg(a.job, session)) return *rc;
+  if (!a.dry_run) {
+    if (absl::Status s = session.TakeStorage(
+            a.force, "cairn gc", absl::StrCat("gc job '", a.job, "'"),
+            absl::StrCat("gc ", a.job, " --keep ", a.keep));
+        !s.ok()) {
+      return session.Fail(s);
+    }
+  }
+  absl::StatusOr<v1::GarbageCollectResponse> resp =
+      session.backend->Gc(a.job, a.keep, a.dry_run);
+  if (!resp.ok()) return session.Fail(resp.status());
+  session.out << (a.dry_run ? "would delete " : "deleted ")
+              << resp->deleted_steps_size() << " checkpoints of job " << a.job
+              << (resp->deleted_steps_size() > 0
+                      ? absl::StrCat(" (steps ",
+                                     absl::StrJoin(resp->deleted_steps(), ", "),
+                                     ")")
+                      : "")
+              << ", " << HumanBytes(resp->freed_bytes()) << "\n";
+  return 0;
+}
+
+// export JOB STEP|latest --out DIR [--format safetensors]
+//        [--max-shard-size 5GB] [--filter PREFIX]... [--dtype-as-saved]
+struct ExportArgs {
+  std::string job;
+  std::string step;
+  std::string format = "safetensors";
+  std::string out_dir;
+  std::string max_shard_size = "5GB";
+  std::vector<std::string> filters;
+  bool dtype_as_saved = false;
+};
+
+CLI::App* AddExport(CLI::App& app, ExportArgs& a) {
+  CLI::App* cmd = app.add_subcommand(
+      "export",
+      "Write a checkpoint's tensors as Hugging Face safetensors files");
+  cmd->footer(
+      "Every tensor is written whole (all ranks' chunks assembled, crc32c "
+      "checked), dtypes as saved: model.safetensors, or, over "
+      "--max-shard-size, model-00001-of-0000N.safetensors ... and "
+      "model.safetensors.index.json, as transformers' save_pretrained. "
+      "Non-tensor (bytes) entries are skipped and counted. The files go into "
+      "DIR.tmp-XXXXXX, fsynced, renamed to DIR at the end: a failure or "
+      "Ctrl-C leaves neither.");
+  cmd->add_option("job", a.job, "Job name")->required();
+  cmd->add_option("step", a.step, "Step number or 'latest'")->required();
+  cmd->add_option("--format", a.format, "Output format (default safetensors)")
+      ->check(CLI::IsMember({"safetensors"}));
+  cmd->add_option("--out,-o", a.out_dir,
+                  "Directory to create (must not exist; parents are made)")
+      ->required();
+  cmd->add_option(
+      "--max-shard-size", a.max_shard_size,
+      "Largest file: 5GB (default), 500MB, 2GiB or bytes (GB = 10^9, GiB = "
+      "2^30, as transformers); a larger tensor gets a file of its own");
+  cmd->add_option("--filter", a.filters,
+                  "Only tensors whose fqn starts with PREFIX (repeatable); a "
+                  "prefix matching no tensor is an error")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_flag("--dtype-as-saved", a.dtype_as_saved,
+                "Keep every dtype as saved (bfloat16 stays BF16); the "
+                "default and only behaviour");
+  return cmd;
+}
+
+int RunExport(const ExportArgs& a, Session& session) {
+  int64_t step = -1;
+  if (std::optional<int> rc = CheckJobArg(a.job, session)) return *rc;
+  if (std::optional<int> rc = ParseStepInto(a.step, &step, session)) {
+    return *rc;
+  }
+  ExportOptions options;
+  options.out_dir = a.out_dir;
+  options.filters = a.filters;
+  absl::StatusOr<uint64_t> cap = ParseByteSize(a.max_shard_size);
+  if (!cap.ok()) {
+    return session.Usage(
+        absl::StrCat("--max-shard-size: ", cap.status().message()));
+  }
+  options.max_shard_bytes = *cap;
+  // Before asking anyone anything: an existing DIR is the user's to fix.
+  std::error_code ec;
+  if (!a.out_dir.empty() &&
+      std::filesystem::exists(std::filesystem::symlink_status(a.out_dir, ec))) {
+    return session.Fail(absl::AlreadyExistsError(
+        absl::StrCat(a.out_dir, " exists; pass a new directory")));
+  }
+  absl::StatusOr<v1::GetCheckpointResponse> resp =
+      session.GetCommitted(a.job, step);
+  if (!resp.ok()) return session.Fail(resp.status());
+  absl::StatusOr<storage::ShardStore*> store = session.StoreOf(*resp);
+  if (!store.ok()) return session.Fail(store.status());
+  InterruptFlag interrupt;
+  options.cancelled = [&] { return interrupt.raised(); };
+  int last_percent = -1;
+  std::string last_file;
+  std::ostream& err = session.err;
+  if (isatty(fileno(stderr))) {
+    options.progress = [&](const ExportProgress& p) {
+      const int percent =
+          p.total == 0 ? 100 : static_cast<int>(p.done * 100 / p.total);
+      if (percent == last_percent && p.file == last_file) return;
+      last_percent = percent;
+      last_file = p.file;
+      const int bars = percent / 4;
+      err << "\rexporting [" << std::string(bars, '#')
+          << std::string(25 - bars, ' ') << "] " << percent << "% "
+          << HumanBytes(p.done) << " / " << HumanBytes(p.total) << "  "
+          << p.file << " " << HumanBytes(p.file_done) << " / "
+          << HumanBytes(p.file_total) << "\x1b[K" << std::flush;
+    };
+  }
+  absl::StatusOr<ExportResult> result =
+      ExportSafetensors(**store, resp->manifest(), options);
+  if (options.progress) err << "\n";
+  if (!result.ok()) return session.Fail(result.status());
+  PrintExport(resp->manifest(), a.out_dir, *result, session.out);
+  return 0;
+}
+
+// diff JOB STEP_A STEP_B [--json]; exit codes as diff(1).
+struct DiffArgs {
+  std::string job;
+  std::string step_a;
+  std::string step_b;
+  bool json = false;
+};
+
+CLI::App* AddDiff(CLI::App& app, DiffArgs& a) {
+  CLI::App* cmd = app.add_subcommand(
+      "diff",
+      "Compare two checkpoints of a job: entries added, removed, changed in "
+      "dtype or shape, and whose bytes differ");
+  cmd->footer(
+      "A tensor stored in the same chunks in both is compared by the crc32c "
+      "values the MANIFESTs record, without reading data; one stored in "
+      "other chunks (resharded) is read and compared byte by byte, and the "
+      "output says so. Bytes entries: by crc32c and size. Exit codes as "
+      "diff(1): 0 identical, 1 different, 2 error.");
+  cmd->add_option("job", a.job, "Job name")->required();
+  cmd->add_option("step_a", a.step_a, "First step or 'latest'")->required();
+  cmd->add_option("step_b", a.step_b, "Second step or 'latest'")->required();
+  cmd->add_flag("--json", a.json, "Print the differences as JSON");
+  return cmd;
+}
+
+int RunDiff(const DiffArgs& a, Session& session) {
+  int64_t step_a = -1;
+  int64_t step_b = -1;
+  if (std::optional<int> rc = CheckJobArg(a.job, session)) return *rc;
+  if (std::optional<int> rc = ParseStepInto(a.step_a, &step_a, session)) {
+    return *rc;
+  }
+  if (std::optional<int> rc = ParseStepInto(a.step_b, &step_b, session)) {
+    return *rc;
+  }
+  absl::StatusOr<v1::GetCheckpointResponse> resp_a =
+      session.GetCommitted(a.job, step_a);
+  if (!resp_a.ok()) return session.Fail(resp_a.status());
+  absl::StatusOr<v1::GetCheckpointResponse> resp_b =
+      session.GetCommitted(a.job, step_b);
+  if (!resp_b.ok()) return session.Fail(resp_b.status());
+  // Opened only if bytes must be read: by crc32c, cairnd's manifests do.
+  std::vector<storage::ShardStore*> stores(2, nullptr);
+  auto diff_store = [&](int side) -> absl::StatusOr<storage::ShardStore*> {
+    if (stores[side] == nullptr) {
+      CAIRN_ASSIGN_OR_RETURN(stores[side],
+                             session.StoreOf(side == 0 ? *resp_a : *resp_b));
+    }
+    return stores[side];
+  };
+  const v1::Manifest& ma = resp_a->manifest();
+  const v1::Manifest& mb = resp_b->manifest();
+  absl::StatusOr<CheckpointDiff> diff = DiffCheckpoints(ma, mb, diff_store);
+  if (!diff.ok()) return session.Fail(diff.status());
+  if (a.json) {
+    session.out << DiffJson(ma, mb, *diff) << "\n";
+  } else {
+    PrintDiff(ma, mb, *diff, session.out);
+  }
+  return diff->same() ? 0 : 1;
+}
+
+// agents
+CLI::App* AddAgents(CLI::App& app) {
+  return app.add_subcommand(
+      "agents",
+      "List the agents registered with cairnd (--node-id auto): node id, "
+      "node name, peer address, last registration");
+}
+
+int RunAgents(Session& session) {
+  absl::StatusOr<v1::ListAgentsResponse> resp = session.online->ListAgents();
+  if (!resp.ok()) return session.Fail(resp.status());
+  Table t({"ID", "NODE", "PEER ADDRESS", "REGISTERED"});
+  for (const v1::AgentRecord& a : resp->agents()) {
+    t.Add({absl::StrCat(a.node_id()), a.node_name(),
+           a.peer_address().empty() ? "(starting)" : a.peer_address(),
+           HumanTime(a.registered_unix_micros())});
+  }
+  t.Print(session.out);
+  return 0;
+}
+
+// forget-agent NODE [--yes]
+struct ForgetAgentArgs {
+  std::string node_name;
+  bool yes = false;
+};
+
+CLI::App* AddForgetAgent(CLI::App& app, ForgetAgentArgs& a) {
+  CLI::App* cmd = app.add_subcommand(
+      "forget-agent",
+      "Remove a node that is gone for good from cairnd's agent registry, so "
+      "its id can go to a new node (never for a node whose agent runs)");
+  cmd->add_option("node", a.node_name, "Node name")->required();
+  cmd->add_flag("--yes,-y", a.yes, "Do not ask for confirmation");
+  return cmd;
+}
+
+int RunForgetAgent(const ForgetAgentArgs& a, Session& session) {
+  if (!a.yes && !Confirm(absl::StrCat("forget node ", a.node_name,
+                                      " (its agent must not be running)?"),
+                         "not forgotten", session)) {
+    return 1;
+  }
+  absl::StatusOr<int> id = session.online->ForgetAgent(a.node_name);
+  if (!id.ok()) return session.Fail(id.status());
+  session.out << "forgot node " << a.node_name << ": node id " << *id
+              << " is free\n";
+  return 0;
+}
+
 }  // namespace
 
 int RunCli(int argc, const char* const* argv, std::ostream& out,
@@ -762,505 +1441,46 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
       "(--storage, offline).",
       "cairn"};
   app.require_subcommand(1);
-  std::string coordinator, storage_uri;
-  CLI::Option* coordinator_opt =
-      app.add_option("--coordinator,-c", coordinator,
-                     "cairnd address host:port (env CAIRN_COORDINATOR)")
-          ->envname("CAIRN_COORDINATOR");
-  CLI::Option* storage_opt =
-      app.add_option("--storage,-s", storage_uri,
-                     "Storage URI to read offline, e.g. file:///data/ckpt "
-                     "(env CAIRN_STORAGE)")
-          ->envname("CAIRN_STORAGE");
-  protocol::ClientSecurity security;
-  std::string token_file;
-  app.add_option("--tls-ca", security.ca_file,
-                 "PEM CA bundle of cairnd's certificate: call cairnd over TLS "
-                 "(env CAIRN_TLS_CA)")
-      ->envname("CAIRN_TLS_CA");
-  app.add_option("--tls-cert", security.cert_file,
-                 "PEM client certificate, for cairnd with --tls-client-ca "
-                 "(env CAIRN_TLS_CERT)")
-      ->envname("CAIRN_TLS_CERT");
-  app.add_option("--tls-key", security.key_file,
-                 "PEM private key of --tls-cert (env CAIRN_TLS_KEY)")
-      ->envname("CAIRN_TLS_KEY");
-  app.add_option("--token-file", token_file,
-                 "File holding the bearer token sent to cairnd (default: env "
-                 "CAIRN_TOKEN)");
-
-  std::string job, step_arg;
-  bool all = false, json = false, show_chunks = false, yes = false,
-       dry_run = false;
-  int keep = 0;
-  CLI::App* ls = app.add_subcommand("ls", "List jobs and their checkpoints");
-  ls->add_option("job", job, "Only this job");
-  ls->add_flag("--all,-a", all, "Include WRITING and ABORTED checkpoints");
-  ls->add_flag("--json", json,
-               "Print the list as JSON: jobs, each with its checkpoints' "
-               "step, state, world size, bytes, tensor count and times "
-               "(RFC 3339 and unix seconds)");
-  CLI::App* show =
-      app.add_subcommand("show", "Show a checkpoint's entries and chunks");
-  show->add_option("job", job, "Job name")->required();
-  show->add_option("step", step_arg, "Step number or 'latest'")->required();
-  show->add_flag("--json", json, "Print the manifest as JSON");
-  show->add_flag("--chunks", show_chunks,
-                 "Also list every stored chunk (object, offset, crc32c)");
-  CLI::App* verify = app.add_subcommand(
-      "verify", "Re-read every byte of a checkpoint and check its crc32c");
-  verify->add_option("job", job, "Job name")->required();
-  verify->add_option("step", step_arg, "Step number or 'latest'")->required();
-  CLI::App* rm = app.add_subcommand("rm", "Delete a checkpoint");
-  rm->add_option("job", job, "Job name")->required();
-  rm->add_option("step", step_arg, "Step number")->required();
-  rm->add_flag("--yes,-y", yes, "Do not ask for confirmation");
-  bool force = false;
-  const char* const kForceHelp =
-      "--storage: delete even while another process (a cairnd) holds the "
-      "storage's lease. Only when that process is gone for good: a running "
-      "cairnd goes on listing the deleted checkpoints until it restarts";
-  rm->add_flag("--force", force, kForceHelp);
-  CLI::App* gc = app.add_subcommand(
-      "gc", "Delete all but the newest N committed checkpoints of a job");
-  gc->add_option("job", job, "Job name")->required();
-  gc->add_option("--keep", keep, "How many committed checkpoints to keep")
-      ->required()
-      ->check(flags::AtLeast(1));
-  gc->add_flag("--dry-run,-n", dry_run, "Only print what would be deleted");
-  gc->add_flag("--force", force, kForceHelp);
-  std::string format = "safetensors", out_dir, max_shard_size = "5GB";
-  std::vector<std::string> filters;
-  bool dtype_as_saved = false;
-  CLI::App* export_cmd = app.add_subcommand(
-      "export",
-      "Write a checkpoint's tensors as Hugging Face safetensors files");
-  export_cmd->footer(
-      "Every tensor is written whole (all ranks' chunks assembled, crc32c "
-      "checked), dtypes as saved: model.safetensors, or, over "
-      "--max-shard-size, model-00001-of-0000N.safetensors ... and "
-      "model.safetensors.index.json, as transformers' save_pretrained. "
-      "Non-tensor (bytes) entries are skipped and counted. The files go into "
-      "DIR.tmp-XXXXXX, fsynced, renamed to DIR at the end: a failure or "
-      "Ctrl-C leaves neither.");
-  export_cmd->add_option("job", job, "Job name")->required();
-  export_cmd->add_option("step", step_arg, "Step number or 'latest'")
-      ->required();
-  export_cmd
-      ->add_option("--format", format, "Output format (default safetensors)")
-      ->check(CLI::IsMember({"safetensors"}));
-  export_cmd
-      ->add_option("--out,-o", out_dir,
-                   "Directory to create (must not exist; parents are made)")
-      ->required();
-  export_cmd->add_option(
-      "--max-shard-size", max_shard_size,
-      "Largest file: 5GB (default), 500MB, 2GiB or bytes (GB = 10^9, GiB = "
-      "2^30, as transformers); a larger tensor gets a file of its own");
-  export_cmd
-      ->add_option("--filter", filters,
-                   "Only tensors whose fqn starts with PREFIX (repeatable); a "
-                   "prefix matching no tensor is an error")
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  export_cmd->add_flag("--dtype-as-saved", dtype_as_saved,
-                       "Keep every dtype as saved (bfloat16 stays BF16); the "
-                       "default and only behaviour");
-  std::string step_b_arg;
-  CLI::App* diff_cmd = app.add_subcommand(
-      "diff",
-      "Compare two checkpoints of a job: entries added, removed, changed in "
-      "dtype or shape, and whose bytes differ");
-  diff_cmd->footer(
-      "A tensor stored in the same chunks in both is compared by the crc32c "
-      "values the MANIFESTs record, without reading data; one stored in "
-      "other chunks (resharded) is read and compared byte by byte, and the "
-      "output says so. Bytes entries: by crc32c and size. Exit codes as "
-      "diff(1): 0 identical, 1 different, 2 error.");
-  diff_cmd->add_option("job", job, "Job name")->required();
-  diff_cmd->add_option("step_a", step_arg, "First step or 'latest'")
-      ->required();
-  diff_cmd->add_option("step_b", step_b_arg, "Second step or 'latest'")
-      ->required();
-  diff_cmd->add_flag("--json", json, "Print the differences as JSON");
-  std::string node_name;
-  CLI::App* agents = app.add_subcommand(
-      "agents",
-      "List the agents registered with cairnd (--node-id auto): node id, "
-      "node name, peer address, last registration");
-  CLI::App* forget_agent = app.add_subcommand(
-      "forget-agent",
-      "Remove a node that is gone for good from cairnd's agent registry, so "
-      "its id can go to a new node (never for a node whose agent runs)");
-  forget_agent->add_option("node", node_name, "Node name")->required();
-  forget_agent->add_flag("--yes,-y", yes, "Do not ask for confirmation");
-
+  GlobalArgs global;
+  AddGlobalFlags(app, global);
+  LsArgs ls_args;
+  ShowArgs show_args;
+  VerifyArgs verify_args;
+  RmArgs rm_args;
+  GcArgs gc_args;
+  ExportArgs export_args;
+  DiffArgs diff_args;
+  ForgetAgentArgs forget_agent_args;
+  CLI::App* ls = AddLs(app, ls_args);
+  CLI::App* show = AddShow(app, show_args);
+  CLI::App* verify = AddVerify(app, verify_args);
+  CLI::App* rm = AddRm(app, rm_args);
+  CLI::App* gc = AddGc(app, gc_args);
+  CLI::App* export_cmd = AddExport(app, export_args);
+  CLI::App* diff = AddDiff(app, diff_args);
+  CLI::App* agents = AddAgents(app);
+  CLI::App* forget_agent = AddForgetAgent(app, forget_agent_args);
   flags::AddVersionFlag(app, "cairn");
   if (std::optional<int> exit_code = flags::Parse(app, argc, argv, out, err)) {
     return *exit_code;
   }
+
   // diff's exit code 1 means "they differ": its failures are 2, as diff(1).
-  const int failure = diff_cmd->parsed() ? 2 : 1;
-  // One given on the command line wins over the other's variable: in
-  // cairnd's container CAIRN_STORAGE is cairnd's setting, and
-  // `cairn -c 127.0.0.1:7070 ls` there means cairnd.
-  const bool coordinator_arg =
-      flags::GivenOnCommandLine(*coordinator_opt, argc, argv);
-  const bool storage_arg = flags::GivenOnCommandLine(*storage_opt, argc, argv);
-  if (coordinator_arg && !storage_arg) storage_uri.clear();
-  if (storage_arg && !coordinator_arg) coordinator.clear();
-  if (coordinator.empty() == storage_uri.empty()) {
-    err << "cairn: give exactly one of --coordinator HOST:PORT or --storage "
-           "URI";
-    if (!coordinator.empty() && !coordinator_arg && !storage_arg) {
-      err << " (both CAIRN_COORDINATOR and CAIRN_STORAGE are set)";
-    }
-    err << "\n";
-    return 2;
+  Session session(in, out, err, diff->parsed() ? 2 : 1);
+  if (std::optional<int> exit_code = session.Open(
+          global, argc, argv, agents->parsed() || forget_agent->parsed())) {
+    return *exit_code;
   }
-
-  if ((agents->parsed() || forget_agent->parsed()) && coordinator.empty()) {
-    err << "cairn: the agent registry is cairnd's: give --coordinator "
-           "HOST:PORT\n";
-    return 2;
-  }
-
-  std::unique_ptr<Backend> backend;
-  StorageBackend* offline = nullptr;
-  CoordinatorBackend* online = nullptr;
-  if (!coordinator.empty()) {
-    absl::StatusOr<std::string> token =
-        protocol::TokenFromFileOrEnv("--token-file", token_file, "CAIRN_TOKEN");
-    if (!token.ok()) {
-      err << "cairn: " << token.status().message() << "\n";
-      return 2;
-    }
-    security.token = *std::move(token);
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-        protocol::NewCoordinatorChannel(coordinator, security);
-    if (!channel.ok()) {
-      err << "cairn: " << channel.status().message() << "\n";
-      return 2;
-    }
-    auto cb = std::make_unique<CoordinatorBackend>(*std::move(channel));
-    online = cb.get();
-    backend = std::move(cb);
-  } else {
-    if (absl::Status s = CheckStorageRootExists(storage_uri); !s.ok()) {
-      err << "cairn: " << s << "\n";
-      return failure;
-    }
-    absl::StatusOr<std::unique_ptr<storage::ShardStore>> store =
-        storage::OpenShardStore(storage_uri);
-    if (!store.ok()) {
-      err << "cairn: " << store.status() << "\n";
-      return failure;
-    }
-    auto sb = std::make_unique<StorageBackend>(std::move(*store));
-    offline = sb.get();
-    backend = std::move(sb);
-  }
-
-  auto fail = [&](const absl::Status& s) {
-    err << "cairn: " << s << "\n";
-    return failure;
-  };
-  // Damaged steps an offline command skipped.
-  auto print_notes = [&] {
-    if (offline == nullptr) return;
-    for (const std::string& note : offline->TakeNotes()) {
-      err << "cairn: " << note << "\n";
-    }
-  };
-  // Offline rm and gc hold the storage's lease while they delete.
-  std::unique_ptr<storage::StorageLease> lease;
-  auto take_storage = [&](const std::string& role, const std::string& what,
-                          const std::string& online) -> absl::Status {
-    if (offline == nullptr) return absl::OkStatus();
-    if (force) {
-      err << "cairn: --force: deleting without the storage's lease\n";
-      return absl::OkStatus();
-    }
-    CAIRN_ASSIGN_OR_RETURN(
-        lease, TakeStorageToDelete(offline->store(), role, what, online));
-    offline->set_lease(lease.get());
-    return absl::OkStatus();
-  };
-  if (force && offline == nullptr) {
-    err << "cairn: --force is for --storage (offline) deletes; cairnd "
-           "deletes through its own lease\n";
-    return 2;
-  }
-  // A malformed job name or step is a usage error, in both modes.
-  const bool job_given = ls->parsed()
-                             ? ls->count("job") > 0
-                             : !agents->parsed() && !forget_agent->parsed();
-  if (job_given) {
-    if (absl::Status s = storage::ValidateJobName(job); !s.ok()) {
-      err << "cairn: " << s.message() << "\n";
-      return 2;
-    }
-  }
-  int64_t step = -1;
-  int64_t step_b = -1;
-  if (show->parsed() || verify->parsed() || rm->parsed() ||
-      export_cmd->parsed() || diff_cmd->parsed()) {
-    absl::StatusOr<int64_t> parsed = ParseStepArg(step_arg);
-    if (parsed.ok() && diff_cmd->parsed()) {
-      absl::StatusOr<int64_t> b = ParseStepArg(step_b_arg);
-      if (b.ok()) {
-        step_b = *b;
-      } else {
-        parsed = b.status();
-      }
-    }
-    if (!parsed.ok()) {
-      err << "cairn: " << parsed.status().message() << "\n";
-      return 2;
-    }
-    step = *parsed;
-  }
-
-  if (ls->parsed()) {
-    absl::StatusOr<std::vector<v1::CheckpointRecord>> records =
-        backend->List(job, all);
-    print_notes();
-    if (!records.ok()) return fail(records.status());
-    if (json) {
-      out << ListJson(*std::move(records)) << "\n";
-    } else {
-      PrintList(*records, out);
-    }
-    return 0;
-  }
-  if (show->parsed()) {
-    absl::StatusOr<v1::GetCheckpointResponse> resp = backend->Get(job, step);
-    print_notes();
-    if (!resp.ok()) return fail(resp.status());
-    if (!resp->has_manifest()) {
-      out << "job " << job << " step " << resp->checkpoint().step() << " is "
-          << StateName(resp->checkpoint().state())
-          << (resp->checkpoint().abort_reason().empty()
-                  ? ""
-                  : ": " + resp->checkpoint().abort_reason())
-          << "\n";
-      return 0;
-    }
-    if (json) {
-      out << storage::ManifestToJson(resp->manifest(), show_chunks) << "\n";
-    } else {
-      PrintShow(*resp, show_chunks, out);
-    }
-    return 0;
-  }
-  // A committed checkpoint (with its manifest), for the commands that read
-  // its contents.
-  auto get_committed =
-      [&](int64_t which) -> absl::StatusOr<v1::GetCheckpointResponse> {
-    absl::StatusOr<v1::GetCheckpointResponse> resp = backend->Get(job, which);
-    print_notes();
-    if (!resp.ok()) return resp.status();
-    if (!resp->has_manifest()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job '", job, "' step ", resp->checkpoint().step(),
-                       " is not committed"));
-    }
-    return resp;
-  };
-  // The store its bytes are read from: the offline one, or the storage
-  // cairnd names, which this host reads and may not see.
-  std::vector<std::unique_ptr<storage::ShardStore>> opened;
-  auto store_of = [&](const v1::GetCheckpointResponse& resp)
-      -> absl::StatusOr<storage::ShardStore*> {
-    if (offline != nullptr) return &offline->store();
-    CAIRN_ASSIGN_OR_RETURN(
-        std::unique_ptr<storage::ShardStore> s,
-        OpenReachableStore(resp.checkpoint().storage_uri(), resp.manifest()));
-    opened.push_back(std::move(s));
-    return opened.back().get();
-  };
-  if (verify->parsed()) {
-    absl::StatusOr<v1::GetCheckpointResponse> resp = get_committed(step);
-    if (!resp.ok()) return fail(resp.status());
-    absl::StatusOr<storage::ShardStore*> store = store_of(*resp);
-    if (!store.ok()) return fail(store.status());
-    const bool tty = isatty(fileno(stderr));
-    const absl::Time start = absl::Now();
-    int last_percent = -1;
-    absl::Status s = storage::VerifyCheckpoint(
-        **store, resp->manifest(), [&](uint64_t done, uint64_t total) {
-          const int percent =
-              total == 0 ? 100 : static_cast<int>(done * 100 / total);
-          if (percent == last_percent) return;
-          last_percent = percent;
-          if (tty) {
-            const int bars = percent / 4;
-            err << "\rverifying [" << std::string(bars, '#')
-                << std::string(25 - bars, ' ') << "] " << percent << "% "
-                << HumanBytes(done) << " / " << HumanBytes(total) << std::flush;
-          } else if (percent % 10 == 0) {
-            err << "verifying: " << percent << "% (" << HumanBytes(done)
-                << " / " << HumanBytes(total) << ")\n";
-          }
-        });
-    if (tty) err << "\n";
-    if (!s.ok()) return fail(s);
-    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-    out << "OK: job " << job << " step " << resp->manifest().step() << ": "
-        << HumanBytes(resp->manifest().total_bytes()) << " in "
-        << resp->manifest().objects_size() << " objects verified ("
-        << absl::StrFormat(
-               "%.2f s, %.2f GB/s", secs,
-               secs > 0 ? resp->manifest().total_bytes() / secs / 1e9 : 0.0)
-        << ")\n";
-    return 0;
-  }
-  if (export_cmd->parsed()) {
-    ExportOptions options;
-    options.out_dir = out_dir;
-    options.filters = filters;
-    absl::StatusOr<uint64_t> cap = ParseByteSize(max_shard_size);
-    if (!cap.ok()) {
-      err << "cairn: --max-shard-size: " << cap.status().message() << "\n";
-      return 2;
-    }
-    options.max_shard_bytes = *cap;
-    // Before asking anyone anything: an existing DIR is the user's to fix.
-    std::error_code ec;
-    if (!out_dir.empty() &&
-        std::filesystem::exists(std::filesystem::symlink_status(out_dir, ec))) {
-      return fail(absl::AlreadyExistsError(
-          absl::StrCat(out_dir, " exists; pass a new directory")));
-    }
-    absl::StatusOr<v1::GetCheckpointResponse> resp = get_committed(step);
-    if (!resp.ok()) return fail(resp.status());
-    absl::StatusOr<storage::ShardStore*> store = store_of(*resp);
-    if (!store.ok()) return fail(store.status());
-    InterruptFlag interrupt;
-    options.cancelled = [&] { return interrupt.raised(); };
-    int last_percent = -1;
-    std::string last_file;
-    if (isatty(fileno(stderr))) {
-      options.progress = [&](const ExportProgress& p) {
-        const int percent =
-            p.total == 0 ? 100 : static_cast<int>(p.done * 100 / p.total);
-        if (percent == last_percent && p.file == last_file) return;
-        last_percent = percent;
-        last_file = p.file;
-        const int bars = percent / 4;
-        err << "\rexporting [" << std::string(bars, '#')
-            << std::string(25 - bars, ' ') << "] " << percent << "% "
-            << HumanBytes(p.done) << " / " << HumanBytes(p.total) << "  "
-            << p.file << " " << HumanBytes(p.file_done) << " / "
-            << HumanBytes(p.file_total) << "\x1b[K" << std::flush;
-      };
-    }
-    absl::StatusOr<ExportResult> result =
-        ExportSafetensors(**store, resp->manifest(), options);
-    if (options.progress) err << "\n";
-    if (!result.ok()) return fail(result.status());
-    PrintExport(resp->manifest(), out_dir, *result, out);
-    return 0;
-  }
-  if (diff_cmd->parsed()) {
-    absl::StatusOr<v1::GetCheckpointResponse> a = get_committed(step);
-    if (!a.ok()) return fail(a.status());
-    absl::StatusOr<v1::GetCheckpointResponse> b = get_committed(step_b);
-    if (!b.ok()) return fail(b.status());
-    // Opened only if bytes must be read: by crc32c, cairnd's manifests do.
-    std::vector<storage::ShardStore*> stores(2, nullptr);
-    auto diff_store = [&](int side) -> absl::StatusOr<storage::ShardStore*> {
-      if (stores[side] == nullptr) {
-        CAIRN_ASSIGN_OR_RETURN(stores[side], store_of(side == 0 ? *a : *b));
-      }
-      return stores[side];
-    };
-    absl::StatusOr<CheckpointDiff> diff =
-        DiffCheckpoints(a->manifest(), b->manifest(), diff_store);
-    if (!diff.ok()) return fail(diff.status());
-    if (json) {
-      out << DiffJson(a->manifest(), b->manifest(), *diff) << "\n";
-    } else {
-      PrintDiff(a->manifest(), b->manifest(), *diff, out);
-    }
-    return diff->same() ? 0 : 1;
-  }
-  if (rm->parsed()) {
-    if (step < 0) {
-      err << "cairn rm: give an explicit step, not 'latest'\n";
-      return 2;
-    }
-    if (!yes) {
-      out << "delete job " << job << " step " << step << "? [y/N] "
-          << std::flush;
-      std::string answer;
-      if (!std::getline(in, answer) ||
-          (answer != "y" && answer != "Y" && answer != "yes")) {
-        out << "not deleted\n";
-        return 1;
-      }
-    }
-    if (absl::Status s = take_storage(
-            "cairn rm", absl::StrCat("delete job '", job, "' step ", step),
-            absl::StrCat("rm ", job, " ", step));
-        !s.ok()) {
-      return fail(s);
-    }
-    absl::Status s = backend->Delete(job, step);
-    if (!s.ok()) return fail(s);
-    out << "deleted job " << job << " step " << step << "\n";
-    return 0;
-  }
-  if (agents->parsed()) {
-    absl::StatusOr<v1::ListAgentsResponse> resp = online->ListAgents();
-    if (!resp.ok()) return fail(resp.status());
-    Table t({"ID", "NODE", "PEER ADDRESS", "REGISTERED"});
-    for (const v1::AgentRecord& a : resp->agents()) {
-      t.Add({absl::StrCat(a.node_id()), a.node_name(),
-             a.peer_address().empty() ? "(starting)" : a.peer_address(),
-             HumanTime(a.registered_unix_micros())});
-    }
-    t.Print(out);
-    return 0;
-  }
-  if (forget_agent->parsed()) {
-    if (!yes) {
-      out << "forget node " << node_name
-          << " (its agent must not be running)? [y/N] " << std::flush;
-      std::string answer;
-      if (!std::getline(in, answer) ||
-          (answer != "y" && answer != "Y" && answer != "yes")) {
-        out << "not forgotten\n";
-        return 1;
-      }
-    }
-    absl::StatusOr<int> id = online->ForgetAgent(node_name);
-    if (!id.ok()) return fail(id.status());
-    out << "forgot node " << node_name << ": node id " << *id << " is free\n";
-    return 0;
-  }
-  if (gc->parsed()) {
-    if (!dry_run) {
-      if (absl::Status s =
-              take_storage("cairn gc", absl::StrCat("gc job '", job, "'"),
-                           absl::StrCat("gc ", job, " --keep ", keep));
-          !s.ok()) {
-        return fail(s);
-      }
-    }
-    absl::StatusOr<v1::GarbageCollectResponse> resp =
-        backend->Gc(job, keep, dry_run);
-    if (!resp.ok()) return fail(resp.status());
-    out << (dry_run ? "would delete " : "deleted ")
-        << resp->deleted_steps_size() << " checkpoints of job " << job
-        << (resp->deleted_steps_size() > 0
-                ? absl::StrCat(" (steps ",
-                               absl::StrJoin(resp->deleted_steps(), ", "), ")")
-                : "")
-        << ", " << HumanBytes(resp->freed_bytes()) << "\n";
-    return 0;
-  }
-  return 2;
+  if (ls->parsed()) return RunLs(ls_args, session);
+  if (show->parsed()) return RunShow(show_args, session);
+  if (verify->parsed()) return RunVerify(verify_args, session);
+  if (export_cmd->parsed()) return RunExport(export_args, session);
+  if (diff->parsed()) return RunDiff(diff_args, session);
+  if (rm->parsed()) return RunRm(rm_args, session);
+  if (agents->parsed()) return RunAgents(session);
+  if (forget_agent->parsed()) return RunForgetAgent(forget_agent_args, session);
+  if (gc->parsed()) return RunGc(gc_args, session);
+  return flags::kExitUsage;
 }
 
 }  // namespace cairn::cli
