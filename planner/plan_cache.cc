@@ -7,6 +7,7 @@
 
 #include "absl/base/config.h"
 #include "absl/hash/hash.h"
+#include "common/little_endian.h"
 
 // XXH3 compiled in from the header (libxxhash-dev): nothing to link.
 #define XXH_INLINE_ALL
@@ -28,13 +29,6 @@ inline uint64_t Fmix64(uint64_t k) {
   return k;
 }
 
-// Reads 8 bytes little-endian regardless of the host's byte order.
-inline uint64_t Load64(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-
 void Hash128(absl::string_view data, uint64_t* out_h1, uint64_t* out_h2) {
   const auto* p = reinterpret_cast<const unsigned char*>(data.data());
   const size_t len = data.size();
@@ -43,8 +37,8 @@ void Hash128(absl::string_view data, uint64_t* out_h1, uint64_t* out_h2) {
   constexpr uint64_t c1 = 0x87c37b91114253d5ULL;
   constexpr uint64_t c2 = 0x4cf5ad432745937fULL;
   for (size_t i = 0; i < nblocks; ++i) {
-    uint64_t k1 = Load64(p + i * 16);
-    uint64_t k2 = Load64(p + i * 16 + 8);
+    uint64_t k1 = little_endian::Load64(p + i * 16);
+    uint64_t k2 = little_endian::Load64(p + i * 16 + 8);
     k1 *= c1;
     k1 = Rotl64(k1, 31);
     k1 *= c2;
@@ -126,11 +120,7 @@ size_t KeyBytes(const PlanCache::Key& key) {
 
 }  // namespace
 
-void StableKey::PutU64(uint64_t v) {
-  char b[8];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  bytes_.append(b, 8);
-}
+void StableKey::PutU64(uint64_t v) { little_endian::Append64(&bytes_, v); }
 
 void StableKey::PutString(absl::string_view s) {
   PutU64(s.size());
@@ -186,7 +176,7 @@ void StreamedKeyHash::Update(const void* data, size_t n) {
 
 void StreamedKeyHash::PutU64(uint64_t v) {
   char b[8];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  little_endian::Store64(b, v);
   Update(b, 8);
 }
 

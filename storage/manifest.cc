@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/little_endian.h"
 #include "common/status_macros.h"
 #include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -39,23 +40,6 @@ namespace {
 
 constexpr size_t kMagicBytes = 8;
 static_assert(sizeof(kManifestMagic) == kMagicBytes + 1);
-
-void PutU32(char* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-void PutU64(char* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-uint32_t GetU32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
-uint64_t GetU64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
 
 std::string Crc(uint32_t crc) { return absl::StrFormat("0x%08x", crc); }
 
@@ -244,11 +228,11 @@ std::string ManifestFrameHeader(uint32_t format_version, uint64_t body_bytes,
                                 uint32_t body_crc32c) {
   std::string h(kManifestHeaderBytes, '\0');
   std::memcpy(h.data(), kManifestMagic, kMagicBytes);
-  PutU32(&h[8], format_version);
-  PutU32(&h[12], 0);
-  PutU64(&h[16], body_bytes);
-  PutU32(&h[24], body_crc32c);
-  PutU32(&h[28], Crc32c(h.data(), 28));
+  little_endian::Store32(&h[8], format_version);
+  little_endian::Store32(&h[12], 0);
+  little_endian::Store64(&h[16], body_bytes);
+  little_endian::Store32(&h[24], body_crc32c);
+  little_endian::Store32(&h[28], Crc32c(h.data(), 28));
   return h;
 }
 
@@ -362,12 +346,12 @@ absl::StatusOr<Frame> CheckFrameHeader(const char* h, uint64_t size,
         "not a Cairn manifest: bad magic (expected \"CAIRNMF\\n\")");
   }
   const uint32_t header_crc = Crc32c(h, 28);
-  if (header_crc != GetU32(h + 28)) {
+  if (header_crc != little_endian::Load32(h + 28)) {
     return absl::DataLossError(
         absl::StrCat("manifest header is corrupt: crc32c ", Crc(header_crc),
-                     " != stored ", Crc(GetU32(h + 28))));
+                     " != stored ", Crc(little_endian::Load32(h + 28))));
   }
-  const uint32_t version = GetU32(h + 8);
+  const uint32_t version = little_endian::Load32(h + 8);
   if (version == 0) {
     return absl::DataLossError("manifest header has format_version 0");
   }
@@ -377,11 +361,12 @@ absl::StatusOr<Frame> CheckFrameHeader(const char* h, uint64_t size,
                      " is newer than this build understands (",
                      kManifestFormatVersion, "): upgrade Cairn to read it"));
   }
-  if (GetU32(h + 12) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "manifest header has unknown flags ", Crc(GetU32(h + 12))));
+  if (little_endian::Load32(h + 12) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("manifest header has unknown flags ",
+                     Crc(little_endian::Load32(h + 12))));
   }
-  const uint64_t body_length = GetU64(h + 16);
+  const uint64_t body_length = little_endian::Load64(h + 16);
   if (body_length > max_bytes) {
     return absl::DataLossError(absl::StrCat("manifest body of ", body_length,
                                             " bytes exceeds the limit of ",
@@ -398,7 +383,7 @@ absl::StatusOr<Frame> CheckFrameHeader(const char* h, uint64_t size,
                                             present - body_length,
                                             " trailing bytes after its body"));
   }
-  return Frame{version, body_length, GetU32(h + 24)};
+  return Frame{version, body_length, little_endian::Load32(h + 24)};
 }
 
 absl::Status BodyCrcError(uint32_t got, uint32_t stored) {

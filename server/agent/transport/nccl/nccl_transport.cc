@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
+#include "common/little_endian.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -16,37 +16,29 @@ constexpr uint32_t kAnnounceMagic = 0x414e5243;  // "CRNA"
 constexpr uint64_t kNcclInlineTag = kNcclTagBase | 4;
 constexpr size_t kMaxAbandoned = 1 << 16;
 
-void PutU64(std::string& s, uint64_t v) {
-  char b[8];
-  absl::little_endian::Store64(b, v);
-  s.append(b, 8);
-}
-
 }  // namespace
 
 std::string EncodeAnnounce(const Announce& a) {
   std::string s;
-  char b[4];
-  absl::little_endian::Store32(b, kAnnounceMagic);
-  s.append(b, 4);
-  absl::little_endian::Store32(b, 0);
-  s.append(b, 4);
-  PutU64(s, a.tag);
-  PutU64(s, a.length);
-  PutU64(s, a.seq);
+  s.reserve(kAnnounceBytes);
+  little_endian::Append32(&s, kAnnounceMagic);
+  little_endian::Append32(&s, 0);
+  little_endian::Append64(&s, a.tag);
+  little_endian::Append64(&s, a.length);
+  little_endian::Append64(&s, a.seq);
   return s;
 }
 
 absl::StatusOr<Announce> DecodeAnnounce(absl::string_view frame) {
   if (frame.size() != kAnnounceBytes ||
-      absl::little_endian::Load32(frame.data()) != kAnnounceMagic) {
+      little_endian::Load32(frame.data()) != kAnnounceMagic) {
     return absl::InvalidArgumentError(absl::StrCat(
         "nccl transport: malformed announce of ", frame.size(), " bytes"));
   }
   Announce a;
-  a.tag = absl::little_endian::Load64(frame.data() + 8);
-  a.length = absl::little_endian::Load64(frame.data() + 16);
-  a.seq = absl::little_endian::Load64(frame.data() + 24);
+  a.tag = little_endian::Load64(frame.data() + 8);
+  a.length = little_endian::Load64(frame.data() + 16);
+  a.seq = little_endian::Load64(frame.data() + 24);
   if (a.tag & kControlTagBit) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl transport: announce of control tag ", a.tag));
@@ -134,7 +126,7 @@ void NcclTransport::OnControl(int peer, uint64_t tag, std::string payload) {
                 peer);
       return;
     }
-    const uint64_t inner = absl::little_endian::Load64(payload.data());
+    const uint64_t inner = little_endian::Load64(payload.data());
     Deliver(peer, inner, absl::OkStatus(), payload.substr(8));
     return;
   }
@@ -144,7 +136,7 @@ void NcclTransport::OnControl(int peer, uint64_t tag, std::string payload) {
   }
   if (tag == kNcclInitIdsTag) {
     if (payload.size() < 4) return;
-    const uint32_t n = absl::little_endian::Load32(payload.data());
+    const uint32_t n = little_endian::Load32(payload.data());
     if (n > payload.size() - 4) return;
     std::string up = payload.substr(4, n);
     std::string down = payload.substr(4 + n);
@@ -192,9 +184,7 @@ void NcclTransport::InitThread() {
         down_id_ = down;
       }
       std::string ids;
-      char b[4];
-      absl::little_endian::Store32(b, static_cast<uint32_t>(up.size()));
-      ids.append(b, 4);
+      little_endian::Append32(&ids, static_cast<uint32_t>(up.size()));
       ids += up;
       ids += down;
       for (int n = 1; n < num_nodes_; ++n) {
@@ -275,9 +265,7 @@ absl::Status NcclTransport::Send(int peer, uint64_t tag,
   if (data.size() <= kInlineBytes) {
     std::string m;
     m.reserve(8 + data.size());
-    char b[8];
-    absl::little_endian::Store64(b, tag);
-    m.append(b, 8);
+    little_endian::Append64(&m, tag);
     m.append(data.data(), data.size());
     return control_->Send(peer, kNcclInlineTag, m);
   }

@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/little_endian.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "storage/checksum.h"
@@ -47,25 +48,23 @@ struct Header {
 };
 
 void Encode(const Header& h, char* out) {
-  uint32_t magic = kMagic;
-  std::memcpy(out, &magic, 4);
-  std::memcpy(out + 4, &h.flags, 4);
-  std::memcpy(out + 8, &h.tag, 8);
-  std::memcpy(out + 16, &h.length, 8);
-  std::memcpy(out + 24, &h.payload_crc, 4);
-  const uint32_t hcrc = storage::Crc32c(out, 28);
-  std::memcpy(out + 28, &hcrc, 4);
+  little_endian::Store32(out, kMagic);
+  little_endian::Store32(out + 4, h.flags);
+  little_endian::Store64(out + 8, h.tag);
+  little_endian::Store64(out + 16, h.length);
+  little_endian::Store32(out + 24, h.payload_crc);
+  little_endian::Store32(out + 28, storage::Crc32c(out, 28));
 }
 
 bool Decode(const char* in, Header* h) {
-  uint32_t magic, hcrc;
-  std::memcpy(&magic, in, 4);
-  std::memcpy(&hcrc, in + 28, 4);
-  if (magic != kMagic || hcrc != storage::Crc32c(in, 28)) return false;
-  std::memcpy(&h->flags, in + 4, 4);
-  std::memcpy(&h->tag, in + 8, 8);
-  std::memcpy(&h->length, in + 16, 8);
-  std::memcpy(&h->payload_crc, in + 24, 4);
+  if (little_endian::Load32(in) != kMagic ||
+      little_endian::Load32(in + 28) != storage::Crc32c(in, 28)) {
+    return false;
+  }
+  h->flags = little_endian::Load32(in + 4);
+  h->tag = little_endian::Load64(in + 8);
+  h->length = little_endian::Load64(in + 16);
+  h->payload_crc = little_endian::Load32(in + 24);
   return true;
 }
 
@@ -162,11 +161,10 @@ std::string EncodeFrameHeader(uint64_t tag, uint64_t length,
 }
 
 std::string EncodeHello(int node_id, absl::string_view token) {
-  std::string payload(8, '\0');
-  const uint32_t version = kHelloVersion;
-  const uint32_t node = static_cast<uint32_t>(node_id);
-  std::memcpy(payload.data(), &version, 4);
-  std::memcpy(payload.data() + 4, &node, 4);
+  std::string payload;
+  payload.reserve(8 + token.size());
+  little_endian::Append32(&payload, kHelloVersion);
+  little_endian::Append32(&payload, static_cast<uint32_t>(node_id));
   payload.append(token.data(), token.size());
   return EncodeFrameHeader(kHelloTag, payload.size(),
                            storage::Crc32c(payload.data(), payload.size()), 0) +
@@ -614,10 +612,9 @@ bool TcpTransport::AdvanceHandshake(Pending& p) {
     }
   }
   char ack[kAckBytes];
-  const uint32_t code = static_cast<uint32_t>(refusal);
-  std::memcpy(ack, &kAckMagic, 4);
-  std::memcpy(ack + 4, &code, 4);
-  std::memcpy(ack + 8, &options_.max_frame_bytes, 8);
+  little_endian::Store32(ack, kAckMagic);
+  little_endian::Store32(ack + 4, static_cast<uint32_t>(refusal));
+  little_endian::Store64(ack + 8, options_.max_frame_bytes);
   // 16 bytes (one small TLS record) into a fresh socket's buffer: never
   // blocks, and the acceptor must not wait if it somehow would.
   const bool sent =
@@ -636,9 +633,8 @@ bool TcpTransport::AdvanceHandshake(Pending& p) {
 
 HelloRefusal TcpTransport::CheckHello(absl::string_view payload,
                                       int* peer) const {
-  uint32_t version, node;
-  std::memcpy(&version, payload.data(), 4);
-  std::memcpy(&node, payload.data() + 4, 4);
+  const uint32_t version = little_endian::Load32(payload.data());
+  const uint32_t node = little_endian::Load32(payload.data() + 4);
   if (version != kHelloVersion) return HelloRefusal::kMalformed;
   // Check the token first, so an unknown node learns nothing more.
   if (!TokensEqual(payload.substr(8), options_.peer_token)) {
@@ -937,11 +933,9 @@ absl::StatusOr<std::unique_ptr<PeerConn>> TcpTransport::Connect(
           last = absl::UnavailableError(absl::StrCat(
               "no handshake answer from ", *address, ": ", conn->error()));
         } else {
-          uint32_t magic, code;
-          uint64_t max_frame;
-          std::memcpy(&magic, ack, 4);
-          std::memcpy(&code, ack + 4, 4);
-          std::memcpy(&max_frame, ack + 8, 8);
+          const uint32_t magic = little_endian::Load32(ack);
+          const uint32_t code = little_endian::Load32(ack + 4);
+          const uint64_t max_frame = little_endian::Load64(ack + 8);
           if (magic == kAckMagic &&
               code == static_cast<uint32_t>(HelloRefusal::kAccepted)) {
             *frame_bytes = std::max(max_frame, kMinFrameBytes);

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "common/little_endian.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/agent/transport/tcp/test_certs.h"
@@ -271,9 +272,7 @@ std::string ReadUntilClosed(int fd, bool* closed) {
 
 uint32_t AckCode(const std::string& ack) {
   if (ack.size() < internal::kAckBytes) return ~0u;
-  uint32_t code;
-  std::memcpy(&code, ack.data() + 4, 4);
-  return code;
+  return little_endian::Load32(ack.data() + 4);
 }
 
 constexpr char kToken[] = "a-cluster-token-of-some-length";
