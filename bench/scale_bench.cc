@@ -989,13 +989,13 @@ class ScaleRun {
       }
       // (Read columns are sent even when empty: a rank of the last FSDP
       // group may want no tensor bytes at all.)
-      const convert::AnswerForm got = plan.has_read_columns()
-                                          ? convert::AnswerForm::kReadColumns
-                                          : convert::AnswerForm::kFull;
-      if (got != answer_form_) {
+      const convert::AnswerForm form = plan.has_read_columns()
+                                           ? convert::AnswerForm::kReadColumns
+                                           : convert::AnswerForm::kFull;
+      if (form != answer_form_) {
         Fail(absl::StrCat(who, ": asked for answers of form ",
                           static_cast<int>(answer_form_), ", got one of form ",
-                          static_cast<int>(got)));
+                          static_cast<int>(form)));
       }
       if (absl::Status s = convert::ExpandReadColumns(request_of(r), &plan);
           !s.ok()) {
