@@ -34,6 +34,8 @@ CMAKE_TARGET_COMMANDS = {
     "pybind11_add_module",
 }
 BAZEL_CC_RULES = {"cc_library", "cc_binary", "cc_test"}
+# Macros that make a cc_test of NAME.cc (tests/e2e.bzl).
+BAZEL_TEST_MACROS = {"cairn_e2e_test"}
 
 
 def tracked(pattern):
@@ -128,7 +130,8 @@ def cmake_targets():
                 continue
             target = args[0].strip('"')
             srcs = set()
-            if name == "cairn_fuzzer":  # cairn_fuzzer(NAME DEPS...): NAME.cc
+            # cairn_fuzzer(NAME DEPS...), cairn_e2e_test(NAME ...): NAME.cc
+            if name in ("cairn_fuzzer", "cairn_e2e_test"):
                 srcs.add(os.path.join(directory, target + ".cc"))
             for arg in args[1:]:
                 arg = arg.strip('"').replace("${CMAKE_CURRENT_SOURCE_DIR}/", "")
@@ -177,7 +180,9 @@ def bazel_targets():
 
         def make_rule(kind):
             def rule(*_, **kwargs):
-                if kind not in BAZEL_CC_RULES:
+                if kind in BAZEL_TEST_MACROS:
+                    kwargs = dict(kwargs, srcs=[kwargs["name"] + ".cc"])
+                elif kind not in BAZEL_CC_RULES:
                     return None
                 srcs = {normalize(s) for s in kwargs.get("srcs", [])
                         if isinstance(s, str) and s.endswith(SOURCE_SUFFIXES)}

@@ -92,6 +92,23 @@ class ParityTest(unittest.TestCase):
         self.assertEqual(code, 1, out)
         self.assertIn("is allowed but has a twin", out)
 
+    def test_e2e_tests_compile_their_name_dot_cc_in_both_systems(self):
+        files = dict(BASE, **{
+            "lib/CMakeLists.txt": "cairn_e2e_test(a_test DEPS x RUNS y)\n",
+            "lib/BUILD.bazel": """
+                load(":e2e.bzl", "cairn_e2e_test")
+                cairn_e2e_test(name = "a_test", runs = {"cairnd": "//x:y"})
+            """,
+        })
+        code, out = run_on(files)
+        self.assertEqual(code, 0, out)
+        self.assertIn("1 CMake and 1 Bazel targets", out)
+        files["lib/BUILD.bazel"] = ""
+        code, out = run_on(files)
+        self.assertEqual(code, 1, out)
+        self.assertIn("cmake target a_test (lib/CMakeLists.txt) has no bazel "
+                      "twin compiling exactly lib/a_test.cc", out)
+
 
 if __name__ == "__main__":
     unittest.main()

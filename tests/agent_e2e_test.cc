@@ -17,53 +17,24 @@
 //
 // Storage (what agents persist to) is file:// under the test's temp dir, or
 // a fresh S3 bucket with CAIRN_TEST_STORAGE=s3 (tests/testing/test_storage.h).
-//
-// Binaries come from --cairnd=, --agent=, --agent-rank=, --rank= (and the
-// certificate maker from --make-certs=) (Bazel args), else from the paths
-// CMake compiled in.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "tests/testing/cairnd_process.h"
-#include "tests/testing/path_flags.h"
-#include "tests/testing/subprocess.h"
-#include "tests/testing/test_storage.h"
-
-#ifndef CAIRN_CAIRND_PATH
-#define CAIRN_CAIRND_PATH ""
-#endif
-#ifndef CAIRN_AGENT_PATH
-#define CAIRN_AGENT_PATH ""
-#endif
-#ifndef CAIRN_AGENT_RANK_PATH
-#define CAIRN_AGENT_RANK_PATH ""
-#endif
-#ifndef CAIRN_RANK_PATH
-#define CAIRN_RANK_PATH ""
-#endif
-#ifndef CAIRN_MAKE_CERTS_PATH
-#define CAIRN_MAKE_CERTS_PATH ""
-#endif
+#include "tests/testing/e2e_harness.h"
+#include "tests/testing/grpc_probe.h"
 
 namespace cairn {
 namespace {
@@ -71,45 +42,26 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string g_cairnd = CAIRN_CAIRND_PATH;
-std::string g_agent = CAIRN_AGENT_PATH;
-std::string g_agent_rank = CAIRN_AGENT_RANK_PATH;
-std::string g_rank = CAIRN_RANK_PATH;
-std::string g_make_certs = CAIRN_MAKE_CERTS_PATH;
+using testing::Binaries;
 
 constexpr char kLayout[] = "2x2:S0,S1";
 constexpr int kWorld = 4;  // ranks 0,1 on node 0; ranks 2,3 on node 1
 
-class AgentE2ETest : public ::testing::Test {
+class AgentE2ETest : public testing::EndToEndTest {
  protected:
   void SetUp() override {
-    dir_ = testing::MakeTempDir(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_FALSE(dir_.empty());
-    auto storage = testing::TestStorage::Create(dir_ + "/cairnd");
-    ASSERT_TRUE(storage.ok()) << storage.status();
-    storage_ = std::move(*storage);
-    std::vector<std::string> flags = storage_->CairndFlags();
-    flags.insert(flags.end(), {"--commit-deadline", "4"});
-    auto c = testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cairnd_ = std::move(*c);
+    ASSERT_NO_FATAL_FAILURE(EndToEndTest::SetUp());
+    ASSERT_NO_FATAL_FAILURE(CreateStorage());
+    ASSERT_NO_FATAL_FAILURE(StartCairnd({"--commit-deadline", "4"}));
   }
   void TearDown() override {
     for (auto& a : agents_) a.reset();
-    cairnd_.reset();
-    if (storage_ != nullptr) {
-      absl::Status cleaned = storage_->Cleanup();
-      EXPECT_TRUE(cleaned.ok()) << cleaned;
-    }
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
+    EndToEndTest::TearDown();
   }
 
-  // Unix socket paths are limited to 107 bytes: keep them short (Bazel's
-  // TEST_TMPDIR is long).
   std::string Socket(int node) const {
-    return absl::StrCat("/tmp/cairn-e2e-", getpid(), "-", node, "-",
-                        generation_[node], ".sock");
+    return testing::SocketPath(
+        absl::StrCat("e2e-", node, "-", generation_[node]));
   }
 
   // The cluster token every agent of the test presents to its peers.
@@ -125,50 +77,28 @@ class AgentE2ETest : public ::testing::Test {
                   std::vector<std::string> extra = {"--staging-budget-mib",
                                                     "64"}) {
     ++generation_[node];
-    const std::string ready =
-        absl::StrCat(dir_, "/agent-", node, "-", generation_[node], ".ready");
-    std::vector<std::string> argv = {g_agent,
-                                     "--node-id",
-                                     std::to_string(node),
-                                     "--listen-unix",
-                                     Socket(node),
-                                     "--peer-listen",
-                                     "127.0.0.1:0",
-                                     "--peer-dir",
-                                     dir_ + "/peers",
-                                     "--num-nodes",
-                                     "2",
-                                     "--coordinator",
-                                     cairnd_->address(),
-                                     "--replicas",
-                                     std::to_string(replicas),
-                                     "--ready-file",
-                                     ready,
-                                     "--peer-token-file",
-                                     TokenFile()};
+    std::vector<std::string> flags = {
+        "--listen-unix",     Socket(node),
+        "--peer-listen",     "127.0.0.1:0",
+        "--num-nodes",       "2",
+        "--coordinator",     cairnd_->address(),
+        "--replicas",        std::to_string(replicas),
+        "--peer-token-file", TokenFile()};
     if (auto_ids_) {
       // As in Kubernetes: no id, no peer list; a stable node name.
-      argv[2] = "auto";
-      argv[7] = "--node-name";
-      argv[8] = absl::StrCat("k8s-node-", node);
+      flags.insert(flags.end(), {"--node-id", "auto", "--node-name",
+                                 absl::StrCat("k8s-node-", node)});
+    } else {
+      flags.insert(flags.end(), {"--node-id", std::to_string(node),
+                                 "--peer-dir", dir_ + "/peers"});
     }
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    auto p = testing::Subprocess::Start(
-        argv,
-        absl::StrCat(dir_, "/agent-", node, "-", generation_[node], ".log"));
-    ASSERT_TRUE(p.ok()) << p.status();
-    agents_[node] = std::make_unique<testing::Subprocess>(std::move(*p));
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (absl::Now() < deadline) {
-      if (std::filesystem::exists(ready)) return;
-      auto exited = agents_[node]->Wait(absl::Milliseconds(20));
-      ASSERT_FALSE(exited.ok()) << "agent exited: " << agents_[node]->Log();
-    }
-    FAIL() << "agent " << node << " did not start: " << agents_[node]->Log();
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    StartCairnAgent(flags, absl::StrCat("agent-", node, "-", generation_[node]),
+                    &agents_[node], nullptr, absl::Seconds(20));
   }
 
   std::vector<std::string> RankArgs(int rank, const std::string& job) {
-    return {g_agent_rank,
+    return {Binaries().agent_rank,
             "--agent-socket",
             Socket(rank / 2),
             "--coordinator",
@@ -184,19 +114,11 @@ class AgentE2ETest : public ::testing::Test {
   }
 
   // Runs one command per rank; returns exit codes and keeps the logs.
-  std::vector<int> Run(std::vector<std::vector<std::string>> argvs) {
-    const std::string prefix = absl::StrCat(dir_, "/run-", ++runs_, "-rank");
-    auto codes = testing::RunAll(argvs, prefix, absl::Minutes(2));
-    EXPECT_TRUE(codes.ok()) << codes.status();
-    if (!codes.ok()) return {};
-    logs_.clear();
-    for (size_t r = 0; r < argvs.size(); ++r) {
-      std::ifstream in(absl::StrCat(prefix, r, ".log"));
-      std::stringstream ss;
-      ss << in.rdbuf();
-      logs_ += absl::StrCat("rank ", r, ": ", ss.str());
-    }
-    return *codes;
+  std::vector<int> RunRanks(
+      const std::vector<std::vector<std::string>>& argvs) {
+    std::vector<int> codes = RunAll(argvs, absl::Minutes(2));
+    logs_ = RankLogs();
+    return codes;
   }
 
   std::vector<int> SaveAll(const std::string& job, int64_t step,
@@ -210,33 +132,40 @@ class AgentE2ETest : public ::testing::Test {
       if (r / 2 == 1) a.insert(a.end(), node1_extra.begin(), node1_extra.end());
       argvs.push_back(std::move(a));
     }
-    return Run(std::move(argvs));
+    return RunRanks(argvs);
+  }
+
+  // Every rank loads `latest` of `job` through its node's agent, from agent
+  // memory.
+  std::vector<int> LoadFromMemory(const std::string& job) {
+    std::vector<std::vector<std::string>> argvs;
+    for (int r = 0; r < kWorld; ++r) {
+      argvs.push_back(RankArgs(r, job));
+      argvs.back().insert(argvs.back().end(),
+                          {"--load", "latest", "--expect-source", "memory"});
+    }
+    return RunRanks(argvs);
   }
 
   // Direct-mode load of `latest` into a different layout, bit-exact.
   void ExpectDirectLoadOf(const std::string& job, int64_t step,
                           std::vector<std::string> extra = {}) {
+    extra.insert(extra.begin(), {"--load", "latest"});
     std::vector<std::vector<std::string>> argvs;
-    for (int r = 0; r < 3; ++r) {
-      argvs.push_back({g_rank, "--coordinator", cairnd_->address(), "--job",
-                       job, "--rank", std::to_string(r), "--world-size", "3",
-                       "--layout", "3:S1", "--load", "latest"});
-      argvs.back().insert(argvs.back().end(), extra.begin(), extra.end());
-    }
-    std::vector<int> codes = Run(std::move(argvs));
+    for (int r = 0; r < 3; ++r)
+      argvs.push_back(RankArgv(job, r, 3, "3:S1", extra));
+    std::vector<int> codes = RunRanks(argvs);
     EXPECT_THAT(codes, ::testing::Each(0)) << logs_;
     EXPECT_THAT(logs_, HasSubstr(absl::StrCat("load step ", step)));
   }
 
   std::map<int64_t, v1::CheckpointState> States(const std::string& job) {
-    auto stub =
-        v1::Coordinator::NewStub(testing::CairndChannel(cairnd_->address()));
     v1::ListCheckpointsRequest req;
     req.set_job(job);
     req.set_include_uncommitted(true);
     v1::ListCheckpointsResponse resp;
     grpc::ClientContext ctx;
-    EXPECT_TRUE(stub->ListCheckpoints(&ctx, req, &resp).ok());
+    EXPECT_TRUE(Stub()->ListCheckpoints(&ctx, req, &resp).ok());
     std::map<int64_t, v1::CheckpointState> out;
     for (const auto& c : resp.checkpoints()) out[c.step()] = c.state();
     return out;
@@ -257,11 +186,9 @@ class AgentE2ETest : public ::testing::Test {
 
   // cairnd's agent table as "name=id@address", by id.
   std::vector<std::string> Agents() {
-    auto stub =
-        v1::Coordinator::NewStub(testing::CairndChannel(cairnd_->address()));
     v1::ListAgentsResponse resp;
     grpc::ClientContext ctx;
-    EXPECT_TRUE(stub->ListAgents(&ctx, v1::ListAgentsRequest(), &resp).ok());
+    EXPECT_TRUE(Stub()->ListAgents(&ctx, v1::ListAgentsRequest(), &resp).ok());
     std::vector<std::string> out;
     for (const auto& a : resp.agents()) {
       out.push_back(
@@ -285,12 +212,8 @@ class AgentE2ETest : public ::testing::Test {
   }
 
   bool auto_ids_ = false;  // agents started with --node-id auto
-  std::string dir_;
-  std::unique_ptr<testing::TestStorage> storage_;
-  std::unique_ptr<testing::CairndProcess> cairnd_;
   std::unique_ptr<testing::Subprocess> agents_[2];
   int generation_[2] = {0, 0};
-  int runs_ = 0;
   std::string logs_;
 };
 
@@ -385,26 +308,11 @@ TEST_F(AgentE2ETest, LostNodeAgentIsRestoredFromPeerReplica) {
   StartAgent(1, 1);
   ASSERT_THAT(SaveAll("nodeloss", 7), ::testing::Each(0)) << logs_;
   // The storage copy is gone too: only memory can serve the load.
-  auto objects = storage_->DataObjects("nodeloss/");
-  ASSERT_TRUE(objects.ok()) << objects.status();
-  int deleted = 0;
-  for (const std::string& key : *objects) {
-    if (absl::EndsWith(key, ".bin")) {
-      ASSERT_TRUE(storage_->Remove(key).ok()) << key;
-      ++deleted;
-    }
-  }
-  EXPECT_GT(deleted, 0);
+  DeleteStoredData("nodeloss");
   agents_[1]->Signal(SIGKILL);  // node 1 lost with its tier 0
   ASSERT_TRUE(agents_[1]->Wait(absl::Seconds(10)).ok());
   StartAgent(1, 1);  // replacement node, empty memory
-  std::vector<std::vector<std::string>> argvs;
-  for (int r = 0; r < kWorld; ++r) {
-    auto a = RankArgs(r, "nodeloss");
-    a.insert(a.end(), {"--load", "latest", "--expect-source", "memory"});
-    argvs.push_back(std::move(a));
-  }
-  std::vector<int> codes = Run(std::move(argvs));
+  std::vector<int> codes = LoadFromMemory("nodeloss");
   EXPECT_THAT(codes, ::testing::Each(0))
       << logs_ << agents_[0]->Log() << agents_[1]->Log();
   EXPECT_THAT(logs_, HasSubstr("rank 2: loaded step 7 from agent memory (0 B "
@@ -417,7 +325,8 @@ TEST_F(AgentE2ETest, LostNodeAgentIsRestoredFromPeerReplica) {
 // the certificates (a broken file keeps the loaded ones).
 TEST_F(AgentE2ETest, PeersOverMutualTlsRefuseAStrangerAndReloadOnSighup) {
   const std::string certs = dir_ + "/certs";
-  const std::string cmd = absl::StrCat("sh '", g_make_certs, "' '", certs, "'");
+  const std::string cmd =
+      absl::StrCat("sh '", Binaries().make_certs, "' '", certs, "'");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   // Agent 0 reads copies, so the test can break one before a SIGHUP.
   const std::string own = dir_ + "/certs-0";
@@ -435,29 +344,14 @@ TEST_F(AgentE2ETest, PeersOverMutualTlsRefuseAStrangerAndReloadOnSighup) {
   StartAgent(0, 1, tls(own, "peer", "ca"));
   StartAgent(1, 1, tls(certs, "peer", "ca"));
   ASSERT_THAT(SaveAll("tlsloss", 7), ::testing::Each(0)) << logs_;
-  auto objects = storage_->DataObjects("tlsloss/");
-  ASSERT_TRUE(objects.ok()) << objects.status();
-  for (const std::string& key : *objects) {
-    if (absl::EndsWith(key, ".bin")) {
-      ASSERT_TRUE(storage_->Remove(key).ok()) << key;
-    }
-  }
-  auto load_all = [&] {
-    std::vector<std::vector<std::string>> argvs;
-    for (int r = 0; r < kWorld; ++r) {
-      auto a = RankArgs(r, "tlsloss");
-      a.insert(a.end(), {"--load", "latest", "--expect-source", "memory"});
-      argvs.push_back(std::move(a));
-    }
-    return Run(std::move(argvs));
-  };
+  DeleteStoredData("tlsloss");
   agents_[1]->Signal(SIGKILL);
   ASSERT_TRUE(agents_[1]->Wait(absl::Seconds(10)).ok());
   // A stranger takes node 1's place: it trusts the cluster CA, but its own
   // certificate is another CA's. Agent 0 refuses it; node 1's ranks cannot
   // get the replica.
   StartAgent(1, 1, tls(certs, "other-peer", "ca"));
-  std::vector<int> codes = load_all();
+  std::vector<int> codes = LoadFromMemory("tlsloss");
   EXPECT_NE(codes[2], 0) << logs_;
   EXPECT_NE(codes[3], 0) << logs_;
   EXPECT_THAT(agents_[0]->Log(),
@@ -467,7 +361,7 @@ TEST_F(AgentE2ETest, PeersOverMutualTlsRefuseAStrangerAndReloadOnSighup) {
   ASSERT_TRUE(agents_[1]->Wait(absl::Seconds(10)).ok());
   // The cluster's own replacement gets in and is served from memory.
   StartAgent(1, 1, tls(certs, "peer", "ca"));
-  codes = load_all();
+  codes = LoadFromMemory("tlsloss");
   EXPECT_THAT(codes, ::testing::Each(0))
       << logs_ << agents_[0]->Log() << agents_[1]->Log();
   EXPECT_THAT(logs_, HasSubstr("rank 2: loaded step 7 from agent memory (0 B "
@@ -525,13 +419,7 @@ TEST_F(AgentE2ETest, AutoIdAgentRestartedKeepsItsIdAndItsPeerLoadWorks) {
   EXPECT_THAT(after[0], ::testing::StartsWith("k8s-node-0=0@127.0.0.1:"));
   EXPECT_NE(after[0], before[0]);  // the new peer port was registered
   EXPECT_EQ(after[1], before[1]);
-  std::vector<std::vector<std::string>> argvs;
-  for (int r = 0; r < kWorld; ++r) {
-    auto a = RankArgs(r, "k8s");
-    a.insert(a.end(), {"--load", "latest", "--expect-source", "memory"});
-    argvs.push_back(std::move(a));
-  }
-  std::vector<int> codes = Run(std::move(argvs));
+  std::vector<int> codes = LoadFromMemory("k8s");
   EXPECT_THAT(codes, ::testing::Each(0))
       << logs_ << agents_[0]->Log() << agents_[1]->Log();
   // Ranks 0 and 1 (node 0, restarted empty) get every byte from node 1.
@@ -548,13 +436,7 @@ TEST_F(AgentE2ETest, AutoIdAgentRestartedKeepsItsIdAndItsPeerLoadWorks) {
   StartAgent(1, 1);
   EXPECT_THAT(agents_[1]->Log(),
               HasSubstr("node 'k8s-node-1' registered with cairnd as node 1"));
-  argvs.clear();
-  for (int r = 0; r < kWorld; ++r) {
-    auto a = RankArgs(r, "k8s");
-    a.insert(a.end(), {"--load", "latest", "--expect-source", "memory"});
-    argvs.push_back(std::move(a));
-  }
-  codes = Run(std::move(argvs));
+  codes = LoadFromMemory("k8s");
   EXPECT_THAT(codes, ::testing::Each(0))
       << logs_ << agents_[0]->Log() << agents_[1]->Log();
   EXPECT_THAT(logs_, HasSubstr("rank 2: loaded step 6 from agent memory (0 B "
@@ -567,65 +449,36 @@ TEST_F(AgentE2ETest, AutoIdBeyondNumNodesExitsNamingTheLimit) {
   auto_ids_ = true;
   StartAgent(0, 0);
   StartAgent(1, 0);
-  std::vector<std::string> argv = {
-      g_agent,         "--node-id",       "auto",
-      "--node-name",   "k8s-node-2",      "--listen-unix",
-      Socket(0) + "x", "--num-nodes",     "2",
-      "--coordinator", cairnd_->address()};
-  auto p = testing::Subprocess::Start(argv, dir_ + "/agent-third.log");
-  ASSERT_TRUE(p.ok()) << p.status();
-  auto exited = p->Wait(absl::Seconds(30));
-  ASSERT_TRUE(exited.ok()) << p->Log();
-  EXPECT_EQ(*exited, 1);
-  EXPECT_THAT(p->Log(), HasSubstr("node 'k8s-node-2'"));
-  EXPECT_THAT(p->Log(), HasSubstr("--num-nodes 2"));
+  std::string out;
+  EXPECT_EQ(Run({Binaries().agent, "--node-id", "auto", "--node-name",
+                 "k8s-node-2", "--listen-unix", Socket(0) + "x", "--num-nodes",
+                 "2", "--coordinator", cairnd_->address()},
+                &out, absl::Seconds(30)),
+            1)
+      << out;
+  EXPECT_THAT(out, HasSubstr("node 'k8s-node-2'"));
+  EXPECT_THAT(out, HasSubstr("--num-nodes 2"));
 }
 
 // A fixed-id agent whose --coordinator is wrong (nothing listens there)
 // exits at start naming the address and gRPC's reason, instead of starting
 // and failing every save later.
 TEST_F(AgentE2ETest, WrongCoordinatorExitsAtStartNamingTheAddress) {
-  int port = 0;
-  {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      port = ntohs(addr.sin_port);
-    }
-    close(fd);  // bound, never listened on: connections are refused
-  }
+  // Bound, never listened on: connections are refused.
+  const int port = testing::FreeLoopbackPort();
   ASSERT_NE(port, 0);
   const std::string wrong = absl::StrCat("127.0.0.1:", port);
-  std::vector<std::string> argv = {
-      g_agent, "--node-id",     "0",  "--listen-unix", Socket(0), "--num-nodes",
-      "1",     "--coordinator", wrong};
-  auto p = testing::Subprocess::Start(argv, dir_ + "/agent-wrong.log");
-  ASSERT_TRUE(p.ok()) << p.status();
+  std::string out;
   // A hang guard: the first-contact timeout is 5 s.
-  auto exited = p->Wait(absl::Seconds(60));
-  ASSERT_TRUE(exited.ok()) << "the agent is still running: " << p->Log();
-  EXPECT_EQ(*exited, 1) << p->Log();
-  EXPECT_THAT(p->Log(), HasSubstr(absl::StrCat("cairnd at ", wrong,
-                                               " was never reached")));
-  EXPECT_THAT(p->Log(), HasSubstr("Connection refused"));
+  EXPECT_EQ(Run({Binaries().agent, "--node-id", "0", "--listen-unix", Socket(0),
+                 "--num-nodes", "1", "--coordinator", wrong},
+                &out, absl::Seconds(60)),
+            1)
+      << out;
+  EXPECT_THAT(
+      out, HasSubstr(absl::StrCat("cairnd at ", wrong, " was never reached")));
+  EXPECT_THAT(out, HasSubstr("Connection refused"));
 }
 
 }  // namespace
 }  // namespace cairn
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  cairn::testing::ParsePathFlags(argc, argv,
-                                 {
-                                     {"cairnd", &cairn::g_cairnd},
-                                     {"agent", &cairn::g_agent},
-                                     {"agent-rank", &cairn::g_agent_rank},
-                                     {"rank", &cairn::g_rank},
-                                     {"make-certs", &cairn::g_make_certs},
-                                 });
-  return RUN_ALL_TESTS();
-}

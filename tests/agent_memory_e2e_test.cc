@@ -43,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -58,19 +59,7 @@
 #include "gtest/gtest.h"
 #include "server/agent/transport/tcp/tcp_transport.h"
 #include "storage/checksum.h"
-#include "tests/testing/cairnd_process.h"
-#include "tests/testing/path_flags.h"
-#include "tests/testing/subprocess.h"
-
-#ifndef CAIRN_CAIRND_PATH
-#define CAIRN_CAIRND_PATH ""
-#endif
-#ifndef CAIRN_AGENT_PATH
-#define CAIRN_AGENT_PATH ""
-#endif
-#ifndef CAIRN_AGENT_RANK_PATH
-#define CAIRN_AGENT_RANK_PATH ""
-#endif
+#include "tests/testing/e2e_harness.h"
 
 namespace cairn {
 namespace {
@@ -78,9 +67,8 @@ namespace {
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
-std::string g_cairnd = CAIRN_CAIRND_PATH;
-std::string g_agent = CAIRN_AGENT_PATH;
-std::string g_agent_rank = CAIRN_AGENT_RANK_PATH;
+using testing::Binaries;
+using testing::ProcStatusBytes;
 
 constexpr int64_t kMiB = 1 << 20;
 // The agent's socket budget (--max-request-memory-mib) and staging budget
@@ -94,21 +82,6 @@ constexpr int64_t kRequestBytes = 300 * kMiB;
 constexpr char kToken[] = "agent-memory-e2e-cluster-token";
 // Frames of the hostile peer: the agent's --bucket-cap-mib.
 constexpr int64_t kFrameBytes = 8 * kMiB;
-
-// A field of /proc/<pid>/status ("VmHWM", "VmRSS") in bytes; -1 if absent.
-int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    absl::string_view v = line;
-    if (!absl::ConsumePrefix(&v, field + ":")) continue;
-    v = absl::StripAsciiWhitespace(v);
-    absl::ConsumeSuffix(&v, " kB");
-    int64_t kb = 0;
-    if (absl::SimpleAtoi(v, &kb)) return kb * 1024;
-  }
-  return -1;
-}
 
 struct Outcome {
   std::string what;  // the code and message, or how a connection ended
@@ -234,17 +207,13 @@ std::string Summary(const std::vector<Outcome>& outcomes) {
   return s;
 }
 
-class AgentMemoryE2ETest : public ::testing::Test {
+class AgentMemoryE2ETest : public testing::EndToEndTest {
  protected:
   void SetUp() override {
-    dir_ = testing::MakeTempDir("agent_memory_e2e");
-    ASSERT_FALSE(dir_.empty());
-    absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
-        testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", {});
-    ASSERT_TRUE(c.ok()) << c.status();
-    cairnd_ = std::move(*c);
+    ASSERT_NO_FATAL_FAILURE(EndToEndTest::SetUp());
+    ASSERT_NO_FATAL_FAILURE(StartCairnd());
     std::ofstream(dir_ + "/peer-token") << kToken << "\n";
-    socket_ = absl::StrCat("/tmp/cairn-mem-e2e-", getpid(), ".sock");
+    socket_ = testing::SocketPath("mem-e2e");
   }
 
   void TearDown() override {
@@ -253,49 +222,38 @@ class AgentMemoryE2ETest : public ::testing::Test {
       (void)agent_->Wait(absl::Seconds(20));
     }
     agent_.reset();
-    cairnd_.reset();
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
+    EndToEndTest::TearDown();
   }
 
   // Node 0 of three (the others never start: the hostile peers claim their
   // ids).
   void StartAgent(std::vector<std::string> extra) {
-    const std::string ready = dir_ + "/agent.ready";
-    std::vector<std::string> argv = {g_agent,
-                                     "--node-id",
-                                     "0",
-                                     "--listen-unix",
-                                     socket_,
-                                     "--peer-listen",
-                                     "127.0.0.1:0",
-                                     "--peer-dir",
-                                     dir_ + "/peers",
-                                     "--num-nodes",
-                                     "3",
-                                     "--coordinator",
-                                     cairnd_->address(),
-                                     "--replicas",
-                                     "0",
-                                     "--staging-budget-mib",
-                                     std::to_string(kStagingMiB),
-                                     "--bucket-cap-mib",
-                                     std::to_string(kFrameBytes / kMiB),
-                                     "--peer-token-file",
-                                     dir_ + "/peer-token",
-                                     "--ready-file",
-                                     ready};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    auto p = testing::Subprocess::Start(argv, dir_ + "/agent.log");
-    ASSERT_TRUE(p.ok()) << p.status();
-    agent_ = std::make_unique<testing::Subprocess>(std::move(*p));
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < deadline) {
-      std::ifstream in(ready);
-      if (in >> peer_port_) return;
-      auto exited = agent_->Wait(absl::Milliseconds(20));
-      ASSERT_FALSE(exited.ok()) << "agent exited: " << agent_->Log();
-    }
-    FAIL() << "the agent did not start: " << agent_->Log();
+    std::vector<std::string> flags = {"--node-id",
+                                      "0",
+                                      "--listen-unix",
+                                      socket_,
+                                      "--peer-listen",
+                                      "127.0.0.1:0",
+                                      "--peer-dir",
+                                      dir_ + "/peers",
+                                      "--num-nodes",
+                                      "3",
+                                      "--coordinator",
+                                      cairnd_->address(),
+                                      "--replicas",
+                                      "0",
+                                      "--staging-budget-mib",
+                                      std::to_string(kStagingMiB),
+                                      "--bucket-cap-mib",
+                                      std::to_string(kFrameBytes / kMiB),
+                                      "--peer-token-file",
+                                      dir_ + "/peer-token"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    std::string ready;
+    ASSERT_NO_FATAL_FAILURE(StartCairnAgent(flags, "agent", &agent_, &ready));
+    ASSERT_TRUE(
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(ready), &peer_port_))
+        << ready;
   }
 
   // Two ranks of job "good" on the agent save steps `first`.. (`repeat` of
@@ -303,17 +261,15 @@ class AgentMemoryE2ETest : public ::testing::Test {
   int RunJob(int first, int repeat) {
     std::vector<std::vector<std::string>> argvs;
     for (int r = 0; r < 2; ++r) {
-      argvs.push_back({g_agent_rank, "--agent-socket", socket_, "--coordinator",
-                       cairnd_->address(), "--job", "good", "--rank",
-                       std::to_string(r), "--world-size", "2", "--layout",
-                       "2:S0", "--save-step", std::to_string(first), "--repeat",
-                       std::to_string(repeat), "--load", "latest"});
+      argvs.push_back({Binaries().agent_rank, "--agent-socket", socket_,
+                       "--coordinator", cairnd_->address(), "--job", "good",
+                       "--rank", std::to_string(r), "--world-size", "2",
+                       "--layout", "2:S0", "--save-step", std::to_string(first),
+                       "--repeat", std::to_string(repeat), "--load", "latest"});
     }
-    absl::StatusOr<std::vector<int>> codes = testing::RunAll(
-        argvs, absl::StrCat(dir_, "/job-", ++jobs_, "-"), absl::Minutes(4));
-    EXPECT_TRUE(codes.ok()) << codes.status();
-    if (!codes.ok()) return -1;
-    for (int code : *codes) {
+    std::vector<int> codes = RunAll(argvs, absl::Minutes(4));
+    if (codes.empty()) return -1;
+    for (int code : codes) {
       if (code != 0) return code;
     }
     return 0;
@@ -372,11 +328,8 @@ class AgentMemoryE2ETest : public ::testing::Test {
     return job_result;
   }
 
-  std::string dir_;
   std::string socket_;
   int peer_port_ = 0;
-  int jobs_ = 0;
-  std::unique_ptr<testing::CairndProcess> cairnd_;
   std::unique_ptr<testing::Subprocess> agent_;
 };
 
@@ -482,29 +435,16 @@ TEST_F(AgentMemoryE2ETest, BadLimitFlagsAreRefusedNamingTheFlag) {
        {"--max-request-memory-mib", "--max-streams-per-connection",
         "--max-connections-per-uid", "--max-connections",
         "--max-peer-connections-per-address", "--max-peer-connections"}) {
-    auto p = testing::Subprocess::Start(
-        {g_agent, "--node-id", "0", "--listen-unix", socket_, "--coordinator",
-         cairnd_->address(), flag,
-         std::string(flag) == "--max-request-memory-mib" ? "8" : "-1"},
-        absl::StrCat(dir_, "/bad", flag, ".log"));
-    ASSERT_TRUE(p.ok()) << p.status();
-    absl::StatusOr<int> code = p->Wait(absl::Seconds(20));
-    ASSERT_TRUE(code.ok()) << flag;
-    EXPECT_NE(*code, 0) << flag;
-    EXPECT_THAT(p->Log(), HasSubstr(flag));
+    std::string out;
+    const int code =
+        Run({Binaries().agent, "--node-id", "0", "--listen-unix", socket_,
+             "--coordinator", cairnd_->address(), flag,
+             std::string(flag) == "--max-request-memory-mib" ? "8" : "-1"},
+            &out, absl::Seconds(20));
+    EXPECT_NE(code, 0) << flag;
+    EXPECT_THAT(out, HasSubstr(flag));
   }
 }
 
 }  // namespace
 }  // namespace cairn
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  cairn::testing::ParsePathFlags(argc, argv,
-                                 {
-                                     {"cairnd", &cairn::g_cairnd},
-                                     {"agent", &cairn::g_agent},
-                                     {"agent-rank", &cairn::g_agent_rank},
-                                 });
-  return RUN_ALL_TESTS();
-}

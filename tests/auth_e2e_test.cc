@@ -28,20 +28,8 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
-#include "tests/testing/cairnd_process.h"
+#include "tests/testing/e2e_harness.h"
 #include "tests/testing/grpc_probe.h"
-#include "tests/testing/path_flags.h"
-#include "tests/testing/subprocess.h"
-
-#ifndef CAIRN_CAIRND_PATH
-#define CAIRN_CAIRND_PATH ""
-#endif
-#ifndef CAIRN_RANK_PATH
-#define CAIRN_RANK_PATH ""
-#endif
-#ifndef CAIRN_CLI_PATH
-#define CAIRN_CLI_PATH ""
-#endif
 
 namespace cairn {
 namespace {
@@ -49,9 +37,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string g_cairnd = CAIRN_CAIRND_PATH;
-std::string g_rank = CAIRN_RANK_PATH;
-std::string g_cli = CAIRN_CLI_PATH;
+using testing::Binaries;
 
 const char kReader[] = "reader-a-token-5f0c2a9e71d4";
 const char kReaderAll[] = "reader-all-token-0b8e66a1c3";
@@ -67,29 +53,22 @@ struct Outcome {
 
 grpc::StatusCode ListServicesByReflection(const std::string& address);
 
-class AuthE2ETest : public ::testing::Test {
+class AuthE2ETest : public testing::EndToEndTest {
  protected:
   void SetUp() override {
-    dir_ = testing::MakeTempDir("auth_e2e");
+    ASSERT_NO_FATAL_FAILURE(EndToEndTest::SetUp());
     tokens_ = dir_ + "/tokens";
     // Checkpoints of jobs a and b (steps 1, 2, 3) saved by real ranks while
     // authentication is off, then cairnd restarted with tokens.
-    StartCairnd({});
+    ASSERT_NO_FATAL_FAILURE(StartAuthCairnd({}));
     // Without auth, reflection is served (the contrast for the check that
     // it is not with auth).
     ASSERT_EQ(ListServicesByReflection(cairnd_->address()),
               grpc::StatusCode::OK);
     for (const char* job : {"a", "b"}) {
-      std::vector<std::vector<std::string>> argvs;
-      for (int r = 0; r < 2; ++r) {
-        argvs.push_back({g_rank, "--coordinator", cairnd_->address(), "--job",
-                         job, "--rank", std::to_string(r), "--world-size", "2",
-                         "--layout", "2:S0", "--save-steps", "1,2,3"});
-      }
-      absl::StatusOr<std::vector<int>> codes = testing::RunAll(
-          argvs, absl::StrCat(dir_, "/ranks-", job, "-"), absl::Minutes(3));
-      ASSERT_TRUE(codes.ok()) << codes.status();
-      ASSERT_THAT(*codes, ::testing::Each(0));
+      std::vector<int> codes = SaveSteps(job, 2, "1,2,3");
+      ASSERT_EQ(codes.size(), 2u);
+      ASSERT_THAT(codes, ::testing::Each(0));
     }
     cairnd_->process().Signal(SIGTERM);
     ASSERT_TRUE(cairnd_->process().Wait().ok());
@@ -98,8 +77,9 @@ class AuthE2ETest : public ::testing::Test {
                              kReaderAll, " reader *\n", kWriter,
                              " writer a writer-a\n", kAdmin,
                              " admin * root\n"));
-    StartCairnd({"--auth-tokens", tokens_, "--metrics-listen", "127.0.0.1:0",
-                 "--metrics-port-file", dir_ + "/metrics-port"});
+    StartAuthCairnd({"--auth-tokens", tokens_, "--metrics-listen",
+                     "127.0.0.1:0", "--metrics-port-file",
+                     dir_ + "/metrics-port"});
   }
 
   void TearDown() override {
@@ -107,14 +87,13 @@ class AuthE2ETest : public ::testing::Test {
       cairnd_->process().Signal(SIGTERM);
       (void)cairnd_->process().Wait();
     }
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
+    EndToEndTest::TearDown();
   }
 
-  void StartCairnd(std::vector<std::string> flags) {
-    absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
-        testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cairnd_ = std::move(*c);
+  // cairnd with `flags`; stub_ calls it with no credentials but the
+  // metadata Call() adds.
+  void StartAuthCairnd(const std::vector<std::string>& flags) {
+    ASSERT_NO_FATAL_FAILURE(StartCairnd(flags));
     stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(
         cairnd_->address(), grpc::InsecureChannelCredentials()));
   }
@@ -212,38 +191,26 @@ class AuthE2ETest : public ::testing::Test {
 
   // Runs `argv` with CAIRN_TOKEN=`token` (unset when empty); its exit code,
   // its output in `*output`.
-  int Run(const std::string& token, std::vector<std::string> argv,
-          std::string* output) {
+  int RunWithToken(const std::string& token, std::vector<std::string> argv,
+                   std::string* output) {
     std::vector<std::string> full = {"/usr/bin/env", "-u", "CAIRN_TOKEN", "-u",
                                      "CAIRN_STORAGE"};
     if (!token.empty()) full.push_back(absl::StrCat("CAIRN_TOKEN=", token));
     full.insert(full.end(), argv.begin(), argv.end());
-    absl::StatusOr<testing::Subprocess> p = testing::Subprocess::Start(
-        full, absl::StrCat(dir_, "/run-", ++runs_, ".log"));
-    EXPECT_TRUE(p.ok()) << p.status();
-    if (!p.ok()) return -1;
-    absl::StatusOr<int> code = p->Wait(absl::Minutes(3));
-    EXPECT_TRUE(code.ok()) << code.status();
-    *output = p->Log();
-    return code.ok() ? *code : -1;
+    return Run(full, output, absl::Minutes(3));
   }
   int Cli(const std::string& token, std::vector<std::string> args,
           std::string* output) {
-    args.insert(args.begin(), {g_cli, "-c", cairnd_->address()});
-    return Run(token, std::move(args), output);
+    args.insert(args.begin(), {Binaries().cli, "-c", cairnd_->address()});
+    return RunWithToken(token, std::move(args), output);
   }
   int SaveRank(const std::string& token, const std::string& job,
                const std::string& steps, std::string* output) {
-    return Run(
-        token,
-        {g_rank, "--coordinator", cairnd_->address(), "--job", job, "--rank",
-         "0", "--world-size", "1", "--layout", "1:S0", "--save-steps", steps},
-        output);
+    return RunWithToken(
+        token, RankArgv(job, 0, 1, "1:S0", {"--save-steps", steps}), output);
   }
 
-  std::string dir_, tokens_;
-  int runs_ = 0;
-  std::unique_ptr<testing::CairndProcess> cairnd_;
+  std::string tokens_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
 
@@ -523,7 +490,7 @@ TEST_F(AuthE2ETest, ReflectionCanBeForcedOnWithAuth) {
   cairnd_->process().Signal(SIGTERM);
   ASSERT_TRUE(cairnd_->process().Wait().ok());
   cairnd_.reset();
-  StartCairnd({"--auth-tokens", tokens_, "--reflection", "on"});
+  StartAuthCairnd({"--auth-tokens", tokens_, "--reflection", "on"});
   EXPECT_EQ(ListServicesByReflection(cairnd_->address()), grpc::StatusCode::OK);
   EXPECT_THAT(cairnd_->process().Log(), HasSubstr("reflection on"));
   // The Coordinator service itself still needs a token.
@@ -573,31 +540,16 @@ TEST_F(AuthE2ETest, CliAndRanksSendCairnToken) {
 
 TEST_F(AuthE2ETest, CairndRefusesToStartOnABadTokenFile) {
   WriteTokens(absl::StrCat(kAdmin, " admin *\nshort reader *\n"));
-  const std::string log = dir_ + "/bad.log";
-  absl::StatusOr<testing::Subprocess> p = testing::Subprocess::Start(
-      {g_cairnd, "--listen", "127.0.0.1:0", "--data-dir", dir_ + "/other",
-       "--auth-tokens", tokens_},
-      log);
-  ASSERT_TRUE(p.ok()) << p.status();
-  absl::StatusOr<int> code = p->Wait(absl::Minutes(2));
-  ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 1);
-  EXPECT_THAT(p->Log(), HasSubstr(absl::StrCat("--auth-tokens: ", tokens_,
-                                               " line 2: token of 5 "
-                                               "characters")));
-  EXPECT_THAT(p->Log(), Not(HasSubstr(kAdmin)));
+  std::string out;
+  EXPECT_EQ(Run({Binaries().cairnd, "--listen", "127.0.0.1:0", "--data-dir",
+                 dir_ + "/other", "--auth-tokens", tokens_},
+                &out),
+            1);
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("--auth-tokens: ", tokens_,
+                                          " line 2: token of 5 "
+                                          "characters")));
+  EXPECT_THAT(out, Not(HasSubstr(kAdmin)));
 }
 
 }  // namespace
 }  // namespace cairn
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  cairn::testing::ParsePathFlags(argc, argv,
-                                 {
-                                     {"cairnd", &cairn::g_cairnd},
-                                     {"cli", &cairn::g_cli},
-                                     {"rank", &cairn::g_rank},
-                                 });
-  return RUN_ALL_TESTS();
-}

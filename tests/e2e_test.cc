@@ -34,17 +34,8 @@
 #include "gtest/gtest.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/shard_store.h"
-#include "tests/testing/cairnd_process.h"
-#include "tests/testing/path_flags.h"
-#include "tests/testing/subprocess.h"
-#include "tests/testing/test_storage.h"
-
-#ifndef CAIRN_CAIRND_PATH
-#define CAIRN_CAIRND_PATH ""
-#endif
-#ifndef CAIRN_RANK_PATH
-#define CAIRN_RANK_PATH ""
-#endif
+#include "tests/testing/cli_in_process.h"
+#include "tests/testing/e2e_harness.h"
 
 namespace cairn {
 namespace {
@@ -55,62 +46,13 @@ using ::testing::Eq;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string g_cairnd = CAIRN_CAIRND_PATH;
-std::string g_rank = CAIRN_RANK_PATH;
+using testing::Binaries;
 
-class E2ETest : public ::testing::Test {
+class E2ETest : public testing::EndToEndTest {
  protected:
   void SetUp() override {
-    dir_ = testing::MakeTempDir(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_FALSE(dir_.empty());
-    absl::StatusOr<std::unique_ptr<testing::TestStorage>> storage =
-        testing::TestStorage::Create(dir_ + "/cairnd");
-    ASSERT_TRUE(storage.ok()) << storage.status();
-    storage_ = std::move(*storage);
-  }
-  void TearDown() override {
-    cairnd_.reset();
-    if (storage_ != nullptr) {
-      absl::Status cleaned = storage_->Cleanup();
-      EXPECT_TRUE(cleaned.ok()) << cleaned;
-    }
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
-  }
-
-  // cairnd on the test's storage, unless `flags` name another --storage.
-  void StartCairnd(std::vector<std::string> flags = {}) {
-    if (std::find(flags.begin(), flags.end(), "--storage") == flags.end()) {
-      const std::vector<std::string> storage = storage_->CairndFlags();
-      flags.insert(flags.begin(), storage.begin(), storage.end());
-    }
-    absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
-        testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cairnd_ = std::move(*c);
-  }
-
-  std::string StorageUri() const { return storage_->uri(); }
-
-  // Runs `world` ranks of the example job; returns their exit codes. Rank
-  // `odd_rank` gets `odd_extra` as well (fault injection).
-  // argv of rank `rank` of the example job.
-  std::vector<std::string> RankArgv(const std::string& job, int rank, int world,
-                                    const std::string& layout,
-                                    std::vector<std::string> extra) const {
-    std::vector<std::string> a = {g_rank,
-                                  "--coordinator",
-                                  cairnd_->address(),
-                                  "--job",
-                                  job,
-                                  "--rank",
-                                  std::to_string(rank),
-                                  "--world-size",
-                                  std::to_string(world),
-                                  "--layout",
-                                  layout};
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
+    ASSERT_NO_FATAL_FAILURE(EndToEndTest::SetUp());
+    ASSERT_NO_FATAL_FAILURE(CreateStorage());
   }
 
   // Starts one rank without waiting for it.
@@ -126,23 +68,16 @@ class E2ETest : public ::testing::Test {
   }
 
   // Waits for `path` to exist (a rank's test hook writes it); its contents.
-  std::string WaitForFile(const std::string& path, testing::Subprocess& p) {
-    for (;;) {
-      std::ifstream in(path);
-      if (in) {
-        std::stringstream ss;
-        ss << in.rdbuf();
-        return ss.str();
-      }
-      absl::StatusOr<int> done = p.Wait(absl::Milliseconds(20));
-      if (done.ok()) {
-        ADD_FAILURE() << "rank exited (" << *done << ") before " << path << ": "
-                      << p.Log();
-        return "";
-      }
-    }
+  std::string WaitForHook(const std::string& path, testing::Subprocess& p) {
+    absl::StatusOr<std::string> contents =
+        testing::WaitForFile(path, p, absl::Minutes(3));
+    EXPECT_TRUE(contents.ok()) << contents.status();
+    return contents.value_or("");
   }
 
+  // Runs `world` ranks of the example job; returns their exit codes. Rank
+  // `odd_rank` gets `odd_extra` as well (fault injection). The output of
+  // ranks that fail is added to last_logs_.
   std::vector<int> RunRanks(const std::string& job, int world,
                             const std::string& layout,
                             std::vector<std::string> extra, int odd_rank = -1,
@@ -150,36 +85,19 @@ class E2ETest : public ::testing::Test {
                                 "--die-before-commit"}) {
     std::vector<std::vector<std::string>> argvs;
     for (int r = 0; r < world; ++r) {
-      std::vector<std::string> a = {g_rank,
-                                    "--coordinator",
-                                    cairnd_->address(),
-                                    "--job",
-                                    job,
-                                    "--rank",
-                                    std::to_string(r),
-                                    "--world-size",
-                                    std::to_string(world),
-                                    "--layout",
-                                    layout};
-      a.insert(a.end(), extra.begin(), extra.end());
-      if (r == odd_rank) a.insert(a.end(), odd_extra.begin(), odd_extra.end());
-      argvs.push_back(std::move(a));
-    }
-    last_prefix_ = absl::StrCat(job, "-", world, "-", ++runs_, "-rank");
-    const std::string prefix = absl::StrCat(dir_, "/", last_prefix_);
-    absl::StatusOr<std::vector<int>> codes =
-        testing::RunAll(argvs, prefix, absl::Minutes(3));
-    EXPECT_TRUE(codes.ok()) << codes.status();
-    if (!codes.ok()) return {};
-    for (int r = 0; r < world; ++r) {
-      if ((*codes)[r] != 0) {
-        std::ifstream in(absl::StrCat(prefix, r, ".log"));
-        std::stringstream ss;
-        ss << in.rdbuf();
-        last_logs_ += absl::StrCat("rank ", r, ": ", ss.str());
+      argvs.push_back(RankArgv(job, r, world, layout, extra));
+      if (r == odd_rank) {
+        argvs.back().insert(argvs.back().end(), odd_extra.begin(),
+                            odd_extra.end());
       }
     }
-    return *codes;
+    std::vector<int> codes = RunAll(argvs);
+    for (size_t r = 0; r < codes.size(); ++r) {
+      if (codes[r] != 0) {
+        last_logs_ += absl::StrCat("rank ", r, ": ", RankLog(r));
+      }
+    }
+    return codes;
   }
 
   // Runs `cairn ARGS` until `done` holds for its output, at most a minute,
@@ -197,36 +115,14 @@ class E2ETest : public ::testing::Test {
     }
   }
 
-  int Cli(std::vector<std::string> args, std::string* out,
-          std::string* err = nullptr) {
-    args.insert(args.begin(), "cairn");
-    std::vector<const char*> argv;
-    for (const std::string& a : args) argv.push_back(a.c_str());
-    std::ostringstream o, e;
-    int rc = cli::RunCli(static_cast<int>(argv.size()), argv.data(), o, e);
-    *out = o.str();
-    if (err) *err = e.str();
-    return rc;
+  static int Cli(std::vector<std::string> args, std::string* out,
+                 std::string* err = nullptr) {
+    return testing::RunCliInProcess(std::move(args), out, err);
   }
 
-  std::unique_ptr<v1::Coordinator::Stub> Stub() {
-    return v1::Coordinator::NewStub(testing::CairndChannel(cairnd_->address()));
-  }
+  std::string StorageUri() const { return storage_->uri(); }
 
-  // Rank r's output of the last RunRanks.
-  std::string RankLog(int r) const {
-    std::ifstream in(absl::StrCat(dir_, "/", last_prefix_, r, ".log"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
-  std::string dir_;
-  std::string last_prefix_;
-  std::unique_ptr<testing::TestStorage> storage_;
-  std::unique_ptr<testing::CairndProcess> cairnd_;
   std::string last_logs_;
-  int runs_ = 0;
 };
 
 TEST_F(E2ETest, EightRankDTensorSaveLoadsBitExactIntoOtherLayouts) {
@@ -324,21 +220,8 @@ TEST_F(E2ETest, RankKilledMidSaveLeavesPreviousCheckpointLatest) {
 TEST_F(E2ETest, RestartedRanksNeverCommitBytesThatFailVerify) {
   StartCairnd();
   auto rank_argv = [&](int rank, std::vector<std::string> extra) {
-    std::vector<std::string> a = {g_rank,
-                                  "--coordinator",
-                                  cairnd_->address(),
-                                  "--job",
-                                  "job",
-                                  "--rank",
-                                  std::to_string(rank),
-                                  "--world-size",
-                                  "2",
-                                  "--layout",
-                                  "2:S0",
-                                  "--save-steps",
-                                  "1"};
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
+    extra.insert(extra.begin(), {"--save-steps", "1"});
+    return RankArgv("job", rank, 2, "2:S0", extra);
   };
   absl::StatusOr<testing::Subprocess> old0 =
       testing::Subprocess::Start(rank_argv(0, {}), dir_ + "/old-rank0.log");
@@ -737,7 +620,7 @@ TEST_F(E2ETest, LatestLoadRacingACommitGivesEveryRankTheSameStep) {
   testing::Subprocess r0 =
       StartRank("job", 0, 2, "2:S1",
                 {"--load", "latest", "--pause-after-plan-load", hold0}, "r0");
-  EXPECT_EQ(WaitForFile(hold0 + ".planned", r0), "1\n");
+  EXPECT_EQ(WaitForHook(hold0 + ".planned", r0), "1\n");
   // A save of step 2 commits between the ranks' PlanLoads.
   ASSERT_THAT(RunRanks("job", 2, "2:S0", {"--save-steps", "2"}), Each(Eq(0)))
       << last_logs_;
@@ -747,7 +630,7 @@ TEST_F(E2ETest, LatestLoadRacingACommitGivesEveryRankTheSameStep) {
   testing::Subprocess r1 =
       StartRank("job", 1, 2, "2:S1",
                 {"--load", "latest", "--pause-after-plan-load", hold1}, "r1");
-  EXPECT_EQ(WaitForFile(hold1 + ".planned", r1), "1\n");
+  EXPECT_EQ(WaitForHook(hold1 + ".planned", r1), "1\n");
   std::ofstream(hold0 + ".go") << "go";
   std::ofstream(hold1 + ".go") << "go";
   for (testing::Subprocess* p : {&r0, &r1}) {
@@ -771,7 +654,7 @@ TEST_F(E2ETest, ALateRankJoinsTheLoadRoundOfTheRanksStillReading) {
   testing::Subprocess r0 = StartRank(
       "job", 0, 2, "2:S1",
       {"--load", "1", "--json", "--pause-after-plan-load", hold0}, "r0");
-  EXPECT_EQ(WaitForFile(hold0 + ".planned", r0), "1\n");
+  EXPECT_EQ(WaitForHook(hold0 + ".planned", r0), "1\n");
   absl::SleepFor(absl::Seconds(2));  // twice the grace: rank 0 "reading"
   testing::Subprocess r1 =
       StartRank("job", 1, 2, "2:S1", {"--load", "1", "--json"}, "r1");
@@ -798,19 +681,16 @@ TEST_F(E2ETest, LoadRanksDisagreeingOnWorldSizeFailAtOnce) {
   StartCairnd({"--load-verify-deadline", "3600", "--load-join-grace", "3600"});
   ASSERT_THAT(RunRanks("job", 2, "2:S0", {"--save-steps", "1"}), Each(Eq(0)))
       << last_logs_;
-  absl::StatusOr<std::vector<int>> codes =
-      testing::RunAll({RankArgv("job", 0, 2, "2:S1", {"--load", "1"}),
-                       RankArgv("job", 1, 3, "2:S1", {"--load", "1"})},
-                      dir_ + "/mismatch-rank", absl::Minutes(3));
-  ASSERT_TRUE(codes.ok()) << codes.status();
-  EXPECT_THAT(*codes, Each(Eq(1)));
+  std::vector<int> codes =
+      RunAll({RankArgv("job", 0, 2, "2:S1", {"--load", "1"}),
+              RankArgv("job", 1, 3, "2:S1", {"--load", "1"})});
+  ASSERT_EQ(codes.size(), 2u);
+  EXPECT_THAT(codes, Each(Eq(1)));
   for (int r = 0; r < 2; ++r) {
-    std::ifstream in(absl::StrCat(dir_, "/mismatch-rank", r, ".log"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    EXPECT_THAT(ss.str(), HasSubstr("INVALID_ARGUMENT")) << ss.str();
-    EXPECT_THAT(ss.str(), HasSubstr("job 'job' step 1")) << ss.str();
-    EXPECT_THAT(ss.str(), HasSubstr("says world_size")) << ss.str();
+    const std::string log = RankLog(r);
+    EXPECT_THAT(log, HasSubstr("INVALID_ARGUMENT")) << log;
+    EXPECT_THAT(log, HasSubstr("job 'job' step 1")) << log;
+    EXPECT_THAT(log, HasSubstr("says world_size")) << log;
   }
 }
 
@@ -819,20 +699,17 @@ TEST_F(E2ETest, LoadRanksDisagreeingOnWorldSizeFailAtOnce) {
 // then hear that a rank which did call BeginSave never had).
 TEST_F(E2ETest, SaveRanksDisagreeingOnWorldSizeFailAtOnce) {
   StartCairnd({"--begin-deadline", "3600"});
-  absl::StatusOr<std::vector<int>> codes =
-      testing::RunAll({RankArgv("job", 0, 3, "3:S0", {"--save-steps", "1"}),
-                       RankArgv("job", 1, 2, "2:S0", {"--save-steps", "1"}),
-                       RankArgv("job", 2, 3, "3:S0", {"--save-steps", "1"})},
-                      dir_ + "/save-mismatch-rank", absl::Minutes(3));
-  ASSERT_TRUE(codes.ok()) << codes.status();
-  EXPECT_THAT(*codes, Each(Eq(1)));
+  std::vector<int> codes =
+      RunAll({RankArgv("job", 0, 3, "3:S0", {"--save-steps", "1"}),
+              RankArgv("job", 1, 2, "2:S0", {"--save-steps", "1"}),
+              RankArgv("job", 2, 3, "3:S0", {"--save-steps", "1"})});
+  ASSERT_EQ(codes.size(), 3u);
+  EXPECT_THAT(codes, Each(Eq(1)));
   for (int r = 0; r < 3; ++r) {
-    std::ifstream in(absl::StrCat(dir_, "/save-mismatch-rank", r, ".log"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    EXPECT_THAT(ss.str(), HasSubstr("INVALID_ARGUMENT")) << ss.str();
-    EXPECT_THAT(ss.str(), HasSubstr("says world_size")) << ss.str();
-    EXPECT_THAT(ss.str(), Not(HasSubstr("never called BeginSave")));
+    const std::string log = RankLog(r);
+    EXPECT_THAT(log, HasSubstr("INVALID_ARGUMENT")) << log;
+    EXPECT_THAT(log, HasSubstr("says world_size")) << log;
+    EXPECT_THAT(log, Not(HasSubstr("never called BeginSave")));
   }
 }
 
@@ -911,13 +788,3 @@ TEST_F(E2ETest, TruncatedOrNonRegularObjectIsDataLossForLoadAndVerify) {
 
 }  // namespace
 }  // namespace cairn
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  cairn::testing::ParsePathFlags(argc, argv,
-                                 {
-                                     {"cairnd", &cairn::g_cairnd},
-                                     {"rank", &cairn::g_rank},
-                                 });
-  return RUN_ALL_TESTS();
-}

@@ -12,9 +12,6 @@
 //     storage, naming it and the command to use instead; --force deletes.
 // Storage is file:// (the first cairnd's default), or a fresh S3 bucket with
 // CAIRN_TEST_STORAGE=s3 (tests/testing/test_storage.h): s3.lease_e2e_test.
-//
-// Binaries come from --cairnd=, --cli= (Bazel passes them as args), else from
-// the paths CMake compiled in.
 #include <signal.h>
 
 #include <filesystem>
@@ -29,17 +26,7 @@
 #include "storage/checkpoint_layout.h"
 #include "storage/lease.h"
 #include "storage/testing/test_checkpoint.h"
-#include "tests/testing/cairnd_process.h"
-#include "tests/testing/path_flags.h"
-#include "tests/testing/subprocess.h"
-#include "tests/testing/test_storage.h"
-
-#ifndef CAIRN_CAIRND_PATH
-#define CAIRN_CAIRND_PATH ""
-#endif
-#ifndef CAIRN_CLI_PATH
-#define CAIRN_CLI_PATH ""
-#endif
+#include "tests/testing/e2e_harness.h"
 
 namespace cairn {
 namespace {
@@ -47,28 +34,18 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string g_cairnd = CAIRN_CAIRND_PATH;
-std::string g_cli = CAIRN_CLI_PATH;
+using testing::Binaries;
 
-class LeaseE2ETest : public ::testing::Test {
+class LeaseE2ETest : public testing::EndToEndTest {
  protected:
   void SetUp() override {
-    dir_ = testing::MakeTempDir(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_FALSE(dir_.empty());
-    absl::StatusOr<std::unique_ptr<testing::TestStorage>> storage =
-        testing::TestStorage::Create(dir_ + "/a");
-    ASSERT_TRUE(storage.ok()) << storage.status();
-    storage_ = std::move(*storage);
+    ASSERT_NO_FATAL_FAILURE(EndToEndTest::SetUp());
+    ASSERT_NO_FATAL_FAILURE(CreateStorage("a"));
   }
   void TearDown() override {
     a_.reset();
     b_.reset();
-    if (storage_ != nullptr) {
-      absl::Status cleaned = storage_->Cleanup();
-      EXPECT_TRUE(cleaned.ok()) << cleaned;
-    }
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
+    EndToEndTest::TearDown();
   }
 
   // Flags of a cairnd on the shared storage, data directory `name`.
@@ -79,39 +56,21 @@ class LeaseE2ETest : public ::testing::Test {
   }
   absl::StatusOr<std::unique_ptr<testing::CairndProcess>> Start(
       const std::string& name, std::vector<std::string> extra = {}) {
-    return testing::CairndProcess::Start(g_cairnd, dir_ + "/" + name,
+    return testing::CairndProcess::Start(Binaries().cairnd, dir_ + "/" + name,
                                          Flags(std::move(extra)));
-  }
-
-  // Runs `argv` to completion (at most `timeout`); its exit code, and its
-  // output in `*output`.
-  int Run(const std::vector<std::string>& argv, std::string* output,
-          absl::Duration timeout = absl::Minutes(2)) {
-    const std::string log = absl::StrCat(dir_, "/run-", ++runs_, ".log");
-    absl::StatusOr<testing::Subprocess> p =
-        testing::Subprocess::Start(argv, log);
-    EXPECT_TRUE(p.ok()) << p.status();
-    if (!p.ok()) return -1;
-    absl::StatusOr<int> code = p->Wait(timeout);
-    EXPECT_TRUE(code.ok()) << code.status();
-    *output = p->Log();
-    return code.ok() ? *code : -1;
   }
 
   // A second cairnd started by hand (as an operator would), exit code and
   // output.
   int RunSecondCairnd(std::string* out, std::vector<std::string> extra = {}) {
     std::filesystem::create_directories(dir_ + "/b");
-    std::vector<std::string> argv = {g_cairnd, "--listen", "127.0.0.1:0",
-                                     "--data-dir", dir_ + "/b"};
+    std::vector<std::string> argv = {Binaries().cairnd, "--listen",
+                                     "127.0.0.1:0", "--data-dir", dir_ + "/b"};
     for (const std::string& f : Flags(std::move(extra))) argv.push_back(f);
     return Run(argv, out, absl::Seconds(60));
   }
 
-  std::string dir_;
-  std::unique_ptr<testing::TestStorage> storage_;
   std::unique_ptr<testing::CairndProcess> a_, b_;
-  int runs_ = 0;
 };
 
 TEST_F(LeaseE2ETest, SecondCairndOnAStorageInUseRefusesNamingTheFirst) {
@@ -128,7 +87,7 @@ TEST_F(LeaseE2ETest, SecondCairndOnAStorageInUseRefusesNamingTheFirst) {
   EXPECT_THAT(out, HasSubstr("expires "));
   // The first one still serves.
   std::string ls;
-  EXPECT_EQ(Run({g_cli, "-c", a_->address(), "ls"}, &ls), 0) << ls;
+  EXPECT_EQ(Run({Binaries().cli, "-c", a_->address(), "ls"}, &ls), 0) << ls;
   EXPECT_EQ(a_->process().Wait(absl::Milliseconds(1)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
 }
@@ -183,7 +142,7 @@ TEST_F(LeaseE2ETest, HungCairndIsTakenOverAfterItsLeaseExpiresAndThenExits) {
   EXPECT_THAT(a_->process().Log(), HasSubstr("lease on storage"));
   // The new holder serves, and still holds the storage.
   std::string ls;
-  EXPECT_EQ(Run({g_cli, "-c", b_->address(), "ls"}, &ls), 0) << ls;
+  EXPECT_EQ(Run({Binaries().cli, "-c", b_->address(), "ls"}, &ls), 0) << ls;
   absl::StatusOr<storage::ShardStore*> store = storage_->Store();
   ASSERT_TRUE(store.ok()) << store.status();
   auto lease = storage::ReadLease(**store);
@@ -205,7 +164,8 @@ TEST_F(LeaseE2ETest, OfflineRmAndGcAreRefusedWhileCairndHoldsTheStorage) {
   ASSERT_TRUE(a.ok()) << a.status();
   a_ = std::move(*a);
   std::string out;
-  EXPECT_EQ(Run({g_cli, "-s", storage_->uri(), "rm", "job", "1", "-y"}, &out),
+  EXPECT_EQ(Run({Binaries().cli, "-s", storage_->uri(), "rm", "job", "1", "-y"},
+                &out),
             1)
       << out;
   EXPECT_THAT(out, HasSubstr("refusing to delete job 'job' step 1 offline"));
@@ -215,27 +175,31 @@ TEST_F(LeaseE2ETest, OfflineRmAndGcAreRefusedWhileCairndHoldsTheStorage) {
               HasSubstr(absl::StrCat("cairn -c ", a_->address(), " rm job 1")));
   EXPECT_THAT(out, HasSubstr("--force"));
   EXPECT_EQ(
-      Run({g_cli, "-s", storage_->uri(), "gc", "job", "--keep", "1"}, &out), 1)
+      Run({Binaries().cli, "-s", storage_->uri(), "gc", "job", "--keep", "1"},
+          &out),
+      1)
       << out;
   EXPECT_THAT(out, HasSubstr(absl::StrCat("cairn -c ", a_->address(),
                                           " gc job --keep 1")));
   EXPECT_THAT(storage::ListCommittedSteps(**store, "job").value(),
               ::testing::ElementsAre(1, 2, 3));
   // Reading offline, and a dry run, are fine.
-  EXPECT_EQ(Run({g_cli, "-s", storage_->uri(), "ls"}, &out), 0) << out;
-  EXPECT_EQ(
-      Run({g_cli, "-s", storage_->uri(), "gc", "job", "--keep", "1", "-n"},
-          &out),
-      0)
+  EXPECT_EQ(Run({Binaries().cli, "-s", storage_->uri(), "ls"}, &out), 0) << out;
+  EXPECT_EQ(Run({Binaries().cli, "-s", storage_->uri(), "gc", "job", "--keep",
+                 "1", "-n"},
+                &out),
+            0)
       << out;
   // Through cairnd, it is deleted and cairnd knows.
-  EXPECT_EQ(Run({g_cli, "-c", a_->address(), "rm", "job", "1", "-y"}, &out), 0)
+  EXPECT_EQ(
+      Run({Binaries().cli, "-c", a_->address(), "rm", "job", "1", "-y"}, &out),
+      0)
       << out;
   // --force deletes anyway.
-  EXPECT_EQ(
-      Run({g_cli, "-s", storage_->uri(), "rm", "job", "2", "-y", "--force"},
-          &out),
-      0)
+  EXPECT_EQ(Run({Binaries().cli, "-s", storage_->uri(), "rm", "job", "2", "-y",
+                 "--force"},
+                &out),
+            0)
       << out;
   EXPECT_THAT(out, HasSubstr("deleting without the storage's lease"));
   EXPECT_THAT(storage::ListCommittedSteps(**store, "job").value(),
@@ -243,7 +207,8 @@ TEST_F(LeaseE2ETest, OfflineRmAndGcAreRefusedWhileCairndHoldsTheStorage) {
   // Once cairnd stopped, offline deletes need no --force.
   a_->process().Signal(SIGTERM);
   ASSERT_TRUE(a_->process().Wait(absl::Seconds(60)).ok());
-  EXPECT_EQ(Run({g_cli, "-s", storage_->uri(), "rm", "job", "3", "-y"}, &out),
+  EXPECT_EQ(Run({Binaries().cli, "-s", storage_->uri(), "rm", "job", "3", "-y"},
+                &out),
             0)
       << out;
   EXPECT_THAT(storage::ListCommittedSteps(**store, "job").value(),
@@ -257,13 +222,3 @@ TEST_F(LeaseE2ETest, OfflineRmAndGcAreRefusedWhileCairndHoldsTheStorage) {
 
 }  // namespace
 }  // namespace cairn
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  cairn::testing::ParsePathFlags(argc, argv,
-                                 {
-                                     {"cairnd", &cairn::g_cairnd},
-                                     {"cli", &cairn::g_cli},
-                                 });
-  return RUN_ALL_TESTS();
-}

@@ -4,7 +4,6 @@
 // verification modes that make a rank plan twice, and after a load that
 // failed for ranks disagreeing on the world size.
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -22,12 +21,7 @@
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include "planner/layout.h"
-#include "tests/testing/cairnd_process.h"
-#include "tests/testing/path_flags.h"
-
-#ifndef CAIRN_CAIRND_PATH
-#define CAIRN_CAIRND_PATH ""
-#endif
+#include "tests/testing/e2e_harness.h"
 
 namespace cairn {
 namespace {
@@ -41,30 +35,11 @@ using planner::DType;
 using planner::Placement;
 using ::testing::HasSubstr;
 
-std::string g_cairnd = CAIRN_CAIRND_PATH;
-
 constexpr int64_t kRows = 12;  // "w" is float32 [12, 4]; "b" float32 [4]
 constexpr int64_t kCols = 4;
 
-class LoadRoundsE2ETest : public ::testing::Test {
+class LoadRoundsE2ETest : public testing::EndToEndTest {
  protected:
-  void SetUp() override {
-    dir_ = testing::MakeTempDir(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_FALSE(dir_.empty());
-  }
-  void TearDown() override {
-    cairnd_.reset();
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
-  }
-
-  void StartCairnd(const std::vector<std::string>& flags) {
-    absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
-        testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cairnd_ = std::move(*c);
-  }
-
   CheckpointerOptions Options(int rank, int world,
                               PartialChunkCheck check) const {
     CheckpointerOptions o;
@@ -157,9 +132,6 @@ class LoadRoundsE2ETest : public ::testing::Test {
     for (auto& t : ranks) t.join();
     return out;
   }
-
-  std::string dir_;
-  std::unique_ptr<testing::CairndProcess> cairnd_;
 };
 
 // Ranks that load only some of the checkpoint's tensors and verify without
@@ -231,9 +203,3 @@ TEST_F(LoadRoundsE2ETest, ALoadAfterAFailedRoundLoads) {
 
 }  // namespace
 }  // namespace cairn
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  cairn::testing::ParsePathFlags(argc, argv, {{"cairnd", &cairn::g_cairnd}});
-  return RUN_ALL_TESTS();
-}

@@ -13,12 +13,9 @@
 //   * a real Prometheus server scrapes cairnd and the agents during a save,
 //     and its query API returns the bytes saved.
 //
-// Binaries come from --cairnd=, --agent=, --agent-rank=, --rank= (Bazel
-// args), else from the paths CMake compiled in; promtool and prometheus from
-// --promtool=, --prometheus=, else /usr/bin. A missing promtool or
-// prometheus fails the test (scripts/install_deps.sh installs them).
-#include <netinet/in.h>
-#include <sys/socket.h>
+// promtool and prometheus come from --promtool=, --prometheus=, else /usr/bin
+// (tests/testing/e2e_harness.h). A missing promtool or prometheus fails the
+// test (scripts/install_deps.sh installs them).
 #include <unistd.h>
 
 #include <cmath>
@@ -26,11 +23,11 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -39,41 +36,18 @@
 #include "absl/time/clock.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/cairnd_process.h"
+#include "tests/testing/e2e_harness.h"
 #include "tests/testing/grpc_probe.h"
-#include "tests/testing/path_flags.h"
-#include "tests/testing/subprocess.h"
-#include "tests/testing/test_storage.h"
-
-#ifndef CAIRN_CAIRND_PATH
-#define CAIRN_CAIRND_PATH ""
-#endif
-#ifndef CAIRN_AGENT_PATH
-#define CAIRN_AGENT_PATH ""
-#endif
-#ifndef CAIRN_AGENT_RANK_PATH
-#define CAIRN_AGENT_RANK_PATH ""
-#endif
-#ifndef CAIRN_RANK_PATH
-#define CAIRN_RANK_PATH ""
-#endif
 
 namespace cairn {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string g_cairnd = CAIRN_CAIRND_PATH;
-std::string g_agent = CAIRN_AGENT_PATH;
-std::string g_agent_rank = CAIRN_AGENT_RANK_PATH;
-std::string g_rank = CAIRN_RANK_PATH;
-std::string g_promtool = "/usr/bin/promtool";
-std::string g_prometheus = "/usr/bin/prometheus";
+using testing::Binaries;
 
 constexpr char kJob[] = "metrics";
 constexpr char kLayout[] = "2x2:S0,S1";
@@ -102,28 +76,21 @@ Scrape ParseScrape(const std::string& text) {
 
 // Reads an integer written by a daemon (port files).
 int ReadPort(const std::string& path) {
-  std::ifstream in(path);
   int port = 0;
-  in >> port;
-  return port;
+  return absl::SimpleAtoi(absl::StripAsciiWhitespace(testing::ReadFile(path)),
+                          &port)
+             ? port
+             : 0;
 }
 
-class MetricsE2ETest : public ::testing::Test {
+class MetricsE2ETest : public testing::EndToEndTest {
  protected:
   void SetUp() override {
-    dir_ = testing::MakeTempDir(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_FALSE(dir_.empty());
-    auto storage = testing::TestStorage::Create(dir_ + "/cairnd");
-    ASSERT_TRUE(storage.ok()) << storage.status();
-    storage_ = std::move(*storage);
-    std::vector<std::string> flags = storage_->CairndFlags();
+    ASSERT_NO_FATAL_FAILURE(EndToEndTest::SetUp());
+    ASSERT_NO_FATAL_FAILURE(CreateStorage());
     const std::string port_file = dir_ + "/cairnd.metrics-port";
-    flags.insert(flags.end(), {"--metrics-listen", "127.0.0.1:0",
-                               "--metrics-port-file", port_file});
-    auto c = testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cairnd_ = std::move(*c);
+    ASSERT_NO_FATAL_FAILURE(StartCairnd(
+        {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", port_file}));
     // cairnd writes the metrics port before its --port-file.
     cairnd_metrics_port_ = ReadPort(port_file);
     ASSERT_GT(cairnd_metrics_port_, 0) << cairnd_->process().Log();
@@ -134,68 +101,48 @@ class MetricsE2ETest : public ::testing::Test {
   void TearDown() override {
     prometheus_.reset();
     for (auto& a : agents_) a.reset();
-    cairnd_.reset();
-    if (storage_ != nullptr) {
-      absl::Status cleaned = storage_->Cleanup();
-      EXPECT_TRUE(cleaned.ok()) << cleaned;
-    }
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
+    EndToEndTest::TearDown();
   }
 
-  // Unix socket paths are limited to 107 bytes: keep them short.
   std::string Socket(int node) const {
-    return absl::StrCat("/tmp/cairn-metrics-", getpid(), "-", node, ".sock");
+    return testing::SocketPath(absl::StrCat("metrics-", node));
   }
 
   void StartAgent(int node) {
-    const std::string ready = absl::StrCat(dir_, "/agent-", node, ".ready");
     const std::string port_file =
         absl::StrCat(dir_, "/agent-", node, ".metrics-port");
     const std::string token = dir_ + "/peer-token";
     if (!std::filesystem::exists(token)) {
       std::ofstream(token) << "metrics-e2e-token-" << getpid() << "\n";
     }
-    std::vector<std::string> argv = {g_agent,
-                                     "--node-id",
-                                     std::to_string(node),
-                                     "--listen-unix",
-                                     Socket(node),
-                                     "--peer-listen",
-                                     "127.0.0.1:0",
-                                     "--peer-dir",
-                                     dir_ + "/peers",
-                                     "--num-nodes",
-                                     "2",
-                                     "--coordinator",
-                                     cairnd_->address(),
-                                     "--replicas",
-                                     "1",
-                                     "--staging-budget-mib",
-                                     "64",
-                                     "--ready-file",
-                                     ready,
-                                     "--peer-token-file",
-                                     token,
-                                     "--metrics-listen",
-                                     "127.0.0.1:0",
-                                     "--metrics-port-file",
-                                     port_file};
-    auto p = testing::Subprocess::Start(
-        argv, absl::StrCat(dir_, "/agent-", node, ".log"));
-    ASSERT_TRUE(p.ok()) << p.status();
-    agents_[node] = std::make_unique<testing::Subprocess>(std::move(*p));
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (absl::Now() < deadline) {
-      if (std::filesystem::exists(ready)) {
-        // The metrics port file is written before the ready file.
-        agent_metrics_port_[node] = ReadPort(port_file);
-        ASSERT_GT(agent_metrics_port_[node], 0) << agents_[node]->Log();
-        return;
-      }
-      auto exited = agents_[node]->Wait(absl::Milliseconds(20));
-      ASSERT_FALSE(exited.ok()) << "agent exited: " << agents_[node]->Log();
-    }
-    FAIL() << "agent " << node << " did not start: " << agents_[node]->Log();
+    ASSERT_NO_FATAL_FAILURE(StartCairnAgent({"--node-id",
+                                             std::to_string(node),
+                                             "--listen-unix",
+                                             Socket(node),
+                                             "--peer-listen",
+                                             "127.0.0.1:0",
+                                             "--peer-dir",
+                                             dir_ + "/peers",
+                                             "--num-nodes",
+                                             "2",
+                                             "--coordinator",
+                                             cairnd_->address(),
+                                             "--replicas",
+                                             "1",
+                                             "--staging-budget-mib",
+                                             "64",
+                                             "--peer-token-file",
+                                             token,
+                                             "--metrics-listen",
+                                             "127.0.0.1:0",
+                                             "--metrics-port-file",
+                                             port_file},
+                                            absl::StrCat("agent-", node),
+                                            &agents_[node], nullptr,
+                                            absl::Seconds(20)));
+    // The metrics port file is written before the ready file.
+    agent_metrics_port_[node] = ReadPort(port_file);
+    ASSERT_GT(agent_metrics_port_[node], 0) << agents_[node]->Log();
   }
 
   // GET /metrics of the daemon on `port`: the body (checked to be served
@@ -222,23 +169,21 @@ class MetricsE2ETest : public ::testing::Test {
 
   // Runs one command per rank; returns exit codes; their stdout lines that
   // are JSON objects are appended to `json_`.
-  std::vector<int> Run(const std::vector<std::vector<std::string>>& argvs) {
-    const std::string prefix = absl::StrCat(dir_, "/run-", ++runs_, "-rank");
-    auto codes = testing::RunAll(argvs, prefix, absl::Minutes(2));
-    EXPECT_TRUE(codes.ok()) << codes.status();
-    if (!codes.ok()) return {};
+  std::vector<int> RunRanks(
+      const std::vector<std::vector<std::string>>& argvs) {
+    std::vector<int> codes = RunAll(argvs, absl::Minutes(2));
     logs_.clear();
-    for (size_t r = 0; r < argvs.size(); ++r) {
-      std::ifstream in(absl::StrCat(prefix, r, ".log"));
-      std::string line;
-      while (std::getline(in, line)) {
-        logs_ += absl::StrCat("rank ", r, ": ", line, "\n");
-        if (!line.empty() && line[0] == '{') {
-          json_.push_back(nlohmann::json::parse(line, nullptr, false));
+    for (size_t r = 0; r < codes.size(); ++r) {
+      for (absl::string_view line : absl::StrSplit(RankLog(r), '\n')) {
+        if (line.empty()) continue;
+        absl::StrAppend(&logs_, "rank ", r, ": ", line, "\n");
+        if (line[0] == '{') {
+          json_.push_back(
+              nlohmann::json::parse(std::string(line), nullptr, false));
         }
       }
     }
-    return *codes;
+    return codes;
   }
 
   // Every rank saves `step` through its node's agent and waits for the
@@ -246,14 +191,14 @@ class MetricsE2ETest : public ::testing::Test {
   void SaveThroughAgents(int64_t step) {
     std::vector<std::vector<std::string>> argvs;
     for (int r = 0; r < kWorld; ++r) {
-      argvs.push_back({g_agent_rank, "--agent-socket", Socket(r / 2),
+      argvs.push_back({Binaries().agent_rank, "--agent-socket", Socket(r / 2),
                        "--coordinator", cairnd_->address(), "--job", kJob,
                        "--rank", std::to_string(r), "--world-size",
                        std::to_string(kWorld), "--layout", kLayout,
                        "--save-step", std::to_string(step), "--json"});
     }
     json_.clear();
-    std::vector<int> codes = Run(argvs);
+    std::vector<int> codes = RunRanks(argvs);
     EXPECT_THAT(codes, ::testing::Each(0)) << logs_;
     int committed = 0;
     for (const nlohmann::json& j : json_) {
@@ -267,12 +212,11 @@ class MetricsE2ETest : public ::testing::Test {
   uint64_t LoadDirect() {
     std::vector<std::vector<std::string>> argvs;
     for (int r = 0; r < 3; ++r) {
-      argvs.push_back({g_rank, "--coordinator", cairnd_->address(), "--job",
-                       kJob, "--rank", std::to_string(r), "--world-size", "3",
-                       "--layout", "3:S1", "--load", "latest", "--json"});
+      argvs.push_back(
+          RankArgv(kJob, r, 3, "3:S1", {"--load", "latest", "--json"}));
     }
     json_.clear();
-    std::vector<int> codes = Run(argvs);
+    std::vector<int> codes = RunRanks(argvs);
     EXPECT_THAT(codes, ::testing::Each(0)) << logs_;
     uint64_t bytes = 0;
     int loaded = 0;
@@ -288,15 +232,13 @@ class MetricsE2ETest : public ::testing::Test {
 
   // The committed records of the job, by step.
   std::map<int64_t, v1::CheckpointRecord> Committed() {
-    auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
-        cairnd_->address(), grpc::InsecureChannelCredentials()));
     v1::ListCheckpointsRequest req;
     req.set_job(kJob);
     v1::ListCheckpointsResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(30));
-    grpc::Status s = stub->ListCheckpoints(&ctx, req, &resp);
+    grpc::Status s = Stub()->ListCheckpoints(&ctx, req, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
     std::map<int64_t, v1::CheckpointRecord> out;
     for (const auto& c : resp.checkpoints()) out[c.step()] = c;
@@ -306,15 +248,16 @@ class MetricsE2ETest : public ::testing::Test {
   // `promtool check metrics` on `text`; fails the test with promtool's
   // complaints.
   void ExpectPromtoolAccepts(const std::string& text, const std::string& who) {
-    ASSERT_TRUE(std::filesystem::exists(g_promtool))
-        << g_promtool
+    ASSERT_TRUE(std::filesystem::exists(Binaries().promtool))
+        << Binaries().promtool
         << " is missing: install Debian's prometheus package "
            "(scripts/install_deps.sh)";
     const std::string file = absl::StrCat(dir_, "/", who, ".prom");
     std::ofstream(file) << text;
     auto p = testing::Subprocess::Start(
         {"/bin/sh", "-c",
-         absl::StrCat("exec '", g_promtool, "' check metrics < '", file, "'")},
+         absl::StrCat("exec '", Binaries().promtool, "' check metrics < '",
+                      file, "'")},
         absl::StrCat(dir_, "/promtool-", who, ".log"));
     ASSERT_TRUE(p.ok()) << p.status();
     absl::StatusOr<int> code = p->Wait(absl::Seconds(60));
@@ -324,14 +267,10 @@ class MetricsE2ETest : public ::testing::Test {
                         << p->Log();
   }
 
-  std::string dir_;
-  std::unique_ptr<testing::TestStorage> storage_;
-  std::unique_ptr<testing::CairndProcess> cairnd_;
   std::unique_ptr<testing::Subprocess> agents_[2];
   std::unique_ptr<testing::Subprocess> prometheus_;
   int cairnd_metrics_port_ = 0;
   int agent_metrics_port_[2] = {0, 0};
-  int runs_ = 0;
   std::string logs_;
   std::vector<nlohmann::json> json_;
 };
@@ -434,8 +373,7 @@ TEST_F(MetricsE2ETest, CountersMoveByWhatTwoSavesAndALoadDid) {
 
 TEST_F(MetricsE2ETest, FailedSaveIsCountedByCode) {
   // One rank of two begins, then aborts: the save fails with ABORTED.
-  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
-      cairnd_->address(), grpc::InsecureChannelCredentials()));
+  auto stub = Stub();
   auto deadline = [] {
     return std::chrono::system_clock::now() + std::chrono::seconds(30);
   };
@@ -491,20 +429,16 @@ TEST_F(MetricsE2ETest, MetricsPortInUseStopsTheDaemonAtStart) {
   const std::string taken = absl::StrCat("127.0.0.1:", cairnd_metrics_port_);
   const std::string env = absl::StrCat("CAIRN_METRICS_LISTEN=", taken);
   std::vector<std::vector<std::string>> argvs = {
-      {"/usr/bin/env", env, g_cairnd, "--listen", "127.0.0.1:0", "--data-dir",
-       dir_ + "/second-cairnd"},
-      {"/usr/bin/env", env, g_agent, "--node-id", "0", "--listen-unix",
-       absl::StrCat("/tmp/cairn-metrics-", getpid(), "-second.sock"),
-       "--coordinator", cairnd_->address()}};
+      {"/usr/bin/env", env, Binaries().cairnd, "--listen", "127.0.0.1:0",
+       "--data-dir", dir_ + "/second-cairnd"},
+      {"/usr/bin/env", env, Binaries().agent, "--node-id", "0", "--listen-unix",
+       testing::SocketPath("metrics-second"), "--coordinator",
+       cairnd_->address()}};
   for (const auto& argv : argvs) {
     SCOPED_TRACE(argv[2]);
-    auto p = testing::Subprocess::Start(
-        argv, absl::StrCat(dir_, "/second-", ++runs_, ".log"));
-    ASSERT_TRUE(p.ok()) << p.status();
-    absl::StatusOr<int> code = p->Wait(absl::Seconds(60));
-    ASSERT_TRUE(code.ok()) << code.status() << p->Log();
-    EXPECT_EQ(*code, 1) << p->Log();
-    EXPECT_THAT(p->Log(),
+    std::string out;
+    EXPECT_EQ(Run(argv, &out, absl::Seconds(60)), 1) << out;
+    EXPECT_THAT(out,
                 HasSubstr(absl::StrCat("--metrics-listen: cannot serve "
                                        "metrics on ",
                                        taken, ": Address already in use")));
@@ -547,8 +481,8 @@ double QueryValue(int port, const std::string& query) {
 }
 
 TEST_F(MetricsE2ETest, PrometheusScrapesTheDaemonsDuringASave) {
-  ASSERT_TRUE(std::filesystem::exists(g_prometheus))
-      << g_prometheus
+  ASSERT_TRUE(std::filesystem::exists(Binaries().prometheus))
+      << Binaries().prometheus
       << " is missing: install Debian's prometheus package "
          "(scripts/install_deps.sh)";
   const int port = testing::FreeLoopbackPort();
@@ -568,7 +502,7 @@ TEST_F(MetricsE2ETest, PrometheusScrapesTheDaemonsDuringASave) {
                         << agent_metrics_port_[0]
                         << "', '127.0.0.1:" << agent_metrics_port_[1] << "']\n";
   auto p = testing::Subprocess::Start(
-      {g_prometheus, "--config.file", config, "--storage.tsdb.path",
+      {Binaries().prometheus, "--config.file", config, "--storage.tsdb.path",
        dir_ + "/tsdb", "--web.listen-address",
        absl::StrCat("127.0.0.1:", port)},
       dir_ + "/prometheus.log");
@@ -627,17 +561,3 @@ TEST_F(MetricsE2ETest, PrometheusScrapesTheDaemonsDuringASave) {
 
 }  // namespace
 }  // namespace cairn
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  cairn::testing::ParsePathFlags(argc, argv,
-                                 {
-                                     {"cairnd", &cairn::g_cairnd},
-                                     {"agent", &cairn::g_agent},
-                                     {"agent-rank", &cairn::g_agent_rank},
-                                     {"rank", &cairn::g_rank},
-                                     {"promtool", &cairn::g_promtool},
-                                     {"prometheus", &cairn::g_prometheus},
-                                 });
-  return RUN_ALL_TESTS();
-}

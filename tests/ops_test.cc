@@ -6,9 +6,6 @@
 // CAIRN_TEST_STORAGE=s3 (tests/testing/test_storage.h); the tests that move
 // or replace the storage root's directory are posix-only (their S3
 // counterparts are in s3_e2e_test.cc).
-//
-// Binaries come from --cairnd=, --agent=, --cli=, --rank= (Bazel passes them
-// as args), else from the paths CMake compiled in.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -43,24 +40,8 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "storage/checkpoint_layout.h"
-#include "tests/testing/cairnd_process.h"
+#include "tests/testing/e2e_harness.h"
 #include "tests/testing/grpc_probe.h"
-#include "tests/testing/path_flags.h"
-#include "tests/testing/subprocess.h"
-#include "tests/testing/test_storage.h"
-
-#ifndef CAIRN_CAIRND_PATH
-#define CAIRN_CAIRND_PATH ""
-#endif
-#ifndef CAIRN_AGENT_PATH
-#define CAIRN_AGENT_PATH ""
-#endif
-#ifndef CAIRN_CLI_PATH
-#define CAIRN_CLI_PATH ""
-#endif
-#ifndef CAIRN_RANK_PATH
-#define CAIRN_RANK_PATH ""
-#endif
 
 namespace cairn {
 namespace {
@@ -68,70 +49,13 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string g_cairnd = CAIRN_CAIRND_PATH;
-std::string g_agent = CAIRN_AGENT_PATH;
-std::string g_cli = CAIRN_CLI_PATH;
-std::string g_rank = CAIRN_RANK_PATH;
+using testing::Binaries;
 
-class OpsTest : public ::testing::Test {
+class OpsTest : public testing::EndToEndTest {
  protected:
   void SetUp() override {
-    dir_ = testing::MakeTempDir(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_FALSE(dir_.empty());
-    absl::StatusOr<std::unique_ptr<testing::TestStorage>> storage =
-        testing::TestStorage::Create(dir_ + "/cairnd");
-    ASSERT_TRUE(storage.ok()) << storage.status();
-    storage_ = std::move(*storage);
-  }
-  void TearDown() override {
-    cairnd_.reset();
-    if (storage_ != nullptr) {
-      absl::Status cleaned = storage_->Cleanup();
-      EXPECT_TRUE(cleaned.ok()) << cleaned;
-    }
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
-  }
-
-  // cairnd on the test's storage.
-  void StartCairnd(std::vector<std::string> flags = {}) {
-    const std::vector<std::string> storage = storage_->CairndFlags();
-    flags.insert(flags.begin(), storage.begin(), storage.end());
-    absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
-        testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cairnd_ = std::move(*c);
-  }
-
-  // Runs `argv` to completion; returns its exit code, its output (stdout and
-  // stderr) in `*output`.
-  int Run(const std::vector<std::string>& argv, std::string* output) {
-    const std::string log = absl::StrCat(dir_, "/run-", ++runs_, ".log");
-    absl::StatusOr<testing::Subprocess> p =
-        testing::Subprocess::Start(argv, log);
-    EXPECT_TRUE(p.ok()) << p.status();
-    if (!p.ok()) return -1;
-    absl::StatusOr<int> code = p->Wait(absl::Minutes(2));
-    EXPECT_TRUE(code.ok()) << code.status();
-    *output = p->Log();
-    return code.ok() ? *code : -1;
-  }
-
-  // Runs `world` ranks of the example job (layout "<world>:S0") saving
-  // `steps`; returns their exit codes.
-  std::vector<int> SaveSteps(const std::string& job, int world,
-                             const std::string& steps) {
-    std::vector<std::vector<std::string>> argvs;
-    for (int r = 0; r < world; ++r) {
-      argvs.push_back({g_rank, "--coordinator", cairnd_->address(), "--job",
-                       job, "--rank", std::to_string(r), "--world-size",
-                       std::to_string(world), "--layout",
-                       absl::StrCat(world, ":S0"), "--save-steps", steps});
-    }
-    absl::StatusOr<std::vector<int>> codes = testing::RunAll(
-        argvs, absl::StrCat(dir_, "/ranks-", ++runs_, "-"), absl::Minutes(3));
-    EXPECT_TRUE(codes.ok()) << codes.status();
-    return codes.ok() ? *codes : std::vector<int>();
+    ASSERT_NO_FATAL_FAILURE(EndToEndTest::SetUp());
+    ASSERT_NO_FATAL_FAILURE(CreateStorage());
   }
 
   // The file:// root (posix-only tests).
@@ -139,17 +63,14 @@ class OpsTest : public ::testing::Test {
   std::string StepDir(const std::string& job, int64_t step) const {
     return absl::StrFormat("%s/%s/%016d", StorageRoot(), job, step);
   }
-
-  std::string dir_;
-  std::unique_ptr<testing::TestStorage> storage_;
-  std::unique_ptr<testing::CairndProcess> cairnd_;
-  int runs_ = 0;
 };
 
 TEST_F(OpsTest, EveryBinaryPrintsItsVersion) {
   for (const auto& [binary, name] :
        std::vector<std::pair<std::string, std::string>>{
-           {g_cairnd, "cairnd"}, {g_agent, "cairn-agent"}, {g_cli, "cairn"}}) {
+           {Binaries().cairnd, "cairnd"},
+           {Binaries().agent, "cairn-agent"},
+           {Binaries().cli, "cairn"}}) {
     std::string out;
     EXPECT_EQ(Run({binary, "--version"}, &out), 0) << name << ": " << out;
     EXPECT_THAT(out, HasSubstr(absl::StrCat(name, " ", CairnVersion()))) << out;
@@ -162,32 +83,35 @@ TEST_F(OpsTest, OutOfRangeFlagsAreUsageErrorsWithClearMessages) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {{g_cli, "-s", "file:///nonexistent", "gc", "job", "--keep", "0"},
+      {{Binaries().cli, "-s", "file:///nonexistent", "gc", "job", "--keep",
+        "0"},
        "--keep: must be >= 1, got 0"},
-      {{g_cairnd, "--keep-last", "-1"}, "--keep-last: must be >= 0, got -1"},
-      {{g_cairnd, "--begin-deadline", "0"},
+      {{Binaries().cairnd, "--keep-last", "-1"},
+       "--keep-last: must be >= 0, got -1"},
+      {{Binaries().cairnd, "--begin-deadline", "0"},
        "--begin-deadline: must be > 0, got 0"},
-      {{g_cairnd, "--workers", "0"}, "--workers: must be in [1, 256], got 0"},
-      {{g_cairnd, "--no-such-flag"}, "--no-such-flag"},
-      {{g_agent, "--node-id", "0", "--listen-unix", dir_ + "/a.sock",
+      {{Binaries().cairnd, "--workers", "0"},
+       "--workers: must be in [1, 256], got 0"},
+      {{Binaries().cairnd, "--no-such-flag"}, "--no-such-flag"},
+      {{Binaries().agent, "--node-id", "0", "--listen-unix", dir_ + "/a.sock",
         "--coordinator", "127.0.0.1:1", "--io-threads", "0"},
        "--io-threads: must be in [1, 256], got 0"},
-      {{g_agent, "--node-id", "-3", "--listen-unix", dir_ + "/a.sock",
+      {{Binaries().agent, "--node-id", "-3", "--listen-unix", dir_ + "/a.sock",
         "--coordinator", "127.0.0.1:1"},
        "--node-id: must be >= 0 or 'auto', got -3"},
-      {{g_agent, "--node-id", "first", "--listen-unix", dir_ + "/a.sock",
-        "--coordinator", "127.0.0.1:1"},
-       "--node-id: must be >= 0 or 'auto', got first"},
-      {{g_agent, "--node-id", "auto", "--peers", "h:1,h:2", "--listen-unix",
+      {{Binaries().agent, "--node-id", "first", "--listen-unix",
         dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
+       "--node-id: must be >= 0 or 'auto', got first"},
+      {{Binaries().agent, "--node-id", "auto", "--peers", "h:1,h:2",
+        "--listen-unix", dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
        "--node-id auto finds peers through cairnd; drop --peers"},
-      {{g_agent, "--node-id", "1", "--node-name", "n", "--listen-unix",
+      {{Binaries().agent, "--node-id", "1", "--node-name", "n", "--listen-unix",
         dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
        "--node-name and --peer-advertise need --node-id auto"},
-      {{g_agent, "--node-id", "auto", "--peer-advertise", "10.0.0.1:0",
+      {{Binaries().agent, "--node-id", "auto", "--peer-advertise", "10.0.0.1:0",
         "--listen-unix", dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
        "--peer-advertise '10.0.0.1:0': the port must be 1 to 65535"},
-      {{g_agent, "--node-id", "0", "--listen-unix", dir_ + "/a.sock",
+      {{Binaries().agent, "--node-id", "0", "--listen-unix", dir_ + "/a.sock",
         "--coordinator", "127.0.0.1:1", "--peer-tls-ca", "/ca.pem",
         "--peer-tls-cert", "/cert.pem"},
        "peer TLS needs --peer-tls-ca, --peer-tls-cert and --peer-tls-key "
@@ -212,7 +136,7 @@ TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
   const std::string env = "/usr/bin/env";
   std::string out;
   // Environment over default.
-  ASSERT_EQ(Run({env, "CAIRN_KEEP_LAST=7", "CAIRN_WORKERS=3", g_cairnd,
+  ASSERT_EQ(Run({env, "CAIRN_KEEP_LAST=7", "CAIRN_WORKERS=3", Binaries().cairnd,
                  "--print-config"},
                 &out),
             0)
@@ -221,15 +145,15 @@ TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
   EXPECT_THAT(out, HasSubstr("--workers=3  # CAIRN_WORKERS"));
   EXPECT_THAT(out, HasSubstr("--begin-deadline=60  # default"));
   // Command line over environment.
-  ASSERT_EQ(Run({env, "CAIRN_KEEP_LAST=7", g_cairnd, "--keep-last", "2",
-                 "--print-config"},
+  ASSERT_EQ(Run({env, "CAIRN_KEEP_LAST=7", Binaries().cairnd, "--keep-last",
+                 "2", "--print-config"},
                 &out),
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("--keep-last=2  # command line"));
   // A CAIRN_* variable that is no setting (a typo) is reported, not ignored.
-  ASSERT_EQ(Run({env, "CAIRN_KEEP_LASTT=3", "CAIRN_KEEP_LAST=4", g_cairnd,
-                 "--print-config"},
+  ASSERT_EQ(Run({env, "CAIRN_KEEP_LASTT=3", "CAIRN_KEEP_LAST=4",
+                 Binaries().cairnd, "--print-config"},
                 &out),
             0)
       << out;
@@ -239,17 +163,18 @@ TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
   EXPECT_THAT(out, HasSubstr("--keep-last=4  # CAIRN_KEEP_LAST"));
   // Checked like flags, naming the variable.
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
-      {{env, "CAIRN_KEEP_LAST=-1", g_cairnd},
+      {{env, "CAIRN_KEEP_LAST=-1", Binaries().cairnd},
        "--keep-last: must be >= 0, got -1 (from the environment: "
        "CAIRN_KEEP_LAST=-1)"},
-      {{env, "CAIRN_LOG_LEVEL=loud", g_cairnd},
+      {{env, "CAIRN_LOG_LEVEL=loud", Binaries().cairnd},
        "(from the environment: CAIRN_LOG_LEVEL=loud)"},
-      {{env, "CAIRN_IO_THREADS=0", g_agent, "--node-id", "0", "--listen-unix",
-        dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
+      {{env, "CAIRN_IO_THREADS=0", Binaries().agent, "--node-id", "0",
+        "--listen-unix", dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
        "--io-threads: must be in [1, 256], got 0 (from the environment: "
        "CAIRN_IO_THREADS=0)"},
-      {{env, "KUBERNETES_SERVICE_HOST=10.96.0.1", g_agent, "--node-id", "auto",
-        "--listen-unix", dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"},
+      {{env, "KUBERNETES_SERVICE_HOST=10.96.0.1", Binaries().agent, "--node-id",
+        "auto", "--listen-unix", dir_ + "/a.sock", "--coordinator",
+        "127.0.0.1:1"},
        "--node-id auto in Kubernetes needs --node-name"},
   };
   for (const auto& [argv, message] : bad) {
@@ -257,21 +182,23 @@ TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
     EXPECT_THAT(out, HasSubstr(message));
   }
   // The agent's required flags may come from the environment too.
-  ASSERT_EQ(Run({env, "CAIRN_NODE_ID=2", "CAIRN_NUM_NODES=4",
-                 "CAIRN_LISTEN_UNIX=" + dir_ + "/b.sock",
-                 "CAIRN_COORDINATOR=127.0.0.1:1", g_agent, "--print-config"},
-                &out),
-            0)
+  ASSERT_EQ(
+      Run({env, "CAIRN_NODE_ID=2", "CAIRN_NUM_NODES=4",
+           "CAIRN_LISTEN_UNIX=" + dir_ + "/b.sock",
+           "CAIRN_COORDINATOR=127.0.0.1:1", Binaries().agent, "--print-config"},
+          &out),
+      0)
       << out;
   EXPECT_THAT(out, HasSubstr("--node-id=2  # CAIRN_NODE_ID"));
   EXPECT_THAT(out, HasSubstr("--coordinator=127.0.0.1:1  # CAIRN_COORDINATOR"));
   // Kubernetes' downward API: the node name and the pod IP.
-  ASSERT_EQ(Run({env, "CAIRN_NODE_ID=auto", "CAIRN_NODE_NAME=gpu-node-7",
-                 "CAIRN_PEER_ADVERTISE=10.4.0.17", "CAIRN_NUM_NODES=4",
-                 "CAIRN_LISTEN_UNIX=" + dir_ + "/b.sock",
-                 "CAIRN_COORDINATOR=127.0.0.1:1", g_agent, "--print-config"},
-                &out),
-            0)
+  ASSERT_EQ(
+      Run({env, "CAIRN_NODE_ID=auto", "CAIRN_NODE_NAME=gpu-node-7",
+           "CAIRN_PEER_ADVERTISE=10.4.0.17", "CAIRN_NUM_NODES=4",
+           "CAIRN_LISTEN_UNIX=" + dir_ + "/b.sock",
+           "CAIRN_COORDINATOR=127.0.0.1:1", Binaries().agent, "--print-config"},
+          &out),
+      0)
       << out;
   EXPECT_THAT(out, HasSubstr("--node-id=auto  # CAIRN_NODE_ID"));
   EXPECT_THAT(out, HasSubstr("--node-name=gpu-node-7  # CAIRN_NODE_NAME"));
@@ -279,12 +206,13 @@ TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
               HasSubstr("--peer-advertise=10.4.0.17  # CAIRN_PEER_ADVERTISE"));
   // The peer TLS files too; one that cannot be read fails the start,
   // naming it (before the agent registers anywhere).
-  ASSERT_EQ(Run({env, "CAIRN_PEER_TLS_CA=" + dir_ + "/nope.pem",
-                 "CAIRN_PEER_TLS_CERT=/c.pem", "CAIRN_PEER_TLS_KEY=/k.pem",
-                 "CAIRN_NODE_ID=0", "CAIRN_LISTEN_UNIX=" + dir_ + "/b.sock",
-                 "CAIRN_COORDINATOR=127.0.0.1:1", g_agent, "--print-config"},
-                &out),
-            0)
+  ASSERT_EQ(
+      Run({env, "CAIRN_PEER_TLS_CA=" + dir_ + "/nope.pem",
+           "CAIRN_PEER_TLS_CERT=/c.pem", "CAIRN_PEER_TLS_KEY=/k.pem",
+           "CAIRN_NODE_ID=0", "CAIRN_LISTEN_UNIX=" + dir_ + "/b.sock",
+           "CAIRN_COORDINATOR=127.0.0.1:1", Binaries().agent, "--print-config"},
+          &out),
+      0)
       << out;
   EXPECT_THAT(out, HasSubstr("--peer-tls-ca=" + dir_ +
                              "/nope.pem  # CAIRN_PEER_TLS_CA"));
@@ -293,7 +221,7 @@ TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
   EXPECT_EQ(Run({env, "CAIRN_PEER_TLS_CA=" + dir_ + "/nope.pem",
                  "CAIRN_PEER_TLS_CERT=/c.pem", "CAIRN_PEER_TLS_KEY=/k.pem",
                  "CAIRN_NODE_ID=0", "CAIRN_LISTEN_UNIX=" + dir_ + "/b.sock",
-                 "CAIRN_COORDINATOR=127.0.0.1:1", g_agent},
+                 "CAIRN_COORDINATOR=127.0.0.1:1", Binaries().agent},
                 &out),
             2)
       << out;
@@ -306,7 +234,7 @@ TEST_F(OpsTest, EnvironmentSetsFlagsWithPrecedenceChecksAndPrintConfig) {
 TEST_F(OpsTest, JsonLogFormatIsOneJsonObjectPerLine) {
   absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
       testing::CairndProcess::Start(
-          g_cairnd, dir_ + "/json",
+          Binaries().cairnd, dir_ + "/json",
           {"--log-format", "json", "--log-level", "debug"});
   ASSERT_TRUE(c.ok()) << c.status();
   (*c)->process().Signal(SIGTERM);
@@ -332,7 +260,7 @@ TEST_F(OpsTest, JsonLogFormatIsOneJsonObjectPerLine) {
 
 TEST_F(OpsTest, AgentTransportFlagIsCheckedAndNcclFailsFastWithItsReason) {
   const std::vector<std::string> base = {
-      g_agent,          "--node-id",     "0",          "--listen-unix",
+      Binaries().agent, "--node-id",     "0",          "--listen-unix",
       dir_ + "/a.sock", "--coordinator", "127.0.0.1:1"};
   std::string out;
   std::vector<std::string> argv = base;
@@ -356,9 +284,10 @@ TEST_F(OpsTest, SecondCairndOnAPortInUseRefusesToStart) {
   StartCairnd();
   std::string out;
   const std::string address = cairnd_->address();
-  EXPECT_EQ(
-      Run({g_cairnd, "--listen", address, "--data-dir", dir_ + "/other"}, &out),
-      1)
+  EXPECT_EQ(Run({Binaries().cairnd, "--listen", address, "--data-dir",
+                 dir_ + "/other"},
+                &out),
+            1)
       << out;
   EXPECT_THAT(out, HasSubstr(absl::StrCat("cannot listen on ", address)));
   EXPECT_THAT(out, HasSubstr("in use"));
@@ -369,10 +298,10 @@ TEST_F(OpsTest, SecondCairndOnAPortInUseRefusesToStart) {
 TEST_F(OpsTest, SecondCairndOnACatalogInUseRefusesToStart) {
   StartCairnd();
   std::string out;
-  EXPECT_EQ(
-      Run({g_cairnd, "--listen", "127.0.0.1:0", "--data-dir", dir_ + "/cairnd"},
-          &out),
-      1)
+  EXPECT_EQ(Run({Binaries().cairnd, "--listen", "127.0.0.1:0", "--data-dir",
+                 dir_ + "/cairnd"},
+                &out),
+            1)
       << out;
   EXPECT_THAT(out, HasSubstr(absl::StrCat("catalog '", dir_,
                                           "/cairnd/catalog' is in use by "
@@ -389,21 +318,11 @@ TEST_F(OpsTest, BothDaemonsServeGrpcHealth) {
 
   const std::string health =
       absl::StrCat("127.0.0.1:", testing::FreeLoopbackPort());
-  // Unix socket paths are at most 107 bytes: not under Bazel's long tmpdir.
-  const std::string socket =
-      absl::StrCat("/tmp/cairn-ops-health-", getpid(), ".sock");
-  absl::StatusOr<testing::Subprocess> agent = testing::Subprocess::Start(
-      {g_agent, "--node-id", "0", "--listen-unix", socket, "--coordinator",
-       cairnd_->address(), "--health-listen", health, "--ready-file",
-       dir_ + "/h.ready"},
-      dir_ + "/agent.log");
-  ASSERT_TRUE(agent.ok()) << agent.status();
-  for (int i = 0; i < 600 && !std::filesystem::exists(dir_ + "/h.ready") &&
-                  !absl::StrContains(agent->Log(), "cairn-agent: ");
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_TRUE(std::filesystem::exists(dir_ + "/h.ready")) << agent->Log();
+  std::unique_ptr<testing::Subprocess> agent;
+  ASSERT_NO_FATAL_FAILURE(StartCairnAgent(
+      {"--node-id", "0", "--listen-unix", testing::SocketPath("ops-health"),
+       "--coordinator", cairnd_->address(), "--health-listen", health},
+      "agent", &agent));
   status = testing::HealthCheck(health);
   ASSERT_TRUE(status.ok()) << status.status() << "\n" << agent->Log();
   EXPECT_EQ(*status, 1);
@@ -486,21 +405,6 @@ TEST_F(OpsTest, OversizedPlansAndRequestsAreResourceExhausted) {
 }
 
 // Resident memory of process `pid` in bytes (VmRSS), or -1.
-int64_t ResidentBytes(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    int64_t kib = 0;
-    if (absl::StartsWith(line, "VmRSS:") &&
-        absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(
-                             absl::StripPrefix(line, "VmRSS:"), "kB")),
-                         &kib)) {
-      return kib * 1024;
-    }
-  }
-  return -1;
-}
-
 // Issue 11: 20 BeginSave calls claiming a world of 2^20, then aborted, grew
 // cairnd by 1.5 GB for good (world-sized vectors per session, sessions kept
 // after the abort).
@@ -508,7 +412,8 @@ TEST_F(OpsTest, AbortedHugeWorldSavesLeaveNoMemoryBehind) {
   StartCairnd();
   auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
       cairnd_->address(), grpc::InsecureChannelCredentials()));
-  const int64_t before = ResidentBytes(cairnd_->process().pid());
+  const int64_t before =
+      testing::ProcStatusBytes(cairnd_->process().pid(), "VmRSS");
   ASSERT_GT(before, 0);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   std::vector<std::promise<grpc::Status>> done(20);
@@ -553,22 +458,10 @@ TEST_F(OpsTest, AbortedHugeWorldSavesLeaveNoMemoryBehind) {
     grpc::Status s = done[step].get_future().get();
     EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
   }
-  const int64_t after = ResidentBytes(cairnd_->process().pid());
+  const int64_t after =
+      testing::ProcStatusBytes(cairnd_->process().pid(), "VmRSS");
   EXPECT_LT(after - before, int64_t{200} << 20)
       << "cairnd grew from " << before << " to " << after << " bytes";
-}
-
-// Waits until `p`'s log contains `text`; false if the process exits or 60 s
-// pass first.
-bool WaitForLog(testing::Subprocess& p, const std::string& text) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < deadline) {
-    if (absl::StrContains(p.Log(), text)) return true;
-    if (p.Wait(absl::Milliseconds(20)).ok()) {
-      return absl::StrContains(p.Log(), text);
-    }
-  }
-  return false;
 }
 
 // SIGTERM while a rank waits in BeginSave: docs/operations.md promises
@@ -579,25 +472,13 @@ TEST_F(OpsTest, SigtermWhileARankWaitsThenRestartTheSaveCompletes) {
   StartCairnd({"--log-level", "debug"});
   const std::string address = cairnd_->address();
   auto rank_argv = [&](int rank) {
-    return std::vector<std::string>{g_rank,
-                                    "--coordinator",
-                                    address,
-                                    "--job",
-                                    "job",
-                                    "--rank",
-                                    std::to_string(rank),
-                                    "--world-size",
-                                    "2",
-                                    "--layout",
-                                    "2:S0",
-                                    "--save-steps",
-                                    "1"};
+    return RankArgv("job", rank, 2, "2:S0", {"--save-steps", "1"});
   };
   absl::StatusOr<testing::Subprocess> rank0 =
       testing::Subprocess::Start(rank_argv(0), dir_ + "/rank0.log");
   ASSERT_TRUE(rank0.ok()) << rank0.status();
-  ASSERT_TRUE(WaitForLog(cairnd_->process(),
-                         "rank 0 of job 'job' step 1 joined the save"))
+  ASSERT_TRUE(cairnd_->process().WaitForLog(
+      "rank 0 of job 'job' step 1 joined the save"))
       << cairnd_->process().Log();
   cairnd_->process().Signal(SIGTERM);
   absl::StatusOr<int> stopped = cairnd_->process().Wait(absl::Seconds(60));
@@ -609,26 +490,23 @@ TEST_F(OpsTest, SigtermWhileARankWaitsThenRestartTheSaveCompletes) {
   // The same cairnd comes back on the same address.
   const std::string port_file = dir_ + "/cairnd2.port";
   std::vector<std::string> argv = {
-      g_cairnd,     "--listen",         address,
-      "--data-dir", dir_ + "/cairnd",   "--port-file",
-      port_file,    "--begin-deadline", "30"};
+      Binaries().cairnd, "--listen",         address,
+      "--data-dir",      dir_ + "/cairnd",   "--port-file",
+      port_file,         "--begin-deadline", "30"};
   for (const std::string& f : storage_->CairndFlags()) argv.push_back(f);
   absl::StatusOr<testing::Subprocess> restarted =
       testing::Subprocess::Start(argv, dir_ + "/cairnd2.log");
   ASSERT_TRUE(restarted.ok()) << restarted.status();
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (!std::filesystem::exists(port_file) && absl::Now() < deadline) {
-    ASSERT_FALSE(restarted->Wait(absl::Milliseconds(20)).ok())
-        << restarted->Log();
-  }
-  ASSERT_TRUE(std::filesystem::exists(port_file)) << restarted->Log();
+  absl::StatusOr<std::string> port =
+      testing::WaitForFile(port_file, *restarted, absl::Seconds(30));
+  ASSERT_TRUE(port.ok()) << port.status();
 
   std::string out;
   EXPECT_EQ(Run(rank_argv(1), &out), 0) << out;
   absl::StatusOr<int> r0 = rank0->Wait(absl::Minutes(2));
   ASSERT_TRUE(r0.ok()) << r0.status();
   EXPECT_EQ(*r0, 0) << rank0->Log();
-  EXPECT_EQ(Run({g_cli, "-c", address, "ls", "job"}, &out), 0) << out;
+  EXPECT_EQ(Run({Binaries().cli, "-c", address, "ls", "job"}, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("COMMITTED"));
   restarted->Signal(SIGTERM);
   EXPECT_TRUE(restarted->Wait(absl::Seconds(60)).ok());
@@ -644,10 +522,12 @@ TEST_F(OpsTest, CliOfflineReportsDamagedStepsAndUsesTheNewestValidOne) {
           .ok());
   const std::string uri = storage_->uri();
   std::string out;
-  EXPECT_EQ(Run({g_cli, "-s", uri, "ls", "job"}, &out), 0) << out;
+  EXPECT_EQ(Run({Binaries().cli, "-s", uri, "ls", "job"}, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("COMMITTED"));  // step 1
   EXPECT_THAT(out, HasSubstr("DAMAGED: job job step 2: DATA_LOSS"));
-  EXPECT_EQ(Run({g_cli, "-s", uri, "verify", "job", "latest"}, &out), 0) << out;
+  EXPECT_EQ(Run({Binaries().cli, "-s", uri, "verify", "job", "latest"}, &out),
+            0)
+      << out;
   EXPECT_THAT(out, HasSubstr("skipping damaged job 'job' step 2"));
   EXPECT_THAT(out, HasSubstr("OK: job job step 1"));
   // gc keeps the newest valid one and leaves the damaged one alone. An
@@ -655,7 +535,8 @@ TEST_F(OpsTest, CliOfflineReportsDamagedStepsAndUsesTheNewestValidOne) {
   // runs, it holds the storage's lease).
   cairnd_->process().Signal(SIGTERM);
   ASSERT_TRUE(cairnd_->process().Wait(absl::Seconds(60)).ok());
-  EXPECT_EQ(Run({g_cli, "-s", uri, "gc", "job", "--keep", "1"}, &out), 0)
+  EXPECT_EQ(Run({Binaries().cli, "-s", uri, "gc", "job", "--keep", "1"}, &out),
+            0)
       << out;
   EXPECT_THAT(out, HasSubstr("deleted 0 checkpoints"));
 }
@@ -665,7 +546,8 @@ TEST_F(OpsTest, CliOfflineReportsDamagedStepsAndUsesTheNewestValidOne) {
 TEST_F(OpsTest, CliOfflineMissingStorageRootIsAnError) {
   const std::string typo = dir_ + "/typo";
   std::string out;
-  EXPECT_EQ(Run({g_cli, "-s", "file://" + typo, "ls"}, &out), 1) << out;
+  EXPECT_EQ(Run({Binaries().cli, "-s", "file://" + typo, "ls"}, &out), 1)
+      << out;
   EXPECT_THAT(out, HasSubstr(absl::StrCat("storage root '", typo, "' (file://",
                                           typo, ") does not exist")));
   EXPECT_FALSE(std::filesystem::exists(typo));
@@ -680,8 +562,10 @@ TEST_F(OpsTest, CliVerifyWhereStorageIsNotMountedSaysUnreachable) {
   const std::string moved = dir_ + "/elsewhere";
   std::filesystem::rename(StorageRoot(), moved);  // cairnd keeps its fd
   std::string out;
-  EXPECT_EQ(Run({g_cli, "-c", cairnd_->address(), "verify", "job", "1"}, &out),
-            1)
+  EXPECT_EQ(
+      Run({Binaries().cli, "-c", cairnd_->address(), "verify", "job", "1"},
+          &out),
+      1)
       << out;
   EXPECT_THAT(out, HasSubstr(absl::StrCat(
                        "FAILED_PRECONDITION: storage file://", StorageRoot(),
@@ -691,16 +575,20 @@ TEST_F(OpsTest, CliVerifyWhereStorageIsNotMountedSaysUnreachable) {
   EXPECT_THAT(out, Not(HasSubstr("DATA_LOSS")));
   // Another (empty) filesystem mounted there: no object of the step.
   std::filesystem::create_directories(StorageRoot());
-  EXPECT_EQ(Run({g_cli, "-c", cairnd_->address(), "verify", "job", "1"}, &out),
-            1)
+  EXPECT_EQ(
+      Run({Binaries().cli, "-c", cairnd_->address(), "verify", "job", "1"},
+          &out),
+      1)
       << out;
   EXPECT_THAT(out, HasSubstr("not reachable from this host"));
   EXPECT_THAT(out,
               HasSubstr("neither its MANIFEST nor any of its 2 data objects"));
   std::filesystem::remove(StorageRoot());
   std::filesystem::rename(moved, StorageRoot());
-  EXPECT_EQ(Run({g_cli, "-c", cairnd_->address(), "verify", "job", "1"}, &out),
-            0)
+  EXPECT_EQ(
+      Run({Binaries().cli, "-c", cairnd_->address(), "verify", "job", "1"},
+          &out),
+      0)
       << out;
   // A data object really missing is still data loss.
   std::vector<std::filesystem::path> objects;
@@ -712,23 +600,13 @@ TEST_F(OpsTest, CliVerifyWhereStorageIsNotMountedSaysUnreachable) {
   }
   ASSERT_EQ(objects.size(), 2u);
   std::filesystem::remove(objects[0]);
-  EXPECT_EQ(Run({g_cli, "-c", cairnd_->address(), "verify", "job", "1"}, &out),
-            1)
+  EXPECT_EQ(
+      Run({Binaries().cli, "-c", cairnd_->address(), "verify", "job", "1"},
+          &out),
+      1)
       << out;
   EXPECT_THAT(out, HasSubstr("DATA_LOSS"));
 }
 
 }  // namespace
 }  // namespace cairn
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  cairn::testing::ParsePathFlags(argc, argv,
-                                 {
-                                     {"cairnd", &cairn::g_cairnd},
-                                     {"agent", &cairn::g_agent},
-                                     {"cli", &cairn::g_cli},
-                                     {"rank", &cairn::g_rank},
-                                 });
-  return RUN_ALL_TESTS();
-}

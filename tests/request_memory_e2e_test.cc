@@ -35,16 +35,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
-#include "tests/testing/cairnd_process.h"
-#include "tests/testing/path_flags.h"
-#include "tests/testing/subprocess.h"
-
-#ifndef CAIRN_CAIRND_PATH
-#define CAIRN_CAIRND_PATH ""
-#endif
-#ifndef CAIRN_RANK_PATH
-#define CAIRN_RANK_PATH ""
-#endif
+#include "tests/testing/e2e_harness.h"
 
 namespace cairn {
 namespace {
@@ -52,8 +43,7 @@ namespace {
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
-std::string g_cairnd = CAIRN_CAIRND_PATH;
-std::string g_rank = CAIRN_RANK_PATH;
+using testing::ProcStatusBytes;
 
 const char kWriter[] = "writer-token-4a1f9c27d08e53b6";
 constexpr int64_t kMiB = 1 << 20;
@@ -63,21 +53,6 @@ constexpr int64_t kMiB = 1 << 20;
 constexpr int64_t kBudgetMiB = 512;
 constexpr int kConcurrent = 8;
 constexpr int64_t kRequestBytes = 300 * kMiB;
-
-// A field of /proc/<pid>/status ("VmHWM", "VmRSS") in bytes; -1 if absent.
-int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    absl::string_view v = line;
-    if (!absl::ConsumePrefix(&v, field + ":")) continue;
-    v = absl::StripAsciiWhitespace(v);
-    absl::ConsumeSuffix(&v, " kB");
-    int64_t kb = 0;
-    if (absl::SimpleAtoi(v, &kb)) return kb * 1024;
-  }
-  return -1;
-}
 
 struct Outcome {
   grpc::StatusCode code = grpc::StatusCode::OK;
@@ -111,23 +86,19 @@ Outcome OversizedCall(const std::string& address, const std::string& token,
   return {status.error_code(), status.error_message()};
 }
 
-class RequestMemoryE2ETest : public ::testing::Test {
+class RequestMemoryE2ETest : public testing::EndToEndTest {
  protected:
   void SetUp() override {
-    dir_ = testing::MakeTempDir("request_memory_e2e");
+    ASSERT_NO_FATAL_FAILURE(EndToEndTest::SetUp());
     const std::string tokens = dir_ + "/tokens";
     std::ofstream(tokens) << kWriter << " writer * writer\n";
     ASSERT_EQ(std::filesystem::exists(tokens), true);
     std::filesystem::permissions(tokens,
                                  std::filesystem::perms::owner_read |
                                      std::filesystem::perms::owner_write);
-    absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
-        testing::CairndProcess::Start(
-            g_cairnd, dir_ + "/cairnd",
-            {"--auth-tokens", tokens, "--max-request-memory-mib",
-             std::to_string(kBudgetMiB)});
-    ASSERT_TRUE(c.ok()) << c.status();
-    cairnd_ = std::move(*c);
+    ASSERT_NO_FATAL_FAILURE(
+        StartCairnd({"--auth-tokens", tokens, "--max-request-memory-mib",
+                     std::to_string(kBudgetMiB)}));
     // The job's ranks find the token in their environment.
     setenv("CAIRN_TOKEN", kWriter, 1);
     // The level cairnd runs at: after a save of the job.
@@ -141,7 +112,7 @@ class RequestMemoryE2ETest : public ::testing::Test {
       cairnd_->process().Signal(SIGTERM);
       (void)cairnd_->process().Wait();
     }
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
+    EndToEndTest::TearDown();
   }
 
   // Two ranks of job "good" save `steps` then (when `load` is set) load
@@ -149,30 +120,13 @@ class RequestMemoryE2ETest : public ::testing::Test {
   int RunJob(const std::string& steps, const std::string& load) {
     std::vector<std::vector<std::string>> argvs;
     for (int r = 0; r < 2; ++r) {
-      std::vector<std::string> argv = {g_rank,
-                                       "--coordinator",
-                                       cairnd_->address(),
-                                       "--job",
-                                       "good",
-                                       "--rank",
-                                       std::to_string(r),
-                                       "--world-size",
-                                       "2",
-                                       "--layout",
-                                       "2:S0",
-                                       "--save-steps",
-                                       steps};
-      if (!load.empty()) {
-        argv.push_back("--load");
-        argv.push_back(load);
-      }
-      argvs.push_back(std::move(argv));
+      argvs.push_back(RankArgv("good", r, 2, "2:S0", {"--save-steps", steps}));
+      if (!load.empty())
+        argvs.back().insert(argvs.back().end(), {"--load", load});
     }
-    absl::StatusOr<std::vector<int>> codes = testing::RunAll(
-        argvs, absl::StrCat(dir_, "/job-", ++jobs_, "-"), absl::Minutes(4));
-    EXPECT_TRUE(codes.ok()) << codes.status();
-    if (!codes.ok()) return -1;
-    for (int code : *codes) {
+    std::vector<int> codes = RunAll(argvs, absl::Minutes(4));
+    if (codes.empty()) return -1;
+    for (int code : codes) {
       if (code != 0) return code;
     }
     return 0;
@@ -220,9 +174,6 @@ class RequestMemoryE2ETest : public ::testing::Test {
     return s;
   }
 
-  std::string dir_;
-  int jobs_ = 0;
-  std::unique_ptr<testing::CairndProcess> cairnd_;
   int64_t baseline_ = 0;
 };
 
@@ -274,13 +225,3 @@ TEST_F(RequestMemoryE2ETest, WithTokenBoundedByTheBudget) {
 
 }  // namespace
 }  // namespace cairn
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  cairn::testing::ParsePathFlags(argc, argv,
-                                 {
-                                     {"cairnd", &cairn::g_cairnd},
-                                     {"rank", &cairn::g_rank},
-                                 });
-  return RUN_ALL_TESTS();
-}

@@ -6,9 +6,6 @@
 // the service stay; a bad file keeps the old one), bad files at start,
 // plaintext off loopback, the bearer token's metadata, and the end-to-end
 // save + resharded load and `cairn ls` over mutual TLS.
-//
-// Binaries and the script come from --cairnd=, --rank=, --make-certs=
-// (Bazel passes them as args), else from the paths CMake compiled in.
 #include <signal.h>
 
 #include <cstdlib>
@@ -20,31 +17,22 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cairn/v1/cairn.grpc.pb.h"
-#include "client/cli/cli.h"
 #include "client/protocol/coordinator_call.h"
 #include "common/grpc_status.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "tests/testing/cairnd_process.h"
+#include "tests/testing/cli_in_process.h"
+#include "tests/testing/e2e_harness.h"
 #include "tests/testing/grpc_probe.h"
-#include "tests/testing/path_flags.h"
-#include "tests/testing/subprocess.h"
-
-#ifndef CAIRN_CAIRND_PATH
-#define CAIRN_CAIRND_PATH ""
-#endif
-#ifndef CAIRN_RANK_PATH
-#define CAIRN_RANK_PATH ""
-#endif
-#ifndef CAIRN_MAKE_CERTS_PATH
-#define CAIRN_MAKE_CERTS_PATH ""
-#endif
 
 namespace cairn {
 namespace {
@@ -54,43 +42,24 @@ using ::testing::Eq;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string g_cairnd = CAIRN_CAIRND_PATH;
-std::string g_rank = CAIRN_RANK_PATH;
-std::string g_make_certs = CAIRN_MAKE_CERTS_PATH;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing::Binaries;
 
 void CopyFile(const std::string& from, const std::string& to) {
   std::filesystem::copy_file(from, to,
                              std::filesystem::copy_options::overwrite_existing);
 }
 
-class TlsTest : public ::testing::Test {
+class TlsTest : public testing::EndToEndTest {
  protected:
   static void SetUpTestSuite() {
     certs_ = new std::string(testing::MakeTempDir("tls-certs"));
     const std::string cmd =
-        absl::StrCat("sh '", g_make_certs, "' '", *certs_, "'");
+        absl::StrCat("sh '", Binaries().make_certs, "' '", *certs_, "'");
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
   static void TearDownTestSuite() {
     std::filesystem::remove_all(*certs_);
     delete certs_;
-  }
-
-  void SetUp() override {
-    dir_ = testing::MakeTempDir(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_FALSE(dir_.empty());
-  }
-  void TearDown() override {
-    cairnd_.reset();
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
   static std::string Cert(const std::string& name) {
@@ -100,13 +69,6 @@ class TlsTest : public ::testing::Test {
     return absl::StrCat(*certs_, "/", name, ".key");
   }
 
-  // cairnd on loopback with `flags` (CairndProcess adds --listen 127.0.0.1:0).
-  void StartCairnd(const std::vector<std::string>& flags) {
-    absl::StatusOr<std::unique_ptr<testing::CairndProcess>> c =
-        testing::CairndProcess::Start(g_cairnd, dir_ + "/cairnd", flags);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cairnd_ = std::move(*c);
-  }
   // cairnd serving TLS with the certificate `name` (signed by ca), mutual
   // TLS with `client_ca`.
   void StartTlsCairnd(const std::string& name = "server",
@@ -153,41 +115,25 @@ class TlsTest : public ::testing::Test {
 
   // Waits until cairnd's log holds `text` (or cairnd exits).
   bool WaitForLog(const std::string& text) {
-    for (;;) {
-      if (absl::StrContains(cairnd_->process().Log(), text)) return true;
-      if (cairnd_->process().Wait(absl::Milliseconds(20)).ok()) return false;
-    }
+    return cairnd_->process().WaitForLog(text, absl::InfiniteDuration());
   }
 
   // Runs cairnd with `flags` (no --listen added) and expects it to exit;
   // returns its exit code and log.
   std::pair<int, std::string> RunCairndToExit(std::vector<std::string> flags) {
-    flags.insert(flags.begin(), {g_cairnd, "--data-dir", dir_ + "/bad"});
-    const std::string log = dir_ + "/bad.log";
-    absl::StatusOr<testing::Subprocess> p =
-        testing::Subprocess::Start(flags, log);
-    EXPECT_TRUE(p.ok()) << p.status();
-    if (!p.ok()) return {-1, ""};
-    absl::StatusOr<int> rc = p->Wait(absl::Seconds(60));
-    EXPECT_TRUE(rc.ok()) << "cairnd did not exit: " << p->Log();
-    return {rc.ok() ? *rc : -1, p->Log()};
+    flags.insert(flags.begin(),
+                 {Binaries().cairnd, "--data-dir", dir_ + "/bad"});
+    std::string log;
+    const int rc = Run(flags, &log, absl::Seconds(60));
+    return {rc, log};
   }
 
-  int Cli(std::vector<std::string> args, std::string* out, std::string* err) {
-    args.insert(args.begin(), "cairn");
-    std::vector<const char*> argv;
-    for (const std::string& a : args) argv.push_back(a.c_str());
-    std::ostringstream o, e;
-    const int rc =
-        cli::RunCli(static_cast<int>(argv.size()), argv.data(), o, e);
-    *out = o.str();
-    *err = e.str();
-    return rc;
+  static int Cli(std::vector<std::string> args, std::string* out,
+                 std::string* err) {
+    return testing::RunCliInProcess(std::move(args), out, err);
   }
 
   static std::string* certs_;
-  std::string dir_;
-  std::unique_ptr<testing::CairndProcess> cairnd_;
 };
 
 std::string* TlsTest::certs_ = nullptr;
@@ -360,17 +306,19 @@ TEST_F(TlsTest, PlaintextOffLoopbackNeedsAllowInsecure) {
                                  Key("server")}}) {
     const std::string port_file = dir_ + "/port";
     std::filesystem::remove(port_file);
-    std::vector<std::string> argv = {g_cairnd,     "--listen",   "0.0.0.0:0",
-                                     "--data-dir", dir_ + "/ok", "--port-file",
-                                     port_file};
+    std::vector<std::string> argv = {
+        Binaries().cairnd, "--listen",    "0.0.0.0:0", "--data-dir",
+        dir_ + "/ok",      "--port-file", port_file};
     argv.insert(argv.end(), extra.begin(), extra.end());
     absl::StatusOr<testing::Subprocess> p = testing::Subprocess::Start(
         argv, absl::StrCat(dir_, "/ok-", extra.size(), ".log"));
     ASSERT_TRUE(p.ok()) << p.status();
+    absl::StatusOr<std::string> port_text =
+        testing::WaitForFile(port_file, *p, absl::Minutes(1));
+    ASSERT_TRUE(port_text.ok()) << port_text.status();
     int port = 0;
-    while (!(std::ifstream(port_file) >> port)) {
-      ASSERT_FALSE(p->Wait(absl::Milliseconds(20)).ok()) << p->Log();
-    }
+    EXPECT_TRUE(
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(*port_text), &port));
     EXPECT_GT(port, 0);
     const bool insecure = extra.front() == "--allow-insecure";
     EXPECT_EQ(absl::StrContains(p->Log(), "serving WITHOUT TLS on 0.0.0.0:0"),
@@ -457,36 +405,16 @@ TEST_F(TlsTest, SaveAndReshardedLoadOverMutualTls) {
   setenv("CAIRN_TLS_CERT", Cert("client").c_str(), 1);
   setenv("CAIRN_TLS_KEY", Key("client").c_str(), 1);
   auto run = [&](int world, const std::string& layout,
-                 std::vector<std::string> extra) {
+                 const std::vector<std::string>& extra) {
     std::vector<std::vector<std::string>> argvs;
     for (int r = 0; r < world; ++r) {
-      std::vector<std::string> a = {g_rank,
-                                    "--coordinator",
-                                    cairnd_->address(),
-                                    "--job",
-                                    "tlsjob",
-                                    "--rank",
-                                    std::to_string(r),
-                                    "--world-size",
-                                    std::to_string(world),
-                                    "--layout",
-                                    layout};
-      a.insert(a.end(), extra.begin(), extra.end());
-      argvs.push_back(std::move(a));
+      argvs.push_back(RankArgv("tlsjob", r, world, layout, extra));
     }
-    const std::string prefix = absl::StrCat(dir_, "/rank-", world, "-");
-    absl::StatusOr<std::vector<int>> codes =
-        testing::RunAll(argvs, prefix, absl::Minutes(3));
-    EXPECT_TRUE(codes.ok()) << codes.status();
-    std::string logs;
-    for (int r = 0; r < world; ++r)
-      logs += ReadAll(absl::StrCat(prefix, r, ".log"));
-    return std::make_pair(codes.ok() ? *codes : std::vector<int>{}, logs);
+    return RunAll(argvs);
   };
-  auto [saved, save_logs] = run(2, "2:S0", {"--save-steps", "7"});
-  EXPECT_THAT(saved, Each(Eq(0))) << save_logs;
-  auto [loaded, load_logs] = run(4, "2x2:S0,S1", {"--load", "latest"});
-  EXPECT_THAT(loaded, Each(Eq(0))) << load_logs;
+  EXPECT_THAT(run(2, "2:S0", {"--save-steps", "7"}), Each(Eq(0))) << RankLogs();
+  EXPECT_THAT(run(4, "2x2:S0,S1", {"--load", "latest"}), Each(Eq(0)))
+      << RankLogs();
 
   std::string out, err;
   EXPECT_EQ(Cli({"--coordinator", cairnd_->address(), "ls"}, &out, &err), 0)
@@ -500,9 +428,8 @@ TEST_F(TlsTest, SaveAndReshardedLoadOverMutualTls) {
   // And the rank's own error names the missing file.
   setenv("CAIRN_TLS_CERT", (dir_ + "/gone.crt").c_str(), 1);
   setenv("CAIRN_TLS_KEY", Key("client").c_str(), 1);
-  auto [failed, fail_logs] = run(1, "1:S0", {"--load", "latest"});
-  EXPECT_THAT(failed, Each(Eq(1))) << fail_logs;
-  EXPECT_THAT(fail_logs,
+  EXPECT_THAT(run(1, "1:S0", {"--load", "latest"}), Each(Eq(1))) << RankLogs();
+  EXPECT_THAT(RankLogs(),
               HasSubstr(absl::StrCat(dir_, "/gone.crt: cannot read")));
   unsetenv("CAIRN_TLS_CA");
   unsetenv("CAIRN_TLS_CERT");
@@ -511,14 +438,3 @@ TEST_F(TlsTest, SaveAndReshardedLoadOverMutualTls) {
 
 }  // namespace
 }  // namespace cairn
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  cairn::testing::ParsePathFlags(argc, argv,
-                                 {
-                                     {"cairnd", &cairn::g_cairnd},
-                                     {"rank", &cairn::g_rank},
-                                     {"make-certs", &cairn::g_make_certs},
-                                 });
-  return RUN_ALL_TESTS();
-}

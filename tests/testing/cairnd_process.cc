@@ -6,10 +6,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/protocol/client_security.h"
 #include "client/protocol/coordinator_call.h"
+#include "common/testing/temp_dir.h"
 
 #ifndef CAIRN_MAKE_CERTS_PATH
 #define CAIRN_MAKE_CERTS_PATH ""
@@ -68,14 +70,6 @@ std::shared_ptr<grpc::Channel> CairndChannel(const std::string& address) {
   return c.ok() ? *c : protocol::NewCoordinatorChannel(address);
 }
 
-std::string MakeTempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string tmpl =
-      absl::StrCat(base ? base : "/tmp", "/cairn-", name, "-XXXXXX");
-  char* dir = mkdtemp(tmpl.data());
-  return dir ? std::string(dir) : std::string();
-}
-
 absl::StatusOr<std::unique_ptr<CairndProcess>> CairndProcess::Start(
     const std::string& binary, const std::string& data_dir,
     const std::vector<std::string>& flags) {
@@ -92,21 +86,16 @@ absl::StatusOr<std::unique_ptr<CairndProcess>> CairndProcess::Start(
   absl::StatusOr<Subprocess> p =
       Subprocess::Start(argv, data_dir + "/cairnd.log");
   if (!p.ok()) return p.status();
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < deadline) {
-    std::ifstream in(port_file);
-    int port = 0;
-    if (in >> port && port > 0) {
-      return std::unique_ptr<CairndProcess>(
-          new CairndProcess(std::move(*p), absl::StrCat("127.0.0.1:", port)));
-    }
-    absl::StatusOr<int> exited = p->Wait(absl::Milliseconds(20));
-    if (exited.ok()) {
-      return absl::InternalError(absl::StrCat("cairnd exited with ", *exited,
-                                              " before serving: ", p->Log()));
-    }
+  absl::StatusOr<std::string> port =
+      WaitForFile(port_file, *p, absl::Seconds(30));
+  if (!port.ok()) {
+    return absl::Status(
+        port.status().code(),
+        absl::StrCat("cairnd did not start: ", port.status().message()));
   }
-  return absl::DeadlineExceededError("cairnd did not start within 30 s");
+  return std::unique_ptr<CairndProcess>(new CairndProcess(
+      std::move(*p),
+      absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port))));
 }
 
 }  // namespace cairn::testing

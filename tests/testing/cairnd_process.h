@@ -44,9 +44,6 @@ class CairndProcess {
 // plaintext otherwise.
 std::shared_ptr<grpc::Channel> CairndChannel(const std::string& address);
 
-// A fresh directory under the test's temp dir.
-std::string MakeTempDir(const std::string& name);
-
 }  // namespace cairn::testing
 
 #endif  // CAIRN_TESTS_TESTING_CAIRND_PROCESS_H_

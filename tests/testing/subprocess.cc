@@ -8,11 +8,16 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
 extern char** environ;
@@ -99,6 +104,55 @@ std::string Subprocess::Log() const {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+bool Subprocess::WaitForLog(const std::string& text, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (absl::StrContains(Log(), text)) return true;
+    if (Wait(absl::Milliseconds(20)).ok()) break;
+  }
+  return absl::StrContains(Log(), text);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::string> WaitForFile(const std::string& path, Subprocess& p,
+                                        absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!std::filesystem::exists(path)) {
+    absl::StatusOr<int> exited = p.Wait(absl::Milliseconds(20));
+    if (exited.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the process exited with ", *exited, " before writing ",
+                       path, ": ", p.Log()));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no ", path, " after ", absl::FormatDuration(timeout),
+                       ": ", p.Log()));
+    }
+  }
+  return ReadFile(path);
+}
+
+int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view v = line;
+    if (!absl::ConsumePrefix(&v, field + ":")) continue;
+    v = absl::StripAsciiWhitespace(v);
+    absl::ConsumeSuffix(&v, " kB");
+    int64_t kb = 0;
+    if (absl::SimpleAtoi(v, &kb)) return kb * 1024;
+  }
+  return -1;
 }
 
 absl::StatusOr<std::vector<int>> RunAll(

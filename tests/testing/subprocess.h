@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,10 @@ class Subprocess {
   const std::string& log_path() const { return log_path_; }
   // The log's contents so far.
   std::string Log() const;
+  // Waits until the log contains `text`: false if the process exits without
+  // it or `timeout` passes first.
+  bool WaitForLog(const std::string& text,
+                  absl::Duration timeout = absl::Minutes(1));
 
  private:
   Subprocess(pid_t pid, std::string log_path)
@@ -38,6 +43,18 @@ class Subprocess {
   pid_t pid_ = -1;
   std::string log_path_;
 };
+
+// The contents of `path`; "" when it cannot be read.
+std::string ReadFile(const std::string& path);
+
+// Waits at most `timeout` for `path` to exist (daemons write their port and
+// ready files by rename) and returns its contents; an error with `p`'s log
+// if `p` exits first or the time runs out.
+absl::StatusOr<std::string> WaitForFile(const std::string& path, Subprocess& p,
+                                        absl::Duration timeout);
+
+// A field of /proc/<pid>/status ("VmHWM", "VmRSS") in bytes; -1 if absent.
+int64_t ProcStatusBytes(pid_t pid, const std::string& field);
 
 // Runs every argv in parallel and waits for all; returns their exit codes.
 absl::StatusOr<std::vector<int>> RunAll(
