@@ -21,6 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cairn/v1/cairn.grpc.pb.h"
+#include "common/grpc_status.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -34,6 +36,9 @@
 namespace cairn {
 namespace {
 
+using ::cairn::testing::IsOk;
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -44,12 +49,6 @@ const char kReaderAll[] = "reader-all-token-0b8e66a1c3";
 const char kWriter[] = "writer-a-token-93d1e07b4f2c";
 const char kAdmin[] = "admin-token-6c7f18e2d5a90b";
 const char kNew[] = "new-admin-token-a1b2c3d4e5f6";
-
-// A call's status, as the client sees it.
-struct Outcome {
-  grpc::StatusCode code;
-  std::string message;
-};
 
 grpc::StatusCode ListServicesByReflection(const std::string& address);
 
@@ -108,10 +107,10 @@ class AuthE2ETest : public testing::EndToEndTest {
 
   // Calls `method` with `token` (none when empty).
   template <typename Req, typename Resp>
-  Outcome Call(grpc::Status (v1::Coordinator::Stub::*method)(
-                   grpc::ClientContext*, const Req&, Resp*),
-               const std::string& token, const Req& request,
-               Resp* response = nullptr) {
+  absl::Status Call(grpc::Status (v1::Coordinator::Stub::*method)(
+                        grpc::ClientContext*, const Req&, Resp*),
+                    const std::string& token, const Req& request,
+                    Resp* response = nullptr) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(60));
@@ -119,15 +118,15 @@ class AuthE2ETest : public testing::EndToEndTest {
     Resp ignored;
     grpc::Status s =
         ((*stub_).*method)(&ctx, request, response ? response : &ignored);
-    return {s.error_code(), s.error_message()};
+    return FromGrpcStatus(s);
   }
 
-  Outcome List(const std::string& token, const std::string& job,
-               std::vector<std::string>* jobs = nullptr) {
+  absl::Status List(const std::string& token, const std::string& job,
+                    std::vector<std::string>* jobs = nullptr) {
     v1::ListCheckpointsRequest req;
     req.set_job(job);
     v1::ListCheckpointsResponse resp;
-    Outcome o =
+    absl::Status o =
         Call(&v1::Coordinator::Stub::ListCheckpoints, token, req, &resp);
     if (jobs != nullptr) {
       jobs->clear();
@@ -137,15 +136,15 @@ class AuthE2ETest : public testing::EndToEndTest {
     }
     return o;
   }
-  Outcome Delete(const std::string& token, const std::string& job,
-                 int64_t step) {
+  absl::Status Delete(const std::string& token, const std::string& job,
+                      int64_t step) {
     v1::DeleteCheckpointRequest req;
     req.set_job(job);
     req.set_step(step);
     return Call(&v1::Coordinator::Stub::DeleteCheckpoint, token, req);
   }
-  Outcome Gc(const std::string& token, const std::string& job, bool dry_run,
-             v1::GarbageCollectResponse* resp = nullptr) {
+  absl::Status Gc(const std::string& token, const std::string& job,
+                  bool dry_run, v1::GarbageCollectResponse* resp = nullptr) {
     v1::GarbageCollectRequest req;
     req.set_job(job);
     req.set_keep_last(1);
@@ -153,8 +152,8 @@ class AuthE2ETest : public testing::EndToEndTest {
     return Call(&v1::Coordinator::Stub::GarbageCollect, token, req, resp);
   }
   // BeginSave of a one-rank save of a 4 KiB bytes entry.
-  Outcome BeginSave(const std::string& token, const std::string& job,
-                    int64_t step, uint64_t incarnation) {
+  absl::Status BeginSave(const std::string& token, const std::string& job,
+                         int64_t step, uint64_t incarnation) {
     v1::BeginSaveRequest req;
     req.set_job(job);
     req.set_step(step);
@@ -178,8 +177,8 @@ class AuthE2ETest : public testing::EndToEndTest {
     EXPECT_TRUE(r) << "GET /metrics on port " << port;
     return r ? r->body : "";
   }
-  Outcome AbortSave(const std::string& token, const std::string& job,
-                    int64_t step, uint64_t incarnation) {
+  absl::Status AbortSave(const std::string& token, const std::string& job,
+                         int64_t step, uint64_t incarnation) {
     v1::AbortSaveRequest req;
     req.set_job(job);
     req.set_step(step);
@@ -233,19 +232,19 @@ grpc::StatusCode ListServicesByReflection(const std::string& address) {
 }
 
 TEST_F(AuthE2ETest, MissingOrUnknownTokensAreUnauthenticatedHealthIsOpen) {
-  Outcome o = List("", "");
-  EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_THAT(o.message, HasSubstr("no credentials"));
+  absl::Status o = List("", "");
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kUnauthenticated,
+                          HasSubstr("no credentials")));
   const std::string stranger = "stranger-token-ffffffffffff";
   o = List(stranger, "a");
-  EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_THAT(o.message, HasSubstr("unknown token"));
-  EXPECT_THAT(o.message, Not(HasSubstr(stranger)));
+  EXPECT_THAT(
+      o, StatusIs(absl::StatusCode::kUnauthenticated,
+                  AllOf(HasSubstr("unknown token"), Not(HasSubstr(stranger)))));
   o = Delete(stranger, "a", 1);
-  EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kUnauthenticated));
   // A token that is a prefix of a real one is just as unknown.
   o = List(std::string(kAdmin).substr(0, 20), "a");
-  EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kUnauthenticated));
 
   absl::StatusOr<int> health = testing::HealthCheck(cairnd_->address());
   ASSERT_TRUE(health.ok()) << health.status();
@@ -275,15 +274,15 @@ TEST_F(AuthE2ETest, MissingOrUnknownTokensAreUnauthenticatedHealthIsOpen) {
 TEST_F(AuthE2ETest, ReaderReadsItsJobsButCannotDeleteOrGc) {
   // The listing of every job is filtered to the reader's glob ("a").
   std::vector<std::string> jobs;
-  ASSERT_EQ(List(kReader, "", &jobs).code, grpc::StatusCode::OK);
+  ASSERT_THAT(List(kReader, "", &jobs), IsOk());
   EXPECT_THAT(jobs, ::testing::ElementsAre("a/1", "a/2", "a/3"));
-  ASSERT_EQ(List(kReaderAll, "", &jobs).code, grpc::StatusCode::OK);
+  ASSERT_THAT(List(kReaderAll, "", &jobs), IsOk());
   EXPECT_EQ(jobs.size(), 6u);
-  Outcome o = List(kReader, "b");
-  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(o.message,
-              HasSubstr("identity reader-a (role reader) may not read "
-                        "checkpoints of job 'b'"));
+  absl::Status o = List(kReader, "b");
+  EXPECT_THAT(o,
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("identity reader-a (role reader) may not read "
+                                 "checkpoints of job 'b'")));
 
   // show, plan a load, verify a load.
   v1::GetCheckpointRequest get;
@@ -292,14 +291,13 @@ TEST_F(AuthE2ETest, ReaderReadsItsJobsButCannotDeleteOrGc) {
   v1::GetCheckpointResponse got;
   o = Call(&v1::Coordinator::Stub::GetCheckpoint, std::string(kReader), get,
            &got);
-  ASSERT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  ASSERT_THAT(o, IsOk());
   EXPECT_EQ(got.checkpoint().step(), 3);
   EXPECT_GT(got.manifest().tensors_size(), 0);
   get.set_job("b");
-  EXPECT_EQ(Call(&v1::Coordinator::Stub::GetCheckpoint, std::string(kReader),
-                 get, &got)
-                .code,
-            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(Call(&v1::Coordinator::Stub::GetCheckpoint, std::string(kReader),
+                   get, &got),
+              StatusIs(absl::StatusCode::kPermissionDenied));
   v1::PlanLoadRequest plan;
   plan.set_job("a");
   plan.set_latest(true);
@@ -309,7 +307,7 @@ TEST_F(AuthE2ETest, ReaderReadsItsJobsButCannotDeleteOrGc) {
   v1::PlanLoadResponse planned;
   o = Call(&v1::Coordinator::Stub::PlanLoad, std::string(kReader), plan,
            &planned);
-  ASSERT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  ASSERT_THAT(o, IsOk());
   EXPECT_EQ(planned.step(), 3);
   v1::VerifyLoadRequest verify;
   verify.set_job("a");
@@ -318,40 +316,38 @@ TEST_F(AuthE2ETest, ReaderReadsItsJobsButCannotDeleteOrGc) {
   verify.set_world_size(1);
   verify.set_load_round(planned.load_round());
   o = Call(&v1::Coordinator::Stub::VerifyLoad, std::string(kReader), verify);
-  EXPECT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  EXPECT_THAT(o, IsOk());
   // A dry-run gc only lists: a read.
   v1::GarbageCollectResponse dry;
   o = Gc(kReader, "a", /*dry_run=*/true, &dry);
-  ASSERT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  ASSERT_THAT(o, IsOk());
   EXPECT_THAT(dry.deleted_steps(), ::testing::UnorderedElementsAre(1, 2));
 
   o = Delete(kReader, "a", 1);
-  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(o.message,
-              HasSubstr("identity reader-a (role reader) may not delete "
-                        "checkpoints of job 'a' (needs role admin)"));
+  EXPECT_THAT(
+      o, StatusIs(absl::StatusCode::kPermissionDenied,
+                  HasSubstr("identity reader-a (role reader) may not delete "
+                            "checkpoints of job 'a' (needs role admin)")));
   o = Gc(kReaderAll, "b", /*dry_run=*/false);
-  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(o.message,
-              HasSubstr("may not garbage-collect checkpoints of job 'b'"));
+  EXPECT_THAT(
+      o, StatusIs(absl::StatusCode::kPermissionDenied,
+                  HasSubstr("may not garbage-collect checkpoints of job 'b'")));
   // Nothing was deleted.
-  ASSERT_EQ(List(kReaderAll, "", &jobs).code, grpc::StatusCode::OK);
+  ASSERT_THAT(List(kReaderAll, "", &jobs), IsOk());
   EXPECT_EQ(jobs.size(), 6u);
   // Agent registry: listing needs a grant on every job; forgetting, admin.
-  EXPECT_EQ(Call(&v1::Coordinator::Stub::ListAgents, std::string(kReaderAll),
-                 v1::ListAgentsRequest())
-                .code,
-            grpc::StatusCode::OK);
-  EXPECT_EQ(Call(&v1::Coordinator::Stub::ListAgents, std::string(kReader),
-                 v1::ListAgentsRequest())
-                .code,
-            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(Call(&v1::Coordinator::Stub::ListAgents, std::string(kReaderAll),
+                   v1::ListAgentsRequest()),
+              IsOk());
+  EXPECT_THAT(Call(&v1::Coordinator::Stub::ListAgents, std::string(kReader),
+                   v1::ListAgentsRequest()),
+              StatusIs(absl::StatusCode::kPermissionDenied));
   v1::RegisterAgentRequest reg;
   reg.set_node_name("node-1");
   reg.set_num_nodes(4);
   o = Call(&v1::Coordinator::Stub::RegisterAgent, std::string(kWriter), reg);
-  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(o.message, HasSubstr("needs role agent on job glob '*'"));
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kPermissionDenied,
+                          HasSubstr("needs role agent on job glob '*'")));
 
   const std::string log = cairnd_->process().Log();
   EXPECT_THAT(log, HasSubstr("audit: identity=reader-a action=delete job=a "
@@ -369,43 +365,44 @@ TEST_F(AuthE2ETest, ReaderReadsItsJobsButCannotDeleteOrGc) {
 
 TEST_F(AuthE2ETest, WriterOfOneJobSavesItButNotAnotherAndAdminDeletes) {
   constexpr uint64_t kProcess = 0x5eed;
-  Outcome o = BeginSave(kWriter, "a", 10, kProcess);
-  ASSERT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  absl::Status o = BeginSave(kWriter, "a", 10, kProcess);
+  ASSERT_THAT(o, IsOk());
   o = BeginSave(kWriter, "b", 10, kProcess);
-  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(o.message,
-              HasSubstr("identity writer-a (role writer) may not save "
-                        "checkpoints of job 'b'"));
+  EXPECT_THAT(o,
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("identity writer-a (role writer) may not save "
+                                 "checkpoints of job 'b'")));
   o = BeginSave(kReader, "a", 11, kProcess);
-  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(o.message, HasSubstr("may not save checkpoints of job 'a'"));
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kPermissionDenied,
+                          HasSubstr("may not save checkpoints of job 'a'")));
   o = Delete(kWriter, "b", 1);
-  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(o.message, HasSubstr("may not delete checkpoints of job 'b'"));
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kPermissionDenied,
+                          HasSubstr("may not delete checkpoints of job 'b'")));
   o = Delete(kWriter, "a", 1);
-  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kPermissionDenied));
 
   // Aborting without the process id aborts anyone's save: admin only.
   o = AbortSave(kWriter, "a", 10, 0);
-  EXPECT_EQ(o.code, grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(o.message,
-              HasSubstr("may not abort other processes' saves of job 'a'"));
+  EXPECT_THAT(
+      o,
+      StatusIs(absl::StatusCode::kPermissionDenied,
+               HasSubstr("may not abort other processes' saves of job 'a'")));
   // Its own save (its process id): a writer may.
   o = AbortSave(kWriter, "a", 10, kProcess);
-  EXPECT_EQ(o.code, grpc::StatusCode::OK) << o.message;
-  ASSERT_EQ(BeginSave(kWriter, "a", 12, kProcess).code, grpc::StatusCode::OK);
+  EXPECT_THAT(o, IsOk());
+  ASSERT_THAT(BeginSave(kWriter, "a", 12, kProcess), IsOk());
   o = AbortSave(kAdmin, "a", 12, 0);
-  EXPECT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  EXPECT_THAT(o, IsOk());
 
   // Admin deletes and collects.
   o = Delete(kAdmin, "b", 1);
-  EXPECT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  EXPECT_THAT(o, IsOk());
   v1::GarbageCollectResponse gc;
   o = Gc(kAdmin, "a", /*dry_run=*/false, &gc);
-  ASSERT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  ASSERT_THAT(o, IsOk());
   EXPECT_THAT(gc.deleted_steps(), ::testing::UnorderedElementsAre(1, 2));
   std::vector<std::string> jobs;
-  ASSERT_EQ(List(kAdmin, "", &jobs).code, grpc::StatusCode::OK);
+  ASSERT_THAT(List(kAdmin, "", &jobs), IsOk());
   EXPECT_THAT(jobs, ::testing::ElementsAre("a/3", "b/2", "b/3"));
 
   const std::string log = cairnd_->process().Log();
@@ -436,23 +433,23 @@ TEST_F(AuthE2ETest, WriterOfOneJobSavesItButNotAnotherAndAdminDeletes) {
 }
 
 TEST_F(AuthE2ETest, SighupReloadsTheTokenFileAndABadFileKeepsTheOld) {
-  ASSERT_EQ(List(kAdmin, "").code, grpc::StatusCode::OK);
-  ASSERT_EQ(List(kNew, "").code, grpc::StatusCode::UNAUTHENTICATED);
+  ASSERT_THAT(List(kAdmin, ""), IsOk());
+  ASSERT_THAT(List(kNew, ""), StatusIs(absl::StatusCode::kUnauthenticated));
   WriteTokens(absl::StrCat(kNew, " admin * new-root\n", kReader,
                            " reader a reader-a\n"));
   cairnd_->process().Signal(SIGHUP);
   // The reload happens on cairnd's signal thread: wait for it to be used.
-  Outcome o;
+  absl::Status o;
   for (int i = 0; i < 600; ++i) {
     o = List(kNew, "");
-    if (o.code == grpc::StatusCode::OK) break;
+    if (o.ok()) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
-  ASSERT_EQ(o.code, grpc::StatusCode::OK) << o.message;
+  ASSERT_THAT(o, IsOk());
   o = List(kAdmin, "");
-  EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_THAT(o.message, HasSubstr("unknown token"));
-  EXPECT_EQ(List(kReader, "a").code, grpc::StatusCode::OK);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kUnauthenticated,
+                          HasSubstr("unknown token")));
+  EXPECT_THAT(List(kReader, "a"), IsOk());
 
   // A typo: the old table stays, the log names the line.
   WriteTokens(absl::StrCat("# edited\n", kAdmin, " admn * root\n"));
@@ -467,8 +464,8 @@ TEST_F(AuthE2ETest, SighupReloadsTheTokenFileAndABadFileKeepsTheOld) {
               HasSubstr(absl::StrCat("keeping the tokens in use: ", tokens_,
                                      " line 2: unknown role "
                                      "'admn'")));
-  EXPECT_EQ(List(kNew, "").code, grpc::StatusCode::OK);
-  EXPECT_EQ(List(kAdmin, "").code, grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(List(kNew, ""), IsOk());
+  EXPECT_THAT(List(kAdmin, ""), StatusIs(absl::StatusCode::kUnauthenticated));
 
   // A file others may read is refused the same way.
   WriteTokens(absl::StrCat(kAdmin, " admin *\n"));
@@ -480,7 +477,7 @@ TEST_F(AuthE2ETest, SighupReloadsTheTokenFileAndABadFileKeepsTheOld) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_THAT(log, HasSubstr("accessible by other users (mode 0644)"));
-  EXPECT_EQ(List(kNew, "").code, grpc::StatusCode::OK);
+  EXPECT_THAT(List(kNew, ""), IsOk());
   for (const char* t : {kNew, kAdmin, kReader}) {
     EXPECT_THAT(log, Not(HasSubstr(t)));
   }
@@ -494,7 +491,7 @@ TEST_F(AuthE2ETest, ReflectionCanBeForcedOnWithAuth) {
   EXPECT_EQ(ListServicesByReflection(cairnd_->address()), grpc::StatusCode::OK);
   EXPECT_THAT(cairnd_->process().Log(), HasSubstr("reflection on"));
   // The Coordinator service itself still needs a token.
-  EXPECT_EQ(List("", "").code, grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(List("", ""), StatusIs(absl::StatusCode::kUnauthenticated));
 }
 
 // The clients (cairn, libcairn in a rank) send CAIRN_TOKEN.
@@ -528,7 +525,7 @@ TEST_F(AuthE2ETest, CliAndRanksSendCairnToken) {
   EXPECT_EQ(Cli(kAdmin, {"gc", "a", "--keep", "1"}, &out), 0) << out;
   ASSERT_EQ(Cli(kReaderAll, {"ls"}, &out), 0) << out;
   std::vector<std::string> jobs;
-  ASSERT_EQ(List(kReaderAll, "", &jobs).code, grpc::StatusCode::OK);
+  ASSERT_THAT(List(kReaderAll, "", &jobs), IsOk());
   EXPECT_THAT(jobs, ::testing::ElementsAre("a/20", "b/2", "b/3"));
   const std::string log = cairnd_->process().Log();
   EXPECT_THAT(log, HasSubstr("audit: identity=root action=delete job=b "

@@ -28,6 +28,7 @@
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "client/cli/cli.h"
 #include "common/grpc_status.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -40,6 +41,7 @@
 namespace cairn {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::ContainsRegex;
 using ::testing::Each;
 using ::testing::Eq;
@@ -447,22 +449,22 @@ TEST_F(E2ETest, RawClientBadRequestsGetDocumentedErrors) {
   };
 
   absl::Status s = begin("../../etc", 1, 0, 1, {{0, 10}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("../../etc"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("../../etc")));
   s = begin("job", 1, 3, 2, {{0, 10}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 3"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 3")));
   s = begin("job", -5, 0, 1, {{0, 10}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
   // Out of bounds chunk.
   s = begin("job", 1, 0, 1, {{5, 10}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("model.w"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.w")));
   // A missing rank: the one that came waits, then DEADLINE_EXCEEDED naming
   // the missing rank.
   s = begin("job", 2, 0, 2, {{0, 5}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("[1]"));
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("[1]")));
 
   grpc::ClientContext c1;
   v1::PlanLoadRequest load;
@@ -470,8 +472,7 @@ TEST_F(E2ETest, RawClientBadRequestsGetDocumentedErrors) {
   load.set_latest(true);
   v1::PlanLoadResponse lr;
   s = FromGrpcStatus(stub->PlanLoad(&c1, load, &lr));
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("nope"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
 
   grpc::ClientContext c2;
   v1::CommitSaveRequest commit;
@@ -479,7 +480,7 @@ TEST_F(E2ETest, RawClientBadRequestsGetDocumentedErrors) {
   commit.set_step(77);
   v1::CommitSaveResponse cr;
   s = FromGrpcStatus(stub->CommitSave(&c2, commit, &cr));
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound));
 
   grpc::ClientContext c3;
   v1::DeleteCheckpointRequest del;
@@ -487,7 +488,7 @@ TEST_F(E2ETest, RawClientBadRequestsGetDocumentedErrors) {
   del.set_step(12345);
   v1::DeleteCheckpointResponse dr;
   s = FromGrpcStatus(stub->DeleteCheckpoint(&c3, del, &dr));
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound));
 
   grpc::ClientContext c4;
   v1::GarbageCollectRequest gc;
@@ -495,7 +496,7 @@ TEST_F(E2ETest, RawClientBadRequestsGetDocumentedErrors) {
   gc.set_keep_last(0);
   v1::GarbageCollectResponse gr;
   s = FromGrpcStatus(stub->GarbageCollect(&c4, gc, &gr));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
 
   // After all that, cairnd still serves: a real save and a dtype-mismatched
   // load.
@@ -515,8 +516,8 @@ TEST_F(E2ETest, RawClientBadRequestsGetDocumentedErrors) {
   w->mutable_box()->add_sizes(10);
   w->mutable_box()->add_sizes(64);
   s = FromGrpcStatus(stub->PlanLoad(&c5, bad, &lr));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("model.embed.weight"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("model.embed.weight")));
 }
 
 // A real small filesystem (a 64 MiB tmpfs): a save that does not fit fails

@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint_layout.h"
@@ -31,6 +32,7 @@
 namespace cairn {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -88,8 +90,8 @@ TEST_F(LeaseE2ETest, SecondCairndOnAStorageInUseRefusesNamingTheFirst) {
   // The first one still serves.
   std::string ls;
   EXPECT_EQ(Run({Binaries().cli, "-c", a_->address(), "ls"}, &ls), 0) << ls;
-  EXPECT_EQ(a_->process().Wait(absl::Milliseconds(1)).status().code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(a_->process().Wait(absl::Milliseconds(1)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
 }
 
 TEST_F(LeaseE2ETest, KilledCairndFreesTheStorageAtOnceOnItsHost) {

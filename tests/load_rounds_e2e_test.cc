@@ -17,6 +17,7 @@
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "client/checkpointer.h"
 #include "client/state_dict.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
@@ -26,6 +27,7 @@
 namespace cairn {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using client::Checkpointer;
 using client::CheckpointerOptions;
 using client::LoadRef;
@@ -190,10 +192,11 @@ TEST_F(LoadRoundsE2ETest, ALoadAfterAFailedRoundLoads) {
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
   const absl::Status wrong = LoadW(1, 2, PartialChunkCheck::kCollective);
-  ASSERT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument) << wrong;
-  EXPECT_THAT(std::string(wrong.message()),
-              HasSubstr("rank 1 says world_size 2 but ranks [0, 2] (2 of 3) "
-                        "of the load say world_size 3"));
+  ASSERT_THAT(
+      wrong,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("rank 1 says world_size 2 but ranks [0, 2] (2 of 3) "
+                         "of the load say world_size 3")));
   absl::SleepFor(absl::Seconds(3));  // past the grace: the job restarted
   std::vector<absl::Status> loaded = LoadAll(3, PartialChunkCheck::kCollective);
   for (int r = 0; r < 3; ++r) {

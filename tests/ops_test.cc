@@ -31,6 +31,8 @@
 #include "absl/time/clock.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "common/gpu/gpu_info.h"
+#include "common/grpc_status.h"
+#include "common/testing/status_matchers.h"
 #include "common/version.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
@@ -46,6 +48,8 @@
 namespace cairn {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -356,11 +360,12 @@ TEST_F(OpsTest, MalformedRequestsAreInvalidArgument) {
                    grpc::StubOptions(), &request, &response,
                    [&done](grpc::Status s) { done.set_value(s); });
     grpc::Status s = done.get_future().get();
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+    EXPECT_THAT(
+        FromGrpcStatus(s),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr(absl::StrCat("cairn.v1.Coordinator/", method)),
+                       HasSubstr("64 bytes"))))
         << method << ": " << s.error_message();
-    EXPECT_THAT(s.error_message(),
-                HasSubstr(absl::StrCat("cairn.v1.Coordinator/", method)));
-    EXPECT_THAT(s.error_message(), HasSubstr("64 bytes"));
   }
 }
 
@@ -393,18 +398,18 @@ TEST_F(OpsTest, OversizedPlansAndRequestsAreResourceExhausted) {
     item->set_length(1);
   }
   grpc::Status s = begin(req);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(s.error_message(),
-              HasSubstr("rank 0 of job 'big' step 1: the local plan has "
-                        "1000000 items; at most 65536"));
+  EXPECT_THAT(
+      FromGrpcStatus(s),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("rank 0 of job 'big' step 1: the local plan has "
+                         "1000000 items; at most 65536")));
   req.clear_local_plan();
   req.set_plan_fingerprint(std::string(129 << 20, 'f'));
   s = begin(req);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(s.error_message(), HasSubstr("larger than max"));
+  EXPECT_THAT(FromGrpcStatus(s), StatusIs(absl::StatusCode::kResourceExhausted,
+                                          HasSubstr("larger than max")));
 }
 
-// Resident memory of process `pid` in bytes (VmRSS), or -1.
 // Issue 11: 20 BeginSave calls claiming a world of 2^20, then aborted, grew
 // cairnd by 1.5 GB for good (world-sized vectors per session, sessions kept
 // after the abort).

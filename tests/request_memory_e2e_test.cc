@@ -29,6 +29,8 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -40,6 +42,7 @@
 namespace cairn {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
@@ -54,15 +57,10 @@ constexpr int64_t kBudgetMiB = 512;
 constexpr int kConcurrent = 8;
 constexpr int64_t kRequestBytes = 300 * kMiB;
 
-struct Outcome {
-  grpc::StatusCode code = grpc::StatusCode::OK;
-  std::string message;
-};
-
 // One oversized BeginSave (its bytes are not a valid request: they are
-// never meant to be parsed) on a connection of its own.
-Outcome OversizedCall(const std::string& address, const std::string& token,
-                      const grpc::Slice& body) {
+// never meant to be parsed) on a connection of its own: its status.
+absl::Status OversizedCall(const std::string& address, const std::string& token,
+                           const grpc::Slice& body) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // its own connection
   args.SetMaxSendMessageSize(-1);
@@ -83,7 +81,7 @@ Outcome OversizedCall(const std::string& address, const std::string& token,
   void* tag = nullptr;
   bool ok = false;
   cq.Next(&tag, &ok);
-  return {status.error_code(), status.error_message()};
+  return FromGrpcStatus(status);
 }
 
 class RequestMemoryE2ETest : public testing::EndToEndTest {
@@ -136,7 +134,7 @@ class RequestMemoryE2ETest : public testing::EndToEndTest {
   // (steps 2-6, then a load of the latest) has finished, and at least two
   // waves. The job's result; the outcomes in `*outcomes`.
   int AttackWhileJobRuns(const std::string& token,
-                         std::vector<Outcome>* outcomes) {
+                         std::vector<absl::Status>* outcomes) {
     std::string bytes(kRequestBytes, 'x');
     const grpc::Slice body(bytes.data(), bytes.size());
     bytes = std::string();
@@ -151,7 +149,7 @@ class RequestMemoryE2ETest : public testing::EndToEndTest {
       std::vector<std::thread> callers;
       for (int i = 0; i < kConcurrent; ++i) {
         callers.emplace_back([&] {
-          Outcome o = OversizedCall(cairnd_->address(), token, body);
+          absl::Status o = OversizedCall(cairnd_->address(), token, body);
           absl::MutexLock l(&mu);
           outcomes->push_back(std::move(o));
         });
@@ -163,10 +161,10 @@ class RequestMemoryE2ETest : public testing::EndToEndTest {
     return job_result;
   }
 
-  static std::string Summary(const std::vector<Outcome>& outcomes) {
+  static std::string Summary(const std::vector<absl::Status>& outcomes) {
     std::map<std::string, int> counts;
-    for (const Outcome& o : outcomes) {
-      ++counts[absl::StrCat(o.code, " ", o.message)];
+    for (const absl::Status& o : outcomes) {
+      ++counts[o.ToString()];
     }
     std::string s;
     for (const auto& [what, n] : counts)
@@ -178,7 +176,7 @@ class RequestMemoryE2ETest : public testing::EndToEndTest {
 };
 
 TEST_F(RequestMemoryE2ETest, WithoutTokenRefusedBeforeTheBodyIsRead) {
-  std::vector<Outcome> outcomes;
+  std::vector<absl::Status> outcomes;
   EXPECT_EQ(AttackWhileJobRuns("", &outcomes), 0)
       << "the well-behaved job failed during the attack; its logs are in "
       << dir_;
@@ -189,9 +187,9 @@ TEST_F(RequestMemoryE2ETest, WithoutTokenRefusedBeforeTheBodyIsRead) {
             << " MiB after the first save; budget " << kBudgetMiB << " MiB)\n"
             << Summary(outcomes);
   EXPECT_GE(outcomes.size(), 2u * kConcurrent);
-  for (const Outcome& o : outcomes) {
-    EXPECT_EQ(o.code, grpc::StatusCode::UNAUTHENTICATED) << o.message;
-    EXPECT_THAT(o.message, HasSubstr("no credentials"));
+  for (const absl::Status& o : outcomes) {
+    EXPECT_THAT(o, StatusIs(absl::StatusCode::kUnauthenticated,
+                            HasSubstr("no credentials")));
   }
   EXPECT_LE(peak, baseline_ + 64 * kMiB)
       << "unauthenticated bodies were buffered";
@@ -201,7 +199,7 @@ TEST_F(RequestMemoryE2ETest, WithoutTokenRefusedBeforeTheBodyIsRead) {
 }
 
 TEST_F(RequestMemoryE2ETest, WithTokenBoundedByTheBudget) {
-  std::vector<Outcome> outcomes;
+  std::vector<absl::Status> outcomes;
   EXPECT_EQ(AttackWhileJobRuns(kWriter, &outcomes), 0)
       << "the well-behaved job failed during the attack; its logs are in "
       << dir_;
@@ -214,11 +212,11 @@ TEST_F(RequestMemoryE2ETest, WithTokenBoundedByTheBudget) {
             << kBudgetMiB << " MiB)\n"
             << Summary(outcomes);
   EXPECT_GE(outcomes.size(), 2u * kConcurrent);
-  for (const Outcome& o : outcomes) {
+  for (const absl::Status& o : outcomes) {
     // Cancelled at the budget, or read whole and refused as too large.
-    EXPECT_EQ(o.code, grpc::StatusCode::RESOURCE_EXHAUSTED) << o.message;
-    EXPECT_THAT(o.message, AnyOf(HasSubstr("larger than max"),
-                                 HasSubstr("RST_STREAM with error code 11")));
+    EXPECT_THAT(o, StatusIs(absl::StatusCode::kResourceExhausted,
+                            AnyOf(HasSubstr("larger than max"),
+                                  HasSubstr("RST_STREAM with error code 11"))));
   }
   EXPECT_LE(peak, bound);
 }

@@ -7,10 +7,11 @@
 // libcairn. CAIRN_LINKS_S3: the build has the s3 driver (storage/s3).
 #include <unistd.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/shard_store.h"
@@ -18,6 +19,8 @@
 namespace cairn::storage {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -39,9 +42,9 @@ TEST(StorageDriversLinkedTest, S3UriReachesTheS3Driver) {
   // The driver may connect when opened or on first use.
   const absl::Status s =
       store.ok() ? (*store)->List("").status() : store.status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(std::string(s.message()), Not(HasSubstr("unsupported scheme")));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("cairn-linked"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable,
+                          AllOf(Not(HasSubstr("unsupported scheme")),
+                                HasSubstr("cairn-linked"))));
 }
 #else
 constexpr char kRegistered[] = "file";
@@ -51,9 +54,8 @@ TEST(StorageDriversLinkedTest, PosixAndOnlyPosixIsRegistered) {
 #endif
 
 TEST(StorageDriversLinkedTest, FileUriOpensAndRoundTripsAnObject) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(base ? base : "/tmp", "/cairn-drv-XXXXXX");
-  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string dir = testing::MakeTempDirRemovedAtExit("drv");
+  ASSERT_FALSE(dir.empty());
   auto store = OpenShardStore(absl::StrCat("file://", dir));
   ASSERT_TRUE(store.ok()) << store.status();
   const std::string data = "bytes";
@@ -65,10 +67,11 @@ TEST(StorageDriversLinkedTest, FileUriOpensAndRoundTripsAnObject) {
 
 TEST(StorageDriversLinkedTest, MemoryDriverIsNotLinkedIntoProduction) {
   auto store = OpenShardStore("mem://x");
-  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(store.status().message()),
-              HasSubstr(absl::StrCat(
-                  "unsupported scheme 'mem' (registered: ", kRegistered, ")")));
+  EXPECT_THAT(
+      store,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr(absl::StrCat("unsupported scheme 'mem' (registered: ",
+                                      kRegistered, ")"))));
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "client/protocol/coordinator_call.h"
 #include "common/grpc_status.h"
+#include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "grpcpp/server_builder.h"
@@ -37,6 +38,7 @@
 namespace cairn {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::Each;
 using ::testing::Eq;
 using ::testing::HasSubstr;
@@ -142,7 +144,7 @@ TEST_F(TlsTest, TlsServerAcceptsItsCaAndRefusesPlaintext) {
   StartTlsCairnd();
   EXPECT_TRUE(List(TrustCa("ca")).ok());
   const absl::Status plain = List(protocol::ClientSecurity());
-  EXPECT_TRUE(absl::IsUnavailable(plain)) << plain;
+  EXPECT_THAT(plain, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(cairnd_->process().Log(), HasSubstr("port"));
 }
 
@@ -180,24 +182,26 @@ TEST_F(TlsTest, HealthListenServesPlaintextHealthBesideTls) {
 TEST_F(TlsTest, WrongCaIsRefusedAsAHandshakeFailure) {
   StartTlsCairnd();
   const absl::Status s = List(TrustCa("other-ca"));
-  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("andshake")) << s;
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("andshake")));
 }
 
 TEST_F(TlsTest, ExpiredServerCertificateIsRefused) {
   StartTlsCairnd("expired");
   EXPECT_THAT(cairnd_->process().Log(), HasSubstr("expired on"));
   const absl::Status s = List(TrustCa("ca"));
-  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable));
 }
 
 TEST_F(TlsTest, MutualTlsNeedsAClientCertificateOfTheClientCa) {
   StartTlsCairnd("server", /*client_ca=*/"ca");
   EXPECT_TRUE(List(TrustCa("ca", "client")).ok());
   absl::Status s = List(TrustCa("ca"));
-  EXPECT_TRUE(absl::IsUnavailable(s)) << "no client certificate: " << s;
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable))
+      << "no client certificate: " << s;
   s = List(TrustCa("ca", "other-client"));
-  EXPECT_TRUE(absl::IsUnavailable(s)) << "client of another CA: " << s;
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable))
+      << "client of another CA: " << s;
 }
 
 TEST_F(TlsTest, SighupReloadsCertificateKeepingConnectionsAndService) {
