@@ -180,54 +180,6 @@ absl::Status CheckExactCover(absl::string_view fqn, const Shape& global_shape,
 
 namespace internal {
 
-namespace {
-
-// True when the distinct non-empty boxes form a grid that tiles the tensor:
-// per dim, the sorted distinct offsets (starting at 0) cut the dim into
-// intervals, every box spans exactly one interval per dim (one grid cell),
-// and there are as many boxes as cells, each in its own cell. That is a
-// bijection between boxes and the cells, which partition the tensor, so the
-// boxes are disjoint and cover it. Every DTensor layout (torch.chunk pieces
-// along each sharded dim) passes; anything else (irregular shards, overlaps,
-// gaps) returns false and takes the general check, which also writes the
-// error message. O(n log n) with small constants, no index to build.
-bool TilesAsGrid(const Shape& global_shape,
-                 const std::vector<ChunkBox>& distinct) {
-  const size_t nd = global_shape.size();
-  const size_t n = distinct.size();
-  if (n == 0 || nd > static_cast<size_t>(kMaxDims)) return false;
-  std::vector<int64_t> cuts[kMaxDims];
-  uint64_t cells = 1;
-  for (size_t d = 0; d < nd; ++d) {
-    std::vector<int64_t>& c = cuts[d];
-    c.reserve(n);
-    for (const ChunkBox& b : distinct) c.push_back(b.offsets[d]);
-    std::sort(c.begin(), c.end());
-    c.erase(std::unique(c.begin(), c.end()), c.end());
-    if (c[0] != 0) return false;
-    cells *= c.size();  // <= n after each step: no overflow
-    if (cells > n) return false;
-  }
-  if (cells != n) return false;
-  std::vector<bool> taken(n, false);
-  for (const ChunkBox& b : distinct) {
-    uint64_t cell = 0;
-    for (size_t d = 0; d < nd; ++d) {
-      const std::vector<int64_t>& c = cuts[d];
-      const size_t k = static_cast<size_t>(
-          std::lower_bound(c.begin(), c.end(), b.offsets[d]) - c.begin());
-      const int64_t end = k + 1 < c.size() ? c[k + 1] : global_shape[d];
-      if (b.sizes[d] != end - b.offsets[d]) return false;
-      cell = cell * c.size() + k;
-    }
-    if (taken[cell]) return false;
-    taken[cell] = true;
-  }
-  return true;
-}
-
-}  // namespace
-
 absl::Status CheckDisjointCover(absl::string_view fqn,
                                 const Shape& global_shape,
                                 const std::vector<ChunkBox>& distinct,

@@ -262,4 +262,38 @@ bool FindUncovered(const OverlapIndex& index, const ChunkBox& region,
   return FindUncoveredRec(index, region, uncovered, &steps);
 }
 
+bool TilesAsGrid(const Shape& shape, const std::vector<ChunkBox>& boxes) {
+  const size_t nd = shape.size();
+  const size_t n = boxes.size();
+  if (n == 0 || nd > static_cast<size_t>(kMaxDims)) return false;
+  std::vector<int64_t> cuts[kMaxDims];
+  uint64_t cells = 1;
+  for (size_t d = 0; d < nd; ++d) {
+    std::vector<int64_t>& c = cuts[d];
+    c.reserve(n);
+    for (const ChunkBox& b : boxes) c.push_back(b.offsets[d]);
+    std::sort(c.begin(), c.end());
+    c.erase(std::unique(c.begin(), c.end()), c.end());
+    if (c[0] != 0) return false;
+    cells *= c.size();  // <= n after each step: no overflow
+    if (cells > n) return false;
+  }
+  if (cells != n) return false;
+  std::vector<bool> taken(n, false);
+  for (const ChunkBox& b : boxes) {
+    uint64_t cell = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      const std::vector<int64_t>& c = cuts[d];
+      const size_t k = static_cast<size_t>(
+          std::lower_bound(c.begin(), c.end(), b.offsets[d]) - c.begin());
+      const int64_t end = k + 1 < c.size() ? c[k + 1] : shape[d];
+      if (b.sizes[d] != end - b.offsets[d]) return false;
+      cell = cell * c.size() + k;
+    }
+    if (taken[cell]) return false;
+    taken[cell] = true;
+  }
+  return true;
+}
+
 }  // namespace cairn::planner

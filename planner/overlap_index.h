@@ -91,6 +91,18 @@ class OverlapIndex {
 bool FindUncovered(const OverlapIndex& index, const ChunkBox& region,
                    ChunkBox* uncovered, int max_steps = 100000);
 
+// True when `boxes` (non-empty, each with shape's number of dims) form a grid
+// that tiles `shape`: per dim, the sorted distinct offsets (starting at 0) cut
+// the dim into intervals, every box spans exactly one interval per dim (one
+// grid cell), and there are as many boxes as cells, each in its own cell.
+// That is a bijection between boxes and the cells, which partition the
+// tensor, so the boxes are disjoint and cover it. Every DTensor layout
+// (torch.chunk pieces along each sharded dim) passes; false says no more
+// than that the boxes are no grid (irregular shards, overlaps, gaps: an
+// OverlapIndex tells which). O(n log n) with small constants, no index to
+// build: the fast path of a check that chunks tile a tensor.
+bool TilesAsGrid(const Shape& shape, const std::vector<ChunkBox>& boxes);
+
 }  // namespace cairn::planner
 
 #endif  // CAIRN_PLANNER_OVERLAP_INDEX_H_

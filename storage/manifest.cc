@@ -8,16 +8,15 @@
 //
 // ValidateManifest checks that chunks tile each tensor exactly: every box is
 // inside the shape, the volumes add up to the shape's volume, and no two
-// non-empty boxes intersect. Disjointness uses a sweep along the dimension
-// with the most distinct chunk offsets: boxes sorted by their start in that
-// dimension, each compared only with the boxes still "open" there. For the
-// grid-like layouts of real jobs the open set is one row of the grid, so the
-// check is ~O(n * sqrt(n)) instead of O(n^2).
+// non-empty boxes intersect. The geometry is the planner's (planner/box.h,
+// overlap_index.h), as its check of a save's chunks: boxes that form a grid
+// (TilesAsGrid: every DTensor layout) are disjoint; others ask an
+// OverlapIndex of them all, for each box, whether another one meets it.
+// Both are O(n log n).
 #include "storage/manifest.h"
 
 #include <algorithm>
 #include <cstring>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -31,6 +30,8 @@
 #include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "nlohmann/json.hpp"
+#include "planner/box.h"
+#include "planner/overlap_index.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/checksum.h"
 #include "storage/shard_store.h"
@@ -40,6 +41,7 @@ namespace {
 
 constexpr size_t kMagicBytes = 8;
 static_assert(sizeof(kManifestMagic) == kMagicBytes + 1);
+static_assert(kMaxTensorRank == planner::kMaxDims);
 
 std::string Crc(uint32_t crc) { return absl::StrFormat("0x%08x", crc); }
 
@@ -56,88 +58,9 @@ enum WireType : uint32_t {
   kFixed32 = 5,
 };
 
-// Volume of a shape/box; false if it does not fit in int64.
-bool Volume(const google::protobuf::RepeatedField<int64_t>& sizes,
-            uint64_t* out) {
-  unsigned __int128 v = 1;
-  for (int64_t s : sizes) {
-    if (s < 0) return false;
-    v *= static_cast<uint64_t>(s);
-    if (v > static_cast<unsigned __int128>(INT64_MAX)) {
-      // A zero later would bring it back to 0, but such a shape is hostile.
-      return false;
-    }
-  }
-  *out = static_cast<uint64_t>(v);
-  return true;
-}
-
 bool ValidFqn(const std::string& fqn) {
   return !fqn.empty() && fqn.size() <= kMaxFqnBytes &&
          fqn.find('\0') == std::string::npos;
-}
-
-// Checks that the boxes (all inside the shape, non-empty) are pairwise
-// disjoint; returns the indices of an intersecting pair.
-bool FindOverlap(const std::vector<const v1::ChunkBox*>& boxes, int rank,
-                 size_t* a, size_t* b) {
-  if (boxes.size() < 2 || rank == 0) {
-    if (boxes.size() >= 2) {  // scalars: any two non-empty boxes coincide
-      *a = 0;
-      *b = 1;
-      return true;
-    }
-    return false;
-  }
-  // The sweep dimension: most distinct offsets.
-  int dim = 0;
-  size_t best = 0;
-  for (int d = 0; d < rank; ++d) {
-    std::vector<int64_t> offs;
-    offs.reserve(boxes.size());
-    for (const v1::ChunkBox* box : boxes) offs.push_back(box->offsets(d));
-    std::sort(offs.begin(), offs.end());
-    const size_t distinct =
-        std::unique(offs.begin(), offs.end()) - offs.begin();
-    if (distinct > best) {
-      best = distinct;
-      dim = d;
-    }
-  }
-  std::vector<size_t> order(boxes.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    return boxes[x]->offsets(dim) < boxes[y]->offsets(dim);
-  });
-  auto intersects = [&](const v1::ChunkBox& x, const v1::ChunkBox& y) {
-    for (int d = 0; d < rank; ++d) {
-      const int64_t lo = std::max(x.offsets(d), y.offsets(d));
-      const int64_t hi =
-          std::min(x.offsets(d) + x.sizes(d), y.offsets(d) + y.sizes(d));
-      if (lo >= hi) return false;
-    }
-    return true;
-  };
-  std::vector<size_t> open;
-  for (size_t i : order) {
-    const int64_t start = boxes[i]->offsets(dim);
-    open.erase(std::remove_if(open.begin(), open.end(),
-                              [&](size_t j) {
-                                return boxes[j]->offsets(dim) +
-                                           boxes[j]->sizes(dim) <=
-                                       start;
-                              }),
-               open.end());
-    for (size_t j : open) {
-      if (intersects(*boxes[i], *boxes[j])) {
-        *a = j;
-        *b = i;
-        return true;
-      }
-    }
-    open.push_back(i);
-  }
-  return false;
 }
 
 }  // namespace
@@ -804,14 +727,20 @@ absl::Status ManifestValidator::AddTensor(const v1::ManifestTensor& t) {
     return Bad("tensor '", fqn, "' has ", rank, " dims (max ", kMaxTensorRank,
                ")");
   }
-  uint64_t shape_volume = 0;
-  if (!Volume(e.global_shape(), &shape_volume)) {
+  // The shape as a box. ValidateShape bounds its volume (at 2^60 elements,
+  // as a save's plan and a load's do), so no volume below overflows.
+  const planner::ChunkBox whole = planner::FullBox(
+      planner::Shape(e.global_shape().begin(), e.global_shape().end()));
+  if (!planner::ValidateShape(whole.sizes).ok()) {
     return Bad("tensor '", fqn, "' has an invalid or too large shape [",
                absl::StrJoin(e.global_shape(), ", "), "]");
   }
+  const uint64_t shape_volume = planner::Volume(whole);
   unsigned __int128 covered = 0;
-  std::vector<const v1::ChunkBox*> boxes;
+  std::vector<const v1::ChunkBox*> boxes;  // the non-empty ones
   boxes.reserve(t.chunks_size());
+  // Each chunk's box, copied into one ChunkBox of the tensor's rank.
+  planner::ChunkBox chunk{planner::Dims(rank), planner::Dims(rank)};
   chunk_objects_.resize(static_cast<size_t>(t.chunks_size()));
   uint32_t* chunk_object = chunk_objects_.data();
   for (const v1::StoredChunk& c : t.chunks()) {
@@ -823,17 +752,14 @@ absl::Status ManifestValidator::AddTensor(const v1::ManifestTensor& t) {
       return Bad(what(), " has ", box.offsets_size(), " offsets and ",
                  box.sizes_size(), " sizes for a tensor of rank ", rank);
     }
-    for (int d = 0; d < rank; ++d) {
-      const int64_t off = box.offsets(d);
-      const int64_t size = box.sizes(d);
-      if (off < 0 || size < 0 || off > e.global_shape(d) ||
-          size > e.global_shape(d) - off) {
-        return Bad(what(), " exceeds shape [",
-                   absl::StrJoin(e.global_shape(), ", "), "]");
-      }
+    std::copy(box.offsets().begin(), box.offsets().end(),
+              chunk.offsets.begin());
+    std::copy(box.sizes().begin(), box.sizes().end(), chunk.sizes.begin());
+    if (!planner::Contains(whole, chunk)) {
+      return Bad(what(), " exceeds shape [",
+                 absl::StrJoin(e.global_shape(), ", "), "]");
     }
-    uint64_t volume = 0;
-    Volume(box.sizes(), &volume);  // inside the shape: cannot overflow
+    const uint64_t volume = planner::Volume(chunk);
     const unsigned __int128 want =
         static_cast<unsigned __int128>(volume) * elem;
     if (want != c.location().length()) {
@@ -865,11 +791,25 @@ absl::Status ManifestValidator::AddTensor(const v1::ManifestTensor& t) {
     tiling.insert(tiling.end(), box->sizes().begin(), box->sizes().end());
   }
   if (KnownDisjoint(tiling)) return absl::OkStatus();
-  size_t a = 0;
-  size_t b = 0;
-  if (FindOverlap(boxes, rank, &a, &b)) {
-    return Bad("chunks ", BoxToString(*boxes[a]), " and ",
-               BoxToString(*boxes[b]), " of tensor '", fqn, "' overlap");
+  // A new tiling: disjoint if it is a grid, else when no box meets another
+  // in an index of them all.
+  std::vector<planner::ChunkBox> chunk_boxes(boxes.size());
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    chunk_boxes[i].offsets.assign(boxes[i]->offsets().begin(),
+                                  boxes[i]->offsets().end());
+    chunk_boxes[i].sizes.assign(boxes[i]->sizes().begin(),
+                                boxes[i]->sizes().end());
+  }
+  if (!planner::TilesAsGrid(whole.sizes, chunk_boxes)) {
+    const planner::OverlapIndex index(chunk_boxes);
+    for (int i = 0; i < index.size(); ++i) {
+      int other = -1;
+      if (index.AnyOverlap(chunk_boxes[i], i, &other)) {
+        const auto [a, b] = std::minmax(i, other);
+        return Bad("chunks ", BoxToString(*boxes[a]), " and ",
+                   BoxToString(*boxes[b]), " of tensor '", fqn, "' overlap");
+      }
+    }
   }
   if (known_tiling_coords_ + tiling.size() <= kMaxKnownTilingCoords) {
     known_tiling_coords_ += tiling.size();

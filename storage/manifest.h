@@ -139,7 +139,7 @@ class ManifestValidator {
   // Tilings found disjoint, by hash, while they take at most
   // kMaxKnownTilingCoords coordinates in all: the layers of a model have the
   // same shapes and layouts (a 70B model's 2,169 tensors have 7 tilings), and
-  // a sweep of a tensor of 16k chunks costs three sorts.
+  // the overlap check of a tensor of 16k chunks builds an index of them.
   absl::flat_hash_map<size_t, std::vector<std::vector<int64_t>>>
       disjoint_tilings_;
   size_t known_tiling_coords_ = 0;
