@@ -132,5 +132,24 @@ TEST(OverlapIndexTest, FindUncoveredReturnsAGapOrNothing) {
   }
 }
 
+TEST(TilesAsGridTest, AcceptsExactlyTheGridsThatTileTheShape) {
+  const Shape shape = {4, 6};
+  // Uneven cuts per dim, boxes in any order: a grid.
+  EXPECT_TRUE(TilesAsGrid(shape, {Box({1, 0}, {3, 2}), Box({0, 0}, {1, 2}),
+                                  Box({0, 2}, {1, 4}), Box({1, 2}, {3, 4})}));
+  EXPECT_TRUE(TilesAsGrid(shape, {FullBox(shape)}));
+  EXPECT_TRUE(TilesAsGrid({}, {FullBox({})}));  // a scalar
+  // A cell missing (a gap), a cell twice, a box over two cells, a box past
+  // the shape, cuts not from 0: no grid.
+  EXPECT_FALSE(TilesAsGrid(
+      shape, {Box({0, 0}, {1, 2}), Box({0, 2}, {1, 4}), Box({1, 0}, {3, 2})}));
+  EXPECT_FALSE(TilesAsGrid(shape, {Box({0, 0}, {4, 6}), Box({0, 0}, {4, 6})}));
+  EXPECT_FALSE(TilesAsGrid(shape, {Box({0, 0}, {4, 3}), Box({0, 3}, {2, 3}),
+                                   Box({2, 3}, {2, 3}), Box({2, 0}, {2, 3})}));
+  EXPECT_FALSE(TilesAsGrid(shape, {Box({0, 0}, {4, 7})}));
+  EXPECT_FALSE(TilesAsGrid(shape, {Box({1, 0}, {3, 6})}));
+  EXPECT_FALSE(TilesAsGrid(shape, {}));
+}
+
 }  // namespace
 }  // namespace cairn::planner
