@@ -51,7 +51,8 @@ function(cairn_s3_test name)
   endif()
   add_executable(${name} ${T_SRCS})
   target_compile_options(${name} PRIVATE ${CAIRN_WARNINGS})
-  target_link_libraries(${name} PRIVATE ${T_DEPS} GTest::gmock GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${T_DEPS} cairn_common_testing
+    GTest::gmock GTest::gtest_main)
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES
     LABELS "s3" FIXTURES_REQUIRED ceph TIMEOUT ${T_TIMEOUT}

@@ -9,45 +9,23 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/manifest.h"
 #include "storage/testing/fault_injection_store.h"
-#include "storage/testing/status_testing.h"
 #include "storage/testing/test_checkpoint.h"
 
 namespace cairn::storage {
 namespace {
 
 namespace fs = std::filesystem;
+using ::cairn::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-
-std::vector<std::string>& CreatedDirs() {
-  static auto* dirs = new std::vector<std::string>;
-  return *dirs;
-}
-
-class TempDirCleanup : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    for (const std::string& dir : CreatedDirs()) fs::remove_all(dir, ec);
-  }
-};
-const auto* const kTempDirCleanup =
-    ::testing::AddGlobalTestEnvironment(new TempDirCleanup);
-
-std::string NewTempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string tmpl =
-      absl::StrCat(base != nullptr ? base : "/tmp", "/cairn-layout-XXXXXX");
-  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-  CreatedDirs().push_back(tmpl);
-  return tmpl;
-}
 
 absl::Span<const char> AsSpan(absl::string_view s) {
   return absl::Span<const char>(s.data(), s.size());
@@ -58,7 +36,9 @@ class CheckpointLayoutTest : public ::testing::TestWithParam<std::string> {
  protected:
   std::unique_ptr<ShardStore> NewStore() {
     if (GetParam() == "memory") return OpenShardStore("mem://").value();
-    return OpenShardStore("file://" + NewTempDir()).value();
+    return OpenShardStore("file://" +
+                          testing::MakeTempDirRemovedAtExit("layout"))
+        .value();
   }
   // A fresh handle on the same data, as a restarted process would open.
   std::unique_ptr<ShardStore> Reopen(ShardStore& store) {
@@ -76,10 +56,10 @@ TEST(CheckpointNamesTest, ManifestsLargerThanReadersTakeAreNotCommitted) {
   EXPECT_TRUE(CheckManifestSize(1377529388, "llama", 7).ok());
   const absl::Status s =
       CheckManifestSize(kMaxManifestBodyBytes + 1, "llama", 7);
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(s.message(), HasSubstr("cannot commit job 'llama' step 7"));
-  EXPECT_THAT(s.message(), HasSubstr("2147483648 bytes"));
-  EXPECT_THAT(s.message(), HasSubstr("at most 2147483647"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted,
+                          AllOf(HasSubstr("cannot commit job 'llama' step 7"),
+                                HasSubstr("2147483648 bytes"),
+                                HasSubstr("at most 2147483647"))));
 }
 
 TEST(CheckpointNamesTest, JobNamesAndSteps) {
@@ -91,15 +71,18 @@ TEST(CheckpointNamesTest, JobNamesAndSteps) {
         std::string("a/b"), std::string("a b"), std::string(129, 'x'),
         std::string("nul\0", 4), std::string("ü")}) {
     const absl::Status s = ValidateJobName(bad);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("job name"));
+    EXPECT_THAT(
+        s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name")))
+        << bad;
   }
   EXPECT_TRUE(ValidateJobName(std::string(128, 'x')).ok());
   EXPECT_TRUE(ValidateStep(0).ok());
   EXPECT_TRUE(ValidateStep(kMaxStep).ok());
-  EXPECT_STATUS(ValidateStep(-1), kInvalidArgument, "step -1");
-  EXPECT_STATUS(ValidateStep(kMaxStep + 1), kInvalidArgument,
-                "1000000000000001");
+  EXPECT_THAT(ValidateStep(-1), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("step -1")));
+  EXPECT_THAT(ValidateStep(kMaxStep + 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("1000000000000001")));
   EXPECT_EQ(StepPrefix("job", 123), "job/0000000000000123/");
   EXPECT_EQ(ManifestKey("job", 123), "job/0000000000000123/MANIFEST");
   EXPECT_EQ(ObjectKey("j", kMaxStep, "rank-0.data"),
@@ -136,16 +119,18 @@ TEST_P(CheckpointLayoutTest, PublishReadListDelete) {
               ElementsAre(2, 10, 300));
   EXPECT_THAT(ListIncompleteSteps(*store, "llama").value(), ElementsAre(400));
   EXPECT_THAT(ListCommittedSteps(*store, "nobody").value(), IsEmpty());
-  EXPECT_STATUS(ListCommittedSteps(*store, "../x").status(), kInvalidArgument,
-                "../x");
+  EXPECT_THAT(ListCommittedSteps(*store, "../x").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("../x")));
 
   auto m = ReadManifest(*store, "llama", 10);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->SerializeAsString(), saved[0].SerializeAsString());
-  EXPECT_STATUS(ReadManifest(*store, "llama", 400).status(), kNotFound,
-                "not committed");
-  EXPECT_STATUS(ReadManifest(*store, "llama", 7).status(), kNotFound,
-                "job 'llama' step 7");
+  EXPECT_THAT(
+      ReadManifest(*store, "llama", 400).status(),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("not committed")));
+  EXPECT_THAT(
+      ReadManifest(*store, "llama", 7).status(),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("job 'llama' step 7")));
 
   ASSERT_TRUE(DeleteStep(*store, "llama", 10).ok());
   ASSERT_TRUE(DeleteStep(*store, "llama", 400).ok());
@@ -164,18 +149,23 @@ TEST_P(CheckpointLayoutTest, PublishRefusesMissingOrShortObjects) {
   const std::string key = ObjectKey("job", 1, "rank-1.data");
   std::string bytes = ReadObject(*store, key).value();
   ASSERT_TRUE(store->Put(key, absl::Span<const char>(bytes.data(), 100)).ok());
-  EXPECT_STATUS(PublishManifest(*store, *m), kFailedPrecondition,
-                "job/0000000000000001/rank-1.data' has 100 bytes");
+  EXPECT_THAT(
+      PublishManifest(*store, *m),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("job/0000000000000001/rank-1.data' has 100 bytes")));
   ASSERT_TRUE(store->Delete(key).ok());
-  EXPECT_STATUS(PublishManifest(*store, *m), kFailedPrecondition,
-                "rank-1.data' is missing");
+  EXPECT_THAT(PublishManifest(*store, *m),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("rank-1.data' is missing")));
   EXPECT_THAT(ListCommittedSteps(*store, "job").value(), IsEmpty());
   // An invalid manifest never reaches storage.
   v1::Manifest bad = *m;
   bad.set_total_bytes(0);
-  EXPECT_STATUS(PublishManifest(*store, bad), kInvalidArgument, "total_bytes");
-  EXPECT_STATUS(store->Size(ManifestKey("job", 1)).status(), kNotFound,
-                "MANIFEST");
+  EXPECT_THAT(
+      PublishManifest(*store, bad),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("total_bytes")));
+  EXPECT_THAT(store->Size(ManifestKey("job", 1)).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("MANIFEST")));
 }
 
 // The source of `m`, run by PublishManifest once or twice; `runs` counts.
@@ -279,9 +269,11 @@ TEST_P(CheckpointLayoutTest, LargeManifestPublishFailuresLeaveNothingVisible) {
     int inner = 0;
     return SourceOf(copy, &inner)(header, add);
   };
-  EXPECT_STATUS(PublishManifest(append_only, changing, stream, nullptr),
-                kInternal, "changed between its two encodings");
-  EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
+  EXPECT_THAT(PublishManifest(append_only, changing, stream, nullptr),
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("changed between its two encodings")));
+  EXPECT_THAT(base->Size(key).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("MANIFEST")));
 
   FaultInjectionStore rewriting(base.get());
   for (FaultInjectionStore* store :
@@ -301,16 +293,19 @@ TEST_P(CheckpointLayoutTest, LargeManifestPublishFailuresLeaveNothingVisible) {
                         .action = action});
         runs = 0;
         const int64_t writes_before = store->write_count();
-        EXPECT_STATUS(
+        EXPECT_THAT(
             PublishManifest(*store, SourceOf(*m, &runs), options, nullptr),
-            kUnavailable, "publishing the manifest of job 'job' step 1");
+            StatusIs(absl::StatusCode::kUnavailable,
+                     HasSubstr("publishing the manifest of job 'job' step 1")));
         if (action == FaultAction::kFail) {
           // The frame (or its placeholder), then the body's first piece,
           // which fails: nothing is written after it (later pieces are
           // encoded while it is written, and dropped).
           EXPECT_EQ(store->write_count() - writes_before, 2);
         }
-        EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
+        EXPECT_THAT(
+            base->Size(key).status(),
+            StatusIs(absl::StatusCode::kNotFound, HasSubstr("MANIFEST")));
         EXPECT_THAT(ListCommittedSteps(*base, "job").value(), IsEmpty());
       }
     }
@@ -329,10 +324,11 @@ TEST_P(CheckpointLayoutTest, LargeManifestPublishFailuresLeaveNothingVisible) {
   ASSERT_TRUE(base->Delete(key).ok());
   // A failed rewrite publishes nothing.
   rewriting.FailNthWrite(writes - 1);
-  EXPECT_STATUS(
-      PublishManifest(rewriting, SourceOf(*m, &runs), stream, nullptr),
-      kUnavailable, "injected write failure");
-  EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
+  EXPECT_THAT(PublishManifest(rewriting, SourceOf(*m, &runs), stream, nullptr),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("injected write failure")));
+  EXPECT_THAT(base->Size(key).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("MANIFEST")));
   // A rewrite that silently writes half the header is caught by the reader.
   rewriting.Reset();
   rewriting.AddRule({.ops = kFaultAppend,
@@ -347,15 +343,18 @@ TEST_P(CheckpointLayoutTest, LargeManifestPublishFailuresLeaveNothingVisible) {
   EXPECT_NE(torn, published);
   EXPECT_EQ(torn.substr(kManifestHeaderBytes),
             published.substr(kManifestHeaderBytes));
-  EXPECT_STATUS(ReadManifest(*base, "job", 1).status(), kDataLoss, "MANIFEST");
+  EXPECT_THAT(ReadManifest(*base, "job", 1).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("MANIFEST")));
   ASSERT_TRUE(base->Delete(key).ok());
   // A MANIFEST writer that does not open: the store's error, named.
   rewriting.Reset();
   rewriting.AddRule({.ops = kFaultNewWriter, .key_contains = "MANIFEST"});
-  EXPECT_STATUS(
+  EXPECT_THAT(
       PublishManifest(rewriting, SourceOf(*m, &runs), stream, nullptr),
-      kUnavailable, "publishing the manifest of job 'job' step 1");
-  EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
+      StatusIs(absl::StatusCode::kUnavailable,
+               HasSubstr("publishing the manifest of job 'job' step 1")));
+  EXPECT_THAT(base->Size(key).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("MANIFEST")));
 
   // An invalid manifest is refused by the first run, and nothing is visible;
   // where the body is not written as that run makes it, before any write.
@@ -371,10 +370,13 @@ TEST_P(CheckpointLayoutTest, LargeManifestPublishFailuresLeaveNothingVisible) {
     runs = 0;
     const absl::Status refused =
         PublishManifest(*store, SourceOf(bad, &runs), stream, nullptr);
-    EXPECT_STATUS(refused, kInvalidArgument, "total_bytes");
-    EXPECT_THAT(refused.message(), HasSubstr("manifest of job 'job' step 1"));
+    EXPECT_THAT(refused,
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("total_bytes"),
+                               HasSubstr("manifest of job 'job' step 1"))));
     EXPECT_EQ(runs, 1);
-    EXPECT_STATUS(base->Size(key).status(), kNotFound, "MANIFEST");
+    EXPECT_THAT(base->Size(key).status(),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("MANIFEST")));
   }
   // Then a good one goes through.
   rewriting.Reset();
@@ -392,8 +394,9 @@ TEST_P(CheckpointLayoutTest, CorruptOrMisplacedManifestIsDataLoss) {
   bytes[bytes.size() / 2] ^= 0x10;
   ASSERT_TRUE(
       store->Put(key, absl::Span<const char>(bytes.data(), bytes.size())).ok());
-  EXPECT_STATUS(ReadManifest(*store, "job", 1).status(), kDataLoss,
-                "job/0000000000000001/MANIFEST");
+  EXPECT_THAT(ReadManifest(*store, "job", 1).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("job/0000000000000001/MANIFEST")));
   // A valid manifest of step 1 copied under step 2.
   spec.step = 2;
   ASSERT_TRUE(WriteTestCheckpoint(*store, spec).ok());
@@ -404,8 +407,9 @@ TEST_P(CheckpointLayoutTest, CorruptOrMisplacedManifestIsDataLoss) {
                   ->Put(ManifestKey("job", 2),
                         absl::Span<const char>(one.data(), one.size()))
                   .ok());
-  EXPECT_STATUS(ReadManifest(*store, "job", 2).status(), kDataLoss,
-                "describes job 'job' step 1");
+  EXPECT_THAT(ReadManifest(*store, "job", 2).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("describes job 'job' step 1")));
 }
 
 // ReadManifestByTensor gives what ReadManifest does, or its error, for a
@@ -492,18 +496,18 @@ TEST_P(CheckpointLayoutTest, ReadByTensorMatchesReadManifest) {
   m.clear_layouts();
   put(7, EncodeManifest(m));
   same(7, "no tensors");
-  EXPECT_STATUS(ReadManifestSummary(*store, "job", 4).status(), kDataLoss,
-                "world_size 0");
+  EXPECT_THAT(ReadManifestSummary(*store, "job", 4).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("world_size 0")));
   // A caller's error stops the read and comes back as it was.
   int calls = 0;
-  EXPECT_STATUS(ReadManifestByTensor(*store, "job", 1,
-                                     [&](const TensorOfManifest&) {
-                                       return ++calls == 2
-                                                  ? absl::AbortedError("stop")
-                                                  : absl::OkStatus();
-                                     })
-                    .status(),
-                kAborted, "stop");
+  EXPECT_THAT(ReadManifestByTensor(*store, "job", 1,
+                                   [&](const TensorOfManifest&) {
+                                     return ++calls == 2
+                                                ? absl::AbortedError("stop")
+                                                : absl::OkStatus();
+                                   })
+                  .status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("stop")));
   EXPECT_EQ(calls, 2);
 }
 
@@ -531,19 +535,19 @@ TEST_P(CheckpointLayoutTest, VerifyDetectsCorruptionAndReportsProgress) {
   ASSERT_TRUE(
       store->Put(key, absl::Span<const char>(bytes.data(), bytes.size())).ok());
   const absl::Status s = VerifyCheckpoint(*store, *m);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_THAT(std::string(s.message()),
-              AllOf(HasSubstr("job 'job' step 1"),
-                    HasSubstr("tensor 'model.layers.1.weight'"),
-                    HasSubstr("chunk [500:1000, 0:32]"),
-                    HasSubstr("job/0000000000000001/rank-1.data"),
-                    HasSubstr("checksum mismatch")));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDataLoss,
+                          AllOf(HasSubstr("job 'job' step 1"),
+                                HasSubstr("tensor 'model.layers.1.weight'"),
+                                HasSubstr("chunk [500:1000, 0:32]"),
+                                HasSubstr("job/0000000000000001/rank-1.data"),
+                                HasSubstr("checksum mismatch"))));
   // ReadVerified catches it as well; the intact chunk reads fine.
   std::string out(c.location().length(), '\0');
-  EXPECT_STATUS(ReadVerified(*store, "job", 1, c.location(), c.crc32c(),
-                             "tensor 'model.layers.1.weight' chunk",
-                             absl::Span<char>(out.data(), out.size())),
-                kDataLoss, "model.layers.1.weight");
+  EXPECT_THAT(ReadVerified(*store, "job", 1, c.location(), c.crc32c(),
+                           "tensor 'model.layers.1.weight' chunk",
+                           absl::Span<char>(out.data(), out.size())),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("model.layers.1.weight")));
   const v1::StoredChunk& good = m->tensors(0).chunks(0);
   out.assign(good.location().length(), '\0');
   ASSERT_TRUE(ReadVerified(*store, "job", 1, good.location(), good.crc32c(),
@@ -552,7 +556,8 @@ TEST_P(CheckpointLayoutTest, VerifyDetectsCorruptionAndReportsProgress) {
   EXPECT_EQ(out, TestChunkBytes(spec, 0, 0, 500));
   // A missing object is data loss too.
   ASSERT_TRUE(store->Delete(key).ok());
-  EXPECT_STATUS(VerifyCheckpoint(*store, *m), kDataLoss, "rank-1.data");
+  EXPECT_THAT(VerifyCheckpoint(*store, *m),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rank-1.data")));
 }
 
 TEST_P(CheckpointLayoutTest, ReadVerifiedPiecesStreamsAndChecksTheWhole) {
@@ -580,33 +585,36 @@ TEST_P(CheckpointLayoutTest, ReadVerifiedPiecesStreamsAndChecksTheWhole) {
   EXPECT_EQ(offsets.size(), (c.location().length() + 3999) / 4000);
   // A wrong crc32c is DATA_LOSS naming what and where, after every piece.
   got.clear();
-  EXPECT_STATUS(ReadVerifiedPieces(
-                    *store, "job", 1, c.location(), c.crc32c() ^ 1,
-                    "tensor 'model.layers.1.weight' chunk [500:1000]",
-                    absl::Span<char>(buffer.data(), buffer.size()), collect),
-                kDataLoss, "tensor 'model.layers.1.weight' chunk [500:1000]");
+  EXPECT_THAT(
+      ReadVerifiedPieces(*store, "job", 1, c.location(), c.crc32c() ^ 1,
+                         "tensor 'model.layers.1.weight' chunk [500:1000]",
+                         absl::Span<char>(buffer.data(), buffer.size()),
+                         collect),
+      StatusIs(absl::StatusCode::kDataLoss,
+               HasSubstr("tensor 'model.layers.1.weight' chunk [500:1000]")));
   EXPECT_EQ(got.size(), c.location().length());
   // The caller's error stops the read as it is.
   int calls = 0;
-  EXPECT_STATUS(
+  EXPECT_THAT(
       ReadVerifiedPieces(*store, "job", 1, c.location(), c.crc32c(), "chunk",
                          absl::Span<char>(buffer.data(), buffer.size()),
                          [&](uint64_t, absl::Span<const char>) {
                            return ++calls == 2 ? absl::CancelledError("stop")
                                                : absl::OkStatus();
                          }),
-      kCancelled, "stop");
+      StatusIs(absl::StatusCode::kCancelled, HasSubstr("stop")));
   EXPECT_EQ(calls, 2);
   // A missing object is data loss; an empty buffer a caller's mistake.
   ASSERT_TRUE(
       store->Delete(ObjectKey("job", 1, c.location().object_key())).ok());
-  EXPECT_STATUS(ReadVerifiedPieces(
-                    *store, "job", 1, c.location(), c.crc32c(), "chunk",
-                    absl::Span<char>(buffer.data(), buffer.size()), collect),
-                kDataLoss, "rank-1.data");
-  EXPECT_STATUS(ReadVerifiedPieces(*store, "job", 1, c.location(), c.crc32c(),
-                                   "chunk", absl::Span<char>(), collect),
-                kInvalidArgument, "empty read buffer");
+  EXPECT_THAT(ReadVerifiedPieces(
+                  *store, "job", 1, c.location(), c.crc32c(), "chunk",
+                  absl::Span<char>(buffer.data(), buffer.size()), collect),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rank-1.data")));
+  EXPECT_THAT(ReadVerifiedPieces(*store, "job", 1, c.location(), c.crc32c(),
+                                 "chunk", absl::Span<char>(), collect),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("empty read buffer")));
 }
 
 // ---- Fault injection: the commit protocol under crashes and I/O errors ----
@@ -629,8 +637,8 @@ void ExpectConsistent(ShardStore& store, const v1::Manifest& previous,
     EXPECT_TRUE(VerifyCheckpoint(store, *m2).ok());
   } else {
     EXPECT_THAT(*steps, ElementsAre(1));
-    EXPECT_EQ(ReadManifest(store, "job", 2).status().code(),
-              absl::StatusCode::kNotFound);
+    EXPECT_THAT(ReadManifest(store, "job", 2),
+                StatusIs(absl::StatusCode::kNotFound));
   }
 }
 
@@ -659,13 +667,12 @@ TEST_P(CheckpointLayoutTest, CrashAtEveryStepOfASaveKeepsPreviousLoadable) {
     store.CrashAtMutation(n);
     spec.step = 2;
     const auto result = WriteTestCheckpoint(store, spec);
-    EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
-    EXPECT_THAT(std::string(result.status().message()),
-                HasSubstr("simulated crash"));
+    EXPECT_THAT(result, StatusIs(absl::StatusCode::kUnavailable,
+                                 HasSubstr("simulated crash")));
     EXPECT_TRUE(store.crashed());
     // Everything after the crash fails: the process is gone.
-    EXPECT_EQ(store.Size(ManifestKey("job", 1)).status().code(),
-              absl::StatusCode::kUnavailable);
+    EXPECT_THAT(store.Size(ManifestKey("job", 1)),
+                StatusIs(absl::StatusCode::kUnavailable));
     // "Restart": a new handle on the same storage.
     auto restarted = Reopen(*base);
     ExpectConsistent(*restarted, *previous, /*step2_may_be_committed=*/false);
@@ -706,8 +713,8 @@ TEST_P(CheckpointLayoutTest, CrashAtEveryStepOfADeleteNeverLeavesBrokenCommit) {
     ASSERT_TRUE(WriteTestCheckpoint(*base, spec).ok());
     FaultInjectionStore store(base.get());
     store.CrashAtMutation(n);
-    EXPECT_EQ(DeleteStep(store, "job", 2).code(),
-              absl::StatusCode::kUnavailable);
+    EXPECT_THAT(DeleteStep(store, "job", 2),
+                StatusIs(absl::StatusCode::kUnavailable));
     auto restarted = Reopen(*base);
     ExpectConsistent(*restarted, *previous, /*step2_may_be_committed=*/n == 1);
   }
@@ -731,8 +738,8 @@ TEST_P(CheckpointLayoutTest, FailingAnyWriteFailsTheSaveWithNothingCommitted) {
     store.FailNthWrite(n, absl::UnavailableError("disk went away"));
     spec.step = 2;
     const absl::Status s = WriteTestCheckpoint(store, spec).status();
-    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("disk went away"));
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable,
+                            HasSubstr("disk went away")));
     ExpectConsistent(store, *previous, false);
   }
 }
@@ -747,10 +754,9 @@ TEST_P(CheckpointLayoutTest, NoSpaceFailsCleanlyWithNothingCommitted) {
   store.SetSpaceLimit(previous->total_bytes() / 2);
   spec.step = 2;
   const absl::Status s = WriteTestCheckpoint(store, spec).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-  EXPECT_THAT(std::string(s.message()),
-              AllOf(HasSubstr("No space left on device"),
-                    HasSubstr("job/0000000000000002/rank-")));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted,
+                          AllOf(HasSubstr("No space left on device"),
+                                HasSubstr("job/0000000000000002/rank-"))));
   ExpectConsistent(store, *previous, false);
   // The object being written when space ran out is not visible.
   const std::vector<std::string> left =
@@ -778,8 +784,9 @@ TEST_P(CheckpointLayoutTest, ShortWritesNeverCommit) {
     rule.status = absl::ResourceExhaustedError("short write");
     const int id = store.AddRule(rule);
     spec.step = 2;
-    EXPECT_STATUS(WriteTestCheckpoint(store, spec).status(), kResourceExhausted,
-                  "short write");
+    EXPECT_THAT(WriteTestCheckpoint(store, spec).status(),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         HasSubstr("short write")));
     EXPECT_EQ(store.fired(id), 1);
     ExpectConsistent(store, *previous, false);
     EXPECT_THAT(store.List("job/0000000000000002/rank-1").value(), IsEmpty());
@@ -797,8 +804,9 @@ TEST_P(CheckpointLayoutTest, ShortWritesNeverCommit) {
     rule.action = FaultAction::kSilentShortWrite;
     store.AddRule(rule);
     spec.step = 2;
-    EXPECT_STATUS(WriteTestCheckpoint(store, spec).status(),
-                  kFailedPrecondition, "rank-0.data' has");
+    EXPECT_THAT(WriteTestCheckpoint(store, spec).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr("rank-0.data' has")));
     ExpectConsistent(store, *previous, false);
   }
 }
@@ -814,8 +822,8 @@ TEST_P(CheckpointLayoutTest, CrashBeforeManifestRenameLeavesStepIncomplete) {
   rule.action = FaultAction::kCrashBeforeRename;
   store.AddRule(rule);
   spec.step = 2;
-  EXPECT_EQ(WriteTestCheckpoint(store, spec).status().code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_THAT(WriteTestCheckpoint(store, spec),
+              StatusIs(absl::StatusCode::kUnavailable));
   auto restarted = Reopen(*base);
   ExpectConsistent(*restarted, *previous, false);
   EXPECT_THAT(ListIncompleteSteps(*restarted, "job").value(), ElementsAre(2));
@@ -866,7 +874,8 @@ TEST_P(CheckpointLayoutTest, CorruptedReadsAreDetected) {
   data_rule.key_contains = "rank-1.data";
   data_rule.action = FaultAction::kCorruptRead;
   const int id = store.AddRule(data_rule);
-  EXPECT_STATUS(VerifyCheckpoint(store, *m), kDataLoss, "rank-1.data");
+  EXPECT_THAT(VerifyCheckpoint(store, *m),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rank-1.data")));
   EXPECT_EQ(store.fired(id), 1);
   store.Reset();
   FaultRule manifest_rule;
@@ -874,7 +883,8 @@ TEST_P(CheckpointLayoutTest, CorruptedReadsAreDetected) {
   manifest_rule.key_contains = "MANIFEST";
   manifest_rule.action = FaultAction::kCorruptRead;
   store.AddRule(manifest_rule);
-  EXPECT_STATUS(ReadManifest(store, "job", 1).status(), kDataLoss, "MANIFEST");
+  EXPECT_THAT(ReadManifest(store, "job", 1).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("MANIFEST")));
   // The bytes on storage are intact: the fault was in the read path.
   store.Reset();
   EXPECT_TRUE(

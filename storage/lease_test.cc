@@ -20,15 +20,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint_layout.h"
 #include "storage/testing/fault_injection_store.h"
-#include "storage/testing/status_testing.h"
 
 namespace cairn::storage {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -91,15 +94,6 @@ struct Backend {
   bool create_only = true;
 };
 
-std::string TempRoot(const std::string& test) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  const std::string dir =
-      absl::StrCat(base ? base : "/tmp", "/cairn-lease-", test, "-", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 std::vector<Backend> Backends() {
   return {
       {"memory",
@@ -108,12 +102,16 @@ std::vector<Backend> Backends() {
        }},
       {"posix",
        [](const std::string& test) {
-         return OpenShardStore("file://" + TempRoot(test)).value();
+         return OpenShardStore("file://" + testing::MakeTempDirRemovedAtExit(
+                                               "lease-" + test))
+             .value();
        }},
       {"no_create_only",
        [](const std::string& test) -> std::unique_ptr<ShardStore> {
          return std::make_unique<NoCreateOnlyStore>(
-             OpenShardStore("file://" + TempRoot(test)).value(),
+             OpenShardStore("file://" +
+                            testing::MakeTempDirRemovedAtExit("lease-" + test))
+                 .value(),
              NoCreateOnlyStore::kUnimplemented);
        },
        false},
@@ -196,7 +194,7 @@ TEST_P(LeaseTest, FirstHolderRecordsItselfAndReleaseFreesAtOnce) {
   EXPECT_THAT(ListJobs(*store_).value(), IsEmpty());
 
   ASSERT_TRUE((*a)->Release().ok());
-  EXPECT_EQ((*a)->Check().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT((*a)->Check(), StatusIs(absl::StatusCode::kFailedPrecondition));
   read = ReadLease(*store_);
   ASSERT_TRUE(read.ok() && read->has_value());
   EXPECT_TRUE((*read)->released);
@@ -218,8 +216,7 @@ TEST_P(LeaseTest, SecondHolderIsRefusedNamingTheFirst) {
   LeaseOptions other = Options("10.1.2.4:7070");
   other.role = "cairn gc";
   auto b = StorageLease::Acquire(*store_, other);
-  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition)
-      << b.status();
+  EXPECT_THAT(b, StatusIs(absl::StatusCode::kFailedPrecondition));
   const std::string msg(b.status().message());
   EXPECT_THAT(msg, HasSubstr(absl::StrCat("is held by cairnd (pid ", getpid(),
                                           " on host ")));
@@ -274,10 +271,10 @@ TEST_P(LeaseTest, DeadProcessOnThisMachineFreesTheLease) {
 TEST_P(LeaseTest, ForeignHolderIsRefusedUntilItExpiresThenTakenOver) {
   Write(Foreign(1, absl::Seconds(2)));
   auto refused = StorageLease::Acquire(*store_, Options());
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("cairnd (pid 4242 on host other-host, serving "
-                        "10.9.9.9:7070)"));
+  EXPECT_THAT(refused,
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("cairnd (pid 4242 on host other-host, serving "
+                                 "10.9.9.9:7070)")));
   // Asked to wait, it takes over once the record expires.
   LeaseOptions wait = Options();
   wait.wait = absl::Seconds(60);
@@ -293,9 +290,9 @@ TEST_P(LeaseTest, WaitingGivesUpAtItsDeadlineNamingTheHolder) {
   LeaseOptions wait = Options();
   wait.wait = absl::Seconds(1);
   auto b = StorageLease::Acquire(*store_, wait);
-  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(b.status().message()), HasSubstr("other-host"));
-  EXPECT_THAT(std::string(b.status().message()), HasSubstr("(waited 1 s)"));
+  EXPECT_THAT(
+      b, StatusIs(absl::StatusCode::kFailedPrecondition,
+                  AllOf(HasSubstr("other-host"), HasSubstr("(waited 1 s)"))));
 }
 
 TEST_P(LeaseTest, ReleasedForeignRecordIsTakenAtOnce) {
@@ -331,9 +328,8 @@ TEST_P(LeaseTest, OfProcessesTakingOverTogetherExactlyOneWins) {
       ++winners;
       continue;
     }
-    EXPECT_EQ(errors[i].code(), absl::StatusCode::kFailedPrecondition)
-        << errors[i];
-    EXPECT_THAT(std::string(errors[i].message()), HasSubstr("is held by"));
+    EXPECT_THAT(errors[i], StatusIs(absl::StatusCode::kFailedPrecondition,
+                                    HasSubstr("is held by")));
   }
   EXPECT_EQ(winners, 1);
 }
@@ -350,7 +346,7 @@ TEST_P(LeaseTest, RenewalKeepsItHeldBeyondItsTtl) {
   // Still held: this process's own pid is checked against the leases it
   // holds.
   auto b = StorageLease::Acquire(*store_, Options());
-  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(b, StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST_P(LeaseTest, SetAddressIsWrittenAtOnce) {
@@ -369,9 +365,9 @@ TEST_P(LeaseTest, HigherGenerationMeansLostForGood) {
   Write(Foreign(2, absl::Minutes(10)));
   (*a)->RenewNowForTest();
   const absl::Status s = (*a)->Check();
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("taken over by cairnd"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("other-host"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition,
+                          AllOf(HasSubstr("taken over by cairnd"),
+                                HasSubstr("other-host"))));
   // It does not mark the other's lease released on its way out.
   ASSERT_TRUE((*a)->Release().ok());
   EXPECT_EQ(ReadLease(*store_).value()->holder_id, "foreign-holder");
@@ -381,7 +377,8 @@ TEST_P(LeaseTest, HigherGenerationMeansLostForGood) {
 TEST_P(LeaseTest, DamagedRecordIsDataLossNamingIt) {
   ASSERT_TRUE(store_->Put(LeaseKey(1), absl::MakeConstSpan("junk", 4)).ok());
   auto a = StorageLease::Acquire(*store_, Options());
-  EXPECT_STATUS(a.status(), kDataLoss, LeaseKey(1));
+  EXPECT_THAT(a.status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(LeaseKey(1))));
 }
 
 INSTANTIATE_TEST_SUITE_P(Drivers, LeaseTest, ::testing::ValuesIn(Backends()),
@@ -411,8 +408,8 @@ TEST(LeaseFencingTest, FailingRenewalsFenceThenLoseTheLease) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   absl::Status fenced = (*a)->Check();
-  EXPECT_EQ(fenced.code(), absl::StatusCode::kUnavailable) << fenced;
-  EXPECT_THAT(std::string(fenced.message()), HasSubstr("disk gone"));
+  EXPECT_THAT(fenced,
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("disk gone")));
   EXPECT_GT(store.fired(rule), 0);
   store.Reset();
   (*a)->RenewNowForTest();
@@ -428,13 +425,13 @@ TEST(LeaseFencingTest, FailingRenewalsFenceThenLoseTheLease) {
   }
   EXPECT_EQ(lost_calls.load(), 1);
   absl::Status lost = (*a)->Check();
-  EXPECT_EQ(lost.code(), absl::StatusCode::kFailedPrecondition) << lost;
-  EXPECT_THAT(std::string(lost.message()), HasSubstr("expired"));
+  EXPECT_THAT(lost, StatusIs(absl::StatusCode::kFailedPrecondition,
+                             HasSubstr("expired")));
   store.Reset();
   // Even with the storage back, an expired lease stays lost: another
   // process may have taken it meanwhile.
   (*a)->RenewNowForTest();
-  EXPECT_EQ((*a)->Check().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT((*a)->Check(), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST(LeaseRecordTest, SerializeParseRoundTripAndDescribe) {
@@ -464,10 +461,8 @@ TEST(LeaseRecordTest, SerializeParseRoundTripAndDescribe) {
   EXPECT_EQ(EvaluateLease(*back, now), LeaseState::kHeld);
   EXPECT_EQ(EvaluateLease(*back, now + absl::Seconds(26)),
             LeaseState::kExpired);
-  EXPECT_EQ(LeaseRecord::Parse("k", "cairn storage lease\nholder: x\n")
-                .status()
-                .code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_THAT(LeaseRecord::Parse("k", "cairn storage lease\nholder: x\n"),
+              StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_EQ(LeaseKey(7), "cairn-lease.0000000000000007");
 }
 

@@ -12,18 +12,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "storage/checksum.h"
 #include "storage/memory/memory_shard_store.h"
-#include "storage/testing/status_testing.h"
 #include "storage/testing/test_checkpoint.h"
 
 namespace cairn::storage {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 v1::Manifest TestManifest(int world_size = 2, int tensors = 3) {
@@ -65,8 +67,9 @@ TEST(ManifestTest, EveryTruncationIsDataLoss) {
   const std::string bytes = EncodeManifest(TestManifest());
   for (size_t n = 0; n < bytes.size(); ++n) {
     auto d = DecodeManifest(absl::string_view(bytes).substr(0, n));
-    ASSERT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << "length " << n;
-    ASSERT_THAT(std::string(d.status().message()), HasSubstr("truncated"));
+    ASSERT_THAT(d,
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")))
+        << "length " << n;
   }
 }
 
@@ -76,20 +79,22 @@ TEST(ManifestTest, EverySingleBitFlipIsDataLoss) {
     std::string bad = good;
     bad[bit / 8] ^= static_cast<char>(1 << (bit % 8));
     auto d = DecodeManifest(bad);
-    ASSERT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << "bit " << bit;
+    ASSERT_THAT(d, StatusIs(absl::StatusCode::kDataLoss)) << "bit " << bit;
   }
 }
 
 TEST(ManifestTest, TrailingBytesAreDataLoss) {
-  EXPECT_STATUS(DecodeManifest(EncodeManifest(TestManifest()) + "x").status(),
-                kDataLoss, "trailing");
+  EXPECT_THAT(DecodeManifest(EncodeManifest(TestManifest()) + "x").status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("trailing")));
 }
 
 TEST(ManifestTest, NewerFormatIsFailedPrecondition) {
   std::string bytes = EncodeManifest(TestManifest());
   bytes[8] = static_cast<char>(kManifestFormatVersion + 1);
   FixHeaderCrc(bytes);
-  EXPECT_STATUS(DecodeManifest(bytes).status(), kFailedPrecondition, "newer");
+  EXPECT_THAT(
+      DecodeManifest(bytes).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("newer")));
 }
 
 TEST(ManifestTest, OversizeIsRejectedBeforeAllocation) {
@@ -99,10 +104,13 @@ TEST(ManifestTest, OversizeIsRejectedBeforeAllocation) {
   for (int i = 0; i < 8; ++i)
     bytes[16 + i] = static_cast<char>(huge >> (8 * i));
   FixHeaderCrc(bytes);
-  EXPECT_STATUS(DecodeManifest(bytes).status(), kDataLoss, "exceeds the limit");
+  EXPECT_THAT(
+      DecodeManifest(bytes).status(),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("exceeds the limit")));
   // A real manifest larger than the caller's limit.
   const std::string real = EncodeManifest(TestManifest());
-  EXPECT_STATUS(DecodeManifest(real, 10).status(), kDataLoss, "limit of 10");
+  EXPECT_THAT(DecodeManifest(real, 10).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("limit of 10")));
 }
 
 TEST(ManifestTest, GarbageBodyWithValidFramingIsDataLoss) {
@@ -114,8 +122,9 @@ TEST(ManifestTest, GarbageBodyWithValidFramingIsDataLoss) {
   const uint32_t crc = Crc32c(body);
   for (int i = 0; i < 4; ++i) bytes[24 + i] = static_cast<char>(crc >> (8 * i));
   FixHeaderCrc(bytes);
-  EXPECT_STATUS(DecodeManifest(bytes + body).status(), kDataLoss,
-                "does not parse");
+  EXPECT_THAT(
+      DecodeManifest(bytes + body).status(),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not parse")));
 }
 
 TEST(ManifestTest, BodyVersionMustMatchHeader) {
@@ -133,8 +142,9 @@ TEST(ManifestTest, BodyVersionMustMatchHeader) {
   for (int i = 0; i < 4; ++i)
     framed[24 + i] = static_cast<char>(crc >> (8 * i));
   FixHeaderCrc(framed);
-  EXPECT_STATUS(DecodeManifest(framed + body).status(), kDataLoss,
-                "format_version 0");
+  EXPECT_THAT(
+      DecodeManifest(framed + body).status(),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("format_version 0")));
 }
 
 TEST(ManifestTest, RandomGarbageNeverDecodes) {
@@ -145,7 +155,7 @@ TEST(ManifestTest, RandomGarbageNeverDecodes) {
     if (i % 2 == 0 && s.size() >= 8) std::memcpy(s.data(), kManifestMagic, 8);
     auto d = DecodeManifest(s);
     ASSERT_FALSE(d.ok());
-    ASSERT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << d.status();
+    ASSERT_THAT(d, StatusIs(absl::StatusCode::kDataLoss));
   }
 }
 
@@ -235,7 +245,8 @@ TEST(DecodeManifestByTensorTest, StopsAtTheCallersError) {
         return ++calls == 2 ? absl::ResourceExhaustedError("full")
                             : absl::OkStatus();
       });
-  EXPECT_STATUS(n.status(), kResourceExhausted, "full");
+  EXPECT_THAT(n.status(), StatusIs(absl::StatusCode::kResourceExhausted,
+                                   HasSubstr("full")));
   EXPECT_EQ(calls, 2);
 }
 
@@ -270,34 +281,35 @@ TEST(DecodeManifestByTensorTest, ReadErrorsAndChangesWhileRead) {
   EXPECT_GT(reads, 2);
   // An error of the third read.
   reads = 0;
-  EXPECT_STATUS(
+  EXPECT_THAT(
       decode([&](uint64_t o, absl::Span<char> out) -> absl::StatusOr<size_t> {
         if (++reads == 3) return absl::UnavailableError("disk gone");
         return from(bytes, o, out);
       }),
-      kUnavailable, "disk gone");
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("disk gone")));
   // Cut short after the first pass began.
   const std::string cut = bytes.substr(0, bytes.size() - 10);
-  EXPECT_STATUS(decode([&](uint64_t o, absl::Span<char> out) {
-                  return from(cut, o, out);
-                }),
-                kDataLoss, "truncated while read");
+  EXPECT_THAT(
+      decode(
+          [&](uint64_t o, absl::Span<char> out) { return from(cut, o, out); }),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated while read")));
   // Another body (one byte changed) in the second pass than in the first:
   // the first pass checked the crc of the bytes as they were then.
   std::string changed = bytes;
   changed[bytes.size() - 1] ^= 1;
   bool second_pass = false;
-  EXPECT_STATUS(decode([&](uint64_t o, absl::Span<char> out) {
-                  if (o + out.size() >= bytes.size()) {
-                    // The last window: the first pass ends here.
-                    absl::StatusOr<size_t> n =
-                        from(second_pass ? changed : bytes, o, out);
-                    second_pass = true;
-                    return n;
-                  }
-                  return from(second_pass ? changed : bytes, o, out);
-                }),
-                kDataLoss, "changed while read");
+  EXPECT_THAT(
+      decode([&](uint64_t o, absl::Span<char> out) {
+        if (o + out.size() >= bytes.size()) {
+          // The last window: the first pass ends here.
+          absl::StatusOr<size_t> n =
+              from(second_pass ? changed : bytes, o, out);
+          second_pass = true;
+          return n;
+        }
+        return from(second_pass ? changed : bytes, o, out);
+      }),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("changed while read")));
 }
 
 // Any wire order a protobuf parser accepts: fields out of order, tensors
@@ -445,8 +457,8 @@ TEST(ValidateManifestTest, ChunkObjectsNameEachChunksObjectInAnyOrder) {
     stray.mutable_chunks(1)->mutable_location()->set_object_key(m.objects(0) +
                                                                 "x");
     absl::Status s = validator.AddTensor(stray);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_THAT(s.message(), HasSubstr("is not in the manifest's object list"));
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                            HasSubstr("is not in the manifest's object list")));
   }
 }
 
@@ -565,9 +577,8 @@ TEST(ValidateManifestTest, RejectsEachKindOfInconsistency) {
     v1::Manifest m = TestManifest();
     c.apply(m);
     const absl::Status s = ValidateManifest(m);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
-    EXPECT_THAT(std::string(s.message()), HasSubstr("job '"));
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                            AllOf(HasSubstr(c.message), HasSubstr("job '"))));
     // Encoding tensor by tensor stops at the same error.
     EXPECT_EQ(EncodeByTensor(m).status(), s);
   }
@@ -628,7 +639,8 @@ TEST(ManifestEncoderTest, StreamingStopsAtTheSinksErrorAndMayNotCheck) {
     s = failing.AddTensor(t);
     if (!s.ok()) break;
   }
-  EXPECT_STATUS(s, kUnavailable, "disk gone");
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("disk gone")));
   EXPECT_EQ(calls, 1);
 
   v1::Manifest bad = TestManifest();

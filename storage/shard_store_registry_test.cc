@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/shard_store.h"
@@ -25,6 +27,7 @@
 namespace cairn::storage {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -47,23 +50,17 @@ std::vector<std::string> DriverSchemes() {
   return out;
 }
 
-std::string NewTempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string tmpl = absl::StrCat(base ? base : "/tmp", "/cairn-reg-XXXXXX");
-  if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
-  return tmpl;
-}
-
 TEST(ShardStoreRegistryTest, ExactlyTheLinkedDriversAreRegistered) {
   EXPECT_THAT(DriverSchemes(), ElementsAreArray(LinkedSchemes()));
 }
 
 TEST(ShardStoreRegistryTest, UnknownSchemeIsInvalidArgumentListingRegistered) {
   auto store = OpenShardStore("s3://bucket/ckpt");
-  ASSERT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(store.status().message()),
-              HasSubstr("store URI 's3://bucket/ckpt': unsupported scheme "
-                        "'s3' (registered: "));
+  ASSERT_THAT(
+      store,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("store URI 's3://bucket/ckpt': unsupported scheme "
+                         "'s3' (registered: ")));
   for (const std::string& s : LinkedSchemes()) {
     EXPECT_THAT(std::string(store.status().message()), HasSubstr(s));
   }
@@ -78,33 +75,33 @@ TEST(ShardStoreRegistryTest, UnknownSchemeIsInvalidArgumentListingRegistered) {
 TEST(ShardStoreRegistryTest, MalformedUriIsInvalidArgument) {
   for (const char* uri : {"", "relative/path", "://x", "file:/x"}) {
     auto store = OpenShardStore(uri);
-    EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument) << uri;
-    EXPECT_THAT(std::string(store.status().message()),
-                HasSubstr("malformed store URI"))
-        << uri;
+    EXPECT_THAT(store, StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("malformed store URI")))
+        << uri << uri;
   }
 }
 
 TEST(ShardStoreRegistryTest, FileSchemeAndBarePathOpenOnlyWithPosixLinked) {
-  const std::string dir = NewTempDir();
+  const std::string dir = testing::MakeTempDirRemovedAtExit("reg");
+  ASSERT_FALSE(dir.empty());
   for (const std::string& uri : {absl::StrCat("file://", dir), dir}) {
     auto store = OpenShardStore(uri);
     if (CAIRN_LINKS_POSIX) {
       ASSERT_TRUE(store.ok()) << uri << ": " << store.status();
       EXPECT_EQ((*store)->uri(), absl::StrCat("file://", dir));
     } else {
-      EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_THAT(std::string(store.status().message()),
-                  HasSubstr("unsupported scheme 'file'"))
+      EXPECT_THAT(store, StatusIs(absl::StatusCode::kInvalidArgument,
+                                  HasSubstr("unsupported scheme 'file'")))
           << uri;
     }
   }
   if (CAIRN_LINKS_POSIX) {
     auto host = OpenShardStore("file://host/data");
-    EXPECT_EQ(host.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(host.status().message()),
-                HasSubstr("'file://host/data': file URIs name an absolute "
-                          "path (file:///path); hosts are not supported"));
+    EXPECT_THAT(
+        host,
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 HasSubstr("'file://host/data': file URIs name an absolute "
+                           "path (file:///path); hosts are not supported")));
   }
 }
 
@@ -114,18 +111,18 @@ TEST(ShardStoreRegistryTest, MemSchemeOpensOnlyWithMemoryLinked) {
     ASSERT_TRUE(store.ok()) << store.status();
     EXPECT_EQ((*store)->uri(), "mem://registry");
   } else {
-    EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(store.status().message()),
-                HasSubstr("unsupported scheme 'mem'"));
+    EXPECT_THAT(store, StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("unsupported scheme 'mem'")));
   }
 }
 
 TEST(ShardStoreRegistryTest, NoDriverLinkedSaysSo) {
   if (!LinkedSchemes().empty()) GTEST_SKIP() << "drivers are linked";
   auto store = OpenShardStore("file:///data/ckpt");
-  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(store.status().message()),
-              HasSubstr("(registered: none, no storage driver is linked)"));
+  EXPECT_THAT(
+      store,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("(registered: none, no storage driver is linked)")));
 }
 
 TEST(ShardStoreRegistryTest, RegisteredSchemeIsOpenedWithItsRest) {
@@ -153,9 +150,8 @@ TEST(ShardStoreRegistryTest, BadOptionsAreRefusedBeforeAnyDriver) {
   StoreOptions options;
   options.io_threads = 0;
   auto store = OpenShardStore("s3://bucket", options);
-  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(store.status().message()),
-              HasSubstr("io_threads must be >= 1, got 0"));
+  EXPECT_THAT(store, StatusIs(absl::StatusCode::kInvalidArgument,
+                              HasSubstr("io_threads must be >= 1, got 0")));
 }
 
 }  // namespace

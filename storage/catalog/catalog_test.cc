@@ -8,6 +8,8 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint_layout.h"
@@ -17,6 +19,8 @@ namespace cairn::storage {
 namespace {
 
 namespace fs = std::filesystem;
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -24,11 +28,8 @@ using ::testing::IsEmpty;
 class CatalogTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* base = std::getenv("TEST_TMPDIR");
-    std::string tmpl =
-        absl::StrCat(base != nullptr ? base : "/tmp", "/cairn-catalog-XXXXXX");
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    dir_ = testing::MakeTempDir("catalog");
+    ASSERT_FALSE(dir_.empty());
     path_ = dir_ + "/db";
     auto catalog = Catalog::Open(path_);
     ASSERT_TRUE(catalog.ok()) << catalog.status();
@@ -92,10 +93,9 @@ TEST_F(CatalogTest, PutGetListLatestDelete) {
   EXPECT_FALSE(catalog_->empty());
 
   EXPECT_EQ(catalog_->GetCheckpoint("a", 10)->total_bytes(), 1010u);
-  EXPECT_EQ(catalog_->GetCheckpoint("a", 11).status().code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(catalog_->GetCheckpoint("a", 11).status().message()),
-              HasSubstr("job 'a' step 11"));
+  EXPECT_THAT(
+      catalog_->GetCheckpoint("a", 11),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("job 'a' step 11")));
   EXPECT_THAT(Steps(catalog_->ListCheckpoints("a", false).value()),
               ElementsAre(5, 10));
   EXPECT_THAT(Steps(catalog_->ListCheckpoints("a", true).value()),
@@ -112,8 +112,8 @@ TEST_F(CatalogTest, PutGetListLatestDelete) {
   // The newest committed, skipping the WRITING step 12.
   EXPECT_EQ(catalog_->LatestCommitted("a")->step(), 10);
   EXPECT_EQ(catalog_->LatestCommitted("a-b")->step(), 1);
-  EXPECT_EQ(catalog_->LatestCommitted("zzz").status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(catalog_->LatestCommitted("zzz"),
+              StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(catalog_->ListJobs().value(), ElementsAre("a", "a-b", "a.c"));
 
   // Replace: step 12 commits.
@@ -122,8 +122,8 @@ TEST_F(CatalogTest, PutGetListLatestDelete) {
           .ok());
   EXPECT_EQ(catalog_->LatestCommitted("a")->step(), 12);
   ASSERT_TRUE(catalog_->DeleteCheckpoint("a", 12).ok());
-  EXPECT_EQ(catalog_->DeleteCheckpoint("a", 12).code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(catalog_->DeleteCheckpoint("a", 12),
+              StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(catalog_->LatestCommitted("a")->step(), 10);
 
   // Durable across reopen.
@@ -133,29 +133,26 @@ TEST_F(CatalogTest, PutGetListLatestDelete) {
 }
 
 TEST_F(CatalogTest, RejectsBadInput) {
-  EXPECT_EQ(
-      catalog_
-          ->PutCheckpoint(Record("bad/job", 1, v1::CHECKPOINT_STATE_COMMITTED))
-          .code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      catalog_->PutCheckpoint(Record("a", -3, v1::CHECKPOINT_STATE_COMMITTED))
-          .code(),
-      absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(catalog_->PutCheckpoint(
+                  Record("bad/job", 1, v1::CHECKPOINT_STATE_COMMITTED)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(
+      catalog_->PutCheckpoint(Record("a", -3, v1::CHECKPOINT_STATE_COMMITTED)),
+      StatusIs(absl::StatusCode::kInvalidArgument));
   const absl::Status s =
       catalog_->PutCheckpoint(Record("a", 1, v1::CHECKPOINT_STATE_UNSPECIFIED));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("job 'a' step 1"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("job 'a' step 1")));
   EXPECT_TRUE(catalog_->empty());
-  EXPECT_EQ(catalog_->ListCheckpoints("../x", true).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(catalog_->ListCheckpoints("../x", true),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_F(CatalogTest, PlanCacheEntries) {
   const std::string key("fp\0with/bytes", 13);
   const std::string value("\x00\x01plan", 6);
-  EXPECT_EQ(catalog_->GetPlanCacheEntry("a", key).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(catalog_->GetPlanCacheEntry("a", key),
+              StatusIs(absl::StatusCode::kNotFound));
   ASSERT_TRUE(catalog_->PutPlanCacheEntry("a", key, value).ok());
   ASSERT_TRUE(catalog_->PutPlanCacheEntry("a-b", key, "other").ok());
   EXPECT_EQ(catalog_->GetPlanCacheEntry("a", key).value(), value);
@@ -165,8 +162,8 @@ TEST_F(CatalogTest, PlanCacheEntries) {
   Reopen();
   EXPECT_EQ(catalog_->GetPlanCacheEntry("a", key).value(), value);
   ASSERT_TRUE(catalog_->DeletePlanCacheEntries("a").ok());
-  EXPECT_EQ(catalog_->GetPlanCacheEntry("a", key).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(catalog_->GetPlanCacheEntry("a", key),
+              StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(catalog_->GetPlanCacheEntry("a-b", key).value(), "other");
 }
 
@@ -191,14 +188,14 @@ TEST_F(CatalogTest, AgentRecordsSurviveReopenAndDelete) {
   EXPECT_EQ((*agents)[1].node_name(), "node-b");
   EXPECT_EQ((*agents)[1].node_id(), 1);
   EXPECT_EQ((*agents)[1].peer_address(), "10.0.0.9:7071");
-  EXPECT_EQ(catalog_->PutAgent(agent("", 2, "")).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(catalog_->PutAgent(agent("x", -1, "")).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(catalog_->PutAgent(agent("", 2, "")),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(catalog_->PutAgent(agent("x", -1, "")),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   ASSERT_TRUE(catalog_->DeleteAgent("node-a").ok());
   absl::Status again = catalog_->DeleteAgent("node-a");
-  EXPECT_EQ(again.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(again.message(), HasSubstr("node-a"));
+  EXPECT_THAT(again,
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("node-a")));
   EXPECT_EQ(catalog_->ListAgents()->size(), 1u);
 }
 
@@ -266,10 +263,10 @@ TEST_F(CatalogTest, SecondOpenOfTheSameDatabaseFails) {
   // RocksDB's LOCK: a second cairnd on the same catalog is refused, saying
   // why.
   auto second = Catalog::Open(path_);
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(second.status().message()), HasSubstr(path_));
-  EXPECT_THAT(std::string(second.status().message()),
-              HasSubstr("is in use by another process"));
+  EXPECT_THAT(second,
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(path_),
+                             HasSubstr("is in use by another process"))));
 }
 
 // DecodeCheckpointRecord is what every read of a record goes through
@@ -301,12 +298,13 @@ TEST(CatalogRecordTest, RecordOfAnotherJobOrStepIsDataLoss) {
        {std::pair<std::string, int64_t>{"job-2", 42}, {"job-1", 41}}) {
     auto r = DecodeCheckpointRecord(CheckpointRecordKey("job-1", 42),
                                     TestRecord(job, step).SerializeAsString());
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
-    EXPECT_THAT(std::string(r.status().message()),
-                HasSubstr(absl::StrCat("catalog: record 'ckpt/job-1\\0"
-                                       "0000000000000042' holds the record of "
-                                       "job '",
-                                       job, "' step ", step)));
+    EXPECT_THAT(
+        r,
+        StatusIs(absl::StatusCode::kDataLoss,
+                 HasSubstr(absl::StrCat("catalog: record 'ckpt/job-1\\0"
+                                        "0000000000000042' holds the record of "
+                                        "job '",
+                                        job, "' step ", step))));
   }
 }
 
@@ -332,17 +330,15 @@ TEST(CatalogRecordTest, MalformedKeyOrValueIsDataLoss) {
                                              "0000000000000003",
                                              25)}) {
     auto r = DecodeCheckpointRecord(key, value);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss)
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kDataLoss,
+                            HasSubstr("is not a checkpoint key")))
         << absl::CHexEscape(key);
-    EXPECT_THAT(std::string(r.status().message()),
-                HasSubstr("is not a checkpoint key"));
   }
   auto r = DecodeCheckpointRecord(CheckpointRecordKey("j", 3), "\xff\xff");
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("catalog: record 'ckpt/j\\0"
-                        "0000000000000003' does "
-                        "not parse"));
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kDataLoss,
+                          HasSubstr("catalog: record 'ckpt/j\\0"
+                                    "0000000000000003' does "
+                                    "not parse")));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "storage/memory/memory_shard_store.h"
 
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/testing/shard_store_conformance.h"
@@ -7,6 +8,7 @@
 namespace cairn::storage {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::HasSubstr;
 
 INSTANTIATE_TEST_SUITE_P(Memory, ShardStoreConformanceTest,
@@ -22,7 +24,7 @@ TEST(MemoryShardStoreTest, NamedStoresAreSharedInTheProcess) {
   ASSERT_TRUE(a.ok() && b.ok() && other.ok());
   ASSERT_TRUE((*a)->Put("k", absl::Span<const char>("v", 1)).ok());
   EXPECT_EQ(ReadObject(**b, "k").value(), "v");
-  EXPECT_EQ((*other)->Size("k").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT((*other)->Size("k"), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ((*a)->uri(), "mem://shared-test");
   // Pinned: still there after every handle is gone.
   a->reset();
@@ -37,13 +39,13 @@ TEST(MemoryShardStoreTest, AnonymousStoresArePrivate) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_NE((*a)->uri(), (*b)->uri());
   ASSERT_TRUE((*a)->Put("k", absl::Span<const char>("v", 1)).ok());
-  EXPECT_EQ((*b)->Size("k").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT((*b)->Size("k"), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST(MemoryShardStoreTest, BadNameIsInvalidArgument) {
   auto s = OpenShardStore("mem://a/b");
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.status().message()), HasSubstr("a/b"));
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a/b")));
 }
 
 }  // namespace

@@ -19,6 +19,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/testing/shard_store_conformance.h"
@@ -27,35 +29,14 @@ namespace cairn::storage {
 namespace {
 
 namespace fs = std::filesystem;
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-std::vector<std::string>& CreatedDirs() {
-  static auto* dirs = new std::vector<std::string>;
-  return *dirs;
-}
-
-// A fresh directory under $TEST_TMPDIR (Bazel) or /tmp; removed when the
-// test program ends.
-std::string NewTempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string tmpl =
-      absl::StrCat(base != nullptr ? base : "/tmp", "/cairn-posix-XXXXXX");
-  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-  CreatedDirs().push_back(tmpl);
-  return tmpl;
-}
-
-class TempDirCleanup : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    for (const std::string& dir : CreatedDirs()) fs::remove_all(dir, ec);
-  }
-};
-const auto* const kTempDirCleanup =
-    ::testing::AddGlobalTestEnvironment(new TempDirCleanup);
+// A fresh directory, removed when the test program ends.
+std::string NewTempDir() { return testing::MakeTempDirRemovedAtExit("posix"); }
 
 absl::Span<const char> AsSpan(const std::string& s) {
   return absl::Span<const char>(s.data(), s.size());
@@ -146,25 +127,20 @@ TEST(PosixShardStoreTest, NoKeyEverEscapesTheRoot) {
   }
   // Through a symlinked directory: refused, as NOT_FOUND / FAILED_PRECONDITION.
   std::string buf(7, '\0');
-  EXPECT_EQ(
-      (*store)
-          ->Read("link/file", ByteRange{0, 7}, absl::Span<char>(buf.data(), 7))
-          .status()
-          .code(),
-      absl::StatusCode::kNotFound);
-  EXPECT_EQ((*store)->Put("link/new", AsSpan(payload)).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT((*store)->Read("link/file", ByteRange{0, 7},
+                             absl::Span<char>(buf.data(), 7)),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT((*store)->Put("link/new", AsSpan(payload)),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
   // A symlink to a file is not an object; publishing its name replaces the
   // link itself (inside the root) and never writes through it.
-  EXPECT_EQ((*store)->Size("filelink").status().code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_EQ(
-      (*store)
-          ->Read("filelink", ByteRange{0, 6}, absl::Span<char>(buf.data(), 6))
-          .status()
-          .code(),
-      absl::StatusCode::kNotFound);
-  EXPECT_EQ((*store)->Delete("filelink").code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT((*store)->Size("filelink"),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT((*store)->Read("filelink", ByteRange{0, 6},
+                             absl::Span<char>(buf.data(), 6)),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT((*store)->Delete("filelink"),
+              StatusIs(absl::StatusCode::kNotFound));
   ASSERT_TRUE((*store)->Put("filelink", AsSpan(payload)).ok());
   EXPECT_FALSE(fs::is_symlink(root + "/filelink"));
   EXPECT_EQ(ReadFile(root + "/filelink"), payload);
@@ -227,8 +203,8 @@ TEST(PosixShardStoreTest, DeleteAbandonedWritesRemovesOnlyTempFilesBelow) {
     return n;
   };
   ASSERT_EQ(temps_under(root + "/job"), 2);
-  EXPECT_EQ((*store)->DeleteAbandonedWrites("job/0001").code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT((*store)->DeleteAbandonedWrites("job/0001"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 
   ASSERT_TRUE((*store)->DeleteAbandonedWrites("job/").ok());
   EXPECT_EQ(temps_under(root + "/job"), 0);
@@ -257,8 +233,8 @@ TEST(PosixShardStoreTest, ObjectWhereADirectoryIsNeededFails) {
   auto store = OpenShardStore(NewTempDir());
   ASSERT_TRUE((*store)->Put("a", AsSpan(std::string("file"))).ok());
   const absl::Status s = (*store)->Put("a/b", AsSpan(std::string("x")));
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("a/b"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("a/b")));
   EXPECT_EQ(ReadObject(**store, "a").value(), "file");
 }
 
@@ -308,9 +284,9 @@ TEST(PosixShardStoreTest, NonRegularFilesAreRefusedWithoutBlocking) {
     }
     auto [s, ranges] = read.get();
     for (const absl::Status& st : {s, ranges}) {
-      EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
-      EXPECT_THAT(std::string(st.message()), HasSubstr(key));
-      EXPECT_THAT(std::string(st.message()), HasSubstr("not a regular file"));
+      EXPECT_THAT(
+          st, StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(key), HasSubstr("not a regular file"))));
     }
   }
   ::close(sock);
@@ -418,13 +394,12 @@ TEST_P(SmallFilesystemTest,
   too_big.expected_bytes = free + 1;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> refused =
       store_->NewWriter("job/1/attempt-a/data-0", too_big);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("no space left on device writing "
-                        "'job/1/attempt-a/data-0' ("));
-  EXPECT_THAT(
-      std::string(refused.status().message()),
-      HasSubstr(absl::StrCat(free + 1, " bytes needed, ", free, " free)")));
+  EXPECT_THAT(refused,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("no space left on device writing "
+                                       "'job/1/attempt-a/data-0' ("),
+                             HasSubstr(absl::StrCat(free + 1, " bytes needed, ",
+                                                    free, " free)")))));
   EXPECT_THAT(Files(), ElementsAre("seed"));  // nothing written, no temp file
 
   WriterOptions exact;
@@ -448,11 +423,10 @@ TEST_P(SmallFilesystemTest, WritesBeyondTheSpaceNameTheObject) {
   ASSERT_TRUE(w.ok()) << w.status();
   absl::Status s = Fill(**w, uint64_t{65} << 20);
   if (s.ok()) s = (*w)->Close();
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("no space left on device writing "
-                        "'job/2/attempt-b/data-1' ("));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("bytes needed"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted,
+                          AllOf(HasSubstr("no space left on device writing "
+                                          "'job/2/attempt-b/data-1' ("),
+                                HasSubstr("bytes needed"))));
   w->reset();
   EXPECT_THAT(Files(), IsEmpty());
 }
@@ -489,17 +463,17 @@ INSTANTIATE_TEST_SUITE_P(BufferedAndOdirect, SmallFilesystemTest,
                          });
 
 TEST(PosixShardStoreTest, BadUrisAndOptions) {
-  EXPECT_EQ(OpenShardStore("file://host/path").status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(OpenShardStore("relative/path").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(OpenShardStore("file://host/path"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(OpenShardStore("relative/path"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   const auto unknown = OpenShardStore("s4://bucket");
-  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("s4"));
+  EXPECT_THAT(unknown,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("s4")));
   StoreOptions o;
   o.io_threads = 0;
-  EXPECT_EQ(OpenShardStore(NewTempDir(), o).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(OpenShardStore(NewTempDir(), o),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   // A root that is a file.
   const std::string dir = NewTempDir();
   { std::ofstream(dir + "/file") << "x"; }

@@ -30,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
@@ -39,6 +40,8 @@
 namespace cairn::storage::s3 {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 struct Recorded {
@@ -406,10 +409,10 @@ TEST(S3ClientLocalTest, GivesUpAfterMaxAttemptsWithUnavailable) {
   auto client = Client(config);
   for (int i = 0; i < 3; ++i) server.Push(Response(503, kSlowDown));
   absl::Status s = client->PutObject("job/x", absl::MakeConstSpan("a", 1));
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(s.message(),
-              HasSubstr("s3 PUT bkt/job/x: HTTP 503 SlowDown: Reduce your "
-                        "rate (after 3 attempts)"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kUnavailable,
+                  HasSubstr("s3 PUT bkt/job/x: HTTP 503 SlowDown: Reduce your "
+                            "rate (after 3 attempts)")));
   EXPECT_EQ(server.requests().size(), 3u);
   // The body was resent in full each time.
   for (const auto& r : server.requests()) EXPECT_EQ(r.body, "a");
@@ -422,7 +425,7 @@ TEST(S3ClientLocalTest, NonRetryableErrorsAreNotRetried) {
                        "<Error><Code>AccessDenied</Code><Message>no</Message>"
                        "</Error>"));
   absl::Status s = client->DeleteObject("k");
-  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_EQ(server.requests().size(), 1u);
   EXPECT_EQ(client->stats().retries, 0u);
 }
@@ -482,8 +485,8 @@ TEST(S3ClientLocalTest, RetriedCompleteThatFindsNoUploadChecksTheObject) {
   // Without a retry, NoSuchUpload is an error.
   server.Push(Response(404, "<Error><Code>NoSuchUpload</Code></Error>"));
   absl::Status s = client->CompleteMultipartUpload("k", "U", etags);
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(s.message(), HasSubstr("NoSuchUpload"));
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("NoSuchUpload")));
 }
 
 TEST(S3ClientLocalTest, DeleteObjectsSendsContentMd5AndReportsFailures) {
@@ -499,9 +502,9 @@ TEST(S3ClientLocalTest, DeleteObjectsSendsContentMd5AndReportsFailures) {
                        "</Error></DeleteResult>"));
   server.Push(Response(200, "<DeleteResult></DeleteResult>"));
   absl::Status s = client->DeleteObjects(keys);
-  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(s.message(), HasSubstr("1 of 2500 keys not deleted"));
-  EXPECT_THAT(s.message(), HasSubstr("'k<1500>': AccessDenied no"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied,
+                          AllOf(HasSubstr("1 of 2500 keys not deleted"),
+                                HasSubstr("'k<1500>': AccessDenied no"))));
   auto reqs = server.requests();
   ASSERT_EQ(reqs.size(), 3u);
   EXPECT_EQ(reqs[0].target, "/bkt?delete=");
@@ -532,9 +535,8 @@ TEST(S3ClientLocalTest, ResponseLargerThanTheBufferIsAnError) {
   server.Push(Response(206, "abcdef"));  // asked for 3, got 6
   char out[3];
   auto n = client->GetRange("k", {0, 3}, absl::MakeSpan(out, 3));
-  EXPECT_EQ(n.status().code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(n.status().message(),
-              HasSubstr("longer than the 3 bytes asked for"));
+  EXPECT_THAT(n, StatusIs(absl::StatusCode::kInternal,
+                          HasSubstr("longer than the 3 bytes asked for")));
   EXPECT_EQ(server.requests().size(), 1u);
 }
 
@@ -598,14 +600,13 @@ TEST(S3ClientLocalTest, ScatteredGetRefusesBadSinks) {
   for (const ResponseSink* sink :
        {&overlapping, &past_end, &far_past_end, &unsorted}) {
     auto n = client->GetRange("k", {0, 16}, *sink);
-    EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(n.status().message(), HasSubstr("overlaps another or passes"));
+    EXPECT_THAT(n, StatusIs(absl::StatusCode::kInvalidArgument,
+                            HasSubstr("overlaps another or passes")));
   }
   auto n =
       client->GetRange("k", {0, 20}, ResponseSink::Into(absl::MakeSpan(a)));
-  EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(n.status().message(),
-              HasSubstr("a sink of 8 bytes for a range of 20"));
+  EXPECT_THAT(n, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("a sink of 8 bytes for a range of 20")));
   EXPECT_TRUE(server.requests().empty());
 }
 
@@ -662,15 +663,15 @@ TEST(S3ClientLocalTest, ServerDownIsUnavailableAfterAFewFastAttempts) {
   S3Config config = ConfigFor(ntohs(addr.sin_port));
   auto client = Client(config);
   absl::Status s = client->CheckAccess();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(s.message(), HasSubstr("s3 GET (ListObjectsV2) bkt: "));
-  EXPECT_THAT(s.message(), HasSubstr("after 6 attempts"));
-  EXPECT_THAT(s.message(), HasSubstr(config.endpoint));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable,
+                          AllOf(HasSubstr("s3 GET (ListObjectsV2) bkt: "),
+                                HasSubstr("after 6 attempts"),
+                                HasSubstr(config.endpoint))));
   EXPECT_EQ(client->stats().requests, 6u);
   EXPECT_EQ(client->stats().retries, 5u);
   // Even a non-idempotent request is retried: it was never sent.
   auto id = client->CreateMultipartUpload("k");
-  EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(id, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(client->stats().requests, 12u);
   close(fd);
 }
@@ -682,8 +683,7 @@ TEST(S3ClientLocalTest, BadCaBundleIsNotRetried) {
   config.ca_bundle = "/nonexistent/ca.pem";
   auto client = Client(config);
   absl::Status s = client->HeadObject("k").status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(s.message(), HasSubstr("ca.pem"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("ca.pem")));
   EXPECT_EQ(client->stats().requests, 1u) << s;
 }
 
@@ -733,9 +733,9 @@ TEST(S3ClientLocalTest, ASilentServerTimesOutInsteadOfHanging) {
   server.Push("hang");
   server.Push("hang");
   auto size = client->HeadObject("k");
-  EXPECT_EQ(size.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(size.status().message(), HasSubstr("s3 HEAD bkt/k: "));
-  EXPECT_THAT(size.status().message(), HasSubstr("after 2 attempts"));
+  EXPECT_THAT(size, StatusIs(absl::StatusCode::kUnavailable,
+                             AllOf(HasSubstr("s3 HEAD bkt/k: "),
+                                   HasSubstr("after 2 attempts"))));
   EXPECT_EQ(client->stats().retries, 1u);
 }
 

@@ -13,12 +13,15 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace cairn::storage::s3 {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string RandomBytes(size_t n, uint64_t seed) {
@@ -122,14 +125,12 @@ TEST_F(S3ClientTest, PutHeadAndRangedReadsAtTheEdges) {
   }
   // Past the end: HTTP 416.
   auto past = client_->GetRange("obj/a", {10000, 5}, absl::MakeSpan(out));
-  EXPECT_EQ(past.status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_THAT(past.status().message(),
-              HasSubstr("s3 GET " + bucket_ + "/obj/a: HTTP 416"));
-  EXPECT_THAT(past.status().message(), HasSubstr("[bytes 10000..10005)"));
-  EXPECT_EQ(client_->GetRange("obj/a", {10001, 0}, absl::MakeSpan(out))
-                .status()
-                .code(),
-            absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(
+      past, StatusIs(absl::StatusCode::kOutOfRange,
+                     AllOf(HasSubstr("s3 GET " + bucket_ + "/obj/a: HTTP 416"),
+                           HasSubstr("[bytes 10000..10005)"))));
+  EXPECT_THAT(client_->GetRange("obj/a", {10001, 0}, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kOutOfRange));
   // Replacing the object.
   ASSERT_TRUE(client_->PutObject("obj/a", Bytes(std::string("xy"))).ok());
   EXPECT_EQ(*client_->HeadObject("obj/a"), 2u);
@@ -141,12 +142,12 @@ TEST_F(S3ClientTest, PutHeadAndRangedReadsAtTheEdges) {
 TEST_F(S3ClientTest, MissingKeysAreNotFound) {
   std::string out(10, '\0');
   auto head = client_->HeadObject("no/such");
-  EXPECT_EQ(head.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(head.status().message(),
-              HasSubstr("s3 HEAD " + bucket_ + "/no/such: HTTP 404"));
+  EXPECT_THAT(head,
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("s3 HEAD " + bucket_ + "/no/such: HTTP 404")));
   auto get = client_->GetRange("no/such", {0, 10}, absl::MakeSpan(out));
-  EXPECT_EQ(get.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(get.status().message(), HasSubstr("HTTP 404 NoSuchKey"));
+  EXPECT_THAT(get, StatusIs(absl::StatusCode::kNotFound,
+                            HasSubstr("HTTP 404 NoSuchKey")));
   EXPECT_TRUE(client_->DeleteObject("no/such").ok());
 }
 
@@ -192,8 +193,8 @@ TEST_F(S3ClientTest, MultipartUploadOfThreeParts) {
     etags.push_back(*etag);
   }
   // Not visible before Complete.
-  EXPECT_EQ(client_->HeadObject("mp/obj").status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(client_->HeadObject("mp/obj"),
+              StatusIs(absl::StatusCode::kNotFound));
   ASSERT_TRUE(client_->CompleteMultipartUpload("mp/obj", *id, etags).ok());
   EXPECT_EQ(*client_->HeadObject("mp/obj"), data.size());
   std::string out(100, '\0');
@@ -220,16 +221,16 @@ TEST_F(S3ClientTest, MultipartErrors) {
   }
   // All parts but the last must be >= 5 MiB.
   absl::Status s = client_->CompleteMultipartUpload("mp/small", *id, etags);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(s.message(), HasSubstr("EntityTooSmall"));
-  EXPECT_THAT(s.message(), HasSubstr(bucket_ + "/mp/small"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          AllOf(HasSubstr("EntityTooSmall"),
+                                HasSubstr(bucket_ + "/mp/small"))));
   EXPECT_TRUE(client_->AbortMultipartUpload("mp/small", *id).ok());
   // Unknown upload id.
   auto part = client_->UploadPart("mp/small", *id, 3, Bytes(std::string("x")));
-  EXPECT_EQ(part.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(part.status().message(), HasSubstr("NoSuchUpload"));
-  EXPECT_EQ(client_->UploadPart("mp/small", *id, 0, {}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(part,
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("NoSuchUpload")));
+  EXPECT_THAT(client_->UploadPart("mp/small", *id, 0, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_F(S3ClientTest, ListMultipartUploadsPagesAndAbort) {
@@ -316,29 +317,29 @@ TEST_F(S3ClientTest, CredentialAndBucketErrors) {
   auto bad = S3Client::Create(wrong);
   ASSERT_TRUE(bad.ok());
   absl::Status s = (*bad)->CheckAccess();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
-  EXPECT_THAT(s.message(), HasSubstr("SignatureDoesNotMatch"));
-  EXPECT_THAT(s.message(), HasSubstr(bucket_));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnauthenticated,
+                          AllOf(HasSubstr("SignatureDoesNotMatch"),
+                                HasSubstr(bucket_))));
   EXPECT_EQ((*bad)->stats().retries, 0u);
 
   S3Config unknown = config_;
   unknown.access_key = "nobody-key";
   s = (*S3Client::Create(unknown))->CheckAccess();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
-  EXPECT_THAT(s.message(), HasSubstr("InvalidAccessKeyId"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnauthenticated,
+                          HasSubstr("InvalidAccessKeyId")));
 
   S3Config missing = config_;
   missing.bucket = bucket_ + "-missing";
   s = (*S3Client::Create(missing))->CheckAccess();
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
-  EXPECT_THAT(s.message(), HasSubstr("NoSuchBucket"));
-  EXPECT_THAT(s.message(), HasSubstr(missing.bucket));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kNotFound,
+                  AllOf(HasSubstr("NoSuchBucket"), HasSubstr(missing.bucket))));
 
   // Deleting a non-empty bucket.
   ASSERT_TRUE(client_->PutObject("x", Bytes(std::string("x"))).ok());
   s = client_->DeleteBucket(bucket_);
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(s.message(), HasSubstr("BucketNotEmpty"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition,
+                          HasSubstr("BucketNotEmpty")));
   // Creating our own bucket again is fine.
   EXPECT_TRUE(client_->CreateBucket(bucket_).ok());
 }

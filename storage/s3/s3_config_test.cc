@@ -2,12 +2,15 @@
 // profiles from the shared files, and the errors for bad URIs.
 #include "storage/s3/s3_config.h"
 
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace cairn::storage::s3 {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 MapEnvironment EnvWithKeys() {
@@ -178,10 +181,10 @@ TEST(S3ConfigTest, NoCredentialsNamesWhereItLooked) {
   MapEnvironment env;
   env.vars["HOME"] = "/home/u";
   auto c = ParseS3Uri("bkt/p", env);
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_THAT(c.status().message(), HasSubstr("s3://bkt/p"));
-  EXPECT_THAT(c.status().message(), HasSubstr("AWS_ACCESS_KEY_ID"));
-  EXPECT_THAT(c.status().message(), HasSubstr("/home/u/.aws/credentials"));
+  EXPECT_THAT(
+      c, StatusIs(absl::StatusCode::kUnauthenticated,
+                  AllOf(HasSubstr("s3://bkt/p"), HasSubstr("AWS_ACCESS_KEY_ID"),
+                        HasSubstr("/home/u/.aws/credentials"))));
 }
 
 TEST(S3ConfigTest, BadUris) {
@@ -211,10 +214,10 @@ TEST(S3ConfigTest, BadUris) {
   };
   for (const Case& c : cases) {
     auto r = ParseS3Uri(c.rest, env);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.rest;
-    EXPECT_THAT(r.status().message(), HasSubstr(c.want)) << c.rest;
-    EXPECT_THAT(r.status().message(), HasSubstr("'s3://" + c.rest + "'"))
-        << c.rest;
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                            AllOf(HasSubstr(c.want),
+                                  HasSubstr("'s3://" + c.rest + "'"))))
+        << c.rest << c.rest << c.rest;
   }
 }
 

@@ -2,12 +2,15 @@
 // radosgw send them.
 #include "storage/s3/s3_error.h"
 
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace cairn::storage::s3 {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr char kAwsNoSuchKey[] =
@@ -114,13 +117,14 @@ TEST(S3ErrorTest, Mapping) {
   };
   for (const Case& c : cases) {
     absl::Status s = S3ErrorToStatus(put, c.http, c.body, 1);
-    EXPECT_EQ(s.code(), c.want) << c.body;
     EXPECT_THAT(
-        s.message(),
-        HasSubstr("s3 PUT cairn-ckpt/job/0000000100/rank-3.data: HTTP " +
-                  std::to_string(c.http) + " " + c.code))
-        << s;
-    EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("attempts"))) << s;
+        s, StatusIs(
+               c.want,
+               AllOf(HasSubstr("s3 PUT cairn-ckpt/job/0000000100/rank-3.data: "
+                               "HTTP " +
+                               std::to_string(c.http) + " " + c.code),
+                     ::testing::Not(HasSubstr("attempts")))))
+        << c.body;
   }
   absl::Status sig = S3ErrorToStatus(put, 403, kSignature, 1);
   EXPECT_THAT(sig.message(), HasSubstr("does not match the signature"));
@@ -130,21 +134,20 @@ TEST(S3ErrorTest, Mapping) {
 TEST(S3ErrorTest, BodilessAndNonXmlResponses) {
   const S3RequestName head{"HEAD", "b", "k/x"};
   absl::Status s = S3ErrorToStatus(head, 404, "", 1);
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(s.message(), HasSubstr("s3 HEAD b/k/x: HTTP 404"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound,
+                          HasSubstr("s3 HEAD b/k/x: HTTP 404")));
   s = S3ErrorToStatus(head, 403, "", 1);
-  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied));
   s = S3ErrorToStatus(head, 503, "", 6);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(s.message(), HasSubstr("after 6 attempts"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable,
+                          HasSubstr("after 6 attempts")));
   const S3RequestName get{"GET", "b", ""};
   s = S3ErrorToStatus(get, 502, "<html>Bad Gateway</html>", 3);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(s.message(), HasSubstr("s3 GET b: HTTP 502 (non-S3 body: "
-                                     "<html>Bad Gateway</html>) (after 3"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable,
+                          HasSubstr("s3 GET b: HTTP 502 (non-S3 body: "
+                                    "<html>Bad Gateway</html>) (after 3")));
   s = S3ErrorToStatus(get, 302, std::string(1000, 'x'), 1);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnknown);
-  EXPECT_THAT(s.message(), HasSubstr("...)"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnknown, HasSubstr("...)")));
   EXPECT_LT(s.message().size(), 400u);
 }
 
@@ -152,7 +155,7 @@ TEST(S3ErrorTest, TransportError) {
   absl::Status s =
       TransportErrorToStatus({"GET", "b", "k"}, "Couldn't connect to server",
                              "http://127.0.0.1:1/b/k", 6);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(s.message(),
             "s3 GET b/k: Couldn't connect to server (http://127.0.0.1:1/b/k) "
             "(after 6 attempts)");

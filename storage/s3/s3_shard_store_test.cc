@@ -21,19 +21,23 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/lease.h"
 #include "storage/shard_store.h"
 #include "storage/testing/shard_store_conformance.h"
-#include "storage/testing/status_testing.h"
 
 namespace cairn::storage::s3 {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 std::string RandomHex() {
   static absl::BitGen gen;
@@ -185,7 +189,8 @@ TEST(S3ShardStoreTest, MultipartWriteWithOddAppendsIsBitExact) {
   }
   EXPECT_EQ((*writer)->bytes_written(), data.size());
   // Not visible before Close.
-  EXPECT_STATUS((*store)->Size("a/big").status(), kNotFound, "a/big");
+  EXPECT_THAT((*store)->Size("a/big").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("a/big")));
   ASSERT_TRUE((*writer)->Close().ok());
   // 5 parts of 5 MiB: create + 5 parts + complete (+ the HEAD above).
   EXPECT_GE((*store)->client().stats().requests - requests_before, 7u);
@@ -305,8 +310,8 @@ TEST(S3ShardStoreTest,
   EXPECT_THAT((*store)->client().ListMultipartUploads(prefix).value(),
               IsEmpty());
   EXPECT_THAT((*store)->List("").value(), ElementsAre("job/0001/MANIFEST"));
-  EXPECT_STATUS((*store)->DeleteAbandonedWrites("job"), kInvalidArgument,
-                "job");
+  EXPECT_THAT((*store)->DeleteAbandonedWrites("job"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job")));
 }
 
 TEST(S3ShardStoreTest, DeletePrefixAlsoAbortsUploadsUnderIt) {
@@ -472,20 +477,21 @@ TEST(S3ShardStoreTest, OpenChecksCredentialsAndBucket) {
   S3Config wrong = config;
   wrong.secret_key = "not-the-secret";
   absl::Status s = OpenS3ShardStore(wrong).status();
-  EXPECT_TRUE(absl::IsUnauthenticated(s) || absl::IsPermissionDenied(s)) << s;
-  EXPECT_THAT(s.message(), HasSubstr(BucketEnvironment::bucket()));
+  EXPECT_THAT(s, StatusIs(AnyOf(absl::StatusCode::kUnauthenticated,
+                                absl::StatusCode::kPermissionDenied),
+                          HasSubstr(BucketEnvironment::bucket())));
 
   S3Config missing = config;
   missing.bucket = "cairn-no-such-bucket-" + RandomHex();
   s = OpenS3ShardStore(missing).status();
-  EXPECT_TRUE(absl::IsNotFound(s)) << s;
-  EXPECT_THAT(s.message(), HasSubstr(missing.bucket));
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(missing.bucket)));
 
   S3Config nowhere = config;
   nowhere.endpoint = "http://127.0.0.1:1";
   nowhere.max_attempts = 2;
   s = OpenS3ShardStore(nowhere).status();
-  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable));
 }
 
 TEST(S3ShardStoreTest, KeysTooLongForS3WithThePrefixAreInvalidArgument) {
@@ -495,10 +501,12 @@ TEST(S3ShardStoreTest, KeysTooLongForS3WithThePrefixAreInvalidArgument) {
                           "/" + std::string(200, 'k') + "/" +
                           std::string(200, 'k') + "/" + std::string(220, 'k');
   ASSERT_TRUE(ValidateKey(key).ok());
-  EXPECT_STATUS((*store)->Put(key, AsSpan(std::string("x"))), kInvalidArgument,
-                "1024");
-  EXPECT_STATUS((*store)->NewWriter(key).status(), kInvalidArgument, "1024");
-  EXPECT_STATUS((*store)->Size(key).status(), kInvalidArgument, "1024");
+  EXPECT_THAT((*store)->Put(key, AsSpan(std::string("x"))),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1024")));
+  EXPECT_THAT((*store)->NewWriter(key).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1024")));
+  EXPECT_THAT((*store)->Size(key).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1024")));
 }
 
 // radosgw's https endpoint (scripts/ceph/ceph.sh: a certificate from a test
@@ -527,9 +535,9 @@ TEST(S3ShardStoreTest, HttpsWithTheGivenCaBundleAndNotWithoutIt) {
   EXPECT_THAT((*store)->List("").value(), ElementsAre("over/tls"));
 
   absl::Status s = OpenShardStore(base + "&max_attempts=2").status();
-  EXPECT_FALSE(s.ok());
-  EXPECT_THAT(s.message(), HasSubstr("certificate"));
-  EXPECT_THAT(s.message(), HasSubstr(endpoint));
+  EXPECT_THAT(s,
+              StatusIs(Not(absl::StatusCode::kOk),
+                       AllOf(HasSubstr("certificate"), HasSubstr(endpoint))));
 }
 
 TEST(S3ShardStoreTest, ListSkipsKeysCairnNeverWrites) {
@@ -553,8 +561,8 @@ TEST(S3LeaseTest, CreateOnlyPutsRefusalReleaseAndOneWinnerOfARace) {
   ASSERT_TRUE(store.ok()) << store.status();
   const std::string body = "x";
   EXPECT_TRUE((*store)->PutIfAbsent("k", absl::MakeConstSpan(body)).ok());
-  EXPECT_STATUS((*store)->PutIfAbsent("k", absl::MakeConstSpan(body)),
-                kAlreadyExists, "k");
+  EXPECT_THAT((*store)->PutIfAbsent("k", absl::MakeConstSpan(body)),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("k")));
 
   LeaseOptions options;
   options.address = "10.0.0.1:7070";
@@ -562,7 +570,8 @@ TEST(S3LeaseTest, CreateOnlyPutsRefusalReleaseAndOneWinnerOfARace) {
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_FALSE((*a)->create_only_unsupported());
   auto b = StorageLease::Acquire(**store, options);
-  EXPECT_STATUS(b.status(), kFailedPrecondition, "serving 10.0.0.1:7070)");
+  EXPECT_THAT(b.status(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                   HasSubstr("serving 10.0.0.1:7070)")));
   ASSERT_TRUE((*a)->Release().ok());
   auto c = StorageLease::Acquire(**store, options);
   ASSERT_TRUE(c.ok()) << c.status();

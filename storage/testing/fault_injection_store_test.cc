@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/testing/shard_store_conformance.h"
@@ -12,6 +13,7 @@
 namespace cairn::storage {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
@@ -48,9 +50,9 @@ TEST_F(FaultInjectionStoreTest, FailNthWriteCountsAppendCloseAndPut) {
   EXPECT_TRUE((*w)->Append(AsSpan("12")).ok());  // 1
   EXPECT_TRUE((*w)->Append(AsSpan("34")).ok());  // 2
   const absl::Status s = (*w)->Close();          // 3
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("boom (Close of 'a')"));
-  EXPECT_EQ(base_->Size("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable,
+                          HasSubstr("boom (Close of 'a')")));
+  EXPECT_THAT(base_->Size("a"), StatusIs(absl::StatusCode::kNotFound));
   // Only once.
   EXPECT_TRUE(store_.Put("b", AsSpan("x")).ok());
   EXPECT_EQ(store_.write_count(), 4);
@@ -66,10 +68,10 @@ TEST_F(FaultInjectionStoreTest, RulesMatchOpKeySkipAndCount) {
   const int id = store_.AddRule(rule);
   EXPECT_TRUE(store_.Put("x/data-0", AsSpan("a")).ok());  // skipped
   EXPECT_TRUE(store_.Put("x/meta", AsSpan("a")).ok());    // no match
-  EXPECT_EQ(store_.Put("x/data-1", AsSpan("a")).code(),
-            absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(store_.Put("x/data-2", AsSpan("a")).code(),
-            absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(store_.Put("x/data-1", AsSpan("a")),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(store_.Put("x/data-2", AsSpan("a")),
+              StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_TRUE(store_.Put("x/data-3", AsSpan("a")).ok());  // count used up
   EXPECT_EQ(store_.fired(id), 2);
   EXPECT_EQ(base_->List("").value().size(), 3u);
@@ -79,8 +81,8 @@ TEST_F(FaultInjectionStoreTest, RulesMatchOpKeySkipAndCount) {
   forever.count = -1;
   store_.AddRule(forever);
   for (int i = 0; i < 5; ++i) {
-    EXPECT_EQ(store_.Size("x/meta").status().code(),
-              absl::StatusCode::kUnavailable);
+    EXPECT_THAT(store_.Size("x/meta"),
+                StatusIs(absl::StatusCode::kUnavailable));
   }
 }
 
@@ -89,12 +91,12 @@ TEST_F(FaultInjectionStoreTest, SpaceLimitIsResourceExhaustedAndInvisible) {
   auto w = store_.NewWriter("obj");
   EXPECT_TRUE((*w)->Append(AsSpan("123456")).ok());
   const absl::Status s = (*w)->Append(AsSpan("789012"));
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("No space left on device"));
-  EXPECT_EQ((*w)->Close().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted,
+                          HasSubstr("No space left on device")));
+  EXPECT_THAT((*w)->Close(), StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_THAT(base_->List("").value(), IsEmpty());
-  EXPECT_EQ(store_.Put("p", AsSpan("12345678901")).code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(store_.Put("p", AsSpan("12345678901")),
+              StatusIs(absl::StatusCode::kResourceExhausted));
 }
 
 TEST_F(FaultInjectionStoreTest, CrashStopsEverythingAfterIt) {
@@ -102,13 +104,11 @@ TEST_F(FaultInjectionStoreTest, CrashStopsEverythingAfterIt) {
   store_.CrashAtMutation(1);  // the next mutating call
   EXPECT_FALSE(store_.crashed());
   const absl::Status s = store_.Put("during", AsSpan("y"));
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("simulated crash during Put"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable,
+                          HasSubstr("simulated crash during Put")));
   EXPECT_TRUE(store_.crashed());
-  EXPECT_EQ(store_.Size("before").status().code(),
-            absl::StatusCode::kUnavailable);
-  EXPECT_EQ(store_.List("").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(store_.Size("before"), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(store_.List(""), StatusIs(absl::StatusCode::kUnavailable));
   // The base store (the "disk") holds what happened before the crash only.
   EXPECT_EQ(base_->List("").value(), std::vector<std::string>{"before"});
   store_.Reset();

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
-#include "storage/testing/status_testing.h"
 
 namespace cairn::storage {
 namespace internal {
@@ -30,6 +30,7 @@ void ShardStoreConformanceTest::SetUp() {
 
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -84,8 +85,8 @@ TEST_P(ShardStoreConformanceTest, EmptyObject) {
   EXPECT_EQ(store().Size("empty").value(), 0u);
   EXPECT_EQ(ReadObject(store(), "empty").value(), "");
   EXPECT_THAT(store().List("").value(), ElementsAre("empty"));
-  EXPECT_STATUS(ReadRange(store(), "empty", 0, 1).status(), kOutOfRange,
-                "empty");
+  EXPECT_THAT(ReadRange(store(), "empty", 0, 1).status(),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("empty")));
 }
 
 TEST_P(ShardStoreConformanceTest, PutReplacesExisting) {
@@ -97,39 +98,45 @@ TEST_P(ShardStoreConformanceTest, PutReplacesExisting) {
 
 TEST_P(ShardStoreConformanceTest, MissingObjectIsNotFoundNamingKey) {
   char buf[4];
-  EXPECT_STATUS(
+  EXPECT_THAT(
       store()
           .Read("no/such/key", ByteRange{0, 1}, absl::Span<char>(buf, 4))
           .status(),
-      kNotFound, "no/such/key");
-  EXPECT_STATUS(store().Size("no/such/key").status(), kNotFound, "no/such/key");
-  EXPECT_STATUS(store().Delete("no/such/key"), kNotFound, "no/such/key");
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("no/such/key")));
+  EXPECT_THAT(store().Size("no/such/key").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no/such/key")));
+  EXPECT_THAT(store().Delete("no/such/key"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no/such/key")));
   const ByteRange r{0, 1};
   const absl::Span<char> o(buf, 1);
-  EXPECT_STATUS(store().ReadRanges("missing", absl::MakeConstSpan(&r, 1),
-                                   absl::MakeConstSpan(&o, 1)),
-                kNotFound, "missing");
+  EXPECT_THAT(store().ReadRanges("missing", absl::MakeConstSpan(&r, 1),
+                                 absl::MakeConstSpan(&o, 1)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
   // A "directory" is not an object.
   ASSERT_TRUE(store().Put("dir/obj", AsSpan(std::string("x"))).ok());
-  EXPECT_STATUS(store().Size("dir").status(), kNotFound, "dir");
-  EXPECT_STATUS(store().Delete("dir"), kNotFound, "dir");
+  EXPECT_THAT(store().Size("dir").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("dir")));
+  EXPECT_THAT(store().Delete("dir"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("dir")));
   EXPECT_EQ(store().Size("dir/obj").value(), 1u);
 }
 
 TEST_P(ShardStoreConformanceTest, OutOfRangeReads) {
   ASSERT_TRUE(store().Put("obj", AsSpan(std::string(100, 'z'))).ok());
-  EXPECT_STATUS(ReadRange(store(), "obj", 50, 51).status(), kOutOfRange, "obj");
-  EXPECT_STATUS(ReadRange(store(), "obj", 101, 0).status(), kOutOfRange, "obj");
+  EXPECT_THAT(ReadRange(store(), "obj", 50, 51).status(),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("obj")));
+  EXPECT_THAT(ReadRange(store(), "obj", 101, 0).status(),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("obj")));
   // offset + length overflows uint64.
   char buf[8];
-  EXPECT_STATUS(
+  EXPECT_THAT(
       store()
           .Read("obj", ByteRange{UINT64_MAX - 2, 8}, absl::Span<char>(buf, 8))
           .status(),
-      kOutOfRange, "obj");
-  EXPECT_STATUS(
+      StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("obj")));
+  EXPECT_THAT(
       store().Read("obj", ByteRange{0, 10}, absl::Span<char>(buf, 8)).status(),
-      kInvalidArgument, "obj");
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("obj")));
 }
 
 TEST_P(ShardStoreConformanceTest, ReadRangesMatchesOracle) {
@@ -182,15 +189,16 @@ TEST_P(ShardStoreConformanceTest, ReadRangesRejectsBadArguments) {
   std::vector<ByteRange> ranges = {{0, 8}, {60, 8}};
   std::vector<absl::Span<char>> outs = {absl::Span<char>(a.data(), 8),
                                         absl::Span<char>(b.data(), 8)};
-  EXPECT_STATUS(store().ReadRanges("obj", ranges, outs), kOutOfRange, "obj");
+  EXPECT_THAT(store().ReadRanges("obj", ranges, outs),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("obj")));
   std::vector<absl::Span<char>> one = {absl::Span<char>(a.data(), 8)};
-  EXPECT_STATUS(store().ReadRanges("obj", ranges, one), kInvalidArgument,
-                "obj");
+  EXPECT_THAT(store().ReadRanges("obj", ranges, one),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("obj")));
   std::vector<absl::Span<char>> wrong = {absl::Span<char>(a.data(), 8),
                                          absl::Span<char>(b.data(), 4)};
   ranges[1] = {0, 8};
-  EXPECT_STATUS(store().ReadRanges("obj", ranges, wrong), kInvalidArgument,
-                "obj");
+  EXPECT_THAT(store().ReadRanges("obj", ranges, wrong),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("obj")));
 }
 
 TEST_P(ShardStoreConformanceTest, WriterIsInvisibleUntilClose) {
@@ -204,16 +212,20 @@ TEST_P(ShardStoreConformanceTest, WriterIsInvisibleUntilClose) {
     expected += piece;
     EXPECT_EQ((*writer)->bytes_written(), expected.size());
   }
-  EXPECT_STATUS(store().Size("job/1/data-0").status(), kNotFound, "data-0");
+  EXPECT_THAT(store().Size("job/1/data-0").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("data-0")));
   EXPECT_THAT(store().List("").value(), IsEmpty());
   EXPECT_THAT(store().ListChildren("").value(), IsEmpty());
   ASSERT_TRUE((*writer)->Close().ok());
   EXPECT_EQ(ReadObject(store(), "job/1/data-0").value(), expected);
   EXPECT_THAT(store().List("").value(), ElementsAre("job/1/data-0"));
   // Closed: no more appends or closes.
-  EXPECT_STATUS((*writer)->Append(AsSpan(std::string("x"))),
-                kFailedPrecondition, "data-0");
-  EXPECT_STATUS((*writer)->Close(), kFailedPrecondition, "data-0");
+  EXPECT_THAT(
+      (*writer)->Append(AsSpan(std::string("x"))),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("data-0")));
+  EXPECT_THAT(
+      (*writer)->Close(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("data-0")));
   EXPECT_EQ(ReadObject(store(), "job/1/data-0").value(), expected);
 }
 
@@ -236,18 +248,22 @@ TEST_P(ShardStoreConformanceTest, RewritePrefixBeforeClose) {
   const std::string head = RandomBytes(rng, 32);
   const absl::Status rewritten = (*writer)->RewritePrefix(AsSpan(head));
   if (!store().CanRewritePrefix()) {
-    EXPECT_STATUS(rewritten, kFailedPrecondition, "CanRewritePrefix");
+    EXPECT_THAT(rewritten, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                    HasSubstr("CanRewritePrefix")));
     return;
   }
   ASSERT_TRUE(rewritten.ok()) << rewritten;
-  EXPECT_STATUS((*writer)->RewritePrefix(
-                    AsSpan(std::string((*writer)->bytes_written() + 1, 'x'))),
-                kFailedPrecondition, "r/obj");
-  EXPECT_STATUS(store().Size("r/obj").status(), kNotFound, "r/obj");
+  EXPECT_THAT(
+      (*writer)->RewritePrefix(
+          AsSpan(std::string((*writer)->bytes_written() + 1, 'x'))),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("r/obj")));
+  EXPECT_THAT(store().Size("r/obj").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("r/obj")));
   ASSERT_TRUE((*writer)->Close().ok());
   EXPECT_EQ(ReadObject(store(), "r/obj").value(), head + rest);
-  EXPECT_STATUS((*writer)->RewritePrefix(AsSpan(head)), kFailedPrecondition,
-                "r/obj");
+  EXPECT_THAT(
+      (*writer)->RewritePrefix(AsSpan(head)),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("r/obj")));
 }
 
 TEST_P(ShardStoreConformanceTest, DestroyedWriterLeavesNothing) {
@@ -271,7 +287,8 @@ TEST_P(ShardStoreConformanceTest, SimulatedCrashLeavesNothingVisible) {
   ASSERT_TRUE((*writer)->Append(AsSpan(std::string(5000, 'c'))).ok());
   (*writer)->SimulateCrashForTest();
   EXPECT_FALSE((*writer)->Close().ok());
-  EXPECT_STATUS(store().Size("c/obj").status(), kNotFound, "c/obj");
+  EXPECT_THAT(store().Size("c/obj").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("c/obj")));
   EXPECT_THAT(store().List("").value(), IsEmpty());
   // The prefix can still be deleted and reused.
   EXPECT_TRUE(store().DeletePrefix("c/").ok());
@@ -309,7 +326,8 @@ TEST_P(ShardStoreConformanceTest, ListChildrenGivesOneLevel) {
               ElementsAre("0001/", "0002/", "top"));
   EXPECT_THAT(store().ListChildren("j/0001/").value(), ElementsAre("a", "b"));
   EXPECT_THAT(store().ListChildren("nope/").value(), IsEmpty());
-  EXPECT_STATUS(store().ListChildren("j").status(), kInvalidArgument, "j");
+  EXPECT_THAT(store().ListChildren("j").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("j")));
 }
 
 TEST_P(ShardStoreConformanceTest, DeleteAndDeletePrefix) {
@@ -317,8 +335,10 @@ TEST_P(ShardStoreConformanceTest, DeleteAndDeletePrefix) {
     ASSERT_TRUE(store().Put(key, AsSpan(std::string("v"))).ok());
   }
   ASSERT_TRUE(store().Delete("s/1/a").ok());
-  EXPECT_STATUS(store().Size("s/1/a").status(), kNotFound, "s/1/a");
-  EXPECT_STATUS(store().Delete("s/1/a"), kNotFound, "s/1/a");
+  EXPECT_THAT(store().Size("s/1/a").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("s/1/a")));
+  EXPECT_THAT(store().Delete("s/1/a"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("s/1/a")));
   ASSERT_TRUE(store().DeletePrefix("s/1/").ok());
   EXPECT_THAT(store().List("").value(), ElementsAre("s/10/a", "s/2/a", "t"));
   ASSERT_TRUE(store().DeletePrefix("s/1").ok());  // string prefix: s/10 too
@@ -365,14 +385,15 @@ TEST_P(ShardStoreConformanceTest, BadKeysAreInvalidArgumentOnEveryMethod) {
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(code(store().Delete(key)), absl::StatusCode::kInvalidArgument);
   }
-  EXPECT_STATUS(store().Put("../escape", AsSpan(std::string("x"))),
-                kInvalidArgument, "../escape");
+  EXPECT_THAT(
+      store().Put("../escape", AsSpan(std::string("x"))),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("../escape")));
   for (const char* prefix : {"/abs", "../", "a/../b", "a//", "./x"}) {
     SCOPED_TRACE(prefix);
-    EXPECT_EQ(store().List(prefix).status().code(),
-              absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(store().DeletePrefix(prefix).code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(store().List(prefix),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(store().DeletePrefix(prefix),
+                StatusIs(absl::StatusCode::kInvalidArgument));
   }
   EXPECT_THAT(store().List("").value(), IsEmpty());
 }
@@ -457,7 +478,7 @@ TEST_P(ShardStoreConformanceTest, RandomOperationsMatchOracle) {
       if (oracle.erase(key)) {
         ASSERT_TRUE(s.ok()) << s;
       } else {
-        ASSERT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+        ASSERT_THAT(s, StatusIs(absl::StatusCode::kNotFound));
       }
     } else if (op == 3) {  // DeletePrefix (rarely)
       if (rng() % 4 != 0) continue;
@@ -477,8 +498,7 @@ TEST_P(ShardStoreConformanceTest, RandomOperationsMatchOracle) {
       const std::string key = random_key();
       auto it = oracle.find(key);
       if (it == oracle.end()) {
-        ASSERT_EQ(store().Size(key).status().code(),
-                  absl::StatusCode::kNotFound);
+        ASSERT_THAT(store().Size(key), StatusIs(absl::StatusCode::kNotFound));
         continue;
       }
       ASSERT_EQ(store().Size(key).value(), it->second.size());
@@ -563,21 +583,21 @@ TEST_P(ShardStoreConformanceTest, ConcurrentReplaceIsAtomic) {
 TEST_P(ShardStoreConformanceTest, PutIfAbsentCreatesOnceAndNeverReplaces) {
   ASSERT_TRUE(store().PutIfAbsent("a/lease", AsSpan(std::string("one"))).ok());
   EXPECT_EQ(ReadObject(store(), "a/lease").value(), "one");
-  EXPECT_STATUS(store().PutIfAbsent("a/lease", AsSpan(std::string("two"))),
-                kAlreadyExists, "a/lease");
+  EXPECT_THAT(store().PutIfAbsent("a/lease", AsSpan(std::string("two"))),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("a/lease")));
   EXPECT_EQ(ReadObject(store(), "a/lease").value(), "one");
   // At the root too, and beside an object Put made.
   ASSERT_TRUE(store().Put("b", AsSpan(std::string("put"))).ok());
-  EXPECT_STATUS(store().PutIfAbsent("b", AsSpan(std::string("x"))),
-                kAlreadyExists, "b");
+  EXPECT_THAT(store().PutIfAbsent("b", AsSpan(std::string("x"))),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("b")));
   ASSERT_TRUE(store().PutIfAbsent("c", AsSpan(std::string("root"))).ok());
   EXPECT_THAT(store().List("").value(), ElementsAre("a/lease", "b", "c"));
   // Deleted, it can be created again.
   ASSERT_TRUE(store().Delete("a/lease").ok());
   ASSERT_TRUE(store().PutIfAbsent("a/lease", AsSpan(std::string("3"))).ok());
   EXPECT_EQ(ReadObject(store(), "a/lease").value(), "3");
-  EXPECT_EQ(store().PutIfAbsent("../x", AsSpan(std::string("x"))).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(store().PutIfAbsent("../x", AsSpan(std::string("x"))),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_P(ShardStoreConformanceTest, ConcurrentPutIfAbsentHasOneWinner) {

@@ -4,7 +4,11 @@
 //   INSTANTIATE_TEST_SUITE_P(
 //       Posix, ShardStoreConformanceTest,
 //       ::testing::Values(ShardStoreConformanceParam{
-//           "posix", [] { return OpenShardStore("file://" + NewTempDir()); },
+//           "posix",
+//           [] {
+//             return OpenShardStore("file://" +
+//                                   testing::MakeTempDirRemovedAtExit());
+//           },
 //           /*reopen_shares_data=*/true}),
 //       ShardStoreConformanceParamName);
 //
