@@ -21,6 +21,7 @@
 #include "proto/convert/load_answer.h"
 #include "proto/convert/plan_convert.h"
 #include "storage/catalog/catalog.h"
+#include "storage/checkpoint_record.h"
 #include "storage/manifest.h"
 
 namespace {

@@ -35,6 +35,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "storage/checkpoint_layout.h"
+#include "storage/checkpoint_record.h"
 #include "storage/lease.h"
 #include "storage/manifest.h"
 #include "storage/shard_store.h"
@@ -335,18 +336,14 @@ class StorageBackend : public Backend {
                                                 int keep, bool dry) override {
     CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> listed,
                            List(job, false));
-    // Only readable checkpoints count as kept; damaged ones stay for a human.
-    std::vector<v1::CheckpointRecord> records;
-    for (v1::CheckpointRecord& r : listed) {
-      if (r.state() == v1::CHECKPOINT_STATE_COMMITTED) {
-        records.push_back(std::move(r));
-      }
-    }
+    // Only readable checkpoints are COMMITTED, so only they count as kept;
+    // damaged ones stay for a human. Newest first, as cairnd deletes them.
     v1::GarbageCollectResponse resp;
-    for (int i = static_cast<int>(records.size()) - keep - 1; i >= 0; --i) {
-      if (!dry) CAIRN_RETURN_IF_ERROR(Delete(job, records[i].step()));
-      resp.add_deleted_steps(records[i].step());
-      resp.set_freed_bytes(resp.freed_bytes() + records[i].total_bytes());
+    for (const v1::CheckpointRecord& r :
+         storage::RetentionVictims(listed, keep)) {
+      if (!dry) CAIRN_RETURN_IF_ERROR(Delete(job, r.step()));
+      resp.add_deleted_steps(r.step());
+      resp.set_freed_bytes(resp.freed_bytes() + r.total_bytes());
     }
     return resp;
   }
@@ -359,16 +356,10 @@ class StorageBackend : public Backend {
 
  private:
   v1::CheckpointRecord RecordOf(const v1::Manifest& m) {
-    v1::CheckpointRecord r;
-    r.set_job(m.job());
-    r.set_step(m.step());
-    r.set_state(v1::CHECKPOINT_STATE_COMMITTED);
-    r.set_world_size(m.world_size());
-    r.set_total_bytes(m.total_bytes());
-    r.set_num_tensors(m.tensors_size());
-    r.set_num_bytes_entries(m.bytes_entries_size());
-    r.set_created_unix_micros(m.created_unix_micros());
-    r.set_storage_uri(store_->uri());
+    v1::CheckpointRecord r = storage::RecordFromManifest(m, store_->uri());
+    // Only a catalog knows when a checkpoint was committed: offline, none is
+    // shown (not the creation time a rebuilt catalog takes as its bound).
+    r.clear_committed_unix_micros();
     return r;
   }
 

@@ -25,6 +25,7 @@
 #include "server/coordinator/request_bounds.h"
 #include "server/coordinator/retention.h"
 #include "storage/checkpoint_layout.h"
+#include "storage/checkpoint_record.h"
 #include "storage/checksum.h"
 #include "storage/manifest.h"
 
@@ -81,7 +82,8 @@ absl::StatusOr<v1::GarbageCollectResponse> Coordinator::ApplyRetention(
   CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> records,
                          catalog_->ListCheckpoints(job, false));
   v1::GarbageCollectResponse resp;
-  for (const v1::CheckpointRecord& r : RetentionVictims(records, keep_last)) {
+  for (const v1::CheckpointRecord& r :
+       storage::RetentionVictims(records, keep_last)) {
     if (!dry_run) {
       const SaveKey key{job, r.step()};
       {

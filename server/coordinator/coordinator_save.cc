@@ -28,6 +28,7 @@
 #include "server/coordinator/request_bounds.h"
 #include "server/coordinator/retention.h"
 #include "storage/checkpoint_layout.h"
+#include "storage/checkpoint_record.h"
 #include "storage/checksum.h"
 #include "storage/manifest.h"
 
@@ -647,17 +648,11 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   }
   parts = nullptr;  // the gathered chunks (585 MB at 16k ranks) are done
   CAIRN_CRASH_POINT("coordinator.commit.after_manifest_publish");
-  v1::CheckpointRecord record;
-  record.set_job(session->job());
-  record.set_step(session->step());
-  record.set_state(v1::CHECKPOINT_STATE_COMMITTED);
-  record.set_world_size(session->world_size());
-  record.set_total_bytes(published.header.total_bytes());
-  record.set_num_tensors(published.num_tensors);
-  record.set_num_bytes_entries(published.header.bytes_entries_size());
-  record.set_created_unix_micros(absl::ToUnixMicros(session->created()));
+  // The record of what was published (its header is the session's job, step,
+  // world size and creation time), committed now.
+  v1::CheckpointRecord record =
+      storage::RecordFromManifest(published, store_->uri());
   record.set_committed_unix_micros(NowMicros());
-  record.set_storage_uri(store_->uri());
   // The manifest is durable: the checkpoint is committed whatever happens to
   // the catalog write (a restart rebuilds it from storage).
   if (absl::Status s = catalog_->PutCheckpoint(record); !s.ok()) {

@@ -13,6 +13,7 @@
 #include "server/coordinator/messages.h"
 #include "server/coordinator/retention.h"
 #include "storage/checkpoint_layout.h"
+#include "storage/checkpoint_record.h"
 #include "storage/manifest.h"
 
 namespace cairn::coordinator {

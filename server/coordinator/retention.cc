@@ -1,6 +1,5 @@
 #include "server/coordinator/retention.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "common/logging.h"
@@ -9,20 +8,6 @@
 #include "storage/checkpoint_layout.h"
 
 namespace cairn::coordinator {
-
-std::vector<v1::CheckpointRecord> RetentionVictims(
-    const std::vector<v1::CheckpointRecord>& records, int keep_last) {
-  if (keep_last < 0) return {};
-  std::vector<v1::CheckpointRecord> committed;
-  for (const v1::CheckpointRecord& r : records) {
-    if (r.state() == v1::CHECKPOINT_STATE_COMMITTED) committed.push_back(r);
-  }
-  std::sort(committed.begin(), committed.end(),
-            [](const auto& a, const auto& b) { return a.step() > b.step(); });
-  if (committed.size() <= static_cast<size_t>(keep_last)) return {};
-  committed.erase(committed.begin(), committed.begin() + keep_last);
-  return committed;
-}
 
 absl::Status DeleteCheckpointInOrder(storage::ShardStore& store,
                                      storage::Catalog& catalog,

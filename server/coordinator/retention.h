@@ -1,7 +1,7 @@
 // Retention and deletion of checkpoints, free of the coordinator's locks and
-// caches so each piece can be tested alone:
-//   * RetentionVictims: which committed checkpoints of a job retention
-//     deletes, a pure function of the job's catalog records.
+// caches so each piece can be tested alone (which committed checkpoints of a
+// job retention deletes is storage::RetentionVictims, a pure function of the
+// job's records, which the CLI's offline gc uses too):
 //   * DeleteCheckpointInOrder: the crash-safe order of one deletion
 //     (record DELETING, MANIFEST, data, record), which recovery finishes
 //     after a crash at any point.
@@ -13,7 +13,6 @@
 #define CAIRN_SERVER_COORDINATOR_RETENTION_H_
 
 #include <functional>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "cairn/v1/cairn.pb.h"
@@ -21,16 +20,6 @@
 #include "storage/shard_store.h"
 
 namespace cairn::coordinator {
-
-// The COMMITTED records of `records` (one job's, as the catalog lists them)
-// beyond the newest `keep_last` by step, newest first: the checkpoints that
-// retention keeping `keep_last` deletes. Records in any other state are never
-// chosen. `keep_last` 0 chooses every committed record; a negative one none.
-//
-// Example: records of steps 1, 2 (ABORTED), 3 and 5 with keep_last 2: the
-// committed steps are 1, 3 and 5; 5 and 3 are kept, the answer is [1].
-std::vector<v1::CheckpointRecord> RetentionVictims(
-    const std::vector<v1::CheckpointRecord>& records, int keep_last);
 
 // Deletes the checkpoint of `record` so that a crash at any point leaves a
 // state recovery finishes: the record is marked DELETING first (from then on

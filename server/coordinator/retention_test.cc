@@ -1,22 +1,18 @@
-// The retention and deletion pieces alone (retention.h): which steps
-// retention deletes, checked against a brute-force oracle on random
-// catalogs, and the crash-safe order of one deletion on a fault-injecting
-// store with a real catalog.
+// The deletion pieces alone (retention.h): the crash-safe order of one
+// deletion on a fault-injecting store with a real catalog. (Which steps
+// retention deletes is storage/checkpoint_record_test.cc's.)
 #include "server/coordinator/retention.h"
 
-#include <algorithm>
 #include <filesystem>
 #include <memory>
-#include <random>
-#include <set>
 #include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
 #include "storage/checkpoint_layout.h"
+#include "storage/checkpoint_record.h"
 #include "storage/memory/memory_shard_store.h"
 #include "storage/testing/fault_injection_store.h"
 #include "storage/testing/test_checkpoint.h"
@@ -26,80 +22,6 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-v1::CheckpointRecord Rec(int64_t step, v1::CheckpointState state) {
-  v1::CheckpointRecord r;
-  r.set_job("job");
-  r.set_step(step);
-  r.set_state(state);
-  r.set_total_bytes(static_cast<uint64_t>(step) * 10);
-  return r;
-}
-
-std::vector<int64_t> Steps(const std::vector<v1::CheckpointRecord>& records) {
-  std::vector<int64_t> steps;
-  for (const auto& r : records) steps.push_back(r.step());
-  return steps;
-}
-
-TEST(RetentionVictimsTest, KeepsTheNewestCommittedAndIgnoresOtherStates) {
-  const std::vector<v1::CheckpointRecord> records = {
-      Rec(1, v1::CHECKPOINT_STATE_COMMITTED),
-      Rec(2, v1::CHECKPOINT_STATE_ABORTED),
-      Rec(3, v1::CHECKPOINT_STATE_COMMITTED),
-      Rec(5, v1::CHECKPOINT_STATE_COMMITTED),
-      Rec(9, v1::CHECKPOINT_STATE_WRITING),
-      Rec(0, v1::CHECKPOINT_STATE_DELETING)};
-  EXPECT_THAT(Steps(RetentionVictims(records, 2)), ElementsAre(1));
-  EXPECT_THAT(Steps(RetentionVictims(records, 1)), ElementsAre(3, 1));
-  EXPECT_THAT(Steps(RetentionVictims(records, 0)), ElementsAre(5, 3, 1));
-  EXPECT_THAT(Steps(RetentionVictims(records, 3)), ElementsAre());
-  EXPECT_THAT(Steps(RetentionVictims(records, -1)), ElementsAre());
-  EXPECT_THAT(Steps(RetentionVictims({}, 1)), ElementsAre());
-}
-
-// Oracle: a record is deleted iff it is COMMITTED and at least keep_last
-// committed records have a higher step; the answer is newest first.
-TEST(RetentionVictimsTest, MatchesABruteForceOracleOnRandomCatalogs) {
-  std::mt19937_64 rng(12);
-  const v1::CheckpointState kStates[] = {
-      v1::CHECKPOINT_STATE_COMMITTED, v1::CHECKPOINT_STATE_COMMITTED,
-      v1::CHECKPOINT_STATE_WRITING, v1::CHECKPOINT_STATE_ABORTED,
-      v1::CHECKPOINT_STATE_DELETING};
-  for (int trial = 0; trial < 5000; ++trial) {
-    SCOPED_TRACE(trial);
-    std::set<int64_t> used;
-    std::vector<v1::CheckpointRecord> records;
-    const int n = static_cast<int>(rng() % 20);
-    for (int i = 0; i < n; ++i) {
-      const int64_t step = static_cast<int64_t>(rng() % 40);
-      if (!used.insert(step).second) continue;
-      records.push_back(Rec(step, kStates[rng() % 5]));
-    }
-    std::shuffle(records.begin(), records.end(), rng);
-    const int keep_last = static_cast<int>(rng() % 14) - 1;
-
-    std::vector<int64_t> want;
-    for (const auto& r : records) {
-      if (r.state() != v1::CHECKPOINT_STATE_COMMITTED || keep_last < 0) {
-        continue;
-      }
-      int newer = 0;
-      for (const auto& o : records) {
-        newer +=
-            o.state() == v1::CHECKPOINT_STATE_COMMITTED && o.step() > r.step();
-      }
-      if (newer >= keep_last) want.push_back(r.step());
-    }
-    std::sort(want.rbegin(), want.rend());
-    const std::vector<v1::CheckpointRecord> got =
-        RetentionVictims(records, keep_last);
-    ASSERT_EQ(Steps(got), want) << "keep_last " << keep_last;
-    for (const auto& r : got) {
-      EXPECT_EQ(r.total_bytes(), static_cast<uint64_t>(r.step()) * 10);
-    }
-  }
-}
 
 class DeleteInOrderTest : public ::testing::Test {
  protected:

@@ -22,6 +22,7 @@
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
 #include "storage/checkpoint_layout.h"
+#include "storage/checkpoint_record.h"
 
 namespace cairn::storage {
 namespace {
@@ -371,31 +372,6 @@ absl::StatusOr<v1::CheckpointRecord> DecodeCheckpointRecord(
                             "' step ", record.step()));
   }
   return record;
-}
-
-v1::CheckpointRecord RecordFromManifest(const v1::Manifest& manifest,
-                                        absl::string_view storage_uri) {
-  v1::CheckpointRecord r;
-  r.set_job(manifest.job());
-  r.set_step(manifest.step());
-  r.set_state(v1::CHECKPOINT_STATE_COMMITTED);
-  r.set_world_size(manifest.world_size());
-  r.set_total_bytes(manifest.total_bytes());
-  r.set_num_tensors(manifest.tensors_size());
-  r.set_num_bytes_entries(manifest.bytes_entries_size());
-  r.set_created_unix_micros(manifest.created_unix_micros());
-  // The commit time is not in the manifest; its creation time is the
-  // closest known bound.
-  r.set_committed_unix_micros(manifest.created_unix_micros());
-  r.set_storage_uri(std::string(storage_uri));
-  return r;
-}
-
-v1::CheckpointRecord RecordFromManifest(const ManifestSummary& manifest,
-                                        absl::string_view storage_uri) {
-  v1::CheckpointRecord r = RecordFromManifest(manifest.header, storage_uri);
-  r.set_num_tensors(manifest.num_tensors);
-  return r;
 }
 
 absl::StatusOr<int> Catalog::RebuildFromStore(ShardStore& store) {

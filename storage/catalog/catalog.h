@@ -113,13 +113,6 @@ std::string CheckpointRecordKey(absl::string_view job, int64_t step);
 absl::StatusOr<v1::CheckpointRecord> DecodeCheckpointRecord(
     absl::string_view key, absl::string_view value);
 
-// The record a committed manifest implies (state COMMITTED).
-v1::CheckpointRecord RecordFromManifest(const v1::Manifest& manifest,
-                                        absl::string_view storage_uri);
-// The same from a manifest read without its tensors (ReadManifestSummary).
-v1::CheckpointRecord RecordFromManifest(const ManifestSummary& manifest,
-                                        absl::string_view storage_uri);
-
 }  // namespace cairn::storage
 
 #endif  // CAIRN_STORAGE_CATALOG_CATALOG_H_
