@@ -8,11 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "server/coordinator/coordinator_test_fixture.h"
 
 namespace cairn::coordinator {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 class AgentRegistryTest : public CoordinatorTest {
@@ -93,14 +96,13 @@ TEST_F(AgentRegistryTest, IdsBeyondNumNodesAreRefusedNamingTheLimit) {
   EXPECT_EQ(IdOf("a", "h:1", 2), 0);
   EXPECT_EQ(IdOf("b", "h:2", 2), 1);
   auto c = Register("c", "h:3", 2);
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(c.status().message(), HasSubstr("'c'"));
-  EXPECT_THAT(c.status().message(), HasSubstr("--num-nodes 2"));
-  EXPECT_THAT(c.status().message(), HasSubstr("a=0, b=1"));
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kResourceExhausted,
+                          AllOf(HasSubstr("'c'"), HasSubstr("--num-nodes 2"),
+                                HasSubstr("a=0, b=1"))));
   // A known name whose id the agent's num_nodes excludes.
   auto b = Register("b", "h:2", 1);
-  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(b.status().message(), HasSubstr("at least 2"));
+  EXPECT_THAT(b, StatusIs(absl::StatusCode::kFailedPrecondition,
+                          HasSubstr("at least 2")));
 }
 
 TEST_F(AgentRegistryTest, ForgottenNodeFreesItsIdForANewName) {
@@ -113,8 +115,7 @@ TEST_F(AgentRegistryTest, ForgottenNodeFreesItsIdForANewName) {
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->node_id(), 0);
   auto again = coordinator_->agents().Forget(forget);
-  EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(again.status().message(), HasSubstr("'a'"));
+  EXPECT_THAT(again, StatusIs(absl::StatusCode::kNotFound, HasSubstr("'a'")));
   // The replacement node has a new name; the freed id survives a restart.
   coordinator_.reset();
   Start();
@@ -129,8 +130,8 @@ TEST_F(AgentRegistryTest, MaxAgentsBoundsTheTable) {
   EXPECT_EQ(IdOf("a", "h:1"), 0);
   EXPECT_EQ(IdOf("b", "h:2"), 1);
   auto c = Register("c", "h:3");
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(c.status().message(), HasSubstr("--max-agents"));
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kResourceExhausted,
+                          HasSubstr("--max-agents")));
   EXPECT_EQ(IdOf("a", "h:9"), 0);  // known names still re-register
 }
 
@@ -157,14 +158,14 @@ TEST_F(AgentRegistryTest, BadInputIsInvalidArgumentNamingTheField) {
   };
   for (const Case& c : cases) {
     auto r = Register(c.name, c.address, c.num_nodes);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+    EXPECT_THAT(
+        r, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.expect)))
         << c.name << " " << c.address;
-    EXPECT_THAT(r.status().message(), HasSubstr(c.expect));
   }
   EXPECT_TRUE(Table().empty());  // nothing was recorded
   v1::ForgetAgentRequest forget;
-  EXPECT_EQ(coordinator_->agents().Forget(forget).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(coordinator_->agents().Forget(forget),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

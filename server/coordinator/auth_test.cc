@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/auth_context.h"
@@ -17,6 +19,8 @@
 namespace cairn::coordinator {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -29,7 +33,7 @@ std::string ParseError(const std::string& text) {
   absl::StatusOr<AuthTable> t = AuthTable::Parse(text, "tokens.txt");
   EXPECT_FALSE(t.ok()) << text;
   if (t.ok()) return "";
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(t, StatusIs(absl::StatusCode::kInvalidArgument));
   return std::string(t.status().message());
 }
 
@@ -181,10 +185,8 @@ TEST(GlobMatchTest, AgreesWithTheReferenceOnRandomPatterns) {
 class AuthFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/auth_test_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
+    dir_ = testing::MakeTempDir();
+    ASSERT_FALSE(dir_.empty());
     path_ = dir_ + "/tokens";
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -201,13 +203,12 @@ TEST_F(AuthFileTest, RefusesAFileOthersMayRead) {
   Write(absl::StrCat(kAlice, " admin *\n"), 0644);
   absl::StatusOr<AuthTable> t = AuthTable::Load(path_);
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(t.status().message(), HasSubstr("mode 0644"));
-  EXPECT_THAT(t.status().message(), HasSubstr(path_));
+  EXPECT_THAT(t, StatusIs(absl::StatusCode::kFailedPrecondition,
+                          AllOf(HasSubstr("mode 0644"), HasSubstr(path_))));
   Write(absl::StrCat(kAlice, " admin *\n"), 0640);
   EXPECT_TRUE(AuthTable::Load(path_).ok());
   t = AuthTable::Load(dir_ + "/missing");
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(t, StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(AuthFileTest, AuthenticatesBearerTokensAndNamesEachFailure) {
@@ -224,20 +225,20 @@ TEST_F(AuthFileTest, AuthenticatesBearerTokensAndNamesEachFailure) {
       (*a)->Authenticate(absl::StrCat("bearer ", kAlice), nullptr).ok());
 
   c = (*a)->Authenticate("", nullptr, &reason);
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_THAT(c.status().message(), HasSubstr("no credentials"));
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kUnauthenticated,
+                          HasSubstr("no credentials")));
   EXPECT_EQ(reason, "no_credentials");
 
   c = (*a)->Authenticate(absl::StrCat("Bearer ", kBob), nullptr, &reason);
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_THAT(c.status().message(), HasSubstr("unknown token"));
-  EXPECT_THAT(c.status().message(), Not(HasSubstr(kBob)));
+  EXPECT_THAT(
+      c, StatusIs(absl::StatusCode::kUnauthenticated,
+                  AllOf(HasSubstr("unknown token"), Not(HasSubstr(kBob)))));
   EXPECT_EQ(reason, "unknown_token");
 
   c = (*a)->Authenticate(absl::StrCat("Basic ", kAlice), nullptr, &reason);
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_THAT(c.status().message(), HasSubstr("'Bearer <token>'"));
-  EXPECT_THAT(c.status().message(), Not(HasSubstr(kAlice)));
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kUnauthenticated,
+                          AllOf(HasSubstr("'Bearer <token>'"),
+                                Not(HasSubstr(kAlice)))));
   EXPECT_EQ(reason, "malformed");
 }
 
@@ -259,9 +260,9 @@ TEST_F(AuthFileTest, ReloadSwapsTheTableAndABadFileKeepsTheOldOne) {
 
   Write(absl::StrCat(kRoot, " admin *\n", kAlice, " wrter *\n"));
   absl::Status s = (*a)->Reload();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat(path_, " line 2")));
-  EXPECT_THAT(s.message(), Not(HasSubstr(kAlice)));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          AllOf(HasSubstr(absl::StrCat(path_, " line 2")),
+                                Not(HasSubstr(kAlice)))));
   EXPECT_TRUE((*a)->Authenticate(absl::StrCat("Bearer ", kBob), nullptr).ok());
   EXPECT_FALSE(
       (*a)->Authenticate(absl::StrCat("Bearer ", kRoot), nullptr).ok());
@@ -338,8 +339,8 @@ TEST_F(AuthFileTest, MapsClientCertificatesByCommonNameOrSan) {
   CertificateContext stranger(true);
   stranger.AddProperty(GRPC_X509_CN_PROPERTY_NAME, "mallory");
   c = (*a)->Authenticate("", &stranger, &reason);
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_THAT(c.status().message(), HasSubstr("CN=mallory"));
+  EXPECT_THAT(
+      c, StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("CN=mallory")));
   EXPECT_EQ(reason, "unknown_certificate");
 
   // A peer gRPC did not authenticate (no TLS, or no client certificate)
@@ -347,7 +348,7 @@ TEST_F(AuthFileTest, MapsClientCertificatesByCommonNameOrSan) {
   CertificateContext plain(false);
   plain.AddProperty(GRPC_X509_CN_PROPERTY_NAME, "trainer");
   c = (*a)->Authenticate("", &plain, &reason);
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kUnauthenticated));
   EXPECT_EQ(reason, "no_credentials");
 }
 

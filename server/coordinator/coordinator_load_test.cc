@@ -7,12 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "proto/convert/load_request.h"
 #include "server/coordinator/coordinator_test_fixture.h"
 
 namespace cairn::coordinator {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -57,8 +60,7 @@ TEST_F(CoordinatorTest, IdenticalLoadPlansComeFromTheCache) {
   EXPECT_EQ(coordinator_->stats().load_plans_from_cache, 2);
   req.add_wanted_bytes("missing");
   auto c = coordinator_->PlanLoad(req);
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("'missing'"));
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kNotFound, HasSubstr("'missing'")));
 }
 
 TEST_F(CoordinatorTest, VerifyLoadCombinesThePiecesOfEveryRank) {
@@ -127,13 +129,12 @@ TEST_F(CoordinatorTest, VerifyLoadRoundExpiresAtTheDeadlineAndRetriesReplace) {
   // A retried call replaces the first; the first is answered ABORTED.
   auto first = Verify(left);
   auto retry = Verify(left);
-  EXPECT_EQ(first.get().status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(first.get(), StatusIs(absl::StatusCode::kAborted));
   VerifyResult r = retry.get();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("ranks [1]"));
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("job 'job' step 1"));
-  EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("never called VerifyLoad"));
+  EXPECT_THAT(
+      r, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                  AllOf(HasSubstr("ranks [1]"), HasSubstr("job 'job' step 1"),
+                        HasSubstr("never called VerifyLoad"))));
 }
 
 TEST_F(CoordinatorTest, VerifyLoadRejectsBadRequests) {
@@ -145,8 +146,7 @@ TEST_F(CoordinatorTest, VerifyLoadRejectsBadRequests) {
   auto expect = [&](v1::VerifyLoadRequest req, absl::StatusCode code,
                     const std::string& text) {
     VerifyResult r = Verify(req).get();
-    EXPECT_EQ(r.status().code(), code) << r.status();
-    EXPECT_THAT(std::string(r.status().message()), HasSubstr(text));
+    EXPECT_THAT(r, StatusIs(code, HasSubstr(text)));
   };
   v1::VerifyLoadRequest req = good;
   req.set_rank(2);
@@ -281,31 +281,34 @@ TEST_F(CoordinatorTest, ShortFormLoadRequestsArePlannedAsTheFullForm) {
   ASSERT_TRUE(resend_half.ok());
   EXPECT_TRUE(resend_half->resend_wanted());
   auto refused = coordinator_->PlanLoad(half);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("'w': saved float32 [8, 4], requested bfloat16"));
+  EXPECT_THAT(
+      refused,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("'w': saved float32 [8, 4], requested bfloat16")));
 
   // Malformed short forms are refused, naming the rank and the checkpoint.
   ASSERT_TRUE(convert::CompactWanted(full, &wire));
   v1::PlanLoadRequest extra = wire;
   extra.add_wanted_boxes(0);
   auto r = coordinator_->PlanLoad(extra);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("rank 0 loading job 'job' step 1: wanted_boxes holds "
-                        "7 values but the 2 tensors"));
+  EXPECT_THAT(
+      r,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("rank 0 loading job 'job' step 1: wanted_boxes holds "
+                         "7 values but the 2 tensors")));
   v1::PlanLoadRequest both = wire;
   *both.add_wanted() = full.wanted(0);
   r = coordinator_->PlanLoad(both);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("both tensors_digest and 1 wanted chunks"));
+  EXPECT_THAT(r,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("both tensors_digest and 1 wanted chunks")));
   v1::PlanLoadRequest outside = wire;
   outside.set_wanted_boxes(0, 3);  // "b" [3, 5) of [4]
   r = coordinator_->PlanLoad(outside);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("'b' wanted chunk 0: chunk [3:5] exceeds shape [4]"));
+  EXPECT_THAT(
+      r,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("'b' wanted chunk 0: chunk [3:5] exceeds shape [4]")));
 }
 
 TEST_F(CoordinatorTest, VerifyLoadTakesPiecesByChunkId) {
@@ -320,9 +323,8 @@ TEST_F(CoordinatorTest, VerifyLoadTakesPiecesByChunkId) {
   EXPECT_TRUE(left.pieces(0).fqn().empty());
   auto expect = [&](v1::VerifyLoadRequest req, const std::string& text) {
     VerifyResult r = Verify(req).get();
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
-        << r.status();
-    EXPECT_THAT(std::string(r.status().message()), HasSubstr(text));
+    EXPECT_THAT(r,
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(text)));
   };
   v1::VerifyLoadRequest bad = left;
   bad.mutable_pieces(1)->set_chunk(3);
@@ -403,8 +405,7 @@ TEST_F(CoordinatorTest, LoadRanksDisagreeingOnWorldSizeFailAtOnce) {
   auto parked = Verify(Pieces(a, 0, 2));
   absl::StatusOr<v1::PlanLoadResponse> b =
       coordinator_->PlanLoad(ColumnsRequest(1, 2, 2, /*world=*/3));
-  ASSERT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument)
-      << b.status();
+  ASSERT_THAT(b, StatusIs(absl::StatusCode::kInvalidArgument));
   const std::string msg(b.status().message());
   EXPECT_THAT(msg, HasSubstr("job 'job' step 1"));
   EXPECT_THAT(msg, HasSubstr("rank 1 says world_size 3"));
@@ -413,8 +414,8 @@ TEST_F(CoordinatorTest, LoadRanksDisagreeingOnWorldSizeFailAtOnce) {
   ASSERT_EQ(parked.wait_for(std::chrono::seconds(60)),
             std::future_status::ready);
   VerifyResult r = parked.get();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("world_size 3"));
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("world_size 3")));
 }
 
 // A rank loading alone (its peers load later, or never) is not held for
@@ -450,8 +451,8 @@ TEST_F(CoordinatorTest, EmptyReportsAreAnsweredAtOnceAndRefusedRanksLeave) {
   v1::PlanLoadResponse b = PlanColumns(1, 2, 2, 3);
   v1::PlanLoadRequest bad = ColumnsRequest(2, 0, 4, 3);
   bad.mutable_wanted(0)->mutable_tensor()->set_fqn("nope");
-  EXPECT_EQ(coordinator_->PlanLoad(bad).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(coordinator_->PlanLoad(bad),
+              StatusIs(absl::StatusCode::kNotFound));
   v1::VerifyLoadRequest empty = Pieces(a, 0, 3);
   empty.clear_pieces();
   VerifyResult e = Verify(empty).get();  // not parked
@@ -517,12 +518,13 @@ TEST_F(CoordinatorTest, LoadRoundsOfAJobAreCapped) {
   Save("job", 2, 2);
   v1::PlanLoadResponse a = PlanColumns(0, 0, 2, 2, 1);
   auto other = coordinator_->PlanLoad(ColumnsRequest(0, 0, 2, 2, 2));
-  EXPECT_EQ(other.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(other.status().message()),
-              HasSubstr("load of job 'job' step 2: rank 0 of 2 would open a "
-                        "load round, but job 'job' has 1 live load rounds"));
-  EXPECT_THAT(std::string(other.status().message()),
-              HasSubstr("--max-load-rounds-per-job 1"));
+  EXPECT_THAT(
+      other,
+      StatusIs(
+          absl::StatusCode::kResourceExhausted,
+          AllOf(HasSubstr("load of job 'job' step 2: rank 0 of 2 would open a "
+                          "load round, but job 'job' has 1 live load rounds"),
+                HasSubstr("--max-load-rounds-per-job 1"))));
   v1::PlanLoadResponse b = PlanColumns(1, 2, 2, 2, 1);
   EXPECT_EQ(b.load_round(), a.load_round());
 }
@@ -728,9 +730,8 @@ TEST_F(CoordinatorTest, DamagedManifestIsDataLossAndOtherStepsStillLoad) {
   req.set_verify_in_round(false);
   for (int attempt = 0; attempt < 2; ++attempt) {  // not cached as good
     absl::StatusOr<v1::PlanLoadResponse> bad = coordinator_->PlanLoad(req);
-    ASSERT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
-    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("'job'"));
-    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("2"));
+    ASSERT_THAT(bad, StatusIs(absl::StatusCode::kDataLoss,
+                              AllOf(HasSubstr("'job'"), HasSubstr("2"))));
   }
   req.set_step(1);
   absl::StatusOr<v1::PlanLoadResponse> good = coordinator_->PlanLoad(req);

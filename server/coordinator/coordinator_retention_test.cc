@@ -6,11 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "server/coordinator/coordinator_test_fixture.h"
 
 namespace cairn::coordinator {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -23,8 +25,8 @@ TEST_F(CoordinatorTest, DeleteRefusesASaveInProgressAndRetentionKeepsNewest) {
   v1::DeleteCheckpointRequest del;
   del.set_job("job");
   del.set_step(3);
-  EXPECT_EQ(coordinator_->DeleteCheckpoint(del).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(coordinator_->DeleteCheckpoint(del),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
   auto other = Begin("job", 3, 1, 2, RankPlan(1, 2));
   BeginResult p0 = pending.get(), p1 = other.get();
   ASSERT_TRUE(p0.ok() && p1.ok());
@@ -41,8 +43,8 @@ TEST_F(CoordinatorTest, DeleteRefusesASaveInProgressAndRetentionKeepsNewest) {
   v1::GarbageCollectRequest gc;
   gc.set_job("job");
   gc.set_keep_last(0);
-  EXPECT_EQ(coordinator_->GarbageCollect(gc).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(coordinator_->GarbageCollect(gc),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 // Kills storage at every mutation of a `cairn rm` of the newest step, and of
@@ -139,8 +141,8 @@ TEST_F(CoordinatorTest,
   del.set_job("job");
   del.set_step(2);
   absl::Status s = coordinator_->DeleteCheckpoint(del);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("disk went away"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("disk went away")));
   auto rec = Record("job", 2);
   ASSERT_TRUE(rec.ok());
   EXPECT_EQ(rec->state(), v1::CHECKPOINT_STATE_DELETING);
@@ -149,15 +151,14 @@ TEST_F(CoordinatorTest,
   v1::PlanLoadRequest load;
   load.set_job("job");
   load.set_step(2);
-  EXPECT_EQ(coordinator_->PlanLoad(load).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(coordinator_->PlanLoad(load),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
   BeginResult again = Begin("job", 2, 0, 1, RankPlan(0, 1)).get();
-  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(again.status().message()),
-              HasSubstr("job 'job' step 2 is being deleted"));
+  EXPECT_THAT(again, StatusIs(absl::StatusCode::kFailedPrecondition,
+                              HasSubstr("job 'job' step 2 is being deleted")));
   // A restart finishes the deletion.
   Restart();
-  EXPECT_EQ(Record("job", 2).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Record("job", 2), StatusIs(absl::StatusCode::kNotFound));
   ExpectCatalogAndStorageAgree("job");
 }
 

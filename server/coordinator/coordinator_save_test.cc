@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/testing/status_matchers.h"
 #include "server/coordinator/coordinator_test_fixture.h"
 #include "spdlog/sinks/base_sink.h"
 #include "storage/checkpoint_layout.h"
@@ -20,6 +21,8 @@
 namespace cairn::coordinator {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -173,8 +176,8 @@ TEST_F(CoordinatorTest, RetriedBeginSaveIsIdempotentAndDuplicateRankRejected) {
   auto a = Begin("job", 1, 0, 2, RankPlan(0, 2));
   auto a_retry = Begin("job", 1, 0, 2, RankPlan(0, 2));
   BeginResult dup = Begin("job", 1, 0, 2, RankPlan(1, 2)).get();
-  EXPECT_EQ(dup.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(dup.status().message()), HasSubstr("rank 0"));
+  EXPECT_THAT(
+      dup, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 0")));
   auto b = Begin("job", 1, 1, 2, RankPlan(1, 2));
   BeginResult ra = a.get(), rr = a_retry.get(), rb = b.get();
   ASSERT_TRUE(ra.ok() && rr.ok() && rb.ok());
@@ -198,16 +201,16 @@ TEST_F(CoordinatorTest, RetriedBeginSaveIsIdempotentAndDuplicateRankRejected) {
   EXPECT_EQ(after->checkpoint().state(), v1::CHECKPOINT_STATE_COMMITTED);
   // The committed step cannot be saved again.
   BeginResult again = Begin("job", 1, 0, 2, RankPlan(0, 2)).get();
-  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(again, StatusIs(absl::StatusCode::kAlreadyExists));
 }
 
 TEST_F(CoordinatorTest, MissingRankAbortsAtTheBeginDeadline) {
   options_.begin_deadline = absl::Milliseconds(200);
   Start();
   BeginResult r = Begin("job", 4, 0, 3, RankPlan(0, 3)).get();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("[1, 2]"));
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("job 'job' step 4"));
+  EXPECT_THAT(
+      r, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                  AllOf(HasSubstr("[1, 2]"), HasSubstr("job 'job' step 4"))));
   v1::ListCheckpointsRequest list;
   list.set_include_uncommitted(true);
   // The abort is recorded off the lock; wait for it briefly.
@@ -239,9 +242,8 @@ TEST_F(CoordinatorTest, AbortSaveAnswersWaitingRanksAndKeepsLatest) {
   abort.set_reason("disk full on node 7");
   ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
   CommitResult c = waiting.get();
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(c.status().message()),
-              HasSubstr("disk full on node 7"));
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kAborted,
+                          HasSubstr("disk full on node 7")));
   EXPECT_EQ(LatestStep("job"), 1);
 }
 
@@ -267,9 +269,8 @@ TEST_F(CoordinatorTest, AbortedSavesAreFreedAndLateCallsStillAnswered) {
   }
   for (auto& f : parked) {
     BeginResult r = f.get();
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
-    EXPECT_THAT(std::string(r.status().message()),
-                HasSubstr("operator gave up"));
+    EXPECT_THAT(
+        r, StatusIs(absl::StatusCode::kAborted, HasSubstr("operator gave up")));
   }
   EXPECT_EQ(coordinator_->stats().saves_in_progress, 0);
   EXPECT_EQ(coordinator_->stats().aborts_remembered, 6);
@@ -279,9 +280,9 @@ TEST_F(CoordinatorTest, AbortedSavesAreFreedAndLateCallsStillAnswered) {
   late.set_step(3);
   late.set_rank(0);
   CommitResult c = Commit(late).get();
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("job 'big' step 3"));
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("operator gave up"));
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kAborted,
+                          AllOf(HasSubstr("job 'big' step 3"),
+                                HasSubstr("operator gave up"))));
   // The same step can be saved again, in a fresh attempt.
   Save("big", 3, 2);
   EXPECT_EQ(LatestStep("big"), 3);
@@ -298,7 +299,7 @@ TEST_F(CoordinatorTest, AbortedRecordsOfAJobAreBounded) {
     abort.set_job("job");
     abort.set_step(step);
     ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
-    EXPECT_EQ(parked.get().status().code(), absl::StatusCode::kAborted);
+    EXPECT_THAT(parked.get(), StatusIs(absl::StatusCode::kAborted));
   }
   v1::ListCheckpointsRequest list;
   list.set_job("job");
@@ -324,14 +325,13 @@ TEST_F(CoordinatorTest, SavesInProgressAreBoundedPerJobAndInTotal) {
   auto a1 = Begin("a", 1, 0, 2, RankPlan(0, 2));
   auto a2 = Begin("a", 2, 0, 2, RankPlan(0, 2));
   BeginResult a3 = Begin("a", 3, 0, 2, RankPlan(0, 2)).get();
-  EXPECT_EQ(a3.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(a3.status().message()),
-              HasSubstr("rank 0 of job 'a' step 3"));
-  EXPECT_THAT(std::string(a3.status().message()), HasSubstr("2 of job 'a'"));
+  EXPECT_THAT(a3, StatusIs(absl::StatusCode::kResourceExhausted,
+                           AllOf(HasSubstr("rank 0 of job 'a' step 3"),
+                                 HasSubstr("2 of job 'a'"))));
   auto b1 = Begin("b", 1, 0, 2, RankPlan(0, 2));
   BeginResult c1 = Begin("c", 1, 0, 2, RankPlan(0, 2)).get();
-  EXPECT_EQ(c1.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(c1.status().message()), HasSubstr("3 in total"));
+  EXPECT_THAT(c1, StatusIs(absl::StatusCode::kResourceExhausted,
+                           HasSubstr("3 in total")));
   // Ranks of a save already in progress are never refused.
   auto a1_rank1 = Begin("a", 1, 1, 2, RankPlan(1, 2));
   ASSERT_TRUE(a1.get().ok());
@@ -341,13 +341,13 @@ TEST_F(CoordinatorTest, SavesInProgressAreBoundedPerJobAndInTotal) {
   abort.set_job("a");
   abort.set_step(2);
   ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
-  EXPECT_EQ(a2.get().status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(a2.get(), StatusIs(absl::StatusCode::kAborted));
   auto a3_again = Begin("a", 3, 0, 2, RankPlan(0, 2));
   auto a3_rank1 = Begin("a", 3, 1, 2, RankPlan(1, 2));
   EXPECT_TRUE(a3_again.get().ok());
   EXPECT_TRUE(a3_rank1.get().ok());
   coordinator_.reset();  // answers b1 UNAVAILABLE
-  EXPECT_EQ(b1.get().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(b1.get(), StatusIs(absl::StatusCode::kUnavailable));
 }
 
 // A 64 MiB abort reason used to land whole in the catalog (and in the log).
@@ -361,7 +361,7 @@ TEST_F(CoordinatorTest, AbortReasonIsTruncated) {
   abort.set_reason(std::string(64 << 20, 'x'));
   ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
   BeginResult r = parked.get();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kAborted));
   EXPECT_LT(r.status().message().size(), 2048u);
   EXPECT_THAT(std::string(r.status().message()),
               HasSubstr("...(truncated, 67108864 bytes)"));
@@ -382,11 +382,11 @@ TEST_F(CoordinatorTest, CommitResultsMustMatchThePlan) {
   v1::CommitSaveRequest c = Write("job", 1, 0, *r);
   c.mutable_results(0)->mutable_location()->set_offset(12345);
   CommitResult bad = Commit(c).get();
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("the plan says"));
+  EXPECT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument,
+                            HasSubstr("the plan says")));
   c.mutable_results()->RemoveLast();
   bad = Commit(c).get();
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_F(CoordinatorTest, ShortCommitsOfThePlanCommitAndOthersAreRefused) {
@@ -415,9 +415,10 @@ TEST_F(CoordinatorTest, ShortCommitsOfThePlanCommitAndOthersAreRefused) {
   v1::CommitSaveRequest stale = commits[0];
   stale.set_plan_id("not this plan");
   CommitResult refused = Commit(stale).get();
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("rank 0 of job 'job' step 1 reports writes of plan"));
+  EXPECT_THAT(
+      refused,
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("rank 0 of job 'job' step 1 reports writes of plan")));
   std::future<CommitResult> c0 = Commit(commits[0]);
   CommitResult c1 = Commit(commits[1]).get();
   ASSERT_TRUE(c1.ok()) << c1.status();
@@ -443,10 +444,11 @@ TEST_F(CoordinatorTest, OversizeHeldPlanIdIsRefusedNamingTheRank) {
   coordinator_->BeginSave(
       req, [promise](BeginResult r) { promise->set_value(std::move(r)); });
   BeginResult r = promise->get_future().get();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("rank 1 of job 'job' step 4 sent a held plan id of 65 "
-                        "bytes"));
+  EXPECT_THAT(
+      r,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("rank 1 of job 'job' step 4 sent a held plan id of 65 "
+                         "bytes")));
   // Nothing was opened: the same rank with a sane request still saves.
   req.set_held_plan_id("");
   req.set_world_size(1);
@@ -493,20 +495,18 @@ TEST_F(CoordinatorTest, BeginSaveWorldSizeMismatchAbortsTheSaveAtOnce) {
   Start();
   auto r0 = Begin("job", 5, 0, 3, RankPlan(0, 3));
   BeginResult r1 = Begin("job", 5, 1, 2, RankPlan(1, 2)).get();
-  ASSERT_EQ(r1.status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_THAT(r1, StatusIs(absl::StatusCode::kInvalidArgument));
   const std::string msg(r1.status().message());
   EXPECT_THAT(msg, HasSubstr("job 'job' step 5"));
   EXPECT_THAT(msg, HasSubstr("rank 1 says world_size 2"));
   EXPECT_THAT(msg, HasSubstr("ranks [0] (1 of 3) say world_size 3"));
   ASSERT_EQ(r0.wait_for(std::chrono::seconds(60)), std::future_status::ready);
   BeginResult p0 = r0.get();
-  EXPECT_EQ(p0.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(p0.status().message()),
-              HasSubstr("rank 1 says world_size 2"));
+  EXPECT_THAT(p0, StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr("rank 1 says world_size 2")));
   BeginResult p2 = Begin("job", 5, 2, 3, RankPlan(2, 3)).get();
-  EXPECT_EQ(p2.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(p2.status().message()),
-              HasSubstr("rank 1 says world_size 2"));
+  EXPECT_THAT(p2, StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr("rank 1 says world_size 2")));
   // Rank 0 again is a new attempt (the job was restarted, fixed).
   auto n0 = Begin("job", 5, 0, 2, RankPlan(0, 2));
   auto n1 = Begin("job", 5, 1, 2, RankPlan(1, 2));
@@ -527,9 +527,8 @@ TEST_F(CoordinatorTest,
   auto manifest = storage::WriteTestCheckpoint(Disk(), spec);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   BeginResult r = Begin("job", 2, 0, 1, RankPlan(0, 1)).get();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("job 'job' step 2 is already committed"));
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kAlreadyExists,
+                          HasSubstr("job 'job' step 2 is already committed")));
   auto rec = Record("job", 2);
   ASSERT_TRUE(rec.ok()) << rec.status();
   EXPECT_EQ(rec->state(), v1::CHECKPOINT_STATE_COMMITTED);
@@ -553,10 +552,11 @@ TEST_F(CoordinatorTest, RestartedRankStartsTheSaveOverInsteadOfRejoiningIt) {
   // not get the old attempt (where rank 0's reported objects are).
   auto b1_again = Begin("job", 7, 1, 2, RankPlan(1, 2), "", kRank1Again);
   CommitResult aborted = committed0.get();
-  EXPECT_EQ(aborted.status().code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(aborted.status().message()),
-              HasSubstr("save of job 'job' step 7 aborted: rank 1 restarted "
-                        "during the save"));
+  EXPECT_THAT(
+      aborted,
+      StatusIs(absl::StatusCode::kAborted,
+               HasSubstr("save of job 'job' step 7 aborted: rank 1 restarted "
+                         "during the save")));
   // The old rank-1 process is refused in whatever follows.
   v1::CommitSaveRequest stale = Write("job", 7, 1, *r1);
   stale.set_incarnation(kRank1);
@@ -566,17 +566,17 @@ TEST_F(CoordinatorTest, RestartedRankStartsTheSaveOverInsteadOfRejoiningIt) {
   ASSERT_TRUE(n0.ok() && n1.ok()) << n0.status() << n1.status();
   EXPECT_NE(AttemptOf(*n0), AttemptOf(*r0));
   CommitResult old = Commit(stale).get();
-  EXPECT_EQ(old.status().code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(old.status().message()),
-              HasSubstr("rank 1 of job 'job' step 7: this process"));
+  EXPECT_THAT(old,
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("rank 1 of job 'job' step 7: this process")));
   v1::AbortSaveRequest stale_abort;
   stale_abort.set_job("job");
   stale_abort.set_step(7);
   stale_abort.set_rank(1);
   stale_abort.set_incarnation(kRank1);
   stale_abort.set_reason("its CommitSave failed");
-  EXPECT_EQ(coordinator_->AbortSave(stale_abort).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(coordinator_->AbortSave(stale_abort),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
   v1::CommitSaveRequest n0c = Write("job", 7, 0, *n0);
   n0c.set_incarnation(kRank0);
   v1::CommitSaveRequest n1c = Write("job", 7, 1, *n1);
@@ -606,9 +606,9 @@ TEST_F(CoordinatorTest, RankWhoseProcessIsGoneIsReplacedNotRestarted) {
   auto b1 = Begin("job", 4, 1, 3, RankPlan(1, 3), "", 0xb1);
   auto b0 = Begin("job", 4, 0, 3, RankPlan(0, 3), "", 0xa1);
   BeginResult left = old0.get();
-  EXPECT_EQ(left.status().code(), absl::StatusCode::kCancelled);
-  EXPECT_THAT(std::string(left.status().message()),
-              HasSubstr("rank 0 of job 'job' step 4 left the save"));
+  EXPECT_THAT(left,
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr("rank 0 of job 'job' step 4 left the save")));
   EXPECT_EQ(b1.wait_for(std::chrono::milliseconds(50)),
             std::future_status::timeout);  // waits for rank 2
   EXPECT_EQ(coordinator_->BeginSaveCallsGoneForTest(), 0);
@@ -637,22 +637,23 @@ TEST_F(CoordinatorTest, ProcessWhoseBeginSaveLeftStillAbortsTheSave) {
                   [&] { return cancelled.load(); });
   cancelled = true;
   auto b1 = Begin("job", 5, 1, 2, RankPlan(1, 2), "", 0xb1);
-  EXPECT_EQ(b0.get().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(b0.get(), StatusIs(absl::StatusCode::kCancelled));
   v1::AbortSaveRequest other;
   other.set_job("job");
   other.set_step(5);
   other.set_rank(0);
   other.set_incarnation(0xa7);  // not the process that left
-  EXPECT_EQ(coordinator_->AbortSave(other).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(coordinator_->AbortSave(other),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
   v1::AbortSaveRequest abort = other;
   abort.set_incarnation(0xa0);
   abort.set_reason("cancelled (Checkpointer::Cancel)");
   ASSERT_TRUE(coordinator_->AbortSave(abort).ok());
   BeginResult r1 = b1.get();
-  EXPECT_EQ(r1.status().code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(r1.status().message()),
-              HasSubstr("aborted by rank 0: cancelled (Checkpointer::Cancel)"));
+  EXPECT_THAT(
+      r1, StatusIs(absl::StatusCode::kAborted,
+                   HasSubstr(
+                       "aborted by rank 0: cancelled (Checkpointer::Cancel)")));
 }
 
 // At the begin deadline a rank whose process is gone is not waiting: the
@@ -665,7 +666,7 @@ TEST_F(CoordinatorTest, BeginDeadlineIgnoresARankWhoseProcessIsGone) {
   absl::SleepFor(absl::Seconds(2));
   auto b1 = Begin("job", 6, 1, 3, RankPlan(1, 3), "", 0xb1);
   absl::SleepFor(absl::Milliseconds(1500));  // past the first deadline
-  EXPECT_EQ(old0.get().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(old0.get(), StatusIs(absl::StatusCode::kCancelled));
   EXPECT_EQ(b1.wait_for(std::chrono::milliseconds(0)),
             std::future_status::timeout);
   auto b0 = Begin("job", 6, 0, 3, RankPlan(0, 3), "", 0xa1);
@@ -691,10 +692,11 @@ TEST_F(CoordinatorTest, RankThatSavesAgainAfterReportingStartsTheSaveOver) {
   // side): it would rewrite objects whose crc32c cairnd holds.
   auto again = Begin("job", 3, 0, 2, RankPlan(0, 2), "", 5);
   CommitResult first = parked.get();
-  EXPECT_EQ(first.status().code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(first.status().message()),
-              HasSubstr("rank 0 called BeginSave again after reporting its "
-                        "writes"));
+  EXPECT_THAT(
+      first,
+      StatusIs(absl::StatusCode::kAborted,
+               HasSubstr("rank 0 called BeginSave again after reporting its "
+                         "writes")));
   // A retry of BeginSave before reporting is still a retry.
   auto b1_retry = Begin("job", 3, 1, 2, RankPlan(1, 2), "", 6);
   BeginResult n0 = again.get(), n1 = b1_retry.get();
@@ -712,10 +714,11 @@ TEST_F(CoordinatorTest, RankThatSavesAgainAfterReportingStartsTheSaveOver) {
   auto p0 = Commit(n0c);
   n0c.mutable_results(0)->set_crc32c(n0c.results(0).crc32c() ^ 1);
   CommitResult twice = Commit(n0c).get();
-  EXPECT_EQ(twice.status().code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(twice.status().message()),
-              HasSubstr("rank 0 committed twice with different checksums"));
-  EXPECT_EQ(p0.get().status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(
+      twice,
+      StatusIs(absl::StatusCode::kAborted,
+               HasSubstr("rank 0 committed twice with different checksums")));
+  EXPECT_THAT(p0.get(), StatusIs(absl::StatusCode::kAborted));
   EXPECT_EQ(LatestStep("job"), -1);
 }
 

@@ -6,11 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "server/coordinator/coordinator_test_fixture.h"
 
 namespace cairn::coordinator {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -46,7 +48,7 @@ TEST_F(CoordinatorTest, ShutdownAnswersParkedRanksUnavailable) {
   auto parked = Begin("job", 1, 0, 2, RankPlan(0, 2));
   coordinator_->Shutdown();
   BeginResult r = parked.get();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kUnavailable));
 }
 
 TEST_F(CoordinatorTest, ThousandRanksOfTwoJobsSaveConcurrently) {
@@ -89,9 +91,9 @@ TEST_F(CoordinatorTest, GetCheckpointLatestIsTheNewestCommittedStep) {
     return coordinator_->GetCheckpoint(get);
   };
   absl::StatusOr<v1::GetCheckpointResponse> none = latest("job");
-  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(none.status().message()),
-              HasSubstr("job 'job' has no committed checkpoint"));
+  EXPECT_THAT(none,
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("job 'job' has no committed checkpoint")));
 
   Save("job", 1, 2);
   Save("job", 2, 2);
@@ -171,20 +173,20 @@ TEST_F(CoordinatorTest, GetCheckpointLatestIsTheNewestCommittedStep) {
   del.set_step(1);
   ASSERT_TRUE(coordinator_->DeleteCheckpoint(del).ok());
   none = latest("job");
-  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(none.status().message()),
-              HasSubstr("job 'job' has no committed checkpoint"));
+  EXPECT_THAT(none,
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("job 'job' has no committed checkpoint")));
 
   // `latest: false` is not a step; a bad job name is refused as before.
   v1::GetCheckpointRequest bad;
   bad.set_job("job");
   bad.set_latest(false);
-  EXPECT_EQ(coordinator_->GetCheckpoint(bad).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(coordinator_->GetCheckpoint(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   bad.set_job("../x");
   bad.set_latest(true);
-  EXPECT_EQ(coordinator_->GetCheckpoint(bad).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(coordinator_->GetCheckpoint(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

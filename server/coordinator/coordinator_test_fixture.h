@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/plan_cache.h"
@@ -63,14 +64,6 @@ inline void RegisterFaultyScheme() {
   (void)done;
 }
 
-inline std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir =
-      absl::StrCat(base ? base : "/tmp", "/cairn-coord-", name, "-", getpid());
-  std::filesystem::remove_all(dir);
-  return dir;
-}
-
 // One fp32 tensor "w" of shape [rows, 4], split by rows over the ranks, plus
 // a replicated bias "b" [4] every rank holds, plus bytes "rng" on every rank.
 inline v1::LocalSavePlan RankPlan(int rank, int world, int64_t rows = 8) {
@@ -116,7 +109,7 @@ class CoordinatorTest : public ::testing::Test {
     const std::string name =
         ::testing::UnitTest::GetInstance()->current_test_info()->name();
     options_.storage_uri = "mem://" + name;
-    options_.catalog_path = TempDir(name);
+    options_.catalog_path = testing::MakeTempDir("coord-" + name);
     options_.worker_threads = 2;
   }
   void TearDown() override {
@@ -133,7 +126,7 @@ class CoordinatorTest : public ::testing::Test {
     coordinator_.reset();
     disk_.reset();
     std::filesystem::remove_all(options_.catalog_path);
-    data_dir_ = TempDir(name + "-data");
+    data_dir_ = testing::MakeTempDir("coord-" + name + "-data");
     std::filesystem::create_directories(data_dir_);
     options_.storage_uri =
         absl::StrCat(faulty ? "faultyfile://" : "file://", data_dir_);

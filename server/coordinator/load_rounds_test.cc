@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/box.h"
@@ -28,6 +29,7 @@
 namespace cairn::coordinator {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using planner::ChunkBox;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -327,8 +329,8 @@ TEST_F(LoadRoundsTest, DamagedChunkIsSentBackToEveryReader) {
 }
 
 TEST_F(LoadRoundsTest, LatestIsResolvedOncePerRound) {
-  EXPECT_EQ(rounds_->Join("job", 0, 2, true, -1, -1, kT0).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(rounds_->Join("job", 0, 2, true, -1, -1, kT0),
+              StatusIs(absl::StatusCode::kNotFound));
   LoadRounds::Joined a = Join(0, 2, -1, kT0, /*newest=*/5);
   EXPECT_EQ(a.step, 5);
   // A commit of step 6 lands before rank 1 plans: it still gets step 5.
@@ -352,11 +354,12 @@ TEST_F(LoadRoundsTest, WorldSizeDisagreementFailsTheRoundAndItsWaiters) {
   Report(a, 0, Pieces(0), 3);
   EXPECT_TRUE(results_[0].empty());
   auto b = rounds_->Join("job", 1, 2, true, 5, 5, kT0);
-  ASSERT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(b.status().message(),
-            "load of job 'job' step 5: rank 1 says world_size 2 but ranks "
-            "[0] (1 of 3) of the load say world_size 3; every rank of a load "
-            "must pass the same world_size");
+  ASSERT_THAT(
+      b, StatusIs(
+             absl::StatusCode::kInvalidArgument,
+             "load of job 'job' step 5: rank 1 says world_size 2 but ranks "
+             "[0] (1 of 3) of the load say world_size 3; every rank of a load "
+             "must pass the same world_size"));
   ASSERT_EQ(results_[0].size(), 1u);
   EXPECT_EQ(results_[0][0].status(), b.status());
   // The failed round answers its other members the same way.
@@ -436,7 +439,7 @@ TEST_F(LoadRoundsTest, AnotherWorldSizeAfterTheGraceLoadsInItsOwnRound) {
   EXPECT_EQ(b.round, a.round);
   // Within the grace of rank 1's join a world of 2 is a disagreement...
   auto bad = rounds_->Join("job", 2, 2, true, 5, 5, kT0 + absl::Seconds(5));
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument));
   auto c = rounds_->Join("job", 2, 3, true, 5, 5, kT0 + absl::Seconds(5));
   EXPECT_EQ(c.status(), bad.status());
   // ...until the grace after the failure (at +5 s) is over: then ranks
@@ -458,10 +461,9 @@ TEST_F(LoadRoundsTest, OpenRoundExpiresAfterTheVerifyDeadline) {
   EXPECT_TRUE(results_[0].empty());
   rounds_->Advance(kT0 + absl::Seconds(12) + absl::Microseconds(1));
   ASSERT_EQ(results_[0].size(), 1u);
-  EXPECT_EQ(results_[0][0].status().code(),
-            absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(std::string(results_[0][0].status().message()),
-              HasSubstr("ranks [1] (1 of 3) planned their reads"));
+  EXPECT_THAT(results_[0][0],
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("ranks [1] (1 of 3) planned their reads")));
   EXPECT_EQ(rounds_->stats().live_rounds, 0);
 }
 
@@ -473,13 +475,14 @@ TEST_F(LoadRoundsTest, ClosedRoundExpiresAfterTheVerifyDeadline) {
   EXPECT_TRUE(results_[0].empty());
   rounds_->Advance(kT0 + absl::Seconds(11) + absl::Microseconds(1));
   ASSERT_EQ(results_[0].size(), 1u);
-  EXPECT_EQ(results_[0][0].status().code(),
-            absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(results_[0][0].status().message(),
-            "load of job 'job' step 5 by 2 ranks: ranks [1] (1 of 2) planned "
-            "their reads but never called VerifyLoad within 10s of the "
-            "round's previous PlanLoad or report; verify partly read chunks "
-            "locally");
+  EXPECT_THAT(
+      results_[0][0],
+      StatusIs(
+          absl::StatusCode::kDeadlineExceeded,
+          "load of job 'job' step 5 by 2 ranks: ranks [1] (1 of 2) planned "
+          "their reads but never called VerifyLoad within 10s of the "
+          "round's previous PlanLoad or report; verify partly read chunks "
+          "locally"));
   EXPECT_EQ(rounds_->stats().live_rounds, 0);
 }
 
@@ -506,15 +509,15 @@ TEST_F(LoadRoundsTest, ReportsAreCheckedAndARetryReplacesTheFirst) {
   LoadRounds::Joined a = Join(0);
   Report({a.round + 7, 5}, 0, Pieces(0));
   ASSERT_EQ(results_[0].size(), 1u);
-  EXPECT_EQ(results_[0][0].status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(results_[0][0].status().message()),
-              HasSubstr("rank 0: load round 107 is over"));
+  EXPECT_THAT(results_[0][0],
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("rank 0: load round 107 is over")));
   Report(a, 0, Pieces(0), /*world=*/3);
   EXPECT_THAT(std::string(results_[0][1].status().message()),
               HasSubstr("rank 0 by 3 ranks: load round 100 is the load of "
                         "job 'job' step 5 by 2 ranks"));
   Report(a, 0, Pieces(0), 2, kT0, /*step=*/4);
-  EXPECT_EQ(results_[0][2].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(results_[0][2], StatusIs(absl::StatusCode::kInvalidArgument));
   Report(a, 1, Pieces(1));
   EXPECT_THAT(std::string(results_[1][0].status().message()),
               HasSubstr("rank 1: the rank did not plan in load round 100"));
@@ -522,9 +525,8 @@ TEST_F(LoadRoundsTest, ReportsAreCheckedAndARetryReplacesTheFirst) {
   Report(a, 0, Pieces(0));
   Report(a, 0, Pieces(0));
   ASSERT_EQ(results_[0].size(), 4u);
-  EXPECT_EQ(results_[0][3].status().code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(results_[0][3].status().message()),
-              HasSubstr("superseded by a retry"));
+  EXPECT_THAT(results_[0][3], StatusIs(absl::StatusCode::kAborted,
+                                       HasSubstr("superseded by a retry")));
   EXPECT_EQ(rounds_->stats().reports, 2);
 }
 
@@ -533,11 +535,11 @@ TEST_F(LoadRoundsTest, ShutdownAnswersParkedReportsAndRefusesNewCalls) {
   Report(a, 0, Pieces(0));
   rounds_->Shutdown();
   ASSERT_EQ(results_[0].size(), 1u);
-  EXPECT_EQ(results_[0][0].status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(rounds_->Join("job", 1, 2, true, 5, 5, kT0).status().code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_THAT(results_[0][0], StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(rounds_->Join("job", 1, 2, true, 5, 5, kT0),
+              StatusIs(absl::StatusCode::kUnavailable));
   Report(a, 0, {});
-  EXPECT_EQ(results_[0][1].status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(results_[0][1], StatusIs(absl::StatusCode::kUnavailable));
 }
 
 // Ranks that read only some of the checkpoint's tensors plan twice (the
@@ -581,7 +583,7 @@ TEST_F(LoadRoundsTest, ARestartedLoadAfterAFailedRoundGetsAFreshRound) {
   Make(absl::Seconds(2), absl::Minutes(1));
   LoadRounds::Joined a = Join(0, 3), b = Join(1, 3);
   auto bad = rounds_->Join("job", 2, 2, true, 5, 5, kT0 + absl::Seconds(1));
-  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument));
   // Within the grace a member calling again still gets the failure.
   EXPECT_EQ(
       rounds_->Join("job", 0, 3, true, 5, 5, kT0 + absl::Seconds(2)).status(),
@@ -689,22 +691,24 @@ TEST_F(LoadRoundsTest, LiveRoundsAreCappedPerJobAndOverall) {
   LoadRounds::Joined a1 = join("a", 0, 1).value();
   ASSERT_TRUE(join("a", 0, 2).ok());
   absl::StatusOr<LoadRounds::Joined> third = join("a", 0, 3);
-  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(third.status().message(),
-            "load of job 'a' step 3: rank 0 of 2 would open a load round, "
-            "but job 'a' has 2 live load rounds, the most cairnd keeps for "
-            "one job (--max-load-rounds-per-job 2); they end when their "
-            "ranks have reported or at the verify deadline");
+  EXPECT_THAT(
+      third,
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               "load of job 'a' step 3: rank 0 of 2 would open a load round, "
+               "but job 'a' has 2 live load rounds, the most cairnd keeps for "
+               "one job (--max-load-rounds-per-job 2); they end when their "
+               "ranks have reported or at the verify deadline"));
   EXPECT_EQ(join("a", 0, 1)->round, a1.round);  // a retry
   EXPECT_EQ(join("a", 1, 1)->round, a1.round);  // a member of a live round
   ASSERT_TRUE(join("b", 0, 1).ok());
   absl::StatusOr<LoadRounds::Joined> c = join("c", 0, 1);
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(c.status().message(),
-            "load of job 'c' step 1: rank 0 of 2 would open a load round, "
-            "but cairnd has 3 live load rounds of all jobs, the most it "
-            "keeps (--max-load-rounds 3); they end when their ranks have "
-            "reported or at the verify deadline");
+  EXPECT_THAT(
+      c,
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               "load of job 'c' step 1: rank 0 of 2 would open a load round, "
+               "but cairnd has 3 live load rounds of all jobs, the most it "
+               "keeps (--max-load-rounds 3); they end when their ranks have "
+               "reported or at the verify deadline"));
   EXPECT_EQ(rounds_->stats().live_rounds, 3);
   for (int rank = 0; rank < 2; ++rank) {
     rounds_->Report(a1.round, "a", 1, rank, 2, "rank", nullptr, {}, kT0,
@@ -930,9 +934,8 @@ TEST_F(LoadRoundsTest, RandomOverlappingLoadsOfOneStep) {
         ++figures.joins;
         absl::StatusOr<LoadRounds::Joined> j =
             rounds_->Join("job", bad, bad_world, reports, step, 5, t);
-        ASSERT_EQ(j.status().code(), absl::StatusCode::kInvalidArgument)
-            << j.status();
-        EXPECT_EQ(j.status().message(), wrong->expected);
+        ASSERT_THAT(
+            j, StatusIs(absl::StatusCode::kInvalidArgument, wrong->expected));
         ++figures.refused;
         wrong->failure = j.status();
         wrong->failed = true;

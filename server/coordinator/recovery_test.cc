@@ -9,12 +9,15 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/testing/status_matchers.h"
 #include "server/coordinator/coordinator_test_fixture.h"
 #include "storage/lease.h"
 
 namespace cairn::coordinator {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -157,11 +160,9 @@ TEST_F(CoordinatorTest, RestartReconcilesRecordsAndManifestsBothWays) {
     ASSERT_TRUE(Disk().Delete(storage::ManifestKey("job", step)).ok());
   }
   auto refused = Coordinator::Create(options_);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("is the storage mounted"));
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr(options_.catalog_path));
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                AllOf(HasSubstr("is the storage mounted"),
+                                      HasSubstr(options_.catalog_path))));
 }
 
 // One cairnd per storage: a second coordinator on the storage (its own
@@ -179,8 +180,7 @@ TEST_F(CoordinatorTest, SecondCoordinatorOnTheStorageIsRefusedAndSparesSaves) {
   second.catalog_path = options_.catalog_path + "-second";
   auto refused = Coordinator::Create(second);
   std::filesystem::remove_all(second.catalog_path);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
-      << refused.status();
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition));
   const std::string msg(refused.status().message());
   EXPECT_THAT(msg, HasSubstr(absl::StrCat("storage ", options_.storage_uri,
                                           " is held by cairnd (pid ", getpid(),
@@ -222,24 +222,22 @@ TEST_F(CoordinatorTest, CoordinatorThatLostTheStorageLeaseChangesNothing) {
   coordinator_->storage_lease().RenewNowForTest();
 
   CommitResult refused = Commit(commit).get();
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
-      << refused.status();
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("job 'job' step 2: refused: the lease on storage"));
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("taken over by cairnd (pid"));
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("other-host, serving 10.0.0.9:7070"));
+  EXPECT_THAT(
+      refused,
+      StatusIs(
+          absl::StatusCode::kFailedPrecondition,
+          AllOf(HasSubstr("job 'job' step 2: refused: the lease on storage"),
+                HasSubstr("taken over by cairnd (pid"),
+                HasSubstr("other-host, serving 10.0.0.9:7070"))));
   EXPECT_FALSE(Disk().Size(storage::ManifestKey("job", 2)).ok());
   BeginResult again = Begin("job", 3, 0, 1, RankPlan(0, 1)).get();
-  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(again.status().message()),
-              HasSubstr("job 'job' step 3: refused"));
+  EXPECT_THAT(again, StatusIs(absl::StatusCode::kFailedPrecondition,
+                              HasSubstr("job 'job' step 3: refused")));
   v1::DeleteCheckpointRequest del;
   del.set_job("job");
   del.set_step(1);
-  EXPECT_EQ(coordinator_->DeleteCheckpoint(del).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(coordinator_->DeleteCheckpoint(del),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_TRUE(Disk().Size(storage::ManifestKey("job", 1)).ok());
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (lost.load() == 0 && absl::Now() < deadline) {
@@ -277,7 +275,7 @@ class RecoverTest : public ::testing::Test {
   void SetUp() override {
     const std::string name =
         ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    catalog_dir_ = TempDir("recover-" + name);
+    catalog_dir_ = testing::MakeTempDir("recover-" + name);
     store_ = storage::OpenMemoryShardStore("recover-" + name).value();
     catalog_ = storage::Catalog::Open(catalog_dir_).value();
   }
@@ -354,10 +352,10 @@ TEST_F(RecoverTest, ReconcilesEveryRecordStateWithStorage) {
   EXPECT_GT(Get(2)->total_bytes(), 0u);
   expect(3, v1::CHECKPOINT_STATE_ABORTED, "cairnd restarted during the save");
   expect(4, v1::CHECKPOINT_STATE_ABORTED, "its MANIFEST was missing from");
-  EXPECT_EQ(Get(5).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Get(5), StatusIs(absl::StatusCode::kNotFound));
   expect(6, v1::CHECKPOINT_STATE_COMMITTED, "");
   expect(7, v1::CHECKPOINT_STATE_ABORTED, "its MANIFEST was damaged");
-  EXPECT_EQ(Get(8).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Get(8), StatusIs(absl::StatusCode::kNotFound));
   for (int64_t step : {3, 5, 7, 8}) EXPECT_FALSE(StepOnStorage(step)) << step;
   for (int64_t step : {1, 2, 6}) EXPECT_TRUE(StepOnStorage(step)) << step;
   auto committed = storage::ListCommittedSteps(*store_, "job");
@@ -369,10 +367,10 @@ TEST_F(RecoverTest, RefusesToStartWhenNoCommittedRecordHasItsManifest) {
   Put(1, v1::CHECKPOINT_STATE_COMMITTED);
   Put(2, v1::CHECKPOINT_STATE_COMMITTED);
   absl::Status s = Run();
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("lists 2 committed"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr(catalog_dir_));
-  EXPECT_THAT(std::string(s.message()), HasSubstr(store_->uri()));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kFailedPrecondition,
+                  AllOf(HasSubstr("lists 2 committed"), HasSubstr(catalog_dir_),
+                        HasSubstr(store_->uri()))));
   // Nothing was changed.
   EXPECT_EQ(Get(1)->state(), v1::CHECKPOINT_STATE_COMMITTED);
 }

@@ -7,35 +7,40 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "server/coordinator/coordinator_test_fixture.h"
 
 namespace cairn::coordinator {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
 TEST(RequestBoundsTest, JobStepAndRankOfWorldAreValidated) {
   EXPECT_TRUE(ValidateJobStep("job", 0).ok());
   absl::Status s = ValidateJobStep("../etc", 1);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("../etc"));
-  EXPECT_EQ(ValidateJobStep("job", -1).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("../etc")));
+  EXPECT_THAT(ValidateJobStep("job", -1),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 
   EXPECT_TRUE(ValidateRankOfWorld(3, 4, 8, "rank 3 of x").ok());
   s = ValidateRankOfWorld(0, 9, 8, "rank 0 of job 'j' step 2");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(),
-            "rank 0 of job 'j' step 2: world_size 9 is not in [1, 8]");
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kInvalidArgument,
+                  "rank 0 of job 'j' step 2: world_size 9 is not in [1, 8]"));
   s = ValidateRankOfWorld(0, 0, 8, "who");
   EXPECT_THAT(std::string(s.message()), HasSubstr("world_size 0"));
   s = ValidateRankOfWorld(4, 4, 8, "rank 4 of job 'j' step 2");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(),
-            "rank 4 of job 'j' step 2: rank is out of range for world_size 4");
-  EXPECT_EQ(ValidateRankOfWorld(-1, 4, 8, "who").code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      s,
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          "rank 4 of job 'j' step 2: rank is out of range for world_size 4"));
+  EXPECT_THAT(ValidateRankOfWorld(-1, 4, 8, "who"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(RequestBoundsTest, TruncatedMarksWhatItCut) {
@@ -53,22 +58,22 @@ TEST(RequestBoundsTest, LocalPlanItemsAndFqnsAreBounded) {
   v1::LocalSavePlan more = plan;
   *more.add_items() = plan.items(0);
   absl::Status s = CheckLocalPlanBounds(more, options, "rank 0 of job 'j'");
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 0 of job 'j': the local plan has 4 items; at "
-                        "most 3"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kResourceExhausted,
+                  HasSubstr("rank 0 of job 'j': the local plan has 4 items; at "
+                            "most 3")));
   // A tensor fqn and a bytes fqn are both measured.
   v1::LocalSavePlan tensor = plan;
   tensor.mutable_items(0)->mutable_tensor()->set_fqn("model.layer.weight");
   s = CheckLocalPlanBounds(tensor, options, "rank 2");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 2: fqn 'model.layer.weight' is 18 bytes; at "
-                        "most 8"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kInvalidArgument,
+                  HasSubstr("rank 2: fqn 'model.layer.weight' is 18 bytes; at "
+                            "most 8")));
   v1::LocalSavePlan bytes = plan;
   bytes.mutable_items(2)->set_bytes_fqn(std::string(9, 'r'));
-  EXPECT_EQ(CheckLocalPlanBounds(bytes, options, "rank 2").code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(CheckLocalPlanBounds(bytes, options, "rank 2"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   // A huge fqn is cut in the message.
   bytes.mutable_items(2)->set_bytes_fqn(std::string(1 << 16, 'r'));
   s = CheckLocalPlanBounds(bytes, options, "rank 2");
@@ -89,44 +94,46 @@ TEST(RequestBoundsTest, LoadRequestsAreBoundedByChunksBytesAndFqns) {
   load.add_wanted_bytes("rng");
   load.add_wanted_bytes("rng");
   absl::Status s = CheckLoadRequestBounds(load, options);
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 5 loading job 'job': 1 chunks and 3 bytes "
-                        "entries; at most 2"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kResourceExhausted,
+                  HasSubstr("rank 5 loading job 'job': 1 chunks and 3 bytes "
+                            "entries; at most 2")));
   load.clear_wanted_bytes();
   load.mutable_wanted(0)->mutable_tensor()->set_fqn("model.w");
   s = CheckLoadRequestBounds(load, options);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 5 loading job 'job': fqn 'model.w' is 7 bytes"));
+  EXPECT_THAT(
+      s, StatusIs(
+             absl::StatusCode::kInvalidArgument,
+             HasSubstr("rank 5 loading job 'job': fqn 'model.w' is 7 bytes")));
   load.clear_wanted();
   // The short form: 2 offsets and sizes of 8 dims per tensor at most.
   for (int i = 0; i < 32; ++i) load.add_wanted_boxes(i);
   EXPECT_TRUE(CheckLoadRequestBounds(load, options).ok());
   load.add_wanted_boxes(0);
   s = CheckLoadRequestBounds(load, options);
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 5 loading job 'job': wanted_boxes holds 33 "
-                        "values; at most 32"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kResourceExhausted,
+                  HasSubstr("rank 5 loading job 'job': wanted_boxes holds 33 "
+                            "values; at most 32")));
   load.clear_wanted_boxes();
   load.set_tensors_digest(std::string(65, 'd'));
   s = CheckLoadRequestBounds(load, options);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("tensors_digest is 65"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("tensors_digest is 65")));
 
   v1::VerifyLoadRequest verify;
   verify.set_job("job");
   verify.set_rank(1);
   for (int i = 0; i < 3; ++i) verify.add_pieces()->set_fqn("w");
   s = CheckLoadRequestBounds(verify, options);
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 1 verifying its load of job 'job': 3 chunks"));
+  EXPECT_THAT(
+      s,
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("rank 1 verifying its load of job 'job': 3 chunks")));
   verify.mutable_pieces()->RemoveLast();
   verify.mutable_pieces(0)->set_fqn("longer");
-  EXPECT_EQ(CheckLoadRequestBounds(verify, options).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(CheckLoadRequestBounds(verify, options),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_F(CoordinatorTest, LocalPlansAreBoundedPerRankAndPerSave) {
@@ -137,30 +144,28 @@ TEST_F(CoordinatorTest, LocalPlansAreBoundedPerRankAndPerSave) {
   v1::LocalSavePlan big = RankPlan(0, 1);
   *big.add_items() = big.items(0);
   BeginResult r = Begin("job", 1, 0, 1, big).get();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("rank 0 of job 'job' step 1"));
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("4 items"));
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kResourceExhausted,
+                          AllOf(HasSubstr("rank 0 of job 'job' step 1"),
+                                HasSubstr("4 items"))));
 
   v1::LocalSavePlan long_fqn = RankPlan(0, 1);
   long_fqn.mutable_items(2)->set_bytes_fqn(std::string(100, 'f'));
   r = Begin("job", 1, 0, 1, long_fqn).get();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("100 bytes"));
+  EXPECT_THAT(
+      r, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("100 bytes")));
 
   r = Begin("job", 1, 0, 1, std::nullopt, std::string(1 << 20, 'z')).get();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("fingerprint"));
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("fingerprint")));
 
   // Two ranks of 3 items each exceed 5 items per save: the second is refused.
   auto first = Begin("job", 2, 0, 2, RankPlan(0, 2));
   r = Begin("job", 2, 1, 2, RankPlan(1, 2)).get();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("rank 1 of job 'job' step 2"));
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("at most 5"));
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kResourceExhausted,
+                          AllOf(HasSubstr("rank 1 of job 'job' step 2"),
+                                HasSubstr("at most 5"))));
   coordinator_.reset();
-  EXPECT_EQ(first.get().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(first.get(), StatusIs(absl::StatusCode::kUnavailable));
 }
 
 TEST_F(CoordinatorTest, LoadRequestsAreBoundedAndLoadPlansCachedByBytes) {
@@ -180,15 +185,14 @@ TEST_F(CoordinatorTest, LoadRequestsAreBoundedAndLoadPlansCachedByBytes) {
   req.set_rank(3);
   for (int i = 0; i < 5; ++i) req.add_wanted_bytes("rng");
   auto r = coordinator_->PlanLoad(req);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("rank 3 loading job 'job'"));
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("at most 4"));
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kResourceExhausted,
+                          AllOf(HasSubstr("rank 3 loading job 'job'"),
+                                HasSubstr("at most 4"))));
   req.clear_wanted_bytes();
   req.add_wanted_bytes(std::string(1000, 'r'));
   r = coordinator_->PlanLoad(req);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("1000 bytes"));
+  EXPECT_THAT(
+      r, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1000 bytes")));
 
   v1::VerifyLoadRequest verify;
   verify.set_job("job");
@@ -197,9 +201,8 @@ TEST_F(CoordinatorTest, LoadRequestsAreBoundedAndLoadPlansCachedByBytes) {
   verify.set_world_size(2);
   for (int i = 0; i < 5; ++i) verify.add_pieces()->set_fqn("w");
   VerifyResult v = Verify(verify).get();
-  EXPECT_EQ(v.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(v.status().message()),
-              HasSubstr("rank 1 verifying its load of job 'job'"));
+  EXPECT_THAT(v, StatusIs(absl::StatusCode::kResourceExhausted,
+                          HasSubstr("rank 1 verifying its load of job 'job'")));
 }
 
 }  // namespace

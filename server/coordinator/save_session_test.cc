@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/save_plan.h"
@@ -24,6 +25,8 @@
 namespace cairn::coordinator {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Phase = SaveSession::Phase;
@@ -144,10 +147,11 @@ TEST_F(SaveSessionTest, RetryIsParkedAndAnotherPlanForTheRankIsRefused) {
   EXPECT_EQ(Arrive(0), SaveSession::Arrival::kParked);
   EXPECT_EQ(Arrive(0), SaveSession::Arrival::kParked);  // a retry
   EXPECT_EQ(Arrive(0, "another-fingerprint"), SaveSession::Arrival::kAnswered);
-  EXPECT_EQ(answer_.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(answer_.status().message()),
-              HasSubstr("rank 0 of job 'job' step 7 called BeginSave twice "
-                        "with different plans"));
+  EXPECT_THAT(
+      answer_,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("rank 0 of job 'job' step 7 called BeginSave twice "
+                         "with different plans")));
   EXPECT_EQ(session_->arrived(), 1);
 }
 
@@ -155,10 +159,11 @@ TEST_F(SaveSessionTest, PlanItemsOfTheWholeSaveAreBounded) {
   Open(2);
   EXPECT_EQ(Arrive(0, "", 0, /*max_items=*/5), SaveSession::Arrival::kParked);
   EXPECT_EQ(Arrive(1, "", 0, /*max_items=*/5), SaveSession::Arrival::kAnswered);
-  EXPECT_EQ(answer_.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(answer_.status().message()),
-              HasSubstr("rank 1 of job 'job' step 7: its 3 plan items would "
-                        "bring the save to 6 items; at most 5"));
+  EXPECT_THAT(
+      answer_,
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("rank 1 of job 'job' step 7: its 3 plan items would "
+                         "bring the save to 6 items; at most 5")));
   EXPECT_THAT(session_->ArrivedRanks(), ElementsAre(0));
 }
 
@@ -333,10 +338,10 @@ TEST_F(SaveSessionTest, ResultsMustMatchThePlanAndTheProcess) {
   ASSERT_GE(req.results_size(), 1);
   req.mutable_results(0)->mutable_location()->set_offset(12345);
   absl::Status s = session_->CheckResults(0, req).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 0 of job 'job' step 7 result 0 for '"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("the plan says attempt-1/"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kInvalidArgument,
+                  AllOf(HasSubstr("rank 0 of job 'job' step 7 result 0 for '"),
+                        HasSubstr("the plan says attempt-1/"))));
   req.mutable_results()->RemoveLast();
   s = session_->CheckResults(0, req).status();
   EXPECT_THAT(std::string(s.message()),
@@ -346,11 +351,11 @@ TEST_F(SaveSessionTest, ResultsMustMatchThePlanAndTheProcess) {
   EXPECT_TRUE(session_->CheckIncarnation(0, 5).ok());
   EXPECT_TRUE(session_->CheckIncarnation(0, 0).ok());  // not sent
   s = session_->CheckIncarnation(1, 6);
-  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 1 of job 'job' step 7: this process "
-                        "(0000000000000006) is not the one in the save "
-                        "(0000000000000005)"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kAborted,
+                  HasSubstr("rank 1 of job 'job' step 7: this process "
+                            "(0000000000000006) is not the one in the save "
+                            "(0000000000000005)")));
 }
 
 TEST_F(SaveSessionTest, ReportsCommitOnceEveryRankIsInAndConflictsAbort) {
@@ -365,10 +370,11 @@ TEST_F(SaveSessionTest, ReportsCommitOnceEveryRankIsInAndConflictsAbort) {
   EXPECT_EQ(session_->phase(), Phase::kCommitting);
   // Other checksums once the commit began: refused, the commit goes on.
   EXPECT_EQ(Commit(2, /*crc=*/9), SaveSession::Report::kAnswered);
-  EXPECT_EQ(commit_answer_.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(commit_answer_.message()),
-              HasSubstr("rank 2 of job 'job' step 7 committed twice with "
-                        "different checksums"));
+  EXPECT_THAT(
+      commit_answer_,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("rank 2 of job 'job' step 7 committed twice with "
+                         "different checksums")));
   EXPECT_EQ(session_->TakeCommitWaiters().size(), 4u);  // 0, 0, 2, 1
   EXPECT_TRUE(session_->TakeCommitWaiters().empty());
 }
@@ -389,29 +395,27 @@ TEST_F(SaveSessionTest, ShortCommitsMustNameThisSavesPlanAndAttempt) {
   v1::CommitSaveRequest other_plan = req;
   other_plan.set_plan_id("another plan");
   absl::Status s = session_->CheckResults(1, other_plan).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 1 of job 'job' step 7 reports writes of plan "
-                        "another plan in attempt 'attempt-1'"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kFailedPrecondition,
+                  HasSubstr("rank 1 of job 'job' step 7 reports writes of plan "
+                            "another plan in attempt 'attempt-1'")));
   v1::CommitSaveRequest other_attempt = req;
   other_attempt.set_attempt("attempt-0");
-  EXPECT_EQ(session_->CheckResults(1, other_attempt).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(session_->CheckResults(1, other_attempt),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
   v1::CommitSaveRequest short_by_one = req;
   short_by_one.mutable_crc32cs()->RemoveLast();
   s = session_->CheckResults(1, short_by_one).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("reported " + std::to_string(writes - 1) +
-                        " checksums but its plan has " +
-                        std::to_string(writes) + " writes"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("reported " + std::to_string(writes - 1) +
+                                    " checksums but its plan has " +
+                                    std::to_string(writes) + " writes")));
   v1::CommitSaveRequest both = req;
   std::vector<v1::WriteResult> results = Results(1);
   both.mutable_results()->Assign(results.begin(), results.end());
   s = session_->CheckResults(1, both).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("sent both write results and checksums"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("sent both write results and checksums")));
 }
 
 TEST_F(SaveSessionTest, ManifestNamesEveryTensorChunkSortedAndEveryObject) {
@@ -556,10 +560,11 @@ TEST_F(SaveSessionTest, DeadlinesNameTheMissingRanks) {
   EXPECT_FALSE(session_->Expired(deadline));
   EXPECT_TRUE(session_->Expired(deadline + absl::Microseconds(1)));
   absl::Status s = session_->DeadlineStatus(absl::Minutes(1), absl::Hours(2));
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(s.message(),
-            "save of job 'job' step 7 aborted: ranks [0, 2] (2 of 4) never "
-            "called BeginSave within 1m");
+  EXPECT_THAT(
+      s,
+      StatusIs(absl::StatusCode::kDeadlineExceeded,
+               "save of job 'job' step 7 aborted: ranks [0, 2] (2 of 4) never "
+               "called BeginSave within 1m"));
 
   ArriveAllAndPlan(3);
   Commit(0);
@@ -606,18 +611,19 @@ TEST_F(SaveSessionTest, AbortAnswersParkedCommitsAndLaterReports) {
   EXPECT_THAT(std::string(committed_[0].second.status().message()),
               HasSubstr("rank 1 died"));
   EXPECT_EQ(Commit(1), SaveSession::Report::kAnswered);
-  EXPECT_EQ(commit_answer_.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(commit_answer_, StatusIs(absl::StatusCode::kAborted));
 }
 
 TEST_F(SaveSessionTest, WorldSizeMismatchNamesBothSizes) {
   Open(3);
   Arrive(0);
   const absl::Status s = session_->WorldSizeMismatch(1, 2);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(),
-            "save of job 'job' step 7 aborted: rank 1 says world_size 2 but "
-            "ranks [0] (1 of 3) say world_size 3; every rank of a save must "
-            "pass the same world_size");
+  EXPECT_THAT(
+      s,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               "save of job 'job' step 7 aborted: rank 1 says world_size 2 but "
+               "ranks [0] (1 of 3) say world_size 3; every rank of a save must "
+               "pass the same world_size"));
 }
 
 }  // namespace
