@@ -1,11 +1,7 @@
-// Where a checkpoint lives on a ShardStore, and the commit protocol.
-//
-// Layout:
-//   <job>/<step, 16 digits zero-padded>/<data objects...>
-//   <job>/<step, 16 digits zero-padded>/MANIFEST        (written last)
-// Object keys inside a manifest (StorageLocation.object_key, objects) are
-// relative to the step prefix. Zero padding makes List() order == step order
-// (steps go up to 10^15, which has 16 digits).
+// A checkpoint on a ShardStore: the commit protocol, reading, listing,
+// deleting and verifying checkpoints. Where each lives (its keys, see
+// checkpoint_keys.h): <job>/<step>/<data objects...> and
+// <job>/<step>/MANIFEST, written last.
 //
 // Commit protocol (what makes a checkpoint all-or-nothing):
 //   1. every data object is written with ObjectWriter and Close()d: each is
@@ -36,30 +32,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "cairn/v1/cairn.pb.h"
+#include "storage/checkpoint_keys.h"
 #include "storage/manifest.h"
 #include "storage/shard_store.h"
 
 namespace cairn::storage {
-
-inline constexpr int64_t kMaxStep = 1000000000000000;  // 10^15
-inline constexpr int kStepDigits = 16;
-inline constexpr char kManifestName[] = "MANIFEST";
-
-// [A-Za-z0-9._-]{1,128}, not "." or "..": else INVALID_ARGUMENT naming it.
-absl::Status ValidateJobName(absl::string_view job);
-// 0 <= step <= 10^15: else INVALID_ARGUMENT.
-absl::Status ValidateStep(int64_t step);
-
-// "job/0000000000000123/". Arguments must be valid (not checked).
-std::string StepPrefix(absl::string_view job, int64_t step);
-// "job/0000000000000123/MANIFEST".
-std::string ManifestKey(absl::string_view job, int64_t step);
-// StepPrefix(job, step) + object_key.
-std::string ObjectKey(absl::string_view job, int64_t step,
-                      absl::string_view object_key);
-// Parses a 16-digit step directory name ("0000000000000123" or with a
-// trailing '/'); INVALID_ARGUMENT otherwise.
-absl::StatusOr<int64_t> ParseStepDir(absl::string_view name);
 
 // The largest manifest body cairn reads (manifest.h's decoders walk it with
 // protobuf's int-sized streams): 2^31 - 1 bytes, ~28 M chunks at ~75 bytes

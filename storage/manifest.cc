@@ -32,7 +32,7 @@
 #include "nlohmann/json.hpp"
 #include "planner/box.h"
 #include "planner/overlap_index.h"
-#include "storage/checkpoint_layout.h"
+#include "storage/checkpoint_keys.h"
 #include "storage/checksum.h"
 #include "storage/shard_store.h"
 
