@@ -18,10 +18,12 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/checkpointer.h"
 #include "client/examples/synthetic_model.h"
+#include "common/daemon.h"
 
 namespace {
 
@@ -119,11 +121,12 @@ int main(int argc, char** argv) {
   }
   if (!pause_after_plan_load.empty()) {
     opts.after_plan_load_for_test = [&](int64_t step) {
-      const std::string planned = pause_after_plan_load + ".planned";
-      if (std::FILE* f = std::fopen((planned + ".tmp").c_str(), "w")) {
-        std::fprintf(f, "%ld\n", static_cast<long>(step));
-        std::fclose(f);
-        std::rename((planned + ".tmp").c_str(), planned.c_str());
+      // Whole or not at all: the test reads it as soon as it appears.
+      if (absl::Status s = daemon::WriteFileAtomically(
+              pause_after_plan_load + ".planned", absl::StrCat(step, "\n"));
+          !s.ok()) {
+        std::fprintf(stderr, "--pause-after-plan-load: %s\n",
+                     s.ToString().c_str());
       }
       const std::string go = pause_after_plan_load + ".go";
       while (::access(go.c_str(), F_OK) != 0) ::usleep(10000);
