@@ -25,17 +25,18 @@
 #include "client/protocol/coordinator_call.h"
 #include "client/protocol/save_protocol.h"
 #include "common/status_macros.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include "proto/convert/plan_convert.h"
 #include "server/coordinator/coordinator_server.h"
 #include "storage/testing/fault_injection_store.h"
-#include "storage/testing/status_testing.h"
 
 namespace cairn::client {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using planner::DType;
 using planner::Placement;
 using ::testing::HasSubstr;
@@ -279,8 +280,7 @@ TEST_F(CheckpointerTest, FailedLoadsReportBeforeReturningAndLeaveNoCall) {
     ASSERT_TRUE(AddW(state, i % 2, 2, buf, Placement::Shard(1)).ok());
     absl::StatusOr<int64_t> loaded =
         c->Load(i % 3 == 0 ? LoadRef::Latest() : LoadRef::Step(1), state);
-    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss)
-        << loaded.status();
+    EXPECT_THAT(loaded, StatusIs(absl::StatusCode::kDataLoss));
     const std::string msg(loaded.status().message());
     EXPECT_THAT(msg, HasSubstr(absl::StrCat("rank ", i % 2,
                                             " loading job 'job' step 1")));
@@ -369,9 +369,10 @@ TEST_F(CheckpointerTest, LoadsSendTheShortFormAndTheFullOneWhenAsked) {
                                           absl::MakeSpan(extra)}})
                   .ok());
   absl::StatusOr<int64_t> loaded = c->Load(LoadRef::Step(1), state);
-  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(loaded.status().message()),
-              HasSubstr("'x' (wanted chunk 1) is not in the checkpoint"));
+  EXPECT_THAT(
+      loaded,
+      StatusIs(absl::StatusCode::kNotFound,
+               HasSubstr("'x' (wanted chunk 1) is not in the checkpoint")));
   EXPECT_EQ(server_->coordinator().stats().load_wanted_resends, 2);
 }
 
@@ -394,9 +395,8 @@ TEST_F(CheckpointerTest, RefusedLoadsLeaveNoCall) {
                     .ok());
     absl::StatusOr<int64_t> loaded =
         c->Load(i % 3 == 0 ? LoadRef::Latest() : LoadRef::Step(1), state);
-    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kNotFound)
-        << loaded.status();
-    EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("missing"));
+    EXPECT_THAT(loaded,
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
     c.reset();
   }
   EXPECT_EQ(server_->coordinator().stats().load_reports, 0);
@@ -460,8 +460,12 @@ TEST_F(CheckpointerTest, LatestStepIsTheNewestCommittedOrNotFoundNamingJob) {
   StartServer();
   std::unique_ptr<Checkpointer> c = Connect(0, 1);
   ASSERT_NE(c, nullptr);
-  EXPECT_STATUS(c->LatestStep().status(), kNotFound,
-                "rank 0 asking for the latest committed step of job 'job': ");
+  EXPECT_THAT(
+      c->LatestStep().status(),
+      StatusIs(
+          absl::StatusCode::kNotFound,
+          HasSubstr(
+              "rank 0 asking for the latest committed step of job 'job': ")));
   for (int64_t step : {7, 21, 14}) SaveOneRank(step);
   absl::StatusOr<int64_t> latest = c->LatestStep();
   ASSERT_TRUE(latest.ok()) << latest.status();
@@ -508,10 +512,12 @@ TEST_F(CheckpointerTest, DescribeErrorsNameJobStepAndRank) {
   StartServer();
   std::unique_ptr<Checkpointer> c = Connect(0, 1);
   ASSERT_NE(c, nullptr);
-  EXPECT_STATUS(c->Describe(99).status(), kNotFound,
-                "rank 0 describing job 'job' step 99");
-  EXPECT_STATUS(c->Describe(-3).status(), kInvalidArgument,
-                "rank 0 describing job 'job' step -3");
+  EXPECT_THAT(c->Describe(99).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("rank 0 describing job 'job' step 99")));
+  EXPECT_THAT(c->Describe(-3).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank 0 describing job 'job' step -3")));
 }
 
 TEST_F(CheckpointerTest, FailedSaveNamesRankJobStepAndTensor) {
@@ -522,8 +528,9 @@ TEST_F(CheckpointerTest, FailedSaveNamesRankJobStepAndTensor) {
   std::vector<char> buf;
   // A pending reduction cannot be saved: refused before any call.
   ASSERT_TRUE(AddW(state, 1, 2, buf, Placement::Partial()).ok());
-  EXPECT_STATUS(c->Save(3, state).status(), kInvalidArgument,
-                "rank 1 saving job 'job' step 3: ");
+  EXPECT_THAT(c->Save(3, state).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank 1 saving job 'job' step 3: ")));
   EXPECT_THAT(std::string(c->Save(3, state).status().message()),
               HasSubstr("'w'"));
   EXPECT_EQ(server_->coordinator().stats().plans_built, 0);
@@ -535,16 +542,20 @@ TEST_F(CheckpointerTest, ConnectRefusesBadOptionsNamingJobAndRank) {
   o.job = "job";
   o.rank = 4;
   o.world_size = 4;
-  EXPECT_STATUS(Checkpointer::Connect(o).status(), kInvalidArgument,
-                "job 'job': rank 4 is out of range for world_size 4");
+  EXPECT_THAT(
+      Checkpointer::Connect(o).status(),
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          HasSubstr("job 'job': rank 4 is out of range for world_size 4")));
   o.rank = 0;
   o.job = "bad/name";
-  EXPECT_EQ(Checkpointer::Connect(o).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Checkpointer::Connect(o),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   o.job = "job";
   o.coordinator.clear();
-  EXPECT_STATUS(Checkpointer::Connect(o).status(), kInvalidArgument,
-                "cairnd address is required");
+  EXPECT_THAT(Checkpointer::Connect(o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cairnd address is required")));
 }
 
 // The bytes of "w" [8, 4] fp32 as SaveRanks(step, 2) saves them, row-major:
@@ -618,8 +629,10 @@ TEST_F(CheckpointerTest, CancelEndsASaveWaitingInBeginSaveAndAbortsIt) {
   const bool returned = done.WaitForNotificationWithTimeout(absl::Minutes(2));
   EXPECT_TRUE(returned) << "Save did not return after Cancel";
   rank0.join();
-  EXPECT_STATUS(result.status(), kCancelled,
-                absl::StrCat("rank 0 saving job 'job' step 2: ", kCancelled));
+  EXPECT_THAT(result.status(),
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr(absl::StrCat(
+                           "rank 0 saving job 'job' step 2: ", kCancelled))));
 
   std::optional<CheckpointInfo> rec = RecordOf(**c0, 2);
   ASSERT_TRUE(rec.has_value());
@@ -709,10 +722,14 @@ TEST_F(CheckpointerTest, CancelDuringTheWritesStopsThemAndAbortsForEveryRank) {
   Gate().Close("");  // gates nothing
   Gate().Open();
 
-  EXPECT_STATUS(results[0].status(), kCancelled,
-                absl::StrCat("rank 0 saving job 'job' step 2: ", kCancelled));
-  EXPECT_STATUS(results[1].status(), kAborted,
-                absl::StrCat("aborted by rank 0: ", kCancelled));
+  EXPECT_THAT(results[0].status(),
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr(absl::StrCat(
+                           "rank 0 saving job 'job' step 2: ", kCancelled))));
+  EXPECT_THAT(
+      results[1].status(),
+      StatusIs(absl::StatusCode::kAborted,
+               HasSubstr(absl::StrCat("aborted by rank 0: ", kCancelled))));
   EXPECT_THAT(std::string(results[1].status().message()), HasSubstr("step 2"));
   // Rank 0's object got the item in flight when Cancel came, nothing more.
   EXPECT_EQ(passed, 1);
@@ -745,8 +762,10 @@ TEST_F(CheckpointerTest, CancelWithNothingRunningCancelsOnlyTheNextCall) {
   c->Cancel();
   c->Cancel();
   ASSERT_TRUE(c->List().ok());  // queries are not cancelled
-  EXPECT_STATUS(c->Save(5, state).status(), kCancelled,
-                absl::StrCat("rank 0 saving job 'job' step 5: ", kCancelled));
+  EXPECT_THAT(c->Save(5, state).status(),
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr(absl::StrCat(
+                           "rank 0 saving job 'job' step 5: ", kCancelled))));
   EXPECT_FALSE(RecordOf(*c, 5).has_value());  // cairnd never heard of it
   EXPECT_EQ(server_->coordinator().stats().plans_built, 0);
   absl::StatusOr<CheckpointInfo> rec = c->Save(5, state);
@@ -755,8 +774,10 @@ TEST_F(CheckpointerTest, CancelWithNothingRunningCancelsOnlyTheNextCall) {
 
   std::fill(buf.begin(), buf.end(), 0x5a);
   c->Cancel();
-  EXPECT_STATUS(c->Load(LoadRef::Latest(), state).status(), kCancelled,
-                absl::StrCat("rank 0 loading job 'job' latest: ", kCancelled));
+  EXPECT_THAT(c->Load(LoadRef::Latest(), state).status(),
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr(absl::StrCat(
+                           "rank 0 loading job 'job' latest: ", kCancelled))));
   EXPECT_EQ(buf, std::vector<char>(saved.size(), 0x5a));  // untouched
   EXPECT_EQ(server_->coordinator().stats().load_reports, 0);
   absl::StatusOr<int64_t> loaded = c->Load(LoadRef::Latest(), state);
@@ -797,8 +818,10 @@ TEST_F(CheckpointerTest, CancelEndsALoadWaitingInVerifyLoad) {
   const bool returned = done.WaitForNotificationWithTimeout(absl::Minutes(2));
   EXPECT_TRUE(returned) << "Load did not return after Cancel";
   rank0.join();
-  EXPECT_STATUS(result.status(), kCancelled,
-                absl::StrCat("rank 0 loading job 'job' step 1: ", kCancelled));
+  EXPECT_THAT(result.status(),
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr(absl::StrCat(
+                           "rank 0 loading job 'job' step 1: ", kCancelled))));
   std::vector<char> want;
   const std::vector<char> w = SavedW();
   for (int row = 0; row < 8; ++row) {
@@ -895,8 +918,7 @@ TEST_F(CheckpointerTest, SaveToAPortWhereNothingListensFailsNamingTheAddress) {
   ASSERT_TRUE(AddW(state, 0, 1, buf, Placement::Shard(0)).ok());
   absl::StatusOr<CheckpointInfo> saved =
       HangGuard<CheckpointInfo>(**c, [&] { return (*c)->Save(1, state); });
-  EXPECT_EQ(saved.status().code(), absl::StatusCode::kUnavailable)
-      << saved.status();
+  EXPECT_THAT(saved, StatusIs(absl::StatusCode::kUnavailable));
   const std::string msg(saved.status().message());
   EXPECT_THAT(msg, HasSubstr("rank 0 saving job 'job' step 1"));
   EXPECT_THAT(msg, HasSubstr(absl::StrCat("cairnd at ", address,
@@ -917,8 +939,7 @@ TEST_F(CheckpointerTest, LoadFromAnAddressThatNeverAnswersFailsNamingIt) {
   ASSERT_TRUE(AddW(state, 0, 1, buf, Placement::Shard(0)).ok());
   absl::StatusOr<int64_t> loaded = HangGuard<int64_t>(
       **c, [&] { return (*c)->Load(LoadRef::Latest(), state); });
-  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kUnavailable)
-      << loaded.status();
+  EXPECT_THAT(loaded, StatusIs(absl::StatusCode::kUnavailable));
   const std::string msg(loaded.status().message());
   EXPECT_THAT(msg, HasSubstr("rank 0 loading job 'job'"));
   EXPECT_THAT(msg, HasSubstr(absl::StrCat("cairnd at ", address,
@@ -1086,9 +1107,12 @@ TEST_F(CheckpointerRestartTest, SecondLiveProcessForARankRefusesTheFirst) {
   absl::StatusOr<CheckpointInfo> second = absl::UnknownError("not run");
   std::thread q([&] { second = SaveAs(0); });
   p.join();
-  EXPECT_STATUS(first.status(), kAborted,
-                "save of job 'job' step 10 aborted: rank 0 restarted during "
-                "the save (process ");
+  EXPECT_THAT(
+      first.status(),
+      StatusIs(absl::StatusCode::kAborted,
+               HasSubstr(
+                   "save of job 'job' step 10 aborted: rank 0 restarted during "
+                   "the save (process ")));
   EXPECT_THAT(std::string(first.status().message()),
               HasSubstr(", which is still waiting in BeginSave: two processes "
                         "for rank 0?)"));
@@ -1162,8 +1186,9 @@ TEST(CheckpointSummaryTest, ChunkBoxesAreTheManifestsBoxesSortedByBox) {
                 {{0, 0}, {6, 2}}, {{0, 2}, {6, 1}}, {{0, 3}, {6, 1}}}));
   // A box this library cannot read is refused naming the tensor.
   t->mutable_chunks(1)->mutable_box()->add_offsets(0);
-  EXPECT_STATUS(SummaryFromProto(r, m).status(), kInvalidArgument,
-                "chunk of 'wq' has 3 offsets but 2 sizes");
+  EXPECT_THAT(SummaryFromProto(r, m).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("chunk of 'wq' has 3 offsets but 2 sizes")));
 }
 
 TEST(CheckpointStateTest, NamesEveryState) {

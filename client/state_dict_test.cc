@@ -7,14 +7,17 @@
 #include <vector>
 
 #include "client/checkpointer.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace cairn::client {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using planner::DType;
 using planner::Placement;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 planner::DTensorLayout Mesh2(Placement p) {
@@ -44,24 +47,24 @@ TEST(StateDictTest, BufferOfTheWrongSizeIsRefusedNamingTheTensor) {
   absl::Status s =
       state.AddDTensor("model.wq", DType::kFloat32, {8, 4},
                        Mesh2(Placement::Shard(0)), 1, absl::MakeSpan(small));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("'model.wq'"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("[4:8, 0:4]"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("64 bytes, got 63"));
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'model.wq'"), HasSubstr("[4:8, 0:4]"),
+                             HasSubstr("64 bytes, got 63"))));
 
   // A larger buffer too: a wrong dtype would otherwise go unnoticed.
   std::vector<char> large(2 * 4 * 4 * 4);
   s = state.AddDTensor("model.wk", DType::kFloat32, {8, 4},
                        Mesh2(Placement::Shard(0)), 0, absl::MakeSpan(large));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("'model.wk'"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'model.wk'")));
 
   std::vector<char> ok(4 * 4);
   s = state.AddChunks("b", DType::kFloat32, {4},
                       {TensorChunk{planner::ChunkBox{{0}, {4}},
                                    absl::MakeSpan(ok.data(), 15)}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("'b' chunk [0:4]"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("'b' chunk [0:4]")));
   EXPECT_TRUE(state.tensors().empty());
 
   // A rank outside the mesh holds nothing and passes nothing.
@@ -69,11 +72,10 @@ TEST(StateDictTest, BufferOfTheWrongSizeIsRefusedNamingTheTensor) {
                   .AddDTensor("w", DType::kFloat32, {8, 4},
                               Mesh2(Placement::Shard(0)), 5, {})
                   .ok());
-  EXPECT_EQ(state
-                .AddDTensor("w2", DType::kFloat32, {8, 4},
-                            Mesh2(Placement::Shard(0)), 5, absl::MakeSpan(ok))
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      state.AddDTensor("w2", DType::kFloat32, {8, 4},
+                       Mesh2(Placement::Shard(0)), 5, absl::MakeSpan(ok)),
+      StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(StateDictTest, PartialPlacementIsNeitherSavedNorLoaded) {
@@ -85,12 +87,12 @@ TEST(StateDictTest, PartialPlacementIsNeitherSavedNorLoaded) {
                               absl::MakeSpan(buf))
                   .ok());
   absl::StatusOr<planner::LocalSavePlan> plan = state.ToLocalPlan(1);
-  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("'grad.acc'"));
-  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("Partial()"));
+  EXPECT_THAT(plan,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'grad.acc'"), HasSubstr("Partial()"))));
   absl::Status load = state.CheckLoadable();
-  EXPECT_EQ(load.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(load.message()), HasSubstr("'grad.acc'"));
+  EXPECT_THAT(load, StatusIs(absl::StatusCode::kInvalidArgument,
+                             HasSubstr("'grad.acc'")));
 }
 
 // Save refuses a Partial() tensor before any call to cairnd, naming the job,
@@ -114,17 +116,15 @@ TEST(StateDictTest, CheckpointerRefusesPartialPlacementsNamingJobStepRank) {
                               absl::MakeSpan(buf))
                   .ok());
   absl::Status s = (*ckpt)->Save(5, state).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 1 saving job 'llm' step 5"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("'grad.acc'"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("Partial()"));
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("rank 1 saving job 'llm' step 5"),
+                             HasSubstr("'grad.acc'"), HasSubstr("Partial()"))));
 
   s = (*ckpt)->Load(LoadRef::Latest(), state).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 1 loading job 'llm' latest"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("'grad.acc'"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          AllOf(HasSubstr("rank 1 loading job 'llm' latest"),
+                                HasSubstr("'grad.acc'"))));
 }
 
 }  // namespace

@@ -18,15 +18,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/agent/agent_server.h"
 #include "server/coordinator/coordinator_server.h"
-#include "storage/testing/status_testing.h"
 
 namespace cairn::client {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr char kCancelled[] = "cancelled (AgentCheckpointer::Cancel)";
@@ -55,10 +58,9 @@ std::optional<CheckpointInfo> RecordOf(Checkpointer& c, int64_t step) {
 class AgentCheckpointerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // Under /tmp, not TEST_TMPDIR: the agent's socket path must fit sun_path.
-    char tmpl[] = "/tmp/cairn-agent-ckpt-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    // The agent's socket path must fit sun_path.
+    dir_ = testing::MakeSocketTempDir("agent-ckpt");
+    ASSERT_FALSE(dir_.empty());
     std::filesystem::create_directories(dir_ + "/ckpt");
     coordinator::CoordinatorServer::Spec spec;
     spec.listen_address = "127.0.0.1:0";
@@ -223,11 +225,9 @@ TEST_F(AgentCheckpointerTest, FutureOfWaitsForASaveAnotherCheckpointerStaged) {
   // the wait ends at its timeout.
   absl::StatusOr<CheckpointInfo> none =
       (*waiter)->FutureOf(9).Wait(absl::Seconds(1));
-  ASSERT_FALSE(none.ok());
-  EXPECT_THAT(none.status().code(),
-              testing::AnyOf(absl::StatusCode::kNotFound,
-                             absl::StatusCode::kDeadlineExceeded))
-      << none.status();
+  EXPECT_THAT(none,
+              StatusIs(::testing::AnyOf(absl::StatusCode::kNotFound,
+                                        absl::StatusCode::kDeadlineExceeded)));
 }
 
 TEST_F(AgentCheckpointerTest, LoadFallsBackToStorageWhenTheAgentIsDown) {
@@ -260,9 +260,9 @@ TEST_F(AgentCheckpointerTest, AsyncSaveWithoutAgentNamesRankJobAndStep) {
   std::vector<char> buf;
   ASSERT_TRUE(AddW(state, buf, 'c').ok());
   const absl::Status s = (*c)->AsyncSave(3, state).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 1 saving job 'job' step 3 via agent"));
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("rank 1 saving job 'job' step 3 via agent")));
 }
 
 TEST_F(AgentCheckpointerTest, UnsaveableStateIsRefusedNamingTheTensor) {
@@ -277,24 +277,28 @@ TEST_F(AgentCheckpointerTest, UnsaveableStateIsRefusedNamingTheTensor) {
                               partial, 0, absl::MakeSpan(buf))
                   .ok());
   const absl::Status s = (*c)->AsyncSave(3, state).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 0 saving job 'job' step 3 via agent"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("'model.pending'"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kInvalidArgument,
+                  AllOf(HasSubstr("rank 0 saving job 'job' step 3 via agent"),
+                        HasSubstr("'model.pending'"))));
 }
 
 TEST_F(AgentCheckpointerTest, ConnectRefusesBadOptions) {
   AgentCheckpointerOptions o = Options(0, 1);
   o.agent_socket.clear();
-  EXPECT_STATUS(AgentCheckpointer::Connect(o).status(), kInvalidArgument,
-                "agent mode needs the agent's socket");
+  EXPECT_THAT(AgentCheckpointer::Connect(o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("agent mode needs the agent's socket")));
   o = Options(2, 2);
-  EXPECT_STATUS(AgentCheckpointer::Connect(o).status(), kInvalidArgument,
-                "job 'job': rank 2 is out of range for world_size 2");
+  EXPECT_THAT(
+      AgentCheckpointer::Connect(o).status(),
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          HasSubstr("job 'job': rank 2 is out of range for world_size 2")));
   o = Options(0, 1);
   o.direct.job = "no spaces";
-  EXPECT_EQ(AgentCheckpointer::Connect(o).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(AgentCheckpointer::Connect(o),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 // With nothing running, Cancel cancels the next AsyncSave, Wait or Load at
@@ -310,9 +314,11 @@ TEST_F(AgentCheckpointerTest, CancelWithNothingRunningCancelsOnlyTheNextCall) {
   ASSERT_TRUE(AddW(state, buf, 'c').ok());
   (*c)->Cancel();
   (*c)->Cancel();
-  EXPECT_STATUS(
-      (*c)->AsyncSave(5, state).status(), kCancelled,
-      absl::StrCat("rank 0 saving job 'job' step 5 via agent: ", kCancelled));
+  EXPECT_THAT(
+      (*c)->AsyncSave(5, state).status(),
+      StatusIs(absl::StatusCode::kCancelled,
+               HasSubstr(absl::StrCat(
+                   "rank 0 saving job 'job' step 5 via agent: ", kCancelled))));
   std::unique_ptr<Checkpointer> reader = Direct(0, 1);
   ASSERT_NE(reader, nullptr);
   EXPECT_FALSE(RecordOf(*reader, 5).has_value());
@@ -328,17 +334,21 @@ TEST_F(AgentCheckpointerTest, CancelWithNothingRunningCancelsOnlyTheNextCall) {
   info = f->Wait(absl::Seconds(60));
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->step, 5);
-  EXPECT_STATUS(
-      (*c)->AsyncSave(6, state).status(), kCancelled,
-      absl::StrCat("rank 0 saving job 'job' step 6 via agent: ", kCancelled));
+  EXPECT_THAT(
+      (*c)->AsyncSave(6, state).status(),
+      StatusIs(absl::StatusCode::kCancelled,
+               HasSubstr(absl::StrCat(
+                   "rank 0 saving job 'job' step 6 via agent: ", kCancelled))));
 
   StateDict back;
   std::vector<char> got;
   ASSERT_TRUE(AddW(back, got, 'z').ok());
   const std::vector<char> blank = got;
   (*c)->Cancel();
-  EXPECT_STATUS((*c)->Load(LoadRef::Latest(), back).status(), kCancelled,
-                absl::StrCat("rank 0 loading job 'job' latest: ", kCancelled));
+  EXPECT_THAT((*c)->Load(LoadRef::Latest(), back).status(),
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr(absl::StrCat(
+                           "rank 0 loading job 'job' latest: ", kCancelled))));
   EXPECT_EQ((*c)->last_load_source(), LoadSource::kNone);
   EXPECT_EQ(got, blank);
   absl::StatusOr<int64_t> loaded = (*c)->Load(LoadRef::Latest(), back);
@@ -404,16 +414,22 @@ TEST_F(AgentCheckpointerTest, CancelDuringWaitAbortsTheSaveForEveryRank) {
     std::thread waiter([&] { results[0] = f->Wait(absl::Seconds(120)); });
     (*c0)->Cancel();
     threads[0].join();  // rank 1: only an abort can end its save now
-    EXPECT_STATUS(results[1].status(), kAborted,
-                  absl::StrCat("aborted by rank 0: ", kCancelled));
+    EXPECT_THAT(
+        results[1].status(),
+        StatusIs(absl::StatusCode::kAborted,
+                 HasSubstr(absl::StrCat("aborted by rank 0: ", kCancelled))));
     waiter.join();
-    EXPECT_STATUS(
-        results[0].status(), kCancelled,
-        absl::StrCat("rank 0 saving job 'job' step 2 via agent: ", kCancelled));
+    EXPECT_THAT(results[0].status(),
+                StatusIs(absl::StatusCode::kCancelled,
+                         HasSubstr(absl::StrCat(
+                             "rank 0 saving job 'job' step 2 via agent: ",
+                             kCancelled))));
     release_rank2.Notify();
     threads[1].join();
-    EXPECT_STATUS(results[2].status(), kAborted,
-                  absl::StrCat("aborted by rank 0: ", kCancelled));
+    EXPECT_THAT(
+        results[2].status(),
+        StatusIs(absl::StatusCode::kAborted,
+                 HasSubstr(absl::StrCat("aborted by rank 0: ", kCancelled))));
   }
   std::optional<CheckpointInfo> rec = RecordOf(*direct[1], 2);
   ASSERT_TRUE(rec.has_value());
@@ -476,14 +492,18 @@ TEST_F(AgentCheckpointerTest, CancelEndsAWaitForStagingSpaceAndFreesIt) {
   absl::SleepFor(absl::Milliseconds(200));  // likely waiting by now
   (*c)->Cancel();
   saver.join();
-  EXPECT_STATUS(
-      f2.status(), kCancelled,
-      absl::StrCat("rank 0 saving job 'job' step 2 via agent: ", kCancelled));
+  EXPECT_THAT(
+      f2.status(),
+      StatusIs(absl::StatusCode::kCancelled,
+               HasSubstr(absl::StrCat(
+                   "rank 0 saving job 'job' step 2 via agent: ", kCancelled))));
 
   (*c)->Cancel();
-  EXPECT_STATUS(
-      f1->Wait(absl::Seconds(60)).status(), kCancelled,
-      absl::StrCat("rank 0 saving job 'job' step 1 via agent: ", kCancelled));
+  EXPECT_THAT(
+      f1->Wait(absl::Seconds(60)).status(),
+      StatusIs(absl::StatusCode::kCancelled,
+               HasSubstr(absl::StrCat(
+                   "rank 0 saving job 'job' step 1 via agent: ", kCancelled))));
 
   AgentCheckpointerOptions other = Options(0, 1);
   other.direct.job = "other";
@@ -523,9 +543,11 @@ TEST_F(AgentCheckpointerTest, CancelStopsAStreamingSaveAndAbortsItAtCairnd) {
   EXPECT_FALSE(returned.HasBeenNotified());
   (*c)->Cancel();
   saver.join();
-  EXPECT_STATUS(
-      f.status(), kCancelled,
-      absl::StrCat("rank 0 saving job 'job' step 1 via agent: ", kCancelled));
+  EXPECT_THAT(
+      f.status(),
+      StatusIs(absl::StatusCode::kCancelled,
+               HasSubstr(absl::StrCat(
+                   "rank 0 saving job 'job' step 1 via agent: ", kCancelled))));
   std::unique_ptr<Checkpointer> reader = Direct(1, 2);
   ASSERT_NE(reader, nullptr);
   ASSERT_TRUE(WaitUntil([&] {
@@ -582,8 +604,10 @@ TEST_F(AgentCheckpointerTest, CancelEndsALoadRetryingWhileCairndIsDown) {
   absl::SleepFor(absl::Milliseconds(300));  // likely retrying by now
   (*c)->Cancel();
   loader.join();
-  EXPECT_STATUS(loaded.status(), kCancelled,
-                absl::StrCat("rank 0 loading job 'job' latest: ", kCancelled));
+  EXPECT_THAT(loaded.status(),
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr(absl::StrCat(
+                           "rank 0 loading job 'job' latest: ", kCancelled))));
   EXPECT_EQ((*c)->last_load_source(), LoadSource::kNone);
   EXPECT_EQ(got, blank);
 

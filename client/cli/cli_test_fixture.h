@@ -22,6 +22,7 @@
 #include "cairn/v1/cairn.pb.h"
 #include "client/cli/cli.h"
 #include "common/status_macros.h"
+#include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "planner/box.h"
 #include "server/coordinator/coordinator_server.h"
@@ -221,8 +222,8 @@ class CliTestBase : public ::testing::Test {
   void SetUp() override {
     unsetenv("CAIRN_COORDINATOR");
     unsetenv("CAIRN_STORAGE");
-    char tmpl[] = "/tmp/cairn-cli-test-XXXXXX";
-    dir_ = mkdtemp(tmpl);
+    dir_ = testing::MakeTempDir("cli-test");
+    ASSERT_FALSE(dir_.empty());
     root_ = dir_ + "/ckpt";
     std::filesystem::create_directories(root_);
     uri_ = "file://" + root_;

@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli/cli_test_fixture.h"
 #include "client/cli/safetensors_export.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -37,6 +38,7 @@ namespace cairn::cli {
 namespace {
 
 namespace fs = std::filesystem;
+using ::cairn::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -426,12 +428,10 @@ TEST_F(ExportTest, AnExistingDirectoryIsRefusedAndLeftAlone) {
   // The library refuses it too (the CLI checks before asking anyone).
   ExportOptions options;
   options.out_dir = out_;
-  EXPECT_EQ(
+  EXPECT_THAT(
       ExportSafetensors(
-          *store_, storage::ReadManifest(*store_, "job", 5).value(), options)
-          .status()
-          .code(),
-      absl::StatusCode::kAlreadyExists);
+          *store_, storage::ReadManifest(*store_, "job", 5).value(), options),
+      StatusIs(absl::StatusCode::kAlreadyExists));
 }
 
 TEST_F(ExportTest, ATrailingSlashNamesTheSameDirectory) {
@@ -499,12 +499,10 @@ TEST_F(ExportTest, CtrlCStopsTheExportAndLeavesNothing) {
   options.out_dir = out_;
   int polls = 0;
   options.cancelled = [&] { return ++polls > 3; };
-  EXPECT_EQ(
+  EXPECT_THAT(
       ExportSafetensors(
-          *store_, storage::ReadManifest(*store_, "job", 7).value(), options)
-          .status()
-          .code(),
-      absl::StatusCode::kCancelled);
+          *store_, storage::ReadManifest(*store_, "job", 7).value(), options),
+      StatusIs(absl::StatusCode::kCancelled));
   ExpectNothingLeft();
 }
 

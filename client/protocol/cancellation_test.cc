@@ -17,12 +17,15 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/notification.h"
 #include "client/protocol/coordinator_call.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/testing/status_testing.h"
 
 namespace cairn::protocol {
 namespace {
+
+using ::cairn::testing::StatusIs;
+using ::testing::HasSubstr;
 
 TEST(CancellationTest, CancelSetsTheFlagUntilResetConsumesIt) {
   Cancellation cancel("cancelled (test)");
@@ -30,7 +33,8 @@ TEST(CancellationTest, CancelSetsTheFlagUntilResetConsumesIt) {
   EXPECT_FALSE(cancel.Reset());
   cancel.Cancel();
   EXPECT_TRUE(cancel.cancelled());
-  EXPECT_STATUS(cancel.status(), kCancelled, "cancelled (test)");
+  EXPECT_THAT(cancel.status(), StatusIs(absl::StatusCode::kCancelled,
+                                        HasSubstr("cancelled (test)")));
   cancel.Cancel();  // twice is once
   EXPECT_TRUE(cancel.Reset());
   EXPECT_FALSE(cancel.cancelled());
@@ -91,14 +95,16 @@ class CallWithRetryCancellationTest : public ::testing::Test {
 
 TEST_F(CallWithRetryCancellationTest, WithoutCancellationTheCallIsUnchanged) {
   Cancellation cancel("cancelled (test)");
-  EXPECT_EQ(List(0, nullptr).status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(List(0, &cancel).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(List(0, nullptr), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(List(0, &cancel), StatusIs(absl::StatusCode::kUnavailable));
 }
 
 TEST_F(CallWithRetryCancellationTest, AlreadyCancelledFailsWithItsStatus) {
   Cancellation cancel("cancelled (test)");
   cancel.Cancel();
-  EXPECT_STATUS(List(0, &cancel).status(), kCancelled, "cancelled (test)");
+  EXPECT_THAT(
+      List(0, &cancel).status(),
+      StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled (test)")));
   // A context registered after Cancel is cancelled at once: gRPC fails the
   // call CANCELLED (not UNAVAILABLE) as soon as it starts.
   grpc::ClientContext ctx;
@@ -125,7 +131,8 @@ TEST_F(CallWithRetryCancellationTest, CancelEndsTheRetriesFromAnotherThread) {
   started.WaitForNotification();
   cancel.Cancel();
   caller.join();
-  EXPECT_STATUS(result.status(), kCancelled, "cancelled (test)");
+  EXPECT_THAT(result.status(), StatusIs(absl::StatusCode::kCancelled,
+                                        HasSubstr("cancelled (test)")));
 }
 
 // Calls cairnd's transport reset to stay within its request memory budget

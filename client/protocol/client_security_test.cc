@@ -7,12 +7,16 @@
 #include <fstream>
 #include <string>
 
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace cairn::protocol {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -24,13 +28,7 @@ class ReadTokenFileTest : public ::testing::Test {
     return path;
   }
 
-  std::filesystem::path dir_ = [] {
-    std::filesystem::path d =
-        std::filesystem::temp_directory_path() /
-        ("client_security_test." + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    return d;
-  }();
+  std::filesystem::path dir_ = testing::MakeTempDir("client-security");
   ~ReadTokenFileTest() override { std::filesystem::remove_all(dir_); }
 };
 
@@ -45,9 +43,9 @@ TEST_F(ReadTokenFileTest, EmptyOrMissingFileNamesTheFlagAndPath) {
   std::string empty = Write("empty", " \n\t\n");
   absl::StatusOr<std::string> token = ReadTokenFile("--token-file", empty);
   ASSERT_FALSE(token.ok());
-  EXPECT_EQ(token.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(token.status().message(), HasSubstr("--token-file " + empty));
-  EXPECT_THAT(token.status().message(), HasSubstr("holds no token"));
+  EXPECT_THAT(token, StatusIs(absl::StatusCode::kInvalidArgument,
+                              AllOf(HasSubstr("--token-file " + empty),
+                                    HasSubstr("holds no token"))));
 
   std::string missing = (dir_ / "absent").string();
   token = ReadTokenFile("--peer-token-file", missing);
@@ -66,9 +64,9 @@ TEST_F(ReadTokenFileTest, TooLongIsRefusedWithoutEchoingTheToken) {
   absl::StatusOr<std::string> token =
       ReadTokenFile("--peer-token-file", path, 9);
   ASSERT_FALSE(token.ok());
-  EXPECT_EQ(token.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(token.status().message(), HasSubstr("10 bytes; at most 9"));
-  EXPECT_THAT(token.status().message(), Not(HasSubstr("abcdefghij")));
+  EXPECT_THAT(token, StatusIs(absl::StatusCode::kInvalidArgument,
+                              AllOf(HasSubstr("10 bytes; at most 9"),
+                                    Not(HasSubstr("abcdefghij")))));
 }
 
 TEST_F(ReadTokenFileTest, TheFileWinsOverTheEnvironmentWhichIsTheFallback) {

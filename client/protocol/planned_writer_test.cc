@@ -11,16 +11,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checksum.h"
 #include "storage/memory/memory_shard_store.h"
 #include "storage/testing/fault_injection_store.h"
-#include "storage/testing/status_testing.h"
 
 namespace cairn::protocol {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -96,9 +97,13 @@ TEST(GroupByObjectTest, OverlappingWritesAreInvalidNamingObjectAndItems) {
   plan.set_step_prefix("job/0000000007/");
   AddWrite(plan, "model.wq", 0, 2048, "data-3", 0);  // 8192 bytes
   AddWrite(plan, "$rng", 0, 10, "data-3", 4096);
-  EXPECT_STATUS(GroupByObject(plan).status(), kInvalidArgument,
-                "overlapping writes in object job/0000000007/data-3: "
-                "'model.wq' [0:2048] at 0+8192 and bytes entry 'rng' at 4096");
+  EXPECT_THAT(
+      GroupByObject(plan).status(),
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          HasSubstr(
+              "overlapping writes in object job/0000000007/data-3: "
+              "'model.wq' [0:2048] at 0+8192 and bytes entry 'rng' at 4096")));
 }
 
 TEST(PlannedObjectWriterTest, PadsToPlannedOffsetsAndRecordsCrcPerItem) {
@@ -144,27 +149,40 @@ TEST(PlannedObjectWriterTest, WrongLengthsNameTheItemAndTheObject) {
   {
     auto writer =
         PlannedObjectWriter::Open(*store, plan, objects[0], &commit).value();
-    EXPECT_STATUS(writer->Append(Bytes(13, 'q')), kInvalidArgument,
-                  "'model.wq' [4:7] has 13 bytes here, more than the 12 "
-                  "cairnd planned at 0 of object j/0000000002/data-5");
+    EXPECT_THAT(
+        writer->Append(Bytes(13, 'q')),
+        StatusIs(
+            absl::StatusCode::kInvalidArgument,
+            HasSubstr("'model.wq' [4:7] has 13 bytes here, more than the 12 "
+                      "cairnd planned at 0 of object j/0000000002/data-5")));
     ASSERT_TRUE(writer->Append(Bytes(8, 'q')).ok());
-    EXPECT_STATUS(writer->FinishItem(), kFailedPrecondition,
-                  "'model.wq' [4:7] has 8 bytes here, not the 12 cairnd "
-                  "planned at 0 of object j/0000000002/data-5");
-    EXPECT_STATUS(writer->Close(), kFailedPrecondition,
-                  "object j/0000000002/data-5 closed with 1 of its 1 planned "
-                  "items not written");
+    EXPECT_THAT(
+        writer->FinishItem(),
+        StatusIs(
+            absl::StatusCode::kFailedPrecondition,
+            HasSubstr("'model.wq' [4:7] has 8 bytes here, not the 12 cairnd "
+                      "planned at 0 of object j/0000000002/data-5")));
+    EXPECT_THAT(
+        writer->Close(),
+        StatusIs(
+            absl::StatusCode::kFailedPrecondition,
+            HasSubstr(
+                "object j/0000000002/data-5 closed with 1 of its 1 planned "
+                "items not written")));
   }
   // Nothing became visible.
-  EXPECT_EQ(store->Size("j/0000000002/data-5").status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(store->Size("j/0000000002/data-5"),
+              StatusIs(absl::StatusCode::kNotFound));
   {
     auto writer =
         PlannedObjectWriter::Open(*store, plan, objects[0], &commit).value();
     ASSERT_TRUE(writer->WriteItem(Bytes(12, 'q')).ok());
-    EXPECT_STATUS(writer->Append(Bytes(1, 'q')), kFailedPrecondition,
-                  "object j/0000000002/data-5: 1 bytes appended after its "
-                  "last planned item");
+    EXPECT_THAT(
+        writer->Append(Bytes(1, 'q')),
+        StatusIs(
+            absl::StatusCode::kFailedPrecondition,
+            HasSubstr("object j/0000000002/data-5: 1 bytes appended after its "
+                      "last planned item")));
   }
 }
 
@@ -183,10 +201,12 @@ TEST(PlannedObjectWriterTest, StorageErrorsNameTheItemAndTheObject) {
   auto writer =
       PlannedObjectWriter::Open(store, plan, objects[0], &commit).value();
   ASSERT_TRUE(writer->WriteItem(Bytes(8, 'a')).ok());
-  EXPECT_STATUS(writer->WriteItem(Bytes(16, 'b')), kResourceExhausted,
-                "disk full (Append of 'j/0000000003/data-1') (writing "
-                "'model.layers.3.w' [16:20] to object "
-                "j/0000000003/data-1)");
+  EXPECT_THAT(
+      writer->WriteItem(Bytes(16, 'b')),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("disk full (Append of 'j/0000000003/data-1') (writing "
+                         "'model.layers.3.w' [16:20] to object "
+                         "j/0000000003/data-1)")));
 }
 
 // Oracle: random plans (several objects, aligned offsets with gaps, empty

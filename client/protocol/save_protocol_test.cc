@@ -19,15 +19,16 @@
 #include "absl/synchronization/notification.h"
 #include "client/protocol/cancellation.h"
 #include "client/protocol/coordinator_call.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_server.h"
 #include "storage/checksum.h"
-#include "storage/testing/status_testing.h"
 
 namespace cairn::protocol {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::HasSubstr;
 
 class SaveProtocolTest : public ::testing::Test {
@@ -256,13 +257,19 @@ TEST_F(SaveProtocolTest, MissingSourceAbortsNamingJobStepRankAndItem) {
   auto save = p->Begin(3, local);
   ASSERT_TRUE(save.ok()) << save.status();
   const absl::Status written = (*save)->WriteAll(sources, pool);
-  EXPECT_STATUS(written, kFailedPrecondition,
-                "cairnd planned bytes entry 'rng' (5 bytes) for this rank, "
-                "which does not hold it with that length");
+  EXPECT_THAT(
+      written,
+      StatusIs(
+          absl::StatusCode::kFailedPrecondition,
+          HasSubstr("cairnd planned bytes entry 'rng' (5 bytes) for this rank, "
+                    "which does not hold it with that length")));
   const absl::Status reported = (*save)->Abort(written);
-  EXPECT_STATUS(reported, kFailedPrecondition,
-                "rank 0 saving job 'job' step 3: cairnd planned bytes entry "
-                "'rng'");
+  EXPECT_THAT(
+      reported,
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr(
+                   "rank 0 saving job 'job' step 3: cairnd planned bytes entry "
+                   "'rng'")));
   EXPECT_EQ(server_->coordinator().stats().aborts, 1);
   // The save is gone: committing now is refused.
   EXPECT_FALSE((*save)->Commit().ok());
@@ -284,18 +291,19 @@ TEST_F(SaveProtocolTest, AbortAfterAnotherRankAbortedReportsTheFirstReason) {
   ASSERT_NE(saves[0], nullptr);
   ASSERT_NE(saves[1], nullptr);
   // Rank 0 fails first: its own failure comes back (with where it was).
-  EXPECT_STATUS(
+  EXPECT_THAT(
       saves[0]->Abort(absl::ResourceExhaustedError("no space left on device")),
-      kResourceExhausted,
-      "rank 0 saving job 'job' step 7: no space left on device");
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr(
+                   "rank 0 saving job 'job' step 7: no space left on device")));
   // Rank 1 then runs into the cleanup: ABORTED with rank 0's reason first.
   const absl::Status s =
       saves[1]->Abort(absl::NotFoundError("temp file vanished"));
-  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 1 saving job 'job' step 7: save of job 'job' "
-                        "step 7 aborted by rank 0: no space left on device "
-                        "(this rank then failed: temp file vanished)"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kAborted,
+                  HasSubstr("rank 1 saving job 'job' step 7: save of job 'job' "
+                            "step 7 aborted by rank 0: no space left on device "
+                            "(this rank then failed: temp file vanished)")));
 }
 
 // Rank 0 of 2 waits in BeginSave for rank 1: Cancel from another thread ends
@@ -318,8 +326,10 @@ TEST_F(SaveProtocolTest, CancelEndsBeginSaveAndAbortsTheSave) {
   }
   cancel.Cancel();
   rank0.join();  // cairnd's begin deadline (1 min) would end it otherwise
-  EXPECT_STATUS(begun.status(), kCancelled,
-                "rank 0 saving job 'job' step 4: cancelled (test)");
+  EXPECT_THAT(
+      begun.status(),
+      StatusIs(absl::StatusCode::kCancelled,
+               HasSubstr("rank 0 saving job 'job' step 4: cancelled (test)")));
   const v1::CheckpointRecord rec = Record(4);
   EXPECT_EQ(rec.state(), v1::CHECKPOINT_STATE_ABORTED);
   EXPECT_THAT(rec.abort_reason(), HasSubstr("save of job 'job' step 4 aborted "
@@ -327,8 +337,10 @@ TEST_F(SaveProtocolTest, CancelEndsBeginSaveAndAbortsTheSave) {
   EXPECT_EQ(server_->coordinator().stats().saves_in_progress, 0);
   // The protocol never resets the cancellation: the next Begin is refused
   // before any call until its owner does.
-  EXPECT_STATUS(p.Begin(5, Local(0, 2)).status(), kCancelled,
-                "rank 0 saving job 'job' step 5: cancelled (test)");
+  EXPECT_THAT(
+      p.Begin(5, Local(0, 2)).status(),
+      StatusIs(absl::StatusCode::kCancelled,
+               HasSubstr("rank 0 saving job 'job' step 5: cancelled (test)")));
   EXPECT_EQ(server_->coordinator().stats().saves_in_progress, 0);
 }
 
@@ -351,15 +363,23 @@ TEST_F(SaveProtocolTest, CancelledSaveWritesNothingAndCommitAbortsIt) {
   ThreadPool pool(2);
   ASSERT_TRUE(saves[1]->WriteAll(s1, pool).ok());
   cancel.Cancel();
-  EXPECT_STATUS(saves[0]->WriteAll(s0, pool), kCancelled, "cancelled (test)");
+  EXPECT_THAT(
+      saves[0]->WriteAll(s0, pool),
+      StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled (test)")));
   for (const PlannedObject& o : saves[0]->objects()) {
     EXPECT_TRUE(absl::IsNotFound(saves[0]->store().Size(o.key).status()))
         << o.key;
   }
-  EXPECT_STATUS(saves[0]->Commit().status(), kCancelled,
-                "rank 0 saving job 'job' step 6: cancelled (test)");
-  EXPECT_STATUS(saves[1]->Commit().status(), kAborted,
-                "save of job 'job' step 6 aborted by rank 0: cancelled (test)");
+  EXPECT_THAT(
+      saves[0]->Commit().status(),
+      StatusIs(absl::StatusCode::kCancelled,
+               HasSubstr("rank 0 saving job 'job' step 6: cancelled (test)")));
+  EXPECT_THAT(
+      saves[1]->Commit().status(),
+      StatusIs(
+          absl::StatusCode::kAborted,
+          HasSubstr(
+              "save of job 'job' step 6 aborted by rank 0: cancelled (test)")));
   EXPECT_EQ(Record(6).state(), v1::CHECKPOINT_STATE_ABORTED);
 }
 
@@ -389,10 +409,16 @@ TEST_F(SaveProtocolTest, CancelEndsCommitSaveWaitingForTheOtherRank) {
   committing.WaitForNotification();
   cancel.Cancel();  // rank 0 is in CommitSave, or about to call it
   rank0.join();     // cairnd's commit deadline is an hour away
-  EXPECT_STATUS(committed.status(), kCancelled,
-                "rank 0 saving job 'job' step 8: cancelled (test)");
-  EXPECT_STATUS(saves[1]->Commit().status(), kAborted,
-                "save of job 'job' step 8 aborted by rank 0: cancelled (test)");
+  EXPECT_THAT(
+      committed.status(),
+      StatusIs(absl::StatusCode::kCancelled,
+               HasSubstr("rank 0 saving job 'job' step 8: cancelled (test)")));
+  EXPECT_THAT(
+      saves[1]->Commit().status(),
+      StatusIs(
+          absl::StatusCode::kAborted,
+          HasSubstr(
+              "save of job 'job' step 8 aborted by rank 0: cancelled (test)")));
   EXPECT_EQ(Record(8).state(), v1::CHECKPOINT_STATE_ABORTED);
 }
 
@@ -434,8 +460,8 @@ TEST_F(SaveProtocolTest, CancelAfterEveryRankCommittedReturnsTheCommit) {
 
 TEST_F(SaveProtocolTest, BadStepIsInvalidBeforeAnyCall) {
   std::unique_ptr<SaveProtocol> p = Protocol(0, 1);
-  EXPECT_EQ(p->Begin(-1, Local(0, 1)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(p->Begin(-1, Local(0, 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(server_->coordinator().stats().plans_built, 0);
 }
 
