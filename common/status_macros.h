@@ -1,5 +1,6 @@
 // Status propagation macros. Abseil 20220623 ships none, so Cairn defines the
-// two that TensorStore and Abseil's later releases use.
+// two that TensorStore and Abseil's later releases use, and Annotate, which
+// says what the caller was doing when an error passes up through it.
 //
 // Example:
 //   absl::StatusOr<Manifest> LoadManifest(ShardStore& store, std::string_view
@@ -16,6 +17,9 @@
 #include "absl/base/optimization.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 // Evaluates `expr` (an absl::Status) once; returns it from the enclosing
 // function when it is not OK.
@@ -45,5 +49,30 @@
     return std::move(statusor).status();                   \
   }                                                        \
   lhs = std::move(statusor).value()
+
+namespace cairn {
+
+// `status` with "<prefix>: " before its message, its code (and payloads)
+// kept; OK stays OK.
+//
+// Example:
+//   if (absl::Status s = store.Delete(key); !s.ok()) {
+//     return Annotate(s, absl::StrCat("deleting the manifest of job '", job,
+//                                     "' step ", step));
+//   }
+//   // NOT_FOUND: deleting the manifest of job 'llama' step 7: no such key
+inline absl::Status Annotate(const absl::Status& status,
+                             absl::string_view prefix) {
+  if (status.ok()) return status;
+  absl::Status annotated(status.code(),
+                         absl::StrCat(prefix, ": ", status.message()));
+  status.ForEachPayload(
+      [&annotated](absl::string_view type_url, const absl::Cord& payload) {
+        annotated.SetPayload(type_url, payload);
+      });
+  return annotated;
+}
+
+}  // namespace cairn
 
 #endif  // CAIRN_COMMON_STATUS_MACROS_H_

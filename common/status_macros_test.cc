@@ -60,5 +60,21 @@ TEST(StatusMacrosTest, AssignOrReturnMovesValueOrReturnsError) {
   EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("crc"));
 }
 
+TEST(AnnotateTest, PrefixesTheMessageAndKeepsCodeAndPayloads) {
+  absl::Status s = absl::NotFoundError("no such key");
+  s.SetPayload("type.cairn/why", absl::Cord("gone"));
+  const absl::Status annotated =
+      Annotate(s, "deleting the manifest of job 'llama' step 7");
+  EXPECT_EQ(annotated.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(annotated.message(),
+            "deleting the manifest of job 'llama' step 7: no such key");
+  ASSERT_TRUE(annotated.GetPayload("type.cairn/why").has_value());
+  EXPECT_EQ(*annotated.GetPayload("type.cairn/why"), "gone");
+}
+
+TEST(AnnotateTest, LeavesOkAlone) {
+  EXPECT_EQ(Annotate(absl::OkStatus(), "anything"), absl::OkStatus());
+}
+
 }  // namespace
 }  // namespace cairn

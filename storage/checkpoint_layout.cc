@@ -43,7 +43,7 @@ absl::Status ReadFailure(const absl::Status& s, absl::string_view context) {
   if (absl::IsNotFound(s) || absl::IsOutOfRange(s) || absl::IsDataLoss(s)) {
     return absl::DataLossError(absl::StrCat(context, ": ", s.message()));
   }
-  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+  return Annotate(s, context);
 }
 
 // Streams [offset, offset + length) of `key` through `buffer`, returning its
@@ -326,9 +326,8 @@ absl::Status PublishManifest(ShardStore& store, ManifestSource source,
   const std::string& job = header.job();
   const int64_t step = header.step();
   const auto failed = [&](const absl::Status& s) {
-    return absl::Status(
-        s.code(), absl::StrCat("publishing the manifest of ", Where(job, step),
-                               ": ", s.message()));
+    return Annotate(
+        s, absl::StrCat("publishing the manifest of ", Where(job, step)));
   };
   // The writer's error when it stopped the run; else the run's own (an
   // invalid manifest is reported as such even when a write failed too).
@@ -447,9 +446,8 @@ absl::StatusOr<ManifestBytes> ReadManifestBytes(ShardStore& store,
 
 absl::Status UndecodableManifest(const absl::Status& s, absl::string_view job,
                                  int64_t step) {
-  return absl::Status(
-      s.code(), absl::StrCat("manifest '", ManifestKey(job, step), "' of ",
-                             Where(job, step), ": ", s.message()));
+  return Annotate(s, absl::StrCat("manifest '", ManifestKey(job, step), "' of ",
+                                  Where(job, step)));
 }
 
 absl::Status CheckManifestNames(const v1::Manifest& manifest,
@@ -612,16 +610,13 @@ absl::Status DeleteStep(ShardStore& store, absl::string_view job,
   CAIRN_CRASH_POINT("storage.delete_step.begin");
   absl::Status s = store.Delete(ManifestKey(job, step));
   if (!s.ok() && !absl::IsNotFound(s)) {
-    return absl::Status(
-        s.code(), absl::StrCat("deleting the manifest of ", Where(job, step),
-                               ": ", s.message()));
+    return Annotate(
+        s, absl::StrCat("deleting the manifest of ", Where(job, step)));
   }
   CAIRN_CRASH_POINT("storage.delete_step.after_manifest");
   s = store.DeletePrefix(StepPrefix(job, step));
   if (!s.ok()) {
-    return absl::Status(
-        s.code(), absl::StrCat("deleting the data of ", Where(job, step), ": ",
-                               s.message()));
+    return Annotate(s, absl::StrCat("deleting the data of ", Where(job, step)));
   }
   CAIRN_CRASH_POINT("storage.delete_step.end");
   return absl::OkStatus();
@@ -650,9 +645,8 @@ absl::StatusOr<int> DeleteUnreferenced(ShardStore& store,
     }
     absl::Status s = store.Delete(key);
     if (!s.ok() && !absl::IsNotFound(s)) {
-      return absl::Status(s.code(),
-                          absl::StrCat("removing '", key, "', not part of ",
-                                       Where(job, step), ": ", s.message()));
+      return Annotate(s, absl::StrCat("removing '", key, "', not part of ",
+                                      Where(job, step)));
     }
     ++removed;
   }

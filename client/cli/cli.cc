@@ -324,9 +324,8 @@ class StorageBackend : public Backend {
     CAIRN_RETURN_IF_ERROR(storage::ValidateStep(step));
     if (lease_ != nullptr) {
       if (absl::Status s = lease_->Check(); !s.ok()) {
-        return absl::Status(
-            s.code(), absl::StrCat("not deleting job '", job, "' step ", step,
-                                   ": ", s.message()));
+        return Annotate(
+            s, absl::StrCat("not deleting job '", job, "' step ", step));
       }
     }
     return storage::DeleteStep(*store_, job, step);

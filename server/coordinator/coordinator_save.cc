@@ -95,14 +95,12 @@ absl::StatusOr<Coordinator::RankPlan> Coordinator::DecodeRankPlan(
     absl::StatusOr<planner::LocalSavePlan> p =
         convert::LocalPlanFromProto(request.local_plan());
     if (!p.ok()) {
-      return absl::Status(p.status().code(),
-                          absl::StrCat(who, ": ", p.status().message()));
+      return Annotate(p.status(), who);
     }
     mine.fingerprint = planner::FingerprintLocalPlan(*p);
     absl::StatusOr<planner::PackedLocalPlan> packed = interner_.Pack(*p);
     if (!packed.ok()) {
-      return absl::Status(packed.status().code(),
-                          absl::StrCat(who, ": ", packed.status().message()));
+      return Annotate(packed.status(), who);
     }
     mine.plan =
         std::make_shared<const planner::PackedLocalPlan>(*std::move(packed));

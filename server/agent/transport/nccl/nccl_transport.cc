@@ -281,10 +281,9 @@ absl::Status NcclTransport::Send(int peer, uint64_t tag,
   ++d.sent[peer];
   absl::Status s = link_->Send(peer, data, options_.transfer_timeout);
   if (!s.ok()) {
-    return absl::Status(
-        s.code(), absl::StrCat("nccl transport: node ", node_, " sending ",
-                               data.size(), " bytes (tag ", tag, ") to ",
-                               PeerName(peer), ": ", s.message()));
+    return Annotate(s, absl::StrCat("nccl transport: node ", node_, " sending ",
+                                    data.size(), " bytes (tag ", tag, ") to ",
+                                    PeerName(peer)));
   }
   absl::MutexLock ml(&mu_);
   ++device_sent_;
@@ -329,11 +328,9 @@ void NcclTransport::PumpLoop(bool up) {
       absl::MutexLock l(&d.mu);
       s = link_->Recv(peer, absl::MakeSpan(payload), options_.transfer_timeout);
       if (!s.ok()) {
-        s = absl::Status(
-            s.code(),
-            absl::StrCat("nccl transport: node ", node_, " receiving ",
-                         a.length, " bytes (tag ", a.tag, ") from ",
-                         PeerName(peer), ": ", s.message()));
+        s = Annotate(s, absl::StrCat("nccl transport: node ", node_,
+                                     " receiving ", a.length, " bytes (tag ",
+                                     a.tag, ") from ", PeerName(peer)));
       }
     }
     if (!s.ok()) {
