@@ -1,6 +1,7 @@
 #include "common/testing/temp_dir.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -35,8 +36,10 @@ std::string MakeDirUnder(const std::string& base, absl::string_view name) {
 
 ABSL_CONST_INIT absl::Mutex exit_mu(absl::kConstInit);
 std::vector<std::string>* removed_at_exit ABSL_GUARDED_BY(exit_mu) = nullptr;
+pid_t exit_owner = 0;  // the process that made them, not a forked child
 
 void RemoveAtExit() {
+  if (getpid() != exit_owner) return;
   absl::MutexLock lock(&exit_mu);
   std::error_code ec;
   for (const std::string& dir : *removed_at_exit) {
@@ -61,6 +64,7 @@ std::string MakeTempDirRemovedAtExit(absl::string_view name) {
   absl::MutexLock lock(&exit_mu);
   if (removed_at_exit == nullptr) {
     removed_at_exit = new std::vector<std::string>();
+    exit_owner = getpid();
     std::atexit(RemoveAtExit);
   }
   removed_at_exit->push_back(dir);

@@ -26,8 +26,8 @@ std::string MakeTempDir(absl::string_view name = "");
 std::string MakeSocketTempDir(absl::string_view name);
 
 // MakeTempDir(name), removed with everything in it when the test program
-// exits: for directories a fixture cannot remove (a store's root handed to a
-// conformance suite).
+// exits (not when a forked child does): for directories a fixture cannot
+// remove (a store's root handed to a conformance suite).
 std::string MakeTempDirRemovedAtExit(absl::string_view name = "");
 
 }  // namespace cairn::testing
