@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_server.h"
@@ -19,14 +21,15 @@
 namespace cairn::agent {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 class AgentDirectoryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/cairn-agent-directory-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = ::cairn::testing::MakeTempDir("agent-directory");
+    ASSERT_FALSE(dir_.empty());
     StartCairnd(0);
   }
   void TearDown() override {
@@ -75,12 +78,12 @@ TEST_F(AgentDirectoryTest, UnknownNodeFailsAtOnceAndStartingNodeIsUnavailable) {
   ASSERT_EQ(a.Register("10.1.0.1:7071").value(), 0);
   ASSERT_EQ(b.Register("").value(), 1);  // registered, not serving yet
   absl::StatusOr<std::string> starting = a.Resolve(1);
-  EXPECT_EQ(starting.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(starting.status().message(), HasSubstr("'node-b'"));
+  EXPECT_THAT(starting,
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("'node-b'")));
   absl::StatusOr<std::string> unknown = a.Resolve(3);
-  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(unknown.status().message(),
-              HasSubstr("no agent has registered as node 3"));
+  EXPECT_THAT(unknown,
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("no agent has registered as node 3")));
 }
 
 TEST_F(AgentDirectoryTest, KnownPeersStayResolvableWhileCairndIsDown) {
@@ -94,7 +97,7 @@ TEST_F(AgentDirectoryTest, KnownPeersStayResolvableWhileCairndIsDown) {
   EXPECT_GT(a.refreshes(), before);                  // it did try cairnd
   // A node the last table does not hold: cairnd's answer is unknown, so the
   // caller may retry.
-  EXPECT_EQ(a.Resolve(2).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(a.Resolve(2), StatusIs(absl::StatusCode::kUnavailable));
 }
 
 TEST_F(AgentDirectoryTest, ResolveReusesARecentTable) {
@@ -131,10 +134,10 @@ TEST_F(AgentDirectoryTest, RegistrationGivesUpAfterItsTimeoutNamingCairnd) {
   o.register_timeout = absl::Seconds(1);
   AgentDirectory a(o);
   absl::StatusOr<int> id = a.Register("10.1.0.1:7071");
-  EXPECT_EQ(id.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(id.status().message(),
-              HasSubstr(absl::StrCat("cairnd at 127.0.0.1:", port)));
-  EXPECT_THAT(id.status().message(), HasSubstr("'node-a'"));
+  EXPECT_THAT(
+      id, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                   AllOf(HasSubstr(absl::StrCat("cairnd at 127.0.0.1:", port)),
+                         HasSubstr("'node-a'"))));
 }
 
 TEST_F(AgentDirectoryTest, RefusedRegistrationIsNotRetried) {
@@ -142,13 +145,13 @@ TEST_F(AgentDirectoryTest, RefusedRegistrationIsNotRetried) {
   o.register_timeout = absl::Hours(1);  // a retry would hang the test
   AgentDirectory bad(o);
   absl::StatusOr<int> id = bad.Register("10.1.0.1:7071");
-  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(id.status().message(), HasSubstr("node_name 'bad/name'"));
+  EXPECT_THAT(id, StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr("node_name 'bad/name'")));
   AgentDirectory a(Options("a", 1)), b(Options("b", 1));
   ASSERT_EQ(a.Register("h:1").value(), 0);
   id = b.Register("h:2");
-  EXPECT_EQ(id.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(id.status().message(), HasSubstr("--num-nodes 1"));
+  EXPECT_THAT(id, StatusIs(absl::StatusCode::kResourceExhausted,
+                           HasSubstr("--num-nodes 1")));
 }
 
 }  // namespace

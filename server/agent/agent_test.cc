@@ -30,6 +30,8 @@
 #include "absl/synchronization/notification.h"
 #include "client/agent/agent_checkpointer.h"
 #include "client/examples/synthetic_model.h"
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
@@ -44,6 +46,8 @@
 namespace cairn::agent {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // --- A store whose writers the test holds at chosen points (registered as
@@ -148,8 +152,9 @@ void RegisterGatedScheme() {
 class AgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/cairn-agent-test-XXXXXX";
-    dir_ = mkdtemp(tmpl);
+    // The agents' sockets are in it: their paths must fit sun_path.
+    dir_ = ::cairn::testing::MakeSocketTempDir("agent-test");
+    ASSERT_FALSE(dir_.empty());
     coordinator::CoordinatorServer::Spec spec;
     spec.listen_address = "127.0.0.1:0";
     spec.coordinator.storage_uri = absl::StrCat("file://", dir_, "/ckpt");
@@ -404,9 +409,9 @@ TEST_F(AgentTest, SocketAndSegmentsHaveTheirModesWhateverTheUmask) {
   spec.agent.node_id = 0;
   spec.agent.coordinator = Address();
   auto second = AgentServer::Start(std::move(spec));
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(second.status().message()),
-              HasSubstr("another process is serving on " + Socket(0)));
+  EXPECT_THAT(second, StatusIs(absl::StatusCode::kFailedPrecondition,
+                               HasSubstr("another process is serving on " +
+                                         Socket(0))));
   // A path that is not a socket is never replaced.
   const std::string file = dir_ + "/not-a-socket";
   std::ofstream(file) << "keep me";
@@ -415,9 +420,8 @@ TEST_F(AgentTest, SocketAndSegmentsHaveTheirModesWhateverTheUmask) {
   on_file.agent.node_id = 0;
   on_file.agent.coordinator = Address();
   auto refused = AgentServer::Start(std::move(on_file));
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("is not a socket"));
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                HasSubstr("is not a socket")));
   std::ifstream in(file);
   std::string kept((std::istreambuf_iterator<char>(in)),
                    std::istreambuf_iterator<char>());
@@ -619,14 +623,13 @@ TEST_F(AgentTest, RankHitByAnotherRanksAbortReportsThatRanksCause) {
     });
   }
   for (auto& t : ranks) t.join();
-  EXPECT_EQ(result[0].code(), absl::StatusCode::kResourceExhausted)
-      << result[0];
-  EXPECT_EQ(result[1].code(), absl::StatusCode::kAborted) << result[1];
-  EXPECT_THAT(std::string(result[1].message()),
-              HasSubstr("rank 1 saving job 'gated' step 7: save of job "
-                        "'gated' step 7 aborted by rank 0: no space left on "
-                        "device writing 'gated/"))
-      << result[1];
+  EXPECT_THAT(result[0], StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(
+      result[1],
+      StatusIs(absl::StatusCode::kAborted,
+               HasSubstr("rank 1 saving job 'gated' step 7: save of job "
+                         "'gated' step 7 aborted by rank 0: no space left on "
+                         "device writing 'gated/")));
 }
 
 // A peer's requests are checked before the agent allocates or copies by
@@ -674,8 +677,8 @@ TEST_F(AgentTest, MalformedPeerRequestsAreRefusedWithoutCrashing) {
   a.mutable_push()->set_job("j");
   *a.mutable_push()->add_items()->mutable_item() = huge;
   absl::Status s = call(a);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("malformed push"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("malformed push")));
 
   // A push claiming a 2^64 - 1 byte item in a 1-byte message.
   v1::PeerRequest b = a;
@@ -685,8 +688,8 @@ TEST_F(AgentTest, MalformedPeerRequestsAreRefusedWithoutCrashing) {
   b.mutable_push()->add_item_offset(1);
   ASSERT_TRUE((*node1)->Send(0, next_tag, std::string("x")).ok());
   s = call(b);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("lies outside its message"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("lies outside its message")));
   // ...and its data message does not stay behind in the agent's memory.
   EXPECT_EQ(agents_[0]->agent().peer_mailbox_size_for_test(), 0u);
 
@@ -698,7 +701,7 @@ TEST_F(AgentTest, MalformedPeerRequestsAreRefusedWithoutCrashing) {
   *piece->mutable_item() = huge;
   *piece->mutable_region() = huge.chunk();
   s = call(f);
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound));
 
   // Still serving.
   SaveAll("after", 1, 1, "1:R", 1);
@@ -770,9 +773,8 @@ TEST_F(AgentTest, NcclTransportWithoutDeviceLinkFailsAtStart) {
   spec.agent.coordinator = Address();
   spec.agent.transport = AgentOptions::TransportKind::kNccl;
   auto s = AgentServer::Start(std::move(spec));
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(s.status().message()),
-              HasSubstr("--transport=nccl needs a device link"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition,
+                          HasSubstr("--transport=nccl needs a device link")));
 }
 
 // Ranks of one agent-mode load of `latest` agree on its step even when a
@@ -825,9 +827,8 @@ TEST_F(AgentTest, LatestLoadRacingACommitGivesEveryRankTheSameStep) {
   // Tier 0 holds each rank's newest save only, so step 1 now comes from
   // storage: the fallback loads the step the agent resolved, not `latest`.
   EXPECT_EQ(source, client::LoadSource::kStorage);
-  EXPECT_EQ(agent_error.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(agent_error.message()),
-              HasSubstr("job 'jr' step 1 rank 1"));
+  EXPECT_THAT(agent_error, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                    HasSubstr("job 'jr' step 1 rank 1")));
 }
 
 TEST_F(AgentTest, ReplicatesTierZeroToTheNextNodes) {
@@ -870,9 +871,9 @@ TEST_F(AgentTest, FallsBackToStorageWhenNoMemoryTierHoldsTheData) {
   std::vector<Loaded> loaded = LoadAll("j3", 2, 1, "2:S1", 3);
   ASSERT_EQ(loaded.size(), 2u);
   EXPECT_EQ(loaded[1].source, client::LoadSource::kStorage);
-  EXPECT_EQ(last_agent_error_.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(last_agent_error_.message()),
-              HasSubstr("memory tiers cannot serve"));
+  EXPECT_THAT(last_agent_error_,
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("memory tiers cannot serve")));
 }
 
 TEST_F(AgentTest, BudgetEvictsOldTiersAndRejectsOversizedSaves) {
@@ -894,9 +895,9 @@ TEST_F(AgentTest, BudgetEvictsOldTiersAndRejectsOversizedSaves) {
   // A rank that does not allow streaming is refused (others stream, below).
   auto ckpt = Rank(0, "j4", 0, 1, /*allow_streaming=*/false);
   auto f = ckpt->AsyncSave(9, (*model)->state());
-  EXPECT_EQ(f.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(f.status().message()), HasSubstr("staging budget"));
-  EXPECT_THAT(std::string(f.status().message()), HasSubstr("job 'j4' step 9"));
+  EXPECT_THAT(f, StatusIs(absl::StatusCode::kResourceExhausted,
+                          AllOf(HasSubstr("staging budget"),
+                                HasSubstr("job 'j4' step 9"))));
 }
 
 TEST_F(AgentTest, SaveLargerThanBudgetStreamsThroughBucketsBitExact) {
@@ -1011,8 +1012,8 @@ TEST_F(AgentTest, RankStoppingMidStreamAbortsAndPreviousStaysLatest) {
   v1::FinishStageRequest fin;
   fin.set_save_id(staged->save_id());
   absl::Status early = a.FinishStage(fin);
-  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(early.message()), HasSubstr("not fully staged"));
+  EXPECT_THAT(early, StatusIs(absl::StatusCode::kFailedPrecondition,
+                              HasSubstr("not fully staged")));
   sb.set_filled_bucket(first->bucket());
   auto second = a.StageBucket(sb);
   ASSERT_TRUE(second.ok()) << second.status();
@@ -1023,13 +1024,12 @@ TEST_F(AgentTest, RankStoppingMidStreamAbortsAndPreviousStaysLatest) {
   wr.set_rank(0);
   wr.set_timeout_ms(20000);
   absl::StatusOr<v1::CheckpointRecord> r = a.WaitSave(wr);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("no streaming call"));
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("job 'j9' step 2"));
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kAborted,
+                          AllOf(HasSubstr("no streaming call"),
+                                HasSubstr("job 'j9' step 2"))));
   // The late rank is told, and its bucket is not reused.
   sb.set_filled_bucket(second->bucket());
-  EXPECT_EQ(a.StageBucket(sb).status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(a.StageBucket(sb), StatusIs(absl::StatusCode::kAborted));
   std::vector<Loaded> loaded = LoadAll("j9", 1, 1, "1:R", 1);
   ASSERT_EQ(loaded.size(), 1u);
   // The agent still streams the next save, within the budget.
@@ -1058,16 +1058,15 @@ TEST_F(AgentTest, GpuItemsWithoutCudaCopierAreRejected) {
   *d = staged->items(0);
   d->mutable_cuda()->set_handle(std::string(64, '\0'));
   absl::Status s = a.FinishStage(f);
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("cuda copier"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition,
+                          HasSubstr("cuda copier")));
   v1::WaitSaveRequest wr;
   wr.set_job("j5");
   wr.set_step(1);
   wr.set_rank(0);
-  EXPECT_EQ(a.WaitSave(wr).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(a.WaitSave(wr), StatusIs(absl::StatusCode::kFailedPrecondition));
   wr.set_step(2);
-  EXPECT_EQ(a.WaitSave(wr).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(a.WaitSave(wr), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(AgentTest, BeginStageValidatesItems) {
@@ -1086,11 +1085,11 @@ TEST_F(AgentTest, BeginStageValidatesItems) {
   w->mutable_chunk()->add_sizes(8);
   w->set_length(31);  // should be 32
   auto s = agents_[0]->agent().BeginStage(b);
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.status().message()), HasSubstr("'model.w'"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'model.w'")));
   b.set_rank(3);
-  EXPECT_EQ(agents_[0]->agent().BeginStage(b).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(agents_[0]->agent().BeginStage(b),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/box.h"
@@ -19,6 +20,8 @@
 namespace cairn::agent {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int64_t kStep = 7;
@@ -333,7 +336,7 @@ TEST(PeerLoadPlanTest, RandomCasesMatchOracle) {
       ++planned;
     } else {
       ASSERT_FALSE(p.ok());
-      EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_THAT(p, StatusIs(absl::StatusCode::kFailedPrecondition));
       const std::string msg(p.status().message());
       EXPECT_THAT(msg, HasSubstr("job 'jobA' step 7 rank "));
       EXPECT_THAT(msg, HasSubstr("memory tiers cannot serve it"));
@@ -386,7 +389,7 @@ TEST(PeerLoadPlanTest, WantedRegionNoHolderHasNamesJobStepFqnAndBox) {
   absl::StatusOr<PeerLoadPlan> p =
       PlanPeerLoad(c.request, kStep, c.manifest, c.held_by, o);
   ASSERT_FALSE(p.ok());
-  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(p, StatusIs(absl::StatusCode::kFailedPrecondition));
   const std::string msg(p.status().message());
   EXPECT_THAT(msg, HasSubstr("job 'jobA' step 7 rank 3"));
   EXPECT_THAT(msg, HasSubstr("'model.emb'"));
@@ -415,9 +418,9 @@ TEST(PeerLoadPlanTest, TensorMissingFromManifestIsNotFound) {
   c.request.mutable_wanted(0)->mutable_tensor()->set_fqn("model.nope");
   absl::StatusOr<PeerLoadPlan> p =
       PlanPeerLoad(c.request, kStep, c.manifest, c.held_by, {});
-  EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(p.status().message(), HasSubstr("job 'jobA' step 7 rank 3"));
-  EXPECT_THAT(p.status().message(), HasSubstr("'model.nope'"));
+  EXPECT_THAT(p, StatusIs(absl::StatusCode::kNotFound,
+                          AllOf(HasSubstr("job 'jobA' step 7 rank 3"),
+                                HasSubstr("'model.nope'"))));
 }
 
 TEST(PeerLoadPlanTest, BytesEntryMissingFromManifestIsNotFound) {
@@ -426,9 +429,9 @@ TEST(PeerLoadPlanTest, BytesEntryMissingFromManifestIsNotFound) {
   c.request.add_wanted_bytes("opt.state");
   absl::StatusOr<PeerLoadPlan> p =
       PlanPeerLoad(c.request, kStep, c.manifest, c.held_by, {});
-  EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(p.status().message(), HasSubstr("job 'jobA' step 7 rank 3"));
-  EXPECT_THAT(p.status().message(), HasSubstr("bytes entry 'opt.state'"));
+  EXPECT_THAT(p, StatusIs(absl::StatusCode::kNotFound,
+                          AllOf(HasSubstr("job 'jobA' step 7 rank 3"),
+                                HasSubstr("bytes entry 'opt.state'"))));
 }
 
 TEST(PeerLoadPlanTest, ShapeMismatchIsInvalidArgument) {
@@ -436,9 +439,9 @@ TEST(PeerLoadPlanTest, ShapeMismatchIsInvalidArgument) {
   c.request.mutable_wanted(0)->mutable_tensor()->set_global_shape(0, 9);
   absl::StatusOr<PeerLoadPlan> p =
       PlanPeerLoad(c.request, kStep, c.manifest, c.held_by, {});
-  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(p.status().message(), HasSubstr("job 'jobA' step 7 rank 3"));
-  EXPECT_THAT(p.status().message(), HasSubstr("'model.emb'"));
+  EXPECT_THAT(p, StatusIs(absl::StatusCode::kInvalidArgument,
+                          AllOf(HasSubstr("job 'jobA' step 7 rank 3"),
+                                HasSubstr("'model.emb'"))));
 }
 
 }  // namespace

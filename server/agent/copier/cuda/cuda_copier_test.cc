@@ -6,18 +6,21 @@
 #include <string>
 
 #include "common/gpu/gpu_info.h"
+#include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/agent/transport/nccl/nccl_device_link.h"
 
 namespace cairn::agent {
 namespace {
 
+using ::cairn::testing::StatusIs;
+
 TEST(CudaCopierTest, CreateWithoutDeviceIsFailedPrecondition) {
   absl::StatusOr<int> n = gpu::DeviceCount();
   ASSERT_TRUE(n.ok());
   if (*n > 0) GTEST_SKIP() << "host has a CUDA device";
-  EXPECT_EQ(CudaCopier::Create(0).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(CudaCopier::Create(0),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST(CudaCopierTest, CopiesDeviceMemoryThroughIpcHandle) {
@@ -51,7 +54,7 @@ TEST(NcclDeviceLinkTest, CreateWithoutDeviceNamesTheReason) {
   ASSERT_TRUE(n.ok());
   if (*n > 0) GTEST_SKIP() << "host has a CUDA device";
   absl::Status s = NcclDeviceLink::Create(0).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_NE(s.message().find("no CUDA device"), absl::string_view::npos) << s;
 }
 
@@ -60,7 +63,7 @@ TEST(NcclDeviceLinkTest, MissingDeviceIndexIsNamed) {
   ASSERT_TRUE(n.ok());
   if (*n == 0) GTEST_SKIP() << "no CUDA device";
   absl::Status s = NcclDeviceLink::Create(*n).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_NE(s.message().find("does not exist"), absl::string_view::npos) << s;
 }
 

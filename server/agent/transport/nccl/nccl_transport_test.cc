@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/agent/transport/nccl/loopback_device_link.h"
@@ -21,6 +22,8 @@
 namespace cairn::agent {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TEST(NcclAnnounceTest, RoundTripsAndRejectsGarbage) {
@@ -38,18 +41,16 @@ TEST(NcclAnnounceTest, RoundTripsAndRejectsGarbage) {
     EXPECT_EQ(b->length, a.length);
     EXPECT_EQ(b->seq, a.seq);
   }
-  EXPECT_EQ(internal::DecodeAnnounce("short").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(internal::DecodeAnnounce("short"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   std::string bad = internal::EncodeAnnounce({});
   bad[0] ^= 1;
   EXPECT_THAT(std::string(internal::DecodeAnnounce(bad).status().message()),
               HasSubstr("malformed announce"));
   internal::Announce control;
   control.tag = kControlTagBit | 1;
-  EXPECT_EQ(internal::DecodeAnnounce(internal::EncodeAnnounce(control))
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(internal::DecodeAnnounce(internal::EncodeAnnounce(control)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(NcclTransportTest, StartWithoutDeviceLinkIsInvalidArgument) {
@@ -57,7 +58,7 @@ TEST(NcclTransportTest, StartWithoutDeviceLinkIsInvalidArgument) {
   o.control.node_id = 0;
   o.control.num_nodes = 1;
   auto t = NcclTransport::Start(o, nullptr);
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(t, StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 // Node 1 of 3 sends a device message while node 2 never uses the transport
@@ -112,8 +113,8 @@ TEST(NcclTransportTest, JoinTimeoutFailsTheSendNamingTheNode) {
   ASSERT_TRUE(t.ok()) << t.status();
   absl::Status s =
       (*t)->Send(1, 1, std::string(NcclTransport::kInlineBytes + 1, 'x'));
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("1 of 2 nodes joined"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                          HasSubstr("1 of 2 nodes joined")));
 }
 
 TEST(AwaitTransferTest, DoneReturnsOkWithoutAborting) {
@@ -134,9 +135,10 @@ TEST(AwaitTransferTest, ACommunicatorErrorAbortsAndNamesTheTransfer) {
       },
       [&] { ++aborts; }, absl::Now() + absl::Minutes(1), absl::Minutes(1),
       "ncclRecv of 8 bytes from node 2");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("ncclRecv of 8 bytes from node 2: remote process"));
+  EXPECT_THAT(
+      s,
+      StatusIs(absl::StatusCode::kInternal,
+               HasSubstr("ncclRecv of 8 bytes from node 2: remote process")));
   EXPECT_EQ(aborts, 1);
 }
 
@@ -148,10 +150,10 @@ TEST(AwaitTransferTest, PastTheDeadlineAbortsOnce) {
       AwaitTransfer([]() -> absl::StatusOr<bool> { return false; },
                     [&] { ++aborts; }, absl::Now() + absl::Milliseconds(50),
                     absl::Milliseconds(50), "ncclSend of 8 bytes to node 1");
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("ncclSend of 8 bytes to node 1 did not complete "
-                        "within 50ms"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                  HasSubstr("ncclSend of 8 bytes to node 1 did not complete "
+                            "within 50ms")));
   EXPECT_EQ(aborts, 1);
 }
 
@@ -233,14 +235,14 @@ TEST(NcclTransportTest, PeerDyingMidTransferFailsTheSendNamingThePeer) {
   stalled->Release();  // node 0's pump goes on (and times out itself)
   sender.join();
   EXPECT_TRUE(stalled->stalled().HasBeenNotified());
-  EXPECT_EQ(sent.code(), absl::StatusCode::kDeadlineExceeded) << sent;
-  EXPECT_THAT(std::string(sent.message()),
-              HasSubstr(absl::StrCat("to node 0 (127.0.0.1:", ports[0], ")")));
-  EXPECT_THAT(std::string(sent.message()), HasSubstr("did not complete"));
+  EXPECT_THAT(sent, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                             AllOf(HasSubstr(absl::StrCat(
+                                       "to node 0 (127.0.0.1:", ports[0], ")")),
+                                   HasSubstr("did not complete"))));
   // The direction's communicator is gone: the next message fails at once.
   absl::Status again = nodes[1]->Send(0, 13, big);
-  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
-  EXPECT_THAT(std::string(again.message()), HasSubstr("aborted"));
+  EXPECT_THAT(again, StatusIs(absl::StatusCode::kFailedPrecondition,
+                              HasSubstr("aborted")));
   // Small messages still go over the control transport.
   ASSERT_TRUE(nodes[1]->Send(0, 14, std::string("small")).ok());
   EXPECT_TRUE(nodes[0]->RecvMessage(1, 14, absl::Seconds(20)).ok());

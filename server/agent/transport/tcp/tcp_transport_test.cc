@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/little_endian.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/agent/transport/tcp/test_certs.h"
@@ -32,6 +33,8 @@
 namespace cairn::agent {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string RandomBytes(size_t n, std::mt19937& rng) {
@@ -124,8 +127,7 @@ TEST(TcpTransportTest, CorruptPayloadIsDataLoss) {
   std::string out(5000, '\0');
   absl::Status s =
       c->nodes[1]->Recv(0, 7, absl::MakeSpan(out), absl::Seconds(10));
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("crc32c"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("crc32c")));
   // The connection stays usable.
   ASSERT_TRUE(c->nodes[0]->Send(1, 8, std::string(10, 'y')).ok());
   std::string ok(10, '\0');
@@ -140,13 +142,13 @@ TEST(TcpTransportTest, SizeMismatchTimeoutAndUnknownPeer) {
   std::string small(5, '\0');
   absl::Status s =
       c->nodes[1]->Recv(0, 1, absl::MakeSpan(small), absl::Seconds(10));
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("expected 5"));
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("expected 5")));
   s = c->nodes[1]->Recv(0, 2, absl::MakeSpan(small), absl::Milliseconds(50));
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDeadlineExceeded));
   s = c->nodes[0]->Send(5, 1, std::string("x"));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("bad peer node 5"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("bad peer node 5")));
 }
 
 // A resolver that knows the peer does not exist (FAILED_PRECONDITION: no
@@ -167,8 +169,8 @@ TEST(TcpTransportTest, ConnectRetriesResolveUnlessThePeerDoesNotExist) {
     auto t = TcpTransport::Start(o);
     ASSERT_TRUE(t.ok()) << t.status();
     absl::Status s = (*t)->Send(1, 1, std::string("x"));
-    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-    EXPECT_THAT(std::string(s.message()), HasSubstr("node 1 is unknown"));
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable,
+                            HasSubstr("node 1 is unknown")));
     if (code == absl::StatusCode::kFailedPrecondition) {
       EXPECT_EQ(calls->load(), 1);
     } else {
@@ -191,8 +193,7 @@ TEST(TcpTransportTest, RecvFailsFastWhenPeerGoesAway) {
   absl::Status s =
       c->nodes[1]->Recv(0, 2, absl::MakeSpan(out), absl::Seconds(20));
   killer.join();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("closed"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed")));
   EXPECT_LT(absl::Now() - t0, absl::Seconds(15));
 }
 
@@ -619,9 +620,9 @@ TEST(TcpTransportTest, PeerWithAnotherTokenGetsPermissionDenied) {
     o.peer_token = o.node_id == 0 ? "token-a" : "token-b";
   });
   absl::Status s = c->nodes[0]->Send(1, 1, std::string("x"));
-  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("peer node 1 at 127.0.0.1:"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("wrong cluster token"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied,
+                          AllOf(HasSubstr("peer node 1 at 127.0.0.1:"),
+                                HasSubstr("wrong cluster token"))));
 }
 
 TEST(TcpTransportTest, IdleConnectionsAreBoundedAndTimedOut) {
@@ -687,7 +688,7 @@ TEST(TcpTransportTest, MessageWhoseRecvGaveUpIsDroppedWhenItArrives) {
   std::string out(4, '\0');
   absl::Status s =
       c->nodes[1]->Recv(0, 42, absl::MakeSpan(out), absl::Milliseconds(10));
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDeadlineExceeded));
   c->nodes[1]->Abandon(0, 43);  // given up on before it was even sent
   ASSERT_TRUE(c->nodes[0]->Send(1, 42, std::string(1 << 20, 'l')).ok());
   ASSERT_TRUE(c->nodes[0]->Send(1, 43, std::string(1 << 20, 'm')).ok());
@@ -816,9 +817,9 @@ TEST(TcpTransportTlsTest, PeerWithACertificateFromAnotherCaIsRefused) {
   });
   ASSERT_NE(intruder, nullptr);
   absl::Status s = intruder->Send(1, 1, std::string("x"));
-  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("peer node 1 at 127.0.0.1:"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("TLS handshake failed"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied,
+                          AllOf(HasSubstr("peer node 1 at 127.0.0.1:"),
+                                HasSubstr("TLS handshake failed"))));
   EXPECT_THAT(RefusalWith(*c->nodes[1],
                           "TLS handshake failed: certificate verify failed"),
               HasSubstr("TLS handshake failed: certificate verify failed"));
@@ -829,9 +830,10 @@ TEST(TcpTransportTlsTest, PeerWithACertificateFromAnotherCaIsRefused) {
   });
   ASSERT_NE(stranger, nullptr);
   s = stranger->Send(1, 1, std::string("x"));
-  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("TLS handshake failed: certificate verify failed"));
+  EXPECT_THAT(
+      s,
+      StatusIs(absl::StatusCode::kPermissionDenied,
+               HasSubstr("TLS handshake failed: certificate verify failed")));
   EXPECT_EQ(c->nodes[1]->reader_threads(), 0);
   // The cluster's own peer still gets in.
   ASSERT_TRUE(c->nodes[0]->Send(1, 2, std::string("member")).ok());
@@ -851,9 +853,9 @@ TEST(TcpTransportTlsTest, PeerWithAnExpiredCertificateIsRefused) {
   });
   ASSERT_NE(stale, nullptr);
   absl::Status s = stale->Send(1, 1, std::string("x"));
-  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("peer node 1"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("TLS handshake failed"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied,
+                          AllOf(HasSubstr("peer node 1"),
+                                HasSubstr("TLS handshake failed"))));
   EXPECT_THAT(RefusalWith(*c->nodes[1], "certificate has expired"),
               HasSubstr("certificate has expired"));
   EXPECT_EQ(c->nodes[1]->reader_threads(), 0);
@@ -969,24 +971,24 @@ TEST(TcpTransportTlsTest, ReloadTlsSwapsCertificatesForNewConnections) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, "new ca");
   absl::Status s = c->nodes[0]->Send(2, 4, std::string("old ca"));
-  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("TLS handshake failed"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied,
+                          HasSubstr("TLS handshake failed")));
 
   // A broken file fails the reload, naming it; the loaded certificates
   // stay in use.
   const std::string bad_key = absl::StrCat(dir, "/2/cert.key");
   std::ofstream(bad_key) << "not a key\n";
   s = c->nodes[2]->ReloadTls();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr(bad_key));
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(bad_key)));
   ASSERT_TRUE(c->nodes[1]->Send(2, 5, std::string("still new")).ok());
   got = c->nodes[2]->RecvMessage(1, 5, absl::Seconds(10));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, "still new");
   // Without TLS there is nothing to reload.
   auto plain = Cluster::Make(1);
-  EXPECT_EQ(plain->nodes[0]->ReloadTls().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plain->nodes[0]->ReloadTls(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST(TcpTransportTlsTest, TlsFilesAreAllOrNoneAndChecked) {
@@ -1001,14 +1003,13 @@ TEST(TcpTransportTlsTest, TlsFilesAreAllOrNoneAndChecked) {
     return TcpTransport::Start(o).status();
   };
   absl::Status s = start([](TcpTransportOptions& o) { o.tls_key_file = ""; });
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("--peer-tls-key is missing"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("--peer-tls-key is missing")));
   s = start([](TcpTransportOptions& o) { o.tls_ca_file = ""; });
   EXPECT_THAT(std::string(s.message()), HasSubstr("--peer-tls-ca is missing"));
   s = start([](TcpTransportOptions& o) { o.tls_ca_file = "/nonexistent.pem"; });
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("--peer-tls-ca /nonexistent.pem"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("--peer-tls-ca /nonexistent.pem")));
   // A key as the certificate, a certificate as the key, another key.
   s = start([](TcpTransportOptions& o) {
     o.tls_cert_file = TestCerts::Path("peer.key");

@@ -4,14 +4,11 @@
 #ifndef CAIRN_SERVER_AGENT_TRANSPORT_TCP_TEST_CERTS_H_
 #define CAIRN_SERVER_AGENT_TRANSPORT_TCP_TEST_CERTS_H_
 
-#include <stdlib.h>
-#include <unistd.h>
-
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/temp_dir.h"
 #include "server/agent/transport/tcp/tcp_transport.h"
 
 // CMake passes the script's source path; Bazel its runfiles path.
@@ -41,21 +38,13 @@ class TestCerts {
 
  private:
   TestCerts() {
-    char tmpl[] = "/tmp/cairn-peer-certs-XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) return;
+    const std::string dir =
+        ::cairn::testing::MakeTempDirRemovedAtExit("peer-certs");
+    if (dir.empty()) return;
     const std::string cmd =
-        absl::StrCat("sh '", CAIRN_MAKE_CERTS_PATH, "' '", tmpl, "'");
-    if (std::system(cmd.c_str()) != 0) {
-      std::filesystem::remove_all(tmpl);
-      return;
-    }
-    dir_ = tmpl;
-    static std::string* to_remove = new std::string(dir_);
-    static const pid_t owner = getpid();
-    // Not from a forked child that exits.
-    std::atexit([] {
-      if (getpid() == owner) std::filesystem::remove_all(*to_remove);
-    });
+        absl::StrCat("sh '", CAIRN_MAKE_CERTS_PATH, "' '", dir, "'");
+    if (std::system(cmd.c_str()) != 0) return;
+    dir_ = dir;
   }
   std::string dir_;
 };
