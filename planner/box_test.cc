@@ -4,6 +4,7 @@
 #include <random>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/dtype.h"
@@ -12,6 +13,7 @@
 namespace cairn::planner {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -38,10 +40,10 @@ TEST(DTypeTest, SizesNamesAndParsingRoundTrip) {
   }
   EXPECT_EQ(*ParseDType("half"), DType::kFloat16);
   auto bad = ParseDType("complex64");
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.status().message(), HasSubstr("complex64"));
-  EXPECT_EQ(ParseDType("unspecified").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument,
+                            HasSubstr("complex64")));
+  EXPECT_THAT(ParseDType("unspecified"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(BoxTest, VolumeAndElements) {
@@ -112,18 +114,19 @@ TEST(BoxTest, ValidateBoxInShapeNamesBoxAndShape) {
   EXPECT_TRUE(ValidateBoxInShape(Box({0, 0}, {4, 4}), {4, 4}).ok());
   EXPECT_TRUE(ValidateBoxInShape(Box({4, 0}, {0, 4}), {4, 4}).ok());
   absl::Status s = ValidateBoxInShape(Box({0, 512}, {4096, 512}), {4096, 1000});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(),
-              HasSubstr("chunk [0:4096, 512:1024] exceeds shape [4096, 1000]"));
+  EXPECT_THAT(
+      s, StatusIs(
+             absl::StatusCode::kInvalidArgument,
+             HasSubstr("chunk [0:4096, 512:1024] exceeds shape [4096, 1000]")));
   s = ValidateBoxInShape(Box({0}, {4}), {4, 4});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("2 dims"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 dims")));
   s = ValidateBoxInShape(Box({-1}, {2}), {4});
   EXPECT_THAT(s.message(), HasSubstr("negative"));
   s = ValidateBoxInShape(Box({INT64_MAX}, {INT64_MAX}), {4});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ValidateShape(Shape(9, 1)).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ValidateShape(Shape(9, 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(ValidateShape({int64_t{1} << 40, int64_t{1} << 30}).message(),
               HasSubstr("2^60"));
 }

@@ -4,6 +4,7 @@
 #include <random>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/planner_testing.h"
@@ -11,6 +12,8 @@
 namespace cairn::planner {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -126,10 +129,11 @@ TEST(LayoutTest, ValidateLayoutRejectsMalformedLayouts) {
   };
   for (const Case& c : cases) {
     absl::Status s = ValidateLayout(c.layout, c.shape);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.substr;
-    EXPECT_THAT(s.message(), HasSubstr(c.substr));
-    EXPECT_EQ(LocalChunks(c.layout, c.shape, 0).status().code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(
+        s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.substr)))
+        << c.substr;
+    EXPECT_THAT(LocalChunks(c.layout, c.shape, 0),
+                StatusIs(absl::StatusCode::kInvalidArgument));
   }
 }
 
@@ -137,9 +141,10 @@ TEST(LayoutTest, PartialCannotBeSaved) {
   const auto layout =
       Layout({2, 2}, {0, 1, 2, 3}, {Placement::Shard(0), Placement::Partial()});
   absl::Status s = CheckSavable(layout, "model.wq");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("'model.wq'"));
-  EXPECT_THAT(s.message(), HasSubstr("Partial() placement on mesh dim 1"));
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'model.wq'"),
+                             HasSubstr("Partial() placement on mesh dim 1"))));
   EXPECT_TRUE(
       CheckSavable(Layout({2}, {0, 1}, {Placement::Shard(0)}), "w").ok());
 }
@@ -200,25 +205,27 @@ TEST(LayoutTest, MatchesTorchChunkOracleOnRandomLayouts) {
 TEST(CheckExactCoverTest, ReportsPartialOverlapWithRanksAndBoxes) {
   absl::Status s = CheckExactCover(
       "w", {4, 8}, {{0, Box({0, 0}, {4, 4})}, {1, Box({0, 2}, {4, 6})}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(),
-              HasSubstr("'w': rank 1 chunk [0:4, 2:8] partially overlaps rank "
-                        "0 chunk [0:4, 0:4]"));
+  EXPECT_THAT(
+      s,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("'w': rank 1 chunk [0:4, 2:8] partially overlaps rank "
+                         "0 chunk [0:4, 0:4]")));
 }
 
 TEST(CheckExactCoverTest, ReportsGapWithAnUncoveredBox) {
   absl::Status s = CheckExactCover(
       "w", {4, 8}, {{0, Box({0, 0}, {4, 4})}, {1, Box({0, 4}, {2, 4})}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("'w': chunks cover 24 of 32 elements"));
-  EXPECT_THAT(s.message(), HasSubstr("[2:4, 4:8] is not covered"));
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'w': chunks cover 24 of 32 elements"),
+                             HasSubstr("[2:4, 4:8] is not covered"))));
 }
 
 TEST(CheckExactCoverTest, ReportsChunkOutsideShape) {
   absl::Status s = CheckExactCover("w", {4}, {{3, Box({2}, {4})}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("rank 3 of 'w'"));
-  EXPECT_THAT(s.message(), HasSubstr("exceeds shape [4]"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          AllOf(HasSubstr("rank 3 of 'w'"),
+                                HasSubstr("exceeds shape [4]"))));
 }
 
 TEST(CheckExactCoverTest, ReplicasAndEmptyBoxesAreFine) {
@@ -228,8 +235,8 @@ TEST(CheckExactCoverTest, ReplicasAndEmptyBoxesAreFine) {
                   .ok());
   EXPECT_TRUE(CheckExactCover("w", {0, 3}, {{0, Box({0, 0}, {0, 3})}}).ok());
   EXPECT_TRUE(CheckExactCover("s", {}, {{0, Box({}, {})}}).ok());
-  EXPECT_EQ(CheckExactCover("s", {}, {}).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(CheckExactCover("s", {}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 // Property: random explicit chunk lists (tilings, with replicas, dropped
@@ -268,7 +275,7 @@ TEST(CheckExactCoverTest, MatchesCoverageOracleOnRandomChunkLists) {
     absl::Status s = CheckExactCover("w", shape, chunks);
     ASSERT_EQ(s.ok(), exact) << s;
     if (!exact) {
-      ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+      ASSERT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
       ++bad_cases;
     } else {
       ++ok_cases;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/layout.h"
@@ -17,6 +18,7 @@
 namespace cairn::planner {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
@@ -82,12 +84,14 @@ TEST(LoadPlanTest, TooManyCopySegmentsIsResourceExhaustedBeforeAllocating) {
   ASSERT_NE(planner, nullptr);
   auto reads = planner->Plan(
       {WantedChunk{"emb", DType::kInt8, {rows, 2}, Box({0, 0}, {rows, 2})}});
-  EXPECT_EQ(reads.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(
-      std::string(reads.status().message()),
-      HasSubstr("'emb' wanted chunk 0 [0:4194305, 0:2]: reading it needs more "
-                "than 8388608 copy segments in one plan (stored chunk "
-                "[0:4194305, 1:2] alone needs 4194305)"));
+      reads,
+      StatusIs(
+          absl::StatusCode::kResourceExhausted,
+          HasSubstr(
+              "'emb' wanted chunk 0 [0:4194305, 0:2]: reading it needs more "
+              "than 8388608 copy segments in one plan (stored chunk "
+              "[0:4194305, 1:2] alone needs 4194305)")));
   // Half the rows is within the bound, and exact.
   reads = planner->Plan({WantedChunk{
       "emb", DType::kInt8, {rows, 2}, Box({0, 0}, {rows / 2, 2})}});
@@ -113,8 +117,8 @@ TEST(LoadPlanTest, ErrorsNameTheFqnAndSayWhatDiffers) {
   ASSERT_NE(planner, nullptr);
   auto missing =
       planner->Plan({WantedChunk{"nope", DType::kFloat32, {4}, Box({0}, {4})}});
-  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(missing.status().message(), HasSubstr("'nope'"));
+  EXPECT_THAT(missing,
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("'nope'")));
   // Nothing of it wanted (an empty box): nothing to read, nothing missing.
   auto none = planner->Plan(
       {WantedChunk{"nope", DType::kFloat32, {4}, Box({0}, {0})},
@@ -122,35 +126,35 @@ TEST(LoadPlanTest, ErrorsNameTheFqnAndSayWhatDiffers) {
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_TRUE(none->empty());
   // A scalar's box is never empty.
-  EXPECT_EQ(
-      planner->Plan({WantedChunk{"nope", DType::kFloat32, {}, Box({}, {})}})
-          .status()
-          .code(),
-      absl::StatusCode::kNotFound);
+  EXPECT_THAT(
+      planner->Plan({WantedChunk{"nope", DType::kFloat32, {}, Box({}, {})}}),
+      StatusIs(absl::StatusCode::kNotFound));
 
   auto dtype =
       planner->Plan({WantedChunk{"b", DType::kFloat32, {4}, Box({0}, {4})}});
-  EXPECT_EQ(dtype.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(dtype.status().message(),
-              HasSubstr("'b': saved bfloat16 [4], requested float32 [4]"));
+  EXPECT_THAT(
+      dtype,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("'b': saved bfloat16 [4], requested float32 [4]")));
 
   auto shape =
       planner->Plan({WantedChunk{"b", DType::kBFloat16, {5}, Box({0}, {4})}});
-  EXPECT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(shape.status().message(),
-              HasSubstr("saved bfloat16 [4], requested bfloat16 [5]"));
+  EXPECT_THAT(
+      shape, StatusIs(absl::StatusCode::kInvalidArgument,
+                      HasSubstr("saved bfloat16 [4], requested bfloat16 [5]")));
 
   auto outside =
       planner->Plan({WantedChunk{"b", DType::kBFloat16, {4}, Box({2}, {3})}});
-  EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(outside.status().message(), HasSubstr("exceeds shape [4]"));
+  EXPECT_THAT(outside, StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("exceeds shape [4]")));
 
   auto uncovered = planner->Plan(
       {WantedChunk{"w", DType::kFloat32, {4, 4}, Box({1, 0}, {2, 4})}});
-  EXPECT_EQ(uncovered.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(uncovered.status().message(),
-              HasSubstr("holds 4 of the 8 elements of 'w' wanted chunk [1:3, "
-                        "0:4]; e.g. [2:3, 0:4] is missing"));
+  EXPECT_THAT(
+      uncovered,
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("holds 4 of the 8 elements of 'w' wanted chunk [1:3, "
+                         "0:4]; e.g. [2:3, 0:4] is missing")));
 
   // Covered parts and empty boxes plan fine.
   auto ok = planner->Plan(
@@ -204,10 +208,11 @@ TEST(LoadPlanTest, WantedByTensorIndexPlansAsByNameAndNamesTheFqn) {
   for (int bad : {-1, 2, 1 << 30}) {
     auto no_tensor = planner->Plan(std::vector<WantedBox>{
         WantedBox{w, Box({0, 0}, {1, 1})}, WantedBox{bad, Box({0}, {1})}});
-    EXPECT_EQ(no_tensor.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(no_tensor.status().message(),
-                HasSubstr(absl::StrCat("wanted chunk 1 names stored tensor ",
-                                       bad, " of 2")));
+    EXPECT_THAT(
+        no_tensor,
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 HasSubstr(absl::StrCat("wanted chunk 1 names stored tensor ",
+                                        bad, " of 2"))));
   }
   // A run of values: the same items; too few or too many values, or a bad
   // index, refused naming the wanted chunk.
@@ -218,22 +223,24 @@ TEST(LoadPlanTest, WantedByTensorIndexPlansAsByNameAndNamesTheFqn) {
   ExpectSameItems(*run, *want, "run");
   const std::vector<int64_t> fewer(values.begin(), values.end() - 1);
   auto short_run = planner->Plan(WantedBoxRun{order, fewer});
-  EXPECT_EQ(short_run.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(short_run.status().message(),
-              HasSubstr("the wanted boxes end at wanted chunk 2 ('w'): 9 "
-                        "values for 3 wanted chunks"));
+  EXPECT_THAT(
+      short_run,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("the wanted boxes end at wanted chunk 2 ('w'): 9 "
+                         "values for 3 wanted chunks")));
   std::vector<int64_t> more = values;
   more.push_back(0);
   auto long_run = planner->Plan(WantedBoxRun{order, more});
-  EXPECT_EQ(long_run.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(long_run.status().message(),
-              HasSubstr("the wanted boxes hold 1 values after those of the "
-                        "last of 3 wanted chunks"));
+  EXPECT_THAT(
+      long_run,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("the wanted boxes hold 1 values after those of the "
+                         "last of 3 wanted chunks")));
   const std::vector<int> bad_order = {b, 2, w};
   auto bad_run = planner->Plan(WantedBoxRun{bad_order, values});
-  EXPECT_EQ(bad_run.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad_run.status().message(),
-              HasSubstr("wanted chunk 1 names stored tensor 2 of 2"));
+  EXPECT_THAT(bad_run,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("wanted chunk 1 names stored tensor 2 of 2")));
   const std::vector<int64_t> beyond = {2, 3, 1, 1, 2, 2, 0, 0, 0, 4};
   auto outside_run = planner->Plan(WantedBoxRun{order, beyond});
   EXPECT_THAT(outside_run.status().message(),
@@ -241,19 +248,21 @@ TEST(LoadPlanTest, WantedByTensorIndexPlansAsByNameAndNamesTheFqn) {
 
   auto outside =
       planner->Plan(std::vector<WantedBox>{WantedBox{b, Box({2}, {3})}});
-  EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(outside.status().message(),
-              HasSubstr("'b' wanted chunk 0: chunk [2:5] exceeds shape [4]"));
+  EXPECT_THAT(
+      outside,
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("'b' wanted chunk 0: chunk [2:5] exceeds shape [4]")));
   auto dims =
       planner->Plan(std::vector<WantedBox>{WantedBox{w, Box({0}, {4})}});
-  EXPECT_EQ(dims.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(dims.status().message(), HasSubstr("'w' wanted chunk 0"));
+  EXPECT_THAT(dims, StatusIs(absl::StatusCode::kInvalidArgument,
+                             HasSubstr("'w' wanted chunk 0")));
   auto uncovered =
       planner->Plan(std::vector<WantedBox>{WantedBox{w, Box({2, 0}, {2, 4})}});
-  EXPECT_EQ(uncovered.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(uncovered.status().message(),
-              HasSubstr("holds 4 of the 8 elements of 'w' wanted chunk [2:4, "
-                        "0:4]; e.g. [3:4, 0:4] is missing"));
+  EXPECT_THAT(
+      uncovered,
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("holds 4 of the 8 elements of 'w' wanted chunk [2:4, "
+                         "0:4]; e.g. [3:4, 0:4] is missing")));
 }
 
 TEST(LoadPlanTest, CreateRejectsBadManifests) {
@@ -283,18 +292,18 @@ TEST(LoadPlanTest, CreateRejectsBadManifests) {
   };
   for (Case& c : cases) {
     auto p = LoadPlanner::Create(std::move(c.tensors));
-    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument)
+    EXPECT_THAT(
+        p, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.substr)))
         << c.substr;
-    EXPECT_THAT(p.status().message(), HasSubstr(c.substr));
   }
   // A chunk naming an object by an index past the builder's objects.
   LoadPlanner::Builder builder({"data/rank-00000.bin"});
   StoredTensorByIndex past{"w", DType::kFloat32, {4}, {}};
   past.chunks.push_back(StoredChunkByIndex{Box({0}, {4}), 1, 0, 16, 0});
   const absl::Status s = builder.Add(std::move(past));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("'w' stored chunk [0:4] names object 1 "
-                                     "of 1"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("'w' stored chunk [0:4] names object 1 "
+                                    "of 1")));
 }
 
 // Tensors stored in the same tiling share one overlap index; each keeps its
@@ -650,8 +659,7 @@ TEST(LoadPlanTest, ReadsReassembleEveryWantedByteExactlyOnce) {
     }
     auto reads = planner->Plan(wanted);
     if (touches_gap) {
-      ASSERT_EQ(reads.status().code(), absl::StatusCode::kFailedPrecondition)
-          << reads.status();
+      ASSERT_THAT(reads, StatusIs(absl::StatusCode::kFailedPrecondition));
       ++rejected;
       continue;
     }

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/layout.h"
@@ -15,6 +16,8 @@
 namespace cairn::planner {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 using testing::Bytes;
@@ -221,11 +224,13 @@ TEST(PackedPlanTest, DisagreementsAcrossTablesAreNamedByRankAndFqn) {
   std::vector<const PackedLocalPlan*> pointers{&packed[0], &packed[1]};
   absl::Status s =
       BuildGlobalSavePlan("llama", 7, pointers, SavePlanOptions{}).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("job 'llama' step 7"));
-  EXPECT_THAT(s.message(),
-              HasSubstr("rank 1 has 'w' as float32 [4, 8] but rank 0 has it "
-                        "as float32 [4, 4]"));
+  EXPECT_THAT(
+      s,
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          AllOf(HasSubstr("job 'llama' step 7"),
+                HasSubstr("rank 1 has 'w' as float32 [4, 8] but rank 0 has it "
+                          "as float32 [4, 4]"))));
 
   // Within one plan: two entries of one fqn in one table.
   LocalSavePlan both{
@@ -245,11 +250,10 @@ TEST(PackedPlanTest, BoxesOfOtherDimsThanTheirShapeAreRefused) {
   EntryInterner interner;
   LocalSavePlan plan{3, {Chunk("layers.0.w", {4, 4}, ChunkBox{{0}, {4}})}};
   absl::StatusOr<PackedLocalPlan> packed = interner.Pack(plan);
-  EXPECT_EQ(packed.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(packed.status().message(),
-              HasSubstr("rank 3 'layers.0.w': chunk"));
-  EXPECT_THAT(packed.status().message(), HasSubstr("has 1 offsets and 1 sizes "
-                                                   "but shape [4, 4] has 2"));
+  EXPECT_THAT(packed, StatusIs(absl::StatusCode::kInvalidArgument,
+                               AllOf(HasSubstr("rank 3 'layers.0.w': chunk"),
+                                     HasSubstr("has 1 offsets and 1 sizes "
+                                               "but shape [4, 4] has 2"))));
   // Bytes entries carry no box, whatever dtype an item says.
   WriteItem blob = Bytes("extra", 5);
   blob.dtype = DType::kUInt8;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/layout.h"
@@ -16,6 +17,8 @@
 namespace cairn::planner {
 namespace {
 
+using ::cairn::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 ChunkBox Box(const Dims& offsets, const Dims& sizes) {
@@ -117,10 +120,8 @@ TEST(SavePlanTest, OptionsControlAlignmentAndObjectKeys) {
             (StorageLocation{"x/00000.bin", 3, 5}));
   EXPECT_EQ(ObjectKeyForRank(SavePlanOptions{}, 4095), "data/rank-04095.bin");
   options.alignment = 0;
-  EXPECT_EQ(BuildGlobalSavePlan("j", 1, Plans({{Bytes("a", 3)}}), options)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(BuildGlobalSavePlan("j", 1, Plans({{Bytes("a", 3)}}), options),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_NE(StorageSettingsKey(SavePlanOptions{}), StorageSettingsKey(options));
 }
 
@@ -235,9 +236,10 @@ TEST(SavePlanTest, ErrorsNameJobStepRankAndFqn) {
   };
   for (const Case& c : cases) {
     absl::Status s = BuildError(c.plans);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.substr;
-    EXPECT_THAT(s.message(), HasSubstr("job 'llama' step 100: "));
-    EXPECT_THAT(s.message(), HasSubstr(c.substr));
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                            AllOf(HasSubstr("job 'llama' step 100: "),
+                                  HasSubstr(c.substr))))
+        << c.substr;
   }
 }
 
@@ -271,16 +273,17 @@ TEST(SavePlanTest, SizesNearTwoToThe63AreRejectedNotWrapped) {
   };
   for (const Case& c : cases) {
     absl::Status s = BuildError(c.plans);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.substr;
-    EXPECT_THAT(s.message(), HasSubstr("job 'llama' step 100: "));
-    EXPECT_THAT(s.message(), HasSubstr(c.substr));
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                            AllOf(HasSubstr("job 'llama' step 100: "),
+                                  HasSubstr(c.substr))))
+        << c.substr;
   }
   // 2^62 bytes in one rank's object is still fine; over 2^63 in total is not.
   std::vector<std::vector<WriteItem>> per_rank;
   for (int r = 0; r < 3; ++r) per_rank.push_back({big(absl::StrCat("t", r))});
   absl::Status s = BuildError(Plans(per_rank));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("the checkpoint would exceed 2^63 bytes"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("the checkpoint would exceed 2^63 bytes")));
   per_rank.pop_back();
   EXPECT_TRUE(BuildError(Plans(per_rank)).ok());
 }

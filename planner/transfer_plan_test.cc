@@ -6,6 +6,7 @@
 #include <set>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/planner_testing.h"
@@ -13,6 +14,7 @@
 namespace cairn::planner {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::HasSubstr;
 
 ChunkBox Box(const Dims& offsets, const Dims& sizes) {
@@ -99,36 +101,35 @@ TEST(TransferPlanTest, Errors) {
                          {{0, Box({0}, {5})}, {1, Box({4}, {4})}},
                          {{2, Box({0}, {8})}}};
   auto s = BuildTransferPlan({overlap}, {}).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("'w': source rank 1 box [4:8] partially "
-                                     "overlaps source rank 0 box [0:5]"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("'w': source rank 1 box [4:8] partially "
+                                    "overlaps source rank 0 box [0:5]")));
 
   TransferTensor gap{
       "w", DType::kFloat32, {8}, {{0, Box({0}, {4})}}, {{5, Box({2}, {4})}}};
   s = BuildTransferPlan({gap}, {}).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(),
-              HasSubstr("'w': the sources hold 2 of the 4 elements "
-                        "destination rank 5 wants in [2:6]; e.g. "
-                        "[4:6] is missing"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition,
+                          HasSubstr("'w': the sources hold 2 of the 4 elements "
+                                    "destination rank 5 wants in [2:6]; e.g. "
+                                    "[4:6] is missing")));
 
   TransferTensor outside{
       "w", DType::kFloat32, {8}, {{0, Box({0}, {8})}}, {{3, Box({6}, {4})}}};
   s = BuildTransferPlan({outside}, {}).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("'w': destination rank 3"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("'w': destination rank 3")));
 
   TransferTensor ok{"w", DType::kFloat32, {8}, {{0, Box({0}, {8})}}, {}};
   s = BuildTransferPlan({ok, ok}, {}).status();
   EXPECT_THAT(s.message(), HasSubstr("'w' is listed twice"));
   TransferTensor bad_dtype = ok;
   bad_dtype.dtype = DType::kUnspecified;
-  EXPECT_EQ(BuildTransferPlan({bad_dtype}, {}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(BuildTransferPlan({bad_dtype}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   TransferPlanOptions zero;
   zero.bucket_cap_bytes = 0;
-  EXPECT_EQ(BuildTransferPlan({ok}, zero).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(BuildTransferPlan({ok}, zero),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 // Property: random source layouts (with replicas) and destination layouts
