@@ -11,11 +11,14 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "proto/convert/plan_convert.h"
 
 namespace cairn::convert {
 namespace {
+
+using ::cairn::testing::StatusIs;
 
 // The answer as cairnd built it before: messages from ReadViewToProto,
 // serialized by protobuf.
@@ -363,7 +366,7 @@ TEST(LoadAnswerTest, RefusesReadColumnsThatCannotBeRight) {
     ColumnsCase c;
     damage(&c.answer);
     const absl::Status s = ExpandReadColumns(c.request, &c.answer);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInternal));
     EXPECT_NE(s.message().find(want), std::string::npos) << s;
     EXPECT_EQ(s.message().find("of 'w'") != std::string::npos, names_fqn) << s;
   }

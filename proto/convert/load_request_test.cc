@@ -8,11 +8,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "proto/convert/plan_convert.h"
 
 namespace cairn::convert {
 namespace {
+
+using ::cairn::testing::StatusIs;
 
 // A checkpoint of `n` tensors (fqns in random order, some scalars, some with
 // a zero dim), each stored whole, and a rank's full request for one random
@@ -200,7 +203,7 @@ TEST(LoadRequestTest, RefusesBoxesOfTheWrongLength) {
   longer.add_wanted_boxes(0);
   absl::StatusOr<std::vector<planner::WantedBox>> got =
       WantedFromCompact(longer, *c.planner, order);
-  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_NE(got.status().message().find(absl::StrCat(
                 "holds ", wire.wanted_boxes_size() + 1, " values")),
             std::string::npos)

@@ -11,12 +11,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace cairn::convert {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -27,8 +29,7 @@ template <typename T>
 void ExpectInvalid(const absl::StatusOr<T>& s,
                    const std::vector<std::string>& pieces) {
   ASSERT_FALSE(s.ok()) << "accepted; expected INVALID_ARGUMENT";
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument)
-      << s.status();
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
   for (const std::string& p : pieces) {
     EXPECT_THAT(std::string(s.status().message()), HasSubstr(p));
   }
@@ -696,8 +697,8 @@ TEST(PlanConvertTest, RandomWireBoxesAreAcceptedExactlyWhenRepresentable) {
       EXPECT_EQ(b->sizes, planner::Dims(size.begin(), size.end()));
     } else {
       ++rejected;
-      EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_THAT(std::string(b.status().message()), HasSubstr("'r'"));
+      EXPECT_THAT(
+          b, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'r'")));
     }
   }
   EXPECT_GT(accepted, 100);
