@@ -1,9 +1,12 @@
 #include "common/grpc_status.h"
 
+#include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 
 namespace cairn {
 namespace {
+
+using ::cairn::testing::StatusIs;
 
 TEST(GrpcStatusTest, EveryCanonicalCodeRoundTrips) {
   for (int c = 0; c <= static_cast<int>(absl::StatusCode::kUnauthenticated);
@@ -27,8 +30,7 @@ TEST(GrpcStatusTest, MessageIsPreserved) {
 TEST(GrpcStatusTest, OutOfRangeCodeFromPeerBecomesUnknown) {
   grpc::Status g(static_cast<grpc::StatusCode>(99), "weird");
   absl::Status s = FromGrpcStatus(g);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnknown);
-  EXPECT_EQ(s.message(), "weird");
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnknown, "weird"));
 }
 
 }  // namespace

@@ -5,10 +5,13 @@
 #include <string>
 #include <utility>
 
+#include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 
 namespace cairn {
 namespace {
+
+using ::cairn::testing::StatusIs;
 
 struct Item {
   uint64_t a;
@@ -75,7 +78,7 @@ TEST(LargeArrayTest, WhatCannotBeMappedIsResourceExhausted) {
   absl::StatusOr<LargeArray<Item>> huge =
       LargeArray<Item>::Allocate(size_t{1} << 58, "the commit's chunks");
   ASSERT_FALSE(huge.ok());
-  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(huge, StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_NE(huge.status().message().find("the commit's chunks: cannot map"),
             std::string::npos)
       << huge.status();
@@ -83,7 +86,7 @@ TEST(LargeArrayTest, WhatCannotBeMappedIsResourceExhausted) {
   absl::StatusOr<LargeArray<Item>> overflow =
       LargeArray<Item>::Allocate(~size_t{0} / 2, "x");
   ASSERT_FALSE(overflow.ok());
-  EXPECT_EQ(overflow.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(overflow, StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_NE(overflow.status().message().find("overflow"), std::string::npos);
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/grpc_logging.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -15,6 +16,9 @@
 
 namespace cairn {
 namespace {
+
+using ::cairn::testing::StatusIs;
+using ::testing::HasSubstr;
 
 class CaptureSink : public spdlog::sinks::base_sink<std::mutex> {
  public:
@@ -43,7 +47,7 @@ class FormattedSink : public spdlog::sinks::base_sink<std::mutex> {
 
 TEST(LoggingTest, RejectsUnknownLevelByName) {
   absl::Status s = SetLogLevel("loud");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_NE(s.message().find("loud"), absl::string_view::npos);
 }
 
@@ -90,7 +94,8 @@ TEST(LoggingTest, JsonFormatIsOneParsableObjectPerLine) {
   EXPECT_EQ(time.back(), 'Z');
   EXPECT_EQ(sink->lines[1].front(), '2');  // text: starts with the date
   EXPECT_THAT(sink->lines[1], ::testing::HasSubstr("] back to text"));
-  EXPECT_EQ(SetLogFormat("xml").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(SetLogFormat("xml"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(LoggingTest, JsonEscapeControlCharacters) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics_http.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -15,6 +16,7 @@
 namespace cairn::metrics {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::HasSubstr;
 
 TEST(MetricsTest, RendersASmallRegistryExactly) {
@@ -231,15 +233,16 @@ TEST(MetricsHttpServerTest, PortInUseAndBadAddressAreClearErrors) {
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> second =
       MetricsHttpServer::Start(taken, &r);
   ASSERT_FALSE(second.ok());
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(second.status().message(),
-              HasSubstr(absl::StrCat("cannot serve metrics on ", taken)));
+  EXPECT_THAT(
+      second,
+      StatusIs(absl::StatusCode::kUnavailable,
+               HasSubstr(absl::StrCat("cannot serve metrics on ", taken))));
   for (const char* bad : {"localhost", "127.0.0.1:http", "1.2.3.4:70000"}) {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> s =
         MetricsHttpServer::Start(bad, &r);
     ASSERT_FALSE(s.ok()) << bad;
-    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(s.status().message(), HasSubstr(bad));
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(bad)))
+        << bad;
   }
 }
 

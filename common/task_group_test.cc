@@ -8,11 +8,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace cairn {
 namespace {
+
+using ::cairn::testing::StatusIs;
 
 TaskGroup::Options GroupOptions(ThreadPool* pool, bool thread_per_task,
                                 bool cancel_on_error) {
@@ -34,8 +37,9 @@ TEST(TaskGroupTest, ReturnsTheErrorWithItsContextAndCode) {
               });
   }
   absl::Status s = group.Wait();
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(s.message(), "rank 3 reading 'job/step-7/rank-6': no such object");
+  EXPECT_THAT(s,
+              StatusIs(absl::StatusCode::kNotFound,
+                       "rank 3 reading 'job/step-7/rank-6': no such object"));
   EXPECT_EQ(group.status(), s);
   EXPECT_THAT(group.AllErrors(), ::testing::ElementsAre(s));
 }
@@ -62,12 +66,12 @@ TEST(TaskGroupTest, CollectsEveryErrorInQueueOrder) {
   absl::Status first = group.Wait();
   std::vector<std::string> got;
   for (const absl::Status& s : group.AllErrors()) {
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
     got.emplace_back(s.message());
   }
   EXPECT_EQ(got, expected);
   // The first error is one of them (which one depends on scheduling).
-  EXPECT_EQ(first.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(first, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(expected, ::testing::Contains(std::string(first.message())));
 }
 
@@ -111,7 +115,7 @@ TEST(TaskGroupTest, EveryTaskRunsExactlyOnce) {
       return i % 2 ? absl::InternalError("odd") : absl::OkStatus();
     });
   }
-  EXPECT_EQ(group.Wait().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(group.Wait(), StatusIs(absl::StatusCode::kInternal));
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
   EXPECT_EQ(group.AllErrors().size(), 500u);
 }
@@ -209,7 +213,7 @@ TEST(TaskGroupTest, WithoutPoolRunsInsideRun) {
     return absl::OkStatus();
   });
   EXPECT_EQ(calls, 2);
-  EXPECT_EQ(group.Wait().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(group.Wait(), StatusIs(absl::StatusCode::kResourceExhausted));
 }
 
 TEST(TaskGroupTest, RunInlineRunsOnTheCallingThreadNow) {
@@ -270,7 +274,7 @@ TEST(TaskGroupTest, CancelOnErrorDropsTasksNotStarted) {
     ran++;
     return absl::OkStatus();
   });
-  EXPECT_EQ(group.Wait().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(group.Wait(), StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_EQ(ran.load(), 1);  // a cancelled group runs nothing more
   release.Notify();
 }

@@ -4,11 +4,15 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace cairn::copier {
 namespace {
+
+using ::cairn::testing::StatusIs;
+using ::testing::HasSubstr;
 
 std::string RandomBytes(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -42,11 +46,10 @@ TEST(HostCopierTest, RejectsCudaSourcesAndNull) {
   cuda.kind = CopySource::Kind::kCudaIpc;
   char buf[8];
   absl::Status s = copier.Copy(cuda, absl::MakeSpan(buf, 8));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("cuda copier"));
-  EXPECT_EQ(
-      copier.Copy(CopySource::Host(nullptr), absl::MakeSpan(buf, 8)).code(),
-      absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          ::testing::HasSubstr("cuda copier")));
+  EXPECT_THAT(copier.Copy(CopySource::Host(nullptr), absl::MakeSpan(buf, 8)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(copier.name(), "host");
 }
 

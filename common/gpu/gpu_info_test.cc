@@ -8,10 +8,13 @@
 #include <cuda_runtime_api.h>
 
 #include "common/gpu/cuda_status.h"
+#include "common/testing/status_matchers.h"
 #endif
 
 namespace cairn::gpu {
 namespace {
+
+using ::cairn::testing::StatusIs;
 
 TEST(GpuInfoTest, DeviceCountAgreesWithListDevices) {
   absl::StatusOr<int> n = DeviceCount();
@@ -31,7 +34,7 @@ TEST(GpuInfoTest, NcclVersionIsKnownExactlyWhenBuiltWithCuda) {
     ASSERT_TRUE(v.ok()) << v.status();
     EXPECT_GE(*v, 20000);  // NCCL 2.x codes are major*10000 + minor*100 + patch
   } else {
-    EXPECT_EQ(v.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_THAT(v, StatusIs(absl::StatusCode::kUnimplemented));
   }
 }
 
@@ -40,8 +43,8 @@ TEST(GpuInfoTest, FillWithoutDeviceIsFailedPrecondition) {
   ASSERT_TRUE(n.ok());
   if (*n > 0) GTEST_SKIP() << "a device is present";
   char host[4];
-  EXPECT_EQ(FillDeviceBytes(host, sizeof(host), 7).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(FillDeviceBytes(host, sizeof(host), 7),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 #ifdef CAIRN_HAVE_CUDA
@@ -49,19 +52,19 @@ TEST(CudaStatusTest, MapsCodesByRetrySemantics) {
   EXPECT_TRUE(CudaStatus(cudaSuccess, "x").ok());
   absl::Status s =
       CudaStatus(cudaErrorInsufficientDriver, "cudaGetDeviceCount");
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_NE(s.message().find("cudaGetDeviceCount"), absl::string_view::npos);
   EXPECT_NE(s.message().find("35"), absl::string_view::npos);
-  EXPECT_EQ(CudaStatus(cudaErrorMemoryAllocation, "m").code(),
-            absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(CudaStatus(cudaErrorInvalidValue, "v").code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(NcclStatus(ncclSystemError, "ncclSend").code(),
-            absl::StatusCode::kUnavailable);
-  EXPECT_EQ(NcclStatus(ncclInvalidArgument, "ncclSend").code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(NcclStatus(ncclInternalError, "ncclSend").code(),
-            absl::StatusCode::kInternal);
+  EXPECT_THAT(CudaStatus(cudaErrorMemoryAllocation, "m"),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(CudaStatus(cudaErrorInvalidValue, "v"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(NcclStatus(ncclSystemError, "ncclSend"),
+              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(NcclStatus(ncclInvalidArgument, "ncclSend"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(NcclStatus(ncclInternalError, "ncclSend"),
+              StatusIs(absl::StatusCode::kInternal));
 }
 
 TEST(CudaStatusTest, FillKernelWritesDeviceMemory) {

@@ -8,12 +8,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace cairn::shm {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::HasSubstr;
 
 std::string TestName(absl::string_view what) {
@@ -37,23 +39,22 @@ TEST(ShmSegmentTest, CreatorUnlinksNameOnDestruction) {
   { ASSERT_TRUE(ShmSegment::Create(name, 4096).ok()); }
   EXPECT_FALSE(std::filesystem::exists("/dev/shm" + name));
   auto opened = ShmSegment::Open(name, 4096);
-  EXPECT_EQ(opened.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(opened.status().message()), HasSubstr(name));
+  EXPECT_THAT(opened, StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
 }
 
 TEST(ShmSegmentTest, RejectsDuplicatesBadNamesAndShortSegments) {
   const std::string name = TestName("dup");
   auto a = ShmSegment::Create(name, 4096);
   ASSERT_TRUE(a.ok());
-  EXPECT_EQ(ShmSegment::Create(name, 4096).status().code(),
-            absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(ShmSegment::Create("no-slash", 4096).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ShmSegment::Create(TestName("zero"), 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ShmSegment::Create(name, 4096),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(ShmSegment::Create("no-slash", 4096),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ShmSegment::Create(TestName("zero"), 0),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   auto big = ShmSegment::Open(name, 8192);
-  EXPECT_EQ(big.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(big.status().message()), HasSubstr("smaller"));
+  EXPECT_THAT(big, StatusIs(absl::StatusCode::kFailedPrecondition,
+                            HasSubstr("smaller")));
 }
 
 TEST(ShmSegmentTest, RemoveStaleSegmentsRemovesOnlyDeadCreatorsSegments) {
