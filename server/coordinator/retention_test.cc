@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
@@ -20,6 +21,7 @@
 namespace cairn::coordinator {
 namespace {
 
+using ::cairn::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -66,8 +68,8 @@ TEST_F(DeleteInOrderTest, MarksTheRecordBeforeTouchingStorageAndRemovesItLast) {
   });
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(forgot, 1);
-  EXPECT_EQ(catalog_->GetCheckpoint("job", 4).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(catalog_->GetCheckpoint("job", 4),
+              StatusIs(absl::StatusCode::kNotFound));
   auto left = store_->List(storage::StepPrefix("job", 4));
   ASSERT_TRUE(left.ok());
   EXPECT_THAT(*left, ElementsAre());
@@ -82,12 +84,12 @@ TEST_F(DeleteInOrderTest, AFailureLeavesADeletingRecordWithoutManifest) {
   rule.status = absl::UnavailableError("disk went away");
   const int id = store_->AddRule(rule);
   absl::Status s = DeleteCheckpointInOrder(*store_, *catalog_, record_, {});
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("disk went away"));
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("disk went away")));
   EXPECT_GT(store_->fired(id), 0);
   // Not loadable any more (MANIFEST first), not listed (DELETING).
-  EXPECT_EQ(storage::ReadManifest(*store_, "job", 4).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(storage::ReadManifest(*store_, "job", 4),
+              StatusIs(absl::StatusCode::kNotFound));
   auto rec = catalog_->GetCheckpoint("job", 4);
   ASSERT_TRUE(rec.ok()) << rec.status();
   EXPECT_EQ(rec->state(), v1::CHECKPOINT_STATE_DELETING);
@@ -97,8 +99,8 @@ TEST_F(DeleteInOrderTest, AFailureLeavesADeletingRecordWithoutManifest) {
   // Finishing the DELETING record (what recovery does) completes it.
   store_->Reset();
   ASSERT_TRUE(DeleteCheckpointInOrder(*store_, *catalog_, *rec, {}).ok());
-  EXPECT_EQ(catalog_->GetCheckpoint("job", 4).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(catalog_->GetCheckpoint("job", 4),
+              StatusIs(absl::StatusCode::kNotFound));
   auto incomplete = storage::ListIncompleteSteps(*store_, "job");
   ASSERT_TRUE(incomplete.ok());
   EXPECT_THAT(*incomplete, ElementsAre());
