@@ -26,6 +26,7 @@
 #include "client/protocol/save_protocol.h"
 #include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
@@ -150,12 +151,8 @@ constexpr char kCancelled[] = "cancelled (Checkpointer::Cancel)";
 class CheckpointerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* base = std::getenv("TEST_TMPDIR");
-    dir_ = absl::StrCat(
-        base ? base : "/tmp", "/cairn-client-",
-        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
-        getpid());
-    std::filesystem::remove_all(dir_);
+    dir_ = testing::MakeTempDir();
+    ASSERT_FALSE(dir_.empty());
     std::filesystem::create_directories(dir_ + "/checkpoints");
     spec_.listen_address = "127.0.0.1:0";
     spec_.coordinator.storage_uri =

@@ -20,6 +20,7 @@
 #include "client/protocol/cancellation.h"
 #include "client/protocol/coordinator_call.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_server.h"
@@ -34,12 +35,8 @@ using ::testing::HasSubstr;
 class SaveProtocolTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* base = std::getenv("TEST_TMPDIR");
-    dir_ = absl::StrCat(
-        base ? base : "/tmp", "/cairn-protocol-",
-        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
-        getpid());
-    std::filesystem::remove_all(dir_);
+    dir_ = testing::MakeTempDir();
+    ASSERT_FALSE(dir_.empty());
     std::filesystem::create_directories(dir_ + "/checkpoints");
     spec_.listen_address = "127.0.0.1:0";
     spec_.coordinator.storage_uri =
@@ -367,7 +364,8 @@ TEST_F(SaveProtocolTest, CancelledSaveWritesNothingAndCommitAbortsIt) {
       saves[0]->WriteAll(s0, pool),
       StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled (test)")));
   for (const PlannedObject& o : saves[0]->objects()) {
-    EXPECT_TRUE(absl::IsNotFound(saves[0]->store().Size(o.key).status()))
+    EXPECT_THAT(saves[0]->store().Size(o.key),
+                StatusIs(absl::StatusCode::kNotFound))
         << o.key;
   }
   EXPECT_THAT(

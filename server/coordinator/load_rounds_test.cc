@@ -31,6 +31,7 @@ namespace {
 
 using ::cairn::testing::StatusIs;
 using planner::ChunkBox;
+using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -1006,9 +1007,9 @@ TEST_F(LoadRoundsTest, RandomOverlappingLoadsOfOneStep) {
       // Not verified in the round: the rank reads its partial chunks
       // whole (the round expired, its report was superseded, or it is over).
       ++figures.verify_locally;
-      EXPECT_TRUE(absl::IsDeadlineExceeded(v.status()) ||
-                  absl::IsAborted(v.status()) || absl::IsNotFound(v.status()))
-          << v.status();
+      EXPECT_THAT(v, StatusIs(AnyOf(absl::StatusCode::kDeadlineExceeded,
+                                    absl::StatusCode::kAborted,
+                                    absl::StatusCode::kNotFound)));
     }
   }
   std::cout << "[ figures  ] " << figures.loads << " loads (" << figures.wrong

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
@@ -30,10 +31,7 @@ class DeleteInOrderTest : public ::testing::Test {
   void SetUp() override {
     const std::string name =
         ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    catalog_dir_ = absl::StrCat(tmp ? tmp : "/tmp", "/cairn-retention-", name,
-                                "-", getpid());
-    std::filesystem::remove_all(catalog_dir_);
+    catalog_dir_ = testing::MakeTempDir("retention-" + name);
     store_ = std::make_unique<storage::FaultInjectionStore>(
         storage::OpenMemoryShardStore("retention-" + name).value());
     catalog_ = storage::Catalog::Open(catalog_dir_).value();
