@@ -51,10 +51,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "client/protocol/client_security.h"
 #include "client/state_dict.h"
 #include "planner/box.h"
 #include "planner/dtype.h"
+#include "protocol/client_security.h"
 #include "storage/shard_store.h"
 
 namespace cairn::client {

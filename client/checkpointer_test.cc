@@ -22,8 +22,6 @@
 #include "absl/synchronization/notification.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "client/checkpoint_info_proto.h"
-#include "client/protocol/coordinator_call.h"
-#include "client/protocol/save_protocol.h"
 #include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
@@ -31,6 +29,8 @@
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include "proto/convert/plan_convert.h"
+#include "protocol/coordinator_call.h"
+#include "protocol/save_protocol.h"
 #include "server/coordinator/coordinator_server.h"
 #include "storage/testing/fault_injection_store.h"
 

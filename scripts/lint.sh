@@ -74,9 +74,12 @@ check_layer 'planner/overlap_index.*' \
 check_layer proto 'storage|client|server'
 # Storage uses the planner's box geometry (planner:geometry), nothing else.
 check_layer storage 'planner|client|server' 'planner/(box|overlap_index)\.h'
+# protocol/ (the ranks' side of save and load, shared by libcairn and
+# cairn-agent) sits below both.
+check_layer protocol 'client|server'
 check_layer client 'server'
-check_layer server/coordinator 'client'
-check_layer server/agent 'client/(agent|cli|examples)|client/[a-z_]+\.h'
+check_layer server/coordinator 'client|protocol'
+check_layer server/agent 'client'
 # Inside server/coordinator: the parts the Coordinator facade is composed of
 # (save_session, load_rounds, retention, recovery, request_bounds, ...) sit
 # below it: only the facade's own files (coordinator*) and the daemon above

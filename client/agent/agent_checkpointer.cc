@@ -11,8 +11,6 @@
 #include "absl/time/clock.h"
 #include "cairn/v1/agent.grpc.pb.h"
 #include "client/checkpoint_info_proto.h"
-#include "client/protocol/cancellation.h"
-#include "client/protocol/save_protocol.h"
 #include "common/copier/host_copier.h"
 #include "common/grpc_status.h"
 #include "common/shm/shm_segment.h"
@@ -20,6 +18,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/convert/plan_convert.h"
+#include "protocol/cancellation.h"
+#include "protocol/save_protocol.h"
 #include "storage/checkpoint_layout.h"
 
 namespace cairn::client {

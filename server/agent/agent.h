@@ -10,7 +10,7 @@
 //   (rank)      memcpy host tensors into the segment — all training waits for;
 //   FinishStage copy GPU items (DeviceCopier), then persist on a thread:
 //               crc32c of every item, then the save protocol
-//               (client/protocol: BeginSave / write / CommitSave) over the
+//               (protocol: BeginSave / write / CommitSave) over the
 //               items in the segment — the same protocol as direct mode, so a
 //               checkpoint is committed exactly when every rank's agent has
 //               committed. The training process may exit right after
@@ -39,7 +39,7 @@
 // Cancel (CancelSave, the rank's AgentCheckpointer::Cancel): a set still
 //   being staged is dropped and its space freed (nothing was sent to cairnd
 //   for it); a streaming save fails; a persist's save protocol is cancelled
-//   as direct mode's (client/protocol/cancellation.h): it stops wherever it
+//   as direct mode's (protocol/cancellation.h): it stops wherever it
 //   is and is aborted at cairnd, so the other ranks fail at once, unless
 //   every rank has committed. A BeginStage or StageBucket whose rank gave up
 //   on the call stops waiting for space.
@@ -75,14 +75,14 @@
 #include "absl/time/time.h"
 #include "cairn/v1/agent.pb.h"
 #include "cairn/v1/cairn.grpc.pb.h"
-#include "client/protocol/cancellation.h"
-#include "client/protocol/client_security.h"
-#include "client/protocol/coordinator_call.h"
-#include "client/protocol/save_protocol.h"
 #include "common/copier/device_copier.h"
 #include "common/metrics.h"
 #include "common/shm/shm_segment.h"
 #include "common/thread_pool.h"
+#include "protocol/cancellation.h"
+#include "protocol/client_security.h"
+#include "protocol/coordinator_call.h"
+#include "protocol/save_protocol.h"
 #include "server/agent/transport/nccl/device_link.h"
 #include "server/agent/transport/transport.h"
 

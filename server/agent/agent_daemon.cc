@@ -10,11 +10,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/protocol/client_security.h"
-#include "client/protocol/coordinator_call.h"
 #include "common/daemon.h"
 #include "common/gpu/gpu_info.h"
 #include "common/logging.h"
+#include "protocol/client_security.h"
+#include "protocol/coordinator_call.h"
 #include "server/agent/transport/tcp/tcp_transport.h"
 #ifdef CAIRN_HAVE_CUDA
 #include "server/agent/copier/cuda/cuda_copier.h"

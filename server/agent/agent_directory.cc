@@ -5,10 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/protocol/coordinator_call.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "grpcpp/client_context.h"
+#include "protocol/coordinator_call.h"
 
 namespace cairn::agent {
 

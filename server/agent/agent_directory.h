@@ -31,7 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.grpc.pb.h"
-#include "client/protocol/client_security.h"
+#include "protocol/client_security.h"
 
 namespace cairn::agent {
 

@@ -4,7 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
-#include "client/protocol/coordinator_call.h"
+#include "protocol/coordinator_call.h"
 
 namespace cairn::agent {
 

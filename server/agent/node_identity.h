@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "client/protocol/client_security.h"
+#include "protocol/client_security.h"
 #include "server/agent/agent_directory.h"
 
 namespace cairn::agent {

@@ -9,9 +9,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/protocol/client_security.h"
-#include "client/protocol/coordinator_call.h"
 #include "common/testing/temp_dir.h"
+#include "protocol/client_security.h"
+#include "protocol/coordinator_call.h"
 
 #ifndef CAIRN_MAKE_CERTS_PATH
 #define CAIRN_MAKE_CERTS_PATH ""

@@ -1,5 +1,5 @@
 // Cancellation of a rank's save or load (see cancellation.h).
-#include "client/protocol/cancellation.h"
+#include "protocol/cancellation.h"
 
 #include <utility>
 

@@ -1,5 +1,5 @@
 // The one save protocol (see save_protocol.h).
-#include "client/protocol/save_protocol.h"
+#include "protocol/save_protocol.h"
 
 #include <utility>
 
@@ -8,12 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "client/protocol/coordinator_call.h"
 #include "common/crash_point.h"
 #include "common/status_macros.h"
 #include "common/task_group.h"
 #include "planner/plan_cache.h"
 #include "proto/convert/plan_convert.h"
+#include "protocol/coordinator_call.h"
 #include "storage/checkpoint_layout.h"
 
 namespace cairn::protocol {

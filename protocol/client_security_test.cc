@@ -1,4 +1,4 @@
-#include "client/protocol/client_security.h"
+#include "protocol/client_security.h"
 
 #include <unistd.h>
 

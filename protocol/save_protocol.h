@@ -65,12 +65,12 @@
 #include "absl/types/span.h"
 #include "cairn/v1/cairn.grpc.pb.h"
 #include "cairn/v1/cairn.pb.h"
-#include "client/protocol/cancellation.h"
-#include "client/protocol/coordinator_call.h"
-#include "client/protocol/planned_writer.h"
 #include "common/thread_pool.h"
 #include "planner/box.h"
 #include "planner/save_plan.h"
+#include "protocol/cancellation.h"
+#include "protocol/coordinator_call.h"
+#include "protocol/planned_writer.h"
 #include "storage/shard_store.h"
 
 namespace cairn::protocol {

@@ -1,5 +1,5 @@
 // Channel setup for calls to cairnd (see coordinator_call.h).
-#include "client/protocol/coordinator_call.h"
+#include "protocol/coordinator_call.h"
 
 #include <algorithm>
 #include <utility>

@@ -4,7 +4,7 @@
 // after Cancel failing CANCELLED, and retries with backoff cut short. The
 // cancelled calls parked at a real cairnd are in save_protocol_test.cc and
 // client/checkpointer_test.cc.
-#include "client/protocol/cancellation.h"
+#include "protocol/cancellation.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -16,10 +16,10 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/notification.h"
-#include "client/protocol/coordinator_call.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "protocol/coordinator_call.h"
 
 namespace cairn::protocol {
 namespace {

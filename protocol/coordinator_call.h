@@ -17,11 +17,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cairn/v1/cairn.grpc.pb.h"
-#include "client/protocol/cancellation.h"
-#include "client/protocol/client_security.h"
 #include "common/grpc_status.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/security/credentials.h"
+#include "protocol/cancellation.h"
+#include "protocol/client_security.h"
 
 namespace cairn::protocol {
 

@@ -3,7 +3,7 @@
 // dir): fingerprints, writes, commit, the before-commit hook, the errors
 // of a failed save (naming job, step, rank, item and object; ABORTED with the
 // first reason when another rank aborted first), and cancellation.
-#include "client/protocol/save_protocol.h"
+#include "protocol/save_protocol.h"
 
 #include <unistd.h>
 
@@ -17,12 +17,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "client/protocol/cancellation.h"
-#include "client/protocol/coordinator_call.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "protocol/cancellation.h"
+#include "protocol/coordinator_call.h"
 #include "server/coordinator/coordinator_server.h"
 #include "storage/checksum.h"
 

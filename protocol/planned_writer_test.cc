@@ -2,7 +2,7 @@
 // zero padding to the planned offsets, crc32c per item, and errors that name
 // the item and the object. Oracle: random plans written in random pieces
 // compared with the bytes laid out by hand.
-#include "client/protocol/planned_writer.h"
+#include "protocol/planned_writer.h"
 
 #include <algorithm>
 #include <map>

@@ -1,5 +1,5 @@
 // The planned-object writer (see planned_writer.h).
-#include "client/protocol/planned_writer.h"
+#include "protocol/planned_writer.h"
 
 #include <algorithm>
 #include <map>
