@@ -3,6 +3,9 @@
 # Bazel, builds the container images (deploy/image/build.sh), runs the fuzzers for a bounded time (scripts/fuzz.sh: a clang build
 # of fuzz/, FUZZ_TIME seconds per target, default 15), `bazel test //...` and
 # ctest (which includes every benchmark's smoke run, label bench-smoke).
+# Bazel keeps a disk cache in $CAIRN_BAZEL_DISK_CACHE (default
+# ~/.cache/cairn-bazel-disk, emptied when over $CAIRN_BAZEL_DISK_CACHE_MB,
+# default 8192).
 # Exits non-zero on any failure. ctest's summary is printed last, then each
 # phase's wall time.
 set -euo pipefail
@@ -37,6 +40,16 @@ scripts/fuzz.sh --time "${FUZZ_TIME:-15}"
 phase "Bazel build"
 BAZEL_FLAGS=()
 if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then BAZEL_FLAGS+=(--define=cairn_cuda=off); fi
+# Bazel's disk cache, like ccache for the CMake build: a rerun on the same
+# machine recompiles and retests only what changed. Emptied past its cap
+# (this Bazel has no disk-cache GC).
+BAZEL_DISK_CACHE=${CAIRN_BAZEL_DISK_CACHE:-$HOME/.cache/cairn-bazel-disk}
+if [[ -d "$BAZEL_DISK_CACHE" ]] &&
+   (($(du -sm "$BAZEL_DISK_CACHE" | cut -f1) > ${CAIRN_BAZEL_DISK_CACHE_MB:-8192})); then
+  echo "test.sh: emptying $BAZEL_DISK_CACHE (over ${CAIRN_BAZEL_DISK_CACHE_MB:-8192} MB)"
+  rm -rf "$BAZEL_DISK_CACHE"
+fi
+BAZEL_FLAGS+=(--disk_cache="$BAZEL_DISK_CACHE")
 bazel build "${BAZEL_FLAGS[@]}" //...
 phase "Bazel test"
 bazel test "${BAZEL_FLAGS[@]}" //...
