@@ -33,9 +33,6 @@
 
 namespace cairn::agent {
 
-using shm::RemoveStaleSegments;
-using shm::SegmentFamily;
-
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {}
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
@@ -60,13 +57,12 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
     };
   }
   std::unique_ptr<Agent> a(new Agent(std::move(options)));
-  a->pool_ = std::make_shared<Pool>();
-  const std::string node_prefix =
-      absl::StrCat("cairn-agent-", a->options_.node_id, "-");
-  RemoveStaleSegments(node_prefix);
-  CAIRN_ASSIGN_OR_RETURN(a->pool_->family, SegmentFamily::Claim(node_prefix));
-  a->pool_->prefix = a->pool_->family->name_prefix();
-  a->pool_->budget = a->options_.staging_budget_bytes;
+  StagingPool::Options pool;
+  pool.node_id = a->options_.node_id;
+  pool.budget_bytes = a->options_.staging_budget_bytes;
+  pool.shm_group = a->options_.shm_group;
+  pool.evict = [p = a.get()] { return p->EvictOne(); };
+  CAIRN_ASSIGN_OR_RETURN(a->pool_, StagingPool::Create(std::move(pool)));
   a->RegisterMetrics();
 
   TcpTransportOptions t;
@@ -148,6 +144,30 @@ Agent::~Agent() {
   loads_.clear();
 }
 
+bool Agent::EvictOne() {
+  absl::MutexLock l(&mu_);
+  // Replicas first (oldest step), then tier 0 (oldest step): both are
+  // already durable in storage, so eviction only costs load speed.
+  for (auto* m : {&replicas_, &tier0_}) {
+    auto victim = m->end();
+    for (auto it = m->begin(); it != m->end(); ++it) {
+      if (victim == m->end() || it->second->step < victim->second->step) {
+        victim = it;
+      }
+    }
+    if (victim != m->end()) {
+      CAIRN_LOG(info, "node {}: evicting {} of {} from memory",
+                options_.node_id,
+                victim->second->replica ? "replica" : "tier 0",
+                internal::Where(victim->second->job, victim->second->step,
+                                victim->second->rank));
+      m->erase(victim);
+      return true;
+    }
+  }
+  return false;
+}
+
 uint64_t Agent::NewTag() {
   return (static_cast<uint64_t>(options_.node_id) << 40) |
          (next_tag_.fetch_add(1) & ((uint64_t{1} << 40) - 1));
@@ -156,13 +176,11 @@ uint64_t Agent::NewTag() {
 v1::AgentStatusResponse Agent::Status() {
   v1::AgentStatusResponse r;
   r.set_node_id(options_.node_id);
-  r.set_budget_bytes(pool_->budget);
-  {
-    absl::MutexLock l(&pool_->mu);
-    r.set_used_bytes(pool_->used);
-    r.set_peak_used_bytes(pool_->peak);
-  }
-  r.set_streamed_buckets(pool_->streamed_buckets.load());
+  r.set_budget_bytes(pool_->budget());
+  const StagingPool::Stats pool = pool_->stats();
+  r.set_used_bytes(pool.used_bytes);
+  r.set_peak_used_bytes(pool.peak_used_bytes);
+  r.set_streamed_buckets(streamed_buckets_.load());
   absl::MutexLock l(&mu_);
   r.set_tier0_sets(static_cast<int>(tier0_.size()));
   r.set_replica_sets(static_cast<int>(replicas_.size()));

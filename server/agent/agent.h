@@ -83,6 +83,7 @@
 #include "protocol/client_security.h"
 #include "protocol/coordinator_call.h"
 #include "protocol/save_protocol.h"
+#include "server/agent/staging_pool.h"
 #include "server/agent/transport/nccl/device_link.h"
 #include "server/agent/transport/transport.h"
 
@@ -231,17 +232,13 @@ class Agent {
     absl::Status status;
     v1::CheckpointRecord record;
   };
-  struct Pool;
   struct Stream;
   using Key = std::tuple<std::string, int64_t, int>;  // job, step, rank
 
   explicit Agent(AgentOptions options);
 
-  // Waits until `deadline` for space; CANCELLED as soon as `caller_gone`
-  // (if given) returns true.
-  absl::StatusOr<std::shared_ptr<shm::ShmSegment>> Allocate(
-      uint64_t bytes, absl::Time deadline,
-      const std::function<bool()>& caller_gone = nullptr);
+  // The pool's evict callback: drops the oldest replica, else the oldest
+  // tier 0 set (both durable in storage); false when there is none.
   bool EvictOne();
   void Persist(std::shared_ptr<Set> set, bool die_before_commit);
   // Counts a finished persist begun at `start` that wrote `written` bytes
@@ -301,7 +298,7 @@ class Agent {
 
   // Constant after construction.
   AgentOptions options_;
-  std::shared_ptr<Pool> pool_;
+  std::unique_ptr<StagingPool> pool_;
   std::unique_ptr<Transport> transport_;
   // Runs a peer load's fetches (one per planned message): at most
   // kFetchThreads at once, whatever the plan's size.
@@ -314,6 +311,8 @@ class Agent {
 
   std::atomic<uint64_t> next_tag_{1};
   std::atomic<uint64_t> next_id_{1};
+  // Buckets streaming saves have written (AgentStatusResponse).
+  std::atomic<int64_t> streamed_buckets_{0};
 
   // State below is protected by mu_.
   absl::Mutex mu_;

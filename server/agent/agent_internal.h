@@ -1,7 +1,7 @@
 // Internals shared by the files of the agent library (agent.cc,
-// staging_pool.cc, streaming_save.cc, persister.cc, replicator.cc,
-// peer_service.cc, peer_load.cc): item helpers, the staging pool's and a
-// streaming save's state. Not part of the agent's interface.
+// streaming_save.cc, persister.cc, replicator.cc, peer_service.cc,
+// peer_load.cc): item helpers and a streaming save's state. Not part of the
+// agent's interface.
 #ifndef CAIRN_SERVER_AGENT_AGENT_INTERNAL_H_
 #define CAIRN_SERVER_AGENT_AGENT_INTERNAL_H_
 
@@ -34,7 +34,6 @@ namespace cairn::agent {
 namespace internal {
 
 constexpr uint64_t kAlign = 64;
-constexpr uint64_t kSegmentGranule = 4096;
 
 inline uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -92,43 +91,6 @@ inline absl::Status ToStatus(const v1::PeerResponse& r) {
 }
 
 }  // namespace internal
-
-// Staging memory: shm segments counted against the budget. Released segments
-// are kept (still counted) for reuse by a save of the same size — the rank
-// keeps its mapping of them, so a steady-state save copies into memory that
-// is already mapped and faulted — and destroyed when space is needed.
-struct Agent::Pool {
-  // This agent's claim on its segment names; first member, so it is released
-  // after every segment of the pool.
-  std::unique_ptr<shm::SegmentFamily> family;
-  std::string prefix;  // family->name_prefix()
-  uint64_t budget = 0;
-  absl::Mutex mu;
-  uint64_t used ABSL_GUARDED_BY(mu) = 0;
-  uint64_t seq ABSL_GUARDED_BY(mu) = 0;
-  uint64_t peak ABSL_GUARDED_BY(mu) = 0;
-  std::vector<std::unique_ptr<shm::ShmSegment>> free ABSL_GUARDED_BY(mu);
-  int64_t releases ABSL_GUARDED_BY(mu) = 0;
-  // Segments destroyed instead of reused when released: buckets of a failed
-  // stream, which a still-running rank might write into.
-  std::set<const shm::ShmSegment*> discard ABSL_GUARDED_BY(mu);
-  std::atomic<int64_t> streamed_buckets{0};
-
-  void Release(shm::ShmSegment* s) {
-    absl::MutexLock l(&mu);
-    if (discard.erase(s) > 0) {
-      used -= s->size();
-      delete s;  // unlinks it; a rank's mapping stays valid but private
-    } else {
-      free.emplace_back(s);
-    }
-    ++releases;
-  }
-  void Discard(const shm::ShmSegment* s) {
-    absl::MutexLock l(&mu);
-    discard.insert(s);
-  }
-};
 
 // One streaming save (see agent.h). The persist thread produces `pieces`
 // once (plan_ready); StageBucket hands out consecutive runs of them as

@@ -47,16 +47,14 @@ void Agent::RegisterMetrics() {
       r.AddCounter("cairn_agent_replication_failures_total",
                    "Replica pushes to a peer agent that failed.");
 
-  r.AddCallbackGauge("cairn_agent_staging_bytes_used",
-                     "Bytes of staging, tier-0 and replica memory held "
-                     "(counted against the budget).",
-                     [this] {
-                       absl::MutexLock l(&pool_->mu);
-                       return static_cast<double>(pool_->used);
-                     });
+  r.AddCallbackGauge(
+      "cairn_agent_staging_bytes_used",
+      "Bytes of staging, tier-0 and replica memory held "
+      "(counted against the budget).",
+      [this] { return static_cast<double>(pool_->stats().used_bytes); });
   r.AddCallbackGauge("cairn_agent_staging_budget_bytes",
                      "The staging budget (--staging-budget-mib) in bytes.",
-                     [this] { return static_cast<double>(pool_->budget); });
+                     [this] { return static_cast<double>(pool_->budget()); });
   r.AddCallbackGauge(
       "cairn_agent_replication_lag_bytes",
       "Bytes of committed checkpoints whose push to their replica peers is "

@@ -156,9 +156,9 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
       segments += n;
     }
   }
-  CAIRN_ASSIGN_OR_RETURN(
-      std::shared_ptr<ShmSegment> seg,
-      Allocate(planned.total_bytes, absl::Now() + options_.peer_timeout));
+  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<ShmSegment> seg,
+                         pool_->Allocate(planned.total_bytes,
+                                         absl::Now() + options_.peer_timeout));
 
   std::vector<planner::CopySegment> segs;
   // Local pieces: from this agent's own memory.

@@ -191,10 +191,10 @@ absl::StatusOr<uint64_t> Agent::HandleFetch(int peer,
     segments += n;
     const uint64_t bytes =
         static_cast<uint64_t>(planner::Volume(region)) * elem;
-    if (total + bytes > pool_->budget) {
+    if (total + bytes > pool_->budget()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "fetch from node ", peer, " of more than the staging budget of ",
-          pool_->budget, " bytes"));
+          pool_->budget(), " bytes"));
     }
     total += bytes;
     pieces.push_back({std::move(held.first), held.second, region, elem});

@@ -144,7 +144,7 @@ absl::Status Agent::HandlePush(int peer, const v1::PushReplica& push) {
         " item offsets, ", push.message_tags_size(), " message tags, ",
         push.message_bytes_size(), " message sizes)")));
   }
-  const uint64_t budget = pool_->budget;
+  const uint64_t budget = pool_->budget();
   uint64_t total = 0;
   for (int i = 0; i < push.items_size(); ++i) {
     const v1::HeldItem& h = push.items(i);
@@ -187,7 +187,7 @@ absl::Status Agent::HandlePush(int peer, const v1::PushReplica& push) {
   }
   CAIRN_RETURN_IF_ERROR(first);
   absl::StatusOr<std::shared_ptr<ShmSegment>> seg =
-      Allocate(total, absl::Now() + options_.peer_timeout);
+      pool_->Allocate(total, absl::Now() + options_.peer_timeout);
   if (!seg.ok()) {
     return absl::Status(seg.status().code(),
                         absl::StrCat(where, ": ", seg.status().message()));

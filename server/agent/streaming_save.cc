@@ -38,7 +38,7 @@ using internal::ItemBox;
 using internal::ItemElemSize;
 using internal::ItemFqn;
 using internal::kAlign;
-using internal::kSegmentGranule;
+constexpr uint64_t kSegmentGranule = StagingPool::kSegmentGranule;
 using internal::Where;
 using shm::ShmSegment;
 
@@ -89,14 +89,14 @@ absl::StatusOr<v1::BeginStageResponse> Agent::BeginStage(
           ? absl::Milliseconds(request.wait_for_space_ms())
           : options_.wait_for_space;
   if (request.allow_streaming() &&
-      AlignUp(std::max<uint64_t>(total, 1), kSegmentGranule) > pool_->budget) {
+      StagingPool::SegmentSize(total) > pool_->budget()) {
     // Larger than the whole budget: stream it through buckets.
     auto st = std::make_shared<Stream>();
     st->set = std::move(set);
     st->save_id = next_id_.fetch_add(1);
     st->bucket_bytes =
         std::max(kSegmentGranule,
-                 std::min(options_.stream_bucket_bytes, pool_->budget / 2) /
+                 std::min(options_.stream_bucket_bytes, pool_->budget() / 2) /
                      kSegmentGranule * kSegmentGranule);
     st->wait_for_space = wait;
     st->where = where;
@@ -122,7 +122,7 @@ absl::StatusOr<v1::BeginStageResponse> Agent::BeginStage(
     return response;
   }
   absl::StatusOr<std::shared_ptr<ShmSegment>> seg =
-      Allocate(total, absl::Now() + wait, caller_gone);
+      pool_->Allocate(total, absl::Now() + wait, caller_gone);
   if (seg.ok() && caller_gone && caller_gone()) {
     // Nobody would copy into it or hand it over: free it now.
     seg = absl::CancelledError("the rank gave up on BeginStage");
@@ -293,7 +293,7 @@ absl::StatusOr<v1::StageBucketResponse> Agent::StageBucket(
     // The only wait of a streaming rank: space for the next bucket (the
     // persist thread frees the previous ones as it writes them).
     absl::StatusOr<std::shared_ptr<ShmSegment>> seg =
-        Allocate(st->bucket_bytes, deadline, caller_gone);
+        pool_->Allocate(st->bucket_bytes, deadline, caller_gone);
     if (!seg.ok()) {
       return absl::Status(
           seg.status().code(),
@@ -323,7 +323,7 @@ absl::StatusOr<v1::StageBucketResponse> Agent::StageBucket(
     response.set_shm_name(b.segment->name());
     response.set_shm_size(b.segment->size());
     st->handed = std::move(b);
-    ++pool_->streamed_buckets;
+    ++streamed_buckets_;
     return response;
   };
   absl::StatusOr<v1::StageBucketResponse> r = next();
