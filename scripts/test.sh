@@ -5,7 +5,11 @@
 # ctest (which includes every benchmark's smoke run, label bench-smoke).
 # Bazel keeps a disk cache in $CAIRN_BAZEL_DISK_CACHE (default
 # ~/.cache/cairn-bazel-disk, emptied when over $CAIRN_BAZEL_DISK_CACHE_MB,
-# default 8192).
+# default 8192). The images and their build layers go to a podman store of
+# their own, $CAIRN_CONTAINER_STORE (default ~/.cache/cairn-containers,
+# emptied when over $CAIRN_CONTAINER_STORE_MB, default 20480), so a rerun on a
+# machine that keeps ~/.cache rebuilds only the layers whose inputs changed;
+# a CONTAINERS_STORAGE_CONF already set is used instead.
 # Exits non-zero on any failure. ctest's summary is printed last, then each
 # phase's wall time.
 set -euo pipefail
@@ -32,6 +36,20 @@ phase "CMake build"
 scripts/build.sh
 
 phase "Container images"
+if [[ -z "${CONTAINERS_STORAGE_CONF:-}" ]]; then
+  STORE=${CAIRN_CONTAINER_STORE:-$HOME/.cache/cairn-containers}
+  if [[ -d "$STORE/storage" ]] &&
+     (($(du -sm "$STORE/storage" | cut -f1) > ${CAIRN_CONTAINER_STORE_MB:-20480})); then
+    echo "test.sh: emptying $STORE (over ${CAIRN_CONTAINER_STORE_MB:-20480} MB)"
+    findmnt -rn -o TARGET | grep "^$STORE/" | xargs -r umount -l || true
+    rm -rf "$STORE/storage"
+  fi
+  mkdir -p "$STORE/storage"
+  printf '[storage]\ndriver = "overlay"\ngraphroot = "%s"\nrunroot = "%s"\n' \
+    "$STORE/storage" /run/cairn-containers > "$STORE/storage.conf"
+  # Exported: the image tests (ctest) run their containers from this store.
+  export CONTAINERS_STORAGE_CONF="$STORE/storage.conf"
+fi
 deploy/image/build.sh
 
 phase "Fuzz (bounded)"
