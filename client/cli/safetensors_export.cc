@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "common/unique_fd.h"
 #include "nlohmann/json.hpp"
 #include "planner/box.h"
 #include "proto/convert/plan_convert.h"
@@ -68,14 +69,11 @@ class OutFile {
                                                          std::string name,
                                                          std::string where) {
     std::string path = absl::StrCat(dir, "/", name);
-    const int fd =
-        ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0) return IoError(errno, where, "creating", name, dir);
-    return std::unique_ptr<OutFile>(
-        new OutFile(fd, std::move(path), std::move(name), std::move(where)));
-  }
-  ~OutFile() {
-    if (fd_ >= 0) ::close(fd_);
+    UniqueFd fd(
+        ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+    if (!fd.valid()) return IoError(errno, where, "creating", name, dir);
+    return std::unique_ptr<OutFile>(new OutFile(
+        std::move(fd), std::move(path), std::move(name), std::move(where)));
   }
   OutFile(const OutFile&) = delete;
   OutFile& operator=(const OutFile&) = delete;
@@ -84,7 +82,7 @@ class OutFile {
   // is read (filesystems without fallocate just go on).
   absl::Status Reserve(uint64_t size) {
     if (size == 0) return absl::OkStatus();
-    if (::fallocate(fd_, 0, 0, static_cast<off_t>(size)) == 0) {
+    if (::fallocate(fd_.get(), 0, 0, static_cast<off_t>(size)) == 0) {
       return absl::OkStatus();
     }
     const int error = errno;
@@ -100,7 +98,7 @@ class OutFile {
     const char* p = data.data();
     size_t n = data.size();
     while (n > 0) {
-      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+      const ssize_t w = ::pwrite(fd_.get(), p, n, static_cast<off_t>(offset));
       if (w < 0) {
         if (errno == EINTR) continue;
         return IoError(errno, where_, absl::StrCat("writing ", n, " bytes of"),
@@ -115,37 +113,37 @@ class OutFile {
 
   // fsync, then close.
   absl::Status Close() {
-    if (::fsync(fd_) != 0) {
+    if (::fsync(fd_.get()) != 0) {
       return IoError(errno, where_, "syncing", name_, path_);
     }
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) {
+    // Closed here rather than by UniqueFd, so that its error is reported.
+    if (::close(fd_.Release()) != 0) {
       return IoError(errno, where_, "closing", name_, path_);
     }
     return absl::OkStatus();
   }
 
  private:
-  OutFile(int fd, std::string path, std::string name, std::string where)
-      : fd_(fd),
+  OutFile(UniqueFd fd, std::string path, std::string name, std::string where)
+      : fd_(std::move(fd)),
         path_(std::move(path)),
         name_(std::move(name)),
         where_(std::move(where)) {}
 
-  int fd_;
+  UniqueFd fd_;
   const std::string path_;   // in the temporary directory
   const std::string name_;   // relative to the export's directory
   const std::string where_;  // "export of job 'llama' step 1200 to 'DIR'"
 };
 
 absl::Status SyncDirectory(const std::string& path, absl::string_view where) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoError(errno, where, "opening directory", path, path);
-  const int rc = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (rc != 0) return IoError(error, where, "syncing directory", path, path);
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) {
+    return IoError(errno, where, "opening directory", path, path);
+  }
+  if (::fsync(fd.get()) != 0) {
+    return IoError(errno, where, "syncing directory", path, path);
+  }
   return absl::OkStatus();
 }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
+#include "common/unique_fd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -101,6 +102,8 @@ TEST(ShmSegmentTest, FamiliesAreUniqueAndOnlyDeadOnesAreRemoved) {
   // without cleaning up (its lock is dropped, its files stay).
   int pipefd[2];
   ASSERT_EQ(pipe(pipefd), 0);
+  UniqueFd reader(pipefd[0]);
+  UniqueFd writer(pipefd[1]);
   const pid_t child = fork();
   if (child == 0) {
     auto f = SegmentFamily::Claim(prefix);
@@ -112,16 +115,16 @@ TEST(ShmSegmentTest, FamiliesAreUniqueAndOnlyDeadOnesAreRemoved) {
       s->release();  // leak it, as a crash would
     }
     const std::string name = (*f)->name_prefix();
-    if (write(pipefd[1], name.data(), name.size()) !=
+    if (write(writer.get(), name.data(), name.size()) !=
         static_cast<ssize_t>(name.size())) {
       _exit(3);
     }
     _exit(0);  // no destructors: the lock file stays, unlocked
   }
-  close(pipefd[1]);
+  writer.Reset();  // so that the read ends with the child's bytes
   char buf[256];
-  const ssize_t n = read(pipefd[0], buf, sizeof(buf));
-  close(pipefd[0]);
+  const ssize_t n = read(reader.get(), buf, sizeof(buf));
+  reader.Reset();
   int status = 0;
   waitpid(child, &status, 0);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;

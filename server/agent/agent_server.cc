@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -23,6 +24,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/unique_fd.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
@@ -318,10 +320,10 @@ absl::Status AgentServer::Listen(const Spec& spec, gid_t group) {
   }
   {
     // A live agent on this path keeps it; a dead one's socket is replaced.
-    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const bool live = connect(probe, reinterpret_cast<sockaddr*>(&final_sa),
-                              sizeof(final_sa)) == 0;
-    close(probe);
+    const UniqueFd probe(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    const bool live =
+        connect(probe.get(), reinterpret_cast<sockaddr*>(&final_sa),
+                sizeof(final_sa)) == 0;
     if (live) {
       return absl::FailedPreconditionError(
           absl::StrCat("another process is serving on ", path,
@@ -340,17 +342,17 @@ absl::Status AgentServer::Listen(const Spec& spec, gid_t group) {
   }
   const std::string tmp_path = tmp_dir + "/s";
   absl::Status status;
-  int fd = -1;
+  UniqueFd fd;
   absl::StatusOr<sockaddr_un> sa = UnixAddress(tmp_path);
   if (!sa.ok()) {
     status = absl::InvalidArgumentError(absl::StrCat(
         "socket path ", path, " is too long to be created safely (",
         sa.status().message(), ")"));
   } else {
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    fd.Reset(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     struct stat st;
-    if (fd < 0 ||
-        bind(fd, reinterpret_cast<const sockaddr*>(&*sa), sizeof(*sa)) != 0) {
+    if (!fd.valid() || bind(fd.get(), reinterpret_cast<const sockaddr*>(&*sa),
+                            sizeof(*sa)) != 0) {
       status = absl::ErrnoToStatus(errno, absl::StrCat("binding ", tmp_path));
     } else if (group != static_cast<gid_t>(-1) &&
                chown(tmp_path.c_str(), static_cast<uid_t>(-1), group) != 0) {
@@ -358,7 +360,7 @@ absl::Status AgentServer::Listen(const Spec& spec, gid_t group) {
           errno, absl::StrCat("giving socket ", path, " to group ",
                               spec.socket_group));
     } else if (chmod(tmp_path.c_str(), spec.socket_mode) != 0 ||
-               listen(fd, 128) != 0) {
+               listen(fd.get(), 128) != 0) {
       status = absl::ErrnoToStatus(errno, absl::StrCat("socket ", tmp_path));
     } else if (rename(tmp_path.c_str(), path.c_str()) != 0) {
       status = absl::ErrnoToStatus(
@@ -369,15 +371,15 @@ absl::Status AgentServer::Listen(const Spec& spec, gid_t group) {
     }
   }
   if (!status.ok()) {
-    if (fd >= 0) close(fd);
+    fd.Reset();
     unlink(tmp_path.c_str());
   }
   rmdir(tmp_dir.c_str());
   if (!status.ok()) return status;
-  listen_fd_ = fd;
+  listen_fd_ = std::move(fd);
   socket_path_ = path;
-  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) return absl::ErrnoToStatus(errno, "eventfd");
+  wake_fd_.Reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd_.valid()) return absl::ErrnoToStatus(errno, "eventfd");
   return absl::OkStatus();
 }
 
@@ -387,7 +389,8 @@ void AgentServer::AcceptLoop() {
   absl::Time last_over_cap_log = absl::InfinitePast();
   int64_t unlogged_over_cap = 0;
   while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0},
+                     {wake_fd_.get(), POLLIN, 0}};
     const int n = poll(fds, 2, -1);
     if (n < 0 && errno != EINTR) {
       CAIRN_LOG(error, "agent socket {}: poll: {}", socket_path_,
@@ -396,9 +399,9 @@ void AgentServer::AcceptLoop() {
     }
     if (n > 0 && fds[1].revents != 0) return;  // Shutdown
     while (true) {
-      const int fd =
-          accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) {
+      UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr,
+                          SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (!fd.valid()) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno == EMFILE || errno == ENFILE) {
           CAIRN_LOG(warn, "agent socket {}: accept: {}", socket_path_,
@@ -408,7 +411,7 @@ void AgentServer::AcceptLoop() {
         break;
       }
       ucred cred{};
-      if (!PeerAllowed(fd, group_, &cred)) {
+      if (!PeerAllowed(fd.get(), group_, &cred)) {
         ++refused_;
         ++unlogged;
         if (absl::Now() - last_log >= absl::Seconds(1)) {
@@ -424,8 +427,7 @@ void AgentServer::AcceptLoop() {
           last_log = absl::Now();
           unlogged = 0;
         }
-        close(fd);
-        continue;
+        continue;  // fd closed
       }
       if (const std::string why = OverCap(cred); !why.empty()) {
         ++over_cap_;
@@ -442,15 +444,12 @@ void AgentServer::AcceptLoop() {
           it = Open(it->first, it->second) ? std::next(it)
                                            : refused_conns_.erase(it);
         }
-        if (refused_conns_.size() >= kMaxRefusedHeld) {
-          close(fd);
-          continue;
-        }
-        refusals_->Set(fd, why);
-        Hand(refusal_server_.get(), fd, cred.uid, &refused_conns_);
+        if (refused_conns_.size() >= kMaxRefusedHeld) continue;  // fd closed
+        refusals_->Set(fd.get(), why);
+        Hand(refusal_server_.get(), std::move(fd), cred.uid, &refused_conns_);
         continue;
       }
-      Hand(server_.get(), fd, cred.uid, &conns_);
+      Hand(server_.get(), std::move(fd), cred.uid, &conns_);
     }
   }
 }
@@ -491,16 +490,14 @@ std::string AgentServer::OverCap(const ucred& cred) {
   return "";
 }
 
-void AgentServer::Hand(grpc::Server* server, int fd, uid_t uid,
+void AgentServer::Hand(grpc::Server* server, UniqueFd fd, uid_t uid,
                        std::map<int, Conn>* conns) {
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    return;
-  }
+  if (fstat(fd.get(), &st) != 0) return;  // fd closed
   // Recorded before gRPC has it: it may close it at once.
-  (*conns)[fd] = Conn{st.st_dev, st.st_ino, uid};
-  grpc::AddInsecureChannelFromFd(server, fd);
+  (*conns)[fd.get()] = Conn{st.st_dev, st.st_ino, uid};
+  // gRPC owns the descriptor from here on.
+  grpc::AddInsecureChannelFromFd(server, fd.Release());
 }
 
 AgentServer::~AgentServer() { Shutdown(); }
@@ -514,12 +511,11 @@ void AgentServer::Shutdown() {
   }
   if (acceptor_.joinable()) {
     const uint64_t one = 1;
-    (void)!write(wake_fd_, &one, sizeof(one));
+    (void)!write(wake_fd_.get(), &one, sizeof(one));
     acceptor_.join();
   }
-  if (listen_fd_ >= 0) {
-    close(listen_fd_);
-    listen_fd_ = -1;
+  if (listen_fd_.valid()) {
+    listen_fd_.Reset();
     // Remove the socket file unless a newer agent has replaced it.
     struct stat st;
     if (stat(socket_path_.c_str(), &st) == 0 && st.st_dev == socket_dev_ &&
@@ -527,10 +523,7 @@ void AgentServer::Shutdown() {
       unlink(socket_path_.c_str());
     }
   }
-  if (wake_fd_ >= 0) {
-    close(wake_fd_);
-    wake_fd_ = -1;
-  }
+  wake_fd_.Reset();
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));

@@ -47,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "common/grpc_health_server.h"
 #include "common/metrics_http.h"
+#include "common/unique_fd.h"
 #include "grpcpp/server.h"
 #include "server/agent/agent.h"
 
@@ -129,7 +130,7 @@ class AgentServer {
   // counting the connections still open.
   std::string OverCap(const ucred& cred);
   // Hands an accepted connection to `server`, recorded in `conns`.
-  static void Hand(grpc::Server* server, int fd, uid_t uid,
+  static void Hand(grpc::Server* server, UniqueFd fd, uid_t uid,
                    std::map<int, Conn>* conns);
 
   // Constant after Start.
@@ -149,8 +150,8 @@ class AgentServer {
   dev_t socket_dev_ = 0;  // the socket file we created (not a successor's)
   ino_t socket_ino_ = 0;
   gid_t group_ = static_cast<gid_t>(-1);  // -1: none configured
-  int listen_fd_ = -1;
-  int wake_fd_ = -1;
+  UniqueFd listen_fd_;
+  UniqueFd wake_fd_;
 
   std::thread acceptor_;
   // Connections handed to server_ and to refusal_server_, by fd (acceptor

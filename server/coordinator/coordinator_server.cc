@@ -19,6 +19,7 @@
 #include "common/grpc_metrics.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/unique_fd.h"
 #include "grpc/impl/codegen/grpc_types.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -55,20 +56,19 @@ absl::Status CheckAddressFree(const std::string& listen_address) {
   }
   absl::Status result;
   for (addrinfo* a = found; a != nullptr && result.ok(); a = a->ai_next) {
-    const int fd =
-        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
+    const UniqueFd fd(
+        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd.valid()) continue;
     const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (a->ai_family == AF_INET6) {
-      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+      setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
     }
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) {
+    if (bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) {
       result = absl::FailedPreconditionError(absl::StrCat(
           "cannot listen on ", listen_address,
           ": address already in use (is another cairnd running there?)"));
     }
-    close(fd);
   }
   freeaddrinfo(found);
   return result;

@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -25,6 +26,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/little_endian.h"
 #include "common/testing/status_matchers.h"
+#include "common/unique_fd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/agent/transport/tcp/test_certs.h"
@@ -234,15 +236,15 @@ int64_t ProcStatus(absl::string_view field) {
 // Resets VmHWM (peak RSS) to the current RSS.
 void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
-int RawConnect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+// A connection to 127.0.0.1:`port` (invalid when it cannot be made).
+UniqueFd RawConnect(int port) {
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
   inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    close(fd);
-    return -1;
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    return UniqueFd();
   }
   return fd;
 }
@@ -324,12 +326,12 @@ TEST(TcpTransportTest, HostileFramesAreRefusedBeforeAnyAllocation) {
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
-    const int fd = RawConnect(port);
-    ASSERT_GE(fd, 0);
-    if (!k.bytes.empty()) WriteAll(fd, k.bytes);
+    UniqueFd fd = RawConnect(port);
+    ASSERT_TRUE(fd.valid());
+    if (!k.bytes.empty()) WriteAll(fd.get(), k.bytes);
     bool closed = false;
-    const std::string got = ReadUntilClosed(fd, &closed);
-    close(fd);
+    const std::string got = ReadUntilClosed(fd.get(), &closed);
+    fd.Reset();
     EXPECT_TRUE(closed) << "the agent kept the connection open";
     if (k.want_ack == ~0u) {
       EXPECT_TRUE(got.empty());
@@ -376,8 +378,8 @@ TEST(TcpTransportTest, PeerFloodingControlMessagesIsDisconnected) {
       });
   const std::string hello = internal::EncodeHello(0, kToken);
   {
-    const int fd = RawConnect(c->ports[1]);
-    ASSERT_GE(fd, 0);
+    UniqueFd fd = RawConnect(c->ports[1]);
+    ASSERT_TRUE(fd.valid());
     std::string flood = hello;
     const std::string payload = "control-0123456789";
     for (uint64_t i = 0; i < 5000; ++i) {
@@ -387,11 +389,11 @@ TEST(TcpTransportTest, PeerFloodingControlMessagesIsDisconnected) {
       flood += payload;
     }
     // The receiver may close before it has read everything.
-    (void)send(fd, flood.data(), flood.size(), MSG_NOSIGNAL);
+    (void)send(fd.get(), flood.data(), flood.size(), MSG_NOSIGNAL);
     bool closed = false;
-    EXPECT_EQ(AckCode(ReadUntilClosed(fd, &closed)), 0u);
+    EXPECT_EQ(AckCode(ReadUntilClosed(fd.get(), &closed)), 0u);
     EXPECT_TRUE(closed) << "a flooding peer stayed connected";
-    close(fd);
+    fd.Reset();
     EXPECT_LE(c->nodes[1]->queued_control_messages(0), 16);
     EXPECT_THAT(c->nodes[1]->last_refusal(), HasSubstr("node 0: 16 control"));
     EXPECT_THAT(c->nodes[1]->last_refusal(),
@@ -405,8 +407,8 @@ TEST(TcpTransportTest, PeerFloodingControlMessagesIsDisconnected) {
   ASSERT_EQ(c->nodes[1]->queued_control_messages(0), 0);
   {
     // One control message of three 512 KiB frames: over 1 MiB at the third.
-    const int fd = RawConnect(c->ports[1]);
-    ASSERT_GE(fd, 0);
+    UniqueFd fd = RawConnect(c->ports[1]);
+    ASSERT_TRUE(fd.valid());
     const std::string part(512 << 10, 'p');
     const uint32_t crc = storage::Crc32c(part.data(), part.size());
     std::string big = hello;
@@ -415,11 +417,11 @@ TEST(TcpTransportTest, PeerFloodingControlMessagesIsDisconnected) {
                                          i < 2 ? internal::kMoreFrames : 0);
       big += part;
     }
-    (void)send(fd, big.data(), big.size(), MSG_NOSIGNAL);
+    (void)send(fd.get(), big.data(), big.size(), MSG_NOSIGNAL);
     bool closed = false;
-    EXPECT_EQ(AckCode(ReadUntilClosed(fd, &closed)), 0u);
+    EXPECT_EQ(AckCode(ReadUntilClosed(fd.get(), &closed)), 0u);
     EXPECT_TRUE(closed);
-    close(fd);
+    fd.Reset();
     EXPECT_THAT(c->nodes[1]->last_refusal(),
                 HasSubstr("node 0: control message tag"));
     EXPECT_THAT(c->nodes[1]->last_refusal(),
@@ -460,14 +462,14 @@ TEST(TcpTransportTest, PeerFloodingTheMailboxIsDisconnected) {
            c->nodes[1]->mailbox_size() == 0;
   };
   auto expect_disconnected = [&](const std::string& bytes) {
-    const int fd = RawConnect(c->ports[1]);
-    ASSERT_GE(fd, 0);
+    UniqueFd fd = RawConnect(c->ports[1]);
+    ASSERT_TRUE(fd.valid());
     // The receiver may close before it has read everything.
-    (void)send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    (void)send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
     bool closed = false;
-    EXPECT_EQ(AckCode(ReadUntilClosed(fd, &closed)), 0u);
+    EXPECT_EQ(AckCode(ReadUntilClosed(fd.get(), &closed)), 0u);
     EXPECT_TRUE(closed) << "a flooding peer stayed connected";
-    close(fd);
+    fd.Reset();
   };
   {
     std::string flood = hello;
@@ -531,8 +533,8 @@ TEST(TcpTransportTest, PeerFloodingTheMailboxIsDisconnected) {
 }
 
 // A connection from 127.0.0.2 (loopback, another source address).
-int RawConnectFrom(const char* ip, int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+UniqueFd RawConnectFrom(const char* ip, int port) {
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in src{};
   src.sin_family = AF_INET;
   inet_pton(AF_INET, ip, &src.sin_addr);
@@ -540,10 +542,9 @@ int RawConnectFrom(const char* ip, int port) {
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
   inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0 ||
-      connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    close(fd);
-    return -1;
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0 ||
+      connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    return UniqueFd();
   }
   return fd;
 }
@@ -568,16 +569,17 @@ TEST(TcpTransportTest, ConnectionsAreCappedPerAddressAndInAll) {
     o.max_connections_per_address = 4;
     o.max_connections = 6;
   });
-  std::vector<int> held;
+  std::vector<UniqueFd> held;
   for (int i = 0; i < 10; ++i) {
-    const int fd = RawConnectFrom("127.0.0.2", c->ports[1]);
-    ASSERT_GE(fd, 0) << "cannot connect from 127.0.0.2";
+    UniqueFd fd = RawConnectFrom("127.0.0.2", c->ports[1]);
+    ASSERT_TRUE(fd.valid()) << "cannot connect from 127.0.0.2";
     if (i < 4) {
-      held.push_back(fd);
+      held.push_back(std::move(fd));
       continue;
     }
-    EXPECT_TRUE(ClosedSoon(fd)) << "connection " << i << " was not refused";
-    close(fd);
+    EXPECT_TRUE(ClosedSoon(fd.get()))
+        << "connection " << i << " was not refused";
+    fd.Reset();
   }
   EXPECT_THAT(c->nodes[1]->last_refusal(), HasSubstr("127.0.0.2:"));
   EXPECT_THAT(c->nodes[1]->last_refusal(),
@@ -589,25 +591,25 @@ TEST(TcpTransportTest, ConnectionsAreCappedPerAddressAndInAll) {
   ASSERT_TRUE(c->nodes[0]->Send(1, 5, std::string("in")).ok());
   ASSERT_TRUE(c->nodes[1]->RecvMessage(0, 5, absl::Seconds(10)).ok());
   // One more from a third address fits (6), the next is over the cap.
-  const int sixth = RawConnectFrom("127.0.0.3", c->ports[1]);
-  ASSERT_GE(sixth, 0);
+  UniqueFd sixth = RawConnectFrom("127.0.0.3", c->ports[1]);
+  ASSERT_TRUE(sixth.valid());
   for (int i = 0; i < 1000 && c->nodes[1]->open_connections() < 6; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(c->nodes[1]->open_connections(), 6);
-  const int seventh = RawConnectFrom("127.0.0.3", c->ports[1]);
-  ASSERT_GE(seventh, 0);
-  EXPECT_TRUE(ClosedSoon(seventh));
-  close(seventh);
+  UniqueFd seventh = RawConnectFrom("127.0.0.3", c->ports[1]);
+  ASSERT_TRUE(seventh.valid());
+  EXPECT_TRUE(ClosedSoon(seventh.get()));
+  seventh.Reset();
   EXPECT_THAT(c->nodes[1]->last_refusal(), HasSubstr("127.0.0.3:"));
   EXPECT_THAT(c->nodes[1]->last_refusal(), HasSubstr("max_connections 6"));
   // The held ones are still open, and closing them frees their places.
-  for (int fd : held) {
-    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  for (UniqueFd& fd : held) {
+    pollfd p{fd.get(), POLLIN | POLLRDHUP, 0};
     EXPECT_EQ(poll(&p, 1, 0), 0) << "a held connection was closed";
-    close(fd);
+    fd.Reset();
   }
-  close(sixth);
+  sixth.Reset();
   for (int i = 0; i < 1000 && c->nodes[1]->open_connections() > 1; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -634,11 +636,11 @@ TEST(TcpTransportTest, IdleConnectionsAreBoundedAndTimedOut) {
     o.max_connections_per_address = 1000;
   });
   const int64_t threads_before = ProcStatus("Threads");
-  std::vector<int> fds;
+  std::vector<UniqueFd> fds;
   for (int i = 0; i < 500; ++i) {
-    const int fd = RawConnect(c->ports[1]);
-    ASSERT_GE(fd, 0) << "connection " << i;
-    fds.push_back(fd);
+    UniqueFd fd = RawConnect(c->ports[1]);
+    ASSERT_TRUE(fd.valid()) << "connection " << i;
+    fds.push_back(std::move(fd));
   }
   // No thread per connection: a handshake is the acceptor's business.
   EXPECT_LE(ProcStatus("Threads"), threads_before + 1);
@@ -651,11 +653,11 @@ TEST(TcpTransportTest, IdleConnectionsAreBoundedAndTimedOut) {
   EXPECT_EQ(*got, "still here");
   // Every silent connection is closed by the agent (refused when the
   // pending slots were taken, or after the handshake timeout).
-  for (int fd : fds) {
+  for (UniqueFd& fd : fds) {
     bool closed = false;
-    EXPECT_TRUE(ReadUntilClosed(fd, &closed).empty());
+    EXPECT_TRUE(ReadUntilClosed(fd.get(), &closed).empty());
     EXPECT_TRUE(closed);
-    close(fd);
+    fd.Reset();
   }
   EXPECT_LE(ProcStatus("Threads"), threads_before + 1);
   EXPECT_EQ(c->nodes[1]->reader_threads(), 1);
@@ -668,13 +670,13 @@ TEST(TcpTransportTest, IdleAuthenticatedConnectionIsClosedAndSenderReconnects) {
   ASSERT_TRUE(c->nodes[0]->Send(1, 1, std::string("one")).ok());
   ASSERT_TRUE(c->nodes[1]->RecvMessage(0, 1, absl::Seconds(10)).ok());
   // A raw, authenticated but silent connection is closed too.
-  const int fd = RawConnect(c->ports[1]);
-  ASSERT_GE(fd, 0);
-  WriteAll(fd, internal::EncodeHello(0, ""));
+  UniqueFd fd = RawConnect(c->ports[1]);
+  ASSERT_TRUE(fd.valid());
+  WriteAll(fd.get(), internal::EncodeHello(0, ""));
   bool closed = false;
-  EXPECT_EQ(AckCode(ReadUntilClosed(fd, &closed)), 0u);
+  EXPECT_EQ(AckCode(ReadUntilClosed(fd.get(), &closed)), 0u);
   EXPECT_TRUE(closed);
-  close(fd);
+  fd.Reset();
   // The sender drops its idle connection before the receiver would.
   ASSERT_TRUE(c->nodes[0]->Send(1, 2, std::string("two")).ok());
   absl::StatusOr<std::string> got =
@@ -783,12 +785,12 @@ TEST(TcpTransportTlsTest, PlaintextPeerIsRefused) {
   REQUIRE_CERTS();
   auto c = TlsCluster(2);
   // A raw plaintext hello (right token) gets no ack: the agent wants TLS.
-  const int fd = RawConnect(c->ports[1]);
-  ASSERT_GE(fd, 0);
-  WriteAll(fd, internal::EncodeHello(0, kToken));
+  UniqueFd fd = RawConnect(c->ports[1]);
+  ASSERT_TRUE(fd.valid());
+  WriteAll(fd.get(), internal::EncodeHello(0, kToken));
   bool closed = false;
-  const std::string got = ReadUntilClosed(fd, &closed);
-  close(fd);
+  const std::string got = ReadUntilClosed(fd.get(), &closed);
+  fd.Reset();
   EXPECT_TRUE(closed);
   EXPECT_NE(got.substr(0, 4), std::string("CRNA", 4)) << "a cairn ack came";
   EXPECT_THAT(RefusalWith(*c->nodes[1], "TLS handshake failed"),
@@ -871,10 +873,10 @@ TEST(TcpTransportTlsTest, PeerWithoutACertificateIsRefused) {
   ASSERT_EQ(SSL_CTX_load_verify_locations(
                 ctx, TestCerts::Path("ca.crt").c_str(), nullptr),
             1);
-  const int fd = RawConnect(c->ports[1]);
-  ASSERT_GE(fd, 0);
+  UniqueFd fd = RawConnect(c->ports[1]);
+  ASSERT_TRUE(fd.valid());
   SSL* ssl = SSL_new(ctx);
-  SSL_set_fd(ssl, fd);
+  SSL_set_fd(ssl, fd.get());
   std::string got;
   // TLS 1.3: the client finishes its side before the server's verdict, so
   // the refusal shows when reading the ack.
@@ -888,7 +890,7 @@ TEST(TcpTransportTlsTest, PeerWithoutACertificateIsRefused) {
   ERR_clear_error();
   SSL_free(ssl);
   SSL_CTX_free(ctx);
-  close(fd);
+  fd.Reset();
   EXPECT_EQ(got, "") << "an ack came to a peer without a certificate";
   const std::string why =
       "TLS handshake failed: peer did not return a certificate";
@@ -904,13 +906,13 @@ TEST(TcpTransportTlsTest, StalledHandshakesDoNotBlockARealPeer) {
   auto c = TlsCluster(2, [](TcpTransportOptions& o) {
     o.handshake_timeout = absl::Minutes(5);
   });
-  std::vector<int> fds;
+  std::vector<UniqueFd> fds;
   for (int i = 0; i < 8; ++i) {
-    const int fd = RawConnect(c->ports[1]);
-    ASSERT_GE(fd, 0);
+    UniqueFd fd = RawConnect(c->ports[1]);
+    ASSERT_TRUE(fd.valid());
     // Half send the first bytes of a TLS record header, then stop.
-    if (i % 2 == 1) WriteAll(fd, std::string("\x16\x03\x01\x02", 4));
-    fds.push_back(fd);
+    if (i % 2 == 1) WriteAll(fd.get(), std::string("\x16\x03\x01\x02", 4));
+    fds.push_back(std::move(fd));
   }
   // connect_timeout is 300 ms: were the acceptor stuck in one of the
   // handshakes above, this Send would fail.
@@ -920,10 +922,10 @@ TEST(TcpTransportTlsTest, StalledHandshakesDoNotBlockARealPeer) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, "through");
   // The stalled ones are still held (not dropped to make room).
-  for (int fd : fds) {
-    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  for (UniqueFd& fd : fds) {
+    pollfd p{fd.get(), POLLIN | POLLRDHUP, 0};
     EXPECT_EQ(poll(&p, 1, 0), 0) << "a stalled handshake was closed";
-    close(fd);
+    fd.Reset();
   }
   EXPECT_EQ(c->nodes[1]->reader_threads(), 1);
 }
