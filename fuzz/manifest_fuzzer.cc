@@ -40,12 +40,6 @@ using namespace cairn;  // NOLINT
 // the same order of magnitude); small here so each run stays fast.
 constexpr uint64_t kMaxBodyBytes = 1 << 20;
 
-void PutLE(std::string* out, size_t at, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) {
-    (*out)[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  }
-}
-
 // The storage framing of `body` (see storage/manifest.h), with the version
 // the body claims so that the header/body agreement check passes when the
 // body parses.
@@ -56,12 +50,8 @@ std::string Frame(absl::string_view body) {
       probe.format_version() != 0) {
     version = probe.format_version();
   }
-  std::string out(storage::kManifestHeaderBytes, '\0');
-  out.replace(0, 8, storage::kManifestMagic, 8);
-  PutLE(&out, 8, version, 4);
-  PutLE(&out, 16, body.size(), 8);
-  PutLE(&out, 24, storage::Crc32c(body.data(), body.size()), 4);
-  PutLE(&out, 28, storage::Crc32c(out.data(), 28), 4);
+  std::string out =
+      storage::ManifestFrameHeader(version, body.size(), storage::Crc32c(body));
   out.append(body.data(), body.size());
   return out;
 }

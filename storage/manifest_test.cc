@@ -11,6 +11,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/little_endian.h"
 #include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -41,8 +42,55 @@ v1::Manifest TestManifest(int world_size = 2, int tensors = 3) {
 // Rewrites the header crc after editing header fields (to reach the checks
 // behind it).
 void FixHeaderCrc(std::string& bytes) {
-  const uint32_t crc = Crc32c(bytes.data(), 28);
-  for (int i = 0; i < 4; ++i) bytes[28 + i] = static_cast<char>(crc >> (8 * i));
+  little_endian::Store32(&bytes[28], Crc32c(bytes.data(), 28));
+}
+
+// `body` framed as format version 1, header and crcs valid: what decoding
+// sees once it is past the framing checks.
+std::string Frame(absl::string_view body) {
+  return absl::StrCat(ManifestFrameHeader(1, body.size(), Crc32c(body)), body);
+}
+
+// The bytes of a manifest, written out by hand from the format at the top of
+// manifest.h (crc32c computed apart from Cairn): job "llama", step 42.
+constexpr char kSmallManifestBytes[] =
+    "CAIRNMF\n"
+    "\x01\x00\x00\x00"                  // format_version 1
+    "\x00\x00\x00\x00"                  // flags
+    "\x0b\x00\x00\x00\x00\x00\x00\x00"  // body_length 11
+    "\xd6\xbe\x86\x9a"                  // crc32c(body)
+    "\xf2\xb6\x14\x87"                  // crc32c(bytes [0, 28))
+    "\x08\x01"                          // body: format_version 1
+    "\x12\x05llama"                     // job
+    "\x18\x2a";                         // step 42
+
+TEST(ManifestTest, BytesOnDiskAreFixed) {
+  v1::Manifest m;
+  m.set_format_version(1);
+  m.set_job("llama");
+  m.set_step(42);
+  const std::string want(kSmallManifestBytes, sizeof(kSmallManifestBytes) - 1);
+  EXPECT_EQ(absl::BytesToHexString(EncodeManifest(m)),
+            absl::BytesToHexString(want));
+  absl::StatusOr<v1::Manifest> decoded = DecodeManifest(want);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->format_version(), 1u);
+  EXPECT_EQ(decoded->job(), "llama");
+  EXPECT_EQ(decoded->step(), 42);
+}
+
+TEST(ManifestTest, FrameHeaderFieldsAreLittleEndian) {
+  const std::string want(
+      "CAIRNMF\n"
+      "\x01\x00\x00\x00"                  // format_version 1
+      "\x00\x00\x00\x00"                  // flags
+      "\x08\x07\x06\x05\x04\x03\x02\x01"  // body_length
+      "\x0d\x0c\x0b\x0a"                  // crc32c(body)
+      "\xfc\x1c\x43\xa6",                 // crc32c(bytes [0, 28))
+      kManifestHeaderBytes);
+  EXPECT_EQ(absl::BytesToHexString(
+                ManifestFrameHeader(1, 0x0102030405060708ull, 0x0a0b0c0du)),
+            absl::BytesToHexString(want));
 }
 
 TEST(ManifestTest, EncodeDecodeRoundTrip) {
@@ -100,9 +148,7 @@ TEST(ManifestTest, NewerFormatIsFailedPrecondition) {
 TEST(ManifestTest, OversizeIsRejectedBeforeAllocation) {
   std::string bytes = EncodeManifest(TestManifest());
   // Declare a 1 TiB body: must fail on the header, not try to use it.
-  const uint64_t huge = 1ull << 40;
-  for (int i = 0; i < 8; ++i)
-    bytes[16 + i] = static_cast<char>(huge >> (8 * i));
+  little_endian::Store64(&bytes[16], uint64_t{1} << 40);
   FixHeaderCrc(bytes);
   EXPECT_THAT(
       DecodeManifest(bytes).status(),
@@ -115,35 +161,17 @@ TEST(ManifestTest, OversizeIsRejectedBeforeAllocation) {
 
 TEST(ManifestTest, GarbageBodyWithValidFramingIsDataLoss) {
   const std::string body = "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01";
-  std::string bytes(kManifestHeaderBytes, '\0');
-  std::memcpy(bytes.data(), kManifestMagic, 8);
-  bytes[8] = 1;
-  bytes[16] = static_cast<char>(body.size());
-  const uint32_t crc = Crc32c(body);
-  for (int i = 0; i < 4; ++i) bytes[24 + i] = static_cast<char>(crc >> (8 * i));
-  FixHeaderCrc(bytes);
   EXPECT_THAT(
-      DecodeManifest(bytes + body).status(),
+      DecodeManifest(Frame(body)).status(),
       StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not parse")));
 }
 
 TEST(ManifestTest, BodyVersionMustMatchHeader) {
+  // The body's version set to 0 (absent), framed under header version 1.
   v1::Manifest m = TestManifest();
-  std::string bytes = EncodeManifest(m);
-  // Re-frame the same body under header version 1 after setting the body's
-  // version to 0 (absent).
   m.set_format_version(0);
-  std::string body = m.SerializeAsString();
-  std::string framed = bytes.substr(0, kManifestHeaderBytes);
-  for (int i = 0; i < 8; ++i) {
-    framed[16 + i] = static_cast<char>(uint64_t{body.size()} >> (8 * i));
-  }
-  const uint32_t crc = Crc32c(body);
-  for (int i = 0; i < 4; ++i)
-    framed[24 + i] = static_cast<char>(crc >> (8 * i));
-  FixHeaderCrc(framed);
   EXPECT_THAT(
-      DecodeManifest(framed + body).status(),
+      DecodeManifest(Frame(m.SerializeAsString())).status(),
       StatusIs(absl::StatusCode::kDataLoss, HasSubstr("format_version 0")));
 }
 
@@ -160,22 +188,6 @@ TEST(ManifestTest, RandomGarbageNeverDecodes) {
 }
 
 // ---- DecodeManifestByTensor ----
-
-// `body` framed as format version 1, header and crcs valid: what decoding
-// sees once it is past the framing checks.
-std::string Frame(absl::string_view body) {
-  std::string framed(kManifestHeaderBytes, '\0');
-  std::memcpy(framed.data(), kManifestMagic, 8);
-  framed[8] = 1;
-  for (int i = 0; i < 8; ++i) {
-    framed[16 + i] = static_cast<char>(uint64_t{body.size()} >> (8 * i));
-  }
-  const uint32_t crc = Crc32c(body.data(), body.size());
-  for (int i = 0; i < 4; ++i)
-    framed[24 + i] = static_cast<char>(crc >> (8 * i));
-  FixHeaderCrc(framed);
-  return absl::StrCat(framed, body);
-}
 
 // DecodeManifestByTensor's header with its tensors put back, in order,
 // reading through a window of `window` bytes.

@@ -52,6 +52,7 @@
 #include "absl/time/clock.h"
 #include "cairn/v1/agent.grpc.pb.h"
 #include "common/grpc_status.h"
+#include "common/little_endian.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
@@ -154,9 +155,7 @@ std::string AckThenClose(int fd, bool* closed) {
     got.append(buf, static_cast<size_t>(r));
   }
   if (got.size() < agent::internal::kAckBytes) return "no ack";
-  uint32_t code = 0;
-  std::memcpy(&code, got.data() + 4, 4);
-  return absl::StrCat("ack ", code);
+  return absl::StrCat("ack ", little_endian::Load32(got.data() + 4));
 }
 
 // A hostile peer connection: `kind` 0 sends one data message of endless

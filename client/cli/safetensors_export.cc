@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/little_endian.h"
 #include "common/status_macros.h"
 #include "common/unique_fd.h"
 #include "nlohmann/json.hpp"
@@ -336,10 +337,7 @@ absl::Status Exporter::BuildHeader(Shard& shard) const {
   }
   text.append((8 - text.size() % 8) % 8, ' ');
   shard.header.resize(8);
-  uint64_t n = text.size();
-  for (int b = 0; b < 8; ++b) {
-    shard.header[b] = static_cast<char>((n >> (8 * b)) & 0xff);
-  }
+  little_endian::Store64(shard.header.data(), text.size());
   shard.header += text;
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/little_endian.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "proto/convert/plan_convert.h"
@@ -114,7 +115,8 @@ class Cursor {
   void Fixed32(uint8_t tag, uint32_t v) {
     if (v == 0) return;
     Byte(tag);
-    for (int i = 0; i < 4; ++i) Byte(static_cast<uint8_t>(v >> (8 * i)));
+    little_endian::Store32(p_, v);
+    p_ += 4;
   }
 
  private:

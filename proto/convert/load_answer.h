@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "cairn/v1/cairn.pb.h"
+#include "common/little_endian.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "planner/load_plan.h"
@@ -111,9 +112,8 @@ class PlanLoadAnswerWriter {
     }
     void AddFixed32(uint32_t value) {
       if (ABSL_PREDICT_FALSE(end_ - pos_ < 4)) Grow();
-      pos_ = Out(
-          google::protobuf::io::CodedOutputStream::WriteLittleEndian32ToArray(
-              value, In(pos_)));
+      little_endian::Store32(pos_, value);
+      pos_ += 4;
     }
     absl::string_view body() const { return {bytes_.data(), used()}; }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
@@ -544,6 +545,59 @@ TEST(LoadAnswerTest, LargeAnswersWhateverTheRoomGiven) {
     EXPECT_EQ(parsed.reads(i).source().object_key(),
               absl::StrCat("rank", i % 40, "/data"));
   }
+}
+
+// An answer's bytes, written out by hand from cairn.v1's PlanLoadResponse
+// (the protobuf wire format): one read of a whole stored [4] float32 chunk,
+// its crc32c a fixed32 (little-endian); in the read-columns form, the
+// crc32c column is packed fixed32s.
+TEST(LoadAnswerTest, BytesAreFixed) {
+  planner::StoredTensor t;
+  t.fqn = "w";
+  t.dtype = planner::DType::kFloat32;
+  t.global_shape = {4};
+  t.chunks.push_back({{{0}, {4}}, {"r", 0, 16}, 0x04030201});
+  std::unique_ptr<planner::LoadPlanner> planner =
+      std::move(planner::LoadPlanner::Create({t}).value());
+  const planner::WantedChunk want{"w", t.dtype, t.global_shape, {{0}, {4}}};
+  auto answer = [&](AnswerForm form) {
+    PlanLoadAnswerWriter w(1, "u", form);
+    EXPECT_TRUE(planner
+                    ->PlanEach({want},
+                               [&](const planner::LoadPlanner::ReadView& r) {
+                                 w.AddRead(r);
+                               })
+                    .ok());
+    return std::move(w).Finish("");
+  };
+  const std::string full(
+      "\x08\x01"              // step 1
+      "\x12\x01u"             // storage_uri
+      "\x1a\x1b"              // reads, 27 bytes:
+      "\x0a\x01w"             //   fqn
+      "\x1a\x06"              //   overlap:
+      "\x0a\x01\x00"          //     offsets [0]
+      "\x12\x01\x04"          //     sizes [4]
+      "\x22\x05"              //   source:
+      "\x0a\x01r"             //     object_key
+      "\x18\x10"              //     length 16
+      "\x2d\x01\x02\x03\x04"  //   source_crc32c
+      "\x32\x02\x18\x10",     //   segments: length 16
+      34);
+  EXPECT_EQ(absl::BytesToHexString(answer(AnswerForm::kFull)),
+            absl::BytesToHexString(full));
+  v1::PlanLoadResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(full));
+  ASSERT_EQ(parsed.reads_size(), 1);
+  EXPECT_EQ(parsed.reads(0).source_crc32c(), 0x04030201u);
+  // ReadColumns.crc32c (field 4): one packed fixed32.
+  const std::string columns = answer(AnswerForm::kReadColumns);
+  EXPECT_NE(columns.find(std::string("\x22\x04\x01\x02\x03\x04", 6)),
+            std::string::npos)
+      << absl::BytesToHexString(columns);
+  ASSERT_TRUE(parsed.ParseFromString(columns));
+  ASSERT_EQ(parsed.read_columns().crc32c_size(), 1);
+  EXPECT_EQ(parsed.read_columns().crc32c(0), 0x04030201u);
 }
 
 TEST(LoadAnswerTest, AnswerWithoutReads) {

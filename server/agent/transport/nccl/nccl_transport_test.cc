@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/testing/status_matchers.h"
@@ -51,6 +52,29 @@ TEST(NcclAnnounceTest, RoundTripsAndRejectsGarbage) {
   control.tag = kControlTagBit | 1;
   EXPECT_THAT(internal::DecodeAnnounce(internal::EncodeAnnounce(control)),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// An announce's bytes, written out by hand from the frame at the top of
+// nccl_transport.h.
+TEST(NcclAnnounceTest, BytesAreFixed) {
+  const std::string want(
+      "CRNA"                               // magic
+      "\x00\x00\x00\x00"                   // reserved
+      "\x18\x17\x16\x15\x14\x13\x12\x11"   // tag
+      "\x28\x27\x26\x25\x24\x23\x22\x21"   // length
+      "\x38\x37\x36\x35\x34\x33\x32\x31",  // seq
+      internal::kAnnounceBytes);
+  internal::Announce a;
+  a.tag = 0x1112131415161718;
+  a.length = 0x2122232425262728;
+  a.seq = 0x3132333435363738;
+  EXPECT_EQ(absl::BytesToHexString(internal::EncodeAnnounce(a)),
+            absl::BytesToHexString(want));
+  absl::StatusOr<internal::Announce> b = internal::DecodeAnnounce(want);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->tag, a.tag);
+  EXPECT_EQ(b->length, a.length);
+  EXPECT_EQ(b->seq, a.seq);
 }
 
 TEST(NcclTransportTest, StartWithoutDeviceLinkIsInvalidArgument) {

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -279,6 +281,82 @@ uint32_t AckCode(const std::string& ack) {
 }
 
 constexpr char kToken[] = "a-cluster-token-of-some-length";
+
+// The first `n` bytes that come from `fd` (fewer if it closes first, or
+// stays silent for a minute: a hang guard).
+std::string ReadBytes(int fd, size_t n) {
+  std::string got;
+  while (got.size() < n) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 60000) <= 0) break;
+    char buf[64];
+    const ssize_t r = read(fd, buf, std::min(sizeof(buf), n - got.size()));
+    if (r <= 0) break;
+    got.append(buf, static_cast<size_t>(r));
+  }
+  return got;
+}
+
+// The wire format's bytes, written out by hand from the top of
+// tcp_transport.h (crc32c computed apart from Cairn): what a peer of
+// another build sends and expects.
+TEST(TcpTransportTest, WireBytesAreFixed) {
+  const std::string header(
+      "CRN2"                              // magic
+      "\x01\x00\x00\x00"                  // flags: kMoreFrames
+      "\x18\x17\x16\x15\x14\x13\x12\x11"  // tag
+      "\x28\x27\x26\x25\x24\x23\x22\x21"  // length
+      "\x34\x33\x32\x31"                  // crc32c(payload)
+      "\x5b\x32\xe5\xc0",                 // crc32c(bytes [0, 28))
+      internal::kFrameHeaderBytes);
+  EXPECT_EQ(absl::BytesToHexString(internal::EncodeFrameHeader(
+                0x1112131415161718, 0x2122232425262728, 0x31323334,
+                internal::kMoreFrames)),
+            absl::BytesToHexString(header));
+  // Node 0's hello with the token "tok".
+  const std::string hello(
+      "CRN2"
+      "\x00\x00\x00\x00"                  // flags
+      "\xff\xff\xff\xff\xff\xff\xff\xff"  // tag: kHelloTag
+      "\x0b\x00\x00\x00\x00\x00\x00\x00"  // length 11
+      "\xc6\xf4\x57\x6a"                  // crc32c(payload)
+      "\x68\xa2\xec\xc4"                  // crc32c(bytes [0, 28))
+      "\x01\x00\x00\x00"                  // payload: version 1
+      "\x00\x00\x00\x00"                  // node 0
+      "tok",                              // token
+      internal::kFrameHeaderBytes + 11);
+  EXPECT_EQ(absl::BytesToHexString(internal::EncodeHello(0, "tok")),
+            absl::BytesToHexString(hello));
+  // Decoded by a receiver: it acks the hello (accepted, with its
+  // max_frame_bytes) and delivers the message of tag 7 that follows.
+  const std::string message(
+      "CRN2"
+      "\x00\x00\x00\x00"                  // flags
+      "\x07\x00\x00\x00\x00\x00\x00\x00"  // tag 7
+      "\x03\x00\x00\x00\x00\x00\x00\x00"  // length 3
+      "\xb7\x3f\x4b\x36"                  // crc32c("abc")
+      "\xdd\x60\x52\x16"                  // crc32c(bytes [0, 28))
+      "abc",
+      internal::kFrameHeaderBytes + 3);
+  const std::string ack(
+      "CRNA"                               // magic
+      "\x00\x00\x00\x00"                   // HelloRefusal::kAccepted
+      "\x00\x00\x10\x00\x00\x00\x00\x00",  // max_frame_bytes 1 MiB
+      internal::kAckBytes);
+  auto c = Cluster::Make(2, {}, [](TcpTransportOptions& o) {
+    o.peer_token = "tok";
+    o.max_frame_bytes = 1 << 20;
+  });
+  UniqueFd fd = RawConnect(c->ports[1]);
+  ASSERT_TRUE(fd.valid());
+  WriteAll(fd.get(), hello + message);
+  EXPECT_EQ(absl::BytesToHexString(ReadBytes(fd.get(), internal::kAckBytes)),
+            absl::BytesToHexString(ack));
+  absl::StatusOr<std::string> got =
+      c->nodes[1]->RecvMessage(0, 7, absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "abc");
+}
 
 TEST(TcpTransportTest, HostileFramesAreRefusedBeforeAnyAllocation) {
   auto c = Cluster::Make(2, {}, [](TcpTransportOptions& o) {
