@@ -98,19 +98,7 @@ class AgentE2ETest : public testing::EndToEndTest {
   }
 
   std::vector<std::string> RankArgs(int rank, const std::string& job) {
-    return {Binaries().agent_rank,
-            "--agent-socket",
-            Socket(rank / 2),
-            "--coordinator",
-            cairnd_->address(),
-            "--job",
-            job,
-            "--rank",
-            std::to_string(rank),
-            "--world-size",
-            std::to_string(kWorld),
-            "--layout",
-            kLayout};
+    return AgentRankArgv(Socket(rank / 2), job, rank, kWorld, kLayout);
   }
 
   // Runs one command per rank; returns exit codes and keeps the logs.

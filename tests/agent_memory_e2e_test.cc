@@ -264,11 +264,10 @@ class AgentMemoryE2ETest : public testing::EndToEndTest {
   int RunJob(int first, int repeat) {
     std::vector<std::vector<std::string>> argvs;
     for (int r = 0; r < 2; ++r) {
-      argvs.push_back({Binaries().agent_rank, "--agent-socket", socket_,
-                       "--coordinator", cairnd_->address(), "--job", "good",
-                       "--rank", std::to_string(r), "--world-size", "2",
-                       "--layout", "2:S0", "--save-step", std::to_string(first),
-                       "--repeat", std::to_string(repeat), "--load", "latest"});
+      argvs.push_back(
+          AgentRankArgv(socket_, "good", r, 2, "2:S0",
+                        {"--save-step", std::to_string(first), "--repeat",
+                         std::to_string(repeat), "--load", "latest"}));
     }
     std::vector<int> codes = RunAll(argvs, absl::Minutes(4));
     if (codes.empty()) return -1;

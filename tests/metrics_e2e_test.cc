@@ -191,11 +191,9 @@ class MetricsE2ETest : public testing::EndToEndTest {
   void SaveThroughAgents(int64_t step) {
     std::vector<std::vector<std::string>> argvs;
     for (int r = 0; r < kWorld; ++r) {
-      argvs.push_back({Binaries().agent_rank, "--agent-socket", Socket(r / 2),
-                       "--coordinator", cairnd_->address(), "--job", kJob,
-                       "--rank", std::to_string(r), "--world-size",
-                       std::to_string(kWorld), "--layout", kLayout,
-                       "--save-step", std::to_string(step), "--json"});
+      argvs.push_back(
+          AgentRankArgv(Socket(r / 2), kJob, r, kWorld, kLayout,
+                        {"--save-step", std::to_string(step), "--json"}));
     }
     json_.clear();
     std::vector<int> codes = RunRanks(argvs);

@@ -43,6 +43,30 @@ std::string AsMessage(const planner::LoadPlanner& planner,
   return resp.SerializeAsString();
 }
 
+// What a PlanLoadAnswerWriter writes (step 3 of "file:///x", step prefix
+// "j/3/") for `wanted` in `form`, planned as cairnd plans it: with copy
+// segments in the full form only.
+struct WrittenAnswer {
+  std::string bytes;
+  int reads = 0;  // PlanLoadAnswerWriter::reads()
+};
+WrittenAnswer WriteAnswer(const planner::LoadPlanner& planner,
+                          const std::vector<planner::WantedChunk>& wanted,
+                          AnswerForm form, size_t expected_bytes = 0) {
+  PlanLoadAnswerWriter w(3, "file:///x", form, expected_bytes);
+  EXPECT_TRUE(
+      planner
+          .PlanEach(
+              wanted,
+              [&](const planner::LoadPlanner::ReadView& r) { w.AddRead(r); },
+              /*segments=*/form == AnswerForm::kFull)
+          .ok());
+  WrittenAnswer a;
+  a.reads = w.reads();
+  a.bytes = std::move(w).Finish("j/3/");
+  return a;
+}
+
 TEST(LoadAnswerTest, RandomPlansEncodeAsTheirMessages) {
   // Row-sharded tensors (some scalars, some with a zero dim) loaded in
   // columns, with values of every varint length (offsets near 2^62, zeros
@@ -401,16 +425,10 @@ TEST(LoadAnswerTest, SharedBoxesAreListedOnce) {
   for (const planner::WantedChunk& w : wanted) {
     WantedToProto(w, request.add_wanted());
   }
-  PlanLoadAnswerWriter w(3, "file:///x", AnswerForm::kReadColumns);
-  ASSERT_TRUE(
-      (*planner)
-          ->PlanEach(
-              wanted,
-              [&](const planner::LoadPlanner::ReadView& r) { w.AddRead(r); },
-              /*segments=*/false)
-          .ok());
-  EXPECT_EQ(w.reads(), 200);
-  const std::string columns = std::move(w).Finish("j/3/");
+  const WrittenAnswer written =
+      WriteAnswer(**planner, wanted, AnswerForm::kReadColumns);
+  EXPECT_EQ(written.reads, 200);
+  const std::string& columns = written.bytes;
   const std::string full =
       AsMessage(**planner, wanted, 3, "file:///x", {}, "j/3/", 0);
   v1::PlanLoadResponse c;
@@ -456,16 +474,9 @@ TEST(LoadAnswerTest, SharedBoxesOfALargeTiling) {
   }
   auto planner = planner::LoadPlanner::Create(tensors);
   ASSERT_TRUE(planner.ok()) << planner.status();
-  PlanLoadAnswerWriter w(3, "file:///x", AnswerForm::kReadColumns);
-  ASSERT_TRUE(
-      (*planner)
-          ->PlanEach(
-              wanted,
-              [&](const planner::LoadPlanner::ReadView& r) { w.AddRead(r); },
-              /*segments=*/false)
-          .ok());
   v1::PlanLoadResponse a;
-  ASSERT_TRUE(a.ParseFromString(std::move(w).Finish("j/3/")));
+  ASSERT_TRUE(a.ParseFromString(
+      WriteAnswer(**planner, wanted, AnswerForm::kReadColumns).bytes));
   ASSERT_EQ(a.read_columns().box_size(), 12000);
   EXPECT_GE(a.boxes_size(), 6000);
   EXPECT_LT(a.boxes_size(), 6000 + 60) << "the table did not grow";
@@ -506,19 +517,11 @@ TEST(LoadAnswerTest, LargeAnswersWhateverTheRoomGiven) {
   const std::vector<planner::WantedChunk> wanted = {
       {t.fqn, t.dtype, t.global_shape, {{0, 0}, {6000, 8}}}};
   const auto answer = [&](AnswerForm form, size_t expected) {
-    PlanLoadAnswerWriter w(3, "file:///x", form, expected);
-    EXPECT_TRUE(
-        (*planner)
-            ->PlanEach(
-                wanted,
-                [&](const planner::LoadPlanner::ReadView& r) { w.AddRead(r); },
-                form == AnswerForm::kFull)
-            .ok());
-    EXPECT_EQ(w.reads(), 6000);
-    std::string bytes = std::move(w).Finish("j/3/");
-    EXPECT_LE(bytes.capacity(), bytes.size() + bytes.size() / 8 + 64)
+    WrittenAnswer a = WriteAnswer(**planner, wanted, form, expected);
+    EXPECT_EQ(a.reads, 6000);
+    EXPECT_LE(a.bytes.capacity(), a.bytes.size() + a.bytes.size() / 8 + 64)
         << "given " << expected;
-    return bytes;
+    return std::move(a.bytes);
   };
   const std::string full = answer(AnswerForm::kFull, 0);
   EXPECT_EQ(full, AsMessage(**planner, wanted, 3, "file:///x", {}, "j/3/", 0));
@@ -559,20 +562,12 @@ TEST(LoadAnswerTest, BytesAreFixed) {
   t.chunks.push_back({{{0}, {4}}, {"r", 0, 16}, 0x04030201});
   std::unique_ptr<planner::LoadPlanner> planner =
       std::move(planner::LoadPlanner::Create({t}).value());
-  const planner::WantedChunk want{"w", t.dtype, t.global_shape, {{0}, {4}}};
-  auto answer = [&](AnswerForm form) {
-    PlanLoadAnswerWriter w(1, "u", form);
-    EXPECT_TRUE(planner
-                    ->PlanEach({want},
-                               [&](const planner::LoadPlanner::ReadView& r) {
-                                 w.AddRead(r);
-                               })
-                    .ok());
-    return std::move(w).Finish("");
-  };
+  const std::vector<planner::WantedChunk> wanted = {
+      {"w", t.dtype, t.global_shape, {{0}, {4}}}};
   const std::string full(
-      "\x08\x01"              // step 1
-      "\x12\x01u"             // storage_uri
+      "\x08\x03"              // step 3
+      "\x12\x09"              // storage_uri, 9 bytes:
+      "file:///x"             //   the uri
       "\x1a\x1b"              // reads, 27 bytes:
       "\x0a\x01w"             //   fqn
       "\x1a\x06"              //   overlap:
@@ -582,16 +577,20 @@ TEST(LoadAnswerTest, BytesAreFixed) {
       "\x0a\x01r"             //     object_key
       "\x18\x10"              //     length 16
       "\x2d\x01\x02\x03\x04"  //   source_crc32c
-      "\x32\x02\x18\x10",     //   segments: length 16
-      34);
-  EXPECT_EQ(absl::BytesToHexString(answer(AnswerForm::kFull)),
+      "\x32\x02\x18\x10"      //   segments: length 16
+      "\x2a\x04"              // step_prefix, 4 bytes:
+      "j/3/",                 //   the prefix
+      48);
+  EXPECT_EQ(absl::BytesToHexString(
+                WriteAnswer(*planner, wanted, AnswerForm::kFull).bytes),
             absl::BytesToHexString(full));
   v1::PlanLoadResponse parsed;
   ASSERT_TRUE(parsed.ParseFromString(full));
   ASSERT_EQ(parsed.reads_size(), 1);
   EXPECT_EQ(parsed.reads(0).source_crc32c(), 0x04030201u);
   // ReadColumns.crc32c (field 4): one packed fixed32.
-  const std::string columns = answer(AnswerForm::kReadColumns);
+  const std::string columns =
+      WriteAnswer(*planner, wanted, AnswerForm::kReadColumns).bytes;
   EXPECT_NE(columns.find(std::string("\x22\x04\x01\x02\x03\x04", 6)),
             std::string::npos)
       << absl::BytesToHexString(columns);

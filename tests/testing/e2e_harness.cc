@@ -122,6 +122,16 @@ std::vector<std::string> EndToEndTest::RankArgv(
   return argv;
 }
 
+std::vector<std::string> EndToEndTest::AgentRankArgv(
+    const std::string& agent_socket, const std::string& job, int rank,
+    int world, const std::string& layout,
+    const std::vector<std::string>& extra) const {
+  std::vector<std::string> argv = RankArgv(job, rank, world, layout, extra);
+  argv[0] = Binaries().agent_rank;
+  argv.insert(argv.begin() + 1, {"--agent-socket", agent_socket});
+  return argv;
+}
+
 std::vector<int> EndToEndTest::RunAll(
     const std::vector<std::vector<std::string>>& argvs,
     absl::Duration timeout) {

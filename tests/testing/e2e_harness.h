@@ -89,6 +89,12 @@ class EndToEndTest : public ::testing::Test {
   std::vector<std::string> RankArgv(
       const std::string& job, int rank, int world, const std::string& layout,
       const std::vector<std::string>& extra = {}) const;
+  // The same rank in agent mode (cairn_agent_rank), through the cairn-agent
+  // serving `agent_socket`.
+  std::vector<std::string> AgentRankArgv(
+      const std::string& agent_socket, const std::string& job, int rank,
+      int world, const std::string& layout,
+      const std::vector<std::string>& extra = {}) const;
 
   // Runs every argv at once, each at most `timeout`: their exit codes, empty
   // (and a test failure) when they cannot be run. RankLog() and RankLogs()
