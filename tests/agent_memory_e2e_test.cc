@@ -56,13 +56,13 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "server/agent/transport/tcp/tcp_transport.h"
 #include "storage/checksum.h"
 #include "tests/testing/e2e_harness.h"
+#include "tests/testing/grpc_probe.h"
 
 namespace cairn {
 namespace {
@@ -95,24 +95,8 @@ struct Outcome {
 // One oversized BeginStage (bytes that are not meant to be parsed) on a
 // connection of its own to the agent's socket.
 Outcome OversizedCall(const std::string& target, const grpc::Slice& body) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // its own connection
-  args.SetMaxSendMessageSize(-1);
-  grpc::GenericStub stub(grpc::CreateCustomChannel(
-      target, grpc::InsecureChannelCredentials(), args));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
-  grpc::Slice copy = body;  // a reference, not a copy of the bytes
-  grpc::ByteBuffer request(&copy, 1), response;
-  grpc::CompletionQueue cq;
-  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
-      stub.PrepareUnaryCall(&ctx, "/cairn.v1.Agent/BeginStage", request, &cq);
-  call->StartCall();
-  grpc::Status status;
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
-  void* tag = nullptr;
-  bool ok = false;
-  cq.Next(&tag, &ok);
+  const grpc::Status status =
+      testing::CallRaw(target, "/cairn.v1.Agent/BeginStage", body);
   return {absl::StrCat("socket: ", status.error_code(), " ",
                        status.error_message())};
 }

@@ -12,7 +12,6 @@
 #include <signal.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -32,12 +31,10 @@
 #include "common/grpc_status.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/generic/generic_stub.h"
-#include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "tests/testing/e2e_harness.h"
+#include "tests/testing/grpc_probe.h"
 
 namespace cairn {
 namespace {
@@ -61,27 +58,8 @@ constexpr int64_t kRequestBytes = 300 * kMiB;
 // never meant to be parsed) on a connection of its own: its status.
 absl::Status OversizedCall(const std::string& address, const std::string& token,
                            const grpc::Slice& body) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // its own connection
-  args.SetMaxSendMessageSize(-1);
-  grpc::GenericStub stub(grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
-  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
-  grpc::Slice copy = body;  // a reference, not a copy of the bytes
-  grpc::ByteBuffer request(&copy, 1), response;
-  grpc::CompletionQueue cq;
-  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
-      stub.PrepareUnaryCall(&ctx, "/cairn.v1.Coordinator/BeginSave", request,
-                            &cq);
-  call->StartCall();
-  grpc::Status status;
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
-  void* tag = nullptr;
-  bool ok = false;
-  cq.Next(&tag, &ok);
-  return FromGrpcStatus(status);
+  return FromGrpcStatus(testing::CallRaw(
+      address, "/cairn.v1.Coordinator/BeginSave", body, token));
 }
 
 class RequestMemoryE2ETest : public testing::EndToEndTest {

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/support/slice.h"
 #include "grpcpp/support/status.h"
 
 namespace cairn::testing {
@@ -21,6 +22,15 @@ absl::StatusOr<int> HealthCheck(const std::string& address,
 // empty request and returns the call's status.
 grpc::Status CallEmpty(const std::string& address, const std::string& method,
                        absl::Duration timeout = absl::Seconds(30));
+
+// Calls `method` at `address` in plaintext with `body` as the request's
+// bytes (a valid message or not), on a connection of its own with no limit on
+// what it sends, with "authorization: Bearer <token>" unless `token` is
+// empty; returns the call's status. `body` is referenced, not copied, so
+// many calls at once may send one large body.
+grpc::Status CallRaw(const std::string& address, const std::string& method,
+                     const grpc::Slice& body, const std::string& token = "",
+                     absl::Duration timeout = absl::Minutes(2));
 
 // A TCP port on loopback that was free a moment ago (bound, then released).
 int FreeLoopbackPort();
