@@ -33,7 +33,8 @@
 
 namespace cairn::agent {
 
-Agent::Agent(AgentOptions options) : options_(std::move(options)) {}
+Agent::Agent(AgentOptions options)
+    : options_(std::move(options)), tier_(options_.node_id) {}
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   if (options.node_id < 0 || options.num_nodes < 1 ||
@@ -61,7 +62,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   pool.node_id = a->options_.node_id;
   pool.budget_bytes = a->options_.staging_budget_bytes;
   pool.shm_group = a->options_.shm_group;
-  pool.evict = [p = a.get()] { return p->EvictOne(); };
+  pool.evict = [p = a.get()] { return p->tier_.EvictOldest(); };
   CAIRN_ASSIGN_OR_RETURN(a->pool_, StagingPool::Create(std::move(pool)));
   a->RegisterMetrics();
 
@@ -137,35 +138,10 @@ Agent::~Agent() {
   }
   for (auto& t : threads) t.first.join();
   transport_.reset();
+  tier_.Clear();
   absl::MutexLock l(&mu_);
   staging_.clear();
-  tier0_.clear();
-  replicas_.clear();
   loads_.clear();
-}
-
-bool Agent::EvictOne() {
-  absl::MutexLock l(&mu_);
-  // Replicas first (oldest step), then tier 0 (oldest step): both are
-  // already durable in storage, so eviction only costs load speed.
-  for (auto* m : {&replicas_, &tier0_}) {
-    auto victim = m->end();
-    for (auto it = m->begin(); it != m->end(); ++it) {
-      if (victim == m->end() || it->second->step < victim->second->step) {
-        victim = it;
-      }
-    }
-    if (victim != m->end()) {
-      CAIRN_LOG(info, "node {}: evicting {} of {} from memory",
-                options_.node_id,
-                victim->second->replica ? "replica" : "tier 0",
-                internal::Where(victim->second->job, victim->second->step,
-                                victim->second->rank));
-      m->erase(victim);
-      return true;
-    }
-  }
-  return false;
 }
 
 uint64_t Agent::NewTag() {
@@ -182,8 +158,9 @@ v1::AgentStatusResponse Agent::Status() {
   r.set_peak_used_bytes(pool.peak_used_bytes);
   r.set_streamed_buckets(streamed_buckets_.load());
   absl::MutexLock l(&mu_);
-  r.set_tier0_sets(static_cast<int>(tier0_.size()));
-  r.set_replica_sets(static_cast<int>(replicas_.size()));
+  const MemoryTier::Counts held = tier_.counts();
+  r.set_tier0_sets(held.tier0_sets);
+  r.set_replica_sets(held.replica_sets);
   r.set_commits(commits_);
   r.set_replicas_pushed(replicas_pushed_);
   r.set_streamed_saves(streamed_saves_);

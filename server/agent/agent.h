@@ -83,6 +83,8 @@
 #include "protocol/client_security.h"
 #include "protocol/coordinator_call.h"
 #include "protocol/save_protocol.h"
+#include "server/agent/items.h"
+#include "server/agent/memory_tier.h"
 #include "server/agent/staging_pool.h"
 #include "server/agent/transport/nccl/device_link.h"
 #include "server/agent/transport/transport.h"
@@ -208,25 +210,8 @@ class Agent {
   metrics::Registry& metrics() { return *metrics_; }
 
  private:
-  struct Item {
-    v1::WriteItem item;
-    uint64_t offset = 0;  // in the set's segment
-    uint32_t crc32c = 0;
-  };
-  // One rank's items of one step, in one segment: in flight, tier 0 or a
-  // replica.
-  struct Set {
-    std::string job;
-    int64_t step = 0;
-    int rank = 0;
-    int world_size = 0;
-    uint64_t incarnation = 0;  // of the rank's process; 0: not sent
-    bool replica = false;
-    std::vector<Item> items;
-    std::shared_ptr<shm::ShmSegment> segment;
-    // The rank cancelled this save (CancelSave); guarded by Agent::mu_.
-    bool cancelled = false;
-  };
+  using Item = StagedItem;
+  using Set = ItemSet;
   struct SaveResult {
     bool done = false;
     absl::Status status;
@@ -237,9 +222,6 @@ class Agent {
 
   explicit Agent(AgentOptions options);
 
-  // The pool's evict callback: drops the oldest replica, else the oldest
-  // tier 0 set (both durable in storage); false when there is none.
-  bool EvictOne();
   void Persist(std::shared_ptr<Set> set, bool die_before_commit);
   // Counts a finished persist begun at `start` that wrote `written` bytes
   // (what cairnd's plan had the rank write: deduplicated items are not).
@@ -271,7 +253,6 @@ class Agent {
 
   void HandleControl(int peer, uint64_t tag, std::string payload);
   absl::Status HandlePush(int peer, const v1::PushReplica& push);
-  v1::InventoryResponse HandleInventory(const v1::InventoryRequest& request);
   absl::StatusOr<uint64_t> HandleFetch(int peer, const v1::FetchRequest& req);
   // Load once the step is resolved and its manifest fetched.
   absl::StatusOr<v1::AgentLoadResponse> LoadFromMemory(
@@ -281,12 +262,6 @@ class Agent {
       int peer, v1::PeerRequest request,
       const std::function<absl::Status()>& after_send);
   uint64_t NewTag();
-
-  // Finds a held item (own tier 0 or replica) of (job, step) with this fqn
-  // and box, verified against `crc`.
-  absl::StatusOr<std::pair<std::shared_ptr<const Set>, const Item*>> FindHeld(
-      const std::string& job, int64_t step, const v1::WriteItem& item,
-      uint32_t crc);
 
   // Metrics (agent_metrics.cc): registered in Start, once pool_ exists.
   struct Metrics;
@@ -299,6 +274,8 @@ class Agent {
   // Constant after construction.
   AgentOptions options_;
   std::unique_ptr<StagingPool> pool_;
+  // Tier 0 and peers' replicas; evicted by pool_ when it needs room.
+  MemoryTier tier_;
   std::unique_ptr<Transport> transport_;
   // Runs a peer load's fetches (one per planned message): at most
   // kFetchThreads at once, whatever the plan's size.
@@ -324,12 +301,6 @@ class Agent {
   std::map<uint64_t, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   int64_t streamed_saves_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> stopping_flag_{false};
-  // Committed sets of this node's ranks (tier 0) and peers' replicas; the
-  // newest per (job, rank) and per (job, source rank) respectively.
-  std::map<std::pair<std::string, int>, std::shared_ptr<Set>> tier0_
-      ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<std::string, int>, std::shared_ptr<Set>> replicas_
-      ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<shm::ShmSegment>> loads_
       ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, std::unique_ptr<RankProtocol>>

@@ -29,61 +29,10 @@
 #include "planner/dtype.h"
 #include "proto/convert/plan_convert.h"
 #include "server/agent/agent.h"
+#include "server/agent/items.h"
 
 namespace cairn::agent {
 namespace internal {
-
-constexpr uint64_t kAlign = 64;
-
-inline uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-inline planner::DType DTypeOf(v1::DType d) {
-  absl::StatusOr<planner::DType> r = convert::DTypeFromProto(d, "");
-  return r.ok() ? *r : planner::DType::kUnspecified;
-}
-
-inline bool IsBytes(const v1::WriteItem& item) {
-  return item.kind() == v1::WriteItem::KIND_BYTES;
-}
-
-inline const std::string& ItemFqn(const v1::WriteItem& item) {
-  return IsBytes(item) ? item.bytes_fqn() : item.tensor().fqn();
-}
-
-// The box of an item: its chunk, or [0, length) for a bytes entry (which the
-// transfer planner sees as a 1-D uint8 tensor).
-inline planner::ChunkBox ItemBox(const v1::WriteItem& item) {
-  planner::ChunkBox box;
-  if (IsBytes(item)) {
-    box.offsets = {0};
-    box.sizes = {static_cast<int64_t>(item.length())};
-    return box;
-  }
-  box.offsets.assign(item.chunk().offsets().begin(),
-                     item.chunk().offsets().end());
-  box.sizes.assign(item.chunk().sizes().begin(), item.chunk().sizes().end());
-  return box;
-}
-
-inline size_t ItemElemSize(const v1::WriteItem& item) {
-  if (IsBytes(item)) return 1;
-  return planner::DTypeSize(DTypeOf(item.tensor().dtype()));
-}
-
-// Transfer-planner name of an item: bytes entries get their own namespace.
-inline std::string PlanName(const v1::WriteItem& item) {
-  return IsBytes(item) ? absl::StrCat("\x01bytes:", item.bytes_fqn())
-                       : item.tensor().fqn();
-}
-
-inline bool SameItem(const v1::WriteItem& a, const v1::WriteItem& b) {
-  return a.kind() == b.kind() && ItemFqn(a) == ItemFqn(b) &&
-         ItemBox(a) == ItemBox(b);
-}
-
-inline std::string Where(absl::string_view job, int64_t step, int rank) {
-  return absl::StrCat("job '", job, "' step ", step, " rank ", rank);
-}
 
 inline absl::Status ToStatus(const v1::PeerResponse& r) {
   if (r.code() == 0) return absl::OkStatus();

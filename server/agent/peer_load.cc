@@ -99,7 +99,7 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
     v1::InventoryRequest inv;
     inv.set_job(request.job());
     inv.set_step(step);
-    v1::InventoryResponse mine = HandleInventory(inv);
+    v1::InventoryResponse mine = tier_.Inventory(inv.job(), inv.step());
     held_by[options_.node_id].assign(mine.sets().begin(), mine.sets().end());
     for (int n = 0; n < options_.num_nodes; ++n) {
       if (n == options_.node_id) continue;
@@ -165,7 +165,8 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
   for (const planner::TransferSend& send : plan->sends) {
     if (!send.local) continue;
     auto [item, src_box, crc] = held_item(send);
-    CAIRN_ASSIGN_OR_RETURN(auto held, FindHeld(request.job(), step, item, crc));
+    CAIRN_ASSIGN_OR_RETURN(auto held,
+                           tier_.Find(request.job(), step, item, crc));
     const PeerLoadDest& d = dests[send.tensor][send.dest_index];
     segs.clear();
     const size_t elem = planner::DTypeSize(send.dtype);

@@ -70,7 +70,8 @@ void Agent::HandleControl(int peer, uint64_t tag, std::string payload) {
       s = HandlePush(peer, request.push());
       break;
     case v1::PeerRequest::kInventory:
-      *response.mutable_inventory() = HandleInventory(request.inventory());
+      *response.mutable_inventory() = tier_.Inventory(
+          request.inventory().job(), request.inventory().step());
       break;
     case v1::PeerRequest::kFetch: {
       absl::StatusOr<uint64_t> n = HandleFetch(peer, request.fetch());
@@ -94,59 +95,6 @@ void Agent::HandleControl(int peer, uint64_t tag, std::string payload) {
   }
 }
 
-v1::InventoryResponse Agent::HandleInventory(
-    const v1::InventoryRequest& request) {
-  v1::InventoryResponse response;
-  absl::MutexLock l(&mu_);
-  for (auto* m : {&tier0_, &replicas_}) {
-    for (const auto& [key, set] : *m) {
-      if (set->job != request.job() || set->step != request.step()) continue;
-      v1::HeldSet* h = response.add_sets();
-      h->set_source_rank(set->rank);
-      for (const Item& it : set->items) {
-        v1::HeldItem* hi = h->add_items();
-        *hi->mutable_item() = it.item;
-        hi->set_crc32c(it.crc32c);
-      }
-    }
-  }
-  return response;
-}
-
-absl::StatusOr<std::pair<std::shared_ptr<const Agent::Set>, const Agent::Item*>>
-Agent::FindHeld(const std::string& job, int64_t step, const v1::WriteItem& item,
-                uint32_t crc) {
-  std::vector<std::shared_ptr<const Set>> candidates;
-  {
-    absl::MutexLock l(&mu_);
-    for (auto* m : {&tier0_, &replicas_}) {
-      for (const auto& [key, set] : *m) {
-        if (set->job == job && set->step == step) candidates.push_back(set);
-      }
-    }
-  }
-  absl::Status last = absl::NotFoundError(absl::StrCat(
-      "node ", options_.node_id, " holds no '", ItemFqn(item), "' ",
-      planner::BoxToString(ItemBox(item)), " of job '", job, "' step ", step));
-  for (const auto& set : candidates) {
-    for (const Item& it : set->items) {
-      if (!SameItem(it.item, item)) continue;
-      const uint32_t got =
-          storage::Crc32c(set->segment->data() + it.offset, it.item.length());
-      if (got != crc) {
-        last = absl::DataLossError(absl::StrFormat(
-            "node %d: in-memory '%s' %s of job '%s' step %d has crc32c 0x%08x, "
-            "manifest says 0x%08x",
-            options_.node_id, ItemFqn(item),
-            planner::BoxToString(ItemBox(item)), job, step, got, crc));
-        continue;
-      }
-      return std::make_pair(set, &it);
-    }
-  }
-  return last;
-}
-
 absl::StatusOr<uint64_t> Agent::HandleFetch(int peer,
                                             const v1::FetchRequest& req) {
   // Every piece is checked (held here, region inside the held chunk) before
@@ -161,8 +109,9 @@ absl::StatusOr<uint64_t> Agent::HandleFetch(int peer,
   uint64_t total = 0;
   uint64_t segments = 0;
   for (const v1::FetchPiece& p : req.pieces()) {
-    CAIRN_ASSIGN_OR_RETURN(auto held, FindHeld(req.job(), req.step(), p.item(),
-                                               p.expected_crc32c()));
+    CAIRN_ASSIGN_OR_RETURN(
+        auto held,
+        tier_.Find(req.job(), req.step(), p.item(), p.expected_crc32c()));
     planner::ChunkBox region;
     CAIRN_ASSIGN_OR_RETURN(
         region, convert::BoxFromProto(p.region(), ItemFqn(p.item())));

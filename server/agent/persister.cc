@@ -403,8 +403,7 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
     if (record.ok()) {
       r.record = *record;
       ++commits_;
-      std::shared_ptr<Set>& slot = tier0_[{set->job, set->rank}];
-      if (slot == nullptr || slot->step <= set->step) slot = set;
+      tier_.Keep(set);
       for (int i = 1; i <= options_.replicas; ++i) {
         peers.push_back((options_.node_id + i) % options_.num_nodes);
       }

@@ -211,9 +211,7 @@ absl::Status Agent::HandlePush(int peer, const v1::PushReplica& push) {
   uint64_t received = 0;
   for (const Item& it : set->items) received += it.item.length();
   m_->replication_received_bytes->Increment(static_cast<double>(received));
-  absl::MutexLock l(&mu_);
-  std::shared_ptr<Set>& slot = replicas_[{set->job, set->rank}];
-  if (slot == nullptr || slot->step <= set->step) slot = set;
+  tier_.Keep(std::move(set));
   return absl::OkStatus();
 }
 
