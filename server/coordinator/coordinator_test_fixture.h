@@ -362,7 +362,7 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   // The VerifyLoad request a client sends after reading `plan`'s partial
-  // items from storage, as Checkpointer::ReadItems computes it.
+  // items from storage, as protocol::LoadProtocol::ReadItems computes it.
   v1::VerifyLoadRequest Pieces(const v1::PlanLoadResponse& plan, int rank,
                                int world) {
     auto store = storage::OpenShardStore(plan.storage_uri());
