@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-
+#include "protocol/load_protocol.h"
 namespace cairn::client {
 
 absl::Status StateDict::CheckNewName(const std::string& fqn) const {
@@ -61,24 +61,8 @@ absl::Status StateDict::AddTensor(std::string fqn, planner::DType dtype,
         absl::StrCat("tensor '", fqn, "' has no valid dtype"));
   }
   for (const TensorChunk& c : chunks) {
-    absl::Status s = planner::ValidateBoxInShape(c.box, global_shape);
-    if (!s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("tensor '", fqn, "': ", s.message()));
-    }
-    // Volume(box) <= Volume(global_shape), which ValidateShape bounds.
-    const uint64_t need = static_cast<uint64_t>(planner::Volume(c.box)) * elem;
-    if (c.data.size() != need) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", fqn, "' chunk ", planner::BoxToString(c.box),
-                       " of ", planner::DTypeName(dtype), " needs a buffer of ",
-                       need, " bytes, got ", c.data.size()));
-    }
-    if (c.data.data() == nullptr && need > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", fqn, "' chunk ", planner::BoxToString(c.box),
-                       " has no data buffer"));
-    }
+    CAIRN_RETURN_IF_ERROR(
+        protocol::CheckChunkBuffer(fqn, dtype, global_shape, c.box, c.data));
   }
   names_[fqn] = static_cast<int>(tensors_.size());
   tensors_.push_back(TensorShard{std::move(fqn), dtype, std::move(global_shape),

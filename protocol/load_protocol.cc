@@ -123,6 +123,32 @@ absl::Status LoadDestinations::CheckNewName(const std::string& fqn) const {
   return absl::OkStatus();
 }
 
+absl::Status CheckChunkBuffer(absl::string_view fqn, planner::DType dtype,
+                              const planner::Shape& global_shape,
+                              const planner::ChunkBox& box,
+                              absl::Span<const char> data) {
+  const size_t elem = planner::DTypeSize(dtype);
+  absl::Status s = planner::ValidateBoxInShape(box, global_shape);
+  if (!s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("tensor '", fqn, "': ", s.message()));
+  }
+  // Volume(box) <= Volume(global_shape), which ValidateShape bounds.
+  const uint64_t need = static_cast<uint64_t>(planner::Volume(box)) * elem;
+  if (data.size() != need) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", fqn, "' chunk ", planner::BoxToString(box),
+                     " of ", planner::DTypeName(dtype), " needs a buffer of ",
+                     need, " bytes, got ", data.size()));
+  }
+  if (data.data() == nullptr && need > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", fqn, "' chunk ",
+                                                   planner::BoxToString(box),
+                                                   " has no data buffer"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LoadDestinations::AddTensor(std::string fqn, planner::DType dtype,
                                          planner::Shape global_shape,
                                          std::vector<ChunkDestination> chunks) {
@@ -133,24 +159,8 @@ absl::Status LoadDestinations::AddTensor(std::string fqn, planner::DType dtype,
         absl::StrCat("tensor '", fqn, "' has no valid dtype"));
   }
   for (const ChunkDestination& c : chunks) {
-    absl::Status s = planner::ValidateBoxInShape(c.box, global_shape);
-    if (!s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("tensor '", fqn, "': ", s.message()));
-    }
-    // Volume(box) <= Volume(global_shape), which ValidateShape bounds.
-    const uint64_t need = static_cast<uint64_t>(planner::Volume(c.box)) * elem;
-    if (c.data.size() != need) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", fqn, "' chunk ", planner::BoxToString(c.box),
-                       " of ", planner::DTypeName(dtype), " needs a buffer of ",
-                       need, " bytes, got ", c.data.size()));
-    }
-    if (c.data.data() == nullptr && need > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", fqn, "' chunk ", planner::BoxToString(c.box),
-                       " has no data buffer"));
-    }
+    CAIRN_RETURN_IF_ERROR(
+        CheckChunkBuffer(fqn, dtype, global_shape, c.box, c.data));
   }
   names_.insert(fqn);
   tensors_.push_back(Tensor{std::move(fqn), dtype, std::move(global_shape),

@@ -152,6 +152,15 @@ struct LoadProtocolOptions {
   std::function<void(int64_t step)> after_plan_load_for_test;
 };
 
+// OK when `data` is a buffer for `box` of tensor `fqn` (dtype, global
+// shape): the box lies in the shape and the buffer holds exactly its bytes.
+// INVALID_ARGUMENT naming the tensor and the chunk (or the box and the
+// shape) otherwise. Also used by libcairn's StateDict.
+absl::Status CheckChunkBuffer(absl::string_view fqn, planner::DType dtype,
+                              const planner::Shape& global_shape,
+                              const planner::ChunkBox& box,
+                              absl::Span<const char> data);
+
 // Where one wanted chunk of a tensor goes: its box in global coordinates and
 // the caller's buffer for it (borrowed), row-major and contiguous, exactly
 // Volume(box) * DTypeSize(dtype) bytes.
