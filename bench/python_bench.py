@@ -77,6 +77,16 @@ outside libcairn's measured work, with the disk's time (which differs
 between any two saves by more than the overhead) taken out of both. A - B is
 reported too.
 
+The fixed cost of one load, 4 ranks (after the small save): 8 DTensors of
+[256, 64] fp32, Shard(0), saved once per path, then loaded --small-repeat
+times per path in a rotating order (one warm-up round not counted), a
+barrier before each, every byte checked after each: direct
+(cairn.Checkpointer.load), dcp_cairn (dcp.load with CairnStorageReader) and
+dcp_fs (dcp.load with FileSystemReader); median of max(t1) - min(t0). The
+difference dcp_cairn - direct is what the DCP adapter adds to every load
+whatever its size (DCP's own planning collectives, which FileSystemReader
+pays too), also shown as a share of this run's direct loads.
+
 Usage: bench/python_bench.py [--build build] [--dir /tmp/cairn-py-bench]
        [--bytes 1.6e9] [--repeat 3] [--no-drop-caches] [--skip-limits]
        [--limit-sweep full|quick] [--paths direct,dcp_cairn,cpp,dcp_fs]
@@ -89,13 +99,17 @@ JSON line per path and round, then markdown tables. Exits non-zero when any
 path fails or a loaded byte differs.
 
 --smoke (ctest label bench-smoke): 32 MiB, one round, no page-cache drop,
-the smoke limit sweep, every path and the small-tensor save once; numbers
-are meaningless.
+the smoke limit sweep, every path, the small-tensor save and the small loads
+twice; numbers are meaningless.
+
+One run per --dir at a time: a second one fails at once naming the first's
+pid.
 
 Benchmarks never assert times.
 """
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -348,13 +362,21 @@ def rank_main(rank, world, path, phase, cfg, port, queue):
 
 def run_phase(path, phase, cfg, timeout):
     """Spawns the phase's ranks; returns their reports."""
-    import torch.multiprocessing as mp  # pylint: disable=import-outside-toplevel
     world = PHASE_LAYOUT[phase][0]
+    return spawn_ranks(rank_main, world, (path, phase, cfg), timeout,
+                       f"{path} {phase} ({world} ranks)")
+
+
+def spawn_ranks(target, world, args, timeout, what):
+    """Runs target(rank, world, *args, port, queue) in `world` spawned
+    processes; returns the reports they put on the queue, or raises naming
+    `what` with every rank's error, a hang or an exit status."""
+    import torch.multiprocessing as mp  # pylint: disable=import-outside-toplevel
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     store = rendezvous_store(world)
     port = store.port
-    procs = [ctx.Process(target=rank_main, args=(r, world, path, phase, cfg, port, queue))
+    procs = [ctx.Process(target=target, args=(r, world) + tuple(args) + (port, queue))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -376,9 +398,98 @@ def run_phase(path, phase, cfg, timeout):
     if failed:
         errors.append(f"ranks {failed} exited {[procs[r].exitcode for r in failed]}")
     if errors or len(results) != world:
-        raise RuntimeError(f"{path} {phase} ({world} ranks) failed:\n  " +
+        raise RuntimeError(f"{what} failed:\n  " +
                            "\n  ".join(errors or ["a rank reported nothing"]))
     return results
+
+
+# Small loads: what one load costs besides its bytes (see top).
+SMALL_LOAD_PATHS = ("direct", "dcp_cairn", "dcp_fs")
+SMALL_LOAD_ROWS = 64  # per rank, of [rows, 64] fp32 per tensor
+
+
+def small_load_rank(rank, world, cfg, port, queue):
+    """One rank of the small-load measurement: saves a tiny state once per
+    path, then loads it cfg["repeat"] times per path (rotating order, a
+    barrier before each); reports (path, t0, t1) per load."""
+    try:
+        import cairn  # pylint: disable=import-outside-toplevel
+        import torch  # pylint: disable=import-outside-toplevel
+        import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+        import torch.distributed.checkpoint as dcp  # pylint: disable=import-outside-toplevel
+        from cairn.torch import CairnStorageReader  # pylint: disable=import-outside-toplevel
+        from torch.distributed.device_mesh import init_device_mesh  # pylint: disable=import-outside-toplevel
+        from torch.distributed.tensor import DTensor, Shard  # pylint: disable=import-outside-toplevel
+        torch.set_num_threads(1)
+        store = dist.TCPStore("127.0.0.1", port, world, False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+        mesh = init_device_mesh("cpu", (world,))
+        rows = SMALL_LOAD_ROWS
+        locals_ = [torch.arange(rows * 64, dtype=torch.float32).reshape(rows, 64) +
+                   1e6 * (rank + world * t) for t in range(TENSORS)]
+        state = {fqn(t): DTensor.from_local(x.clone(), mesh, [Shard(0)], run_check=False,
+                                            shape=torch.Size([rows * world, 64]),
+                                            stride=(64, 1))
+                 for t, x in enumerate(locals_)}
+        ckpt = cairn.Checkpointer(coordinator=cfg["coordinator"], job="small-load",
+                                  rank=rank, world_size=world)
+        ckpt.save(1, state)
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(cfg["fs_dir"], sync_files=True))
+        loads = {
+            "direct": lambda: ckpt.load(state, step=1),
+            "dcp_cairn": lambda: dcp.load(state, storage_reader=CairnStorageReader(
+                cfg["coordinator"], "small-load", 1)),
+            "dcp_fs": lambda: dcp.load(state, storage_reader=dcp.FileSystemReader(
+                cfg["fs_dir"])),
+        }
+        out = {"rank": rank, "errors": [], "loads": []}
+        for i in range(cfg["repeat"] + 1):  # round 0: warm-up, not reported
+            k = i % len(SMALL_LOAD_PATHS)
+            for path in SMALL_LOAD_PATHS[k:] + SMALL_LOAD_PATHS[:k]:
+                for value in state.values():
+                    value.to_local().fill_(SENTINEL)
+                dist.barrier()
+                t0 = time.monotonic()
+                loads[path]()
+                t1 = time.monotonic()
+                for t, x in enumerate(locals_):
+                    if not torch.equal(state[fqn(t)].to_local(), x):
+                        out["errors"].append(f"rank {rank} small load {path}: "
+                                             f"{fqn(t)} differs")
+                if i > 0:
+                    out["loads"].append((path, i, t0, t1))
+        ckpt.close()
+        dist.barrier()
+        dist.destroy_process_group()
+        queue.put(out)
+    except BaseException as e:  # pylint: disable=broad-except
+        queue.put({"rank": rank, "errors": [f"rank {rank} small load: {repr(e)[:1000]}"]})
+        raise
+
+
+def small_load_overhead(args):
+    """The fixed cost of one load on 4 ranks, per path (see top)."""
+    cairnd = Cairnd(args.build, os.path.join(args.dir, "cairn-small-load"))
+    fs_dir = os.path.join(args.dir, "dcp-small-load")
+    shutil.rmtree(fs_dir, ignore_errors=True)
+    try:
+        cfg = {"coordinator": cairnd.address, "fs_dir": fs_dir,
+               "repeat": args.small_repeat}
+        got = spawn_ranks(small_load_rank, 4, (cfg,), args.timeout, "small load (4 ranks)")
+    finally:
+        cairnd.close()
+        shutil.rmtree(fs_dir, ignore_errors=True)
+    spans = {}  # (path, i) -> [min t0, max t1]
+    for r in got:
+        for path, i, t0, t1 in r["loads"]:
+            span = spans.setdefault((path, i), [t0, t1])
+            span[0], span[1] = min(span[0], t0), max(span[1], t1)
+    res = {"tool": "small_load", "ranks": 4, "tensors": TENSORS,
+           "rows": SMALL_LOAD_ROWS * 4, "loads": args.small_repeat}
+    for path in SMALL_LOAD_PATHS:
+        res[path + "_ms"] = 1e3 * statistics.median(
+            t1 - t0 for (p, _), (t0, t1) in spans.items() if p == path)
+    return res
 
 
 # ------------------------------------------------------------- parent side
@@ -514,6 +625,22 @@ def small_save_overhead(args):
             "overhead_wall_ms": med(lambda pw, ps, rw, rs: pw - rw)}
 
 
+def lock_dir(path):
+    """An exclusive lock on `path` for this run: two runs on one directory
+    would remove each other's data (SystemExit naming the holder)."""
+    f = open(os.path.join(path, ".lock"), "a+")  # pylint: disable=consider-using-with
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        sys.exit(f"python_bench: another run (pid {f.read().strip() or '?'}) is "
+                 f"using {path}: wait for it, or pass another --dir")
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -558,6 +685,7 @@ def main():
     # The staged cairn package (spawned ranks inherit sys.path).
     sys.path.insert(0, os.path.join(args.build, "python"))
     os.makedirs(args.dir, exist_ok=True)
+    lock = lock_dir(args.dir)  # noqa: F841  (held until exit)
     # The C++ example's bench:<bytes> model: 8 x rows x 4096 fp32.
     rows = max(int(args.bytes / TENSORS / COLS / 4), 4)
     total = TENSORS * rows * COLS * 4
@@ -599,12 +727,14 @@ def main():
         rounds.append(got)
     small = small_save_overhead(args)
     print(json.dumps(small), flush=True)
+    small_load = small_load_overhead(args)
+    print(json.dumps(small_load), flush=True)
     print_tables(args, rows, total, rounds, tools, fs_tools, py_tools, small,
-                 torch.__version__)
+                 small_load, torch.__version__)
 
 
 def print_tables(args, rows, total, rounds, tools, fs_tools, py_tools, small,
-                 torch_version):
+                 small_load, torch_version):
     """The markdown tables of the run."""
     nan = float("nan")
 
@@ -685,6 +815,19 @@ def print_tables(args, rows, total, rounds, tools, fs_tools, py_tools, small,
     print("| **Python overhead** = (A - a) - (B - b) | **%.2f** |" % small["overhead_ms"])
     print("| A - B (includes the two saves' disk time difference) | %.2f |" %
           small["overhead_wall_ms"])
+    print()
+    print("| small load: %d ranks, %d x [%d, 64] fp32, median of %d | ms |" %
+          (small_load["ranks"], small_load["tensors"], small_load["rows"],
+           small_load["loads"]))
+    print("|---|---|")
+    for path in SMALL_LOAD_PATHS:
+        print("| %s | %.1f |" % (path, small_load[path + "_ms"]))
+    extra = small_load["dcp_cairn_ms"] - small_load["direct_ms"]
+    print("| dcp_cairn - direct: the adapter's fixed cost per load | %.1f |" % extra)
+    if "direct" in tools:
+        for phase in ("load2", "load4"):
+            print("| that, as a share of direct's %s (best round) | %.1f%% |" % (
+                phase, 100 * extra / 1e3 / best("direct", phase + "_s", min)))
 
 
 if __name__ == "__main__":
