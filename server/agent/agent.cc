@@ -71,7 +71,15 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   t.listen_address = a->options_.peer_listen;
   t.resolve_peer = a->options_.resolve_peer;
   t.control_handler = [p = a.get()](int peer, uint64_t tag, std::string m) {
-    p->HandleControl(peer, tag, std::move(m));
+    PeerServer* server = p->serving_.load();
+    if (server == nullptr) {
+      CAIRN_LOG(warn,
+                "node {}: control message from node {} before the "
+                "agent serves peers: dropped",
+                p->options_.node_id, peer);
+      return;
+    }
+    server->Handle(peer, tag, std::move(m));
   };
   t.control_threads = 8;
   t.connect_timeout = a->options_.peer_connect_timeout;
@@ -94,7 +102,6 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
       std::numeric_limits<int>::max()));
   t.max_connections_per_address = a->options_.peer_max_connections_per_address;
   t.max_connections = a->options_.peer_max_connections;
-  a->fetch_pool_ = std::make_unique<ThreadPool>(kFetchThreads);
   switch (a->options_.transport) {
     case AgentOptions::TransportKind::kTcp: {
       CAIRN_ASSIGN_OR_RETURN(a->transport_, TcpTransport::Start(std::move(t)));
@@ -117,6 +124,25 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
     }
   }
 
+  a->peers_ = std::make_unique<PeerClient>(*a->transport_, a->options_.node_id,
+                                           a->options_.peer_timeout);
+  PeerServer::Options serve;
+  serve.node_id = a->options_.node_id;
+  serve.peer_timeout = a->options_.peer_timeout;
+  serve.received_bytes = a->m_->replication_received_bytes;
+  a->peer_server_ =
+      std::make_unique<PeerServer>(serve, *a->transport_, a->tier_, *a->pool_);
+  a->replicator_ =
+      std::make_unique<Replicator>(*a->peers_, a->options_.bucket_cap_bytes);
+  PeerLoader::Options load;
+  load.node_id = a->options_.node_id;
+  load.num_nodes = a->options_.num_nodes;
+  load.bucket_cap_bytes = a->options_.bucket_cap_bytes;
+  load.peer_timeout = a->options_.peer_timeout;
+  a->loader_ =
+      std::make_unique<PeerLoader>(load, *a->peers_, a->tier_, *a->pool_);
+  a->serving_ = a->peer_server_.get();
+
   // One channel to cairnd for loads and for the save protocol.
   CAIRN_ASSIGN_OR_RETURN(a->channel_, protocol::NewCoordinatorChannel(
                                           a->options_.coordinator,
@@ -137,16 +163,13 @@ Agent::~Agent() {
     threads.swap(persist_threads_);
   }
   for (auto& t : threads) t.first.join();
+  // The transport's threads call the peer server: stop them first.
+  serving_ = nullptr;
   transport_.reset();
+  if (loader_ != nullptr) loader_->Clear();
   tier_.Clear();
   absl::MutexLock l(&mu_);
   staging_.clear();
-  loads_.clear();
-}
-
-uint64_t Agent::NewTag() {
-  return (static_cast<uint64_t>(options_.node_id) << 40) |
-         (next_tag_.fetch_add(1) & ((uint64_t{1} << 40) - 1));
 }
 
 v1::AgentStatusResponse Agent::Status() {

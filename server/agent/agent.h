@@ -85,6 +85,10 @@
 #include "protocol/save_protocol.h"
 #include "server/agent/items.h"
 #include "server/agent/memory_tier.h"
+#include "server/agent/peer_client.h"
+#include "server/agent/peer_loader.h"
+#include "server/agent/peer_server.h"
+#include "server/agent/replicator.h"
 #include "server/agent/staging_pool.h"
 #include "server/agent/transport/nccl/device_link.h"
 #include "server/agent/transport/transport.h"
@@ -231,7 +235,6 @@ class Agent {
   absl::StatusOr<v1::CheckpointRecord> StreamToStorage(Stream& stream);
   void RecordStreamResult(const Set& set,
                           const absl::StatusOr<v1::CheckpointRecord>& r);
-  absl::Status Replicate(const std::shared_ptr<const Set>& set, int peer);
   // The save protocol of (set.job, set.rank) with its write threads, and
   // the cancellation of its saves (one persists at a time: persist_locks_).
   struct RankProtocol {
@@ -251,18 +254,6 @@ class Agent {
   // The persist StartPersisting began has ended (its cancellation consumed).
   void EndPersisting(RankProtocol* rp);
 
-  void HandleControl(int peer, uint64_t tag, std::string payload);
-  absl::Status HandlePush(int peer, const v1::PushReplica& push);
-  absl::StatusOr<uint64_t> HandleFetch(int peer, const v1::FetchRequest& req);
-  // Load once the step is resolved and its manifest fetched.
-  absl::StatusOr<v1::AgentLoadResponse> LoadFromMemory(
-      const v1::AgentLoadRequest& request, int64_t step,
-      const v1::Manifest& manifest);
-  absl::StatusOr<v1::PeerResponse> CallPeer(
-      int peer, v1::PeerRequest request,
-      const std::function<absl::Status()>& after_send);
-  uint64_t NewTag();
-
   // Metrics (agent_metrics.cc): registered in Start, once pool_ exists.
   struct Metrics;
   void RegisterMetrics();
@@ -277,16 +268,20 @@ class Agent {
   // Tier 0 and peers' replicas; evicted by pool_ when it needs room.
   MemoryTier tier_;
   std::unique_ptr<Transport> transport_;
-  // Runs a peer load's fetches (one per planned message): at most
-  // kFetchThreads at once, whatever the plan's size.
-  static constexpr int kFetchThreads = 8;
-  std::unique_ptr<ThreadPool> fetch_pool_;
+  // The peer side, over transport_: calls to peers, what this agent serves
+  // them (set once transport_ exists; control messages that come before
+  // are dropped: the peer's call times out), replication and loads from
+  // memory.
+  std::unique_ptr<PeerClient> peers_;
+  std::unique_ptr<PeerServer> peer_server_;
+  std::atomic<PeerServer*> serving_{nullptr};
+  std::unique_ptr<Replicator> replicator_;
+  std::unique_ptr<PeerLoader> loader_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
   // Whether cairnd has answered on channel_ (the save protocols' retries).
   std::unique_ptr<protocol::CoordinatorContact> coordinator_contact_;
 
-  std::atomic<uint64_t> next_tag_{1};
   std::atomic<uint64_t> next_id_{1};
   // Buckets streaming saves have written (AgentStatusResponse).
   std::atomic<int64_t> streamed_buckets_{0};
@@ -301,8 +296,6 @@ class Agent {
   std::map<uint64_t, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   int64_t streamed_saves_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> stopping_flag_{false};
-  std::map<uint64_t, std::shared_ptr<shm::ShmSegment>> loads_
-      ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, std::unique_ptr<RankProtocol>>
       protocols_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, std::unique_ptr<absl::Mutex>>

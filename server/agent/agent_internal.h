@@ -1,7 +1,6 @@
 // Internals shared by the files of the agent library (agent.cc,
-// streaming_save.cc, persister.cc, replicator.cc, peer_service.cc,
-// peer_load.cc): item helpers and a streaming save's state. Not part of the
-// agent's interface.
+// streaming_save.cc, persister.cc, agent_load.cc): a streaming save's state
+// and the metrics. Not part of the agent's interface.
 #ifndef CAIRN_SERVER_AGENT_AGENT_INTERNAL_H_
 #define CAIRN_SERVER_AGENT_AGENT_INTERNAL_H_
 
@@ -32,15 +31,6 @@
 #include "server/agent/items.h"
 
 namespace cairn::agent {
-namespace internal {
-
-inline absl::Status ToStatus(const v1::PeerResponse& r) {
-  if (r.code() == 0) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(r.code()), r.message());
-}
-
-}  // namespace internal
-
 // One streaming save (see agent.h). The persist thread produces `pieces`
 // once (plan_ready); StageBucket hands out consecutive runs of them as
 // buckets; the persist thread takes filled buckets in order.

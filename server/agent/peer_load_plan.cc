@@ -9,7 +9,7 @@
 #include "common/status_macros.h"
 #include "planner/dtype.h"
 #include "proto/convert/plan_convert.h"
-#include "server/agent/agent_internal.h"
+#include "server/agent/items.h"
 
 namespace cairn::agent {
 

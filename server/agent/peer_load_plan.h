@@ -2,7 +2,7 @@
 // load. From the inventories of the nodes (which saved items each holds in
 // memory), the checkpoint's manifest and a rank's wanted chunks/bytes, it
 // lays out the load segment and builds the planner::TransferPlan that fills
-// it. No I/O, no Agent state, no RPCs: Agent::LoadFromMemory gathers the
+// it. No I/O, no Agent state, no RPCs: PeerLoader::Load gathers the
 // inventories, calls PlanPeerLoad, then executes the plan.
 #ifndef CAIRN_SERVER_AGENT_PEER_LOAD_PLAN_H_
 #define CAIRN_SERVER_AGENT_PEER_LOAD_PLAN_H_

@@ -423,7 +423,7 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
   const uint64_t replication =
       peers.empty() ? 0 : m_->ReplicationStarted(set_bytes, absl::Now());
   for (int peer : peers) {
-    absl::Status rs = Replicate(set, peer);
+    absl::Status rs = replicator_->Push(*set, peer);
     if (!rs.ok()) {
       m_->replication_failures->Increment();
       CAIRN_LOG(warn, "node {}: replicating {} to node {} failed: {}",

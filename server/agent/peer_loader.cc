@@ -1,94 +1,37 @@
-// Peer load: serves a rank's load from the agents' memory (Load): resolves
-// the checkpoint, asks every agent what it holds, plans the transfers
-// (PlanPeerLoad, peer_load_plan.h) and fetches them into a load segment;
-// ReleaseLoad frees it.
-#include <unistd.h>
+// PeerLoader (peer_loader.h): a load served from the agents' memory.
+#include "server/agent/peer_loader.h"
 
-#include <algorithm>
 #include <cstring>
-#include <deque>
-#include <optional>
-#include <set>
+#include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "common/crash_point.h"
-#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/task_group.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "planner/load_plan.h"
 #include "planner/transfer_plan.h"
 #include "proto/convert/plan_convert.h"
-#include "server/agent/agent.h"
-#include "server/agent/agent_internal.h"
+#include "server/agent/items.h"
 #include "server/agent/peer_load_plan.h"
-#include "storage/checkpoint_layout.h"
-#include "storage/checksum.h"
 
 namespace cairn::agent {
 
-using internal::ToStatus;
 using internal::Where;
 using shm::ShmSegment;
 
-absl::StatusOr<v1::AgentLoadResponse> Agent::Load(
-    const v1::AgentLoadRequest& request) {
-  const absl::Duration rpc_timeout = absl::Seconds(60);
-  const bool latest = request.ref_case() == v1::AgentLoadRequest::kLatest;
-  v1::GetCheckpointRequest gr;
-  gr.set_job(request.job());
-  if (latest && request.world_size() > 0) {
-    // The ranks of the load join cairnd's load round of the job, which
-    // resolves `latest` once for all of them: a save committing between two
-    // ranks' loads never hands them different steps. (Only the step is
-    // taken: memory tiers serve the bytes, so nothing is read or reported.)
-    v1::PlanLoadRequest pr;
-    pr.set_job(request.job());
-    pr.set_latest(true);
-    pr.set_rank(request.rank());
-    pr.set_world_size(request.world_size());
-    pr.set_verify_in_round(false);
-    v1::PlanLoadResponse round;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout));
-    CAIRN_RETURN_IF_ERROR(
-        FromGrpcStatus(coordinator_->PlanLoad(&ctx, pr, &round)));
-    gr.set_step(round.step());
-  } else if (latest) {
-    gr.set_latest(true);  // a rank on its own: cairnd resolves it
-  } else {
-    gr.set_step(request.step());
-  }
-  v1::GetCheckpointResponse got;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout));
-    CAIRN_RETURN_IF_ERROR(
-        FromGrpcStatus(coordinator_->GetCheckpoint(&ctx, gr, &got)));
-  }
-  const int64_t step = got.checkpoint().step();
-  if (got.checkpoint().state() != v1::CHECKPOINT_STATE_COMMITTED) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Where(request.job(), step, request.rank()),
-                     ": checkpoint is not committed"));
-  }
-  absl::StatusOr<v1::AgentLoadResponse> served =
-      LoadFromMemory(request, step, got.manifest());
-  if (served.ok()) return served;
-  // The step is resolved: the rank's storage fallback must load that one.
-  v1::AgentLoadResponse unserved;
-  unserved.set_step(step);
-  unserved.set_unserved_code(static_cast<int32_t>(served.status().code()));
-  unserved.set_unserved_message(std::string(served.status().message()));
-  return unserved;
-}
+PeerLoader::PeerLoader(Options options, PeerClient& peers, MemoryTier& tier,
+                       StagingPool& pool)
+    : options_(options),
+      peers_(peers),
+      tier_(tier),
+      pool_(pool),
+      fetch_pool_(options.fetch_threads) {}
 
-absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
+absl::StatusOr<v1::AgentLoadResponse> PeerLoader::Load(
     const v1::AgentLoadRequest& request, int64_t step,
     const v1::Manifest& manifest) {
   const std::string where = Where(request.job(), step, request.rank());
@@ -105,11 +48,12 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
       if (n == options_.node_id) continue;
       v1::PeerRequest pr;
       *pr.mutable_inventory() = inv;
-      absl::StatusOr<v1::PeerResponse> r = CallPeer(n, std::move(pr), nullptr);
-      if (!r.ok() || !ToStatus(*r).ok()) {
+      absl::StatusOr<v1::PeerResponse> r = peers_.Call(n, std::move(pr));
+      if (!r.ok() || !PeerClient::StatusOf(*r).ok()) {
         CAIRN_LOG(info, "node {}: peer node {} unavailable for {}: {}",
                   options_.node_id, n, where,
-                  r.ok() ? ToStatus(*r).ToString() : r.status().ToString());
+                  r.ok() ? PeerClient::StatusOf(*r).ToString()
+                         : r.status().ToString());
         continue;
       }
       held_by[n].assign(r->inventory().sets().begin(),
@@ -156,9 +100,9 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
       segments += n;
     }
   }
-  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<ShmSegment> seg,
-                         pool_->Allocate(planned.total_bytes,
-                                         absl::Now() + options_.peer_timeout));
+  CAIRN_ASSIGN_OR_RETURN(
+      std::shared_ptr<ShmSegment> seg,
+      pool_.Allocate(planned.total_bytes, absl::Now() + options_.peer_timeout));
 
   std::vector<planner::CopySegment> segs;
   // Local pieces: from this agent's own memory.
@@ -187,7 +131,7 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
     v1::FetchRequest* f = pr.mutable_fetch();
     f->set_job(request.job());
     f->set_step(step);
-    f->set_data_tag(NewTag());
+    f->set_data_tag(peers_.NewTag());
     for (const auto& part : msg.parts) {
       const planner::TransferSend& send = plan->sends[part.send];
       auto [item, src_box, crc] = held_item(send);
@@ -197,17 +141,17 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
       convert::BoxToProto(send.box, p->mutable_region());
     }
     absl::StatusOr<v1::PeerResponse> r =
-        CallPeer(msg.src_rank, std::move(pr), nullptr);
+        peers_.Call(msg.src_rank, std::move(pr));
     if (!r.ok()) {
       results[m] = r.status();
       return;
     }
-    if (!ToStatus(*r).ok()) {
-      results[m] = ToStatus(*r);
+    if (!PeerClient::StatusOf(*r).ok()) {
+      results[m] = PeerClient::StatusOf(*r);
       return;
     }
-    absl::StatusOr<std::string> payload = transport_->RecvMessage(
-        msg.src_rank, f->data_tag(), options_.peer_timeout);
+    absl::StatusOr<std::string> payload =
+        peers_.Receive(msg.src_rank, f->data_tag());
     if (!payload.ok() || payload->size() != msg.bytes) {
       results[m] = payload.ok()
                        ? absl::DataLossError(absl::StrCat(
@@ -230,7 +174,7 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
       }
     }
   };
-  TaskGroup fetches(fetch_pool_.get());
+  TaskGroup fetches(&fetch_pool_);
   for (size_t m = 0; m < plan->messages.size(); ++m) {
     fetches.Run([&fetch, m] {
       fetch(m);
@@ -254,12 +198,20 @@ absl::StatusOr<v1::AgentLoadResponse> Agent::LoadFromMemory(
   return response;
 }
 
-absl::Status Agent::ReleaseLoad(uint64_t load_id) {
+absl::Status PeerLoader::Release(uint64_t load_id) {
   absl::MutexLock l(&mu_);
   if (loads_.erase(load_id) == 0) {
     return absl::NotFoundError(absl::StrCat("no load with id ", load_id));
   }
   return absl::OkStatus();
+}
+
+void PeerLoader::Clear() {
+  std::map<uint64_t, std::shared_ptr<ShmSegment>> loads;
+  {
+    absl::MutexLock l(&mu_);
+    loads.swap(loads_);
+  }
 }
 
 }  // namespace cairn::agent
