@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/agent/staging_pool.h"
+#include "server/agent/testing/item_sets.h"
 #include "storage/checksum.h"
 
 namespace cairn::agent {
@@ -67,32 +68,10 @@ class MemoryTierTest : public ::testing::Test {
   std::shared_ptr<ItemSet> MakeSet(const std::string& job, int64_t step,
                                    int rank, bool replica,
                                    const std::vector<v1::WriteItem>& items) {
-    auto set = std::make_shared<ItemSet>();
-    set->job = job;
-    set->step = step;
-    set->rank = rank;
-    set->replica = replica;
-    uint64_t total = 0;
-    for (const v1::WriteItem& w : items) {
-      StagedItem it;
-      it.item = w;
-      it.offset = total;
-      total = internal::AlignUp(total + w.length(), internal::kAlign);
-      set->items.push_back(std::move(it));
-    }
-    absl::StatusOr<std::shared_ptr<shm::ShmSegment>> seg =
-        pool_->Allocate(total, absl::Now() + absl::Seconds(10));
-    EXPECT_TRUE(seg.ok()) << seg.status();
-    set->segment = *std::move(seg);
-    for (size_t i = 0; i < set->items.size(); ++i) {
-      StagedItem& it = set->items[i];
-      char* p = set->segment->data() + it.offset;
-      for (uint64_t b = 0; b < it.item.length(); ++b) {
-        p[b] = static_cast<char>(step * 31 + rank * 7 + i * 3 + b);
-      }
-      it.crc32c = storage::Crc32c(p, it.item.length());
-    }
-    return set;
+    return testing::MakeFilledSet(
+        *pool_, job, step, rank, replica, items, [&](size_t i, uint64_t b) {
+          return static_cast<char>(step * 31 + rank * 7 + i * 3 + b);
+        });
   }
 
   std::unique_ptr<StagingPool> pool_;

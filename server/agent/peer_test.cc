@@ -28,6 +28,7 @@
 #include "server/agent/peer_server.h"
 #include "server/agent/replicator.h"
 #include "server/agent/staging_pool.h"
+#include "server/agent/testing/item_sets.h"
 #include "server/agent/transport/tcp/tcp_transport.h"
 #include "storage/checksum.h"
 
@@ -132,29 +133,8 @@ class PeerTest : public ::testing::Test {
   std::shared_ptr<ItemSet> MakeSet(
       int node, int64_t step, int rank, const std::vector<v1::WriteItem>& items,
       const std::function<char(size_t, uint64_t)>& fill) {
-    auto set = std::make_shared<ItemSet>();
-    set->job = kJob;
-    set->step = step;
-    set->rank = rank;
-    uint64_t total = 0;
-    for (const v1::WriteItem& w : items) {
-      StagedItem it;
-      it.item = w;
-      it.offset = total;
-      total = internal::AlignUp(total + w.length(), internal::kAlign);
-      set->items.push_back(std::move(it));
-    }
-    absl::StatusOr<std::shared_ptr<shm::ShmSegment>> seg =
-        nodes_[node]->pool->Allocate(total, absl::Now() + absl::Seconds(5));
-    EXPECT_TRUE(seg.ok()) << seg.status();
-    set->segment = *std::move(seg);
-    for (size_t i = 0; i < set->items.size(); ++i) {
-      StagedItem& it = set->items[i];
-      char* p = set->segment->data() + it.offset;
-      for (uint64_t b = 0; b < it.item.length(); ++b) p[b] = fill(i, b);
-      it.crc32c = storage::Crc32c(p, it.item.length());
-    }
-    return set;
+    return testing::MakeFilledSet(*nodes_[node]->pool, kJob, step, rank,
+                                  /*replica=*/false, items, fill);
   }
 
   std::vector<int> ports_;
@@ -420,6 +400,35 @@ void ForEachElement(
   }
 }
 
+// The saved values of `box` (Value of each element, row-major).
+std::vector<float> BoxValues(const planner::ChunkBox& box,
+                             const planner::Shape& shape) {
+  std::vector<float> values;
+  ForEachElement(box, [&](const std::vector<int64_t>& e, int64_t) {
+    values.push_back(Value(e, shape));
+  });
+  return values;
+}
+
+// A float32 tensor `fqn` of `shape` in `manifest`, without chunks yet.
+v1::ManifestTensor* AddTensor(v1::Manifest& manifest, const std::string& fqn,
+                              const planner::Shape& shape) {
+  v1::ManifestTensor* mt = manifest.add_tensors();
+  mt->mutable_entry()->set_fqn(fqn);
+  mt->mutable_entry()->set_dtype(v1::DTYPE_FLOAT32);
+  for (int64_t s : shape) mt->mutable_entry()->add_global_shape(s);
+  return mt;
+}
+
+// A stored chunk `box` of `mt` with the crc32c of its saved values.
+void AddStoredChunk(v1::ManifestTensor* mt, const planner::ChunkBox& box,
+                    const planner::Shape& shape) {
+  const std::vector<float> values = BoxValues(box, shape);
+  v1::StoredChunk* sc = mt->add_chunks();
+  convert::BoxToProto(box, sc->mutable_box());
+  sc->set_crc32c(storage::Crc32c(values.data(), values.size() * 4));
+}
+
 // Loads from memory on random cases: a 2-D float32 tensor saved as a random
 // grid of chunks, each held by a random non-empty set of the 3 nodes (tier 0
 // of one source rank per node), loaded by a random node into another random
@@ -436,20 +445,11 @@ TEST_F(PeerTest, LoadsFromMemoryMatchTheSavedTensorOnRandomLayouts) {
         std::uniform_int_distribution<int64_t>(1, 9)(rng)};
     const std::string fqn = "model.w";
     v1::Manifest manifest;
-    v1::ManifestTensor* mt = manifest.add_tensors();
-    mt->mutable_entry()->set_fqn(fqn);
-    mt->mutable_entry()->set_dtype(v1::DTYPE_FLOAT32);
-    for (int64_t s : shape) mt->mutable_entry()->add_global_shape(s);
+    v1::ManifestTensor* mt = AddTensor(manifest, fqn, shape);
     std::vector<std::vector<v1::WriteItem>> held(3);
     for (const planner::ChunkBox& b : RandomGrid(shape, rng)) {
       v1::WriteItem item = TensorItem(fqn, v1::DTYPE_FLOAT32, shape, b);
-      std::vector<float> values;
-      ForEachElement(b, [&](const std::vector<int64_t>& e, int64_t) {
-        values.push_back(Value(e, shape));
-      });
-      v1::StoredChunk* sc = mt->add_chunks();
-      convert::BoxToProto(b, sc->mutable_box());
-      sc->set_crc32c(storage::Crc32c(values.data(), values.size() * 4));
+      AddStoredChunk(mt, b, shape);
       int mask = std::uniform_int_distribution<int>(1, 7)(rng);
       for (int n = 0; n < 3; ++n) {
         if (mask & (1 << n)) held[n].push_back(item);
@@ -457,13 +457,12 @@ TEST_F(PeerTest, LoadsFromMemoryMatchTheSavedTensorOnRandomLayouts) {
     }
     for (int n = 0; n < 3; ++n) {
       if (held[n].empty()) continue;
+      std::vector<std::vector<float>> values;
+      for (const v1::WriteItem& w : held[n]) {
+        values.push_back(BoxValues(internal::ItemBox(w), shape));
+      }
       auto set = MakeSet(n, step, n, held[n], [&](size_t i, uint64_t b) {
-        const planner::ChunkBox box = internal::ItemBox(held[n][i]);
-        std::vector<float> values;
-        ForEachElement(box, [&](const std::vector<int64_t>& e, int64_t) {
-          values.push_back(Value(e, shape));
-        });
-        return reinterpret_cast<const char*>(values.data())[b];
+        return reinterpret_cast<const char*>(values[i].data())[b];
       });
       nodes_[n]->tier->Keep(set);
     }
@@ -511,26 +510,11 @@ TEST_F(PeerTest, LoadSkipsAnUnreachablePeerAndFailsWhatOnlyItHolds) {
   StartNodes(3);
   const planner::Shape shape = {4, 2};
   v1::Manifest manifest;
-  v1::ManifestTensor* mt = manifest.add_tensors();
-  mt->mutable_entry()->set_fqn("w");
-  mt->mutable_entry()->set_dtype(v1::DTYPE_FLOAT32);
-  for (int64_t s : shape) mt->mutable_entry()->add_global_shape(s);
+  v1::ManifestTensor* mt = AddTensor(manifest, "w", shape);
   const planner::ChunkBox top{{0, 0}, {2, 2}}, bottom{{2, 0}, {2, 2}};
-  for (const planner::ChunkBox& b : {top, bottom}) {
-    std::vector<float> values;
-    ForEachElement(b, [&](const std::vector<int64_t>& e, int64_t) {
-      values.push_back(Value(e, shape));
-    });
-    v1::StoredChunk* sc = mt->add_chunks();
-    convert::BoxToProto(b, sc->mutable_box());
-    sc->set_crc32c(storage::Crc32c(values.data(), values.size() * 4));
-  }
+  for (const planner::ChunkBox& b : {top, bottom}) AddStoredChunk(mt, b, shape);
   auto fill_for = [&](const planner::ChunkBox& box) {
-    return [box, shape](size_t, uint64_t b) {
-      std::vector<float> values;
-      ForEachElement(box, [&](const std::vector<int64_t>& e, int64_t) {
-        values.push_back(Value(e, shape));
-      });
+    return [values = BoxValues(box, shape)](size_t, uint64_t b) {
       return reinterpret_cast<const char*>(values.data())[b];
     };
   };
