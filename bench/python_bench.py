@@ -87,6 +87,13 @@ difference dcp_cairn - direct is what the DCP adapter adds to every load
 whatever its size (DCP's own planning collectives, which FileSystemReader
 pays too), also shown as a share of this run's direct loads.
 
+Paired loads (--pairs N, default 6): the DCP adapter against the direct API
+where the disk's drift cannot tell them apart by minutes: the same 4 ranks
+save step 1 (the run's size, Shard(0)), then load it N times by each path
+(direct first in even pairs, the adapter first in odd ones), the page cache
+dropped before each load, every byte checked after each. Reported: each
+pair's times and the median of direct / adapter.
+
 Usage: bench/python_bench.py [--build build] [--dir /tmp/cairn-py-bench]
        [--bytes 1.6e9] [--repeat 3] [--no-drop-caches] [--skip-limits]
        [--limit-sweep full|quick] [--paths direct,dcp_cairn,cpp,dcp_fs]
@@ -492,6 +499,74 @@ def small_load_overhead(args):
     return res
 
 
+# Paired loads: the DCP adapter against the direct API in the same ranks.
+def paired_load_rank(rank, world, cfg, port, queue):
+    """One rank of the paired loads: saves step 1 (Shard(0)), then loads it
+    cfg["pairs"] times by each path, alternating which goes first, the page
+    cache dropped (rank 0) before each load; reports (path, i, t0, t1)."""
+    try:
+        import cairn  # pylint: disable=import-outside-toplevel
+        import torch  # pylint: disable=import-outside-toplevel
+        import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+        import torch.distributed.checkpoint as dcp  # pylint: disable=import-outside-toplevel
+        from torch.distributed.device_mesh import init_device_mesh  # pylint: disable=import-outside-toplevel
+        torch.set_num_threads(1)
+        store = dist.TCPStore("127.0.0.1", port, world, False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+        mesh = init_device_mesh("cpu", (world,))
+        state, box = make_state(torch, mesh, cfg["rows"], world, 0, rank, fill=True)
+        ckpt = cairn.Checkpointer(coordinator=cfg["coordinator"], job="paired",
+                                  rank=rank, world_size=world)
+        ckpt.save(1, state)
+        out = {"rank": rank, "errors": [], "loads": []}
+        drop = types.SimpleNamespace(no_drop_caches=cfg["no_drop_caches"])
+        for i in range(cfg["pairs"]):
+            for path in ("direct", "dcp_cairn")[::1 if i % 2 == 0 else -1]:
+                for value in state.values():
+                    value.to_local().fill_(SENTINEL)
+                if rank == 0:
+                    e2e_bench.drop_caches(drop)
+                dist.barrier()
+                t0 = time.monotonic()
+                load(path, cfg, dcp, ckpt, state, 1)
+                t1 = time.monotonic()
+                out["loads"].append((path, i, t0, t1))
+                out["errors"] += verify_state(torch, state, box, rank)[:10]
+        ckpt.close()
+        dist.barrier()
+        dist.destroy_process_group()
+        queue.put(out)
+    except BaseException as e:  # pylint: disable=broad-except
+        queue.put({"rank": rank, "errors": [f"rank {rank} paired load: {repr(e)[:1000]}"]})
+        raise
+
+
+def paired_loads(args, rows):
+    """The DCP adapter's load against the direct API's, paired (see top)."""
+    cairnd = Cairnd(args.build, os.path.join(args.dir, "cairn-paired"))
+    try:
+        cfg = {"coordinator": cairnd.address, "job": "paired", "rows": rows,
+               "pairs": args.pairs, "no_drop_caches": args.no_drop_caches}
+        got = spawn_ranks(paired_load_rank, 4, (cfg,), args.timeout, "paired loads (4 ranks)")
+    finally:
+        cairnd.close()
+    spans = {}
+    for r in got:
+        for path, i, t0, t1 in r["loads"]:
+            span = spans.setdefault((path, i), [t0, t1])
+            span[0], span[1] = min(span[0], t0), max(span[1], t1)
+
+    def secs(path, i):
+        return spans[(path, i)][1] - spans[(path, i)][0]
+
+    pairs = range(args.pairs)
+    return {"tool": "paired_load", "pairs": args.pairs,
+            "direct_s": [secs("direct", i) for i in pairs],
+            "dcp_cairn_s": [secs("dcp_cairn", i) for i in pairs],
+            "ratio_median": statistics.median(secs("direct", i) / secs("dcp_cairn", i)
+                                              for i in pairs)}
+
+
 # ------------------------------------------------------------- parent side
 
 def rendezvous_store(world):
@@ -658,6 +733,8 @@ def main():
                    help="seconds each phase's processes may run (default none; 240 smoke)")
     p.add_argument("--small-tensors", type=int, default=1000)
     p.add_argument("--small-repeat", type=int, default=None, help="default 20")
+    p.add_argument("--pairs", type=int, default=None,
+                   help="paired loads, direct vs DCP adapter (default 6; 0: none)")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args()
     if args.smoke:
@@ -666,9 +743,11 @@ def main():
         args.no_drop_caches = True
         args.timeout = args.timeout or 240
         args.small_repeat = args.small_repeat or 2
+        args.pairs = 1 if args.pairs is None else args.pairs
     args.bytes = args.bytes or 1.6e9
     args.repeat = args.repeat or 3
     args.small_repeat = args.small_repeat or 20
+    args.pairs = 6 if args.pairs is None else args.pairs
     paths = [x for x in args.paths.split(",") if x]
     unknown = sorted(set(paths) - set(PATHS))
     if unknown:
@@ -729,8 +808,22 @@ def main():
     print(json.dumps(small), flush=True)
     small_load = small_load_overhead(args)
     print(json.dumps(small_load), flush=True)
+    paired = paired_loads(args, rows) if args.pairs > 0 else None
+    if paired:
+        print(json.dumps(paired), flush=True)
     print_tables(args, rows, total, rounds, tools, fs_tools, py_tools, small,
                  small_load, torch.__version__)
+    if paired:
+        print()
+        print("| paired loads: 4 -> 4, %.2f GB, the same 4 ranks, %d pairs | "
+              "direct s | dcp_cairn s | direct / dcp_cairn time |" % (total / 1e9,
+                                                                       paired["pairs"]))
+        print("|---|---|---|---|")
+        for i in range(paired["pairs"]):
+            d, c = paired["direct_s"][i], paired["dcp_cairn_s"][i]
+            print("| pair %d | %.3f | %.3f | %.2f |" % (i + 1, d, c, d / c))
+        print("| **median: the adapter's speed as a share of direct's** | | | **%.0f%%** |"
+              % (100 * paired["ratio_median"]))
 
 
 def print_tables(args, rows, total, rounds, tools, fs_tools, py_tools, small,
