@@ -423,6 +423,117 @@ def _merge_rank_metadata(root: pathlib.Path, files: "_Files",
                         planner_data=planner_data, storage_data=storage)
 
 
+# Hugging Face safetensors directories: torch's HuggingFaceStorageWriter
+# (DCP's own HF format: no .metadata; one model*.safetensors per file index,
+# and model.safetensors.index.json mapping fqns to files, or with
+# save_distributed one shard file per rank whose header's DCP_SHARDING_INFO
+# gives each chunk's saved_offsets), and any safetensors model directory.
+_HF_INDEX = "model.safetensors.index.json"
+_SAFETENSORS_SUFFIX = ".safetensors"
+
+
+def _safetensors_files(root: pathlib.Path) -> List[str]:
+    return sorted(n for n in os.listdir(root)
+                  if n.endswith(_SAFETENSORS_SUFFIX) and (root / n).is_file())
+
+
+def _safetensors_metadata(root: pathlib.Path, files: "_Files") -> Any:
+    """DCP Metadata of a directory of safetensors files, as torch's
+    HuggingFaceStorageReader derives it: each tensor entry of each file is
+    one chunk, at the saved_offsets its DCP_SHARDING_INFO gives (else at
+    the origin); a tensor's global shape is its chunks' extent, and they must
+    tile it, neither overlapping nor leaving elements out. With
+    model.safetensors.index.json, every file it names must be there and
+    hold the tensors it maps to it."""
+    api = _dcp.api().metadata
+    from torch.distributed.checkpoint.filesystem import _StorageInfo  # pylint: disable=import-outside-toplevel
+    names = _safetensors_files(root)
+    chunks: Dict[str, List[Tuple[List[int], List[int], str]]] = {}
+    dtypes: Dict[str, Tuple[Any, str]] = {}
+    for name in names:
+        fd = files.check(name, 0, 0, "a safetensors file")
+        blob = _safetensors_blob(files, name, fd, 0, "its tensors")
+        if blob is None:
+            raise errors.DataLossError(
+                f"import_dcp: {root / name} is not a safetensors file: it does "
+                f"not begin with a safetensors header")
+        for fqn, entry in blob.tensors.items():
+            dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+            if dtype is None:
+                raise errors.InvalidArgumentError(
+                    f"import_dcp: {root / name}: tensor '{fqn}' has dtype "
+                    f"{entry['dtype']}, which Cairn cannot store")
+            if fqn in dtypes and dtypes[fqn][0] != dtype:
+                raise errors.InvalidArgumentError(
+                    f"import_dcp: {root}: tensor '{fqn}' is {dtype} in {name} "
+                    f"and {dtypes[fqn][0]} in {dtypes[fqn][1]}")
+            dtypes.setdefault(fqn, (dtype, name))
+            sizes = [int(n) for n in entry["shape"]]
+            saved = blob.saved_offsets.get(fqn)
+            offsets = [0] * len(sizes) if saved is None else list(saved)
+            if (len(offsets) != len(sizes) or not all(
+                    isinstance(o, int) and o >= 0 for o in offsets)):
+                raise errors.DataLossError(
+                    f"import_dcp: {root / name}: tensor '{fqn}' of shape "
+                    f"{sizes} has saved_offsets {offsets} in its "
+                    f"DCP_SHARDING_INFO")
+            chunks.setdefault(fqn, []).append((offsets, sizes, name))
+    index_path = root / _HF_INDEX
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError
+        except (ValueError, KeyError, TypeError) as e:
+            raise errors.DataLossError(
+                f"import_dcp: {index_path} is damaged: not JSON with a "
+                f"weight_map object ({type(e).__name__})") from None
+        for fqn, name in sorted(weight_map.items()):
+            if not (root / str(name)).is_file():
+                raise errors.DataLossError(
+                    f"import_dcp: {root / str(name)} is missing: {_HF_INDEX} "
+                    f"maps tensor '{fqn}' to it")
+            if not any(c[2] == name for c in chunks.get(fqn, [])):
+                raise errors.DataLossError(
+                    f"import_dcp: {root / str(name)} does not hold tensor "
+                    f"'{fqn}', which {_HF_INDEX} maps to it")
+    entries: Dict[str, Any] = {}
+    storage: Dict[Any, Any] = {}
+    for fqn, held in chunks.items():
+        ndim = len(held[0][1])
+        if any(len(c[1]) != ndim for c in held):
+            raise errors.InvalidArgumentError(
+                f"import_dcp: {root}: tensor '{fqn}' has chunks of "
+                f"{sorted({len(c[1]) for c in held})} dimensions")
+        size = [max(c[0][d] + c[1][d] for c in held) for d in range(ndim)]
+        boxed = [((tuple(c[0]), tuple(c[1])), i) for i, c in enumerate(held)
+                 if _volume(c[1]) > 0]
+        pair = _first_overlap(boxed)
+        if pair is not None:
+            (a, ia), (b, ib) = pair
+            raise errors.InvalidArgumentError(
+                f"import_dcp: {root}: tensor '{fqn}': the chunk at "
+                f"{_box_text(a)} ({held[ia][2]}) and the one at "
+                f"{_box_text(b)} ({held[ib][2]}) overlap")
+        elements = sum(_volume(c[1]) for c in held)
+        if elements != _volume(size):
+            raise errors.DataLossError(
+                f"import_dcp: {root}: tensor '{fqn}' of shape {size}: its "
+                f"chunks in {', '.join(sorted({c[2] for c in held}))} hold "
+                f"{elements} of its {_volume(size)} elements: a shard file "
+                f"is missing")
+        md_chunks = []
+        for i, (offsets, sizes, name) in enumerate(held):
+            md_chunks.append(api.ChunkStorageMetadata(
+                offsets=torch.Size(offsets), sizes=torch.Size(sizes)))
+            storage[api.MetadataIndex(fqn, offsets, i)] = _StorageInfo(
+                relative_path=name, offset=0, length=0)
+        entries[fqn] = api.TensorStorageMetadata(
+            properties=api.TensorProperties(dtype=dtypes[fqn][0]),
+            size=torch.Size(size), chunks=md_chunks)
+    return api.Metadata(state_dict_metadata=entries, storage_data=storage)
+
+
 def _read_item(files: "_Files", info: Any, what: str) -> bytes:
     fd = files.check(info.relative_path, info.offset, info.length, what)
     return os.pread(fd, info.length, info.offset)
@@ -874,12 +985,14 @@ def _check_args(path: Any, job: Any, step: Any,
             f"import_dcp: {root} is not a DCP checkpoint: not a directory "
             f"(FileSystemWriter writes a directory of .metadata and "
             f"__R_N.distcp files)")
-    if not (root / _METADATA).is_file() and not _rank_files(root)[0]:
+    if (not (root / _METADATA).is_file() and not _rank_files(root)[0]
+            and not _safetensors_files(root)):
         held = sorted(p.name for p in root.iterdir())
         shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
         raise errors.InvalidArgumentError(
             f"import_dcp: {root} is not a DCP checkpoint: it has no "
-            f"{_METADATA} file (it holds {len(held)} entries"
+            f"{_METADATA} file nor *{_SAFETENSORS_SUFFIX} files (it holds "
+            f"{len(held)} entries"
             f"{': ' + shown if held else ''})")
     return root, coordinator
 
@@ -909,7 +1022,10 @@ def import_dcp(path: Union[str, "os.PathLike[str]"], job: str, step: int, *,
     FileSystemWriter: .metadata and __R_N.distcp files; or the __R.metadata
     files of a ``use_collectives=False`` save, merged; chunks as torch.save
     archives or, with ``serialization_format=SAFETENSORS``, safetensors
-    blobs) into Cairn as committed checkpoint `step` of `job`, from this one
+    blobs; or, with neither metadata, a directory of *.safetensors files:
+    HuggingFaceStorageWriter's, with model.safetensors.index.json or shard
+    files whose DCP_SHARDING_INFO places each chunk, or any safetensors
+    model) into Cairn as committed checkpoint `step` of `job`, from this one
     process (no process group needed). Returns an ImportResult (``.info``:
     cairnd's record).
 
@@ -953,8 +1069,10 @@ def import_dcp(path: Union[str, "os.PathLike[str]"], job: str, step: int, *,
     try:
         if (root / _METADATA).is_file():
             md = _read_metadata(root / _METADATA, bool(weights_only))
-        else:
+        elif _rank_files(root)[0]:
             md = _merge_rank_metadata(root, files, bool(weights_only))
+        else:
+            md = _safetensors_metadata(root, files)
         result = ImportResult(info=None)
         tensors: Dict[str, Tuple[Any, List[_Chunk]]] = {}
         blobs: List[Tuple[str, Any]] = []
@@ -1066,8 +1184,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         description="Saves the DCP checkpoint directory PATH (.metadata, or "
                     "per-rank __R.metadata files, and __R_N.distcp files, as "
                     "torch's FileSystemWriter writes it, in the torch_save "
-                    "or safetensors format) into Cairn as a committed "
-                    "checkpoint.")
+                    "or safetensors format; or a directory of *.safetensors "
+                    "files, as HuggingFaceStorageWriter writes it) into "
+                    "Cairn as a committed checkpoint.")
     imp.add_argument("path", metavar="PATH")
     imp.add_argument("--job", required=True)
     imp.add_argument("--step", required=True, type=int)

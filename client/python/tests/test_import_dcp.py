@@ -15,6 +15,10 @@ compared element by element and object by object with what was saved:
   DCP (and trained on: test_fsdp2's check) and into 1 process whole through
   the direct API; even DTensor shards (none empty) saved as safetensors,
   collective and per-rank, loaded into 3 ranks and 1 process;
+- safetensors directories: HuggingFaceStorageWriter's output (two files and
+  model.safetensors.index.json), and shard files with DCP_SHARDING_INFO
+  (save_distributed), loaded back whole through both APIs; a file the index
+  names lost, overlapping shards, a lost middle shard, a shard cut short;
 
 and every error: a path that is no DCP checkpoint, a missing, truncated or
 damaged .distcp file, a per-rank metadata file missing or truncated, ranks'
@@ -493,12 +497,18 @@ def test_a_path_that_is_not_a_dcp_checkpoint_is_named(cairnd, tmp_path):
         ctorch.import_dcp(tmp_path / "file", JOB, 1, coordinator=c)
     other = tmp_path / "other"
     other.mkdir()
-    (other / "model.safetensors").write_bytes(b"\0" * 8)
+    (other / "model.bin").write_bytes(b"\0" * 8)
     with pytest.raises(cairn.InvalidArgumentError,
                        match=f"{other} is not a DCP checkpoint: it has no "
-                             r"\.metadata file \(it holds 1 entries: "
-                             r"model\.safetensors\)"):
+                             r"\.metadata file nor \*\.safetensors files "
+                             r"\(it holds 1 entries: model\.bin\)"):
         ctorch.import_dcp(other, JOB, 1, coordinator=c)
+    (other / "model.safetensors").write_bytes(b"\0" * 8)
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{other / 'model.safetensors'} is not a "
+                             r"safetensors file"):
+        ctorch.import_dcp(other, JOB, 1, coordinator=c)
+    (other / "model.safetensors").unlink()
     (other / ".metadata").write_bytes(b"not a pickle")
     with pytest.raises(cairn.InvalidArgumentError,
                        match=f"{other / '.metadata'} is not a DCP "
@@ -881,6 +891,117 @@ def test_a_safetensors_shard_of_a_per_rank_checkpoint_missing(
                              "metadata places"):
         ctorch.import_dcp(path, JOB, 16, coordinator=cairnd.address)
     assert _no_record(cairnd, 16)
+
+
+# ------------------------------------------------------------ safetensors
+# directories (Hugging Face)
+
+def hf_state():
+    g = torch.Generator().manual_seed(1203)
+    return {
+        "model.embed.weight": torch.randn(10, 6, generator=g),
+        "model.layers.0.attn.q.weight": torch.randn(6, 6, generator=g).to(
+            torch.bfloat16),
+        "model.layers.0.norm.weight": torch.randn(6, generator=g).to(
+            torch.float16),
+        "model.position_ids": torch.arange(12, dtype=torch.int64),
+        "lm_head.weight": torch.randn(10, 6, generator=g),
+    }
+
+
+def _load_whole(cairnd, step, like):
+    got = {k: torch.zeros_like(v) for k, v in like.items()}
+    assert cairn.Checkpointer(cairnd.address, JOB).load(got, step) == step
+    return got
+
+
+def test_huggingface_writer_directory_imports_exactly(cairnd, tmp_path):
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter  # pylint: disable=import-outside-toplevel
+    state = hf_state()
+    path = tmp_path / "hf"
+    index = {k: 1 if k.startswith("model.") else 2 for k in state}
+    dcp.save(dict(state), storage_writer=HuggingFaceStorageWriter(
+        str(path), fqn_to_index_mapping=index), no_dist=True)
+    names = sorted(p.name for p in path.iterdir())
+    assert "model.safetensors.index.json" in names
+    assert sum(n.endswith(".safetensors") for n in names) == 2
+    r = ctorch.import_dcp(path, JOB, 11, coordinator=cairnd.address)
+    assert (r.info.state, r.tensors, r.bytes_entries) == ("COMMITTED",
+                                                          len(state), 0)
+    assert r.mapped_bytes == sum(v.numel() * v.element_size()
+                                 for v in state.values())
+    described = {t.fqn: (t.dtype, list(t.shape)) for t in
+                 cairn.Checkpointer(cairnd.address, JOB).describe(11).tensors}
+    assert described == {k: (str(v.dtype).rsplit(".", 1)[-1], list(v.shape))
+                         for k, v in state.items()}
+    got = _load_whole(cairnd, 11, state)
+    for k, v in state.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+    # Through DCP too.
+    sd = {k: torch.zeros_like(v) for k, v in state.items()}
+    dcp.load(sd, storage_reader=ctorch.CairnStorageReader(
+        checkpoint_id=f"cairn://{cairnd.address}/{JOB}/11"), no_dist=True)
+    assert all(torch.equal(sd[k], v) for k, v in state.items())
+
+    # A file the index names, lost: refused naming it, nothing committed.
+    lost = next(n for n in names if n.endswith(".safetensors"))
+    (path / lost).unlink()
+    with pytest.raises(cairn.DataLossError,
+                       match=f"{path / lost} is missing: "
+                             r"model\.safetensors\.index\.json maps tensor"):
+        ctorch.import_dcp(path, JOB, 12, coordinator=cairnd.address)
+    assert _no_record(cairnd, 12)
+
+
+def _write_shard(path, tensors, offsets):
+    """A shard file as HuggingFaceStorageWriter(save_distributed=True)
+    writes it: each tensor's saved_offsets in DCP_SHARDING_INFO."""
+    from safetensors.torch import save_file  # pylint: disable=import-outside-toplevel
+    save_file(tensors, str(path), metadata={"DCP_SHARDING_INFO": json.dumps(
+        {k: {"saved_offsets": offsets[k]} for k in tensors})})
+
+
+def test_sharded_safetensors_files_tile_the_tensor_or_are_refused(cairnd,
+                                                                 tmp_path):
+    pytest.importorskip("safetensors")
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(9, 4, generator=g)
+    cols = torch.randn(3, 8, generator=g).to(torch.bfloat16)
+    path = tmp_path / "sharded"
+    path.mkdir()
+    for i, (r0, r1) in enumerate(((0, 4), (4, 6), (6, 9))):
+        _write_shard(path / f"shard-0000{i + 1}-model-00001-of-00001.safetensors",
+                     {"w": w[r0:r1].clone(),
+                      "cols": cols[:, 0:4].clone() if i == 0 else
+                      cols[:, 4:8].clone() if i == 1 else cols[:, :0].clone()},
+                     {"w": [r0, 0], "cols": [0, 0] if i == 0 else [0, 4] if
+                      i == 1 else [0, 8]})
+    r = ctorch.import_dcp(path, JOB, 21, coordinator=cairnd.address)
+    assert r.tensors == 2 and r.chunks == 5
+    got = _load_whole(cairnd, 21, {"w": w, "cols": cols})
+    assert torch.equal(got["w"], w) and torch.equal(got["cols"], cols)
+
+    # Overlapping chunks, and a lost middle shard (elements left out).
+    bad = tmp_path / "overlap"
+    shutil.copytree(path, bad)
+    _write_shard(bad / "shard-00002-model-00001-of-00001.safetensors",
+                 {"w": w[3:6].clone()}, {"w": [3, 0]})
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match=r"tensor 'w': the chunk at offsets \[0, 0\] "
+                             r"sizes \[4, 4\] .* overlap"):
+        ctorch.import_dcp(bad, JOB, 22, coordinator=cairnd.address)
+    (bad / "shard-00002-model-00001-of-00001.safetensors").unlink()
+    with pytest.raises(cairn.DataLossError,
+                       match=r"tensor 'w' of shape \[9, 4\]: its chunks in .* "
+                             r"hold 28 of its 36 elements: a shard file is "
+                             r"missing"):
+        ctorch.import_dcp(bad, JOB, 22, coordinator=cairnd.address)
+    # A shard cut short.
+    cut = path / "shard-00003-model-00001-of-00001.safetensors"
+    cut.write_bytes(cut.read_bytes()[:-8])
+    with pytest.raises(cairn.DataLossError, match=f"{cut} is truncated"):
+        ctorch.import_dcp(path, JOB, 22, coordinator=cairnd.address)
+    assert _no_record(cairnd, 22)
 
 
 def test_a_step_cairn_already_has_is_refused(cairnd, single_dir, tmp_path):
