@@ -10,11 +10,15 @@ the C++ example's layouts):
          durable and committed (step 1)
   async  the same 4 ranks, right after: async_save of step 2; its tensors are
          overwritten as soon as the call returns (training goes on), so the
-         load4 below checks the snapshot was whole when the call returned
+         async_load below checks the snapshot was whole when the call
+         returned
   load2  page cache dropped, 2 ranks sharded by columns (Shard(1) / 2:S1): a
          resharding load of step 1, "4 rows -> 2 columns"
   load4  page cache dropped, 4 ranks by rows (Shard(0) / 4:S0): the same
-         layout, of step 2 (the C++ path loads its step 1)
+         layout, of step 1 (as the C++ path loads its step 1: the same
+         bytes, written the same way, read once before)
+  async_load  page cache dropped, 4 ranks by rows: step 2, the async save,
+         every byte checked (its time is in the JSON, not the tables)
 Every loaded byte is checked bit-exactly afterwards, outside the timed part.
 Paths:
   direct    cairn.Checkpointer(...).save(1, state) / .load(state, step=1) /
@@ -88,11 +92,12 @@ whatever its size (DCP's own planning collectives, which FileSystemReader
 pays too), also shown as a share of this run's direct loads.
 
 Paired loads (--pairs N, default 6): the DCP adapter against the direct API
-where the disk's drift cannot tell them apart by minutes: the same 4 ranks
-save step 1 (the run's size, Shard(0)), then load it N times by each path
-(direct first in even pairs, the adapter first in odd ones), the page cache
-dropped before each load, every byte checked after each. Reported: each
-pair's times and the median of direct / adapter.
+where the disk's drift cannot tell them apart by minutes: 4 ranks save step
+1 (the run's size, Shard(0)), then load it N times by each path (direct
+first in even pairs, the adapter first in odd ones), the page cache dropped
+before each load, every byte checked after each; then 2 ranks (Shard(1))
+load it the same way, 4 rows -> 2 columns. Reported: each pair's times and
+the median of direct / adapter, per layout.
 
 Usage: bench/python_bench.py [--build build] [--dir /tmp/cairn-py-bench]
        [--bytes 1.6e9] [--repeat 3] [--no-drop-caches] [--skip-limits]
@@ -133,13 +138,14 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "baselines"))
 import e2e_bench  # noqa: E402  (the C++ path, the page-cache drop, run_json)
 
 PATHS = ("direct", "dcp_cairn", "cpp", "dcp_fs")
-PHASES = ("save", "load2", "load4")
+PHASES = ("save", "load2", "load4", "async_load")
 COLS = 4096
 TENSORS = 8
 SENTINEL = -1.0
 # Phase -> (ranks, sharded dim, step loaded); the save phase saves step 1 and
 # async-saves step 2.
-PHASE_LAYOUT = {"save": (4, 0, None), "load2": (2, 1, 1), "load4": (4, 0, 2)}
+PHASE_LAYOUT = {"save": (4, 0, None), "load2": (2, 1, 1), "load4": (4, 0, 1),
+                "async_load": (4, 0, 2)}
 
 
 def fqn(t):
@@ -501,9 +507,10 @@ def small_load_overhead(args):
 
 # Paired loads: the DCP adapter against the direct API in the same ranks.
 def paired_load_rank(rank, world, cfg, port, queue):
-    """One rank of the paired loads: saves step 1 (Shard(0)), then loads it
-    cfg["pairs"] times by each path, alternating which goes first, the page
-    cache dropped (rank 0) before each load; reports (path, i, t0, t1)."""
+    """One rank of the paired loads: with cfg["save"], saves step 1
+    (Shard(0)) first; then loads step 1 into Shard(cfg["dim"]) cfg["pairs"]
+    times by each path, alternating which goes first, the page cache
+    dropped (rank 0) before each load; reports (path, i, t0, t1)."""
     try:
         import cairn  # pylint: disable=import-outside-toplevel
         import torch  # pylint: disable=import-outside-toplevel
@@ -514,10 +521,12 @@ def paired_load_rank(rank, world, cfg, port, queue):
         store = dist.TCPStore("127.0.0.1", port, world, False)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
         mesh = init_device_mesh("cpu", (world,))
-        state, box = make_state(torch, mesh, cfg["rows"], world, 0, rank, fill=True)
+        state, box = make_state(torch, mesh, cfg["rows"], world, cfg["dim"], rank,
+                                fill=cfg["save"])
         ckpt = cairn.Checkpointer(coordinator=cfg["coordinator"], job="paired",
                                   rank=rank, world_size=world)
-        ckpt.save(1, state)
+        if cfg["save"]:
+            ckpt.save(1, state)
         out = {"rank": rank, "errors": [], "loads": []}
         drop = types.SimpleNamespace(no_drop_caches=cfg["no_drop_caches"])
         for i in range(cfg["pairs"]):
@@ -542,29 +551,36 @@ def paired_load_rank(rank, world, cfg, port, queue):
 
 
 def paired_loads(args, rows):
-    """The DCP adapter's load against the direct API's, paired (see top)."""
+    """The DCP adapter's loads against the direct API's, paired (see top):
+    4 ranks saving then loading 4 -> 4, then 2 ranks loading 4 rows -> 2
+    columns."""
     cairnd = Cairnd(args.build, os.path.join(args.dir, "cairn-paired"))
+    spans = {}  # (phase, path, i) -> [min t0, max t1]
     try:
-        cfg = {"coordinator": cairnd.address, "job": "paired", "rows": rows,
-               "pairs": args.pairs, "no_drop_caches": args.no_drop_caches}
-        got = spawn_ranks(paired_load_rank, 4, (cfg,), args.timeout, "paired loads (4 ranks)")
+        for phase, world, dim in (("load4", 4, 0), ("load2", 2, 1)):
+            cfg = {"coordinator": cairnd.address, "job": "paired", "rows": rows,
+                   "pairs": args.pairs, "no_drop_caches": args.no_drop_caches,
+                   "dim": dim, "save": phase == "load4"}
+            got = spawn_ranks(paired_load_rank, world, (cfg,), args.timeout,
+                              f"paired {phase} ({world} ranks)")
+            for r in got:
+                for path, i, t0, t1 in r["loads"]:
+                    span = spans.setdefault((phase, path, i), [t0, t1])
+                    span[0], span[1] = min(span[0], t0), max(span[1], t1)
     finally:
         cairnd.close()
-    spans = {}
-    for r in got:
-        for path, i, t0, t1 in r["loads"]:
-            span = spans.setdefault((path, i), [t0, t1])
-            span[0], span[1] = min(span[0], t0), max(span[1], t1)
 
-    def secs(path, i):
-        return spans[(path, i)][1] - spans[(path, i)][0]
+    def secs(phase, path, i):
+        return spans[(phase, path, i)][1] - spans[(phase, path, i)][0]
 
-    pairs = range(args.pairs)
-    return {"tool": "paired_load", "pairs": args.pairs,
-            "direct_s": [secs("direct", i) for i in pairs],
-            "dcp_cairn_s": [secs("dcp_cairn", i) for i in pairs],
-            "ratio_median": statistics.median(secs("direct", i) / secs("dcp_cairn", i)
-                                              for i in pairs)}
+    res = {"tool": "paired_load", "pairs": args.pairs}
+    for phase in ("load4", "load2"):
+        pairs = range(args.pairs)
+        res[phase + "_direct_s"] = [secs(phase, "direct", i) for i in pairs]
+        res[phase + "_dcp_cairn_s"] = [secs(phase, "dcp_cairn", i) for i in pairs]
+        res[phase + "_ratio_median"] = statistics.median(
+            secs(phase, "direct", i) / secs(phase, "dcp_cairn", i) for i in pairs)
+    return res
 
 
 # ------------------------------------------------------------- parent side
@@ -613,8 +629,8 @@ class Cairnd:
 
 
 def python_path_run(args, tool, rows, total):
-    """One round of a Python path: save and async_save with 4 ranks, drop
-    caches, load2, drop caches, load4."""
+    """One round of a Python path: save and async_save with 4 ranks, then
+    each load (load2, load4, async_load) after a page-cache drop."""
     path, threads = tool, None
     if tool.startswith("dcp_fs_t"):
         path, threads = "dcp_fs", int(tool[len("dcp_fs_t"):])
@@ -815,15 +831,16 @@ def main():
                  small_load, torch.__version__)
     if paired:
         print()
-        print("| paired loads: 4 -> 4, %.2f GB, the same 4 ranks, %d pairs | "
-              "direct s | dcp_cairn s | direct / dcp_cairn time |" % (total / 1e9,
-                                                                       paired["pairs"]))
+        print("| paired loads, %.2f GB, the same ranks, %d pairs | direct s | "
+              "dcp_cairn s | direct / dcp_cairn time |" % (total / 1e9, paired["pairs"]))
         print("|---|---|---|---|")
-        for i in range(paired["pairs"]):
-            d, c = paired["direct_s"][i], paired["dcp_cairn_s"][i]
-            print("| pair %d | %.3f | %.3f | %.2f |" % (i + 1, d, c, d / c))
-        print("| **median: the adapter's speed as a share of direct's** | | | **%.0f%%** |"
-              % (100 * paired["ratio_median"]))
+        for phase, name in (("load4", "load 4 -> 4"), ("load2", "load 4 rows -> 2 cols")):
+            for i in range(paired["pairs"]):
+                d = paired[phase + "_direct_s"][i]
+                c = paired[phase + "_dcp_cairn_s"][i]
+                print("| %s, pair %d | %.3f | %.3f | %.2f |" % (name, i + 1, d, c, d / c))
+            print("| **%s: median, the adapter's speed as a share of direct's** | | | "
+                  "**%.0f%%** |" % (name, 100 * paired[phase + "_ratio_median"]))
 
 
 def print_tables(args, rows, total, rounds, tools, fs_tools, py_tools, small,
