@@ -79,7 +79,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
                 p->options_.node_id, peer);
       return;
     }
-    server->Handle(peer, tag, std::move(m));
+    server->Handle(peer, tag, m);
   };
   t.control_threads = 8;
   t.connect_timeout = a->options_.peer_connect_timeout;

@@ -30,7 +30,7 @@ using shm::ShmSegment;
 using Item = StagedItem;
 using Set = ItemSet;
 
-void PeerServer::Handle(int peer, uint64_t tag, std::string payload) {
+void PeerServer::Handle(int peer, uint64_t tag, const std::string& payload) {
   (void)tag;
   v1::PeerRequest request;
   v1::PeerResponse response;

@@ -46,7 +46,7 @@ class PeerServer {
 
   // Serves one control message from node `peer` and sends the reply to its
   // reply tag (an unparsable message is logged and dropped).
-  void Handle(int peer, uint64_t tag, std::string payload);
+  void Handle(int peer, uint64_t tag, const std::string& payload);
 
  private:
   absl::Status HandlePush(int peer, const v1::PushReplica& push);

@@ -89,7 +89,7 @@ class PeerTest : public ::testing::Test {
       t.connect_timeout = absl::Milliseconds(300);
       t.control_threads = 4;
       t.control_handler = [&node](int peer, uint64_t tag, std::string m) {
-        node.server->Handle(peer, tag, std::move(m));
+        node.server->Handle(peer, tag, m);
       };
       // The server exists before the transport can deliver to it.
       absl::StatusOr<std::unique_ptr<TcpTransport>> tr =
