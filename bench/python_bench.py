@@ -323,6 +323,26 @@ def timed_async_save(path, cfg, dcp, ckpt, state):
     return t_call, t_ret, t_done
 
 
+def join_ranks(rank, world, port):
+    """This spawned rank's process group (gloo, the parent's rendezvous
+    store: rendezvous_store) and 1-D DeviceMesh; one torch thread."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+    from torch.distributed.device_mesh import init_device_mesh  # pylint: disable=import-outside-toplevel
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    return init_device_mesh("cpu", (world,))
+
+
+def leave_ranks(queue, out):
+    """Waits for every rank, leaves the process group and reports `out`."""
+    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+    dist.barrier()
+    dist.destroy_process_group()
+    queue.put(out)
+
+
 def rank_main(rank, world, path, phase, cfg, port, queue):
     """One rank of one phase of one path; reports timing and errors to `queue`."""
     try:
@@ -330,12 +350,7 @@ def rank_main(rank, world, path, phase, cfg, port, queue):
         import torch  # pylint: disable=import-outside-toplevel
         import torch.distributed as dist  # pylint: disable=import-outside-toplevel
         import torch.distributed.checkpoint as dcp  # pylint: disable=import-outside-toplevel
-        from torch.distributed.device_mesh import init_device_mesh  # pylint: disable=import-outside-toplevel
-        torch.set_num_threads(1)
-        # run_phase serves the rendezvous store (rendezvous_store).
-        store = dist.TCPStore("127.0.0.1", port, world, False)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = join_ranks(rank, world, port)
         _, dim, step = PHASE_LAYOUT[phase]
         save = phase == "save"
         state, box = make_state(torch, mesh, cfg["rows"], world, dim, rank, fill=save)
@@ -364,9 +379,7 @@ def rank_main(rank, world, path, phase, cfg, port, queue):
             out["errors"] = verify_state(torch, state, box, rank)[:10]
         if ckpt is not None:
             ckpt.close()
-        dist.barrier()
-        dist.destroy_process_group()
-        queue.put(out)
+        leave_ranks(queue, out)
     except BaseException as e:  # pylint: disable=broad-except
         queue.put({"rank": rank,
                    "errors": [f"rank {rank} {path} {phase}: {repr(e)[:1000]}"]})
@@ -431,12 +444,8 @@ def small_load_rank(rank, world, cfg, port, queue):
         import torch.distributed as dist  # pylint: disable=import-outside-toplevel
         import torch.distributed.checkpoint as dcp  # pylint: disable=import-outside-toplevel
         from cairn.torch import CairnStorageReader  # pylint: disable=import-outside-toplevel
-        from torch.distributed.device_mesh import init_device_mesh  # pylint: disable=import-outside-toplevel
         from torch.distributed.tensor import DTensor, Shard  # pylint: disable=import-outside-toplevel
-        torch.set_num_threads(1)
-        store = dist.TCPStore("127.0.0.1", port, world, False)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = join_ranks(rank, world, port)
         rows = SMALL_LOAD_ROWS
         locals_ = [torch.arange(rows * 64, dtype=torch.float32).reshape(rows, 64) +
                    1e6 * (rank + world * t) for t in range(TENSORS)]
@@ -472,9 +481,7 @@ def small_load_rank(rank, world, cfg, port, queue):
                 if i > 0:
                     out["loads"].append((path, i, t0, t1))
         ckpt.close()
-        dist.barrier()
-        dist.destroy_process_group()
-        queue.put(out)
+        leave_ranks(queue, out)
     except BaseException as e:  # pylint: disable=broad-except
         queue.put({"rank": rank, "errors": [f"rank {rank} small load: {repr(e)[:1000]}"]})
         raise
@@ -516,11 +523,7 @@ def paired_load_rank(rank, world, cfg, port, queue):
         import torch  # pylint: disable=import-outside-toplevel
         import torch.distributed as dist  # pylint: disable=import-outside-toplevel
         import torch.distributed.checkpoint as dcp  # pylint: disable=import-outside-toplevel
-        from torch.distributed.device_mesh import init_device_mesh  # pylint: disable=import-outside-toplevel
-        torch.set_num_threads(1)
-        store = dist.TCPStore("127.0.0.1", port, world, False)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = join_ranks(rank, world, port)
         state, box = make_state(torch, mesh, cfg["rows"], world, cfg["dim"], rank,
                                 fill=cfg["save"])
         ckpt = cairn.Checkpointer(coordinator=cfg["coordinator"], job="paired",
@@ -542,9 +545,7 @@ def paired_load_rank(rank, world, cfg, port, queue):
                 out["loads"].append((path, i, t0, t1))
                 out["errors"] += verify_state(torch, state, box, rank)[:10]
         ckpt.close()
-        dist.barrier()
-        dist.destroy_process_group()
-        queue.put(out)
+        leave_ranks(queue, out)
     except BaseException as e:  # pylint: disable=broad-except
         queue.put({"rank": rank, "errors": [f"rank {rank} paired load: {repr(e)[:1000]}"]})
         raise

@@ -23,6 +23,7 @@
 namespace cairn::agent {
 namespace {
 
+using ::cairn::agent::testing::BytesItem;
 using ::cairn::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -41,14 +42,6 @@ v1::WriteItem TensorItem(const std::string& fqn, int64_t offset, int64_t rows) {
   w.mutable_chunk()->add_sizes(rows);
   w.mutable_chunk()->add_sizes(4);
   w.set_length(static_cast<uint64_t>(rows) * 4 * 4);
-  return w;
-}
-
-v1::WriteItem BytesItem(const std::string& fqn, uint64_t length) {
-  v1::WriteItem w;
-  w.set_kind(v1::WriteItem::KIND_BYTES);
-  w.set_bytes_fqn(fqn);
-  w.set_length(length);
   return w;
 }
 

@@ -35,6 +35,7 @@
 namespace cairn::agent {
 namespace {
 
+using ::cairn::agent::testing::BytesItem;
 using ::cairn::testing::IsOk;
 using ::cairn::testing::StatusIs;
 using ::testing::AllOf;
@@ -152,14 +153,6 @@ v1::WriteItem TensorItem(const std::string& fqn, v1::DType dtype,
   convert::BoxToProto(box, w.mutable_chunk());
   absl::StatusOr<planner::DType> d = convert::DTypeFromProto(dtype, fqn);
   w.set_length(planner::Volume(box) * planner::DTypeSize(*d));
-  return w;
-}
-
-v1::WriteItem BytesItem(const std::string& fqn, uint64_t length) {
-  v1::WriteItem w;
-  w.set_kind(v1::WriteItem::KIND_BYTES);
-  w.set_bytes_fqn(fqn);
-  w.set_length(length);
   return w;
 }
 

@@ -19,6 +19,15 @@
 
 namespace cairn::agent::testing {
 
+// A bytes entry `fqn` of `length` bytes.
+inline v1::WriteItem BytesItem(const std::string& fqn, uint64_t length) {
+  v1::WriteItem w;
+  w.set_kind(v1::WriteItem::KIND_BYTES);
+  w.set_bytes_fqn(fqn);
+  w.set_length(length);
+  return w;
+}
+
 // A set of (job, step, rank) on `pool` holding `items` (64-byte aligned in
 // one segment), item i's byte b being fill(i, b), each item's crc32c set.
 inline std::shared_ptr<ItemSet> MakeFilledSet(
