@@ -283,10 +283,10 @@ void Registry::AddCallbackGauge(const std::string& name,
   });
 }
 
-void Registry::AddCallbackGaugeFamily(const std::string& name,
-                                      const std::string& help,
-                                      std::vector<std::string> label_names,
-                                      std::function<std::vector<Sample>()> fn) {
+void Registry::AddCallbackGaugeFamily(
+    const std::string& name, const std::string& help,
+    const std::vector<std::string>& label_names,
+    std::function<std::vector<Sample>()> fn) {
   Entry& e = Register(name, help, MetricType::kGauge, label_names);
   e.callback = std::move(fn);
 }

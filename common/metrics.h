@@ -160,7 +160,7 @@ class Registry {
   // The same with labels: `fn` returns every child's label values (one per
   // label name; samples with the wrong number are dropped) and value.
   void AddCallbackGaugeFamily(const std::string& name, const std::string& help,
-                              std::vector<std::string> label_names,
+                              const std::vector<std::string>& label_names,
                               std::function<std::vector<Sample>()> fn);
 
   // Every metric in the text exposition format 0.0.4, sorted by name;

@@ -90,7 +90,7 @@ void TaskGroup::Run(std::string context, std::function<absl::Status()> fn) {
   }
 }
 
-void TaskGroup::RunInline(std::string context,
+void TaskGroup::RunInline(const std::string& context,
                           const std::function<absl::Status()>& fn) {
   size_t index;
   {

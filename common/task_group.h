@@ -89,7 +89,8 @@ class TaskGroup {
   void RunInline(const std::function<absl::Status()>& fn) {
     RunInline(std::string(), fn);
   }
-  void RunInline(std::string context, const std::function<absl::Status()>& fn);
+  void RunInline(const std::string& context,
+                 const std::function<absl::Status()>& fn);
 
   // Waits until every task queued so far has finished, running unstarted ones
   // on the calling thread; returns the first error (OK if none).

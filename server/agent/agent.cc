@@ -70,7 +70,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   t.node_id = a->options_.node_id;
   t.listen_address = a->options_.peer_listen;
   t.resolve_peer = a->options_.resolve_peer;
-  t.control_handler = [p = a.get()](int peer, uint64_t tag, std::string m) {
+  t.control_handler = [p = a.get()](int peer, uint64_t tag,
+                                    const std::string& m) {
     PeerServer* server = p->serving_.load();
     if (server == nullptr) {
       CAIRN_LOG(warn,

@@ -231,7 +231,7 @@ class Agent {
   // (what cairnd's plan had the rank write: deduplicated items are not).
   void RecordPersist(bool committed, uint64_t written, absl::Time start);
   absl::Status StartPersistThread(std::function<void()> fn);
-  void PersistStream(std::shared_ptr<Stream> stream);
+  void PersistStream(const std::shared_ptr<Stream>& stream);
   absl::StatusOr<v1::CheckpointRecord> StreamToStorage(Stream& stream);
   void RecordStreamResult(const Set& set,
                           const absl::StatusOr<v1::CheckpointRecord>& r);

@@ -125,8 +125,7 @@ class AgentServer::Refusals final : public grpc::CallbackGenericService {
       auto it = why_.find(ctx->peer());
       if (it != why_.end()) why = it->second;
     }
-    return new Refuse(
-        grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, std::move(why)));
+    return new Refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, why));
   }
 
  private:

@@ -61,7 +61,7 @@ absl::Status Agent::StartPersistThread(std::function<void()> fn) {
   return absl::OkStatus();
 }
 
-void Agent::PersistStream(std::shared_ptr<Stream> st) {
+void Agent::PersistStream(const std::shared_ptr<Stream>& st) {
   const absl::Time t0 = absl::Now();
   m_->persist_queue->Add(1);
   absl::StatusOr<v1::CheckpointRecord> r = StreamToStorage(*st);

@@ -286,7 +286,7 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds (or fetches) the global plan for a session whose ranks have all
   // arrived, then answers every waiting BeginSave.
-  void PlanSession(std::shared_ptr<SaveSession> session);
+  void PlanSession(const std::shared_ptr<SaveSession>& session);
   // When the global plan is not cached and some ranks arrived with a
   // fingerprint whose plan cairnd no longer holds: sends the session back
   // to gathering and answers those ranks resend_plan (true). False when
@@ -299,7 +299,7 @@ class Coordinator {
   void AbortSession(const std::shared_ptr<SaveSession>& session,
                     absl::Status status);
   void AbortSessionLocked(const std::shared_ptr<SaveSession>& session,
-                          absl::Status status,
+                          const absl::Status& status,
                           std::vector<std::function<void()>>* answers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

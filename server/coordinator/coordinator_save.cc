@@ -374,7 +374,7 @@ absl::StatusOr<std::shared_ptr<SaveSession>> Coordinator::SessionToJoinLocked(
 // ---------------------------------------------------------------------------
 // Planning
 
-void Coordinator::PlanSession(std::shared_ptr<SaveSession> session) {
+void Coordinator::PlanSession(const std::shared_ptr<SaveSession>& session) {
   // Plans are immutable once every rank arrived; read them without the lock.
   planner::PlanCache::Key key{session->job(), session->world_size(),
                               session->fingerprints(), storage_settings_};
@@ -697,7 +697,7 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
 }
 
 void Coordinator::AbortSessionLocked(
-    const std::shared_ptr<SaveSession>& session, absl::Status status,
+    const std::shared_ptr<SaveSession>& session, const absl::Status& status,
     std::vector<std::function<void()>>* answers) {
   if (session->phase() == Phase::kAborted) return;
   ++stats_.aborts;

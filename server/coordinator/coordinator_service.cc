@@ -390,7 +390,7 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
   add("BeginSave",
       Method<BeginSaveRequest, BeginSaveResponse>{
           OnJob<BeginSaveRequest>(Action::kSave),
-          [](Coordinator& c, std::shared_ptr<const BeginSaveRequest> r,
+          [](Coordinator& c, const std::shared_ptr<const BeginSaveRequest>& r,
              Done<BeginSaveResponse> done,
              const Coordinator::CallerGone& gone) {
             c.BeginSave(*r, std::move(done), gone);
@@ -398,7 +398,7 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
   add("CommitSave",
       Method<CommitSaveRequest, CommitSaveResponse>{
           OnJob<CommitSaveRequest>(Action::kSave),
-          [](Coordinator& c, std::shared_ptr<const CommitSaveRequest> r,
+          [](Coordinator& c, const std::shared_ptr<const CommitSaveRequest>& r,
              Done<CommitSaveResponse> done, const Coordinator::CallerGone&) {
             c.CommitSave(*r, std::move(done));
           }});
@@ -423,8 +423,8 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
   // rank of a load asks at once and waits for a worker: parsed there.
   Method<PlanLoadRequest, PlanLoadAnswer> plan_load{
       OnJob<PlanLoadRequest>(Action::kRead),
-      [](Coordinator& c, std::shared_ptr<const PlanLoadRequest> r,
-         Done<PlanLoadAnswer> done,
+      [](Coordinator& c, const std::shared_ptr<const PlanLoadRequest>& r,
+         const Done<PlanLoadAnswer>& done,
          const Coordinator::CallerGone&) { done(c.PlanLoadEncoded(*r)); }};
   plan_load.parse_on_workers = true;
   add("PlanLoad", std::move(plan_load));
@@ -433,7 +433,7 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
   // rank of the load has reported.
   Method<VerifyLoadRequest, VerifyLoadResponse> verify_load{
       OnJob<VerifyLoadRequest>(Action::kRead),
-      [](Coordinator& c, std::shared_ptr<const VerifyLoadRequest> r,
+      [](Coordinator& c, const std::shared_ptr<const VerifyLoadRequest>& r,
          Done<VerifyLoadResponse> done, const Coordinator::CallerGone&) {
         c.VerifyLoad(*r, std::move(done));
       }};
@@ -506,8 +506,8 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
   add("ListAgents",
       Method<ListAgentsRequest, ListAgentsResponse>{
           NoJob<ListAgentsRequest>(Action::kListAgents),
-          [](Coordinator& c, std::shared_ptr<const ListAgentsRequest>,
-             Done<ListAgentsResponse> done,
+          [](Coordinator& c, const std::shared_ptr<const ListAgentsRequest>&,
+             const Done<ListAgentsResponse>& done,
              const Coordinator::CallerGone&) { done(c.agents().List()); }});
   add("ForgetAgent", Method<ForgetAgentRequest, ForgetAgentResponse>{
                          [](const ForgetAgentRequest& r) {

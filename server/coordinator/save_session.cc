@@ -407,7 +407,7 @@ absl::Status SaveSession::DeadlineStatus(absl::Duration begin_deadline,
       absl::FormatDuration(gathering ? begin_deadline : commit_deadline)));
 }
 
-bool SaveSession::Abort(absl::Status status,
+bool SaveSession::Abort(const absl::Status& status,
                         std::vector<std::function<void()>>* answers) {
   if (phase_ == Phase::kAborted) return false;
   phase_ = Phase::kAborted;

@@ -208,7 +208,8 @@ class SaveSession {
   // Marks the attempt aborted with `status` and appends to `answers` the
   // answers of every parked call. False (and nothing done) if it already
   // was aborted.
-  bool Abort(absl::Status status, std::vector<std::function<void()>>* answers);
+  bool Abort(const absl::Status& status,
+             std::vector<std::function<void()>>* answers);
 
   // --- State.
   const std::string& job() const { return job_; }

@@ -88,9 +88,10 @@ class PyCheckpointer {
     absl::StatusOr<std::vector<client::CheckpointInfo>> r =
         WithoutGil<absl::StatusOr<std::vector<client::CheckpointInfo>>>(
             [&] { return impl_->List(include_uncommitted); });
-    if (!r.ok())
+    if (!r.ok()) {
       ThrowStatus(
           WithJobContext(r.status(), job(), absl::StrCat(who_, " list")));
+    }
     return *std::move(r);
   }
 
@@ -98,9 +99,10 @@ class PyCheckpointer {
     OneCallAtATime guard(busy_, who_, "latest_step");
     absl::StatusOr<int64_t> r = WithoutGil<absl::StatusOr<int64_t>>(
         [&] { return impl_->LatestStep(); });
-    if (!r.ok())
+    if (!r.ok()) {
       ThrowStatus(WithJobContext(r.status(), job(),
                                  absl::StrCat(who_, " latest_step")));
+    }
     return *std::move(r);
   }
 
@@ -109,9 +111,10 @@ class PyCheckpointer {
     absl::StatusOr<client::CheckpointSummary> r =
         WithoutGil<absl::StatusOr<client::CheckpointSummary>>(
             [&] { return impl_->Describe(step); });
-    if (!r.ok())
+    if (!r.ok()) {
       ThrowStatus(WithJobContext(
           r.status(), job(), absl::StrCat(who_, " describe of step ", step)));
+    }
     return *std::move(r);
   }
 

@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<CudaCopier>> CudaCopier::Create(int device) {
         absl::StrCat("cuda copier: device ", device, " not usable (", devices,
                      " CUDA devices on this host)"));
   }
-  std::unique_ptr<CudaCopier> c(new CudaCopier(device));
+  std::unique_ptr<CudaCopier> c(new CudaCopier());
   CAIRN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   cudaStream_t stream;
   CAIRN_CUDA_RETURN_IF_ERROR(

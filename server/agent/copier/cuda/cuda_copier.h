@@ -37,9 +37,8 @@ class CudaCopier : public copier::DeviceCopier {
   absl::Status RegisterHostMemory(char* data, size_t size);
 
  private:
-  explicit CudaCopier(int device) : device_(device) {}
+  CudaCopier() = default;
 
-  const int device_;
   void* stream_ = nullptr;               // cudaStream_t
   std::map<std::string, void*> opened_;  // IPC handle bytes -> base
   std::map<char*, size_t> registered_;   // host ranges page-locked
