@@ -92,6 +92,19 @@ if [[ -n "$hits" ]]; then
   echo "$hits"
   layering_errors=1
 fi
+# Inside server/agent the same: its components (staging_pool, memory_tier,
+# persister, streaming_save, peer_*, replicator, transport/, copier/) sit
+# below the Agent that composes them; only the agent's own files (agent*),
+# the daemon's (node_identity, main.cc) and tests include agent.h or
+# agent_server.h.
+hits=$(git ls-files server/agent | grep -E '\.(h|cc)$' |
+  grep -vE '(_test\.cc|/testing/.*|/agent[a-z_]*\.(h|cc)|/node_identity\.(h|cc)|/main\.cc)$' |
+  xargs -r grep -nE '^#include "server/agent/agent(_server|_daemon|_flags)?\.h"' || true)
+if [[ -n "$hits" ]]; then
+  echo "lint: a component of server/agent includes the agent above it:"
+  echo "$hits"
+  layering_errors=1
+fi
 if [[ $layering_errors != 0 ]]; then exit 1; fi
 echo "lint: layering respected"
 

@@ -1,35 +1,18 @@
-// The agent's lifecycle (Start: options, staging pool, peer transport,
-// cairnd channel; shutdown) and its status counters.
+// The agent's lifecycle (Start: options, then its components: staging pool,
+// memory tier, peer transport and the peer side, cairnd's channel, the
+// persister; shutdown in the reverse order) and its status counters.
 #include "server/agent/agent.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstring>
-#include <deque>
 #include <limits>
-#include <optional>
-#include <set>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
-#include "common/crash_point.h"
-#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
-#include "planner/transfer_plan.h"
-#include "proto/convert/plan_convert.h"
 #include "protocol/coordinator_call.h"
-#include "server/agent/agent_internal.h"
 #include "server/agent/transport/nccl/nccl_transport.h"
 #include "server/agent/transport/tcp/tcp_transport.h"
-#include "storage/checkpoint_layout.h"
-#include "storage/checksum.h"
 
 namespace cairn::agent {
 
@@ -130,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   PeerServer::Options serve;
   serve.node_id = a->options_.node_id;
   serve.peer_timeout = a->options_.peer_timeout;
-  serve.received_bytes = a->m_->replication_received_bytes;
+  serve.received_bytes = a->persist_metrics_.replication_received_bytes;
   a->peer_server_ =
       std::make_unique<PeerServer>(serve, *a->transport_, a->tier_, *a->pool_);
   a->replicator_ =
@@ -152,19 +135,27 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   a->coordinator_contact_ = std::make_unique<protocol::CoordinatorContact>(
       a->channel_, a->options_.coordinator,
       a->options_.coordinator_first_contact_timeout);
+
+  Persister::Options persist;
+  persist.node_id = a->options_.node_id;
+  persist.num_nodes = a->options_.num_nodes;
+  persist.replicas = a->options_.replicas;
+  persist.io_threads = a->options_.io_threads;
+  persist.store = a->options_.store;
+  persist.metrics = a->persist_metrics_;
+  a->persister_ = std::make_unique<Persister>(
+      std::move(persist), a->coordinator_.get(), a->coordinator_contact_.get(),
+      a->tier_, *a->pool_,
+      [r = a->replicator_.get()](const ItemSet& set, int peer) {
+        return r->Push(set, peer);
+      });
   return a;
 }
 
 Agent::~Agent() {
-  std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> threads;
-  {
-    absl::MutexLock l(&mu_);
-    stopping_ = true;
-    stopping_flag_ = true;
-    threads.swap(persist_threads_);
-  }
-  for (auto& t : threads) t.first.join();
-  // The transport's threads call the peer server: stop them first.
+  // Persists push replicas through the transport: they end first.
+  if (persister_ != nullptr) persister_->Stop();
+  // The transport's threads call the peer server: stop them next.
   serving_ = nullptr;
   transport_.reset();
   if (loader_ != nullptr) loader_->Clear();
@@ -181,13 +172,13 @@ v1::AgentStatusResponse Agent::Status() {
   r.set_used_bytes(pool.used_bytes);
   r.set_peak_used_bytes(pool.peak_used_bytes);
   r.set_streamed_buckets(streamed_buckets_.load());
-  absl::MutexLock l(&mu_);
   const MemoryTier::Counts held = tier_.counts();
   r.set_tier0_sets(held.tier0_sets);
   r.set_replica_sets(held.replica_sets);
-  r.set_commits(commits_);
-  r.set_replicas_pushed(replicas_pushed_);
-  r.set_streamed_saves(streamed_saves_);
+  const Persister::Counts persisted = persister_->counts();
+  r.set_commits(persisted.commits);
+  r.set_replicas_pushed(persisted.replicas_pushed);
+  r.set_streamed_saves(persisted.streamed_saves);
   return r;
 }
 

@@ -52,6 +52,12 @@
 //   the transport checksums the wire. Any failure is returned as an error and
 //   the client falls back to storage.
 //
+// Components (each with its own lock and tests; the Agent composes them and
+// holds only the sets being staged): StagingPool (the budget), MemoryTier
+// (tier 0 and replicas), Persister (persists and streams saves; its
+// StreamingSave is a save larger than the budget), PeerClient, PeerServer,
+// Replicator and PeerLoader (the peer side, over one Transport).
+//
 // Thread-safe: every public method may be called concurrently.
 #ifndef CAIRN_SERVER_AGENT_AGENT_H_
 #define CAIRN_SERVER_AGENT_AGENT_H_
@@ -61,12 +67,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
-#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -79,15 +82,14 @@
 #include "common/metrics.h"
 #include "common/shm/shm_segment.h"
 #include "common/thread_pool.h"
-#include "protocol/cancellation.h"
 #include "protocol/client_security.h"
 #include "protocol/coordinator_call.h"
-#include "protocol/save_protocol.h"
 #include "server/agent/items.h"
 #include "server/agent/memory_tier.h"
 #include "server/agent/peer_client.h"
 #include "server/agent/peer_loader.h"
 #include "server/agent/peer_server.h"
+#include "server/agent/persister.h"
 #include "server/agent/replicator.h"
 #include "server/agent/staging_pool.h"
 #include "server/agent/transport/nccl/device_link.h"
@@ -214,53 +216,14 @@ class Agent {
   metrics::Registry& metrics() { return *metrics_; }
 
  private:
-  using Item = StagedItem;
-  using Set = ItemSet;
-  struct SaveResult {
-    bool done = false;
-    absl::Status status;
-    v1::CheckpointRecord record;
-  };
-  struct Stream;
-  using Key = std::tuple<std::string, int64_t, int>;  // job, step, rank
-
   explicit Agent(AgentOptions options);
 
-  void Persist(std::shared_ptr<Set> set, bool die_before_commit);
-  // Counts a finished persist begun at `start` that wrote `written` bytes
-  // (what cairnd's plan had the rank write: deduplicated items are not).
-  void RecordPersist(bool committed, uint64_t written, absl::Time start);
-  absl::Status StartPersistThread(std::function<void()> fn);
-  void PersistStream(const std::shared_ptr<Stream>& stream);
-  absl::StatusOr<v1::CheckpointRecord> StreamToStorage(Stream& stream);
-  void RecordStreamResult(const Set& set,
-                          const absl::StatusOr<v1::CheckpointRecord>& r);
-  // The save protocol of (set.job, set.rank) with its write threads, and
-  // the cancellation of its saves (one persists at a time: persist_locks_).
-  struct RankProtocol {
-    std::unique_ptr<protocol::SaveProtocol> protocol;
-    std::unique_ptr<ThreadPool> io_pool;
-    // Cancelled by CancelSave of the set being persisted; reset after it.
-    protocol::Cancellation cancel{"cancelled (AgentCheckpointer::Cancel)"};
-    // The set being persisted through `protocol` (null: none); guarded by
-    // Agent::mu_.
-    const Set* persisting = nullptr;
-  };
-  absl::StatusOr<RankProtocol*> ProtocolFor(const Set& set);
-  // With the persist lock of (set.job, set.rank) held: marks `set` as the
-  // one `rp` persists (CancelSave cancels rp->cancel for it), or CANCELLED
-  // naming it (nothing sent to cairnd) when the rank cancelled it first.
-  absl::Status StartPersisting(RankProtocol* rp, const Set& set);
-  // The persist StartPersisting began has ended (its cancellation consumed).
-  void EndPersisting(RankProtocol* rp);
-
   // Metrics (agent_metrics.cc): registered in Start, once pool_ exists.
-  struct Metrics;
   void RegisterMetrics();
   // Declared first: destroyed last (scrape callbacks read the members).
   std::unique_ptr<metrics::Registry> metrics_ =
       std::make_unique<metrics::Registry>();
-  std::unique_ptr<Metrics> m_;
+  Persister::Metrics persist_metrics_;
 
   // Constant after construction.
   AgentOptions options_;
@@ -281,32 +244,17 @@ class Agent {
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
   // Whether cairnd has answered on channel_ (the save protocols' retries).
   std::unique_ptr<protocol::CoordinatorContact> coordinator_contact_;
+  // Persists and streams the saves handed over (after coordinator_).
+  std::unique_ptr<Persister> persister_;
 
   std::atomic<uint64_t> next_id_{1};
-  // Buckets streaming saves have written (AgentStatusResponse).
+  // Buckets streaming saves have handed out (AgentStatusResponse).
   std::atomic<int64_t> streamed_buckets_{0};
 
-  // State below is protected by mu_.
   absl::Mutex mu_;
-  std::map<uint64_t, std::shared_ptr<Set>> staging_ ABSL_GUARDED_BY(mu_);
-  // Sets handed over by FinishStage, until their persist ends.
-  std::map<Key, std::shared_ptr<Set>> persisting_ ABSL_GUARDED_BY(mu_);
-  std::map<Key, SaveResult> results_ ABSL_GUARDED_BY(mu_);
-  // Streaming saves by save id, until FinishStage or failure.
-  std::map<uint64_t, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
-  int64_t streamed_saves_ ABSL_GUARDED_BY(mu_) = 0;
-  std::atomic<bool> stopping_flag_{false};
-  std::map<std::pair<std::string, int>, std::unique_ptr<RankProtocol>>
-      protocols_ ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<std::string, int>, std::unique_ptr<absl::Mutex>>
-      persist_locks_ ABSL_GUARDED_BY(mu_);
-  // Persist threads with their "finished" flags; finished ones are joined
-  // when the next save starts.
-  std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>>
-      persist_threads_ ABSL_GUARDED_BY(mu_);
-  int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t replicas_pushed_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Sets being staged by their ranks (BeginStage until FinishStage), by
+  // save id.
+  std::map<uint64_t, std::shared_ptr<ItemSet>> staging_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cairn::agent

@@ -38,7 +38,8 @@ struct ItemSet {
   bool replica = false;
   std::vector<StagedItem> items;
   std::shared_ptr<shm::ShmSegment> segment;
-  // The rank cancelled this save (Agent::CancelSave); guarded by Agent::mu_.
+  // The rank cancelled this save (Persister::Cancel); guarded by the
+  // Persister's lock.
   bool cancelled = false;
 };
 

@@ -1,229 +1,221 @@
-// Persister: writes staged sets (Persist) and streaming saves
-// (PersistStream / StreamToStorage) to storage through cairnd's save
-// protocol, on persist threads; WaitSave reports the outcome.
+#include "server/agent/persister.h"
+
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
-#include <deque>
 #include <optional>
-#include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/crash_point.h"
-#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
-#include "planner/transfer_plan.h"
 #include "proto/convert/plan_convert.h"
-#include "server/agent/agent.h"
-#include "server/agent/agent_internal.h"
-#include "storage/checkpoint_layout.h"
+#include "storage/checkpoint_keys.h"
 #include "storage/checksum.h"
 
 namespace cairn::agent {
 
-using internal::DTypeOf;
 using internal::IsBytes;
 using internal::ItemBox;
-using internal::ItemFqn;
-using internal::PlanName;
 using internal::Where;
 
-absl::Status Agent::StartPersistThread(std::function<void()> fn) {
+bool CancelNames(const v1::CancelSaveRequest& request, const ItemSet& set) {
+  // Another process of the rank (a restarted one) does not cancel this one's
+  // save, nor this one a save of the process before it.
+  return set.job == request.job() && set.step == request.step() &&
+         set.rank == request.rank() &&
+         (request.incarnation() == 0 || set.incarnation == 0 ||
+          set.incarnation == request.incarnation());
+}
+
+Persister::Metrics Persister::Metrics::Register(metrics::Registry& r) {
+  Metrics m;
+  m.bytes_persisted = r.AddCounter(
+      "cairn_agent_bytes_persisted_total",
+      "Bytes this agent wrote to storage for ranks' saves that committed "
+      "(staged and streamed; what cairnd's plan had each rank write, so a "
+      "replicated item deduplicated to another rank is not counted).");
+  m.persist_seconds = r.AddHistogram(
+      "cairn_agent_persist_duration_seconds",
+      "Committed persists of one rank's save: from the hand-over (FinishStage, "
+      "or a streaming save's start) to cairnd's commit.",
+      metrics::Histogram::LatencyBuckets());
+  metrics::Family<metrics::Counter>* persists = r.AddCounterFamily(
+      "cairn_agent_persists_total",
+      "Persists of one rank's save finished, by result (committed, failed).",
+      {"result"});
+  m.persists_committed = persists->Get({"committed"});
+  m.persists_failed = persists->Get({"failed"});
+  m.persist_queue = r.AddGauge(
+      "cairn_agent_persist_queue_depth",
+      "Ranks' saves handed to this agent and not yet committed or failed "
+      "(writing, or waiting for an earlier save of the same rank).");
+  metrics::Family<metrics::Counter>* replication = r.AddCounterFamily(
+      "cairn_agent_replication_bytes_total",
+      "Replica bytes pushed to peer agents (direction=\"sent\") and "
+      "received from them (direction=\"received\").",
+      {"direction"});
+  m.replication_sent_bytes = replication->Get({"sent"});
+  m.replication_received_bytes = replication->Get({"received"});
+  m.replication_failures =
+      r.AddCounter("cairn_agent_replication_failures_total",
+                   "Replica pushes to a peer agent that failed.");
+  return m;
+}
+
+Persister::Persister(Options options, v1::Coordinator::Stub* coordinator,
+                     protocol::CoordinatorContact* contact, MemoryTier& tier,
+                     StagingPool& pool, Push push)
+    : options_(std::move(options)),
+      coordinator_(coordinator),
+      contact_(contact),
+      tier_(tier),
+      pool_(pool),
+      push_(std::move(push)) {}
+
+Persister::~Persister() { Stop(); }
+
+void Persister::Stop() {
+  std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> threads;
+  {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+    stopping_flag_ = true;
+    threads.swap(threads_);
+  }
+  for (auto& t : threads) t.first.join();
+}
+
+void Persister::Expect(const ItemSet& set) {
+  absl::MutexLock l(&mu_);
+  results_[KeyOf(set)] = SaveResult();
+}
+
+void Persister::SetOutcome(const Key& key, const absl::Status& status) {
+  SaveResult& r = results_[key];
+  r.done = true;
+  r.status = status;
+}
+
+void Persister::Fail(const ItemSet& set, const absl::Status& status) {
+  absl::MutexLock l(&mu_);
+  SetOutcome(KeyOf(set), status);
+}
+
+absl::Status Persister::StartThread(std::function<void()> fn) {
   std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>>
       finished;
   {
     absl::MutexLock l(&mu_);
     if (stopping_) return absl::UnavailableError("cairn-agent is stopping");
-    for (auto it = persist_threads_.begin(); it != persist_threads_.end();) {
+    for (auto it = threads_.begin(); it != threads_.end();) {
       auto next = std::next(it);
-      if (it->second->load()) {
-        finished.splice(finished.end(), persist_threads_, it);
-      }
+      if (it->second->load()) finished.splice(finished.end(), threads_, it);
       it = next;
     }
     auto done = std::make_shared<std::atomic<bool>>(false);
-    persist_threads_.emplace_back(std::thread([fn = std::move(fn), done] {
-                                    fn();
-                                    *done = true;
-                                  }),
-                                  done);
+    threads_.emplace_back(std::thread([fn = std::move(fn), done] {
+                            fn();
+                            *done = true;
+                          }),
+                          done);
   }
   for (auto& t : finished) t.first.join();
   return absl::OkStatus();
 }
 
-void Agent::PersistStream(const std::shared_ptr<Stream>& st) {
-  const absl::Time t0 = absl::Now();
-  m_->persist_queue->Add(1);
-  absl::StatusOr<v1::CheckpointRecord> r = StreamToStorage(*st);
-  m_->persist_queue->Sub(1);
-  RecordPersist(r.ok(), st->written_bytes, t0);
+absl::Status Persister::Persist(std::shared_ptr<ItemSet> set,
+                                bool die_before_commit,
+                                const std::function<absl::Status()>& prepare) {
+  const Key key = KeyOf(*set);
   {
-    absl::MutexLock l(&st->mu);
-    if (!r.ok() && st->failed.ok()) st->failed = r.status();
-    // Buckets still held after a failure are destroyed, never reused: the
-    // rank may still be writing into the one it holds.
-    if (st->handed.has_value()) pool_->Discard(st->handed->segment.get());
-    st->handed.reset();
-    st->filled.clear();
-    st->pieces.clear();
-  }
-  if (r.ok()) {
     absl::MutexLock l(&mu_);
-    streams_.erase(st->save_id);
+    // Cancellable (Cancel) from here until its persist ends.
+    persisting_[key] = set;
   }
-  const Set& set = *st->set;
+  absl::Status started = prepare ? prepare() : absl::OkStatus();
+  if (started.ok()) {
+    started = StartThread(
+        [this, set, die_before_commit] { RunPersist(set, die_before_commit); });
+  }
+  if (!started.ok()) {
+    absl::MutexLock l(&mu_);
+    if (auto p = persisting_.find(key);
+        p != persisting_.end() && p->second == set) {
+      persisting_.erase(p);
+    }
+    SetOutcome(key, started);
+  }
+  return started;
+}
+
+absl::Status Persister::Stream(std::shared_ptr<StreamingSave> stream) {
+  {
+    absl::MutexLock l(&mu_);
+    results_[KeyOf(*stream->set())] = SaveResult();
+    streams_[stream->save_id()] = stream;
+  }
+  absl::Status started = StartThread([this, stream] { RunStream(stream); });
+  if (!started.ok()) {
+    stream->End(started);
+    absl::MutexLock l(&mu_);
+    streams_.erase(stream->save_id());
+    SetOutcome(KeyOf(*stream->set()), started);
+  }
+  return started;
+}
+
+std::shared_ptr<StreamingSave> Persister::FindStream(uint64_t save_id) {
   absl::MutexLock l(&mu_);
-  SaveResult& res = results_[Key{set.job, set.step, set.rank}];
-  res.done = true;
-  if (r.ok()) {
-    res.record = *r;
-    ++commits_;
-    ++streamed_saves_;
-    CAIRN_LOG(info, "node {}: {} committed (streamed, {} items) in {}",
-              options_.node_id, st->where, set.items.size(),
-              absl::FormatDuration(absl::Now() - t0));
-  } else {
-    res.status = r.status();
-    CAIRN_LOG(warn, "node {}: streaming {} failed: {}", options_.node_id,
-              st->where, r.status().ToString());
-  }
+  auto it = streams_.find(save_id);
+  return it == streams_.end() ? nullptr : it->second;
 }
 
-absl::StatusOr<v1::CheckpointRecord> Agent::StreamToStorage(Stream& st) {
-  const Set& set = *st.set;
-  CAIRN_ASSIGN_OR_RETURN(RankProtocol * rp, ProtocolFor(set));
-  absl::Mutex* lock;
+bool Persister::Cancel(const v1::CancelSaveRequest& request) {
+  std::vector<std::shared_ptr<StreamingSave>> streams;
+  bool stopped = false;
   {
     absl::MutexLock l(&mu_);
-    auto& m = persist_locks_[{set.job, set.rank}];
-    if (!m) m = std::make_unique<absl::Mutex>();
-    lock = m.get();
+    for (auto& [id, st] : streams_) {
+      if (CancelNames(request, *st->set())) {
+        st->set()->cancelled = true;
+        streams.push_back(st);
+      }
+    }
+    if (auto p = persisting_.find(
+            Key{request.job(), request.step(), request.rank()});
+        p != persisting_.end() && CancelNames(request, *p->second)) {
+      p->second->cancelled = true;
+      stopped = true;
+    }
+    auto rp = protocols_.find({request.job(), request.rank()});
+    if (rp != protocols_.end() && rp->second->persisting != nullptr &&
+        CancelNames(request, *rp->second->persisting)) {
+      // Its calls to cairnd return at once; the save is aborted there.
+      rp->second->cancel.Cancel();
+      stopped = true;
+    }
   }
-  absl::MutexLock pl(lock);
-  CAIRN_RETURN_IF_ERROR(StartPersisting(rp, set));
-  absl::Cleanup end_persisting = [this, rp] { EndPersisting(rp); };
-  if (set.incarnation != 0) rp->protocol->set_incarnation(set.incarnation);
-  v1::LocalSavePlan proto;
-  proto.set_rank(set.rank);
-  for (const Item& it : set.items) *proto.add_items() = it.item;
-  CAIRN_ASSIGN_OR_RETURN(planner::LocalSavePlan local,
-                         convert::LocalPlanFromProto(proto));
-  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<protocol::PlannedSave> save,
-                         rp->protocol->Begin(set.step, local));
-  const v1::BeginSaveResponse& plan = save->plan();
-  for (const v1::PlannedWrite& w : plan.rank_plan().writes()) {
-    st.written_bytes += w.location().length();
+  for (const std::shared_ptr<StreamingSave>& st : streams) {
+    st->Fail(absl::CancelledError(
+        absl::StrCat(st->where(), ": cancelled (AgentCheckpointer::Cancel)")));
   }
-  bool committing = false;
-  absl::StatusOr<v1::CheckpointRecord> result =
-      [&]() -> absl::StatusOr<v1::CheckpointRecord> {
-    // Storage order of cairnd's writes for this rank (the protocol's object
-    // order, writes by offset), each matched to the staged item it names,
-    // cut into pieces of at most one bucket.
-    const auto& writes = plan.rank_plan().writes();
-    std::map<std::pair<std::string, planner::ChunkBox>, int> by_key;
-    for (size_t i = 0; i < set.items.size(); ++i) {
-      by_key[{PlanName(set.items[i].item), ItemBox(set.items[i].item)}] =
-          static_cast<int>(i);
-    }
-    std::vector<int> write_item(writes.size());
-    for (int i = 0; i < writes.size(); ++i) {
-      const v1::WriteItem& w = writes[i].item();
-      auto it = by_key.find({PlanName(w), ItemBox(w)});
-      if (it == by_key.end() || set.items[it->second].item.length() !=
-                                    writes[i].location().length()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "cairnd planned '", ItemFqn(w), "' ",
-            planner::BoxToString(ItemBox(w)),
-            " for this rank, which did not stage it with that length"));
-      }
-      write_item[i] = it->second;
-    }
-    std::vector<Stream::Piece> pieces;
-    for (const protocol::PlannedObject& object : save->objects()) {
-      for (int i : object.writes) {
-        const uint64_t len = writes[i].location().length();
-        for (uint64_t off = 0; off < len; off += st.bucket_bytes) {
-          pieces.push_back({i, off, std::min(st.bucket_bytes, len - off)});
-        }
-      }
-    }
-    {
-      absl::MutexLock l(&st.mu);
-      st.pieces = pieces;
-      st.write_item = std::move(write_item);
-      st.plan_ready = true;
-    }
-    std::optional<Stream::Bucket> cur;
-    size_t pi = 0;
-    for (size_t o = 0; o < save->objects().size(); ++o) {
-      CAIRN_ASSIGN_OR_RETURN(
-          std::unique_ptr<protocol::PlannedObjectWriter> writer,
-          save->OpenObject(o));
-      for (int i : save->objects()[o].writes) {
-        for (uint64_t done = 0; done < writes[i].location().length();) {
-          if (!cur.has_value() || pi == cur->end) {
-            cur.reset();  // frees the written bucket for the rank's next one
-            absl::MutexLock l(&st.mu);
-            CAIRN_RETURN_IF_ERROR(st.AwaitRank(
-                [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
-                  return !st.filled.empty();
-                },
-                options_.stream_idle_timeout, stopping_flag_));
-            cur = std::move(st.filled.front());
-            st.filled.pop_front();
-            if (cur->begin != pi) {
-              return absl::InternalError(
-                  absl::StrCat("bucket ", cur->seq, " out of order"));
-            }
-          }
-          const Stream::Piece& p = pieces[pi];
-          const char* data =
-              cur->segment->data() + cur->offsets[pi - cur->begin];
-          CAIRN_RETURN_IF_ERROR(writer->Append(
-              absl::MakeConstSpan(data, static_cast<size_t>(p.length))));
-          CAIRN_CRASH_POINT("agent.stream.mid_write");
-          done += p.length;
-          ++pi;
-        }
-        CAIRN_RETURN_IF_ERROR(writer->FinishItem());
-      }
-      // Every byte durable before the commit.
-      CAIRN_RETURN_IF_ERROR(writer->Close());
-    }
-    cur.reset();
-    {
-      absl::MutexLock l(&st.mu);
-      CAIRN_RETURN_IF_ERROR(st.AwaitRank(
-          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.finished; },
-          options_.stream_idle_timeout, stopping_flag_));
-      if (st.die_before_commit) {
-        save->SetBeforeCommitForTest([] { _exit(137); });
-      }
-    }
-    committing = true;
-    return save->Commit();
-  }();
-  if (!result.ok()) {
-    // A refused CommitSave too: the save must not linger until cairnd's
-    // commit deadline (cairnd's answer then names the cause).
-    absl::Status reported = save->Abort(result.status());
-    return committing ? result.status() : reported;
-  }
-  return result;
+  return stopped || !streams.empty();
 }
 
-absl::StatusOr<Agent::RankProtocol*> Agent::ProtocolFor(const Set& set) {
+absl::Mutex* Persister::PersistLock(const ItemSet& set) {
+  absl::MutexLock l(&mu_);
+  std::unique_ptr<absl::Mutex>& m = persist_locks_[{set.job, set.rank}];
+  if (m == nullptr) m = std::make_unique<absl::Mutex>();
+  return m.get();
+}
+
+absl::StatusOr<Persister::RankProtocol*> Persister::ProtocolFor(
+    const ItemSet& set) {
   absl::MutexLock l(&mu_);
   std::unique_ptr<RankProtocol>& rp = protocols_[{set.job, set.rank}];
   if (rp == nullptr || rp->protocol->options().world_size != set.world_size) {
@@ -238,11 +230,10 @@ absl::StatusOr<Agent::RankProtocol*> Agent::ProtocolFor(const Set& set) {
     o.rank = set.rank;
     o.world_size = set.world_size;
     o.store = options_.store;
-    o.contact = coordinator_contact_.get();
+    o.contact = contact_;
     auto fresh = std::make_unique<RankProtocol>();
     o.cancellation = &fresh->cancel;
-    fresh->protocol =
-        std::make_unique<protocol::SaveProtocol>(coordinator_.get(), o);
+    fresh->protocol = std::make_unique<protocol::SaveProtocol>(coordinator_, o);
     fresh->io_pool =
         std::make_unique<ThreadPool>(std::max(1, options_.io_threads));
     rp = std::move(fresh);
@@ -250,7 +241,7 @@ absl::StatusOr<Agent::RankProtocol*> Agent::ProtocolFor(const Set& set) {
   return rp.get();
 }
 
-absl::Status Agent::StartPersisting(RankProtocol* rp, const Set& set) {
+absl::Status Persister::StartPersisting(RankProtocol* rp, const ItemSet& set) {
   absl::MutexLock l(&mu_);
   if (set.cancelled) {
     return absl::CancelledError(absl::StrCat(Where(set.job, set.step, set.rank),
@@ -261,91 +252,36 @@ absl::Status Agent::StartPersisting(RankProtocol* rp, const Set& set) {
   return absl::OkStatus();
 }
 
-void Agent::EndPersisting(RankProtocol* rp) {
+void Persister::EndPersisting(RankProtocol* rp) {
   absl::MutexLock l(&mu_);
   rp->persisting = nullptr;
   rp->cancel.Reset();
 }
 
-absl::Status Agent::CancelSave(const v1::CancelSaveRequest& request) {
-  const Key key{request.job(), request.step(), request.rank()};
-  // Another process of the rank (a restarted one) does not cancel this one's
-  // save, nor this one a save of the process before it.
-  auto ours = [&](const Set& s) {
-    return Key{s.job, s.step, s.rank} == key &&
-           (request.incarnation() == 0 || s.incarnation == 0 ||
-            s.incarnation == request.incarnation());
-  };
-  const std::string where =
-      Where(request.job(), request.step(), request.rank());
-  std::shared_ptr<Set> dropped;  // its segment is released off the lock
-  std::vector<std::shared_ptr<Stream>> streams;
-  {
-    absl::MutexLock l(&mu_);
-    // Still being staged: nothing was sent to cairnd for it, and the rank
-    // copies into it no more.
-    for (auto it = staging_.begin(); it != staging_.end(); ++it) {
-      if (ours(*it->second)) {
-        dropped = std::move(it->second);
-        staging_.erase(it);
-        SaveResult& r = results_[key];
-        r.done = true;
-        r.status = absl::CancelledError(
-            absl::StrCat(where, ": cancelled (AgentCheckpointer::Cancel)"));
-        break;
-      }
-    }
-    for (auto& [id, st] : streams_) {
-      if (ours(*st->set)) {
-        st->set->cancelled = true;
-        streams.push_back(st);
-      }
-    }
-    if (auto p = persisting_.find(key);
-        p != persisting_.end() && ours(*p->second)) {
-      p->second->cancelled = true;
-    }
-    auto rp = protocols_.find({request.job(), request.rank()});
-    if (rp != protocols_.end() && rp->second->persisting != nullptr &&
-        ours(*rp->second->persisting)) {
-      // Its calls to cairnd return at once; the save is aborted there.
-      rp->second->cancel.Cancel();
-    }
-  }
-  for (const std::shared_ptr<Stream>& st : streams) {
-    absl::MutexLock sl(&st->mu);
-    if (st->failed.ok()) {
-      st->failed = absl::CancelledError(
-          absl::StrCat(st->where, ": cancelled (AgentCheckpointer::Cancel)"));
-    }
-  }
-  if (dropped != nullptr || !streams.empty()) {
-    CAIRN_LOG(info, "node {}: {} cancelled by the rank", options_.node_id,
-              where);
-  }
-  return absl::OkStatus();
-}
-
-void Agent::RecordPersist(bool committed, uint64_t written, absl::Time start) {
+void Persister::RecordPersist(bool committed, uint64_t written,
+                              absl::Time start) {
+  const Metrics& m = options_.metrics;
   if (!committed) {
-    m_->persists_failed->Increment();
+    m.persists_failed->Increment();
     return;
   }
-  m_->bytes_persisted->Increment(static_cast<double>(written));
-  m_->persist_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  m_->persists_committed->Increment();
+  m.bytes_persisted->Increment(static_cast<double>(written));
+  m.persist_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  m.persists_committed->Increment();
 }
 
-void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
+void Persister::RunPersist(const std::shared_ptr<ItemSet>& set,
+                           bool die_before_commit) {
   CAIRN_CRASH_POINT("agent.persist.begin");
+  const Key key = KeyOf(*set);
   const std::string where = Where(set->job, set->step, set->rank);
   const absl::Time t0 = absl::Now();
-  m_->persist_queue->Add(1);
+  options_.metrics.persist_queue->Add(1);
   // The items' bytes are in the segment; cairnd plans them as staged.
   protocol::ItemSources sources;
   v1::LocalSavePlan proto;
   proto.set_rank(set->rank);
-  for (Item& it : set->items) {
+  for (StagedItem& it : set->items) {
     const char* data = set->segment->data() + it.offset;
     it.crc32c = storage::Crc32c(data, it.item.length());
     const absl::Span<const char> span(data, it.item.length());
@@ -361,15 +297,8 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
       [&]() -> absl::StatusOr<v1::CheckpointRecord> {
     CAIRN_ASSIGN_OR_RETURN(planner::LocalSavePlan local,
                            convert::LocalPlanFromProto(proto));
+    absl::MutexLock pl(PersistLock(*set));
     CAIRN_ASSIGN_OR_RETURN(RankProtocol * rp, ProtocolFor(*set));
-    absl::Mutex* lock;
-    {
-      absl::MutexLock l(&mu_);
-      auto& m = persist_locks_[{set->job, set->rank}];
-      if (!m) m = std::make_unique<absl::Mutex>();
-      lock = m.get();
-    }
-    absl::MutexLock pl(lock);
     CAIRN_RETURN_IF_ERROR(StartPersisting(rp, *set));
     absl::Cleanup end_persisting = [this, rp] { EndPersisting(rp); };
     if (set->incarnation != 0) rp->protocol->set_incarnation(set->incarnation);
@@ -388,24 +317,31 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
     if (!committed.ok()) (void)save->Abort(committed.status());
     return committed;
   }();
-  m_->persist_queue->Sub(1);
+  options_.metrics.persist_queue->Sub(1);
   RecordPersist(record.ok(), written, t0);
   std::vector<int> peers;
+  uint64_t set_bytes = 0;
+  for (const StagedItem& it : set->items) set_bytes += it.item.length();
+  uint64_t replication = 0;
   {
     absl::MutexLock l(&mu_);
-    if (auto p = persisting_.find(Key{set->job, set->step, set->rank});
+    if (auto p = persisting_.find(key);
         p != persisting_.end() && p->second == set) {
       persisting_.erase(p);
     }
-    SaveResult& r = results_[Key{set->job, set->step, set->rank}];
+    SaveResult& r = results_[key];
     // A committed save is done once its replicas are pushed (below).
     r.done = !record.ok();
     if (record.ok()) {
       r.record = *record;
-      ++commits_;
+      ++counts_.commits;
       tier_.Keep(set);
       for (int i = 1; i <= options_.replicas; ++i) {
         peers.push_back((options_.node_id + i) % options_.num_nodes);
+      }
+      if (!peers.empty()) {
+        replication = ++next_replication_;
+        replicating_[replication] = {set_bytes, absl::Now()};
       }
     } else {
       r.status = record.status();
@@ -418,28 +354,122 @@ void Agent::Persist(std::shared_ptr<Set> set, bool die_before_commit) {
   }
   CAIRN_LOG(info, "node {}: {} committed ({} items) in {}", options_.node_id,
             where, set->items.size(), absl::FormatDuration(absl::Now() - t0));
-  uint64_t set_bytes = 0;
-  for (const Item& it : set->items) set_bytes += it.item.length();
-  const uint64_t replication =
-      peers.empty() ? 0 : m_->ReplicationStarted(set_bytes, absl::Now());
   for (int peer : peers) {
-    absl::Status rs = replicator_->Push(*set, peer);
+    absl::Status rs = push_(*set, peer);
     if (!rs.ok()) {
-      m_->replication_failures->Increment();
+      options_.metrics.replication_failures->Increment();
       CAIRN_LOG(warn, "node {}: replicating {} to node {} failed: {}",
                 options_.node_id, where, peer, rs.ToString());
     } else {
-      m_->replication_sent_bytes->Increment(static_cast<double>(set_bytes));
+      options_.metrics.replication_sent_bytes->Increment(
+          static_cast<double>(set_bytes));
       absl::MutexLock l(&mu_);
-      ++replicas_pushed_;
+      ++counts_.replicas_pushed;
     }
   }
-  if (!peers.empty()) m_->ReplicationDone(replication);
   absl::MutexLock l(&mu_);
-  results_[Key{set->job, set->step, set->rank}].done = true;
+  replicating_.erase(replication);
+  results_[key].done = true;
 }
 
-absl::StatusOr<v1::CheckpointRecord> Agent::WaitSave(
+void Persister::RunStream(const std::shared_ptr<StreamingSave>& st) {
+  const absl::Time t0 = absl::Now();
+  options_.metrics.persist_queue->Add(1);
+  uint64_t written = 0;
+  absl::StatusOr<v1::CheckpointRecord> r = StreamToStorage(*st, written);
+  options_.metrics.persist_queue->Sub(1);
+  RecordPersist(r.ok(), written, t0);
+  st->End(r.status());
+  const ItemSet& set = *st->set();
+  absl::MutexLock l(&mu_);
+  if (r.ok()) streams_.erase(st->save_id());
+  SaveResult& res = results_[KeyOf(set)];
+  res.done = true;
+  if (r.ok()) {
+    res.record = *r;
+    ++counts_.commits;
+    ++counts_.streamed_saves;
+    CAIRN_LOG(info, "node {}: {} committed (streamed, {} items) in {}",
+              options_.node_id, st->where(), set.items.size(),
+              absl::FormatDuration(absl::Now() - t0));
+  } else {
+    res.status = r.status();
+    CAIRN_LOG(warn, "node {}: streaming {} failed: {}", options_.node_id,
+              st->where(), r.status().ToString());
+  }
+}
+
+absl::StatusOr<v1::CheckpointRecord> Persister::StreamToStorage(
+    StreamingSave& st, uint64_t& written) {
+  const ItemSet& set = *st.set();
+  absl::MutexLock pl(PersistLock(set));
+  CAIRN_ASSIGN_OR_RETURN(RankProtocol * rp, ProtocolFor(set));
+  CAIRN_RETURN_IF_ERROR(StartPersisting(rp, set));
+  absl::Cleanup end_persisting = [this, rp] { EndPersisting(rp); };
+  if (set.incarnation != 0) rp->protocol->set_incarnation(set.incarnation);
+  v1::LocalSavePlan proto;
+  proto.set_rank(set.rank);
+  for (const StagedItem& it : set.items) *proto.add_items() = it.item;
+  CAIRN_ASSIGN_OR_RETURN(planner::LocalSavePlan local,
+                         convert::LocalPlanFromProto(proto));
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<protocol::PlannedSave> save,
+                         rp->protocol->Begin(set.step, local));
+  const v1::BeginSaveResponse& plan = save->plan();
+  for (const v1::PlannedWrite& w : plan.rank_plan().writes()) {
+    written += w.location().length();
+  }
+  bool committing = false;
+  absl::StatusOr<v1::CheckpointRecord> result =
+      [&]() -> absl::StatusOr<v1::CheckpointRecord> {
+    CAIRN_ASSIGN_OR_RETURN(std::vector<StreamingSave::Piece> pieces,
+                           st.SetPlan(plan.rank_plan(), save->objects()));
+    const auto& writes = plan.rank_plan().writes();
+    std::optional<StreamingSave::Bucket> cur;
+    size_t pi = 0;
+    for (size_t o = 0; o < save->objects().size(); ++o) {
+      CAIRN_ASSIGN_OR_RETURN(
+          std::unique_ptr<protocol::PlannedObjectWriter> writer,
+          save->OpenObject(o));
+      for (int i : save->objects()[o].writes) {
+        for (uint64_t done = 0; done < writes[i].location().length();) {
+          if (!cur.has_value() || pi == cur->end) {
+            cur.reset();  // frees the written bucket for the rank's next one
+            CAIRN_ASSIGN_OR_RETURN(cur, st.TakeFilled(stopping_flag_));
+            if (cur->begin != pi) {
+              return absl::InternalError(
+                  absl::StrCat("bucket ", cur->seq, " out of order"));
+            }
+          }
+          const StreamingSave::Piece& p = pieces[pi];
+          const char* data =
+              cur->segment->data() + cur->offsets[pi - cur->begin];
+          CAIRN_RETURN_IF_ERROR(writer->Append(
+              absl::MakeConstSpan(data, static_cast<size_t>(p.length))));
+          CAIRN_CRASH_POINT("agent.stream.mid_write");
+          done += p.length;
+          ++pi;
+        }
+        CAIRN_RETURN_IF_ERROR(writer->FinishItem());
+      }
+      // Every byte durable before the commit.
+      CAIRN_RETURN_IF_ERROR(writer->Close());
+    }
+    cur.reset();
+    CAIRN_ASSIGN_OR_RETURN(bool die, st.AwaitFinished(stopping_flag_));
+    if (die) save->SetBeforeCommitForTest([] { _exit(137); });
+    committing = true;
+    return save->Commit();
+  }();
+  if (!result.ok()) {
+    // A refused CommitSave too: the save must not linger until cairnd's
+    // commit deadline (cairnd's answer then names the cause).
+    absl::Status reported = save->Abort(result.status());
+    return committing ? result.status() : reported;
+  }
+  return result;
+}
+
+absl::StatusOr<v1::CheckpointRecord> Persister::Wait(
     const v1::WaitSaveRequest& request) {
   const Key key{request.job(), request.step(), request.rank()};
   const absl::Duration timeout = request.timeout_ms() > 0
@@ -462,6 +492,21 @@ absl::StatusOr<v1::CheckpointRecord> Agent::WaitSave(
   const SaveResult& r = results_[key];
   if (!r.status.ok()) return r.status;
   return r.record;
+}
+
+Persister::Counts Persister::counts() {
+  absl::MutexLock l(&mu_);
+  return counts_;
+}
+
+Persister::ReplicationLag Persister::replication_lag() {
+  absl::MutexLock l(&mu_);
+  ReplicationLag lag;
+  for (const auto& [id, rep] : replicating_) {
+    lag.bytes += rep.first;
+    lag.oldest_commit = std::min(lag.oldest_commit, rep.second);
+  }
+  return lag;
 }
 
 }  // namespace cairn::agent

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/agent/transport/nccl/loopback_device_link.h"
@@ -24,7 +25,6 @@
 #include "server/agent/transport/transport.h"
 #ifdef CAIRN_HAVE_CUDA
 #include "common/gpu/gpu_info.h"
-#include "common/testing/status_matchers.h"
 #include "server/agent/transport/nccl/nccl_device_link.h"
 #endif
 
