@@ -144,8 +144,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   persist.store = a->options_.store;
   persist.metrics = a->persist_metrics_;
   a->persister_ = std::make_unique<Persister>(
-      std::move(persist), a->coordinator_.get(), a->coordinator_contact_.get(),
-      a->tier_, *a->pool_,
+      persist, a->coordinator_.get(), a->coordinator_contact_.get(), a->tier_,
       [r = a->replicator_.get()](const ItemSet& set, int peer) {
         return r->Push(set, peer);
       });

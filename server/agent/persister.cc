@@ -67,14 +67,13 @@ Persister::Metrics Persister::Metrics::Register(metrics::Registry& r) {
   return m;
 }
 
-Persister::Persister(Options options, v1::Coordinator::Stub* coordinator,
+Persister::Persister(const Options& options, v1::Coordinator::Stub* coordinator,
                      protocol::CoordinatorContact* contact, MemoryTier& tier,
-                     StagingPool& pool, Push push)
-    : options_(std::move(options)),
+                     Push push)
+    : options_(options),
       coordinator_(coordinator),
       contact_(contact),
       tier_(tier),
-      pool_(pool),
       push_(std::move(push)) {}
 
 Persister::~Persister() { Stop(); }
@@ -128,7 +127,7 @@ absl::Status Persister::StartThread(std::function<void()> fn) {
   return absl::OkStatus();
 }
 
-absl::Status Persister::Persist(std::shared_ptr<ItemSet> set,
+absl::Status Persister::Persist(const std::shared_ptr<ItemSet>& set,
                                 bool die_before_commit,
                                 const std::function<absl::Status()>& prepare) {
   const Key key = KeyOf(*set);
@@ -153,7 +152,7 @@ absl::Status Persister::Persist(std::shared_ptr<ItemSet> set,
   return started;
 }
 
-absl::Status Persister::Stream(std::shared_ptr<StreamingSave> stream) {
+absl::Status Persister::Stream(const std::shared_ptr<StreamingSave>& stream) {
   {
     absl::MutexLock l(&mu_);
     results_[KeyOf(*stream->set())] = SaveResult();

@@ -15,7 +15,7 @@
 // aborted there (unless every rank had committed), a stream fails.
 //
 // Thread-safe. Lock order: mu_ before a StreamingSave's lock and the memory
-// tier's; the staging pool and cairnd are called without mu_ held.
+// tier's; cairnd and replica pushes are called without mu_ held.
 #ifndef CAIRN_SERVER_AGENT_PERSISTER_H_
 #define CAIRN_SERVER_AGENT_PERSISTER_H_
 
@@ -96,10 +96,9 @@ class Persister {
   };
 
   // `coordinator` and `contact` (cairnd's stub, and whether it has
-  // answered), `tier` and `pool` must outlive this object.
-  Persister(Options options, v1::Coordinator::Stub* coordinator,
-            protocol::CoordinatorContact* contact, MemoryTier& tier,
-            StagingPool& pool, Push push);
+  // answered) and `tier` must outlive this object.
+  Persister(const Options& options, v1::Coordinator::Stub* coordinator,
+            protocol::CoordinatorContact* contact, MemoryTier& tier, Push push);
   // Stop().
   ~Persister();
   Persister(const Persister&) = delete;
@@ -116,11 +115,12 @@ class Persister {
   // into the segment) runs first, on the caller's thread, while the save is
   // already cancellable; its error is the save's outcome and is returned.
   // UNAVAILABLE once stopping.
-  absl::Status Persist(std::shared_ptr<ItemSet> set, bool die_before_commit,
+  absl::Status Persist(const std::shared_ptr<ItemSet>& set,
+                       bool die_before_commit,
                        const std::function<absl::Status()>& prepare = nullptr);
   // Starts persisting a streaming save; the rank's calls find it by id
   // (FindStream) until it commits.
-  absl::Status Stream(std::shared_ptr<StreamingSave> stream);
+  absl::Status Stream(const std::shared_ptr<StreamingSave>& stream);
   std::shared_ptr<StreamingSave> FindStream(uint64_t save_id);
 
   // Stops the save `request` names (see above); OK when there is none.
@@ -189,7 +189,6 @@ class Persister {
   v1::Coordinator::Stub* const coordinator_;
   protocol::CoordinatorContact* const contact_;
   MemoryTier& tier_;
-  StagingPool& pool_;
   const Push push_;
   // Read by streams waiting on their rank.
   std::atomic<bool> stopping_flag_{false};

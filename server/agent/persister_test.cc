@@ -90,7 +90,7 @@ class PersisterTest : public ::testing::Test {
     o.store.durable = false;
     o.metrics = Persister::Metrics::Register(*registry_);
     persister_ = std::make_unique<Persister>(
-        o, stub_.get(), contact_.get(), tier_, *pool_,
+        o, stub_.get(), contact_.get(), tier_,
         [this](const ItemSet& set, int peer) -> absl::Status {
           absl::MutexLock l(&mu_);
           pushes_.push_back({set.step, peer});
