@@ -113,6 +113,25 @@ class PersisterTest : public ::testing::Test {
     return set;
   }
 
+  // A streaming save `save_id` of job "j", rank 0 of 1, of bytes entries
+  // "b<i>" of `lengths` bytes, in 4 KiB buckets; the rank stages nothing yet.
+  std::shared_ptr<StreamingSave> Streaming(
+      int64_t step, uint64_t save_id, const std::vector<uint64_t>& lengths) {
+    auto set = std::make_shared<ItemSet>();
+    set->job = "j";
+    set->step = step;
+    set->world_size = 1;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      StagedItem it;
+      it.item = BytesItem(absl::StrCat("b", i), lengths[i]);
+      set->items.push_back(std::move(it));
+    }
+    StreamingSave::Options so;
+    so.save_id = save_id;
+    so.bucket_bytes = 4096;
+    return std::make_shared<StreamingSave>(set, so, *pool_);
+  }
+
   absl::StatusOr<v1::CheckpointRecord> Wait(int64_t step,
                                             int64_t timeout_ms = 30000) {
     v1::WaitSaveRequest w;
@@ -321,20 +340,7 @@ TEST_F(PersisterTest, StoppedPersisterRefusesNewSaves) {
 
 TEST_F(PersisterTest, StreamedSaveCommitsBitExactAndKeepsNothingInMemory) {
   const std::vector<uint64_t> lengths = {3 * 4096 + 5, 10, 0, 9000};
-  auto set = std::make_shared<ItemSet>();
-  set->job = "j";
-  set->step = 12;
-  set->rank = 0;
-  set->world_size = 1;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    StagedItem it;
-    it.item = BytesItem(absl::StrCat("b", i), lengths[i]);
-    set->items.push_back(std::move(it));
-  }
-  StreamingSave::Options so;
-  so.save_id = 77;
-  so.bucket_bytes = 4096;
-  auto st = std::make_shared<StreamingSave>(set, so, *pool_);
+  auto st = Streaming(12, 77, lengths);
   ASSERT_TRUE(persister_->Stream(st).ok());
   ASSERT_EQ(persister_->FindStream(77), st);
   // The rank.
@@ -370,17 +376,7 @@ TEST_F(PersisterTest, StreamedSaveCommitsBitExactAndKeepsNothingInMemory) {
 }
 
 TEST_F(PersisterTest, CancelledStreamFailsForTheRankAndIsNotCommitted) {
-  auto set = std::make_shared<ItemSet>();
-  set->job = "j";
-  set->step = 13;
-  set->world_size = 1;
-  StagedItem it;
-  it.item = BytesItem("b0", 5 * 4096);
-  set->items.push_back(std::move(it));
-  StreamingSave::Options so;
-  so.save_id = 78;
-  so.bucket_bytes = 4096;
-  auto st = std::make_shared<StreamingSave>(set, so, *pool_);
+  auto st = Streaming(13, 78, {5 * 4096});
   ASSERT_TRUE(persister_->Stream(st).ok());
   v1::StageBucketRequest req;
   req.set_save_id(78);
