@@ -29,13 +29,16 @@ unwritten (zero) extents. For each read the block device's sectors read
 from the device (dev_read / bytes ~= 1), which shows whether a fast read was
 really cold.
 
-Sweeps: full (above, ~35 points), quick (9 points: the corners that won on
-this VM, and the shapes of 1 and 4 ranks), smoke (3 tiny points).
+Sweeps: full (above, ~35 points), quick (11 points: the corners that won on
+this VM, the shapes of 1 and 4 ranks, and 8 readers buffered and O_DIRECT
+with deep queues), wide (full plus many readers and deeper queues, ~41
+points: what a benchmark reruns when some tool beat the limit it had),
+smoke (3 tiny points).
 
 The limit is the best point per direction; the winning points are named in
 write_point / read_point. GB = 1e9 bytes.
 
-Usage: limit_sweep.py DIR BYTES [--sweep full|quick|smoke] [--runtime S]
+Usage: limit_sweep.py DIR BYTES [--sweep wide|full|quick|smoke] [--runtime S]
                       [--repeat N] [--no-drop-caches]
 Prints one JSON line on stdout (diagnostics on stderr):
   {"tool":"limit","write_GBps":..,"read_GBps":..,"write_point":"..","read_point":"..",
@@ -63,9 +66,18 @@ FULL = ([("direct", j, q, b * MIB) for j in (1, 2, 4) for q in (1, 8, 32) for b 
 QUICK = [("direct", 1, 8, 4 * MIB), ("direct", 1, 32, 16 * MIB), ("direct", 2, 8, 16 * MIB),
          ("direct", 4, 8, 4 * MIB), ("direct", 4, 32, 16 * MIB), ("direct", 4, 1, 16 * MIB),
          ("buffered", 1, 1, MIB), ("buffered", 4, 1, MIB), ("dd", 1, 1, MIB)]
+# What the fastest tools do beyond both: many readers through the page cache
+# (readahead per file) and O_DIRECT with deep queues over many files.
+# Included in quick; "wide" is full plus these, the sweep e2e_bench reruns
+# in a round where some tool beat its limit.
+DEEP = [("direct", 8, 32, 16 * MIB), ("buffered", 8, 1, 4 * MIB)]
+WIDE = FULL + DEEP + [("direct", 16, 32, 16 * MIB), ("direct", 8, 64, 4 * MIB),
+                      ("buffered", 16, 1, 4 * MIB), ("buffered", 4, 1, 16 * MIB)]
+QUICK = QUICK + DEEP
 SMOKE = [("direct", 2, 8, MIB), ("buffered", 1, 1, MIB), ("dd", 1, 1, MIB)]
-LEVELS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
-RUNTIME = {"full": 4.0, "quick": 3.0, "smoke": 2.0}  # seconds per point and direction
+LEVELS = {"wide": WIDE, "full": FULL, "quick": QUICK, "smoke": SMOKE}
+# Seconds per point and direction.
+RUNTIME = {"wide": 4.0, "full": 4.0, "quick": 3.0, "smoke": 2.0}
 
 
 def log(msg):
