@@ -15,6 +15,7 @@ PACKAGES=(
   libgoogle-perftools-dev  # cairnd's allocator, tcmalloc (docs/design.md)
   bazel-bootstrap bazel-rules-java
   clang-format fio python3-grpcio
+  iproute2  # tests/netns: ip netns, veth, tc
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: clang + libFuzzer/ASan/UBSan runtimes
   # The Python package (client/python): Debian's interpreter and headers
   # and pybind11 build the extension; venv and pip make the project

@@ -34,7 +34,10 @@ def unavailable():
     if os.geteuid() != 0:
         return "needs root (CAP_NET_ADMIN) for network namespaces"
     name = "cairn-probe-%d" % os.getpid()
-    r = _ip("netns", "add", name, check=False)
+    try:
+        r = _ip("netns", "add", name, check=False)
+    except FileNotFoundError:
+        return "no ip (iproute2) on PATH"
     if r.returncode != 0:
         return "ip netns add failed: " + r.stderr.strip()
     _ip("netns", "del", name, check=False)
