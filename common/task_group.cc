@@ -73,7 +73,7 @@ bool TaskGroup::RunOne(const std::shared_ptr<State>& state) {
 
 void TaskGroup::Run(std::string context, std::function<absl::Status()> fn) {
   if (options_.pool == nullptr && !options_.thread_per_task) {
-    RunInline(std::move(context), fn);
+    RunInline(context, fn);
     return;
   }
   {

@@ -297,7 +297,7 @@ class Coordinator {
   // Marks `session` aborted with `status`, answers its waiters and deletes
   // its attempt's objects (on a worker thread).
   void AbortSession(const std::shared_ptr<SaveSession>& session,
-                    absl::Status status);
+                    const absl::Status& status);
   void AbortSessionLocked(const std::shared_ptr<SaveSession>& session,
                           const absl::Status& status,
                           std::vector<std::function<void()>>* answers)

@@ -765,11 +765,11 @@ void Coordinator::AbortSessionLocked(
 }
 
 void Coordinator::AbortSession(const std::shared_ptr<SaveSession>& session,
-                               absl::Status status) {
+                               const absl::Status& status) {
   std::vector<std::function<void()>> answers;
   {
     absl::MutexLock lock(&mu_);
-    AbortSessionLocked(session, std::move(status), &answers);
+    AbortSessionLocked(session, status, &answers);
   }
   for (auto& a : answers) a();
 }
