@@ -80,31 +80,36 @@ check_layer protocol 'client|server'
 check_layer client 'server'
 check_layer server/coordinator 'client|protocol'
 check_layer server/agent 'client'
+# check_below_facade DIR ABOVE_RE FACADE_RE WHAT: no file of DIR except
+# those matching ABOVE_RE (the facade's own, the daemon's, tests) includes a
+# header matching FACADE_RE.
+check_below_facade() {
+  local hits
+  hits=$(git ls-files "$1" | grep -E '\.(h|cc)$' | grep -vE "$2" |
+    xargs -r grep -nE "^#include \"$3\"" || true)
+  if [[ -n "$hits" ]]; then
+    echo "lint: $4:"
+    echo "$hits"
+    layering_errors=1
+  fi
+}
 # Inside server/coordinator: the parts the Coordinator facade is composed of
 # (save_session, load_rounds, retention, recovery, request_bounds, ...) sit
 # below it: only the facade's own files (coordinator*) and the daemon above
 # it (cairnd*, main.cc) include its headers.
-hits=$(git ls-files server/coordinator | grep -E '\.(h|cc)$' |
-  grep -vE '(_test\.cc|_test_fixture\.h|/(coordinator|cairnd)[a-z_]*\.(h|cc)|/main\.cc)$' |
-  xargs -r grep -nE '^#include "server/coordinator/coordinator(_internal|_server|_service)?\.h"' || true)
-if [[ -n "$hits" ]]; then
-  echo "lint: a part of server/coordinator includes the facade above it:"
-  echo "$hits"
-  layering_errors=1
-fi
+check_below_facade server/coordinator \
+  '(_test\.cc|_test_fixture\.h|/(coordinator|cairnd)[a-z_]*\.(h|cc)|/main\.cc)$' \
+  'server/coordinator/coordinator(_internal|_server|_service)?\.h' \
+  "a part of server/coordinator includes the facade above it"
 # Inside server/agent the same: its components (staging_pool, memory_tier,
 # persister, streaming_save, peer_*, replicator, transport/, copier/) sit
 # below the Agent that composes them; only the agent's own files (agent*),
 # the daemon's (node_identity, main.cc) and tests include agent.h or
 # agent_server.h.
-hits=$(git ls-files server/agent | grep -E '\.(h|cc)$' |
-  grep -vE '(_test\.cc|/testing/.*|/agent[a-z_]*\.(h|cc)|/node_identity\.(h|cc)|/main\.cc)$' |
-  xargs -r grep -nE '^#include "server/agent/agent(_server|_daemon|_flags)?\.h"' || true)
-if [[ -n "$hits" ]]; then
-  echo "lint: a component of server/agent includes the agent above it:"
-  echo "$hits"
-  layering_errors=1
-fi
+check_below_facade server/agent \
+  '(_test\.cc|/testing/.*|/agent[a-z_]*\.(h|cc)|/node_identity\.(h|cc)|/main\.cc)$' \
+  'server/agent/agent(_server|_daemon|_flags)?\.h' \
+  "a component of server/agent includes the agent above it"
 if [[ $layering_errors != 0 ]]; then exit 1; fi
 echo "lint: layering respected"
 
