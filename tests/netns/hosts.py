@@ -106,15 +106,6 @@ class Hosts:
         self.procs.append(p)
         return p
 
-    def run(self, i, argv, log, timeout):
-        p = self.start(i, argv, log)
-        try:
-            return p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            return None
-
     def bytes_sent(self, i):
         """Bytes host i has sent over its link."""
         r = _ip("-n", self.ns(i), "-s", "-j", "link", "show", self.dev(i))
