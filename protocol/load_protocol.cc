@@ -289,6 +289,17 @@ absl::StatusOr<int64_t> LoadProtocol::Load(std::optional<int64_t> step,
     // out of the load round, so the others do not wait for it.
     return planned.status();
   }
+  if (planned->tier() == v1::TIER_MEMORY) {
+    // Nothing of it is on storage: only the agents holding it can serve it.
+    if (JoinsLoadCollective() && planned->load_round() != 0) {
+      ReportLoadFailure(LoadReport(*planned));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        Where(planned->step()),
+        ": a memory checkpoint, held in cairn-agents' memory and not on "
+        "storage: load it through cairn-agent, or write it to storage first "
+        "(cairn persist JOB STEP)"));
+  }
   if (absl::Status s = convert::ExpandReadColumns(request, &*planned);
       !s.ok()) {
     // cairnd took this rank into its load round: the others must not wait.

@@ -15,6 +15,7 @@
 #include "proto/convert/plan_convert.h"
 #include "protocol/coordinator_call.h"
 #include "storage/checkpoint_layout.h"
+#include "storage/checksum.h"
 
 namespace cairn::protocol {
 namespace {
@@ -107,6 +108,9 @@ absl::StatusOr<std::unique_ptr<PlannedSave>> SaveProtocol::Begin(
   begin.set_world_size(options_.world_size);
   begin.set_incarnation(incarnation_);
   begin.set_held_plan_id(held_plan_id_);
+  begin.set_tier(tier_.tier);
+  begin.set_agent_holds(tier_.agent_holds);
+  begin.set_replicas(tier_.replicas);
   bool fingerprint_only = false;
   if (fingerprint == last_fingerprint_) {
     begin.set_plan_fingerprint(fingerprint);
@@ -296,6 +300,23 @@ absl::Status PlannedSave::WriteAll(const ItemSources& sources,
   return RunAll(&pool, std::move(jobs));
 }
 
+absl::Status PlannedSave::RecordHeld(const ItemSources& sources,
+                                     const std::vector<int>& holder_nodes) {
+  const auto& writes = plan_.rank_plan().writes();
+  for (int i = 0; i < writes.size(); ++i) {
+    absl::StatusOr<absl::Span<const char>> data = sources.Find(writes[i]);
+    if (!data.ok()) {
+      return absl::Status(data.status().code(),
+                          absl::StrCat(where_, ": ", data.status().message()));
+    }
+    commit_.mutable_results(i)->set_crc32c(
+        storage::Crc32c(data->data(), data->size()));
+  }
+  commit_.clear_holder_nodes();
+  for (int n : holder_nodes) commit_.add_holder_nodes(n);
+  return absl::OkStatus();
+}
+
 v1::CommitSaveRequest PlannedSave::CommitRequest() const {
   if (plan_.plan_id().empty() || plan_.attempt().empty()) return commit_;
   // cairnd named its plan: the short form, the checksums alone (4 bytes per
@@ -305,6 +326,7 @@ v1::CommitSaveRequest PlannedSave::CommitRequest() const {
   request.set_step(commit_.step());
   request.set_rank(commit_.rank());
   request.set_incarnation(commit_.incarnation());
+  *request.mutable_holder_nodes() = commit_.holder_nodes();
   request.set_plan_id(plan_.plan_id());
   request.set_attempt(plan_.attempt());
   request.mutable_crc32cs()->Reserve(commit_.results_size());

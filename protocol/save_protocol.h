@@ -142,6 +142,17 @@ class SaveProtocol {
   uint64_t incarnation() const { return incarnation_; }
   void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
 
+  // The tier the next saves ask for (BeginSaveRequest.tier, agent_holds,
+  // replicas): cairn-agent sets it before each save; a rank saving its own
+  // buffers leaves the default (the job's policy decides, and a memory
+  // save needs an agent).
+  struct Tier {
+    v1::Tier tier = v1::TIER_UNSPECIFIED;
+    bool agent_holds = false;
+    int replicas = 0;
+  };
+  void set_tier(const Tier& tier) { tier_ = tier; }
+
   // BeginSave for `local` (this rank's items) as `step`: the fingerprint
   // alone when `local` is unchanged since the last successful Begin, the
   // plan when it changed or cairnd asks for it. INVALID_ARGUMENT for a bad
@@ -176,6 +187,7 @@ class SaveProtocol {
   const SaveProtocolOptions options_;
 
   uint64_t incarnation_;
+  Tier tier_;
   std::string last_fingerprint_;
   // The rank plan of the last BeginSave answer, object keys relative to its
   // attempt's directory, and its plan id (empty: none held).
@@ -215,6 +227,13 @@ class PlannedSave {
   // the object; Abort() adds job, step and rank. Once cancelled, no further
   // item is written and the cancellation's status is returned.
   absl::Status WriteAll(const ItemSources& sources, ThreadPool& pool);
+
+  // A memory save (plan().tier() == TIER_MEMORY): nothing is written; the
+  // crc32c of every planned write is taken from `sources` (the bytes held in
+  // memory) and the commit names `holder_nodes`, the nodes whose agents
+  // hold them. FAILED_PRECONDITION naming an item `sources` lacks.
+  absl::Status RecordHeld(const ItemSources& sources,
+                          const std::vector<int>& holder_nodes);
 
   // Runs right before CommitSave (fault tests kill the process here). The
   // crash point "client.before_commit" is hit just before it.

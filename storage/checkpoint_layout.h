@@ -81,6 +81,10 @@ struct PublishOptions {
   // 70B model saved by 1024 ranks has an 86 MB manifest, by 16k ranks
   // 1.4 GB; streaming one costs less CPU than holding it whole).
   uint64_t max_held_bytes = uint64_t{64} << 20;
+  // Whether every object the manifest names must be on `store`, durable and
+  // long enough. False only for the manifest of a memory checkpoint, whose
+  // bytes are in agents' memory (cairnd keeps it in a store of its own).
+  bool check_objects = true;
 };
 
 // PublishManifest for a manifest `source` makes, never whole in memory as

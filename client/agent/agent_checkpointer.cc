@@ -137,7 +137,8 @@ class AgentCheckpointer::Impl {
         copier_(copier::HostCopierOptions{options.copy_threads}) {}
 
   absl::Status Connect();
-  absl::StatusOr<SaveFuture> AsyncSave(int64_t step, const StateDict& state);
+  absl::StatusOr<SaveFuture> AsyncSave(int64_t step, const StateDict& state,
+                                       SaveTier tier);
   SaveFuture FutureOf(int64_t step) const;
   absl::StatusOr<int64_t> Load(LoadRef ref, StateDict& state);
   void Cancel();
@@ -243,7 +244,7 @@ absl::StatusOr<shm::ShmSegment*> AgentCheckpointer::Impl::MapSegment(
 }
 
 absl::StatusOr<SaveFuture> AgentCheckpointer::Impl::AsyncSave(
-    int64_t step, const StateDict& state) {
+    int64_t step, const StateDict& state, SaveTier tier) {
   const absl::Time t0 = absl::Now();
   save_stats_ = AgentSaveStats();
   const CheckpointerOptions& d = options_.direct;
@@ -268,6 +269,9 @@ absl::StatusOr<SaveFuture> AgentCheckpointer::Impl::AsyncSave(
   begin.set_wait_for_space_ms(
       absl::ToInt64Milliseconds(options_.wait_for_space));
   begin.set_allow_streaming(options_.allow_streaming);
+  begin.set_tier(tier == SaveTier::kMemory       ? v1::TIER_MEMORY
+                 : tier == SaveTier::kPersistent ? v1::TIER_PERSISTENT
+                                                 : v1::TIER_UNSPECIFIED);
   {
     v1::LocalSavePlan proto;
     convert::LocalPlanToProto(local, &proto);
@@ -560,6 +564,14 @@ absl::StatusOr<int64_t> AgentCheckpointer::Impl::Load(LoadRef ref,
   step = LoadFromStorage(resolved >= 0 ? LoadRef::Step(resolved) : ref, state,
                          where);
   if (step.ok()) load_source_ = LoadSource::kStorage;
+  if (!step.ok() && resolved >= 0 && !agent_error_.ok()) {
+    // Both tiers failed: say why the agents could not serve it either.
+    return absl::Status(step.status().code(),
+                        absl::StrCat(step.status().message(),
+                                     " (the agents' memory could "
+                                     "not serve it: ",
+                                     agent_error_.message(), ")"));
+  }
   return step;
 }
 
@@ -605,9 +617,10 @@ absl::StatusOr<std::unique_ptr<AgentCheckpointer>> AgentCheckpointer::Connect(
       new AgentCheckpointer(std::move(impl)));
 }
 
-absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(
-    int64_t step, const StateDict& state) {
-  return impl_->AsyncSave(step, state);
+absl::StatusOr<SaveFuture> AgentCheckpointer::AsyncSave(int64_t step,
+                                                        const StateDict& state,
+                                                        SaveTier tier) {
+  return impl_->AsyncSave(step, state, tier);
 }
 
 SaveFuture AgentCheckpointer::FutureOf(int64_t step) const {

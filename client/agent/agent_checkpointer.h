@@ -121,6 +121,12 @@ class SaveFuture {
 
 enum class LoadSource { kNone, kAgentMemory, kStorage };
 
+// Where an AsyncSave goes: as the job's policy says (cairn policy; storage
+// without one), to storage, or to the agents' memory only (committed once
+// every rank's shards are in replicas + 1 agents on distinct nodes; a save
+// larger than the agent's budget is then refused RESOURCE_EXHAUSTED).
+enum class SaveTier { kPolicy, kPersistent, kMemory };
+
 struct AgentSaveStats {
   uint64_t bytes = 0;            // bytes copied into staging
   absl::Duration blocked;        // total time inside AsyncSave
@@ -139,7 +145,8 @@ class AgentCheckpointer {
 
   // Snapshots `state` into the agent's staging memory and returns once the
   // buffers of `state` may change again.
-  absl::StatusOr<SaveFuture> AsyncSave(int64_t step, const StateDict& state);
+  absl::StatusOr<SaveFuture> AsyncSave(int64_t step, const StateDict& state,
+                                       SaveTier tier = SaveTier::kPolicy);
 
   // The future of this rank's save of `step` staged by an AsyncSave of the
   // same job and rank, in this process or another (DCP's async_save in

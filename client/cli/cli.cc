@@ -206,6 +206,19 @@ class CoordinatorBackend : public Backend {
                                v1::ListAgentsRequest(), &resp));
     return resp;
   }
+  // A job's checkpoint policy (multi-tier saves).
+  absl::StatusOr<v1::GetJobPolicyResponse> GetPolicy(const std::string& job) {
+    v1::GetJobPolicyRequest req;
+    req.set_job(job);
+    v1::GetJobPolicyResponse resp;
+    CAIRN_RETURN_IF_ERROR(
+        Call(&v1::Coordinator::Stub::GetJobPolicy, req, &resp));
+    return resp;
+  }
+  absl::Status SetPolicy(const v1::SetJobPolicyRequest& req) {
+    v1::SetJobPolicyResponse resp;
+    return Call(&v1::Coordinator::Stub::SetJobPolicy, req, &resp);
+  }
   absl::StatusOr<int> ForgetAgent(const std::string& node_name) {
     v1::ForgetAgentRequest req;
     req.set_node_name(node_name);
@@ -470,22 +483,50 @@ absl::StatusOr<int64_t> ParseStepArg(const std::string& s) {
   return step;
 }
 
+// "memory" or "persistent" (older records, offline ones: persistent).
+std::string TierOf(const v1::CheckpointRecord& r) {
+  return r.tier() == v1::TIER_MEMORY ? "memory" : "persistent";
+}
+
+// Where a committed checkpoint's copies are: for a memory one, its live
+// copies and the nodes holding them ("2 (nodes 0,1)"); "storage" for a
+// persistent one, plus the agents' in-memory copies when cairnd knows any.
+std::string CopiesOf(const v1::CheckpointRecord& r) {
+  if (r.state() != v1::CHECKPOINT_STATE_COMMITTED) return "-";
+  const std::string nodes =
+      r.live_holder_nodes_size() == 0
+          ? std::string()
+          : absl::StrCat(" (nodes ", absl::StrJoin(r.live_holder_nodes(), ","),
+                         ")");
+  if (r.tier() == v1::TIER_MEMORY) {
+    return absl::StrCat(r.live_copies(), nodes);
+  }
+  return r.live_copies() > 0 ? absl::StrCat("storage+", r.live_copies(), nodes)
+                             : std::string("storage");
+}
+
 void PrintList(const std::vector<v1::CheckpointRecord>& records,
                std::ostream& out) {
   if (records.empty()) {
     out << "no checkpoints\n";
     return;
   }
-  Table t({"JOB", "STEP", "STATE", "SIZE", "RANKS", "TENSORS", "CREATED",
-           "COMMITTED"});
+  Table t({"JOB", "STEP", "STATE", "TIER", "COPIES", "SIZE", "RANKS", "TENSORS",
+           "CREATED", "COMMITTED"});
   for (const auto& r : records) {
-    t.Add({r.job(), absl::StrCat(r.step()), StateName(r.state()),
-           HumanBytes(r.total_bytes()), absl::StrCat(r.world_size()),
-           absl::StrCat(r.num_tensors()), HumanTime(r.created_unix_micros()),
+    t.Add({r.job(), absl::StrCat(r.step()), StateName(r.state()), TierOf(r),
+           CopiesOf(r), HumanBytes(r.total_bytes()),
+           absl::StrCat(r.world_size()), absl::StrCat(r.num_tensors()),
+           HumanTime(r.created_unix_micros()),
            HumanTime(r.committed_unix_micros())});
   }
   t.Print(out);
   for (const auto& r : records) {
+    if (r.state() == v1::CHECKPOINT_STATE_COMMITTED &&
+        r.tier() == v1::TIER_MEMORY && !r.restorable()) {
+      out << "NOT RESTORABLE: job " << r.job() << " step " << r.step() << ": "
+          << r.unrestorable_reason() << "\n";
+    }
     if (r.state() != v1::CHECKPOINT_STATE_UNSPECIFIED) continue;
     out << "DAMAGED: job " << r.job() << " step " << r.step() << ": "
         << r.abort_reason() << "\n";
@@ -528,7 +569,17 @@ std::string ListJson(std::vector<v1::CheckpointRecord> records) {
         {"committed", JsonTime(r.committed_unix_micros())},
         {"committed_unix_seconds", JsonUnixSeconds(r.committed_unix_micros())},
         {"storage_uri", r.storage_uri()},
+        {"tier", TierOf(r)},
     };
+    if (r.state() == v1::CHECKPOINT_STATE_COMMITTED) {
+      c["live_copies"] = r.live_copies();
+      c["live_holder_nodes"] = std::vector<int>(r.live_holder_nodes().begin(),
+                                                r.live_holder_nodes().end());
+      c["restorable"] = r.tier() != v1::TIER_MEMORY || r.restorable();
+      if (!r.unrestorable_reason().empty()) {
+        c["unrestorable_reason"] = r.unrestorable_reason();
+      }
+    }
     // Why it is ABORTED, or DAMAGED (offline: its MANIFEST does not read).
     if (!r.abort_reason().empty()) c["reason"] = r.abort_reason();
     jobs.back()["checkpoints"].push_back(std::move(c));
@@ -702,7 +753,11 @@ void PrintShow(const v1::GetCheckpointResponse& resp, bool chunks,
   const v1::Manifest& m = resp.manifest();
   const v1::CheckpointRecord& r = resp.checkpoint();
   out << "job " << r.job() << "  step " << r.step() << "  "
-      << StateName(r.state()) << "\n";
+      << StateName(r.state()) << "  tier " << TierOf(r) << "  copies "
+      << CopiesOf(r) << "\n";
+  if (r.tier() == v1::TIER_MEMORY && !r.restorable()) {
+    out << "NOT RESTORABLE: " << r.unrestorable_reason() << "\n";
+  }
   out << "format v" << m.format_version() << "  ranks " << m.world_size()
       << "  size " << HumanBytes(m.total_bytes()) << " (" << m.total_bytes()
       << " bytes)  objects " << m.objects_size() << "\n";
@@ -902,6 +957,12 @@ absl::StatusOr<v1::GetCheckpointResponse> Session::GetCommitted(
 absl::StatusOr<storage::ShardStore*> Session::StoreOf(
     const v1::GetCheckpointResponse& resp) {
   if (offline != nullptr) return &offline->store();
+  if (resp.checkpoint().tier() == v1::TIER_MEMORY) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", resp.checkpoint().job(), "' step ", resp.checkpoint().step(),
+        " is a memory checkpoint: its bytes are in cairn-agents' memory, not "
+        "on storage (load it through cairn-agent)"));
+  }
   CAIRN_ASSIGN_OR_RETURN(
       std::unique_ptr<storage::ShardStore> s,
       OpenReachableStore(resp.checkpoint().storage_uri(), resp.manifest()));
@@ -1415,6 +1476,87 @@ int RunForgetAgent(const ForgetAgentArgs& a, Session& session) {
   return 0;
 }
 
+// policy JOB [--memory-every N --persist-every M --replicas K
+//             --keep-memory X --keep-persistent Y | --clear]
+struct PolicyArgs {
+  std::string job;
+  int64_t memory_every = 0;
+  int64_t persist_every = 0;
+  int replicas = 1;
+  int keep_memory = 2;
+  int keep_persistent = 0;
+  bool clear = false;
+};
+
+CLI::App* AddPolicy(CLI::App& app, PolicyArgs& a) {
+  CLI::App* cmd = app.add_subcommand(
+      "policy",
+      "Show or set a job's checkpoint policy: memory checkpoints every N "
+      "steps with K replicas, every M-th persisted to storage");
+  cmd->add_option("job", a.job, "Job name")->required();
+  cmd->add_option("--memory-every", a.memory_every,
+                  "N: the job saves every N steps (to memory)");
+  cmd->add_option("--persist-every", a.persist_every,
+                  "M (a multiple of N): every M-th step goes to storage");
+  cmd->add_option("--replicas", a.replicas,
+                  "K: copies of a memory checkpoint beyond one, on other "
+                  "nodes")
+      ->capture_default_str();
+  cmd->add_option("--keep-memory", a.keep_memory, "Memory checkpoints kept")
+      ->capture_default_str();
+  cmd->add_option("--keep-persistent", a.keep_persistent,
+                  "Persistent checkpoints kept (0: cairnd's --keep-last)")
+      ->capture_default_str();
+  cmd->add_flag("--clear", a.clear,
+                "Remove the policy (every save persistent again)");
+  return cmd;
+}
+
+void PrintPolicy(const v1::JobPolicy& p, std::ostream& out) {
+  out << "job " << p.job() << ": memory every " << p.memory_every()
+      << " steps with " << p.replicas() << " replica"
+      << (p.replicas() == 1 ? "" : "s") << ", persisted every "
+      << p.persist_every() << "; keep " << p.keep_memory() << " memory, "
+      << (p.keep_persistent() > 0 ? absl::StrCat(p.keep_persistent())
+                                  : std::string("--keep-last"))
+      << " persistent\n";
+}
+
+int RunPolicy(const PolicyArgs& a, Session& session) {
+  if (std::optional<int> rc = CheckJobArg(a.job, session)) return *rc;
+  if (a.clear || a.memory_every > 0 || a.persist_every > 0) {
+    v1::SetJobPolicyRequest req;
+    v1::JobPolicy* p = req.mutable_policy();
+    p->set_job(a.job);
+    p->set_memory_every(a.memory_every);
+    p->set_persist_every(a.persist_every);
+    p->set_replicas(a.replicas);
+    p->set_keep_memory(a.keep_memory);
+    p->set_keep_persistent(a.keep_persistent);
+    req.set_clear(a.clear);
+    if (absl::Status s = session.online->SetPolicy(req); !s.ok()) {
+      return session.Fail(s);
+    }
+    if (a.clear) {
+      session.out << "job " << a.job
+                  << ": policy cleared (every save persistent)\n";
+      return 0;
+    }
+    PrintPolicy(*p, session.out);
+    return 0;
+  }
+  absl::StatusOr<v1::GetJobPolicyResponse> got =
+      session.online->GetPolicy(a.job);
+  if (!got.ok()) return session.Fail(got.status());
+  if (!got->set()) {
+    session.out << "job " << a.job << " has no policy: every save is "
+                << "persistent unless it asks for the memory tier\n";
+    return 0;
+  }
+  PrintPolicy(got->policy(), session.out);
+  return 0;
+}
+
 }  // namespace
 
 int RunCli(int argc, const char* const* argv, std::ostream& out,
@@ -1441,6 +1583,7 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   ExportArgs export_args;
   DiffArgs diff_args;
   ForgetAgentArgs forget_agent_args;
+  PolicyArgs policy_args;
   CLI::App* ls = AddLs(app, ls_args);
   CLI::App* show = AddShow(app, show_args);
   CLI::App* verify = AddVerify(app, verify_args);
@@ -1450,6 +1593,7 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   CLI::App* diff = AddDiff(app, diff_args);
   CLI::App* agents = AddAgents(app);
   CLI::App* forget_agent = AddForgetAgent(app, forget_agent_args);
+  CLI::App* policy = AddPolicy(app, policy_args);
   flags::AddVersionFlag(app, "cairn");
   if (std::optional<int> exit_code = flags::Parse(app, argc, argv, out, err)) {
     return *exit_code;
@@ -1458,7 +1602,8 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   // diff's exit code 1 means "they differ": its failures are 2, as diff(1).
   Session session(in, out, err, diff->parsed() ? 2 : 1);
   if (std::optional<int> exit_code = session.Open(
-          global, argc, argv, agents->parsed() || forget_agent->parsed())) {
+          global, argc, argv,
+          agents->parsed() || forget_agent->parsed() || policy->parsed())) {
     return *exit_code;
   }
   if (ls->parsed()) return RunLs(ls_args, session);
@@ -1470,6 +1615,7 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   if (agents->parsed()) return RunAgents(session);
   if (forget_agent->parsed()) return RunForgetAgent(forget_agent_args, session);
   if (gc->parsed()) return RunGc(gc_args, session);
+  if (policy->parsed()) return RunPolicy(policy_args, session);
   return flags::kExitUsage;
 }
 

@@ -148,10 +148,21 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
       [r = a->replicator_.get()](const ItemSet& set, int peer) {
         return r->Push(set, peer);
       });
+  if (a->options_.holdings_report_interval > absl::ZeroDuration()) {
+    HoldingsReporter::Options report;
+    report.node_id = a->options_.node_id;
+    report.num_nodes = a->options_.num_nodes;
+    report.interval = a->options_.holdings_report_interval;
+    report.budget_bytes = [p = a->pool_.get()] { return p->budget(); };
+    report.used_bytes = [p = a->pool_.get()] { return p->stats().used_bytes; };
+    a->reporter_ = std::make_unique<HoldingsReporter>(
+        std::move(report), a->coordinator_.get(), a->tier_);
+  }
   return a;
 }
 
 Agent::~Agent() {
+  if (reporter_ != nullptr) reporter_->Stop();
   // Persists push replicas through the transport: they end first.
   if (persister_ != nullptr) persister_->Stop();
   // The transport's threads call the peer server: stop them next.
@@ -174,6 +185,8 @@ v1::AgentStatusResponse Agent::Status() {
   const MemoryTier::Counts held = tier_.counts();
   r.set_tier0_sets(held.tier0_sets);
   r.set_replica_sets(held.replica_sets);
+  r.set_memory_sets(held.memory_sets);
+  r.set_memory_bytes(held.memory_bytes);
   const Persister::Counts persisted = persister_->counts();
   r.set_commits(persisted.commits);
   r.set_replicas_pushed(persisted.replicas_pushed);

@@ -84,6 +84,7 @@
 #include "common/thread_pool.h"
 #include "protocol/client_security.h"
 #include "protocol/coordinator_call.h"
+#include "server/agent/holdings_reporter.h"
 #include "server/agent/items.h"
 #include "server/agent/memory_tier.h"
 #include "server/agent/peer_client.h"
@@ -172,6 +173,10 @@ struct AgentOptions {
   // store it writes to. Default: 4 threads, StoreOptions's defaults.
   int io_threads = 4;
   storage::StoreOptions store;
+  // How often the agent tells cairnd what it holds in memory (its
+  // heartbeat for memory checkpoints; HoldingsReporter). Zero: never (an
+  // agent that holds no memory checkpoint). Default: 1 s.
+  absl::Duration holdings_report_interval = absl::Seconds(1);
 };
 
 class Agent {
@@ -246,6 +251,8 @@ class Agent {
   std::unique_ptr<protocol::CoordinatorContact> coordinator_contact_;
   // Persists and streams the saves handed over (after coordinator_).
   std::unique_ptr<Persister> persister_;
+  // Reports tier_ to cairnd; stopped first.
+  std::unique_ptr<HoldingsReporter> reporter_;
 
   std::atomic<uint64_t> next_id_{1};
   // Buckets streaming saves have handed out (AgentStatusResponse).

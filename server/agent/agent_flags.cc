@@ -21,6 +21,7 @@ void AgentFlags::ApplyUnits() {
   spec.agent.stream_bucket_bytes = static_cast<uint64_t>(stream_bucket_kib)
                                    << 10;
   spec.agent.stream_idle_timeout = absl::Milliseconds(stream_idle_timeout_ms);
+  spec.agent.holdings_report_interval = absl::Milliseconds(holdings_report_ms);
   spec.agent.coordinator_first_contact_timeout = absl::Seconds(first_contact_s);
 }
 
@@ -117,9 +118,16 @@ void AddAgentFlags(CLI::App& app, AgentFlags* f) {
       ->capture_default_str()
       ->check(flags::InRange(1, 1 << 24));
   app.add_option("--replicas", f->spec.agent.replicas,
-                 "Peer agents each checkpoint is replicated to")
+                 "Peer agents each checkpoint is replicated to (a memory "
+                 "checkpoint's copies beyond one, unless the job's policy "
+                 "says)")
       ->capture_default_str()
       ->check(flags::InRange(0, 1024));
+  app.add_option("--holdings-report-ms", f->holdings_report_ms,
+                 "How often the agent tells cairnd what it holds in memory "
+                 "(its heartbeat for memory checkpoints; 0: never)")
+      ->capture_default_str()
+      ->check(flags::InRange(0, 600000));
   app.add_option("--bucket-cap-mib", f->bucket_cap_mib,
                  "Largest peer message (small items are bucketed)")
       ->capture_default_str()

@@ -53,6 +53,7 @@ struct AgentFlags {
   int bucket_cap_mib = 32;
   int stream_bucket_kib = 64 << 10;
   int stream_idle_timeout_ms = 60000;
+  int holdings_report_ms = 1000;
   std::string transport = "tcp";
   int cuda_device = 0;
   std::string socket_mode = "0660";

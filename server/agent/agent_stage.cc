@@ -44,6 +44,11 @@ absl::StatusOr<v1::BeginStageResponse> Agent::BeginStage(
   set->rank = request.rank();
   set->world_size = request.world_size();
   set->incarnation = request.incarnation();
+  if (!v1::Tier_IsValid(request.tier())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": unknown tier ", request.tier()));
+  }
+  set->tier_asked = request.tier();
   v1::BeginStageResponse response;
   uint64_t total = 0;
   for (const v1::StageItem& si : request.items()) {
@@ -72,6 +77,15 @@ absl::StatusOr<v1::BeginStageResponse> Agent::BeginStage(
       request.wait_for_space_ms() > 0
           ? absl::Milliseconds(request.wait_for_space_ms())
           : options_.wait_for_space;
+  if (request.tier() == v1::TIER_MEMORY &&
+      StagingPool::SegmentSize(total) > pool_->budget()) {
+    // A memory checkpoint exists only in memory: it must fit whole.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        where, ": a memory save of ", total,
+        " bytes does not fit this agent's staging budget of ", pool_->budget(),
+        " bytes (--staging-budget-mib); save it to the "
+        "persistent tier or raise the budget"));
+  }
   if (request.allow_streaming() &&
       StagingPool::SegmentSize(total) > pool_->budget()) {
     // Larger than the whole budget: stream it through buckets.

@@ -36,6 +36,11 @@ struct ItemSet {
   int world_size = 0;
   uint64_t incarnation = 0;  // of the rank's process; 0: not sent
   bool replica = false;
+  // A memory checkpoint's set (BeginSaveResponse.tier): pinned in the
+  // memory tier until cairnd says it is gone or persisted.
+  bool memory_tier = false;
+  // The tier the rank asked for (BeginStageRequest.tier).
+  v1::Tier tier_asked = v1::TIER_UNSPECIFIED;
   std::vector<StagedItem> items;
   std::shared_ptr<shm::ShmSegment> segment;
   // The rank cancelled this save (Persister::Cancel); guarded by the

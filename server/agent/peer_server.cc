@@ -79,6 +79,7 @@ absl::Status PeerServer::HandlePush(int peer, const v1::PushReplica& push) {
   set->step = push.step();
   set->rank = push.source_rank();
   set->replica = true;
+  set->memory_tier = push.memory_tier();
   // Everything below indexes and sizes by what the peer sent: check it all
   // before anything is allocated or copied. A refused push's data messages
   // are abandoned (dropped as they arrive).

@@ -9,6 +9,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/crash_point.h"
 #include "common/logging.h"
@@ -291,7 +292,8 @@ void Persister::RunPersist(const std::shared_ptr<ItemSet>& set,
     }
     *proto.add_items() = it.item;
   }
-  uint64_t written = 0;  // bytes cairnd's plan has this rank write
+  uint64_t written = 0;    // bytes cairnd's plan has this rank write
+  bool in_memory = false;  // a memory save: held here and on peers
   absl::StatusOr<v1::CheckpointRecord> record =
       [&]() -> absl::StatusOr<v1::CheckpointRecord> {
     CAIRN_ASSIGN_OR_RETURN(planner::LocalSavePlan local,
@@ -301,9 +303,24 @@ void Persister::RunPersist(const std::shared_ptr<ItemSet>& set,
     CAIRN_RETURN_IF_ERROR(StartPersisting(rp, *set));
     absl::Cleanup end_persisting = [this, rp] { EndPersisting(rp); };
     if (set->incarnation != 0) rp->protocol->set_incarnation(set->incarnation);
+    rp->protocol->set_tier(
+        {set->tier_asked, /*agent_holds=*/true, options_.replicas});
     CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<protocol::PlannedSave> save,
                            rp->protocol->Begin(set->step, local));
     if (die_before_commit) save->SetBeforeCommitForTest([] { _exit(137); });
+    if (save->plan().tier() == v1::TIER_MEMORY) {
+      // Nothing goes to storage: the set stays here, pinned, and in the
+      // memory of `replicas` peers before the rank commits with them.
+      in_memory = true;
+      absl::StatusOr<std::vector<int>> holders =
+          HoldInMemory(set, save->plan().replicas());
+      absl::Status s = holders.status();
+      if (s.ok()) s = save->RecordHeld(sources, *holders);
+      if (!s.ok()) return save->Abort(s);
+      absl::StatusOr<v1::CheckpointRecord> committed = save->Commit();
+      if (!committed.ok()) (void)save->Abort(committed.status());
+      return committed;
+    }
     for (const v1::PlannedWrite& w : save->plan().rank_plan().writes()) {
       written += w.location().length();
     }
@@ -331,7 +348,11 @@ void Persister::RunPersist(const std::shared_ptr<ItemSet>& set,
     SaveResult& r = results_[key];
     // A committed save is done once its replicas are pushed (below).
     r.done = !record.ok();
-    if (record.ok()) {
+    if (record.ok() && in_memory) {
+      r.record = *record;
+      r.done = true;  // its copies were made before the commit
+      ++counts_.commits;
+    } else if (record.ok()) {
       r.record = *record;
       ++counts_.commits;
       tier_.Keep(set);
@@ -347,8 +368,17 @@ void Persister::RunPersist(const std::shared_ptr<ItemSet>& set,
     }
   }
   if (!record.ok()) {
+    // A memory save's copies here go now; its peers drop theirs when cairnd
+    // answers their next report (the save is aborted there).
+    if (in_memory) tier_.Drop(set->job, set->step, set->rank);
     CAIRN_LOG(warn, "node {}: persisting {} failed: {}", options_.node_id,
               where, record.status().ToString());
+    return;
+  }
+  if (in_memory) {
+    CAIRN_LOG(info, "node {}: {} committed in memory ({} items) in {}",
+              options_.node_id, where, set->items.size(),
+              absl::FormatDuration(absl::Now() - t0));
     return;
   }
   CAIRN_LOG(info, "node {}: {} committed ({} items) in {}", options_.node_id,
@@ -369,6 +399,44 @@ void Persister::RunPersist(const std::shared_ptr<ItemSet>& set,
   absl::MutexLock l(&mu_);
   replicating_.erase(replication);
   results_[key].done = true;
+}
+
+absl::StatusOr<std::vector<int>> Persister::HoldInMemory(
+    const std::shared_ptr<ItemSet>& set, int replicas) {
+  set->memory_tier = true;
+  tier_.Keep(set);
+  std::vector<int> holders = {options_.node_id};
+  uint64_t set_bytes = 0;
+  for (const StagedItem& it : set->items) set_bytes += it.item.length();
+  // The next nodes in turn, skipping those that cannot take it, until k
+  // peers hold it.
+  std::vector<std::string> refused;
+  for (int i = 1; i < options_.num_nodes &&
+                  static_cast<int>(holders.size()) < replicas + 1;
+       ++i) {
+    const int peer = (options_.node_id + i) % options_.num_nodes;
+    absl::Status s = push_(*set, peer);
+    if (!s.ok()) {
+      options_.metrics.replication_failures->Increment();
+      refused.push_back(absl::StrCat("node ", peer, ": ", s.message()));
+      continue;
+    }
+    options_.metrics.replication_sent_bytes->Increment(
+        static_cast<double>(set_bytes));
+    absl::MutexLock l(&mu_);
+    ++counts_.replicas_pushed;
+    holders.push_back(peer);
+  }
+  if (static_cast<int>(holders.size()) < replicas + 1) {
+    tier_.Drop(set->job, set->step, set->rank);
+    return absl::UnavailableError(absl::StrCat(
+        "a memory save needs ", replicas + 1, " copies on distinct nodes; ",
+        holders.size(), " could be made (",
+        refused.empty() ? std::string("too few nodes")
+                        : absl::StrJoin(refused, "; "),
+        ")"));
+  }
+  return holders;
 }
 
 void Persister::RunStream(const std::shared_ptr<StreamingSave>& st) {
@@ -406,6 +474,9 @@ absl::StatusOr<v1::CheckpointRecord> Persister::StreamToStorage(
   CAIRN_RETURN_IF_ERROR(StartPersisting(rp, set));
   absl::Cleanup end_persisting = [this, rp] { EndPersisting(rp); };
   if (set.incarnation != 0) rp->protocol->set_incarnation(set.incarnation);
+  // A save larger than the budget cannot be held: persisted, whatever the
+  // job's policy would say.
+  rp->protocol->set_tier({v1::TIER_PERSISTENT, /*agent_holds=*/false, 0});
   v1::LocalSavePlan proto;
   proto.set_rank(set.rank);
   for (const StagedItem& it : set.items) *proto.add_items() = it.item;

@@ -29,6 +29,7 @@
 #include <thread>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -162,6 +163,12 @@ class Persister {
   }
 
   absl::Status StartThread(std::function<void()> fn);
+  // A memory save: keeps `set` pinned in the tier and pushes it to peers
+  // (the next nodes in turn) until `replicas` hold it; the holders, this
+  // node first. UNAVAILABLE naming each peer's refusal (and nothing kept
+  // here) when fewer could.
+  absl::StatusOr<std::vector<int>> HoldInMemory(
+      const std::shared_ptr<ItemSet>& set, int replicas);
   void RunPersist(const std::shared_ptr<ItemSet>& set, bool die_before_commit);
   void RunStream(const std::shared_ptr<StreamingSave>& stream);
   absl::StatusOr<v1::CheckpointRecord> StreamToStorage(StreamingSave& stream,

@@ -59,6 +59,7 @@ absl::Status Replicator::Push(const ItemSet& set, int peer) {
   push->set_job(set.job);
   push->set_step(set.step);
   push->set_source_rank(set.rank);
+  push->set_memory_tier(set.memory_tier);
   push->set_source_node(peers_.node_id());
   std::vector<int> item_message(set.items.size(), -1);
   std::vector<uint64_t> item_offset(set.items.size(), 0);

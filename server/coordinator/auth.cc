@@ -100,6 +100,10 @@ absl::string_view ActionName(Action action) {
       return "abort";
     case Action::kForgetAgent:
       return "forget_agent";
+    case Action::kSetPolicy:
+      return "set_policy";
+    case Action::kPersist:
+      return "persist";
   }
   return "?";
 }
@@ -122,6 +126,10 @@ absl::string_view ActionPhrase(Action action) {
       return "abort other processes' saves";
     case Action::kForgetAgent:
       return "forget agents";
+    case Action::kSetPolicy:
+      return "set checkpoint policies";
+    case Action::kPersist:
+      return "persist checkpoints";
   }
   return "?";
 }
@@ -132,6 +140,7 @@ Role RequiredRole(Action action) {
     case Action::kListAgents:
       return Role::kReader;
     case Action::kSave:
+    case Action::kPersist:
       return Role::kWriter;
     case Action::kRegisterAgent:
       return Role::kAgent;
@@ -139,6 +148,7 @@ Role RequiredRole(Action action) {
     case Action::kGarbageCollect:
     case Action::kAbort:
     case Action::kForgetAgent:
+    case Action::kSetPolicy:
       return Role::kAdmin;
   }
   return Role::kAdmin;

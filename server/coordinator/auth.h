@@ -63,6 +63,8 @@ enum class Action {
   kGarbageCollect,
   kAbort,        // AbortSave without the caller's process id: anyone's save
   kForgetAgent,  // no job
+  kSetPolicy,    // SetJobPolicy
+  kPersist,      // PersistCheckpoint: a memory checkpoint to storage
 };
 absl::string_view ActionName(Action action);  // "delete", "gc", ...
 // The phrase of a PERMISSION_DENIED message: "delete checkpoints".

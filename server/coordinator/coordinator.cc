@@ -63,13 +63,23 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   CAIRN_ASSIGN_OR_RETURN(
       std::unique_ptr<storage::StorageLease> lease,
       storage::StorageLease::Acquire(*lease_store, std::move(lease_options)));
+  // The manifests of memory checkpoints: beside the catalog (whose lock
+  // keeps a second cairnd out), durable like storage.
+  const std::string memory_path = options.memory_manifest_path.empty()
+                                      ? options.catalog_path + "-memory"
+                                      : options.memory_manifest_path;
+  CAIRN_ASSIGN_OR_RETURN(
+      std::unique_ptr<storage::ShardStore> memory_store,
+      storage::OpenShardStore(absl::StrCat("file://", memory_path)));
   std::unique_ptr<Coordinator> c(
       new Coordinator(options, std::move(store), std::move(catalog)));
   c->lease_store_ = std::move(lease_store);
   c->lease_ = std::move(lease);
+  c->memory_store_ = std::move(memory_store);
   RecoveryOptions recovery{options.catalog_path,
                            options.clean_incomplete_on_start};
   recovery.lease = c->lease_.get();
+  recovery.memory_store = c->memory_store_.get();
   CAIRN_RETURN_IF_ERROR(Recover(*c->store_, *c->catalog_, recovery));
   CAIRN_ASSIGN_OR_RETURN(
       c->agents_, AgentRegistry::Open(c->catalog_.get(), options.max_agents));
@@ -82,6 +92,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
     : options_(options),
       store_(std::move(store)),
       catalog_(std::move(catalog)),
+      holdings_(options.holdings_lease, absl::Now()),
       storage_settings_(
           absl::StrCat(store_->uri(), "|align=", options.save_plan.alignment,
                        "|prefix=", options.save_plan.object_prefix)),
@@ -308,9 +319,11 @@ Coordinator::BuildLoadedCheckpoint(const std::string& job, int64_t step) {
     }
     return absl::OkStatus();
   };
+  CAIRN_ASSIGN_OR_RETURN(storage::ShardStore * manifest_store,
+                         ManifestStoreOf(job, step));
   absl::StatusOr<storage::ManifestSummary> manifest =
       storage::ReadManifestByTensor(
-          *store_, job, step,
+          *manifest_store, job, step,
           [&](const storage::TensorOfManifest& t) -> absl::Status {
             // A build takes seconds at thousands of ranks: shutdown does
             // not wait for it.
@@ -396,9 +409,13 @@ absl::StatusOr<v1::ListCheckpointsResponse> Coordinator::ListCheckpoints(
   CAIRN_ASSIGN_OR_RETURN(
       std::vector<v1::CheckpointRecord> records,
       catalog_->ListCheckpoints(request.job(), request.include_uncommitted()));
+  SettleHoldings(records);
+  const absl::Time now = absl::Now();
   v1::ListCheckpointsResponse resp;
-  for (v1::CheckpointRecord& r : records)
+  for (v1::CheckpointRecord& r : records) {
+    AnnotateRecord(&r, now);
     *resp.add_checkpoints() = std::move(r);
+  }
   return resp;
 }
 
@@ -419,12 +436,7 @@ absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpoint(
   // DELETING ones). A deletion may start between resolving and reading the
   // manifest: then the next newest is resolved again.
   for (int attempt = 0;; ++attempt) {
-    absl::StatusOr<v1::CheckpointRecord> newest =
-        catalog_->LatestCommitted(job);
-    if (absl::IsNotFound(newest.status())) {
-      return absl::NotFoundError(
-          absl::StrCat("job '", job, "' has no committed checkpoint"));
-    }
+    absl::StatusOr<v1::CheckpointRecord> newest = NewestRestorable(job);
     CAIRN_RETURN_IF_ERROR(newest.status());
     absl::StatusOr<v1::GetCheckpointResponse> got =
         GetCheckpointOfStep(job, newest->step(), !request.record_only());
@@ -446,11 +458,16 @@ absl::StatusOr<v1::GetCheckpointResponse> Coordinator::GetCheckpointOfStep(
   if (!rec.ok()) return rec.status();
   v1::GetCheckpointResponse resp;
   *resp.mutable_checkpoint() = *rec;
+  if (rec->tier() == v1::TIER_MEMORY) {
+    SettleHoldings({*rec});
+    AnnotateRecord(resp.mutable_checkpoint(), absl::Now());
+  }
   if (with_manifest && rec->state() == v1::CHECKPOINT_STATE_COMMITTED) {
     // Read from storage, not kept by cairnd: a loaded checkpoint keeps only
     // its compact planner (the manifest of a 4096-rank save is ~0.5 GB).
-    CAIRN_ASSIGN_OR_RETURN(*resp.mutable_manifest(),
-                           storage::ReadManifest(*store_, job, step));
+    CAIRN_ASSIGN_OR_RETURN(
+        *resp.mutable_manifest(),
+        storage::ReadManifest(ManifestStore(*rec), job, step));
   }
   return resp;
 }

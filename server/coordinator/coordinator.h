@@ -105,6 +105,8 @@
 #include "server/coordinator/agent_registry.h"
 #include "server/coordinator/coordinator_options.h"
 #include "server/coordinator/load_rounds.h"
+#include "server/coordinator/memory_holdings.h"
+#include "server/coordinator/tier_policy.h"
 #include "storage/catalog/catalog.h"
 #include "storage/lease.h"
 #include "storage/shard_store.h"
@@ -185,6 +187,19 @@ class Coordinator {
   absl::Status DeleteCheckpoint(const v1::DeleteCheckpointRequest& request);
   absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(
       const v1::GarbageCollectRequest& request);
+
+  // Multi-tier saves (coordinator_memory.cc): a job's policy, validated
+  // against the agents reporting now (tier_policy.h); an agent's report of
+  // what it holds, answered with what it should drop.
+  absl::StatusOr<v1::SetJobPolicyResponse> SetJobPolicy(
+      const v1::SetJobPolicyRequest& request);
+  absl::StatusOr<v1::GetJobPolicyResponse> GetJobPolicy(
+      const v1::GetJobPolicyRequest& request);
+  absl::StatusOr<v1::ReportHoldingsResponse> ReportHoldings(
+      const v1::ReportHoldingsRequest& request);
+
+  // What the agents hold in memory, from their reports.
+  MemoryHoldings& holdings() { return holdings_; }
 
   // Aborts in-flight saves (UNAVAILABLE: "cairnd is shutting down") and
   // answers their waiting ranks. Idempotent; the destructor calls it.
@@ -318,11 +333,36 @@ class Coordinator {
       const std::string& job, int64_t step);
   absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> BuildLoadedCheckpoint(
       const std::string& job, int64_t step);
+  // The newest committed checkpoint of `job` that can be restored now: a
+  // persistent one, or a memory one every rank of which has a live copy
+  // (once the agents' holdings are known after a restart: Settle).
+  // NOT_FOUND naming the job when there is none.
+  absl::StatusOr<v1::CheckpointRecord> NewestRestorable(const std::string& job);
+  // Waits (up to the holdings' lease after start) until every node named by
+  // a memory checkpoint of `job` has reported since cairnd started.
+  void SettleHoldings(const std::vector<v1::CheckpointRecord>& records);
+  // Fills a record's live fields (live_copies, live_holder_nodes,
+  // restorable, unrestorable_reason) from the holdings at `now`.
+  void AnnotateRecord(v1::CheckpointRecord* record, absl::Time now) const;
+  // The store that holds the MANIFEST of `record`'s checkpoint: storage, or
+  // cairnd's own memory-manifest store for a memory checkpoint.
+  storage::ShardStore& ManifestStore(const v1::CheckpointRecord& record) const;
+  absl::StatusOr<storage::ShardStore*> ManifestStoreOf(const std::string& job,
+                                                       int64_t step);
+  // The tier of a session whose ranks have all arrived (ChooseTier with the
+  // job's policy and the live agents).
+  absl::StatusOr<TierChoice> ChooseSessionTier(const SaveSession& session);
+  // Retention after a commit of `tier`: the job's policy (keep_memory,
+  // keep_persistent), else --keep-last for persistent checkpoints.
+  void RetainAfterCommit(const std::string& job, v1::Tier tier);
+
   // CoordinatorOptions::prepare_loads, for the step just committed (on a
   // worker; a failure is logged: the first PlanLoad builds it then).
   void PrepareLoad(const std::string& job, int64_t step);
+  // Deletes all but the newest `keep_last` committed checkpoints of `job`
+  // in `tier` (memory and persistent ones are retained apart).
   absl::StatusOr<v1::GarbageCollectResponse> ApplyRetention(
-      const std::string& job, int keep_last, bool dry_run);
+      const std::string& job, int keep_last, bool dry_run, v1::Tier tier);
   // Deletes a step whose (job, step) is in deleting_: record DELETING,
   // MANIFEST, data, record (see the top of this file).
   absl::Status DeleteStepRecord(v1::CheckpointRecord record);
@@ -363,6 +403,10 @@ class Coordinator {
   std::unique_ptr<storage::ShardStore> lease_store_;
   std::unique_ptr<storage::StorageLease> lease_;
   const std::unique_ptr<storage::Catalog> catalog_;
+  // The MANIFESTs of memory checkpoints (CoordinatorOptions::
+  // memory_manifest_path); set by Create.
+  std::unique_ptr<storage::ShardStore> memory_store_;
+  MemoryHoldings holdings_;
   const std::string storage_settings_;     // part of every plan cache key
   std::unique_ptr<AgentRegistry> agents_;  // set by Create
 

@@ -100,7 +100,7 @@ absl::StatusOr<PlanLoadAnswer> Coordinator::PlanLoadEncoded(
   // catalog I/O); a live round's step takes precedence over it.
   int64_t newest = -1;
   if (latest) {
-    absl::StatusOr<v1::CheckpointRecord> rec = catalog_->LatestCommitted(job);
+    absl::StatusOr<v1::CheckpointRecord> rec = NewestRestorable(job);
     if (rec.ok()) {
       newest = rec->step();
     } else if (!absl::IsNotFound(rec.status())) {
@@ -196,6 +196,20 @@ Coordinator::PlanLoadOfStep(const v1::PlanLoadRequest& request, int64_t step) {
                         absl::StrCat("rank ", request.rank(), " loading ",
                                      SaveName(job, step), ": ", s.message()));
   };
+  // A memory checkpoint names no stored object: its ranks load it through
+  // their agents (which take only the step from this answer); a rank
+  // reading storage itself is told the tier and refuses.
+  if (absl::StatusOr<v1::CheckpointRecord> rec =
+          catalog_->GetCheckpoint(job, step);
+      rec.ok() && rec->tier() == v1::TIER_MEMORY) {
+    v1::PlanLoadResponse in_memory;
+    in_memory.set_step(step);
+    in_memory.set_storage_uri(store_->uri());
+    in_memory.set_tier(v1::TIER_MEMORY);
+    auto plan = std::make_shared<EncodedLoadPlan>();
+    plan->bytes = in_memory.SerializeAsString();
+    return plan;
+  }
   // The short form names the checkpoint's own tensors by their digest.
   const bool short_form = !request.tensors_digest().empty();
   if (short_form && request.wanted_size() > 0) {

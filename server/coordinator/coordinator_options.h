@@ -20,6 +20,15 @@ struct CoordinatorOptions {
   std::string storage_uri;
   // RocksDB directory of the catalog; created if missing. Required.
   std::string catalog_path;
+  // Directory of the MANIFESTs of memory checkpoints (their bytes are in the
+  // agents' memory): kept by cairnd beside its catalog, never on storage.
+  // Default (empty): catalog_path + "-memory".
+  std::string memory_manifest_path;
+  // How long an agent counts as live after its last ReportHoldings (agents
+  // report every second): its copies of memory checkpoints stop counting
+  // after that, and after a restart cairnd waits up to this long for the
+  // agents to report before resolving `latest`. Default: 5 s.
+  absl::Duration holdings_lease = absl::Seconds(5);
   // All ranks of a save must call BeginSave within this time of the first;
   // the ranks of a training job reach a save together, so a missing rank is
   // a dead or misconfigured process, reported to the others

@@ -43,8 +43,20 @@ absl::Status Coordinator::DeleteStepRecord(v1::CheckpointRecord record) {
   const std::string job = record.job();
   const int64_t step = record.step();
   CAIRN_RETURN_IF_ERROR(CheckStorageLease(SaveName(job, step)));
-  return DeleteCheckpointInOrder(*store_, *catalog_, std::move(record),
-                                 [&] { ForgetCheckpoint(job, step); });
+  const bool in_memory = record.tier() == v1::TIER_MEMORY;
+  CAIRN_RETURN_IF_ERROR(DeleteCheckpointInOrder(
+      ManifestStore(record), *catalog_, std::move(record),
+      [&] { ForgetCheckpoint(job, step); }));
+  // A persisted memory checkpoint leaves its memory manifest behind; the
+  // agents drop their copies when they next report.
+  if (!in_memory && memory_store_ != nullptr) {
+    if (absl::Status s = storage::DeleteStep(*memory_store_, job, step);
+        !s.ok() && !absl::IsNotFound(s)) {
+      CAIRN_LOG(warn, "{}: its memory manifest stays: {}", SaveName(job, step),
+                s.ToString());
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::DeleteCheckpoint(
@@ -78,9 +90,15 @@ absl::Status Coordinator::DeleteCheckpoint(
 }
 
 absl::StatusOr<v1::GarbageCollectResponse> Coordinator::ApplyRetention(
-    const std::string& job, int keep_last, bool dry_run) {
+    const std::string& job, int keep_last, bool dry_run, v1::Tier tier) {
   CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> records,
                          catalog_->ListCheckpoints(job, false));
+  records.erase(std::remove_if(records.begin(), records.end(),
+                               [&](const v1::CheckpointRecord& r) {
+                                 return (r.tier() == v1::TIER_MEMORY) !=
+                                        (tier == v1::TIER_MEMORY);
+                               }),
+                records.end());
   v1::GarbageCollectResponse resp;
   for (const v1::CheckpointRecord& r :
        storage::RetentionVictims(records, keep_last)) {
@@ -102,8 +120,9 @@ absl::StatusOr<v1::GarbageCollectResponse> Coordinator::ApplyRetention(
     resp.set_freed_bytes(resp.freed_bytes() + r.total_bytes());
   }
   if (!dry_run && resp.deleted_steps_size() > 0) {
-    CAIRN_LOG(info, "retention for job '{}' (keep {}): deleted {} checkpoints",
-              job, keep_last, resp.deleted_steps_size());
+    CAIRN_LOG(info,
+              "retention for job '{}' (keep {} {}): deleted {} checkpoints",
+              job, keep_last, TierName(tier), resp.deleted_steps_size());
   }
   return resp;
 }
@@ -118,9 +137,18 @@ absl::StatusOr<v1::GarbageCollectResponse> Coordinator::GarbageCollect(
                      "committed checkpoint is never deleted), got ",
                      request.keep_last()));
   }
+  // Each tier keeps its newest keep_last.
   CAIRN_ASSIGN_OR_RETURN(
       v1::GarbageCollectResponse resp,
-      ApplyRetention(request.job(), request.keep_last(), request.dry_run()));
+      ApplyRetention(request.job(), request.keep_last(), request.dry_run(),
+                     v1::TIER_PERSISTENT));
+  CAIRN_ASSIGN_OR_RETURN(v1::GarbageCollectResponse memory,
+                         ApplyRetention(request.job(), request.keep_last(),
+                                        request.dry_run(), v1::TIER_MEMORY));
+  for (int64_t step : memory.deleted_steps()) resp.add_deleted_steps(step);
+  std::sort(resp.mutable_deleted_steps()->begin(),
+            resp.mutable_deleted_steps()->end());
+  resp.set_freed_bytes(resp.freed_bytes() + memory.freed_bytes());
   if (request.dry_run()) return resp;
   // What is kept is cleaned: temp files of ranks that died mid-write and
   // objects of other attempts can sit in a committed step (a zombie rank of
@@ -129,6 +157,7 @@ absl::StatusOr<v1::GarbageCollectResponse> Coordinator::GarbageCollect(
   CAIRN_ASSIGN_OR_RETURN(std::vector<v1::CheckpointRecord> kept,
                          catalog_->ListCheckpoints(request.job(), false));
   for (const v1::CheckpointRecord& r : kept) {
+    if (r.tier() == v1::TIER_MEMORY) continue;  // nothing of it on storage
     absl::StatusOr<storage::ManifestSummary> m =
         storage::ReadManifestSummary(*store_, r.job(), r.step());
     if (!m.ok()) {

@@ -211,6 +211,10 @@ Coordinator::JoinSaveLocked(const v1::BeginSaveRequest& request, RankPlan mine,
   }
   absl::StatusOr<v1::BeginSaveResponse> answer;
   const int arrived_before = session->arrived();
+  if (session->phase() == Phase::kGathering) {
+    session->AskTier(rank, TierAsk{request.tier(), request.agent_holds(),
+                                   request.replicas()});
+  }
   switch (session->Arrive(rank, std::move(mine.plan),
                           std::move(mine.fingerprint), request.held_plan_id(),
                           request.incarnation(),
@@ -424,9 +428,18 @@ void Coordinator::PlanSession(const std::shared_ptr<SaveSession>& session) {
     return;
   }
 
+  // The tier: what the ranks asked for, the job's policy, the live agents.
+  absl::StatusOr<TierChoice> tier = ChooseSessionTier(*session);
+  if (!tier.ok()) {
+    AbortSession(session, tier.status());
+    return;
+  }
+
   v1::CheckpointRecord record;
   record.set_job(session->job());
   record.set_step(session->step());
+  record.set_tier(tier->tier);
+  record.set_replicas(tier->replicas);
   record.set_state(v1::CHECKPOINT_STATE_WRITING);
   record.set_world_size(session->world_size());
   record.set_created_unix_micros(absl::ToUnixMicros(session->created()));
@@ -461,6 +474,7 @@ void Coordinator::PlanSession(const std::shared_ptr<SaveSession>& session) {
       ++stats_.plans_built;
       m_.save_plan_misses->Increment();
     }
+    session->set_tier(tier->tier, tier->replicas);
     for (auto& [r, done] :
          session->Planned(plan, plan_id, version, from_cache, absl::Now(),
                           options_.commit_deadline)) {
@@ -469,9 +483,13 @@ void Coordinator::PlanSession(const std::shared_ptr<SaveSession>& session) {
       });
     }
   }
-  CAIRN_LOG(info, "{}: plan v{} for {} ranks ({})",
+  CAIRN_LOG(info, "{}: plan v{} for {} ranks ({}, {} tier{})",
             SaveName(session->job(), session->step()), session->plan_version(),
-            session->world_size(), from_cache ? "cached" : "built");
+            session->world_size(), from_cache ? "cached" : "built",
+            TierName(tier->tier),
+            tier->tier == v1::TIER_MEMORY
+                ? absl::StrCat(", ", tier->replicas, " replicas")
+                : std::string());
   for (auto& a : answers) a();
 }
 
@@ -570,12 +588,31 @@ void Coordinator::CommitSave(const v1::CommitSaveRequest& request,
   absl::StatusOr<std::vector<uint32_t>> crc32cs =
       session->CheckResults(rank, request);
   if (!crc32cs.ok()) return done(crc32cs.status());
+  // A memory save's rank names where its shards are held; too few copies
+  // can never commit, so the save is aborted for every rank at once.
+  std::vector<int> holders;
+  if (session->tier() == v1::TIER_MEMORY) {
+    absl::StatusOr<std::vector<int>> checked = CheckHolders(
+        absl::StrCat("rank ", rank, " of ", SaveName(job, step)),
+        request.holder_nodes(), session->replicas(), options_.max_agents);
+    if (!checked.ok()) {
+      if (absl::IsFailedPrecondition(checked.status())) {
+        AbortSession(session, checked.status());
+      }
+      return done(checked.status());
+    }
+    holders = *std::move(checked);
+  }
 
   bool commit_now = false;
   std::vector<std::function<void()>> answers;
   {
     absl::MutexLock lock(&mu_);
     absl::Status answer;
+    if (session->tier() == v1::TIER_MEMORY &&
+        session->phase() == Phase::kWriting) {
+      session->SetHolders(rank, std::move(holders));
+    }
     switch (session->Commit(rank, *std::move(crc32cs), done, &answer)) {
       case SaveSession::Report::kParked:
         break;
@@ -623,17 +660,22 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   if (absl::Status s = CheckStorageLease(name); !s.ok()) {
     return AbortSession(session, s);
   }
-  // PublishManifest checks that every object holds every planned byte.
-  if (absl::Status s = storage::PublishManifest(
-          *store_, build,
-          storage::PublishOptions{.max_held_bytes =
-                                      options_.manifest_held_bytes},
-          &published);
+  // A memory checkpoint's MANIFEST goes to cairnd's own store (its bytes
+  // are in the agents' memory, which the ranks' holder_nodes vouch for);
+  // a persistent one's to storage, where PublishManifest checks that every
+  // object holds every planned byte.
+  const bool in_memory = session->tier() == v1::TIER_MEMORY;
+  storage::ShardStore& target = in_memory ? *memory_store_ : *store_;
+  storage::PublishOptions publish;
+  publish.max_held_bytes = options_.manifest_held_bytes;
+  publish.check_objects = !in_memory;
+  if (absl::Status s =
+          storage::PublishManifest(target, build, publish, &published);
       !s.ok()) {
     // The MANIFEST may be visible even so (a failure after the rename): it
     // goes before the objects it names, or they stay.
     absl::Status undo =
-        store_->Delete(storage::ManifestKey(session->job(), session->step()));
+        target.Delete(storage::ManifestKey(session->job(), session->step()));
     if (!undo.ok() && !absl::IsNotFound(undo)) {
       CAIRN_LOG(error,
                 "{}: the commit failed and its MANIFEST cannot be removed "
@@ -651,6 +693,18 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
   v1::CheckpointRecord record =
       storage::RecordFromManifest(published, store_->uri());
   record.set_committed_unix_micros(NowMicros());
+  record.set_tier(session->tier());
+  if (in_memory) {
+    record.set_replicas(session->replicas());
+    std::set<int> nodes;
+    for (const std::vector<int>& h : session->holders()) {
+      nodes.insert(h.begin(), h.end());
+    }
+    for (int n : nodes) record.add_holder_nodes(n);
+    // Known before the record is: `latest` may resolve to it at once.
+    holdings_.Committed(session->job(), session->step(), session->holders(),
+                        absl::Now());
+  }
   // The manifest is durable: the checkpoint is committed whatever happens to
   // the catalog write (a restart rebuilds it from storage).
   if (absl::Status s = catalog_->PutCheckpoint(record); !s.ok()) {
@@ -663,8 +717,12 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
       absl::ToDoubleSeconds(committed - session->created()));
   m_.bytes_saved->Increment(static_cast<double>(record.total_bytes()));
   m_.saves_committed->Increment();
-  CAIRN_LOG(info, "{}: committed ({} bytes, {} tensors, {} ranks)", name,
-            record.total_bytes(), record.num_tensors(), session->world_size());
+  CAIRN_LOG(info, "{}: committed ({} bytes, {} tensors, {} ranks, {}{})", name,
+            record.total_bytes(), record.num_tensors(), session->world_size(),
+            TierName(record.tier()),
+            in_memory ? absl::StrCat(" on nodes ",
+                                     absl::StrJoin(record.holder_nodes(), ","))
+                      : std::string());
   CAIRN_CRASH_POINT("coordinator.commit.after_catalog_commit");
 
   std::vector<Done<v1::CommitSaveResponse>> waiters;
@@ -676,17 +734,10 @@ void Coordinator::CommitSession(std::shared_ptr<SaveSession> session) {
     if (it != sessions_.end() && it->second == session) sessions_.erase(it);
   }
   manifests_.Erase(SaveKey{session->job(), session->step()});
-  if (options_.keep_last > 0) {
-    absl::StatusOr<v1::GarbageCollectResponse> gc =
-        ApplyRetention(session->job(), options_.keep_last, false);
-    if (!gc.ok()) {
-      CAIRN_LOG(warn, "retention for job '{}' failed: {}", session->job(),
-                gc.status().ToString());
-    }
-  }
+  RetainAfterCommit(session->job(), record.tier());
   // Every other attempt of this step is aborted: what they (or ranks that
   // died mid-write) left in the step is garbage.
-  SweepCommittedStep(*store_, published.header);
+  if (!in_memory) SweepCommittedStep(*store_, published.header);
   for (auto& done : waiters) {
     v1::CommitSaveResponse resp;
     *resp.mutable_checkpoint() = record;

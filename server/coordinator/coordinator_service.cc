@@ -375,6 +375,8 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
   using v1::GarbageCollectResponse;
   using v1::GetCheckpointRequest;
   using v1::GetCheckpointResponse;
+  using v1::GetJobPolicyRequest;
+  using v1::GetJobPolicyResponse;
   using v1::ListAgentsRequest;
   using v1::ListAgentsResponse;
   using v1::ListCheckpointsRequest;
@@ -383,6 +385,10 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
   using v1::PlanLoadResponse;
   using v1::RegisterAgentRequest;
   using v1::RegisterAgentResponse;
+  using v1::ReportHoldingsRequest;
+  using v1::ReportHoldingsResponse;
+  using v1::SetJobPolicyRequest;
+  using v1::SetJobPolicyResponse;
   using v1::VerifyLoadRequest;
   using v1::VerifyLoadResponse;
 
@@ -521,6 +527,32 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
                              [](Coordinator& c, const ForgetAgentRequest& r) {
                                return c.agents().Forget(r);
                              })});
+  // Multi-tier saves: a job's policy (an admin's), and the agents' reports.
+  add("SetJobPolicy", Method<SetJobPolicyRequest, SetJobPolicyResponse>{
+                          [](const SetJobPolicyRequest& r) {
+                            Access a;
+                            a.action = Action::kSetPolicy;
+                            a.audit = r.clear() ? "clear_policy" : "set_policy";
+                            a.job = r.policy().job();
+                            return a;
+                          },
+                          OnWorkers<SetJobPolicyRequest, SetJobPolicyResponse>(
+                              [](Coordinator& c, const SetJobPolicyRequest& r) {
+                                return c.SetJobPolicy(r);
+                              })});
+  add("GetJobPolicy", Method<GetJobPolicyRequest, GetJobPolicyResponse>{
+                          OnJob<GetJobPolicyRequest>(Action::kRead),
+                          OnWorkers<GetJobPolicyRequest, GetJobPolicyResponse>(
+                              [](Coordinator& c, const GetJobPolicyRequest& r) {
+                                return c.GetJobPolicy(r);
+                              })});
+  add("ReportHoldings",
+      Method<ReportHoldingsRequest, ReportHoldingsResponse>{
+          NoJob<ReportHoldingsRequest>(Action::kRegisterAgent),
+          OnWorkers<ReportHoldingsRequest, ReportHoldingsResponse>(
+              [](Coordinator& c, const ReportHoldingsRequest& r) {
+                return c.ReportHoldings(r);
+              })});
 }
 
 CoordinatorService::~CoordinatorService() = default;

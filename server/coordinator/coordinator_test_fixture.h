@@ -115,6 +115,7 @@ class CoordinatorTest : public ::testing::Test {
   void TearDown() override {
     coordinator_.reset();
     std::filesystem::remove_all(options_.catalog_path);
+    std::filesystem::remove_all(options_.catalog_path + "-memory");
     if (!data_dir_.empty()) std::filesystem::remove_all(data_dir_);
   }
 
@@ -126,6 +127,7 @@ class CoordinatorTest : public ::testing::Test {
     coordinator_.reset();
     disk_.reset();
     std::filesystem::remove_all(options_.catalog_path);
+    std::filesystem::remove_all(options_.catalog_path + "-memory");
     data_dir_ = testing::MakeTempDir("coord-" + name + "-data");
     std::filesystem::create_directories(data_dir_);
     options_.storage_uri =

@@ -59,8 +59,12 @@ absl::Status Recover(storage::ShardStore& store, storage::Catalog& catalog,
 
   // Refuse to hide every checkpoint because the storage is not there.
   int committed = 0, lost = 0;
+  const auto in_memory = [&](const v1::CheckpointRecord& r) {
+    return r.tier() == v1::TIER_MEMORY &&
+           with_manifest.count({r.job(), r.step()}) == 0;
+  };
   for (const v1::CheckpointRecord& r : records) {
-    if (r.state() != v1::CHECKPOINT_STATE_COMMITTED) continue;
+    if (r.state() != v1::CHECKPOINT_STATE_COMMITTED || in_memory(r)) continue;
     ++committed;
     if (with_manifest.count({r.job(), r.step()}) == 0) ++lost;
   }
@@ -79,6 +83,48 @@ absl::Status Recover(storage::ShardStore& store, storage::Catalog& catalog,
     const std::string name = SaveName(r.job(), r.step());
     recorded.insert(key);
     const bool has_manifest = with_manifest.count(key) > 0;
+    if (r.tier() == v1::TIER_MEMORY && has_manifest &&
+        r.state() == v1::CHECKPOINT_STATE_COMMITTED) {
+      CAIRN_LOG(warn, "{} was persisted before cairnd stopped: persistent",
+                name);
+      r.set_tier(v1::TIER_PERSISTENT);
+      r.set_persisting(false);
+      CAIRN_RETURN_IF_ERROR(catalog.PutCheckpoint(r));
+      continue;
+    }
+    if (in_memory(r) && (r.state() == v1::CHECKPOINT_STATE_COMMITTED ||
+                         r.state() == v1::CHECKPOINT_STATE_DELETING)) {
+      absl::Status found = absl::NotFoundError("no memory store");
+      if (options.memory_store != nullptr) {
+        if (r.state() == v1::CHECKPOINT_STATE_DELETING) {
+          CAIRN_LOG(info, "finishing the deletion of {} (memory)", name);
+          CAIRN_RETURN_IF_ERROR(DeleteCheckpointInOrder(*options.memory_store,
+                                                        catalog, r, nullptr));
+          continue;
+        }
+        found =
+            options.memory_store->Size(storage::ManifestKey(r.job(), r.step()))
+                .status();
+      }
+      if (found.ok()) {
+        if (r.persisting()) {
+          // The promotion's writes died with the previous process; their
+          // objects go with the incomplete steps below.
+          r.set_persisting(false);
+          CAIRN_RETURN_IF_ERROR(catalog.PutCheckpoint(r));
+        }
+        continue;
+      }
+      if (!absl::IsNotFound(found)) return found;
+      CAIRN_LOG(error,
+                "{} is a COMMITTED memory checkpoint but its manifest is "
+                "gone: marking it ABORTED",
+                name);
+      r.set_state(v1::CHECKPOINT_STATE_ABORTED);
+      r.set_abort_reason("its memory manifest was missing when cairnd started");
+      CAIRN_RETURN_IF_ERROR(catalog.PutCheckpoint(r));
+      continue;
+    }
     switch (r.state()) {
       case v1::CHECKPOINT_STATE_DELETING:
         CAIRN_LOG(info, "finishing the deletion of {}", name);

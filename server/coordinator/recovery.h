@@ -24,6 +24,10 @@ struct RecoveryOptions {
   // unless it allows changing the storage (its Check() error is returned).
   // Null: the caller knows no other process uses the storage (tests).
   const storage::StorageLease* lease = nullptr;
+  // Where cairnd keeps the manifests of memory checkpoints (their bytes are
+  // in agents' memory, not on `store`). Null: no memory checkpoint is
+  // expected (a memory record is then treated as one without its manifest).
+  storage::ShardStore* memory_store = nullptr;
 };
 
 // Runs only while holding the storage's lease (options.lease): another cairnd
@@ -56,6 +60,11 @@ struct RecoveryOptions {
 //   * MANIFEST with no record: COMMITTED from the manifest, as the rebuild of
 //     an empty catalog does; a damaged one is left for an operator, logged.
 //   * a step with objects but no MANIFEST: deleted.
+// Memory checkpoints (tier TIER_MEMORY) are checked against the memory
+// store: COMMITTED with its manifest there is kept (the agents say what
+// they still hold once they report), without it ABORTED; DELETING is
+// finished there; one whose MANIFEST is on storage too was persisted
+// (`cairn persist`) before the catalog recorded it: TIER_PERSISTENT.
 absl::Status Recover(storage::ShardStore& store, storage::Catalog& catalog,
                      const RecoveryOptions& options);
 

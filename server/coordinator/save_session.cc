@@ -250,6 +250,8 @@ absl::StatusOr<v1::BeginSaveResponse> SaveSession::RankResponse(
   r.set_step_prefix(step_prefix_);
   r.set_plan_id(plan_id_);
   r.set_attempt(attempt_);
+  r.set_tier(tier_);
+  r.set_replicas(replicas_);
   if (!plan_id_.empty() && held_plan_ids_[rank] == plan_id_) {
     // The rank holds this very plan: at thousands of ranks, sending it again
     // would be most of the round's bytes.
@@ -638,6 +640,13 @@ absl::Status SaveSession::BuildManifest(
     CAIRN_RETURN_IF_ERROR(on_tensor(t));
   }
   return absl::OkStatus();
+}
+
+void SaveSession::SetHolders(int rank, std::vector<int> nodes) {
+  if (holders_.size() < static_cast<size_t>(world_size_)) {
+    holders_.resize(world_size_);
+  }
+  if (rank >= 0 && rank < world_size_) holders_[rank] = std::move(nodes);
 }
 
 }  // namespace cairn::coordinator

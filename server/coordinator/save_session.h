@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +46,7 @@
 #include "google/protobuf/repeated_field.h"
 #include "planner/packed_plan.h"
 #include "planner/save_plan.h"
+#include "server/coordinator/tier_policy.h"
 
 namespace cairn::coordinator {
 
@@ -211,6 +213,26 @@ class SaveSession {
   bool Abort(const absl::Status& status,
              std::vector<std::function<void()>>* answers);
 
+  // --- Tiers. What a rank asked for (BeginSaveRequest.tier, agent_holds,
+  // replicas), kept from its BeginSave until the plan is built; the tier
+  // chosen then (ChooseTier) goes to every rank with its plan. A memory
+  // save's ranks commit with the nodes holding their shards.
+  void AskTier(int rank, const TierAsk& ask) { tier_asks_[rank] = ask; }
+  // By rank, for the ranks that asked (every rank once kPlanning).
+  const std::map<int, TierAsk>& tier_asks() const { return tier_asks_; }
+  void set_tier(v1::Tier tier, int replicas) {
+    tier_ = tier;
+    replicas_ = replicas;
+  }
+  v1::Tier tier() const { return tier_; }
+  int replicas() const { return replicas_; }
+  // Memory saves: `rank`'s holder nodes, from its CommitSave (the last
+  // report wins; a retry names the same).
+  void SetHolders(int rank, std::vector<int> nodes);
+  // By rank (empty for ranks that have not reported); sized world_size once
+  // planned.
+  const std::vector<std::vector<int>>& holders() const { return holders_; }
+
   // --- State.
   const std::string& job() const { return job_; }
   int64_t step() const { return step_; }
@@ -302,6 +324,11 @@ class SaveSession {
   std::vector<Done<v1::CommitSaveResponse>> commit_waiters_;
 
   absl::Status abort_status_;
+
+  std::map<int, TierAsk> tier_asks_;
+  v1::Tier tier_ = v1::TIER_PERSISTENT;
+  int replicas_ = 0;
+  std::vector<std::vector<int>> holders_;
 };
 
 }  // namespace cairn::coordinator

@@ -32,6 +32,7 @@ constexpr char kJobPrefix[] = "job/";
 constexpr char kCkptPrefix[] = "ckpt/";
 constexpr char kPlanPrefix[] = "plan/";
 constexpr char kAgentPrefix[] = "agent/";
+constexpr char kPolicyPrefix[] = "policy/";
 
 std::string Step16(int64_t step) { return absl::StrFormat("%016d", step); }
 
@@ -324,6 +325,36 @@ absl::Status Catalog::DeleteAgent(absl::string_view node_name) {
   CAIRN_RETURN_IF_ERROR(FromRocks(s, "reading an agent before delete"));
   return FromRocks(db_->Delete(SyncWrite(), key),
                    absl::StrCat("deleting agent of node '", node_name, "'"));
+}
+
+absl::Status Catalog::PutPolicy(const v1::JobPolicy& policy) {
+  CAIRN_RETURN_IF_ERROR(ValidateJobName(policy.job()));
+  return FromRocks(
+      db_->Put(SyncWrite(), absl::StrCat(kPolicyPrefix, policy.job()),
+               policy.SerializeAsString()),
+      absl::StrCat("recording the policy of job '", policy.job(), "'"));
+}
+
+absl::StatusOr<v1::JobPolicy> Catalog::GetPolicy(absl::string_view job) {
+  const std::string key = absl::StrCat(kPolicyPrefix, job);
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), key, &value);
+  if (s.IsNotFound()) {
+    return absl::NotFoundError(
+        absl::StrCat("job '", job, "' has no checkpoint policy"));
+  }
+  CAIRN_RETURN_IF_ERROR(FromRocks(s, "reading a job's policy"));
+  v1::JobPolicy policy;
+  if (!policy.ParseFromString(value) || policy.job() != job) {
+    return absl::DataLossError(absl::StrCat(
+        "catalog: the policy record of job '", job, "' is not its JobPolicy"));
+  }
+  return policy;
+}
+
+absl::Status Catalog::DeletePolicy(absl::string_view job) {
+  return FromRocks(db_->Delete(SyncWrite(), absl::StrCat(kPolicyPrefix, job)),
+                   absl::StrCat("deleting the policy of job '", job, "'"));
 }
 
 bool Catalog::empty() {

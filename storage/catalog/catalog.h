@@ -10,6 +10,7 @@
 //   "ckpt/" + job + '\0' + step16        -> cairn.v1.CheckpointRecord
 //   "plan/" + job + '\0' + key           -> opaque plan-cache bytes
 //   "agent/" + node_name                 -> cairn.v1.AgentRecord
+//   "policy/" + job                      -> cairn.v1.JobPolicy
 // step16 is the step as 16 zero-padded decimal digits. Job names are
 // [A-Za-z0-9._-]{1,128} (ValidateJobName), so they contain neither '\0' nor
 // '/'. Multi-key updates (a checkpoint and its job) are one WriteBatch; every
@@ -83,6 +84,13 @@ class Catalog {
   absl::StatusOr<std::vector<v1::AgentRecord>> ListAgents();
   // NOT_FOUND naming the node if absent.
   absl::Status DeleteAgent(absl::string_view node_name);
+
+  // A job's checkpoint policy (cairn.v1.JobPolicy), not validated here
+  // beyond the job's name. Get: NOT_FOUND naming the job when it has none.
+  // Delete: OK when there is none.
+  absl::Status PutPolicy(const v1::JobPolicy& policy);
+  absl::StatusOr<v1::JobPolicy> GetPolicy(absl::string_view job);
+  absl::Status DeletePolicy(absl::string_view job);
 
   // True when no job and no checkpoint is recorded (plan-cache entries,
   // agent records and metadata do not count).

@@ -194,13 +194,15 @@ class AgentCheckpointer:
         """The keyword defaults (libcairn's AgentCheckpointerOptions and
         CheckpointerOptions), by keyword; None for tls_ca, tls_cert,
         tls_key, token."""
-    def async_save(self, step: int, state: StateDict) -> SaveFuture:
+    def async_save(self, step: int, state: StateDict,
+                   tier: str = ...) -> SaveFuture:
         """Returns once `state` is copied into the agent's staging memory.
         CancelledError after cancel()."""
     def save_future(self, step: int) -> SaveFuture:
         """The future of this rank's save of `step` staged by an async_save
         of this job and rank, in this process or another."""
-    def save(self, step: int, state: StateDict) -> CheckpointInfo:
+    def save(self, step: int, state: StateDict,
+             tier: str = ...) -> CheckpointInfo:
         """async_save, then the wait for its commit, as one call: Ctrl-C
         cancels the save (aborted at cairnd once the agent joined it) and
         raises KeyboardInterrupt."""

@@ -91,6 +91,21 @@ def _step_arg(step: Any, what: str, job: str, rank: int,
     return int(step)
 
 
+_TIERS = ("policy", "persistent", "memory")
+
+
+def _tier_arg(tier: Any, agent: bool, where: str) -> None:
+    if tier not in _TIERS:
+        raise InvalidArgumentError(
+            f"{where}: tier {tier!r} is not one of 'policy', 'persistent', "
+            f"'memory'")
+    if tier == "memory" and not agent:
+        raise InvalidArgumentError(
+            f"{where}: tier 'memory' keeps the checkpoint in cairn-agents' "
+            f"memory, and this Checkpointer has no agent socket "
+            f"(agent_socket, CAIRN_AGENT_SOCKET)")
+
+
 class SaveFuture:
     """The outcome of one Checkpointer.async_save.
 
@@ -282,7 +297,8 @@ class Checkpointer:
 
     # --------------------------------------------------------------- save
 
-    def save(self, step: int, state_dict: StateDictLike) -> CheckpointInfo:
+    def save(self, step: int, state_dict: StateDictLike,
+             tier: str = "policy") -> CheckpointInfo:
         """Saves `state_dict` as checkpoint `step` and returns its committed
         CheckpointInfo once every rank's data is durable (collective).
 
@@ -296,18 +312,28 @@ class Checkpointer:
         With an agent socket this is async_save then the wait for its
         commit, as one call (Ctrl-C in either cancels the save: the agent
         aborts it at cairnd once it has joined it there).
+
+        tier: "policy" (the job's checkpoint policy, `cairn policy`;
+        storage without one), "persistent", or "memory" (held in the
+        agents' memory only, on replicas + 1 distinct nodes; needs an agent
+        socket).
         """
         step = _step_arg(step, "save", self.job, self.rank, False)
+        _tier_arg(tier, self._agent is not None, self._where("save", step))
         self._wait_pending()
         runner = self._runner()
         with self._lock:
             if isinstance(state_dict, _cairn.StateDict):
-                info = runner.save(step, state_dict)
+                info = (runner.save(step, state_dict, tier)
+                        if self._agent is not None else
+                        runner.save(step, state_dict))
             else:
                 prep = _state.prepare_save(state_dict,
                                            self._where("save", step))
                 try:
-                    info = runner.save(step, prep.state)
+                    info = (runner.save(step, prep.state, tier)
+                            if self._agent is not None else
+                            runner.save(step, prep.state))
                 finally:
                     prep.release()
             self._last_stats = dict(
@@ -323,7 +349,8 @@ class Checkpointer:
         assert self._direct is not None
         return self._direct
 
-    def async_save(self, step: int, state_dict: StateDictLike) -> SaveFuture:
+    def async_save(self, step: int, state_dict: StateDictLike,
+                   tier: str = "policy") -> SaveFuture:
         """Starts saving `state_dict` as checkpoint `step`; returns a
         SaveFuture as soon as the state is snapshotted, so training may
         modify its tensors at once (the checkpoint holds the values at the
@@ -341,16 +368,18 @@ class Checkpointer:
         interpreter exit is cancelled and does not commit.
         """
         step = _step_arg(step, "async_save", self.job, self.rank, False)
-        self._wait_pending()
         where = self._where("async_save", step)
+        _tier_arg(tier, self._agent is not None, where)
+        self._wait_pending()
         if self._agent is not None:
             with self._lock:
                 if isinstance(state_dict, _cairn.StateDict):
-                    native = self._agent.async_save(step, state_dict)
+                    native = self._agent.async_save(step, state_dict, tier)
                 else:
                     prep = _state.prepare_save(state_dict, where)
                     try:
-                        native = self._agent.async_save(step, prep.state)
+                        native = self._agent.async_save(step, prep.state,
+                                                        tier)
                     finally:
                         prep.release()
                 self._last_stats = dict(self._agent.last_save_stats)

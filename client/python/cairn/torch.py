@@ -196,7 +196,9 @@ class CairnStorageWriter(_CairnStorage, _api.StorageWriter):
     world size are those of `process_group` (default: torch.distributed's
     default group, or 0 of 1 without one), or rank= and world_size=. Other
     keyword options go to ``cairn._cairn.Checkpointer`` (io_threads,
-    rpc_timeout, ...).
+    rpc_timeout, ...). ``tier``: "policy" (the job's checkpoint policy;
+    storage without one), "persistent", or "memory" (in cairn-agents'
+    memory only; needs ``agent_socket``).
 
     After a save, ``last_info`` is cairnd's CheckpointInfo (COMMITTED) and
     ``last_stats`` libcairn's stats (``plan_from_cache``,
@@ -210,11 +212,21 @@ class CairnStorageWriter(_CairnStorage, _api.StorageWriter):
     def __init__(self, coordinator: Optional[str] = None,
                  job: Optional[str] = None, step: Optional[int] = None, *,
                  checkpoint_id: Any = None, agent_socket: Optional[str] = None,
-                 **options: Any):
+                 tier: str = "policy", **options: Any):
         _CairnStorage.__init__(self, coordinator, job, step, checkpoint_id,
                                options)
         self.agent_socket: Optional[str] = (
             agent_socket or os.environ.get("CAIRN_AGENT_SOCKET") or None)
+        if tier not in ("policy", "persistent", "memory"):
+            raise errors.InvalidArgumentError(
+                f"CairnStorageWriter for job '{self.job}': tier {tier!r} is "
+                f"not one of 'policy', 'persistent', 'memory'")
+        if tier == "memory" and self.agent_socket is None:
+            raise errors.InvalidArgumentError(
+                f"CairnStorageWriter for job '{self.job}': tier 'memory' "
+                f"keeps the checkpoint in cairn-agents' memory and needs an "
+                f"agent_socket (or CAIRN_AGENT_SOCKET)")
+        self.tier = tier
         extra = sorted(set(self._options) & _AGENT_ONLY_OPTIONS)
         if extra and self.agent_socket is None:
             raise errors.InvalidArgumentError(
@@ -279,7 +291,7 @@ class CairnStorageWriter(_CairnStorage, _api.StorageWriter):
             raise failure
         conn = self._connection()
         with conn.lock:
-            native = conn.ckpt.async_save(step, built.state)
+            native = conn.ckpt.async_save(step, built.state, self.tier)
             self.last_stats = dict(conn.ckpt.last_save_stats)
         del built.keep_alive
         byte_sizes = {item.index.fqn: nbytes for item, nbytes in built.results
@@ -341,7 +353,8 @@ class CairnStorageWriter(_CairnStorage, _api.StorageWriter):
         conn = self._connection()
         with conn.lock:
             if self.agent_socket is not None:
-                native = conn.ckpt.async_save(self.step, built.state)
+                native = conn.ckpt.async_save(self.step, built.state,
+                                              self.tier)
                 self.last_stats = dict(conn.ckpt.last_save_stats)
             else:
                 info = conn.ckpt.save(self.step, built.state)

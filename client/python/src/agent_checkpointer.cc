@@ -133,13 +133,25 @@ class PyAgentCheckpointer {
 
   // Ctrl-C during the copy into staging cancels the save (Cancel) and
   // raises KeyboardInterrupt.
+  // "policy", "persistent" or "memory" (client::SaveTier).
+  client::SaveTier TierOf(const std::string& tier, int64_t step) const {
+    if (tier == "policy") return client::SaveTier::kPolicy;
+    if (tier == "persistent") return client::SaveTier::kPersistent;
+    if (tier == "memory") return client::SaveTier::kMemory;
+    ThrowStatus(absl::InvalidArgumentError(
+        absl::StrCat(who_, " step ", step, ": tier '", tier,
+                     "' is not one of 'policy', 'persistent', 'memory'")));
+  }
+
   std::unique_ptr<PySaveFuture> AsyncSave(int64_t step,
-                                          const PyStateDict& state) {
+                                          const PyStateDict& state,
+                                          const std::string& tier) {
     OneCallAtATime guard(busy_, who_, "async_save");
+    const client::SaveTier save_tier = TierOf(tier, step);
     PyStateDict::InUse in_use(state, PyStateDict::Access::kRead);
     absl::StatusOr<client::SaveFuture> r =
         CallInterruptibly<absl::StatusOr<client::SaveFuture>>(
-            [&] { return impl_->AsyncSave(step, state.state()); },
+            [&] { return impl_->AsyncSave(step, state.state(), save_tier); },
             [&] { impl_->Cancel(); });
     if (!r.ok()) {
       ThrowStatus(WithJobContext(
@@ -159,14 +171,16 @@ class PyAgentCheckpointer {
   // AsyncSave, then the wait for its commit, as one call: Ctrl-C anywhere
   // in it cancels the save (aborted at cairnd once the agent joined it) and
   // raises KeyboardInterrupt, as Checkpointer.save does.
-  client::CheckpointInfo Save(int64_t step, const PyStateDict& state) {
+  client::CheckpointInfo Save(int64_t step, const PyStateDict& state,
+                              const std::string& tier) {
     OneCallAtATime guard(busy_, who_, "save");
+    const client::SaveTier save_tier = TierOf(tier, step);
     PyStateDict::InUse in_use(state, PyStateDict::Access::kRead);
     absl::StatusOr<client::CheckpointInfo> r =
         CallInterruptibly<absl::StatusOr<client::CheckpointInfo>>(
             [&]() -> absl::StatusOr<client::CheckpointInfo> {
               absl::StatusOr<client::SaveFuture> f =
-                  impl_->AsyncSave(step, state.state());
+                  impl_->AsyncSave(step, state.state(), save_tier);
               if (!f.ok()) return f.status();
               return f->Wait(kWaitForever);
             },
@@ -343,10 +357,13 @@ Raises:
 )doc")
       .def(
           "async_save", &PyAgentCheckpointer::AsyncSave, py::arg("step"),
-          py::arg("state"),
+          py::arg("state"), py::arg("tier") = "policy",
           R"doc(Snapshots `state` into the agent's staging memory and returns a SaveFuture
 as soon as the buffers of `state` may change again (training blocks only
 for the copy). The agent commits the checkpoint even if this process exits.
+tier: "policy" (the job's policy; storage without one), "persistent", or
+"memory" (kept in the agents' memory only, committed once replicas + 1
+agents on distinct nodes hold every rank's shards).
 
 Ctrl-C during the copy cancels the save and raises KeyboardInterrupt.
 
@@ -365,6 +382,7 @@ wait, and the save only if this process staged it.
 )doc")
       .def(
           "save", &PyAgentCheckpointer::Save, py::arg("step"), py::arg("state"),
+          py::arg("tier") = "policy",
           R"doc(async_save, then waits for the commit (GIL released); returns the committed
 CheckpointInfo. Ctrl-C anywhere in it cancels the save and raises
 KeyboardInterrupt: the agent aborts it at cairnd once it has joined it

@@ -37,6 +37,9 @@ class AgentCluster : public ::testing::Test {
     spec.coordinator.storage_uri = absl::StrCat("file://", dir_, "/ckpt");
     spec.coordinator.catalog_path = dir_ + "/catalog";
     spec.coordinator.commit_deadline = absl::Seconds(20);
+    // Agents report every 100 ms: a stopped one's memory counts as lost
+    // after a second.
+    spec.coordinator.holdings_lease = absl::Seconds(1);
     auto c = ::cairn::coordinator::CoordinatorServer::Start(spec);
     ASSERT_TRUE(c.ok()) << c.status();
     cairnd_ = std::move(*c);
@@ -72,6 +75,7 @@ class AgentCluster : public ::testing::Test {
     spec.agent.bucket_cap_bytes = 64 << 10;  // many buckets in tests
     spec.agent.store.durable = false;
     spec.agent.stream_idle_timeout = absl::Seconds(2);
+    spec.agent.holdings_report_interval = absl::Milliseconds(100);
     spec.agent.resolve_peer = [this](int n) -> absl::StatusOr<std::string> {
       if (n < 0 || n >= static_cast<int>(ports_.size()) || ports_[n] == 0) {
         return absl::NotFoundError(absl::StrCat("node ", n));
@@ -108,8 +112,10 @@ class AgentCluster : public ::testing::Test {
 
   // Every rank (rank r on node r / ranks_per_node) saves `step` through its
   // agent and waits for the commit.
-  void SaveAll(const std::string& job, int world, int ranks_per_node,
-               const std::string& layout, int64_t step) {
+  void SaveAll(
+      const std::string& job, int world, int ranks_per_node,
+      const std::string& layout, int64_t step,
+      ::cairn::client::SaveTier tier = ::cairn::client::SaveTier::kPolicy) {
     auto spec = ::cairn::examples::ModelSpec("small");
     ASSERT_TRUE(spec.ok());
     auto lay = ::cairn::examples::ParseLayout(layout);
@@ -121,7 +127,7 @@ class AgentCluster : public ::testing::Test {
       ASSERT_TRUE(model.ok());
       auto ckpt = Rank(r / ranks_per_node, job, r, world);
       ASSERT_NE(ckpt, nullptr);
-      auto f = ckpt->AsyncSave(step, (*model)->state());
+      auto f = ckpt->AsyncSave(step, (*model)->state(), tier);
       ASSERT_TRUE(f.ok()) << f.status();
       EXPECT_EQ(ckpt->last_save_stats().bytes > 0, true);
       futures.push_back(*f);
