@@ -155,6 +155,19 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
     report.interval = a->options_.holdings_report_interval;
     report.budget_bytes = [p = a->pool_.get()] { return p->budget(); };
     report.used_bytes = [p = a->pool_.get()] { return p->stats().used_bytes; };
+    report.persist = [p = a->persister_.get()](const v1::PersistOrder& o) {
+      return p->WriteHeld(o.job(), o.step(), o.rank());
+    };
+    report.replicate = [p = a.get()](const v1::ReplicateOrder& o) {
+      std::shared_ptr<const ItemSet> set =
+          p->tier_.FindSet(o.job(), o.step(), o.rank());
+      if (set == nullptr) {
+        return absl::NotFoundError(absl::StrCat(
+            "node ", p->options_.node_id, " holds no shards of ",
+            internal::Where(o.job(), o.step(), o.rank()), " to replicate"));
+      }
+      return p->replicator_->Push(*set, o.to_node());
+    };
     a->reporter_ = std::make_unique<HoldingsReporter>(
         std::move(report), a->coordinator_.get(), a->tier_);
   }

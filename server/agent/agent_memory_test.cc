@@ -4,6 +4,7 @@
 // back, and `latest` falling back to storage when more nodes are lost than
 // there are replicas.
 #include <filesystem>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -79,7 +80,44 @@ TEST_F(AgentMemoryTest, NodeLossIsRestoredFromReplicasWithoutStorage) {
   for (const Loaded& l : loaded) {
     EXPECT_EQ(l.source, client::LoadSource::kAgentMemory) << last_agent_error_;
   }
+  // The replacement gets copies back (two of every rank again), and with
+  // copies lost cairnd also wrote the checkpoint to storage.
+  AwaitCopies("mem", 10, 2);
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (Listed("mem", 10).tier() == v1::TIER_MEMORY && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(Listed("mem", 10).tier(), v1::TIER_PERSISTENT);
+  EXPECT_GT(StoredFiles(), 0);
+}
+
+TEST_F(AgentMemoryTest, PersistWritesAMemoryCheckpointToStorage) {
+  for (int n = 0; n < 2; ++n) StartAgent(n, 2, 1);
+  SaveAll("mem", 2, 1, "2:S0", 7, client::SaveTier::kMemory);
   EXPECT_EQ(StoredFiles(), 0);
+  v1::PersistCheckpointRequest req;
+  req.set_job("mem");
+  req.set_step(7);
+  req.set_wait(true);
+  req.set_timeout_ms(30000);
+  std::promise<absl::StatusOr<v1::PersistCheckpointResponse>> done;
+  cairnd_->coordinator().PersistCheckpoint(
+      req, [&](absl::StatusOr<v1::PersistCheckpointResponse> r) {
+        done.set_value(std::move(r));
+      });
+  absl::StatusOr<v1::PersistCheckpointResponse> r = done.get_future().get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->checkpoint().tier(), v1::TIER_PERSISTENT);
+  EXPECT_GT(StoredFiles(), 0);
+  // Every agent's memory is lost: the checkpoint loads from storage,
+  // resharded, bit-exact.
+  for (int n = 0; n < 2; ++n) StopAgent(n);
+  for (int n = 0; n < 2; ++n) StartAgent(n, 2, 1);
+  std::vector<Loaded> loaded = LoadAll("mem", 2, 1, "2:S1", 7);
+  ASSERT_EQ(loaded.size(), 2u);
+  for (const Loaded& l : loaded) {
+    EXPECT_EQ(l.source, client::LoadSource::kStorage);
+  }
 }
 
 TEST_F(AgentMemoryTest, MoreNodesLostThanReplicasFallsBackToStorage) {

@@ -1,8 +1,10 @@
 // HoldingsReporter (holdings_reporter.h).
 #include "server/agent/holdings_reporter.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -17,7 +19,9 @@ HoldingsReporter::HoldingsReporter(Options options,
     : options_(std::move(options)),
       coordinator_(coordinator),
       tier_(tier),
-      incarnation_(protocol::NewIncarnation()) {
+      incarnation_(protocol::NewIncarnation()),
+      orders_(
+          std::make_unique<ThreadPool>(std::max(options_.order_threads, 1))) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -29,6 +33,29 @@ void HoldingsReporter::Stop() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
+  orders_.reset();  // waits for the orders running
+}
+
+void HoldingsReporter::Start(const std::string& key, v1::OrderResult result,
+                             std::function<absl::Status()> run) {
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_ || !running_.insert(key).second) return;
+  }
+  orders_->Schedule([this, key, result, run = std::move(run)]() mutable {
+    const absl::Status s = run();
+    result.set_code(static_cast<int32_t>(s.code()));
+    result.set_message(std::string(s.message()));
+    if (!s.ok()) {
+      CAIRN_LOG(warn, "node {}: cairnd's order for {} failed: {}",
+                options_.node_id,
+                internal::Where(result.job(), result.step(), result.rank()),
+                s.ToString());
+    }
+    absl::MutexLock l(&mu_);
+    running_.erase(key);
+    results_.push_back(std::move(result));
+  });
 }
 
 int64_t HoldingsReporter::reports() const {
@@ -44,12 +71,23 @@ absl::Status HoldingsReporter::ReportOnce() {
   if (options_.budget_bytes) request.set_budget_bytes(options_.budget_bytes());
   if (options_.used_bytes) request.set_used_bytes(options_.used_bytes());
   for (v1::HeldShards& h : tier_.Held()) *request.add_held() = std::move(h);
+  std::vector<v1::OrderResult> results;
+  {
+    absl::MutexLock l(&mu_);
+    results.swap(results_);
+  }
+  for (const v1::OrderResult& r : results) *request.add_results() = r;
   v1::ReportHoldingsResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   absl::Status s =
       FromGrpcStatus(coordinator_->ReportHoldings(&ctx, request, &response));
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    // Sent again with the next report.
+    absl::MutexLock l(&mu_);
+    results_.insert(results_.end(), results.begin(), results.end());
+    return s;
+  }
   for (const v1::HeldShards& h : response.drop()) {
     if (tier_.Drop(h.job(), h.step(), h.rank()) > 0) {
       CAIRN_LOG(info, "node {}: freed {} (cairnd: the checkpoint is gone)",
@@ -58,6 +96,27 @@ absl::Status HoldingsReporter::ReportOnce() {
   }
   for (const v1::HeldShards& h : response.unpin()) {
     tier_.Unpin(h.job(), h.step(), h.rank());
+  }
+  for (const v1::PersistOrder& o : response.persist()) {
+    if (!options_.persist) continue;
+    v1::OrderResult r;
+    r.set_job(o.job());
+    r.set_step(o.step());
+    r.set_rank(o.rank());
+    r.set_to_node(-1);
+    Start(absl::StrCat("persist/", o.job(), "/", o.step(), "/", o.rank()), r,
+          [this, o] { return options_.persist(o); });
+  }
+  for (const v1::ReplicateOrder& o : response.replicate()) {
+    if (!options_.replicate) continue;
+    v1::OrderResult r;
+    r.set_job(o.job());
+    r.set_step(o.step());
+    r.set_rank(o.rank());
+    r.set_to_node(o.to_node());
+    Start(absl::StrCat("replicate/", o.job(), "/", o.step(), "/", o.rank(), "/",
+                       o.to_node()),
+          r, [this, o] { return options_.replicate(o); });
   }
   absl::MutexLock l(&mu_);
   ++reports_;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/crash_point.h"
+#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "proto/convert/plan_convert.h"
@@ -437,6 +439,108 @@ absl::StatusOr<std::vector<int>> Persister::HoldInMemory(
         ")"));
   }
   return holders;
+}
+
+absl::Status Persister::WriteHeld(const std::string& job, int64_t step,
+                                  int rank) {
+  const std::string where = Where(job, step, rank);
+  std::shared_ptr<const ItemSet> set = tier_.FindSet(job, step, rank);
+  if (set == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("node ", options_.node_id, " holds no shards of ", where));
+  }
+  v1::GetCheckpointRequest get;
+  get.set_job(job);
+  get.set_step(step);
+  v1::GetCheckpointResponse got;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
+    CAIRN_RETURN_IF_ERROR(
+        FromGrpcStatus(coordinator_->GetCheckpoint(&ctx, get, &got)));
+  }
+  // The held items by what names them in the manifest.
+  auto key_of = [](absl::string_view fqn, const v1::ChunkBox* box) {
+    std::string key(fqn);
+    if (box != nullptr) {
+      absl::StrAppend(&key, "\n", absl::StrJoin(box->offsets(), ","), "/",
+                      absl::StrJoin(box->sizes(), ","));
+    }
+    return key;
+  };
+  std::map<std::string, const StagedItem*> held;
+  for (const StagedItem& it : set->items) {
+    held[IsBytes(it.item) ? key_of(it.item.bytes_fqn(), nullptr)
+                          : key_of(it.item.tensor().fqn(), &it.item.chunk())] =
+        &it;
+  }
+  struct Piece {
+    uint64_t offset = 0;
+    absl::Span<const char> bytes;
+  };
+  std::map<std::string, std::vector<Piece>> objects;
+  auto take = [&](const std::string& key, absl::string_view fqn,
+                  const v1::StorageLocation& at, uint32_t crc) -> absl::Status {
+    auto it = held.find(key);
+    if (it == held.end() || it->second->item.length() != at.length()) {
+      return absl::NotFoundError(absl::StrCat(
+          where, ": node ", options_.node_id, " holds no '", fqn,
+          "' of the length the manifest names (", at.length(), " bytes)"));
+    }
+    const char* data = set->segment->data() + it->second->offset;
+    if (const uint32_t got_crc = storage::Crc32c(data, at.length());
+        got_crc != crc) {
+      return absl::DataLossError(absl::StrCat(where, ": in-memory '", fqn,
+                                              "' has crc32c ", got_crc,
+                                              ", the manifest says ", crc));
+    }
+    objects[at.object_key()].push_back(
+        Piece{at.offset(), absl::MakeConstSpan(data, at.length())});
+    return absl::OkStatus();
+  };
+  for (const v1::ManifestTensor& t : got.manifest().tensors()) {
+    for (const v1::StoredChunk& c : t.chunks()) {
+      if (c.writer_rank() != rank) continue;
+      CAIRN_RETURN_IF_ERROR(take(key_of(t.entry().fqn(), &c.box()),
+                                 t.entry().fqn(), c.location(), c.crc32c()));
+    }
+  }
+  for (const v1::ManifestBytes& b : got.manifest().bytes_entries()) {
+    if (b.writer_rank() != rank) continue;
+    CAIRN_RETURN_IF_ERROR(
+        take(key_of(b.fqn(), nullptr), b.fqn(), b.location(), b.crc32c()));
+  }
+  CAIRN_ASSIGN_OR_RETURN(
+      std::unique_ptr<storage::ShardStore> store,
+      storage::OpenShardStore(got.checkpoint().storage_uri(), options_.store));
+  const std::string zeros(64 << 10, '\0');
+  uint64_t written = 0;
+  for (auto& [key, pieces] : objects) {
+    std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+      return a.offset < b.offset;
+    });
+    CAIRN_ASSIGN_OR_RETURN(
+        std::unique_ptr<storage::ObjectWriter> w,
+        store->NewWriter(storage::ObjectKey(job, step, key)));
+    uint64_t at = 0;
+    for (const Piece& p : pieces) {
+      while (at < p.offset) {
+        const uint64_t n = std::min<uint64_t>(p.offset - at, zeros.size());
+        CAIRN_RETURN_IF_ERROR(w->Append(absl::MakeConstSpan(zeros.data(), n)));
+        at += n;
+      }
+      CAIRN_RETURN_IF_ERROR(w->Append(p.bytes));
+      at += p.bytes.size();
+      written += p.bytes.size();
+    }
+    CAIRN_RETURN_IF_ERROR(w->Close());
+  }
+  options_.metrics.bytes_persisted->Increment(static_cast<double>(written));
+  CAIRN_LOG(info,
+            "node {}: wrote its copy of {} to storage ({} objects, {} "
+            "bytes)",
+            options_.node_id, where, objects.size(), written);
+  return absl::OkStatus();
 }
 
 void Persister::RunStream(const std::shared_ptr<StreamingSave>& st) {

@@ -133,6 +133,14 @@ class Persister {
   // request's timeout_ms (default 2 h).
   absl::StatusOr<v1::CheckpointRecord> Wait(const v1::WaitSaveRequest& request);
 
+  // Writes this agent's copy of `rank`'s shards of the memory checkpoint
+  // (job, step) to storage, where its manifest (from cairnd) places them:
+  // every object the rank's planned writes fill, zero-padded as a save
+  // writes it, durable when this returns (cairnd's PersistOrder). Each
+  // item's bytes are checked against the manifest's crc32c first
+  // (DATA_LOSS naming it). NOT_FOUND when the agent holds no such set.
+  absl::Status WriteHeld(const std::string& job, int64_t step, int rank);
+
   Counts counts();
   ReplicationLag replication_lag();
 

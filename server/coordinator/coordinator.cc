@@ -184,6 +184,7 @@ Coordinator::Stats Coordinator::stats() const {
 }
 
 void Coordinator::ReaperLoop() {
+  absl::Time tended = absl::Now();
   absl::MutexLock lock(&mu_);
   while (!shutting_down_) {
     mu_.AwaitWithTimeout(absl::Condition(&shutting_down_),
@@ -212,6 +213,10 @@ void Coordinator::ReaperLoop() {
     mu_.Unlock();
     for (auto& a : answers) a();
     load_rounds_.Advance(now);
+    if (now - tended >= absl::Seconds(1)) {
+      tended = now;
+      TendMemoryCheckpoints();
+    }
     mu_.Lock();
   }
 }

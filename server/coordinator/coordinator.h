@@ -80,6 +80,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -197,6 +198,13 @@ class Coordinator {
       const v1::GetJobPolicyRequest& request);
   absl::StatusOr<v1::ReportHoldingsResponse> ReportHoldings(
       const v1::ReportHoldingsRequest& request);
+  // Writes a memory checkpoint to storage: the agents holding its ranks'
+  // shards write them (PersistOrders in their report answers), then its
+  // MANIFEST is published there and it becomes persistent. `done` is
+  // called once ordered, or with `wait` once persistent (or at the
+  // request's timeout, DEADLINE_EXCEEDED: it goes on).
+  void PersistCheckpoint(const v1::PersistCheckpointRequest& request,
+                         Done<v1::PersistCheckpointResponse> done);
 
   // What the agents hold in memory, from their reports.
   MemoryHoldings& holdings() { return holdings_; }
@@ -352,6 +360,20 @@ class Coordinator {
   // The tier of a session whose ranks have all arrived (ChooseTier with the
   // job's policy and the live agents).
   absl::StatusOr<TierChoice> ChooseSessionTier(const SaveSession& session);
+  // Once a second (from the reaper): drives the promotions in progress,
+  // starts one for a memory checkpoint whose live copies fell below its
+  // replicas + 1, and orders copies made on live nodes for its ranks that
+  // have too few (a replacement node gets its copies back).
+  void TendMemoryCheckpoints();
+  // Starts (or joins) the promotion of `record` to storage; `done` (may be
+  // null) is answered when it ends.
+  void StartPromotion(const v1::CheckpointRecord& record,
+                      Done<v1::PersistCheckpointResponse> done,
+                      absl::Time deadline, const std::string& why);
+  // Every rank's shards are on storage: publishes the MANIFEST there and
+  // records the checkpoint persistent.
+  absl::StatusOr<v1::CheckpointRecord> FinishPromotion(const std::string& job,
+                                                       int64_t step);
   // Retention after a commit of `tier`: the job's policy (keep_memory,
   // keep_persistent), else --keep-last for persistent checkpoints.
   void RetainAfterCommit(const std::string& job, v1::Tier tier);
@@ -407,6 +429,16 @@ class Coordinator {
   // memory_manifest_path); set by Create.
   std::unique_ptr<storage::ShardStore> memory_store_;
   MemoryHoldings holdings_;
+  // Promotions to storage in progress, the copies ordered, and the orders
+  // waiting for their nodes' next reports (coordinator_memory.cc).
+  struct Promotion;
+  using RankKey = std::tuple<std::string, int64_t, int>;  // job, step, rank
+  absl::Mutex tend_mu_;
+  std::map<SaveKey, std::shared_ptr<Promotion>> promotions_
+      ABSL_GUARDED_BY(tend_mu_);
+  std::map<RankKey, std::pair<int, absl::Time>> copies_ordered_
+      ABSL_GUARDED_BY(tend_mu_);
+  std::map<int, v1::ReportHoldingsResponse> orders_ ABSL_GUARDED_BY(tend_mu_);
   const std::string storage_settings_;     // part of every plan cache key
   std::unique_ptr<AgentRegistry> agents_;  // set by Create
 

@@ -307,6 +307,43 @@ TEST_F(CoordinatorMemoryTest, PolicyChoosesTiersAndRetainsEachApart) {
             v1::TIER_PERSISTENT);
 }
 
+TEST_F(CoordinatorMemoryTest, PersistRefusesWhatCannotBeWritten) {
+  ReportOf(0, {});
+  ReportOf(1, {});
+  ASSERT_EQ(AgentSave(1, 2, v1::TIER_PERSISTENT, 1, Ring).value(),
+            v1::TIER_PERSISTENT);
+  ASSERT_EQ(AgentSave(2, 2, v1::TIER_MEMORY, 1, Ring).value(), v1::TIER_MEMORY);
+  auto persist = [&](int64_t step) {
+    v1::PersistCheckpointRequest req;
+    req.set_job("job");
+    req.set_step(step);
+    std::promise<absl::StatusOr<v1::PersistCheckpointResponse>> p;
+    coordinator_->PersistCheckpoint(
+        req, [&](absl::StatusOr<v1::PersistCheckpointResponse> r) {
+          p.set_value(std::move(r));
+        });
+    return p.get_future().get();
+  };
+  // Already on storage: answered as it is.
+  auto one = persist(1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->checkpoint().tier(), v1::TIER_PERSISTENT);
+  EXPECT_THAT(persist(9).status(), StatusIs(absl::StatusCode::kNotFound));
+  // Without `wait`: ordered, and the record says it is persisting.
+  auto two = persist(2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_TRUE(two->checkpoint().persisting());
+  EXPECT_TRUE(Listed(2).persisting());
+  // Every copy lost: nothing to write it from.
+  ASSERT_EQ(AgentSave(3, 2, v1::TIER_MEMORY, 1, Ring).value(), v1::TIER_MEMORY);
+  ReportOf(0, {}, 7);
+  ReportOf(1, {}, 7);
+  EXPECT_THAT(
+      persist(3).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("cannot persist"), HasSubstr("ranks 0, 1"))));
+}
+
 TEST_F(CoordinatorMemoryTest, DirectRanksUnderAPolicyPersist) {
   ReportOf(0, {});
   ReportOf(1, {});

@@ -381,6 +381,8 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
   using v1::ListAgentsResponse;
   using v1::ListCheckpointsRequest;
   using v1::ListCheckpointsResponse;
+  using v1::PersistCheckpointRequest;
+  using v1::PersistCheckpointResponse;
   using v1::PlanLoadRequest;
   using v1::PlanLoadResponse;
   using v1::RegisterAgentRequest;
@@ -546,6 +548,25 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
                               [](Coordinator& c, const GetJobPolicyRequest& r) {
                                 return c.GetJobPolicy(r);
                               })});
+  // Parks until the checkpoint is on storage (with `wait`).
+  add("PersistCheckpoint",
+      Method<PersistCheckpointRequest, PersistCheckpointResponse>{
+          [](const PersistCheckpointRequest& r) {
+            Access a;
+            a.action = Action::kPersist;
+            a.audit = "persist";
+            a.job = r.job();
+            a.step = r.step();
+            return a;
+          },
+          [](Coordinator& c,
+             const std::shared_ptr<const PersistCheckpointRequest>& r,
+             Done<PersistCheckpointResponse> done,
+             const Coordinator::CallerGone&) {
+            c.workers().Schedule([&c, r, done = std::move(done)]() mutable {
+              c.PersistCheckpoint(*r, std::move(done));
+            });
+          }});
   add("ReportHoldings",
       Method<ReportHoldingsRequest, ReportHoldingsResponse>{
           NoJob<ReportHoldingsRequest>(Action::kRegisterAgent),
