@@ -219,6 +219,23 @@ class CoordinatorBackend : public Backend {
     v1::SetJobPolicyResponse resp;
     return Call(&v1::Coordinator::Stub::SetJobPolicy, req, &resp);
   }
+  // Writes a memory checkpoint to storage; with `wait`, until it is there.
+  absl::StatusOr<v1::CheckpointRecord> Persist(const std::string& job,
+                                               int64_t step, bool wait,
+                                               absl::Duration timeout) {
+    v1::PersistCheckpointRequest req;
+    req.set_job(job);
+    req.set_step(step);
+    req.set_wait(wait);
+    req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    v1::PersistCheckpointResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(
+        absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(30)));
+    CAIRN_RETURN_IF_ERROR(
+        FromGrpcStatus(stub_->PersistCheckpoint(&ctx, req, &resp)));
+    return resp.checkpoint();
+  }
   absl::StatusOr<int> ForgetAgent(const std::string& node_name) {
     v1::ForgetAgentRequest req;
     req.set_node_name(node_name);
@@ -1476,6 +1493,56 @@ int RunForgetAgent(const ForgetAgentArgs& a, Session& session) {
   return 0;
 }
 
+// persist JOB STEP [--no-wait] [--timeout S]
+struct PersistArgs {
+  std::string job;
+  std::string step;
+  bool no_wait = false;
+  int timeout_s = 600;
+};
+
+CLI::App* AddPersist(CLI::App& app, PersistArgs& a) {
+  CLI::App* cmd = app.add_subcommand(
+      "persist",
+      "Write a memory checkpoint to storage (the agents holding it write "
+      "its shards, then it is committed there)");
+  cmd->add_option("job", a.job, "Job name")->required();
+  cmd->add_option("step", a.step, "Step number or 'latest'")->required();
+  cmd->add_flag("--no-wait", a.no_wait,
+                "Return once ordered (cairn ls shows when it is persistent)");
+  cmd->add_option("--timeout", a.timeout_s,
+                  "Seconds to wait for it to be on storage")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
+  return cmd;
+}
+
+int RunPersist(const PersistArgs& a, Session& session) {
+  if (std::optional<int> rc = CheckJobArg(a.job, session)) return *rc;
+  int64_t step = -1;
+  if (std::optional<int> rc = ParseStepInto(a.step, &step, session)) {
+    return *rc;
+  }
+  if (step < 0) {
+    absl::StatusOr<v1::GetCheckpointResponse> latest =
+        session.backend->Get(a.job, -1);
+    if (!latest.ok()) return session.Fail(latest.status());
+    step = latest->checkpoint().step();
+  }
+  absl::StatusOr<v1::CheckpointRecord> rec = session.online->Persist(
+      a.job, step, !a.no_wait, absl::Seconds(a.timeout_s));
+  if (!rec.ok()) return session.Fail(rec.status());
+  if (rec->tier() != v1::TIER_MEMORY) {
+    session.out << "job " << a.job << " step " << step << " is persistent: on "
+                << rec->storage_uri() << "\n";
+  } else {
+    session.out << "job " << a.job << " step " << step
+                << " is being written to storage (cairn ls shows when it is "
+                   "persistent)\n";
+  }
+  return 0;
+}
+
 // policy JOB [--memory-every N --persist-every M --replicas K
 //             --keep-memory X --keep-persistent Y | --clear]
 struct PolicyArgs {
@@ -1584,6 +1651,7 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   DiffArgs diff_args;
   ForgetAgentArgs forget_agent_args;
   PolicyArgs policy_args;
+  PersistArgs persist_args;
   CLI::App* ls = AddLs(app, ls_args);
   CLI::App* show = AddShow(app, show_args);
   CLI::App* verify = AddVerify(app, verify_args);
@@ -1594,6 +1662,7 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   CLI::App* agents = AddAgents(app);
   CLI::App* forget_agent = AddForgetAgent(app, forget_agent_args);
   CLI::App* policy = AddPolicy(app, policy_args);
+  CLI::App* persist = AddPersist(app, persist_args);
   flags::AddVersionFlag(app, "cairn");
   if (std::optional<int> exit_code = flags::Parse(app, argc, argv, out, err)) {
     return *exit_code;
@@ -1601,9 +1670,10 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
 
   // diff's exit code 1 means "they differ": its failures are 2, as diff(1).
   Session session(in, out, err, diff->parsed() ? 2 : 1);
-  if (std::optional<int> exit_code = session.Open(
-          global, argc, argv,
-          agents->parsed() || forget_agent->parsed() || policy->parsed())) {
+  if (std::optional<int> exit_code =
+          session.Open(global, argc, argv,
+                       agents->parsed() || forget_agent->parsed() ||
+                           policy->parsed() || persist->parsed())) {
     return *exit_code;
   }
   if (ls->parsed()) return RunLs(ls_args, session);
@@ -1616,6 +1686,7 @@ int RunCli(int argc, const char* const* argv, std::istream& in,
   if (forget_agent->parsed()) return RunForgetAgent(forget_agent_args, session);
   if (gc->parsed()) return RunGc(gc_args, session);
   if (policy->parsed()) return RunPolicy(policy_args, session);
+  if (persist->parsed()) return RunPersist(persist_args, session);
   return flags::kExitUsage;
 }
 

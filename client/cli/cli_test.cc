@@ -35,8 +35,8 @@ TEST_F(CliTest, HelpNamesEverySubcommandFlagAndEnvironmentVariable) {
   ASSERT_EQ(r.code, 0) << r;
   for (const char* s :
        {"ls", "show", "verify", "export", "diff", "rm", "gc", "agents",
-        "forget-agent", "--coordinator", "-c", "--storage", "-s",
-        "CAIRN_COORDINATOR", "CAIRN_STORAGE", "--version"}) {
+        "forget-agent", "policy", "persist", "--coordinator", "-c", "--storage",
+        "-s", "CAIRN_COORDINATOR", "CAIRN_STORAGE", "--version"}) {
     EXPECT_THAT(r.out, HasSubstr(s)) << s;
   }
   struct Sub {
@@ -54,7 +54,11 @@ TEST_F(CliTest, HelpNamesEverySubcommandFlagAndEnvironmentVariable) {
             {"--json", "crc32c", "without reading",
              "0 identical, 1 different, 2 error"}},
            {"rm", {"--yes", "-y", "--force"}},
-           {"gc", {"--keep", "--dry-run", "--force"}}}) {
+           {"gc", {"--keep", "--dry-run", "--force"}},
+           {"policy",
+            {"--memory-every", "--persist-every", "--replicas", "--keep-memory",
+             "--keep-persistent", "--clear"}},
+           {"persist", {"--no-wait", "--timeout"}}}) {
     Result h = Cairn({sub.name, "--help"});
     EXPECT_EQ(h.code, 0) << h;
     for (const std::string& f : sub.flags) {
@@ -531,6 +535,61 @@ TEST_F(CliTest, AgentsListsTheRegistryAndForgetAgentFreesAnId) {
   Result offline = Cairn({"-s", uri_, "agents"});
   EXPECT_EQ(offline.code, 2) << offline;
   EXPECT_THAT(offline.err, HasSubstr("--coordinator"));
+}
+
+TEST_F(CliTest, PolicySetsShowsAndClearsAJobsPolicyAndLsShowsTiers) {
+  Write("job", 1);
+  const std::string addr = StartCairnd();
+  ASSERT_FALSE(addr.empty());
+  Result none = Cairn({"-c", addr, "policy", "job"});
+  ASSERT_EQ(none.code, 0) << none;
+  EXPECT_THAT(none.out, HasSubstr("job job has no policy"));
+  // No agent reports: memory checkpoints with a replica cannot be held.
+  Result refused = Cairn({"-c", addr, "policy", "job", "--memory-every", "10",
+                          "--persist-every", "100", "--replicas", "1"});
+  EXPECT_EQ(refused.code, 1) << refused;
+  EXPECT_THAT(refused.err, HasSubstr("1 replicas need 2"));
+  for (int node : {0, 1}) {
+    v1::ReportHoldingsRequest report;
+    report.set_node_id(node);
+    report.set_num_nodes(2);
+    report.set_incarnation(node + 1);
+    report.set_budget_bytes(uint64_t{1} << 30);
+    ASSERT_TRUE(cairnd_->coordinator().ReportHoldings(report).ok());
+  }
+  Result set = Cairn({"-c", addr, "policy", "job", "--memory-every", "10",
+                      "--persist-every", "100", "--replicas", "1",
+                      "--keep-memory", "3"});
+  ASSERT_EQ(set.code, 0) << set;
+  EXPECT_THAT(set.out, HasSubstr("memory every 10 steps with 1 replica, "
+                                 "persisted every 100; keep 3 memory"));
+  Result bad = Cairn({"-c", addr, "policy", "job", "--memory-every", "10",
+                      "--persist-every", "15"});
+  EXPECT_EQ(bad.code, 1) << bad;
+  EXPECT_THAT(bad.err, HasSubstr("multiple of memory_every"));
+  Result get = Cairn({"-c", addr, "policy", "job"});
+  EXPECT_THAT(get.out, HasSubstr("persisted every 100"));
+  Result ls = Cairn({"-c", addr, "ls", "job"});
+  ASSERT_EQ(ls.code, 0) << ls;
+  EXPECT_THAT(ls.out, HasSubstr("TIER"));
+  EXPECT_THAT(ls.out,
+              ::testing::ContainsRegex("COMMITTED +persistent +storage"));
+  Result json = Cairn({"-c", addr, "ls", "job", "--json"});
+  EXPECT_THAT(json.out, HasSubstr("\"tier\": \"persistent\""));
+  EXPECT_THAT(json.out, HasSubstr("\"restorable\": true"));
+  // A persistent checkpoint is on storage already; a missing one is named.
+  Result persisted = Cairn({"-c", addr, "persist", "job", "1"});
+  ASSERT_EQ(persisted.code, 0) << persisted;
+  EXPECT_THAT(persisted.out, HasSubstr("job job step 1 is persistent"));
+  Result missing = Cairn({"-c", addr, "persist", "job", "7"});
+  EXPECT_EQ(missing.code, 1) << missing;
+  EXPECT_THAT(missing.err, HasSubstr("no checkpoint job 'job' step 7"));
+  Result cleared = Cairn({"-c", addr, "policy", "job", "--clear"});
+  ASSERT_EQ(cleared.code, 0) << cleared;
+  EXPECT_THAT(Cairn({"-c", addr, "policy", "job"}).out,
+              HasSubstr("has no policy"));
+  Result offline = Cairn({"-s", uri_, "policy", "job"});
+  EXPECT_EQ(offline.code, 2) << offline;
 }
 
 TEST_F(CliTest, OnlineUnreachableCairndIsAFailureSayingSo) {
