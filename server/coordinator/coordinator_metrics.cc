@@ -105,6 +105,10 @@ void Coordinator::RegisterMetrics() {
   // and a scrape comes every few seconds.
   struct JobStats {
     double committed = 0, bytes = 0, last_commit = 0;
+    // Memory checkpoints: how many, how many cannot be restored now, and
+    // the live copies of the newest one's least-copied rank (-1: none).
+    double memory = 0, unrestorable = 0, newest_memory_copies = -1;
+    int64_t newest_memory_step = -1;
   };
   auto scan = [this](size_t* entries) {
     std::map<std::string, JobStats> jobs;
@@ -112,12 +116,22 @@ void Coordinator::RegisterMetrics() {
         catalog_->ListCheckpoints("", /*include_uncommitted=*/true);
     if (!all.ok()) return jobs;
     if (entries != nullptr) *entries = all->size();
+    const absl::Time now = absl::Now();
     for (const v1::CheckpointRecord& c : *all) {
       if (c.state() != v1::CHECKPOINT_STATE_COMMITTED) continue;
       JobStats& j = jobs[c.job()];
       j.committed += 1;
       j.bytes += static_cast<double>(c.total_bytes());
       j.last_commit = std::max(j.last_commit, c.committed_unix_micros() / 1e6);
+      if (c.tier() != v1::TIER_MEMORY) continue;
+      const MemoryHoldings::Copies copies =
+          holdings_.CopiesOf(c.job(), c.step(), c.world_size(), now);
+      j.memory += 1;
+      j.unrestorable += copies.ranks_without.empty() ? 0 : 1;
+      if (c.step() > j.newest_memory_step) {
+        j.newest_memory_step = c.step();
+        j.newest_memory_copies = copies.fewest;
+      }
     }
     return jobs;
   };
@@ -155,6 +169,26 @@ void Coordinator::RegisterMetrics() {
       "(for "
       "\"no commit for N minutes\" alerts: time() - this).",
       {"cairn_job"}, per_job(&JobStats::last_commit));
+  r.AddCallbackGaugeFamily(
+      "cairn_memory_checkpoints",
+      "Committed memory checkpoints (held in agents' memory only), by Cairn "
+      "job.",
+      {"cairn_job"}, per_job(&JobStats::memory));
+  r.AddCallbackGaugeFamily(
+      "cairn_memory_checkpoints_unrestorable",
+      "Memory checkpoints some rank of which no live agent holds, by Cairn "
+      "job.",
+      {"cairn_job"}, per_job(&JobStats::unrestorable));
+  r.AddCallbackGaugeFamily(
+      "cairn_memory_checkpoint_live_copies",
+      "Live copies of the least-copied rank of the newest memory checkpoint, "
+      "by Cairn job (-1: none; alert below replicas + 1).",
+      {"cairn_job"}, per_job(&JobStats::newest_memory_copies));
+  r.AddCallbackGauge(
+      "cairn_agents_reporting",
+      "cairn-agents whose holdings reports arrive (live within the holdings "
+      "lease).",
+      [this] { return static_cast<double>(holdings_.LiveNodes(absl::Now())); });
 }
 
 void Coordinator::RecordLoadPlanned(const EncodedLoadPlan& plan) {
