@@ -51,6 +51,10 @@ int main(int argc, char** argv) {
   app.add_option("--layout", layout_spec, "Device mesh and placements")
       ->capture_default_str();
   app.add_option("--save-step", save_step, "Save this step via the agent");
+  std::string tier = "policy";
+  app.add_option("--tier", tier,
+                 "policy | persistent | memory: where the save goes")
+      ->check(CLI::IsMember({"policy", "persistent", "memory"}));
   app.add_option("--repeat", repeat,
                  "Save --save-step, +1, ... this many times")
       ->capture_default_str();
@@ -88,7 +92,11 @@ int main(int argc, char** argv) {
       auto model =
           examples::ShardedModel::Create(*spec, *layout, rank, true, step);
       if (!model.ok()) return Fail(rank, model.status());
-      auto future = (*ckpt)->AsyncSave(step, (*model)->state());
+      auto future = (*ckpt)->AsyncSave(
+          step, (*model)->state(),
+          tier == "memory"       ? client::SaveTier::kMemory
+          : tier == "persistent" ? client::SaveTier::kPersistent
+                                 : client::SaveTier::kPolicy);
       if (!future.ok()) return Fail(rank, future.status());
       const client::AgentSaveStats& s = (*ckpt)->last_save_stats();
       if (json) {

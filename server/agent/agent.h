@@ -222,6 +222,10 @@ class Agent {
 
  private:
   explicit Agent(AgentOptions options);
+  // OK once `bytes` of staging fit the budget beside the pinned memory
+  // checkpoints (waiting up to a few report intervals for cairnd's drops);
+  // RESOURCE_EXHAUSTED naming `where`, the budget and what is pinned.
+  absl::Status AwaitRoomBesidePinned(const std::string& where, uint64_t bytes);
 
   // Metrics (agent_metrics.cc): registered in Start, once pool_ exists.
   void RegisterMetrics();

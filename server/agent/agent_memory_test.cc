@@ -160,5 +160,34 @@ TEST_F(AgentMemoryTest, AMemorySaveTooLargeForTheBudgetIsRefusedNamingIt) {
                     HasSubstr("budget of 262144 bytes")));
 }
 
+TEST_F(AgentMemoryTest, ABudgetFullOfMemoryCheckpointsRefusesTheNextSave) {
+  for (int n = 0; n < 2; ++n) StartAgent(n, 2, 1, uint64_t{1} << 20);
+  SaveAll("full", 2, 1, "2:S0", 1, client::SaveTier::kMemory);
+  auto spec = examples::ModelSpec("small");
+  auto lay = examples::ParseLayout("2:S0");
+  ASSERT_TRUE(spec.ok() && lay.ok());
+  auto model = examples::ShardedModel::Create(*spec, *lay, 0, true, 2);
+  ASSERT_TRUE(model.ok());
+  // Its own shards and node 1's replica of step 1 are pinned: step 2 has no
+  // room, and is refused at once, not after the rank's wait_for_space (an
+  // hour here: waiting it out would time the test out).
+  client::AgentCheckpointerOptions o;
+  o.agent_socket = Socket(0);
+  o.direct.coordinator = Address();
+  o.direct.job = "full";
+  o.direct.rank = 0;
+  o.direct.world_size = 2;
+  o.wait_for_space = absl::Hours(1);
+  auto ckpt = client::AgentCheckpointer::Connect(o);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto f = (*ckpt)->AsyncSave(2, (*model)->state(), client::SaveTier::kMemory);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(f.status().message(),
+              AllOf(HasSubstr("job 'full'"), HasSubstr("step 2"),
+                    HasSubstr("budget of 1048576 bytes"),
+                    HasSubstr("bytes of memory checkpoints it holds")));
+}
+
 }  // namespace
 }  // namespace cairn::agent

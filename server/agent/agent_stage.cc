@@ -26,6 +26,38 @@ using internal::ItemFqn;
 using internal::kAlign;
 using internal::Where;
 
+absl::Status Agent::AwaitRoomBesidePinned(const std::string& where,
+                                          uint64_t bytes) {
+  const uint64_t need = StagingPool::SegmentSize(bytes);
+  const uint64_t budget = pool_->budget();
+  const absl::Time until =
+      absl::Now() +
+      std::max(absl::Seconds(2), 3 * options_.holdings_report_interval);
+  absl::Time reported = absl::InfinitePast();
+  while (true) {
+    const MemoryTier::Counts held = tier_.counts();
+    if (held.memory_bytes + need <= budget) return absl::OkStatus();
+    if (absl::Now() >= until) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          where, ": staging ", bytes,
+          " bytes does not fit this agent's "
+          "budget of ",
+          budget, " bytes beside the ", held.memory_bytes,
+          " bytes of memory checkpoints it holds (", held.memory_sets,
+          " ranks' shards, pinned until cairnd drops or persists them): raise "
+          "--staging-budget-mib, keep fewer memory checkpoints (cairn policy "
+          "--keep-memory), or save to the persistent tier"));
+    }
+    // Drops come with the answer to a report: ask for one now.
+    if (reporter_ != nullptr &&
+        absl::Now() - reported > absl::Milliseconds(500)) {
+      (void)reporter_->ReportOnce();
+      reported = absl::Now();
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
 absl::StatusOr<v1::BeginStageResponse> Agent::BeginStage(
     const v1::BeginStageRequest& request,
     const std::function<bool()>& caller_gone) {
@@ -108,6 +140,13 @@ absl::StatusOr<v1::BeginStageResponse> Agent::BeginStage(
     CAIRN_LOG(info, "node {}: {} streams {} bytes in buckets of {}",
               options_.node_id, where, total, st->bucket_bytes());
     return response;
+  }
+  // Memory checkpoints are pinned: room they hold comes back only when
+  // cairnd drops them (retention, answered within a report or two). A save
+  // that cannot fit beside them is refused now rather than waiting out
+  // wait_for_space.
+  if (absl::Status s = AwaitRoomBesidePinned(where, total); !s.ok()) {
+    return s;
   }
   absl::StatusOr<std::shared_ptr<shm::ShmSegment>> seg =
       pool_->Allocate(total, absl::Now() + wait, caller_gone);

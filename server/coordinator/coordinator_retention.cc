@@ -146,8 +146,6 @@ absl::StatusOr<v1::GarbageCollectResponse> Coordinator::GarbageCollect(
                          ApplyRetention(request.job(), request.keep_last(),
                                         request.dry_run(), v1::TIER_MEMORY));
   for (int64_t step : memory.deleted_steps()) resp.add_deleted_steps(step);
-  std::sort(resp.mutable_deleted_steps()->begin(),
-            resp.mutable_deleted_steps()->end());
   resp.set_freed_bytes(resp.freed_bytes() + memory.freed_bytes());
   if (request.dry_run()) return resp;
   // What is kept is cleaned: temp files of ranks that died mid-write and

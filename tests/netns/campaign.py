@@ -5,26 +5,38 @@ hosts 1 and 2, replicas 1, links shaped to --rate, a --model of 200 MB so
 that a save and its replication take seconds).
 
 Every trial commits a checkpoint, then starts the next save through the
-agents and, after a random delay (mid-stage, mid-persist or
-mid-replication), does one of:
+agents — every other one a memory checkpoint (kept in the agents' memory
+only, one replica on the other node), the others persistent — and, after a
+random delay (mid-stage, mid-persist or mid-replication), does one of:
   kill_agent      SIGKILL a random agent (then a replacement starts)
   freeze_agent    SIGSTOP a random agent for --hold seconds, then SIGCONT
   partition_host  take a random agent host's link down for --hold seconds
   kill_rank       SIGKILL a random rank mid-save
-Then the cluster is healed (dead agents replaced) and every rank loads
-`latest` through its agent, into another layout every other trial, each
-rank verifying every element. Invariants (any break is a violation):
+  restart_cairnd  SIGKILL cairnd mid-save and start it again (the memory
+                  checkpoints it knew must stay restorable)
+and in about a third of the trials an agent is also killed mid-load (the
+ranks that loaded anyway must have loaded a committed step; then every rank
+loads again).
+Then the cluster is healed (dead agents replaced, and cairnd has given the
+newest checkpoint its two copies back or written it to storage) and every
+rank loads `latest` through its agent, into another layout every other
+trial, each rank verifying every element. Invariants (any break is a
+violation):
   * the load succeeds and restores a committed step bit-exact;
   * that step is the new one when every rank's save reported it committed
     (nothing acknowledged disappears), and never older than the one committed
     before the trial (latest never goes backwards);
-  * nothing partial is visible: a step is loaded only whole and verified.
+  * nothing partial is visible: a step is loaded only whole and verified;
+  * `cairn ls` agrees: the loaded step is listed COMMITTED and restorable;
+  * no memory leak: an agent that lives through trials never holds more
+    resident memory than its staging budget plus 256 MiB.
 
 Usage: campaign.py BUILD_DIR [--mode short|long] [--trials N] [--seed S]
                    [--rate R] [--hold S]
 Prints one JSON summary line (trials, faults by kind, loads from memory and
 storage, violations) and exits 1 on any violation, 77 (skipped) when
-namespaces cannot be made here. short: 4 trials (ctest netns.campaign_short);
+namespaces cannot be made here. short: 5 trials, one per fault kind (ctest
+netns.campaign_short);
 long: 40.
 """
 import argparse
@@ -41,14 +53,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster  # noqa: E402
 import hosts  # noqa: E402
 
-KINDS = ("kill_agent", "freeze_agent", "partition_host", "kill_rank")
+KINDS = ("kill_agent", "freeze_agent", "restart_cairnd", "partition_host", "kill_rank")
 
 
 def trial(c, t, rng, hold, committed, stats):
     """One trial; returns the list of violations (strings)."""
     job = "campaign"
     step = committed + 1
-    save = c.start_ranks(job, ["--save-step", str(step)], "t%d-save" % t)
+    tier = "memory" if t % 2 else "persistent"
+    stats["tiers"][tier] = stats["tiers"].get(tier, 0) + 1
+    save = c.start_ranks(job, ["--save-step", str(step), "--tier", tier],
+                         "t%d-save" % t)
     time.sleep(rng.uniform(0.0, 2.0))
     kind = KINDS[t % len(KINDS)] if t < len(KINDS) else rng.choice(KINDS)
     stats["faults"][kind] = stats["faults"].get(kind, 0) + 1
@@ -60,6 +75,8 @@ def trial(c, t, rng, hold, committed, stats):
         c.agents[node].send_signal(signal.SIGSTOP)
         time.sleep(hold)
         c.agents[node].send_signal(signal.SIGCONT)
+    elif kind == "restart_cairnd":
+        c.restart_cairnd()
     elif kind == "partition_host":
         c.net.partition(node + 1)
         time.sleep(hold)
@@ -75,9 +92,35 @@ def trial(c, t, rng, hold, committed, stats):
         if p.poll() is not None:
             c.start_agent(n)
     acked = all(code == 0 for code in codes)
+    # Healed: the newest checkpoint has its copies back (or is on storage)
+    # before the next fault, which may take the other node.
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        listed = c.checkpoints(job)
+        newest = listed[-1] if listed else {}
+        if newest.get("tier") != "memory" or newest.get("live_copies", 0) >= 2:
+            break
+        time.sleep(0.5)
     layout = "4:S1" if t % 2 else c.layout
-    loads = c.ranks(job, ["--load", "latest"], "t%d-load" % t, layout=layout, timeout=120)
     violations = []
+    if rng.random() < 0.3:
+        # Mid-load: an agent killed while the ranks load through it. A rank
+        # whose load succeeded anyway verified every element; then the job
+        # restarts and every rank loads again.
+        stats["faults"]["kill_agent_mid_load"] = \
+            stats["faults"].get("kill_agent_mid_load", 0) + 1
+        first = c.start_ranks(job, ["--load", "latest"], "t%d-load0" % t, layout=layout)
+        time.sleep(rng.uniform(0.0, 1.0))
+        n = rng.randrange(c.nodes)
+        c.agents[n].send_signal(signal.SIGKILL)
+        c.agents[n].wait()
+        for r, code in enumerate(c.wait(first, 120)):
+            got = c.loaded_step("t%d-load0" % t, r) if code == 0 else None
+            if got is not None and got < committed:
+                violations.append("trial %d (mid-load): rank %d loaded step %d, older "
+                                  "than the committed %d" % (t, r, got, committed))
+        c.start_agent(n)
+    loads = c.ranks(job, ["--load", "latest"], "t%d-load" % t, layout=layout, timeout=120)
     for r, code in enumerate(loads):
         got = c.loaded_step("t%d-load" % t, r) if code == 0 else None
         if got is None:
@@ -97,6 +140,20 @@ def trial(c, t, rng, hold, committed, stats):
     steps = {c.loaded_step("t%d-load" % t, r) for r in range(c.world)}
     if len(steps) > 1:
         violations.append("trial %d (%s): ranks loaded different steps %s" % (t, kind, steps))
+    listed = {int(x["step"]): x for x in c.checkpoints(job)}
+    for s in steps - {None}:
+        x = listed.get(s)
+        if x is None or x.get("state") != "COMMITTED" or not x.get("restorable"):
+            violations.append("trial %d (%s): loaded step %d, which cairn ls shows as %s" %
+                              (t, kind, s, x))
+    for n, p in c.agents.items():
+        rss = c.rss_bytes(p)
+        if rss is None:
+            continue
+        stats["agent_rss_max_mib"] = max(stats["agent_rss_max_mib"], rss >> 20)
+        if rss > (c.budget_mib + 256) << 20:
+            violations.append("trial %d: agent %d holds %d MiB resident, above its %d MiB "
+                              "budget + 256 MiB" % (t, n, rss >> 20, c.budget_mib))
     stats["acked"] += acked
     return violations, max(s for s in steps if s is not None) if steps - {None} else committed
 
@@ -118,11 +175,12 @@ def main():
     if why:
         print("SKIPPED: network-namespace hosts cannot be made here: " + why)
         return 77
-    trials = args.trials or (4 if args.mode == "short" else 40)
+    trials = args.trials or (len(KINDS) if args.mode == "short" else 40)
     seed = args.seed if args.seed is not None else int(time.time())
     rng = random.Random(seed)
     work = tempfile.mkdtemp(prefix="cairn-netns-campaign-")
-    stats = {"faults": {}, "loads_memory": 0, "loads_storage": 0, "acked": 0}
+    stats = {"faults": {}, "tiers": {}, "loads_memory": 0, "loads_storage": 0, "acked": 0,
+             "agent_rss_max_mib": 0}
     violations = []
     t0 = time.time()
     c = cluster.Cluster(os.path.abspath(args.build), work, rate=args.rate,

@@ -4,6 +4,7 @@ own address; ranks are cairn_agent_rank processes (tests/agent_rank.cc),
 rank r on node r // ranks_per_node.
 """
 import glob
+import json
 import os
 import signal
 import time
@@ -40,10 +41,19 @@ class Cluster:
                 out.append("== %s\n%s" % (os.path.basename(f), fh.read()[-tail:]))
         return "\n".join(out)
 
-    def _start_cairnd(self):
+    def restart_cairnd(self):
+        """kill -9 cairnd, then start it again on the same address (its
+        catalog and storage as they are)."""
+        self.cairnd.send_signal(signal.SIGKILL)
+        self.cairnd.wait()
+        self._start_cairnd(self.cairnd_addr.rsplit(":", 1)[1])
+
+    def _start_cairnd(self, port="0"):
         port_file = os.path.join(self.dir, "cairnd.port")
+        if os.path.exists(port_file):
+            os.remove(port_file)
         p = self.net.start(0, [os.path.join(self.build, "server/coordinator/cairnd"),
-                               "--listen", self.net.address(0) + ":0",
+                               "--listen", "%s:%s" % (self.net.address(0), port),
                                "--storage", "file://" + self.dir + "/ckpt",
                                "--catalog", self.dir + "/catalog",
                                "--port-file", port_file,
@@ -51,6 +61,7 @@ class Cluster:
                                "--allow-insecure"], self.log("cairnd"))
         if not hosts.wait_for_file(port_file, 20, p):
             raise RuntimeError("cairnd did not start:\n" + self.logs())
+        self.cairnd = p
         with open(port_file) as f:
             return "%s:%s" % (self.net.address(0), f.read().strip())
 
@@ -125,6 +136,37 @@ class Cluster:
         for l in self.rank_log(tag, r).splitlines():
             if l.startswith("rank %d: loaded step " % r):
                 return int(l.split("loaded step ")[1].split()[0])
+        return None
+
+    def cli(self, *args, timeout=30):
+        """Runs the cairn CLI against cairnd from host 0; its stdout."""
+        out = os.path.join(self.dir, "cli.out")
+        p = self.net.start(0, [os.path.join(self.build, "client/cli/cairn"),
+                               "-c", self.cairnd_addr] + list(args), out + ".log")
+        p.wait(timeout)
+        with open(out + ".log", errors="replace") as f:
+            text = f.read()
+        os.remove(out + ".log")
+        return p.returncode, text
+
+    def checkpoints(self, job):
+        """`cairn ls JOB --json`: the job's checkpoints (dicts), by step."""
+        code, text = self.cli("ls", job, "--json")
+        if code != 0:
+            return []
+        jobs = json.JSONDecoder().raw_decode(text[text.index("{"):])[0]["jobs"]
+        return jobs[0]["checkpoints"] if jobs else []
+
+    @staticmethod
+    def rss_bytes(p):
+        """Resident memory of process `p` (None once it has exited)."""
+        try:
+            with open("/proc/%d/status" % p.pid) as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
         return None
 
     def delete_stored_data(self):

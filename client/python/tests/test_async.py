@@ -128,6 +128,43 @@ def test_async_save_through_the_agent(cairnd, start_agent):
     _check(got, want)
 
 
+def test_memory_tier_through_two_agents(cairnd, start_agent):
+    """tier="memory": kept in the agents' memory only (node 0's copy and
+    node 1's replica); it loads from there, and a rank reading storage
+    itself is told why it cannot."""
+    agents = [start_agent(cairnd.address, node, 2, ["--replicas", "1"])
+              for node in (0, 1)]
+    ckpt = cairn.Checkpointer(cairnd.address, "memjob", 0, 1,
+                              agent_socket=agents[0].socket)
+    sd = _state()
+    want = {"model": {k: v.clone() for k, v in sd["model"].items()},
+            "arr": sd["arr"].copy(), "step": 1}
+    info = ckpt.save(4, sd, tier="memory")
+    assert (info.step, info.state) == (4, "COMMITTED")
+    got = _blank()
+    assert ckpt.load(got) == 4
+    assert ckpt.last_load_source == "agent_memory"
+    _check(got, want)
+    direct = cairn.Checkpointer(cairnd.address, "memjob", 0, 1)
+    with pytest.raises(cairn.errors.FailedPreconditionError,
+                       match="memory checkpoint"):
+        direct.load(_blank(), step=4)
+    # async_save to the persistent tier: a direct rank reads it.
+    assert ckpt.async_save(5, sd, tier="persistent").result(
+        timeout=120).state == "COMMITTED"
+    assert direct.load(_blank(), step=5) == 5
+    with pytest.raises(cairn.errors.InvalidArgumentError,
+                       match="tier 'disk' is not one of"):
+        ckpt.save(6, sd, tier="disk")
+    with pytest.raises(cairn.errors.InvalidArgumentError,
+                       match="no agent socket"):
+        direct.save(6, sd, tier="memory")
+    from cairn.torch import CairnStorageWriter
+    with pytest.raises(cairn.errors.InvalidArgumentError,
+                       match="needs an agent_socket"):
+        CairnStorageWriter(cairnd.address, "memjob", 6, tier="memory")
+
+
 def test_agent_socket_from_env(cairnd, start_agent, monkeypatch):
     agent = start_agent(cairnd.address)
     monkeypatch.setenv("CAIRN_AGENT_SOCKET", agent.socket)
