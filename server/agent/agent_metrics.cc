@@ -24,10 +24,10 @@ void Agent::RegisterMetrics() {
       "Ranks' shards of memory checkpoints held (own and replicas; pinned "
       "until cairnd says they are gone or persisted).",
       [this] { return static_cast<double>(tier_.counts().memory_sets); });
-  r.AddCallbackGauge(
-      "cairn_agent_memory_checkpoint_bytes",
-      "Bytes of the memory checkpoints' shards held.",
-      [this] { return static_cast<double>(tier_.counts().memory_bytes); });
+  r.AddCallbackGauge("cairn_agent_memory_checkpoint_bytes",
+                     "Bytes of the memory checkpoints' shards held.", [this] {
+                       return static_cast<double>(tier_.counts().memory_bytes);
+                     });
   r.AddCallbackGauge("cairn_agent_staging_budget_bytes",
                      "The staging budget (--staging-budget-mib) in bytes.",
                      [this] { return static_cast<double>(pool_->budget()); });
