@@ -8,12 +8,14 @@ For each N in --hosts, one run of:
               its agent's staging memory), against one memcpy of the rank's
               bytes in this process;
   replicate   each node pushes its rank's shards to the next node before the
-              rank commits: bytes pushed over the host's link / the commit
-              wait, as a fraction of --rate (every link carries one push);
+              rank commits: the slowest push (bytes / the agent's push time),
+              as a fraction of the link limit measured in the same run (one
+              TCP stream from host 1 to host 2 through the shaped links);
   recovery    node 1's agent is killed and a replacement started empty; every
               rank loads latest (the memory checkpoint) through its agent, the
               lost shards from node 2's replica over the link: the slowest
-              rank's load time, and the peer bytes it moved against --rate.
+              rank's load time, and the peer bytes it moved against the link
+              limit.
               The same state saved persistent, every agent restarted empty,
               the page cache dropped, every rank loading it from storage
               (posix): the same measure.
@@ -27,6 +29,7 @@ Usage: tier_bench.py BUILD_DIR [--hosts 2,4,8] [--bytes B] [--rate R]
 where namespaces cannot be made (not root, no `ip netns`).
 """
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -39,14 +42,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "tests", "netns"))
 import cluster  # noqa: E402
 import hosts  # noqa: E402
-
-
-def rate_bytes_per_s(rate):
-    units = {"kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8}
-    for u, f in units.items():
-        if rate.endswith(u):
-            return float(rate[:-len(u)]) * f
-    raise ValueError("rate must end in kbit, mbit or gbit: %r" % rate)
 
 
 def memcpy_seconds(nbytes, repeat=3):
@@ -73,6 +68,65 @@ def drop_page_cache():
         return True
     except OSError:
         return False
+
+
+LINK_PROBE = r"""
+import socket, sys, time
+mode, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if mode == "recv":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port)); s.listen(1); c, _ = s.accept(); got = 0
+    buf = bytearray(1 << 20); t0 = None
+    while got < n:
+        k = c.recv_into(buf)
+        if k == 0: break
+        if t0 is None: t0 = time.time()
+        got += k
+    print("recv %d %.6f" % (got, time.time() - t0), flush=True)
+else:
+    for _ in range(200):
+        try:
+            s = socket.create_connection((host, port)); break
+        except OSError:
+            time.sleep(0.05)
+    chunk = b"x" * (1 << 20); sent = 0
+    while sent < n:
+        s.sendall(chunk); sent += len(chunk)
+    s.close()
+"""
+
+
+def link_limit(c, nbytes):
+    """What one TCP stream moves from host 1 to host 2 (bytes/s): the
+    links' limit in this run, shaping and veth included."""
+    probe = os.path.join(c.dir, "link_probe.py")
+    with open(probe, "w") as f:
+        f.write(LINK_PROBE)
+    port = "17777"
+    recv = c.net.start(2, ["/usr/bin/python3", probe, "recv", c.net.address(2), port,
+                           str(nbytes)], os.path.join(c.dir, "probe-recv.log"))
+    send = c.net.start(1, ["/usr/bin/python3", probe, "send", c.net.address(2), port,
+                           str(nbytes)], os.path.join(c.dir, "probe-send.log"))
+    send.wait(120)
+    recv.wait(120)
+    with open(os.path.join(c.dir, "probe-recv.log")) as f:
+        got, secs = f.read().split()[1:3]
+    return int(got) / float(secs)
+
+
+def push_rates(c, step):
+    """(bytes, seconds) of every replica push of `step` in the agents' logs."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(c.dir, "agent-*.log"))):
+        with open(path, errors="replace") as f:
+            for line in f:
+                if " bytes of " in line and (" step %d " % step) in line + " " \
+                        and " pushed " in line:
+                    words = line.split()
+                    n = int(words[words.index("pushed") + 1])
+                    secs = float(words[words.index("in") + 1])
+                    out.append((n, secs))
+    return out
 
 
 def json_lines(c, tag, world):
@@ -105,6 +159,7 @@ def run(build, work, nodes, nbytes, rate):
         if codes != [0] * world:
             raise RuntimeError("memory save failed:\n" + c.logs())
         sent = [c.net.bytes_sent(n + 1) - sent0[n] for n in range(nodes)]
+        pushes = push_rates(c, 4)
         ops = json_lines(c, "save", world)
         saves = [o for o in ops if o["op"] == "async_save"]
         commits = [o for o in ops if o["op"] == "committed"]
@@ -112,9 +167,9 @@ def run(build, work, nodes, nbytes, rate):
         blocked = max(o["blocked_s"] for o in saves)
         wait = max(o["wait_s"] for o in commits)
         memcpy = memcpy_seconds(rank_bytes)
-        link = rate_bytes_per_s(rate)
-        # Each node's link carries its rank's push (and the control traffic).
-        replicate_bps = min(sent) / wait if wait > 0 else 0.0
+        link = link_limit(c, min(nbytes, 200_000_000))
+        # Each node's push of its rank's shards, timed by the agent.
+        replicate_bps = min(n / t for n, t in pushes) if pushes else 0.0
 
         # Node 1 lost: a replacement agent starts empty; every rank loads.
         c.agents[1].send_signal(signal.SIGKILL)
@@ -147,8 +202,10 @@ def run(build, work, nodes, nbytes, rate):
             "blocked_s": round(blocked, 4), "memcpy_s": round(memcpy, 4),
             "blocked_x_memcpy": round(blocked / memcpy, 2) if memcpy > 0 else None,
             "commit_wait_s": round(wait, 3),
+            "link_MBps": round(link / 1e6, 1),
             "replication_MBps": round(replicate_bps / 1e6, 1),
             "replication_x_link": round(replicate_bps / link, 3),
+            "bytes_on_links": sum(sent),
             "recovery_memory_s": round(memory_load, 3),
             "recovery_peer_bytes": peer_bytes,
             "recovery_peer_x_link": round(peer_bytes / memory_load / link, 3)

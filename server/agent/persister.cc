@@ -417,12 +417,17 @@ absl::StatusOr<std::vector<int>> Persister::HoldInMemory(
                   static_cast<int>(holders.size()) < replicas + 1;
        ++i) {
     const int peer = (options_.node_id + i) % options_.num_nodes;
+    const absl::Time t0 = absl::Now();
     absl::Status s = push_(*set, peer);
     if (!s.ok()) {
       options_.metrics.replication_failures->Increment();
       refused.push_back(absl::StrCat("node ", peer, ": ", s.message()));
       continue;
     }
+    const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+    CAIRN_LOG(info, "node {}: pushed {} bytes of {} to node {} in {:.3f} s",
+              options_.node_id, set_bytes,
+              Where(set->job, set->step, set->rank), peer, secs);
     options_.metrics.replication_sent_bytes->Increment(
         static_cast<double>(set_bytes));
     absl::MutexLock l(&mu_);
