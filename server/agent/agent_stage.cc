@@ -36,7 +36,12 @@ absl::Status Agent::AwaitRoomBesidePinned(const std::string& where,
   absl::Time reported = absl::InfinitePast();
   while (true) {
     const MemoryTier::Counts held = tier_.counts();
-    if (held.memory_bytes + need <= budget) return absl::OkStatus();
+    // Nothing pinned, or larger than the whole budget anyway: the pool
+    // answers (waits for room, or refuses naming the budget).
+    if (held.memory_bytes == 0 || need > budget ||
+        held.memory_bytes + need <= budget) {
+      return absl::OkStatus();
+    }
     if (absl::Now() >= until) {
       return absl::ResourceExhaustedError(absl::StrCat(
           where, ": staging ", bytes,

@@ -522,6 +522,8 @@ absl::StatusOr<v1::ReportHoldingsResponse> Coordinator::ReportHoldings(
           CAIRN_LOG(warn, "node {}: copying {} to node {} failed: {}",
                     request.node_id(), SaveName(r.job(), r.step()), r.to_node(),
                     r.message());
+          // Ordered again at the next tend (to a node that answers).
+          copies_ordered_.erase(RankKey{r.job(), r.step(), r.rank()});
         }
         continue;
       }

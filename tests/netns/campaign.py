@@ -28,8 +28,10 @@ violation):
     before the trial (latest never goes backwards);
   * nothing partial is visible: a step is loaded only whole and verified;
   * `cairn ls` agrees: the loaded step is listed COMMITTED and restorable;
-  * no memory leak: an agent that lives through trials never holds more
-    resident memory than its staging budget plus 256 MiB.
+  * no memory leak: an agent never holds more resident memory than its
+    staging budget, its peer mailbox (twice the budget) and 256 MiB, and one
+    that lives through 8 trials or more ends within 256 MiB of what it held
+    once warm.
 
 Usage: campaign.py BUILD_DIR [--mode short|long] [--trials N] [--seed S]
                    [--rate R] [--hold S]
@@ -56,7 +58,38 @@ import hosts  # noqa: E402
 KINDS = ("kill_agent", "freeze_agent", "restart_cairnd", "partition_host", "kill_rank")
 
 
-def trial(c, t, rng, hold, committed, stats):
+def rss_growth(rss_seen):
+    """Violations: an agent that lived through 8 trials or more whose resident
+    memory at the end is more than 256 MiB above what it held once warm (its
+    2nd to 4th trials)."""
+    out = []
+    for pid, samples in rss_seen.items():
+        if len(samples) < 8:
+            continue
+        warm, last = max(samples[1:4]), max(samples[-3:])
+        if last > warm + (256 << 20):
+            out.append("agent pid %d grew from %d MiB (warm) to %d MiB over %d trials" %
+                       (pid, warm >> 20, last >> 20, len(samples)))
+    return out
+
+
+def heal(c, job):
+    """Dead agents replaced; then the newest checkpoint has its two copies
+    back (or is on storage) before the next fault, which may take the other
+    node: one replica survives one loss at a time."""
+    for n, p in c.agents.items():
+        if p.poll() is not None:
+            c.start_agent(n)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        listed = c.checkpoints(job)
+        newest = listed[-1] if listed else {}
+        if newest.get("tier") != "memory" or newest.get("live_copies", 0) >= 2:
+            return
+        time.sleep(0.5)
+
+
+def trial(c, t, rng, hold, committed, stats, rss_seen):
     """One trial; returns the list of violations (strings)."""
     job = "campaign"
     step = committed + 1
@@ -88,19 +121,8 @@ def trial(c, t, rng, hold, committed, stats):
         except ProcessLookupError:
             pass
     codes = c.wait(save, 90)
-    for n, p in c.agents.items():
-        if p.poll() is not None:
-            c.start_agent(n)
     acked = all(code == 0 for code in codes)
-    # Healed: the newest checkpoint has its copies back (or is on storage)
-    # before the next fault, which may take the other node.
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        listed = c.checkpoints(job)
-        newest = listed[-1] if listed else {}
-        if newest.get("tier") != "memory" or newest.get("live_copies", 0) >= 2:
-            break
-        time.sleep(0.5)
+    heal(c, job)
     layout = "4:S1" if t % 2 else c.layout
     violations = []
     if rng.random() < 0.3:
@@ -119,7 +141,7 @@ def trial(c, t, rng, hold, committed, stats):
             if got is not None and got < committed:
                 violations.append("trial %d (mid-load): rank %d loaded step %d, older "
                                   "than the committed %d" % (t, r, got, committed))
-        c.start_agent(n)
+        heal(c, job)
     loads = c.ranks(job, ["--load", "latest"], "t%d-load" % t, layout=layout, timeout=120)
     for r, code in enumerate(loads):
         got = c.loaded_step("t%d-load" % t, r) if code == 0 else None
@@ -146,14 +168,20 @@ def trial(c, t, rng, hold, committed, stats):
         if x is None or x.get("state") != "COMMITTED" or not x.get("restorable"):
             violations.append("trial %d (%s): loaded step %d, which cairn ls shows as %s" %
                               (t, kind, s, x))
+    # An agent's memory is its staging budget plus its peer mailbox (at most
+    # twice the budget of replica and fetch data waiting for their readers)
+    # and its heap: bounded, and flat once warm.
+    bound = (3 * c.budget_mib + 256) << 20
     for n, p in c.agents.items():
         rss = c.rss_bytes(p)
         if rss is None:
             continue
         stats["agent_rss_max_mib"] = max(stats["agent_rss_max_mib"], rss >> 20)
-        if rss > (c.budget_mib + 256) << 20:
-            violations.append("trial %d: agent %d holds %d MiB resident, above its %d MiB "
-                              "budget + 256 MiB" % (t, n, rss >> 20, c.budget_mib))
+        rss_seen.setdefault(p.pid, []).append(rss)
+        if rss > bound:
+            violations.append("trial %d: agent %d holds %d MiB resident, above its bound of "
+                              "%d MiB (3 x its %d MiB budget + 256 MiB)" %
+                              (t, n, rss >> 20, bound >> 20, c.budget_mib))
     stats["acked"] += acked
     return violations, max(s for s in steps if s is not None) if steps - {None} else committed
 
@@ -182,6 +210,7 @@ def main():
     stats = {"faults": {}, "tiers": {}, "loads_memory": 0, "loads_storage": 0, "acked": 0,
              "agent_rss_max_mib": 0}
     violations = []
+    rss_seen = {}
     t0 = time.time()
     c = cluster.Cluster(os.path.abspath(args.build), work, rate=args.rate,
                         model=args.model, budget_mib=512)
@@ -194,10 +223,11 @@ def main():
             raise RuntimeError("the first save failed: %s" % codes)
         committed = 1
         for t in range(trials):
-            v, committed = trial(c, t, rng, args.hold, committed, stats)
+            v, committed = trial(c, t, rng, args.hold, committed, stats, rss_seen)
             violations += v
             print("trial %d: %s" % (t, "; ".join(v) or "ok, latest step %d" % committed),
                   file=sys.stderr, flush=True)
+        violations += rss_growth(rss_seen)
     finally:
         if violations:
             print(c.logs(tail=2000), file=sys.stderr)
