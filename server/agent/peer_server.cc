@@ -123,9 +123,25 @@ absl::Status PeerServer::HandlePush(int peer, const v1::PushReplica& push) {
     total = AlignUp(total + n, kAlign);
     set->items.push_back(std::move(it));
   }
-  // Receive every message first (they are already on their way), then
-  // place and verify the items.
-  std::vector<std::string> messages(push.message_tags_size());
+  // The segment first, then each message placed and verified as it comes
+  // (the next ones keep arriving meanwhile), so the push ends soon after its
+  // last byte and at most one message is held beside the segment. On a
+  // failure the remaining messages are still received (and dropped): the
+  // mailbox is left empty.
+  absl::StatusOr<std::shared_ptr<ShmSegment>> seg =
+      pool_.Allocate(total, absl::Now() + options_.peer_timeout);
+  if (!seg.ok()) {
+    return refuse(
+        absl::Status(seg.status().code(),
+                     absl::StrCat(where, ": ", seg.status().message())));
+  }
+  set->segment = std::move(*seg);
+  std::vector<std::vector<int>> items_of(push.message_tags_size());
+  for (int i = 0; i < push.items_size(); ++i) {
+    if (set->items[i].item.length() > 0) {
+      items_of[push.item_message(i)].push_back(i);
+    }
+  }
   absl::Status first;
   for (int m = 0; m < push.message_tags_size(); ++m) {
     absl::StatusOr<std::string> msg = transport_.RecvMessage(
@@ -138,32 +154,25 @@ absl::Status PeerServer::HandlePush(int peer, const v1::PushReplica& push) {
       first.Update(absl::DataLossError(
           absl::StrCat(where, ": message ", m, " has ", msg->size(),
                        " bytes, expected ", push.message_bytes(m))));
+      continue;
     }
-    messages[m] = std::move(*msg);
+    if (!first.ok()) continue;
+    for (int i : items_of[m]) {
+      const Item& it = set->items[i];
+      const uint64_t n = it.item.length();
+      char* dst = set->segment->data() + it.offset;
+      std::memcpy(dst, msg->data() + push.item_offset(i), n);
+      const uint32_t crc = storage::Crc32c(dst, n);
+      if (crc != it.crc32c) {
+        first.Update(absl::DataLossError(absl::StrFormat(
+            "%s: item '%s' %s has crc32c 0x%08x, source said 0x%08x", where,
+            ItemFqn(it.item), planner::BoxToString(ItemBox(it.item)), crc,
+            it.crc32c)));
+        break;
+      }
+    }
   }
   CAIRN_RETURN_IF_ERROR(first);
-  absl::StatusOr<std::shared_ptr<ShmSegment>> seg =
-      pool_.Allocate(total, absl::Now() + options_.peer_timeout);
-  if (!seg.ok()) {
-    return absl::Status(seg.status().code(),
-                        absl::StrCat(where, ": ", seg.status().message()));
-  }
-  set->segment = std::move(*seg);
-  for (int i = 0; i < push.items_size(); ++i) {
-    const Item& it = set->items[i];
-    const uint64_t n = it.item.length();
-    if (n == 0) continue;
-    const int m = push.item_message(i);  // checked above; sizes match too
-    char* dst = set->segment->data() + it.offset;
-    std::memcpy(dst, messages[m].data() + push.item_offset(i), n);
-    const uint32_t crc = storage::Crc32c(dst, n);
-    if (crc != it.crc32c) {
-      return absl::DataLossError(absl::StrFormat(
-          "%s: item '%s' %s has crc32c 0x%08x, source said 0x%08x", where,
-          ItemFqn(it.item), planner::BoxToString(ItemBox(it.item)), crc,
-          it.crc32c));
-    }
-  }
   uint64_t received = 0;
   for (const Item& it : set->items) received += it.item.length();
   if (options_.received_bytes != nullptr) {

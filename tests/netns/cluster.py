@@ -159,15 +159,20 @@ class Cluster:
 
     @staticmethod
     def rss_bytes(p):
-        """Resident memory of process `p` (None once it has exited)."""
+        """Resident memory of process `p` as (anonymous, shared memory) bytes:
+        its heap, and the staging segments it maps (None once it exited)."""
+        got = {}
         try:
             with open("/proc/%d/status" % p.pid) as f:
                 for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) * 1024
+                    key = line.split(":")[0]
+                    if key in ("RssAnon", "RssShmem"):
+                        got[key] = int(line.split()[1]) * 1024
         except OSError:
             return None
-        return None
+        if len(got) < 2:
+            return None
+        return got["RssAnon"], got["RssShmem"]
 
     def delete_stored_data(self):
         n = 0
