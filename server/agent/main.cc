@@ -14,6 +14,8 @@
 //       --peer-listen 0.0.0.0:7071 --num-nodes 16 --coordinator cairnd:7070 ...
 // registers the node name with cairnd, which gives it a stable id, and finds
 // peers in cairnd's agent table (server/agent/node_identity.h).
+#include <malloc.h>
+
 #include <iostream>
 #include <optional>
 #include <utility>
@@ -24,6 +26,13 @@
 #include "server/agent/agent_flags.h"
 
 int main(int argc, char** argv) {
+  // The agent's large buffers (replica pushes, fetched pieces, messages of
+  // a bucket each, freed on other threads than the ones that made them) are
+  // mmapped and returned to the system when freed. glibc's default raises
+  // its mmap threshold to the size of every such buffer freed, after which
+  // they come from its arenas, which keep the pages: the heap grew by
+  // hundreds of MiB over a fault campaign's trials (tests/netns).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   CLI::App app{
       "cairn-agent: node-local staging, async persistence, in-memory tier and "
       "peer replication for Cairn checkpoints. Ranks connect over a Unix "
