@@ -255,13 +255,15 @@ void Coordinator::PersistCheckpoint(const v1::PersistCheckpointRequest& request,
       absl::Now() + (request.timeout_ms() > 0
                          ? absl::Milliseconds(request.timeout_ms())
                          : absl::Minutes(10));
-  StartPromotion(*rec, request.wait() ? std::move(done) : nullptr, deadline,
-                 "asked for (cairn persist)");
-  if (!request.wait()) {
-    rec->set_persisting(true);
-    *resp.mutable_checkpoint() = *rec;
-    done(std::move(resp));
+  const std::string why = "asked for (cairn persist)";
+  if (request.wait()) {  // answered when it is on storage
+    StartPromotion(*rec, std::move(done), deadline, why);
+    return;
   }
+  StartPromotion(*rec, nullptr, deadline, why);
+  rec->set_persisting(true);
+  *resp.mutable_checkpoint() = *rec;
+  done(std::move(resp));
 }
 
 void Coordinator::StartPromotion(const v1::CheckpointRecord& record,

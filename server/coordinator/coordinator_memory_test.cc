@@ -286,8 +286,14 @@ TEST_F(CoordinatorMemoryTest, PolicyChoosesTiersAndRetainsEachApart) {
     EXPECT_EQ(*t, step % 40 == 0 ? v1::TIER_PERSISTENT : v1::TIER_MEMORY)
         << step;
   }
-  // Memory: the newest 2 (50, 60); persistent: the newest 1 (80).
+  // Memory: the newest 2 (50, 60); persistent: the newest 1 (80). The
+  // memory manifests of the deleted ones are gone from cairnd's store.
   EXPECT_THAT(ListedSteps("job"), ElementsAre(50, 60, 80));
+  auto memory =
+      storage::OpenShardStore("file://" + options_.catalog_path + "-memory");
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  EXPECT_THAT(storage::ListCommittedSteps(**memory, "job").value(),
+              ElementsAre(50, 60));
   EXPECT_THAT(storage::ListCommittedSteps(Disk(), "job").value(),
               ElementsAre(80));
   // An agent still holding step 10's shards is told to drop them; 50's it

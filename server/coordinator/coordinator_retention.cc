@@ -44,9 +44,11 @@ absl::Status Coordinator::DeleteStepRecord(v1::CheckpointRecord record) {
   const int64_t step = record.step();
   CAIRN_RETURN_IF_ERROR(CheckStorageLease(SaveName(job, step)));
   const bool in_memory = record.tier() == v1::TIER_MEMORY;
-  CAIRN_RETURN_IF_ERROR(DeleteCheckpointInOrder(
-      ManifestStore(record), *catalog_, std::move(record),
-      [&] { ForgetCheckpoint(job, step); }));
+  // Chosen before the record is moved into the call.
+  storage::ShardStore& store = ManifestStore(record);
+  CAIRN_RETURN_IF_ERROR(
+      DeleteCheckpointInOrder(store, *catalog_, std::move(record),
+                              [&] { ForgetCheckpoint(job, step); }));
   // A persisted memory checkpoint leaves its memory manifest behind; the
   // agents drop their copies when they next report.
   if (!in_memory && memory_store_ != nullptr) {
