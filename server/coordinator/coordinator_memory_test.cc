@@ -254,6 +254,29 @@ TEST_F(CoordinatorMemoryTest, RestartedCairndRelearnsWhatTheAgentsHold) {
   EXPECT_FALSE(Listed(2).restorable());
 }
 
+TEST_F(CoordinatorMemoryTest,
+       RecoveryAbortsAMemoryCheckpointWhoseManifestIsGone) {
+  ReportOf(0, {});
+  ReportOf(1, {});
+  ASSERT_EQ(AgentSave(1, 2, v1::TIER_PERSISTENT, 1, Ring).value(),
+            v1::TIER_PERSISTENT);
+  ASSERT_EQ(AgentSave(2, 2, v1::TIER_MEMORY, 1, Ring).value(), v1::TIER_MEMORY);
+  ASSERT_EQ(AgentSave(3, 2, v1::TIER_MEMORY, 1, Ring).value(), v1::TIER_MEMORY);
+  // cairnd dies; step 3's memory manifest is lost with it (a crash before
+  // it was durable, or the directory damaged).
+  coordinator_.reset();
+  std::filesystem::remove_all(options_.catalog_path + "-memory/" +
+                              storage::StepPrefix("job", 3));
+  Restart();
+  EXPECT_EQ(Record("job", 2)->state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_EQ(Record("job", 3)->state(), v1::CHECKPOINT_STATE_ABORTED);
+  EXPECT_THAT(Record("job", 3)->abort_reason(), HasSubstr("memory manifest"));
+  EXPECT_THAT(ListedSteps("job"), ElementsAre(1, 2));
+  // The persistent checkpoint is untouched on storage.
+  EXPECT_THAT(storage::ListCommittedSteps(Disk(), "job").value(),
+              ElementsAre(1));
+}
+
 TEST_F(CoordinatorMemoryTest, PolicyChoosesTiersAndRetainsEachApart) {
   ReportOf(0, {});
   ReportOf(1, {});
