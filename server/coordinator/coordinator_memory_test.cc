@@ -1,8 +1,10 @@
 // Multi-tier saves through the coordinator: memory checkpoints commit with
 // their holders and nothing on storage, `latest` is the newest restorable,
 // copies lost and a restart of cairnd, policies and their retention.
+#include <algorithm>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -275,6 +277,44 @@ TEST_F(CoordinatorMemoryTest,
   // The persistent checkpoint is untouched on storage.
   EXPECT_THAT(storage::ListCommittedSteps(Disk(), "job").value(),
               ElementsAre(1));
+}
+
+TEST_F(CoordinatorMemoryTest, RecoveryFinishesAPromotionCutAfterItsManifest) {
+  ReportOf(0, {});
+  ReportOf(1, {});
+  ASSERT_EQ(AgentSave(2, 2, v1::TIER_MEMORY, 1, Ring).value(), v1::TIER_MEMORY);
+  // A promotion whose objects and MANIFEST reached storage, cairnd killed
+  // before the catalog recorded it persistent.
+  coordinator_.reset();
+  auto memory =
+      storage::OpenShardStore("file://" + options_.catalog_path + "-memory");
+  ASSERT_TRUE(memory.ok());
+  auto m = storage::ReadManifest(**memory, "job", 2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::map<std::string, uint64_t> ends;
+  for (const v1::ManifestTensor& t : m->tensors()) {
+    for (const v1::StoredChunk& c : t.chunks()) {
+      uint64_t& end = ends[c.location().object_key()];
+      end = std::max(end, c.location().offset() + c.location().length());
+    }
+  }
+  for (const v1::ManifestBytes& b : m->bytes_entries()) {
+    uint64_t& end = ends[b.location().object_key()];
+    end = std::max(end, b.location().offset() + b.location().length());
+  }
+  for (const auto& [key, end] : ends) {
+    const std::string zeros(end, '\0');
+    ASSERT_TRUE(Disk()
+                    .Put(storage::ObjectKey("job", 2, key),
+                         absl::MakeConstSpan(zeros.data(), zeros.size()))
+                    .ok());
+  }
+  ASSERT_TRUE(storage::PublishManifest(Disk(), *m).ok());
+  Restart();
+  EXPECT_EQ(Record("job", 2)->state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_EQ(Record("job", 2)->tier(), v1::TIER_PERSISTENT);
+  EXPECT_THAT(storage::ListCommittedSteps(Disk(), "job").value(),
+              ElementsAre(2));
 }
 
 TEST_F(CoordinatorMemoryTest, PolicyChoosesTiersAndRetainsEachApart) {
